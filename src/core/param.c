@@ -1,0 +1,158 @@
+/*
+ * param.c: the only file that reads the environment.
+ *
+ * The table in param_table.h is expanded here into descriptors. chorus_param_init() parses every
+ * parameter once (thread-safe), CHORUS_<NAME> first, then NCCL_<NAME> where NCCL has the knob, then
+ * the default. INT values accept K/M/G suffixes; anything else that is not a number fails init and
+ * names the variable.
+ */
+#include <ctype.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "param.h"
+
+enum { T_INT, T_STR };
+#define T_TYPE_INT T_INT
+#define T_TYPE_STR T_STR
+#define T_DEF_INT(v) (int64_t)(v), NULL
+#define T_DEF_STR(v) 0, (v)
+
+typedef struct {
+    const char *name;
+    int type;
+    int64_t def_i;
+    const char *def_s;
+    int nccl_alias;
+    const char *help;
+} param_desc_t;
+
+static const param_desc_t g_desc[PARAM_COUNT] = {
+#define PARAM(name, type, def, alias, help) {#name, T_TYPE_##type, T_DEF_##type(def), alias, help},
+#include "param_table.h"
+#undef PARAM
+};
+
+static int64_t g_int[PARAM_COUNT];
+static const char *g_str[PARAM_COUNT];
+static chorus_param_src_t g_src[PARAM_COUNT];
+static int g_done;
+static ncclResult_t g_res;
+static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static int parse_int(const char *s, int64_t *out) {
+    char *end;
+    while (isspace((unsigned char)*s)) s++;
+    if (*s == '\0') return -1;
+    errno = 0;
+    long long v = strtoll(s, &end, 0);
+    if (errno != 0 || end == s) return -1;
+    switch (*end) {
+    case 'k': case 'K': v <<= 10; end++; break;
+    case 'm': case 'M': v <<= 20; end++; break;
+    case 'g': case 'G': v <<= 30; end++; break;
+    default: break;
+    }
+    if (*end == 'B' || *end == 'b') end++;
+    while (isspace((unsigned char)*end)) end++;
+    if (*end != '\0') return -1;
+    *out = v;
+    return 0;
+}
+
+static ncclResult_t parse_all(void) {
+    char var[128];
+    for (int i = 0; i < PARAM_COUNT; i++) {
+        const param_desc_t *d = &g_desc[i];
+        const char *val = NULL;
+        snprintf(var, sizeof(var), "CHORUS_%s", d->name);
+        if ((val = getenv(var)) != NULL) {
+            g_src[i] = PARAM_SRC_ENV_CHORUS;
+        } else if (d->nccl_alias) {
+            snprintf(var, sizeof(var), "NCCL_%s", d->name);
+            if ((val = getenv(var)) != NULL) g_src[i] = PARAM_SRC_ENV_NCCL;
+        }
+        if (val == NULL) {
+            g_src[i] = PARAM_SRC_DEFAULT;
+            g_int[i] = d->def_i;
+            g_str[i] = d->def_s;
+            continue;
+        }
+        if (d->type == T_INT) {
+            if (parse_int(val, &g_int[i]) != 0) {
+                WARN("invalid value '%s' for %s: expected an integer (help: %s)", val, var, d->help);
+                return ncclInvalidArgument;
+            }
+        } else {
+            g_str[i] = val;
+        }
+        INFO(SUB_ENV, "%s set by environment to %s", var, val);
+    }
+    /* NCCL_TOPO_FILE is accepted as an alias only when it names an hwloc XML (checked by topology). */
+    return ncclSuccess;
+}
+
+ncclResult_t chorus_param_init(void) {
+    pthread_mutex_lock(&g_lock);
+    if (!g_done) {
+        /* Logging reads its own parameters through this table; default them first. */
+        g_res = parse_all();
+        g_done = 1;
+    }
+    ncclResult_t res = g_res;
+    pthread_mutex_unlock(&g_lock);
+    return res;
+}
+
+void chorus_param_reset(void) {
+    pthread_mutex_lock(&g_lock);
+    g_done = 0;
+    pthread_mutex_unlock(&g_lock);
+}
+
+static void ensure_init(void) {
+    if (!__atomic_load_n(&g_done, __ATOMIC_ACQUIRE)) (void)chorus_param_init();
+}
+
+int64_t chorus_param_int(chorus_param_id_t id) {
+    ensure_init();
+    return g_int[id];
+}
+
+const char *chorus_param_str(chorus_param_id_t id) {
+    ensure_init();
+    return g_str[id];
+}
+
+const char *chorus_param_name(chorus_param_id_t id) { return g_desc[id].name; }
+const char *chorus_param_help(chorus_param_id_t id) { return g_desc[id].help; }
+int chorus_param_has_nccl_alias(chorus_param_id_t id) { return g_desc[id].nccl_alias; }
+
+chorus_param_src_t chorus_param_source(chorus_param_id_t id) {
+    ensure_init();
+    return g_src[id];
+}
+
+const char *chorus_param_source_name(chorus_param_src_t src) {
+    switch (src) {
+    case PARAM_SRC_ENV_CHORUS: return "env CHORUS_";
+    case PARAM_SRC_ENV_NCCL: return "env NCCL_";
+    case PARAM_SRC_API: return "api";
+    default: return "default";
+    }
+}
+
+const char *chorus_param_value_text(chorus_param_id_t id, char *buf, int len) {
+    ensure_init();
+    if (g_desc[id].type == T_INT)
+        snprintf(buf, len, "%" PRId64, g_int[id]);
+    else
+        snprintf(buf, len, "%s", g_str[id] ? g_str[id] : "(unset)");
+    return buf;
+}
+
+const char *chorus_env_foreign(const char *name) { return getenv(name); }

@@ -1,0 +1,67 @@
+/*
+ * bootstrap.h: rendezvous and setup-time exchange over TCP.
+ *
+ * ncclUniqueId carries a random 64-bit secret and the root's socket address (chorus_unique_id_t).
+ * ncclGetUniqueId starts a root listener thread in the calling process; with NCCL_COMM_ID=host:port
+ * the id is derived from that address and rank 0 runs the root inside bootstrap_init. Ranks connect
+ * to the root, present the secret, and learn every rank's listen address. After that the root is no
+ * longer needed: allgather, barrier and tagged point-to-point messages go directly between ranks.
+ *
+ * Every call has a deadline (CHORUS_TIMEOUT) and checks the abort flag given at init. A failure names
+ * the peer rank and its address. Not thread-safe per handle: one communicator, one caller at a time.
+ */
+#ifndef CHORUS_BOOTSTRAP_H_
+#define CHORUS_BOOTSTRAP_H_
+
+#include <netinet/in.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/socket.h>
+#include "nccl.h"
+
+typedef union {
+    struct sockaddr sa;
+    struct sockaddr_in sin;
+    struct sockaddr_in6 sin6;
+} chorus_sockaddr_t;
+
+/* What ncclUniqueId holds (must stay <= NCCL_UNIQUE_ID_BYTES). */
+typedef struct {
+    uint64_t magic;  /* CHORUS_ID_MAGIC: tells a Chorus id from garbage */
+    uint64_t secret; /* random; every connection must present it */
+    chorus_sockaddr_t root;
+} chorus_unique_id_t;
+#define CHORUS_ID_MAGIC 0x43484f5255533031ull /* "CHORUS01" */
+
+typedef struct bootstrap bootstrap_t;
+
+/* Fill *id: NCCL_COMM_ID gives the root address (no thread started: rank 0 runs the root in
+ * bootstrap_init); otherwise start a root thread on a fresh port of a usable interface. */
+ncclResult_t bootstrap_get_unique_id(chorus_unique_id_t *id);
+
+/* Collective over all nranks: rendezvous through the root. abort_flag may be NULL. */
+ncclResult_t bootstrap_init(const chorus_unique_id_t *id, int rank, int nranks,
+                            volatile int *abort_flag, bootstrap_t **bs_p);
+
+int bootstrap_rank(const bootstrap_t *bs);
+int bootstrap_nranks(const bootstrap_t *bs);
+uint64_t bootstrap_secret(const bootstrap_t *bs);
+/* The address this rank's bootstrap listens on (its IP is the one peers reach it by). */
+const chorus_sockaddr_t *bootstrap_addr(const bootstrap_t *bs, int rank);
+
+/* data holds nranks slots of `size` bytes; this rank's slot is filled in, all others on return. */
+ncclResult_t bootstrap_allgather(bootstrap_t *bs, void *data, size_t size);
+ncclResult_t bootstrap_barrier(bootstrap_t *bs);
+/* Tagged messages between two ranks; a recv matches (peer, tag) and the size must match. */
+ncclResult_t bootstrap_send(bootstrap_t *bs, int peer, int tag, const void *data, size_t size);
+ncclResult_t bootstrap_recv(bootstrap_t *bs, int peer, int tag, void *data, size_t size);
+
+/* Make blocked and future calls fail fast (called from ncclCommAbort / on fatal errors). */
+void bootstrap_abort(bootstrap_t *bs);
+void bootstrap_close(bootstrap_t *bs);
+
+/* Helpers shared with the TCP transport: interface selection by NCCL_SOCKET_IFNAME rules. */
+ncclResult_t chorus_find_interface(chorus_sockaddr_t *addr_p, char *ifname, int ifname_len);
+const char *chorus_sockaddr_str(const chorus_sockaddr_t *a, char *buf, int len);
+
+#endif

@@ -1,0 +1,31 @@
+/*
+ * core.h: how public entry points are declared.
+ *
+ * Every NCCL entry point exists twice, as in NCCL: a weak `nccl*` symbol and a strong `pnccl*`
+ * alias (the PMPI-style profiling interface), both with default visibility. Everything else in the
+ * library is hidden (-fvisibility=hidden plus the version script src/chorus.map).
+ *
+ *   NCCL_API(ncclResult_t, ncclCommCount, const ncclComm_t comm, int* count);
+ *   ncclResult_t ncclCommCount(const ncclComm_t comm, int* count) { ... }
+ */
+#ifndef CHORUS_CORE_H_
+#define CHORUS_CORE_H_
+
+#include "nccl.h"
+#include "chorus.h"
+
+#define CHORUS_EXPORT __attribute__((visibility("default")))
+
+#define NCCL_API(ret, func, ...)                                                                   \
+    ret p##func(__VA_ARGS__) CHORUS_EXPORT;                                                        \
+    ret func(__VA_ARGS__) __attribute__((weak, alias("p" #func), visibility("default")))
+
+/* chorus* extensions: exported, no profiling alias. */
+#define CHORUS_API(ret, func, ...) ret func(__VA_ARGS__) CHORUS_EXPORT
+
+#define CHORUS_MIN(a, b) ((a) < (b) ? (a) : (b))
+#define CHORUS_MAX(a, b) ((a) > (b) ? (a) : (b))
+#define CHORUS_DIV_UP(a, b) (((a) + (b)-1) / (b))
+#define CHORUS_ALIGN_UP(a, b) (CHORUS_DIV_UP(a, b) * (b))
+
+#endif

@@ -1,0 +1,48 @@
+/*
+ * locality.h: what each rank tells the others about where it runs.
+ *
+ * One record per rank goes round in a single bootstrap allgather at init. Transports decide
+ * can_connect from two records, topology builds rings from all of them.
+ */
+#ifndef CHORUS_LOCALITY_H_
+#define CHORUS_LOCALITY_H_
+
+#include <stdint.h>
+#include "bootstrap.h"
+
+#define CHORUS_MAX_NICS 4
+
+typedef struct {
+    char name[16];       /* interface or device name, e.g. eth0, mlx5_0 */
+    int kind;            /* 0 socket, 1 verbs */
+    int speed_mbps;      /* from sysfs, 0 when unknown */
+    char pci_bus_id[16]; /* empty when virtual */
+} chorus_nic_t;
+
+typedef struct {
+    int rank;
+    char hostname[64];
+    uint64_t host_hash; /* hash of hostname + boot id + shm namespace: equal means "same host" */
+    uint64_t shm_ns;    /* identity of /dev/shm (device and inode) */
+    int pid;
+    int pid_ns_ok;      /* 1 when the pid is meaningful to same-host peers (same pid namespace) */
+    uint64_t pid_ns;    /* pid namespace inode */
+    int numa_node;      /* of the CPU binding; -1 unknown */
+    int package;        /* socket; -1 unknown */
+    int cuda_dev;       /* -1 when the rank uses no GPU */
+    char gpu_bus_id[16];
+    int nnics;
+    chorus_nic_t nics[CHORUS_MAX_NICS];
+    uint32_t transports; /* bit per registry entry this rank can use */
+    chorus_sockaddr_t net_addr; /* address peers use for TCP data connections (IP, port 0) */
+    char net_ifname[16];
+} chorus_locality_t;
+
+/* Fill this rank's record (topology/detect.c). */
+ncclResult_t topo_fill_locality(int rank, int cuda_dev, const chorus_sockaddr_t *bs_addr,
+                                chorus_locality_t *loc);
+static inline int locality_same_host(const chorus_locality_t *a, const chorus_locality_t *b) {
+    return a->host_hash == b->host_hash;
+}
+
+#endif

@@ -1,0 +1,49 @@
+/*
+ * param_table.h: every Chorus parameter, declared once.
+ *
+ * PARAM(NAME, TYPE, DEFAULT, NCCL_ALIAS, HELP)
+ *   NAME        read from CHORUS_<NAME> (primary spelling)
+ *   TYPE        INT (64-bit, accepts K/M/G suffixes) or STR
+ *   DEFAULT     for INT a number, for STR a string literal (or NULL)
+ *   NCCL_ALIAS  1 when NCCL has the same knob: NCCL_<NAME> is accepted too (CHORUS_ wins)
+ *
+ * This table generates the parsing step (src/core/param.c), `chorus_info --params` and the README
+ * table. No other file reads the environment.
+ */
+/* logging */
+PARAM(DEBUG, STR, NULL, 1, "log level: VERSION, WARN, INFO, TRACE")
+PARAM(DEBUG_SUBSYS, STR, "INIT,ENV", 1, "subsystems logged at INFO (INIT,COLL,P2P,SHM,NET,GRAPH,TUNING,ENV,ALLOC,CALL,PROXY,BOOTSTRAP,REG,ALL; ^ excludes)")
+PARAM(DEBUG_FILE, STR, NULL, 1, "log file name; %h host, %p pid")
+/* bootstrap and deadlines */
+PARAM(TIMEOUT, INT, 300, 0, "seconds any wait may last before it fails (init, transfers, collectives)")
+PARAM(COMM_ID, STR, NULL, 1, "host:port of the bootstrap root (rank 0 listens there)")
+PARAM(SOCKET_IFNAME, STR, NULL, 1, "network interfaces to use: prefix list, ^ excludes, = exact match")
+PARAM(SOCKET_FAMILY, STR, NULL, 1, "AF_INET or AF_INET6 to force an address family")
+/* transports */
+PARAM(TRANSPORT, STR, NULL, 0, "force one transport for every peer (shm, tcp, cuda_ipc, ib)")
+PARAM(SHM_DISABLE, INT, 0, 1, "1: never use shared memory between local processes")
+PARAM(P2P_DISABLE, INT, 0, 1, "1: never use CUDA IPC")
+PARAM(IB_DISABLE, INT, 0, 1, "1: never use RDMA verbs")
+PARAM(IB_HCA, STR, NULL, 1, "RDMA devices to use (same syntax as SOCKET_IFNAME)")
+PARAM(NET, STR, NULL, 1, "network transport to use between hosts (Socket or IB)")
+PARAM(CONNECT, STR, "lazy", 0, "connect transports lazily on first use or eagerly at init: lazy|eager")
+PARAM(BUFFSIZE, INT, 4194304, 1, "bytes of chunk slots per connection")
+PARAM(NSLOTS, INT, 8, 0, "chunk slots per connection (credits in flight)")
+PARAM(SHM_CMA, INT, -1, 0, "single-copy through process_vm_readv: -1 auto (probe), 0 off, 1 required")
+PARAM(SHM_CMA_THRESHOLD, INT, 262144, 0, "bytes from which a shm transfer uses single-copy")
+PARAM(SOCKET_NTHREADS, INT, 2, 1, "TCP helper threads per connection")
+PARAM(NSOCKS_PERTHREAD, INT, 1, 1, "TCP sockets per helper thread")
+PARAM(SOCKET_MIN_SPLIT, INT, 65536, 0, "smallest TCP piece when a chunk is split across sockets")
+/* topology */
+PARAM(TOPO_FILE, STR, NULL, 1, "hwloc XML file to load instead of discovering the machine")
+PARAM(RING_ORDER, STR, NULL, 0, "comma-separated rank order that overrides the ring search")
+PARAM(CPU_BIND, STR, "none", 0, "bind ranks to CPUs: auto, none, or a list")
+PARAM(MIN_NCHANNELS, INT, 1, 1, "fewest rings")
+PARAM(MAX_NCHANNELS, INT, 16, 1, "most rings")
+/* collectives and tuning */
+PARAM(ALGO, STR, NULL, 1, "force an algorithm (ring, ll, ...); per-collective syntax allreduce:ring")
+PARAM(LL_THRESHOLD, INT, -1, 0, "bytes below which the low-latency algorithm runs (-1: tuner decides)")
+PARAM(SPIN, INT, 2000, 0, "polls before a waiter yields; then it sleeps with backoff")
+PARAM(PROGRESS_THREAD, INT, 1, 0, "1: a progress thread drives async ops while the caller computes")
+/* communicator config overrides (NCCL's names) */
+PARAM(COMM_BLOCKING, INT, -1, 1, "override ncclConfig_t.blocking (0 or 1)")

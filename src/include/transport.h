@@ -1,0 +1,98 @@
+/*
+ * transport.h: the transport interface. A transport creates one-way connections and moves chunks.
+ *
+ * A connection (chorus_conn_t) goes from one rank to one peer. It has a ring of `nslots` chunk slots
+ * of `slot_bytes` each, in memory the receiver can read (shared memory, device memory exported by
+ * CUDA IPC, a registered receive buffer for TCP/verbs), and credits that say which slots are full.
+ * Both ends count steps; step s uses slot s % nslots.
+ *
+ *   sender:   send_acquire -> write the chunk into the slot -> send_commit(bytes)
+ *             (or, with TRANSPORT_CAP_DIRECT, send_commit_direct(src, bytes): the receiver reads src
+ *              itself, single copy; src must stay valid until send_drained reports done)
+ *   receiver: recv_peek -> read the chunk (data_p, or recv_copy for a direct chunk) -> recv_release
+ *
+ * All data-path calls are nonblocking: they report ready=0 instead of waiting, so the progress
+ * engine can drive many connections from one thread. Reaching a transport costs one indirect call;
+ * no op is NULL (optional ones point at the shared stubs in registry.c).
+ *
+ * Setup: each end calls setup(), which fills a blob (<= TRANSPORT_BLOB_BYTES) that the core sends to
+ * the other end through the bootstrap; then each end calls connect() with the peer's blob.
+ */
+#ifndef CHORUS_TRANSPORT_H_
+#define CHORUS_TRANSPORT_H_
+
+#include <stddef.h>
+#include <stdint.h>
+#include "locality.h"
+#include "nccl.h"
+
+#define TRANSPORT_ABI_VERSION 1
+#define TRANSPORT_BLOB_BYTES 256
+
+enum {
+    TRANSPORT_CAP_HOST_MEM = 1 << 0,   /* slots in host memory */
+    TRANSPORT_CAP_DEVICE_MEM = 1 << 1, /* slots in device memory */
+    TRANSPORT_CAP_DIRECT = 1 << 2,     /* send_commit_direct/recv_copy: single copy */
+    TRANSPORT_CAP_PROXY = 1 << 3,      /* needs progress() calls (or its own threads) to move data */
+    TRANSPORT_CAP_INTER_HOST = 1 << 4, /* can connect ranks on different hosts */
+};
+
+struct ncclComm;
+typedef struct chorus_conn chorus_conn_t;
+
+typedef struct chorus_transport_ops {
+    const char *name;
+    int abi_version;
+    uint32_t caps;
+    /* Whether this transport can carry data from `self` to `peer` (and back). */
+    ncclResult_t (*can_connect)(struct ncclComm *comm, const chorus_locality_t *self,
+                                const chorus_locality_t *peer, int *ok_p);
+    ncclResult_t (*setup)(chorus_conn_t *conn, void *blob, size_t *blob_bytes_p);
+    ncclResult_t (*connect)(chorus_conn_t *conn, const void *peer_blob, size_t peer_blob_bytes);
+    /* Sender side. */
+    ncclResult_t (*send_acquire)(chorus_conn_t *conn, void **slot_p, int *ready_p);
+    ncclResult_t (*send_commit)(chorus_conn_t *conn, size_t bytes);
+    ncclResult_t (*send_commit_direct)(chorus_conn_t *conn, const void *src, size_t bytes);
+    ncclResult_t (*send_drained)(chorus_conn_t *conn, int *done_p); /* all commits consumed */
+    /* Receiver side. data_p is NULL for a direct chunk: use recv_copy. */
+    ncclResult_t (*recv_peek)(chorus_conn_t *conn, const void **data_p, size_t *bytes_p, int *ready_p);
+    ncclResult_t (*recv_copy)(chorus_conn_t *conn, void *dst, size_t bytes);
+    ncclResult_t (*recv_release)(chorus_conn_t *conn);
+    /* Both sides. */
+    ncclResult_t (*progress)(chorus_conn_t *conn);
+    void (*close)(chorus_conn_t *conn);
+} chorus_transport_ops_t;
+
+struct chorus_conn {
+    const chorus_transport_ops_t *ops;
+    void *priv; /* transport state */
+    struct ncclComm *comm;
+    int peer;
+    int is_send;
+    int channel; /* channel id, or -1 for a point-to-point connection */
+    int nslots;
+    size_t slot_bytes;
+    uint64_t step;  /* next step this end will acquire (send) or peek (recv) */
+    int connected;
+    char desc[32]; /* for logs: "SHM", "SHM/CMA", "TCP/eth0" */
+};
+
+/* registry.c */
+int transport_count(void);
+const chorus_transport_ops_t *transport_get(int index);
+const chorus_transport_ops_t *transport_find(const char *name);
+/* First registry entry whose can_connect accepts (self, peer), honouring CHORUS_TRANSPORT,
+ * NCCL_SHM_DISABLE, NCCL_P2P_DISABLE, NCCL_IB_DISABLE. */
+ncclResult_t transport_select(struct ncclComm *comm, int peer, const chorus_transport_ops_t **ops_p);
+/* Set up both ends of a connection through the bootstrap. Called by the two ranks at the same
+ * time (one with is_send=1, the other is_send=0); tag separates concurrent setups. */
+ncclResult_t transport_connect(struct ncclComm *comm, chorus_conn_t *conn, int peer, int is_send,
+                               int channel, int tag);
+void transport_close(chorus_conn_t *conn);
+
+/* Shared stubs for optional ops. */
+ncclResult_t transport_stub_commit_direct(chorus_conn_t *conn, const void *src, size_t bytes);
+ncclResult_t transport_stub_recv_copy(chorus_conn_t *conn, void *dst, size_t bytes);
+ncclResult_t transport_stub_progress(chorus_conn_t *conn);
+
+#endif

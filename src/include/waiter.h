@@ -1,0 +1,43 @@
+/*
+ * waiter.h: the one way Chorus waits.
+ *
+ * Spin briefly, then yield, then sleep with exponential backoff (capped at 1 ms), so 8 ranks on 2
+ * cores make progress without livelock. Every wait has a deadline (CHORUS_TIMEOUT) and checks an
+ * abort flag. Usage:
+ *
+ *   chorus_waiter_t w; chorus_waiter_init(&w, comm->abort_flag);
+ *   while (!ready) { CHECK(chorus_waiter_step(&w)); }
+ *
+ * The waiter itself logs nothing: the caller knows what it waited for (rank, host, op) and WARNs.
+ */
+#ifndef CHORUS_WAITER_H_
+#define CHORUS_WAITER_H_
+
+#include <stdint.h>
+#include "nccl.h"
+
+typedef struct {
+    uint64_t deadline_ns; /* absolute, CLOCK_MONOTONIC */
+    uint32_t polls;
+    uint32_t sleep_ns;
+    volatile int *abort_flag; /* may be NULL */
+} chorus_waiter_t;
+
+uint64_t chorus_now_ns(void);
+/* Deadline = now + CHORUS_TIMEOUT seconds. */
+void chorus_waiter_init(chorus_waiter_t *w, volatile int *abort_flag);
+/* Same, with an explicit timeout in seconds (<= 0: CHORUS_TIMEOUT). */
+void chorus_waiter_init_timeout(chorus_waiter_t *w, volatile int *abort_flag, double seconds);
+/* Called after a poll found nothing. Returns:
+ *   ncclSuccess       keep polling
+ *   ncclRemoteError   the abort flag is set (communicator aborted or a peer failed)
+ *   ncclSystemError   the deadline passed
+ * It logs nothing: the caller knows what it waited for and WARNs with the rank and op. */
+ncclResult_t chorus_waiter_step(chorus_waiter_t *w);
+/* Reset the backoff after progress was made (deadline unchanged). */
+static inline void chorus_waiter_progress(chorus_waiter_t *w) {
+    w->polls = 0;
+    w->sleep_ns = 0;
+}
+
+#endif

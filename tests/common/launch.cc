@@ -1,0 +1,145 @@
+// launch.cc: thread and fork launchers for multi-rank tests (see launch.h).
+#include "launch.h"
+
+#include <dirent.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <thread>
+
+namespace chorus_test {
+
+static double now_s() {
+    timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+RunResult run_threads(int nranks, const RankFn &fn, double timeout_s) {
+    RunResult res;
+    std::vector<std::thread> threads;
+    std::vector<int> rc(nranks, -1);
+    std::atomic<int> done{0};
+    for (int r = 0; r < nranks; r++) {
+        threads.emplace_back([&, r] {
+            rc[r] = fn(r, nranks);
+            done++;
+        });
+    }
+    double deadline = now_s() + timeout_s;
+    while (done.load() < nranks && now_s() < deadline)
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    if (done.load() < nranks) {
+        // A thread cannot be killed safely; report and abort the process so ctest sees a failure
+        // instead of a hang.
+        fprintf(stderr, "run_threads: %d of %d ranks still running after %.0f s; aborting\n",
+                nranks - done.load(), nranks, timeout_s);
+        fflush(stderr);
+        _exit(124);
+    }
+    for (auto &t : threads) t.join();
+    for (int r = 0; r < nranks; r++) {
+        if (rc[r] != 0) {
+            res.failed++;
+            res.detail += "rank " + std::to_string(r) + ": returned " + std::to_string(rc[r]) + "\n";
+        }
+    }
+    return res;
+}
+
+RunResult run_forked(int nranks, const RankFn &fn, double timeout_s) {
+    RunResult res;
+    fflush(stdout);
+    fflush(stderr);
+    std::vector<pid_t> pids(nranks, -1);
+    for (int r = 0; r < nranks; r++) {
+        pid_t pid = fork();
+        if (pid == 0) {
+            int rc = fn(r, nranks);
+            fflush(stdout);
+            fflush(stderr);
+            _exit(rc == 0 ? 0 : (rc & 0xff ? rc & 0xff : 1));
+        }
+        if (pid < 0) {
+            res.failed++;
+            res.detail += "fork failed for rank " + std::to_string(r) + "\n";
+            continue;
+        }
+        pids[r] = pid;
+    }
+    double deadline = now_s() + timeout_s;
+    int left = 0;
+    for (pid_t p : pids) left += p > 0;
+    std::vector<int> status(nranks, 0);
+    std::vector<bool> reaped(nranks, false);
+    while (left > 0) {
+        for (int r = 0; r < nranks; r++) {
+            if (pids[r] <= 0 || reaped[r]) continue;
+            int st;
+            if (waitpid(pids[r], &st, WNOHANG) == pids[r]) {
+                reaped[r] = true;
+                status[r] = st;
+                left--;
+            }
+        }
+        if (left == 0) break;
+        if (now_s() > deadline) {
+            res.timed_out = true;
+            for (int r = 0; r < nranks; r++) {
+                if (pids[r] > 0 && !reaped[r]) {
+                    kill(pids[r], SIGKILL);
+                    waitpid(pids[r], &status[r], 0);
+                    reaped[r] = true;
+                    res.detail += "rank " + std::to_string(r) + ": killed after deadline\n";
+                    res.failed++;
+                }
+            }
+            break;
+        }
+        usleep(2000);
+    }
+    for (int r = 0; r < nranks; r++) {
+        if (pids[r] <= 0 || !reaped[r]) continue;
+        int st = status[r];
+        if (WIFEXITED(st) && WEXITSTATUS(st) == 0) continue;
+        if (res.timed_out && WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL) continue; // counted above
+        res.failed++;
+        if (WIFEXITED(st))
+            res.detail += "rank " + std::to_string(r) + ": exit " + std::to_string(WEXITSTATUS(st)) + "\n";
+        else if (WIFSIGNALED(st))
+            res.detail += "rank " + std::to_string(r) + ": signal " + std::to_string(WTERMSIG(st)) + "\n";
+    }
+    return res;
+}
+
+RunResult run_ranks(Launch how, int nranks, const RankFn &fn, double timeout_s) {
+    return how == Launch::Threads ? run_threads(nranks, fn, timeout_s)
+                                  : run_forked(nranks, fn, timeout_s);
+}
+
+ncclUniqueId make_unique_id() {
+    ncclUniqueId id;
+    memset(&id, 0, sizeof(id));
+    ncclResult_t r = ncclGetUniqueId(&id);
+    if (r != ncclSuccess) fprintf(stderr, "ncclGetUniqueId failed: %d\n", (int)r);
+    return id;
+}
+
+std::vector<std::string> shm_leftovers() {
+    std::vector<std::string> out;
+    DIR *d = opendir("/dev/shm");
+    if (!d) return out;
+    while (dirent *e = readdir(d)) {
+        if (strstr(e->d_name, "chorus")) out.push_back(e->d_name);
+    }
+    closedir(d);
+    return out;
+}
+
+} // namespace chorus_test
