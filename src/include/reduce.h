@@ -1,0 +1,75 @@
+/*
+ * reduce.h: copy and reduction kernels, one entry per (dtype, op), host and device.
+ *
+ * The collective schedules are the same for host and device buffers; only these kernels differ.
+ * An op is resolved once per collective into a chorus_redop_t:
+ *   SUM, PROD, MAX, MIN       as named
+ *   PREMULSUM                 every rank's input is multiplied by `scalar` before summing
+ *                             (ncclRedOpCreatePreMulSum; ncclAvg on floating types = PREMULSUM 1/n)
+ *   SUMDIV                    ncclAvg on integer types: sum, then divide by nranks at the end
+ * float16, bfloat16 and both float8 kinds are computed in float32 and rounded once per call.
+ *
+ * The three shapes every schedule needs:
+ *   rk_prepare(dst, in)            dst = pre(in)          first contribution of this rank
+ *   rk_reduce(dst, in, acc)        dst = pre(in) (+) acc  add this rank's input to a partial result
+ *   rk_finish(dst, src)            dst = post(src)        SUMDIV's divide; a copy otherwise
+ * pre() multiplies by the scalar for PREMULSUM and is the identity otherwise. dst may alias in or
+ * acc (exactly, not partially). rk_reduce_n folds n inputs (low-latency one-shot algorithms).
+ */
+#ifndef CHORUS_REDUCE_H_
+#define CHORUS_REDUCE_H_
+
+#include <stddef.h>
+#include <stdint.h>
+#include "nccl.h"
+
+typedef enum { RK_SUM = 0, RK_PROD, RK_MAX, RK_MIN, RK_PREMULSUM, RK_SUMDIV } chorus_rk_kind_t;
+
+typedef struct {
+    chorus_rk_kind_t kind;
+    ncclDataType_t dtype;
+    int nranks; /* SUMDIV divisor */
+    union {
+        double f;
+        int64_t i;
+        uint64_t u;
+    } scalar; /* PREMULSUM, in the dtype's family: f for floating types, i/u for integers */
+} chorus_redop_t;
+
+size_t chorus_dtype_size(ncclDataType_t dtype); /* 0 for an invalid dtype */
+const char *chorus_dtype_name(ncclDataType_t dtype);
+const char *chorus_redop_name(int op); /* "sum", ..., "premulsum" for dynamic ops */
+int chorus_dtype_is_float(ncclDataType_t dtype);
+
+/* Host kernels (vectorised; the widest ISA the CPU has is chosen once at run time). */
+void rk_copy(void *dst, const void *src, size_t bytes);
+void rk_prepare(void *dst, const void *in, size_t count, const chorus_redop_t *op);
+void rk_reduce(void *dst, const void *in, const void *acc, size_t count, const chorus_redop_t *op);
+void rk_finish(void *dst, const void *src, size_t count, const chorus_redop_t *op);
+void rk_reduce_n(void *dst, const void *const *ins, int n, size_t count, const chorus_redop_t *op);
+/* Which implementation the dispatcher picked ("avx512", "avx2", "generic"). */
+const char *rk_isa_name(void);
+
+/* Conversions used by kernels, tests and the perf binaries' checks. */
+float chorus_half_to_float(uint16_t h);
+uint16_t chorus_float_to_half(float f);
+float chorus_bf16_to_float(uint16_t h);
+uint16_t chorus_float_to_bf16(float f);
+float chorus_fp8e4m3_to_float(uint8_t v);
+uint8_t chorus_float_to_fp8e4m3(float f);
+float chorus_fp8e5m2_to_float(uint8_t v);
+uint8_t chorus_float_to_fp8e5m2(float f);
+
+#if CHORUS_HAVE_CUDA
+/* Device kernels, same contracts, ordered on `stream` (a cudaStream_t). Return ncclUnhandledCudaError
+ * with a WARN on a launch failure. */
+ncclResult_t rk_dev_copy(void *dst, const void *src, size_t bytes, void *stream);
+ncclResult_t rk_dev_prepare(void *dst, const void *in, size_t count, const chorus_redop_t *op, void *stream);
+ncclResult_t rk_dev_reduce(void *dst, const void *in, const void *acc, size_t count,
+                           const chorus_redop_t *op, void *stream);
+ncclResult_t rk_dev_finish(void *dst, const void *src, size_t count, const chorus_redop_t *op, void *stream);
+ncclResult_t rk_dev_reduce_n(void *dst, const void *const *ins, int n, size_t count,
+                             const chorus_redop_t *op, void *stream);
+#endif
+
+#endif
