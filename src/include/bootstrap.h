@@ -30,14 +30,25 @@ typedef struct {
     uint64_t magic;  /* CHORUS_ID_MAGIC: tells a Chorus id from garbage */
     uint64_t secret; /* random; every connection must present it */
     chorus_sockaddr_t root;
+    uint32_t flags; /* CHORUS_ID_FLAG_* */
 } chorus_unique_id_t;
 #define CHORUS_ID_MAGIC 0x43484f5255533031ull /* "CHORUS01" */
+/* The id was built from an address (NCCL_COMM_ID, MASTER_ADDR:MASTER_PORT): no root thread runs
+ * yet; rank 0 listens on `root` inside bootstrap_init. The secret is then derived from the address
+ * text, so it only tells jobs apart: it gives no secrecy. */
+#define CHORUS_ID_FLAG_RANK0_ROOT 0x1u
 
 typedef struct bootstrap bootstrap_t;
 
 /* Fill *id: NCCL_COMM_ID gives the root address (no thread started: rank 0 runs the root in
  * bootstrap_init); otherwise start a root thread on a fresh port of a usable interface. */
 ncclResult_t bootstrap_get_unique_id(chorus_unique_id_t *id);
+/* Build the id for a fixed root address "host:port" / "[v6]:port" (hostnames resolved). Every rank
+ * computes the same id from the same text; rank 0 runs the root in bootstrap_init. `what` names
+ * where the text came from (e.g. "NCCL_COMM_ID") for the WARN when it is malformed
+ * (ncclInvalidArgument). Starts nothing. */
+ncclResult_t bootstrap_id_from_string(const char *hostport, const char *what,
+                                      chorus_unique_id_t *id);
 
 /* Collective over all nranks: rendezvous through the root. abort_flag may be NULL. */
 ncclResult_t bootstrap_init(const chorus_unique_id_t *id, int rank, int nranks,
@@ -52,7 +63,12 @@ const chorus_sockaddr_t *bootstrap_addr(const bootstrap_t *bs, int rank);
 /* data holds nranks slots of `size` bytes; this rank's slot is filled in, all others on return. */
 ncclResult_t bootstrap_allgather(bootstrap_t *bs, void *data, size_t size);
 ncclResult_t bootstrap_barrier(bootstrap_t *bs);
-/* Tagged messages between two ranks; a recv matches (peer, tag) and the size must match. */
+/* Tagged messages between two ranks; a recv matches (peer, tag) and the size must match.
+ * Messages with the same (peer, tag) arrive in the order they were sent; others may be received in
+ * any order (unexpected ones are buffered). A send never waits for the matching recv. peer may be
+ * this rank. Tags from BOOTSTRAP_TAG_RESERVED_MIN to BOOTSTRAP_TAG_RESERVED_MIN + 63 are used
+ * internally (allgather, barrier); all others are free. Thread-safe. */
+#define BOOTSTRAP_TAG_RESERVED_MIN (-0x7fffff00)
 ncclResult_t bootstrap_send(bootstrap_t *bs, int peer, int tag, const void *data, size_t size);
 ncclResult_t bootstrap_recv(bootstrap_t *bs, int peer, int tag, void *data, size_t size);
 

@@ -16,8 +16,10 @@
 #include <stdint.h>
 
 #include "bootstrap.h"
+#include "core.h"
 #include "locality.h"
 #include "nccl.h"
+#include "reduce.h"
 #include "transport.h"
 
 #define CHORUS_MAXCHANNELS 32
@@ -74,6 +76,10 @@ struct ncclComm {
     chorus_user_redop_t user_ops[CHORUS_MAX_USER_OPS];
 
     volatile int abort_flag;     /* set by ncclCommAbort/Revoke or a fatal error; every wait checks it */
+    /* The bootstrap has its own flag (given to bootstrap_init): a revoked communicator, or one whose
+     * peer died, stops its ops through abort_flag but keeps a working bootstrap so that
+     * ncclCommShrink can still reach the survivors. Only ncclCommAbort/Destroy set it. */
+    volatile int bs_abort_flag;
     volatile int async_error;    /* ncclResult_t, sticky: first async error wins */
     volatile int init_state;     /* ncclInProgress while a nonblocking init runs, then the result */
     pthread_t init_thread;
@@ -82,7 +88,28 @@ struct ncclComm {
     int revoked;
     int destroyed;
     pthread_mutex_t lock;
+
+    /* Added by the core (src/core/init.c and friends). */
+    char net_name[64];         /* copy of config.netName (the user's string may not outlive init) */
+    uint64_t split_seq;        /* splits/shrinks issued on this comm: tags their bootstrap messages */
+    int engine_finalized;      /* coll_engine_finalize already ran (Finalize, Revoke, Shrink+ABORT) */
+    uint64_t unique_id_hash;   /* hash of the ncclUniqueId the comm was made from */
+    struct comm_reg *regs;     /* ncclCommRegister / ncclCommWindowRegister records (under lock) */
 };
+
+/* A registered range (ncclCommRegister, ncclCommWindowRegister). Registration is a hint: Chorus
+ * works on unregistered buffers too; the engine may use comm_reg_find to learn that a range is
+ * registered (and whether it is device memory). */
+typedef struct comm_reg {
+    uint64_t magic; /* COMM_REG_MAGIC or COMM_WIN_MAGIC */
+    void *base;
+    size_t size;
+    int is_device;
+    int win_flags; /* windows only */
+    struct comm_reg *next;
+} comm_reg_t;
+#define COMM_REG_MAGIC 0x5245474348525331ull
+#define COMM_WIN_MAGIC 0x57494e4348525331ull
 
 /* Validate a comm handle from the user (NULL, freed, or garbage): ncclInvalidArgument + WARN. */
 ncclResult_t comm_check(const struct ncclComm *comm, const char *api);
@@ -90,5 +117,29 @@ ncclResult_t comm_check(const struct ncclComm *comm, const char *api);
 void comm_set_async_error(struct ncclComm *comm, ncclResult_t res);
 /* Set the abort flag and make blocked bootstrap/transport waits return. */
 void comm_abort_flag(struct ncclComm *comm);
+
+/* comm_check plus the state checks a new operation needs: a revoked or finalized communicator,
+ * or one whose nonblocking init has not completed, is ncclInvalidUsage (with a WARN naming api). */
+ncclResult_t comm_check_usable(const struct ncclComm *comm, const char *api);
+
+/* Resolve a user ncclConfig_t (may be NULL: defaults) with NCCL's version-tolerant rules into a
+ * complete config (src/core/config.c). `inherit` (may be NULL) supplies the defaults instead of
+ * the built-in ones (ncclCommSplit/Shrink with a NULL config inherit the parent's). */
+ncclResult_t comm_config_parse(const ncclConfig_t *user, const ncclConfig_t *inherit,
+                               ncclConfig_t *out_p);
+
+/* Map a user op (built-in or from ncclRedOpCreatePreMulSum) and a dtype to what the kernels run:
+ * avg becomes PREMULSUM 1/nranks (floating types) or SUMDIV (integers); a user op's scalar is
+ * converted to the dtype's family (for ncclScalarDevice it is read now, at op time). An unknown or
+ * destroyed op, or a dtype that does not match the op's, is ncclInvalidArgument with a WARN. */
+ncclResult_t comm_resolve_redop(struct ncclComm *comm, ncclRedOp_t op, ncclDataType_t dtype,
+                                chorus_redop_t *out_p);
+
+/* The registration covering [ptr, ptr+bytes) on this comm, or NULL (src/core/memory.c). */
+const comm_reg_t *comm_reg_find(struct ncclComm *comm, const void *ptr, size_t bytes);
+
+/* CUDA helpers (src/core/memory.c); without CUDA they report "no device". */
+int comm_cuda_current_device(void);         /* -1 when no usable GPU */
+int comm_ptr_is_device(const void *ptr);    /* 1 for device or managed memory */
 
 #endif

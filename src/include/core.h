@@ -16,9 +16,11 @@
 
 #define CHORUS_EXPORT __attribute__((visibility("default")))
 
+/* The body is written under the nccl* name (weak); p##func is a strong alias of it, declared
+ * before the body as GCC allows (the alias target must be defined in the same file). */
 #define NCCL_API(ret, func, ...)                                                                   \
-    ret p##func(__VA_ARGS__) CHORUS_EXPORT;                                                        \
-    ret func(__VA_ARGS__) __attribute__((weak, alias("p" #func), visibility("default")))
+    ret p##func(__VA_ARGS__) __attribute__((alias(#func))) CHORUS_EXPORT;                          \
+    ret func(__VA_ARGS__) __attribute__((weak)) CHORUS_EXPORT
 
 /* chorus* extensions: exported, no profiling alias. */
 #define CHORUS_API(ret, func, ...) ret func(__VA_ARGS__) CHORUS_EXPORT

@@ -29,6 +29,8 @@ typedef struct {
     uint64_t pid_ns;    /* pid namespace inode */
     int numa_node;      /* of the CPU binding; -1 unknown */
     int package;        /* socket; -1 unknown */
+    int pci_switch;     /* id of the PCI switch above the rank's GPU (or nearest NIC); -1 none */
+    int near_nic;       /* index into nics[] of the NIC nearest this rank; -1 none */
     int cuda_dev;       /* -1 when the rank uses no GPU */
     char gpu_bus_id[16];
     int nnics;

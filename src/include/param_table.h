@@ -34,6 +34,7 @@ PARAM(SHM_CMA_THRESHOLD, INT, 262144, 0, "bytes from which a shm transfer uses s
 PARAM(SOCKET_NTHREADS, INT, 2, 1, "TCP helper threads per connection")
 PARAM(NSOCKS_PERTHREAD, INT, 1, 1, "TCP sockets per helper thread")
 PARAM(SOCKET_MIN_SPLIT, INT, 65536, 0, "smallest TCP piece when a chunk is split across sockets")
+PARAM(SOCKET_BUFFSIZE, INT, 0, 0, "TCP data socket SO_SNDBUF/SO_RCVBUF bytes (0: kernel autotuning)")
 /* topology */
 PARAM(TOPO_FILE, STR, NULL, 1, "hwloc XML file to load instead of discovering the machine")
 PARAM(RING_ORDER, STR, NULL, 0, "comma-separated rank order that overrides the ring search")

@@ -49,6 +49,10 @@ void rk_finish(void *dst, const void *src, size_t count, const chorus_redop_t *o
 void rk_reduce_n(void *dst, const void *const *ins, int n, size_t count, const chorus_redop_t *op);
 /* Which implementation the dispatcher picked ("avx512", "avx2", "generic"). */
 const char *rk_isa_name(void);
+/* Whether this CPU can run the named variant, and forcing one (NULL or "auto": the widest again);
+ * for tests and perf/kernels. Unknown name: ncclInvalidArgument; not runnable: ncclInvalidUsage. */
+int rk_isa_supported(const char *name);
+ncclResult_t rk_isa_select(const char *name);
 
 /* Conversions used by kernels, tests and the perf binaries' checks. */
 float chorus_half_to_float(uint16_t h);

@@ -6,6 +6,7 @@
 #ifndef CHORUS_TOPO_H_
 #define CHORUS_TOPO_H_
 
+#include <stdio.h>
 #include "locality.h"
 #include "nccl.h"
 
@@ -15,5 +16,10 @@ struct ncclComm;
  * Needs comm->peers (all locality records). Allocations are freed by topo_free. */
 ncclResult_t topo_build(struct ncclComm *comm);
 void topo_free(struct ncclComm *comm);
+
+/* chorus_info: print what discovery finds on this machine (or CHORUS_TOPO_FILE): packages, NUMA
+ * nodes, GPUs, NICs, this process's locality record; and write the hwloc XML to a file. */
+ncclResult_t topo_print(FILE *out);
+ncclResult_t topo_dump_xml(const char *path);
 
 #endif

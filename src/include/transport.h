@@ -75,6 +75,12 @@ struct chorus_conn {
     uint64_t step;  /* next step this end will acquire (send) or peek (recv) */
     int connected;
     char desc[32]; /* for logs: "SHM", "SHM/CMA", "TCP/eth0" */
+    /* Set by connect(). direct: 1 when send_commit_direct works on this connection (single copy
+     * between these two ranks); when 0 use send_commit. A direct chunk may be larger than
+     * slot_bytes; it still takes one step (one send_acquire'd slot). direct_threshold: the chunk
+     * size from which the direct path pays off (CHORUS_SHM_CMA_THRESHOLD for shm). */
+    int direct;
+    size_t direct_threshold;
 };
 
 /* registry.c */

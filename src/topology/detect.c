@@ -1,17 +1,26 @@
 /*
- * detect.c: this rank's locality record (TEMPORARY minimal version by the lead; the topology
- * work replaces it with hwloc discovery: NUMA node, package, GPU and NICs).
+ * detect.c: this rank's locality record, and where CPUs and PCI devices sit in a topology.
  *
  * Host identity is hostname + boot id + the identity of /dev/shm, never the hostname alone: two
  * containers on one machine that do not share /dev/shm must not be treated as one host.
+ * The NUMA node and package come from the CPU binding of the calling thread (unknown, -1, when it
+ * spans several); the PCI switch is the topmost PCI-to-PCI bridge above the rank's GPU (or above its
+ * nearest NIC); NICs are hwloc's network and OpenFabrics OS devices, with the link speed from sysfs.
+ * The machine's topology is loaded once per process and kept (hwloc loads take milliseconds).
  */
+#include <pthread.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#if CHORUS_HAVE_CUDA
+#include <cuda_runtime.h>
+#endif
 
 #include "check.h"
-#include "locality.h"
+#include "param.h"
+#include "topo_internal.h"
 
 static uint64_t fnv1a(uint64_t h, const void *data, size_t len) {
     const unsigned char *p = data;
@@ -22,13 +31,157 @@ static uint64_t fnv1a(uint64_t h, const void *data, size_t len) {
     return h;
 }
 
+/* Index of the single object of `type` whose cpuset intersects cpus, or -1. */
+static int single_intersecting(hwloc_topology_t topo, hwloc_obj_type_t type,
+                               hwloc_const_cpuset_t cpus) {
+    int n = hwloc_get_nbobjs_by_type(topo, type);
+    if (n == 1) return 0;
+    if (cpus == NULL || hwloc_bitmap_iszero(cpus)) return -1;
+    int found = -1;
+    for (int i = 0; i < n; i++) {
+        hwloc_obj_t o = hwloc_get_obj_by_type(topo, type, i);
+        if (o->cpuset && hwloc_bitmap_intersects(o->cpuset, cpus)) {
+            if (found >= 0) return -1; /* spans several */
+            found = i;
+        }
+    }
+    return found;
+}
+
+/* The topmost PCI-to-PCI bridge above obj (a "switch"), or NULL when obj hangs off a host bridge. */
+static hwloc_obj_t top_switch(hwloc_obj_t obj) {
+    hwloc_obj_t sw = NULL;
+    for (hwloc_obj_t o = obj ? obj->parent : NULL; o; o = o->parent) {
+        if (o->type == HWLOC_OBJ_BRIDGE && o->attr->bridge.upstream_type == HWLOC_OBJ_BRIDGE_PCI)
+            sw = o;
+        if (o->type != HWLOC_OBJ_BRIDGE && o->type != HWLOC_OBJ_PCI_DEVICE) break;
+    }
+    return sw;
+}
+
+static int nic_speed_mbps(hwloc_topology_t topo, const char *name) {
+    if (!hwloc_topology_is_thissystem(topo)) return 0;
+    char path[128];
+    snprintf(path, sizeof(path), "/sys/class/net/%s/speed", name);
+    FILE *f = fopen(path, "r");
+    if (!f) return 0;
+    int speed = 0;
+    if (fscanf(f, "%d", &speed) != 1 || speed < 0) speed = 0;
+    fclose(f);
+    return speed;
+}
+
+ncclResult_t topo_place(hwloc_topology_t topo, hwloc_const_cpuset_t cpus, const char *gpu_bus_id,
+                        topo_place_info_t *info) {
+    memset(info, 0, sizeof(*info));
+    info->package = single_intersecting(topo, HWLOC_OBJ_PACKAGE, cpus);
+    info->numa_node = single_intersecting(topo, HWLOC_OBJ_NUMANODE, cpus);
+    info->pci_switch = -1;
+    info->near_nic = -1;
+
+    hwloc_obj_t gpu = NULL, gpu_sw = NULL;
+    if (gpu_bus_id && gpu_bus_id[0]) {
+        gpu = hwloc_get_pcidev_by_busidstring(topo, gpu_bus_id);
+        gpu_sw = top_switch(gpu);
+        if (gpu_sw) info->pci_switch = (int)gpu_sw->logical_index;
+    }
+    /* NICs: best first = under the GPU's switch, then close to our CPUs, then any. */
+    int best_score = -1;
+    for (hwloc_obj_t o = hwloc_get_next_osdev(topo, NULL); o; o = hwloc_get_next_osdev(topo, o)) {
+        int kind;
+        if (o->attr->osdev.type == HWLOC_OBJ_OSDEV_NETWORK) kind = 0;
+        else if (o->attr->osdev.type == HWLOC_OBJ_OSDEV_OPENFABRICS) kind = 1;
+        else continue;
+        if (info->nnics >= CHORUS_MAX_NICS) break;
+        chorus_nic_t *nic = &info->nics[info->nnics];
+        snprintf(nic->name, sizeof(nic->name), "%s", o->name ? o->name : "?");
+        nic->kind = kind;
+        nic->speed_mbps = kind == 0 ? nic_speed_mbps(topo, nic->name) : 0;
+        hwloc_obj_t pci = o->parent && o->parent->type == HWLOC_OBJ_PCI_DEVICE ? o->parent : NULL;
+        if (pci)
+            snprintf(nic->pci_bus_id, sizeof(nic->pci_bus_id), "%04x:%02x:%02x.%01x",
+                     pci->attr->pcidev.domain, pci->attr->pcidev.bus, pci->attr->pcidev.dev,
+                     pci->attr->pcidev.func);
+        int score = 0;
+        hwloc_obj_t sw = top_switch(pci);
+        if (gpu_sw && sw == gpu_sw) score = 3;
+        else {
+            hwloc_obj_t anc = hwloc_get_non_io_ancestor_obj(topo, o);
+            if (anc && cpus && anc->cpuset && hwloc_bitmap_intersects(anc->cpuset, cpus) &&
+                !hwloc_bitmap_isequal(anc->cpuset, hwloc_topology_get_topology_cpuset(topo)))
+                score = 2;
+            else score = 1;
+        }
+        if (score > best_score) {
+            best_score = score;
+            info->near_nic = info->nnics;
+            if (!gpu_sw && sw) info->pci_switch = (int)sw->logical_index;
+            else if (!gpu_sw) info->pci_switch = -1;
+        }
+        info->nnics++;
+    }
+    return ncclSuccess;
+}
+
+static pthread_mutex_t g_topo_lock = PTHREAD_MUTEX_INITIALIZER;
+static hwloc_topology_t g_topo;
+
+/* The process-wide topology of this machine (or CHORUS_TOPO_FILE), loaded once. */
+static ncclResult_t machine_topo(hwloc_topology_t *topo_p) {
+    ncclResult_t res = ncclSuccess;
+    pthread_mutex_lock(&g_topo_lock);
+    if (g_topo == NULL) res = topo_system_load(NULL, &g_topo);
+    *topo_p = g_topo;
+    pthread_mutex_unlock(&g_topo_lock);
+    return res;
+}
+
+/* CHORUS_CPU_BIND: none (default), auto (the CPUs near this rank's GPU, or its NUMA node),
+ * or a hwloc list ("0-3") or per-local-rank lists separated by '|' ("0|1|2-3"). */
+static void apply_cpu_bind(hwloc_topology_t topo, int local_index, const char *gpu_bus_id) {
+    const char *mode = chorus_param_str(PARAM_CPU_BIND);
+    if (mode == NULL || strcmp(mode, "none") == 0 || !hwloc_topology_is_thissystem(topo)) return;
+    hwloc_bitmap_t set = hwloc_bitmap_alloc();
+    if (strcmp(mode, "auto") == 0) {
+        hwloc_obj_t gpu = gpu_bus_id && gpu_bus_id[0]
+                              ? hwloc_get_pcidev_by_busidstring(topo, gpu_bus_id) : NULL;
+        hwloc_obj_t anc = gpu ? hwloc_get_non_io_ancestor_obj(topo, gpu) : NULL;
+        if (anc == NULL) {
+            int nn = hwloc_get_nbobjs_by_type(topo, HWLOC_OBJ_NUMANODE);
+            anc = nn > 0 ? hwloc_get_obj_by_type(topo, HWLOC_OBJ_NUMANODE, local_index % nn) : NULL;
+        }
+        if (anc && anc->cpuset) hwloc_bitmap_copy(set, anc->cpuset);
+    } else {
+        char buf[256];
+        snprintf(buf, sizeof(buf), "%s", mode);
+        int count = 1;
+        for (char *p = buf; *p; p++) count += *p == '|';
+        int want = local_index % count;
+        char *save = NULL, *tok = strtok_r(buf, "|", &save);
+        for (int i = 0; tok && i < want; i++) tok = strtok_r(NULL, "|", &save);
+        if (tok == NULL || hwloc_bitmap_list_sscanf(set, tok) != 0) {
+            WARN("CHORUS_CPU_BIND: cannot parse '%s' (auto, none, or CPU lists like 0-3|4-7)", mode);
+            hwloc_bitmap_free(set);
+            return;
+        }
+    }
+    if (!hwloc_bitmap_iszero(set)) {
+        if (hwloc_set_cpubind(topo, set, HWLOC_CPUBIND_THREAD) == 0) {
+            char txt[128];
+            hwloc_bitmap_list_snprintf(txt, sizeof(txt), set);
+            INFO(SUB_INIT, "bound to CPUs %s (CHORUS_CPU_BIND=%s)", txt, mode);
+        } else {
+            INFO(SUB_INIT, "CHORUS_CPU_BIND=%s: binding failed: %s", mode, strerror(errno));
+        }
+    }
+    hwloc_bitmap_free(set);
+}
+
 ncclResult_t topo_fill_locality(int rank, int cuda_dev, const chorus_sockaddr_t *bs_addr,
                                 chorus_locality_t *loc) {
     memset(loc, 0, sizeof(*loc));
     loc->rank = rank;
     loc->cuda_dev = cuda_dev;
-    loc->numa_node = -1;
-    loc->package = -1;
     loc->pid = (int)getpid();
     gethostname(loc->hostname, sizeof(loc->hostname) - 1);
 
@@ -51,8 +204,31 @@ ncclResult_t topo_fill_locality(int rank, int cuda_dev, const chorus_sockaddr_t 
     loc->host_hash = h;
     if (bs_addr) {
         loc->net_addr = *bs_addr;
-        if (loc->net_addr.sa.sa_family == AF_INET) loc->net_addr.sin.sin_port = 0;
-        else loc->net_addr.sin6.sin6_port = 0;
+        if (loc->net_addr.sa.sa_family == AF_INET6) loc->net_addr.sin6.sin6_port = 0;
+        else loc->net_addr.sin.sin_port = 0;
     }
+#if CHORUS_HAVE_CUDA
+    if (cuda_dev >= 0 &&
+        cudaDeviceGetPCIBusId(loc->gpu_bus_id, sizeof(loc->gpu_bus_id), cuda_dev) != cudaSuccess)
+        loc->gpu_bus_id[0] = '\0';
+#endif
+
+    hwloc_topology_t topo;
+    CHECK(machine_topo(&topo));
+    apply_cpu_bind(topo, rank, loc->gpu_bus_id);
+    hwloc_bitmap_t cpus = hwloc_bitmap_alloc();
+    if (hwloc_get_cpubind(topo, cpus, HWLOC_CPUBIND_THREAD) != 0 &&
+        hwloc_get_cpubind(topo, cpus, HWLOC_CPUBIND_PROCESS) != 0)
+        hwloc_bitmap_zero(cpus);
+    topo_place_info_t info;
+    ncclResult_t res = topo_place(topo, cpus, loc->gpu_bus_id, &info);
+    hwloc_bitmap_free(cpus);
+    CHECK(res);
+    loc->package = info.package;
+    loc->numa_node = info.numa_node;
+    loc->pci_switch = info.pci_switch;
+    loc->near_nic = info.near_nic;
+    loc->nnics = info.nnics;
+    memcpy(loc->nics, info.nics, sizeof(info.nics));
     return ncclSuccess;
 }

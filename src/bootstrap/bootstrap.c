@@ -1,0 +1,354 @@
+/*
+ * bootstrap.c: the bootstrap handle: rendezvous through the root, then allgather and barrier on
+ * top of the direct peer messages of bs_peer.c.
+ *
+ * bootstrap_init opens this rank's listening socket (on the address that routes to the root, or on
+ * the interface NCCL_SOCKET_IFNAME selects), starts the receiver thread, and sends the root a hello
+ * {magic, secret, rank, nranks, listen address}. The root answers, once all ranks are there, with
+ * the table of listen addresses, or with the list of ranks that never came. A connection the root
+ * closes before answering (a root of a previous communicator on the same fixed address that is just
+ * shutting down) is retried until the deadline. With a fixed address (CHORUS_ID_FLAG_RANK0_ROOT),
+ * rank 0 first starts the root thread on that address.
+ *
+ * allgather is a ring: nranks-1 steps, each rank sends one slot to its successor and receives one
+ * from its predecessor; it moves the minimum data and, with sends that never block on the matching
+ * recv, needs no pairing. Its latency grows linearly with nranks, which is fine for setup data at
+ * the scales this library targets (it runs once per communicator). barrier is a dissemination
+ * barrier: ceil(log2 nranks) rounds of one empty message each.
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "bs_internal.h"
+#include "check.h"
+#include "param.h"
+#include "waiter.h"
+
+int bootstrap_rank(const bootstrap_t *bs) { return bs->rank; }
+int bootstrap_nranks(const bootstrap_t *bs) { return bs->nranks; }
+uint64_t bootstrap_secret(const bootstrap_t *bs) { return bs->secret; }
+const chorus_sockaddr_t *bootstrap_addr(const bootstrap_t *bs, int rank) {
+    if (rank < 0 || rank >= bs->nranks) return NULL;
+    return &bs->addrs[rank];
+}
+
+static void bs_free(bootstrap_t *bs) {
+    if (bs == NULL) return;
+    bs_peer_stop(bs);
+    bs_close(bs->listen_fd);
+    bs_close(bs->wake_fd);
+    if (bs->out_fd)
+        for (int i = 0; i < bs->nranks; i++) bs_close(bs->out_fd[i]);
+    if (bs->q_head) {
+        for (int i = 0; i < bs->nranks; i++) {
+            bs_msg_t *m = bs->q_head[i];
+            while (m) {
+                bs_msg_t *next = m->next;
+                free(m->data);
+                free(m);
+                m = next;
+            }
+        }
+    }
+    free(bs->q_head);
+    free(bs->q_tail);
+    free(bs->in_state);
+    free(bs->in_errno);
+    free(bs->out_fd);
+    free(bs->addrs);
+    free(bs->conns);
+    pthread_mutex_destroy(&bs->lock);
+    pthread_mutex_destroy(&bs->send_lock);
+    pthread_cond_destroy(&bs->cond);
+    free(bs);
+}
+
+static bootstrap_t *bs_alloc(int rank, int nranks) {
+    bootstrap_t *bs = calloc(1, sizeof(*bs));
+    if (bs == NULL) return NULL;
+    bs->rank = rank;
+    bs->nranks = nranks;
+    bs->listen_fd = -1;
+    bs->wake_fd = -1;
+    pthread_mutex_init(&bs->lock, NULL);
+    pthread_mutex_init(&bs->send_lock, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&bs->cond, &ca);
+    pthread_condattr_destroy(&ca);
+    bs->addrs = calloc(nranks, sizeof(*bs->addrs));
+    bs->q_head = calloc(nranks, sizeof(*bs->q_head));
+    bs->q_tail = calloc(nranks, sizeof(*bs->q_tail));
+    bs->in_state = calloc(nranks, sizeof(int));
+    bs->in_errno = calloc(nranks, sizeof(int));
+    bs->out_fd = malloc(sizeof(int) * nranks);
+    if (!bs->addrs || !bs->q_head || !bs->q_tail || !bs->in_state || !bs->in_errno ||
+        !bs->out_fd) {
+        bs_free(bs);
+        return NULL;
+    }
+    for (int i = 0; i < nranks; i++) bs->out_fd[i] = -1;
+    return bs;
+}
+
+/* Rank 0 of a fixed-address id: listen on the root address and start the root thread. The
+ * address may still be held by the root of a previous communicator that is finishing: retry. */
+static ncclResult_t start_fixed_root(const chorus_unique_id_t *id, bs_deadline_t *d) {
+    char abuf[64];
+    chorus_sockaddr_str(&id->root, abuf, sizeof(abuf));
+    for (int attempt = 0;; attempt++) {
+        int fd;
+        if (bs_listen(&id->root, 1, &fd, NULL) == 0) return bs_root_start(fd, id->secret, &id->root);
+        int e = errno;
+        if (e != EADDRINUSE) {
+            WARN("bootstrap rank 0: cannot listen on the root address %s: %s%s", abuf, strerror(e),
+                 e == EADDRNOTAVAIL ? " (rank 0 must run on the host that owns this address)"
+                                    : "");
+            return ncclSystemError;
+        }
+        if (attempt == 0)
+            INFO(SUB_BOOTSTRAP, "bootstrap rank 0: root address %s in use; retrying", abuf);
+        int st = bs_deadline_check(d);
+        if (st != BS_IO_OK) {
+            WARN("bootstrap rank 0: root address %s stays in use: %s", abuf,
+                 st == BS_IO_ABORT ? "aborted" : "gave up at CHORUS_TIMEOUT");
+            return st == BS_IO_ABORT ? ncclRemoteError : ncclSystemError;
+        }
+        struct timespec ts = {0, 20 * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+}
+
+static ncclResult_t pick_listen_addr(const chorus_unique_id_t *id, chorus_sockaddr_t *addr_p) {
+    const char *spec = chorus_param_str(PARAM_SOCKET_IFNAME);
+    if ((spec == NULL || *spec == '\0') && bs_local_addr_towards(&id->root, addr_p) == 0)
+        return ncclSuccess;
+    return chorus_find_interface(addr_p, NULL, 0);
+}
+
+/* One attempt: connect, hello, wait for the reply. BS_IO_CLOSED before any reply means "retry". */
+static ncclResult_t rendezvous_once(bootstrap_t *bs, const chorus_unique_id_t *id,
+                                    const bs_deadline_t *d, int *retry_p) {
+    char rbuf[64], ebuf[96];
+    chorus_sockaddr_str(&id->root, rbuf, sizeof(rbuf));
+    *retry_p = 0;
+    int fd, e = 0;
+    int st = bs_connect(&id->root, 1, d, &fd, &e);
+    if (st != BS_IO_OK) {
+        WARN("bootstrap rank %d: cannot reach the root at %s: %s", bs->rank, rbuf,
+             bs_io_strerror(st, e, ebuf, sizeof(ebuf)));
+        return st == BS_IO_ABORT ? ncclRemoteError : ncclSystemError;
+    }
+    bs_hello_t h;
+    memset(&h, 0, sizeof(h));
+    h.magic = CHORUS_ID_MAGIC;
+    h.secret = bs->secret;
+    h.kind = BS_HELLO_ROOT;
+    h.rank = bs->rank;
+    h.nranks = bs->nranks;
+    h.to_rank = -1;
+    h.addr = bs->addrs[bs->rank];
+    bs_reply_t rep;
+    st = bs_send_all(fd, &h, sizeof(h), d, &e);
+    if (st == BS_IO_OK) st = bs_recv_all(fd, &rep, sizeof(rep), d, &e);
+    if (st == BS_IO_CLOSED) {
+        bs_close(fd);
+        *retry_p = 1;
+        return ncclSystemError;
+    }
+    ncclResult_t res = ncclSuccess;
+    if (st != BS_IO_OK) {
+        if (st == BS_IO_TIMEOUT)
+            WARN("bootstrap rank %d: no answer from the root at %s within %lld s (CHORUS_TIMEOUT)",
+                 bs->rank, rbuf, (long long)chorus_param_int(PARAM_TIMEOUT));
+        else
+            WARN("bootstrap rank %d: rendezvous with the root at %s failed: %s", bs->rank, rbuf,
+                 bs_io_strerror(st, e, ebuf, sizeof(ebuf)));
+        res = st == BS_IO_ABORT ? ncclRemoteError : ncclSystemError;
+        goto out_close;
+    }
+    switch (rep.status) {
+    case BS_REPLY_OK:
+        if (rep.nranks != bs->nranks) {
+            WARN("bootstrap rank %d: the root at %s answered for %d ranks, not %d", bs->rank, rbuf,
+                 rep.nranks, bs->nranks);
+            res = ncclInternalError;
+            break;
+        }
+        st = bs_recv_all(fd, bs->addrs, sizeof(chorus_sockaddr_t) * bs->nranks, d, &e);
+        if (st != BS_IO_OK) {
+            WARN("bootstrap rank %d: receiving the address table from the root at %s failed: %s",
+                 bs->rank, rbuf, bs_io_strerror(st, e, ebuf, sizeof(ebuf)));
+            res = bs_io_result(st);
+        }
+        break;
+    case BS_REPLY_TIMEOUT: {
+        int nm = rep.nmissing > 0 && rep.nmissing <= bs->nranks ? rep.nmissing : 0;
+        int32_t *miss = nm ? malloc(sizeof(int32_t) * nm) : NULL;
+        char list[256];
+        int off = 0;
+        list[0] = '\0';
+        if (miss && bs_recv_all(fd, miss, sizeof(int32_t) * nm, d, &e) == BS_IO_OK) {
+            for (int i = 0; i < nm && off < (int)sizeof(list) - 16; i++)
+                off += snprintf(list + off, sizeof(list) - off, "%s%d", i ? "," : "", miss[i]);
+            if (off >= (int)sizeof(list) - 16) snprintf(list + off, sizeof(list) - off, "...");
+        } else {
+            snprintf(list, sizeof(list), "?");
+        }
+        free(miss);
+        WARN("bootstrap: rank%s %s of %d did not join within %d s (rank %d, root %s)",
+             nm > 1 ? "s" : "", list, bs->nranks, rep.timeout_s, bs->rank, rbuf);
+        res = ncclSystemError;
+        break;
+    }
+    case BS_REPLY_NRANKS:
+        WARN("bootstrap rank %d: nranks=%d does not match nranks=%d of the ranks that joined "
+             "first (root %s)", bs->rank, bs->nranks, rep.nranks, rbuf);
+        res = ncclInvalidArgument;
+        break;
+    case BS_REPLY_DUP_RANK:
+        WARN("bootstrap rank %d: another process already joined as rank %d (root %s)", bs->rank,
+             bs->rank, rbuf);
+        res = ncclInvalidArgument;
+        break;
+    default:
+        WARN("bootstrap rank %d: the root at %s rejected rank %d of %d (status %u)", bs->rank,
+             rbuf, bs->rank, bs->nranks, rep.status);
+        res = ncclInvalidArgument;
+        break;
+    }
+out_close:
+    bs_close(fd);
+    return res;
+}
+
+ncclResult_t bootstrap_init(const chorus_unique_id_t *id, int rank, int nranks,
+                            volatile int *abort_flag, bootstrap_t **bs_p) {
+    ARGCHECK(bs_p != NULL, "bootstrap_init: bs_p is NULL");
+    *bs_p = NULL;
+    ARGCHECK(id != NULL, "bootstrap_init: id is NULL");
+    ARGCHECK(id->magic == CHORUS_ID_MAGIC,
+             "bootstrap_init: the unique id is not one ncclGetUniqueId made (magic %016llx)",
+             (unsigned long long)id->magic);
+    ARGCHECK(nranks >= 1, "bootstrap_init: nranks=%d must be at least 1", nranks);
+    ARGCHECK(rank >= 0 && rank < nranks, "bootstrap_init: rank=%d is not in [0, %d)", rank,
+             nranks);
+    CHECK(chorus_param_init());
+    bootstrap_t *bs = bs_alloc(rank, nranks);
+    if (bs == NULL) {
+        WARN("bootstrap rank %d: out of memory for %d ranks", rank, nranks);
+        return ncclSystemError;
+    }
+    bs->secret = id->secret;
+    bs->abort_ext = abort_flag;
+    ncclResult_t res = ncclSuccess;
+    char abuf[64];
+    bs_deadline_t d;
+    /* Ranks wait a little longer than the root so that the root's list of missing ranks (sent at
+     * CHORUS_TIMEOUT) arrives before a rank gives up on its own. */
+    bs_deadline_init(&d, (double)chorus_param_int(PARAM_TIMEOUT) + 5.0, abort_flag,
+                     &bs->abort_int);
+
+    chorus_sockaddr_t local;
+    CHECK_GOTO(pick_listen_addr(id, &local), res, err_free);
+    if (bs_listen(&local, 0, &bs->listen_fd, &bs->addrs[rank]) != 0) {
+        WARN("bootstrap rank %d: cannot listen on %s: %s", rank,
+             chorus_sockaddr_str(&local, abuf, sizeof(abuf)), strerror(errno));
+        res = ncclSystemError;
+        goto err_free;
+    }
+    CHECK_GOTO(bs_peer_start(bs), res, err_free);
+    if ((id->flags & CHORUS_ID_FLAG_RANK0_ROOT) && rank == 0)
+        CHECK_GOTO(start_fixed_root(id, &d), res, err_free);
+
+    for (;;) {
+        int retry = 0;
+        res = rendezvous_once(bs, id, &d, &retry);
+        if (!retry) break;
+        int st = bs_deadline_check(&d);
+        if (st != BS_IO_OK) {
+            WARN("bootstrap rank %d: the root at %s kept closing the connection until %s", rank,
+                 chorus_sockaddr_str(&id->root, abuf, sizeof(abuf)),
+                 st == BS_IO_ABORT ? "the abort" : "CHORUS_TIMEOUT");
+            res = st == BS_IO_ABORT ? ncclRemoteError : ncclSystemError;
+            break;
+        }
+        INFO(SUB_BOOTSTRAP, "bootstrap rank %d: root closed the connection early; retrying", rank);
+        struct timespec ts = {0, 20 * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+    if (res != ncclSuccess) goto err_free;
+    INFO(SUB_BOOTSTRAP | SUB_INIT, "bootstrap rank %d of %d ready, listening on %s", rank, nranks,
+         chorus_sockaddr_str(&bs->addrs[rank], abuf, sizeof(abuf)));
+    *bs_p = bs;
+    return ncclSuccess;
+err_free:
+    bs_free(bs);
+    return res;
+}
+
+static ncclResult_t check_usable(bootstrap_t *bs, const char *what) {
+    if (bs == NULL) {
+        WARN("bootstrap_%s: handle is NULL", what);
+        return ncclInvalidArgument;
+    }
+    if (bs_peer_aborted(bs)) {
+        WARN("bootstrap rank %d: %s after abort", bs->rank, what);
+        return ncclRemoteError;
+    }
+    return ncclSuccess;
+}
+
+ncclResult_t bootstrap_send(bootstrap_t *bs, int peer, int tag, const void *data, size_t size) {
+    CHECK(check_usable(bs, "send"));
+    ARGCHECK(peer >= 0 && peer < bs->nranks, "bootstrap_send: peer=%d is not in [0, %d)", peer,
+             bs->nranks);
+    ARGCHECK(data != NULL || size == 0, "bootstrap_send: data is NULL for %zu bytes", size);
+    return bs_peer_send(bs, peer, tag, data, size);
+}
+
+ncclResult_t bootstrap_recv(bootstrap_t *bs, int peer, int tag, void *data, size_t size) {
+    CHECK(check_usable(bs, "recv"));
+    ARGCHECK(peer >= 0 && peer < bs->nranks, "bootstrap_recv: peer=%d is not in [0, %d)", peer,
+             bs->nranks);
+    ARGCHECK(data != NULL || size == 0, "bootstrap_recv: data is NULL for %zu bytes", size);
+    return bs_peer_recv(bs, peer, tag, data, size);
+}
+
+ncclResult_t bootstrap_allgather(bootstrap_t *bs, void *data, size_t size) {
+    CHECK(check_usable(bs, "allgather"));
+    ARGCHECK(data != NULL || size == 0, "bootstrap_allgather: data is NULL");
+    int n = bs->nranks, r = bs->rank;
+    char *base = data;
+    int next = (r + 1) % n, prev = (r + n - 1) % n;
+    for (int s = 0; s < n - 1; s++) {
+        int send_slot = (r - s + n) % n;
+        int recv_slot = (r - s - 1 + n) % n;
+        CHECK(bs_peer_send(bs, next, BS_TAG_ALLGATHER, base + (size_t)send_slot * size, size));
+        CHECK(bs_peer_recv(bs, prev, BS_TAG_ALLGATHER, base + (size_t)recv_slot * size, size));
+    }
+    return ncclSuccess;
+}
+
+ncclResult_t bootstrap_barrier(bootstrap_t *bs) {
+    CHECK(check_usable(bs, "barrier"));
+    int n = bs->nranks, r = bs->rank;
+    for (int round = 0, dist = 1; dist < n; round++, dist <<= 1) {
+        CHECK(bs_peer_send(bs, (r + dist) % n, BS_TAG_BARRIER + round, NULL, 0));
+        CHECK(bs_peer_recv(bs, (r - dist % n + n) % n, BS_TAG_BARRIER + round, NULL, 0));
+    }
+    return ncclSuccess;
+}
+
+void bootstrap_abort(bootstrap_t *bs) {
+    if (bs == NULL) return;
+    __atomic_store_n(&bs->abort_int, 1, __ATOMIC_RELEASE);
+    bs_peer_wake(bs);
+}
+
+void bootstrap_close(bootstrap_t *bs) { bs_free(bs); }

@@ -1,0 +1,182 @@
+/*
+ * bs_internal.h: private to src/bootstrap. Socket helpers with deadlines, the wire format of the
+ * rendezvous and of peer messages, the root server and the bootstrap handle itself.
+ *
+ * Every blocking helper takes a bs_deadline_t: an absolute CLOCK_MONOTONIC deadline plus two abort
+ * flags (the caller's, given to bootstrap_init, and the handle's own, set by bootstrap_abort). Waits
+ * poll() in slices of at most BS_POLL_SLICE_MS so that an abort is seen quickly. The helpers return a
+ * bs_io_status_t and log nothing; the caller knows which rank and address it talked to and WARNs.
+ */
+#ifndef CHORUS_BS_INTERNAL_H_
+#define CHORUS_BS_INTERNAL_H_
+
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "bootstrap.h"
+
+#define BS_POLL_SLICE_MS 50
+/* How long the root (and a rank's receiver) waits for a fresh connection to present its hello. */
+#define BS_HELLO_TIMEOUT_S 10.0
+/* Connections that have not yet said who they are; beyond this the newest are dropped at once. */
+#define BS_MAX_PENDING 256
+/* Reserved tags: allgather and barrier rounds. User tags should stay above this range. */
+#define BS_TAG_ALLGATHER (BOOTSTRAP_TAG_RESERVED_MIN + 0)
+#define BS_TAG_BARRIER (BOOTSTRAP_TAG_RESERVED_MIN + 1) /* + round, up to 32 rounds */
+#define BS_ACK_MAGIC 0x4b434153u                       /* "SACK" */
+
+typedef struct {
+    uint64_t deadline_ns;
+    volatile int *abort_ext; /* may be NULL */
+    volatile int *abort_int; /* may be NULL */
+} bs_deadline_t;
+
+typedef enum {
+    BS_IO_OK = 0,
+    BS_IO_CLOSED = -1,  /* the peer closed the connection (EOF, reset) */
+    BS_IO_TIMEOUT = -2, /* the deadline passed */
+    BS_IO_ABORT = -3,   /* an abort flag was set */
+    BS_IO_ERROR = -4,   /* another system error; errno_p tells which */
+    BS_IO_REFUSED = -5, /* connect: nobody listens there */
+} bs_io_status_t;
+
+void bs_deadline_init(bs_deadline_t *d, double seconds, volatile int *abort_ext,
+                      volatile int *abort_int);
+/* BS_IO_OK, BS_IO_ABORT or BS_IO_TIMEOUT. */
+int bs_deadline_check(const bs_deadline_t *d);
+/* Milliseconds to the next check: min(slice, time left), at least 0. */
+int bs_deadline_slice_ms(const bs_deadline_t *d);
+/* Text for a status (uses err for BS_IO_ERROR); for log messages. */
+const char *bs_io_strerror(int status, int err, char *buf, int len);
+/* Map a failed status to the result the API returns: abort and closed -> ncclRemoteError,
+ * timeout and errors -> ncclSystemError. */
+ncclResult_t bs_io_result(int status);
+
+/* ---- sockets (bs_socket.c) ---------------------------------------------------------------- */
+socklen_t bs_sockaddr_len(const chorus_sockaddr_t *a);
+int bs_sockaddr_port(const chorus_sockaddr_t *a);
+void bs_sockaddr_set_port(chorus_sockaddr_t *a, int port);
+int bs_sockaddr_is_loopback(const chorus_sockaddr_t *a);
+/* Parse "host:port", "[v6]:port" or "v6addr" with port; hostnames are resolved. WARNs naming
+ * `what` (the variable it came from) when malformed. */
+ncclResult_t bs_parse_hostport(const char *text, const char *what, chorus_sockaddr_t *addr_p);
+/* The local address the kernel would use to reach `remote` (UDP connect, no packet sent). */
+int bs_local_addr_towards(const chorus_sockaddr_t *remote, chorus_sockaddr_t *local_p);
+/* Nonblocking, close-on-exec listening socket bound to *addr (port 0: ephemeral). The bound
+ * address comes back in *bound_p. Returns 0 or -1 with errno. */
+int bs_listen(const chorus_sockaddr_t *addr, int reuseaddr, int *fd_p, chorus_sockaddr_t *bound_p);
+/* Accept one connection (nonblocking, close-on-exec). -1 with errno EAGAIN when none waits. */
+int bs_accept(int listen_fd, chorus_sockaddr_t *from_p);
+/* Connect with a deadline. retry_refused: keep trying while nobody listens yet (the root may
+ * start later than its ranks). Returns a bs_io_status_t; *errno_p for BS_IO_ERROR. */
+int bs_connect(const chorus_sockaddr_t *addr, int retry_refused, const bs_deadline_t *d, int *fd_p,
+               int *errno_p);
+/* Send/receive exactly len bytes on a nonblocking socket, waiting with poll. Never SIGPIPE. */
+int bs_send_all(int fd, const void *buf, size_t len, const bs_deadline_t *d, int *errno_p);
+int bs_recv_all(int fd, void *buf, size_t len, const bs_deadline_t *d, int *errno_p);
+/* One nonblocking read: >0 bytes read, 0 when it would block, BS_IO_CLOSED or BS_IO_ERROR. */
+long bs_read_some(int fd, void *buf, size_t len, int *errno_p);
+/* One nonblocking write, MSG_NOSIGNAL: same conventions as bs_read_some. */
+long bs_write_some(int fd, const void *buf, size_t len, int *errno_p);
+void bs_close(int fd);
+
+/* ---- wire format --------------------------------------------------------------------------- */
+enum { BS_HELLO_ROOT = 1, BS_HELLO_PEER = 2 };
+
+typedef struct {
+    uint64_t magic; /* CHORUS_ID_MAGIC */
+    uint64_t secret;
+    uint32_t kind;  /* BS_HELLO_ROOT or BS_HELLO_PEER */
+    int32_t rank;   /* who is speaking */
+    int32_t nranks;
+    int32_t to_rank; /* peer hello: the rank this connection is meant for */
+    chorus_sockaddr_t addr; /* root hello: the speaker's listen address */
+    uint32_t pad;
+} bs_hello_t;
+
+enum {
+    BS_REPLY_OK = 0,       /* followed by nranks chorus_sockaddr_t */
+    BS_REPLY_TIMEOUT = 1,  /* followed by nmissing int32 ranks */
+    BS_REPLY_NRANKS = 2,   /* nranks differs from the first rank's; .nranks is the root's */
+    BS_REPLY_DUP_RANK = 3, /* another connection already holds this rank */
+    BS_REPLY_BAD_RANK = 4, /* rank outside [0, nranks) or nranks < 1 */
+};
+
+typedef struct {
+    uint32_t status;
+    int32_t nranks;
+    int32_t nmissing;
+    int32_t timeout_s;
+} bs_reply_t;
+
+typedef struct {
+    int32_t tag;
+    uint32_t pad;
+    uint64_t size;
+} bs_msg_hdr_t;
+
+/* ---- root (bs_root.c) ---------------------------------------------------------------------- */
+/* Start a detached thread that serves one rendezvous on listen_fd (which it then owns). */
+ncclResult_t bs_root_start(int listen_fd, uint64_t secret, const chorus_sockaddr_t *addr);
+
+/* ---- the handle (bootstrap.c, bs_peer.c) -------------------------------------------------- */
+typedef struct bs_msg {
+    struct bs_msg *next;
+    int tag;
+    size_t size;
+    char *data;
+} bs_msg_t;
+
+/* An incoming connection on this rank's listen socket, as the receiver thread sees it. */
+typedef struct {
+    int fd;
+    int authed;     /* hello checked */
+    int from;       /* peer rank once authed */
+    uint64_t hello_deadline_ns;
+    size_t got;     /* bytes of the current header / hello / payload */
+    union {
+        bs_hello_t hello;
+        bs_msg_hdr_t hdr;
+    } u;
+    bs_msg_t *cur;  /* message whose payload is being read, NULL while reading a header */
+} bs_in_conn_t;
+
+enum { BS_PEER_NONE = 0, BS_PEER_OPEN, BS_PEER_CLOSED, BS_PEER_FAILED };
+
+struct bootstrap {
+    int rank, nranks;
+    uint64_t secret;
+    volatile int *abort_ext;
+    volatile int abort_int;
+    chorus_sockaddr_t *addrs; /* [nranks] listen addresses */
+    int listen_fd;
+    int wake_fd;              /* eventfd: wakes the receiver thread on close/abort */
+
+    pthread_t recv_thread;
+    int recv_started;
+    volatile int stop;
+
+    pthread_mutex_t lock;     /* protects queues, in_state and the connection list */
+    pthread_cond_t cond;
+    bs_msg_t **q_head, **q_tail; /* [nranks] unexpected messages per peer, FIFO */
+    int *in_state;               /* [nranks] BS_PEER_* of the incoming connection */
+    int *in_errno;               /* [nranks] errno when FAILED */
+    bs_in_conn_t *conns;         /* receiver thread only */
+    int nconns, conns_cap;
+
+    pthread_mutex_t send_lock;   /* serialises senders; out_fd[] under it */
+    int *out_fd;                 /* [nranks] outgoing connection, -1 until first send */
+};
+
+/* Start / stop the receiver thread that accepts peers and drains their messages. */
+ncclResult_t bs_peer_start(bootstrap_t *bs);
+void bs_peer_stop(bootstrap_t *bs);
+/* Wake the receiver thread and every waiting recv (after an abort flag was set). */
+void bs_peer_wake(bootstrap_t *bs);
+int bs_peer_aborted(const bootstrap_t *bs);
+ncclResult_t bs_peer_send(bootstrap_t *bs, int peer, int tag, const void *data, size_t size);
+ncclResult_t bs_peer_recv(bootstrap_t *bs, int peer, int tag, void *data, size_t size);
+void bs_deadline_for(bootstrap_t *bs, bs_deadline_t *d);
+
+#endif

@@ -1,0 +1,422 @@
+/*
+ * bs_peer.c: direct, tagged messages between ranks after the rendezvous.
+ *
+ * Each direction of a rank pair is one TCP connection, opened by the sender on first use (to the
+ * peer's listen address) and cached. The sender introduces itself with a hello {magic, secret,
+ * from rank, to rank}; the receiver checks it and answers with an ack, so a message can never go to
+ * the wrong job or the wrong rank. Messages are {tag, size} + payload.
+ *
+ * A receiver thread per handle accepts incoming connections and drains every one of them into
+ * per-peer FIFO queues, whatever the application is doing. So a send never waits for the matching
+ * recv (two ranks sending to each other at once cannot deadlock), and a recv picks the first queued
+ * message with its (peer, tag), in any order relative to other tags. When a peer's connection
+ * closes, a recv that waits for that peer fails at once with the peer's rank and address instead of
+ * waiting for the deadline. Only the ranks actually talked to get connections, so a shrink among
+ * survivors never touches the dead.
+ */
+#include <errno.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "bs_internal.h"
+#include "check.h"
+#include "param.h"
+#include "waiter.h"
+
+void bs_deadline_for(bootstrap_t *bs, bs_deadline_t *d) {
+    bs_deadline_init(d, 0, bs->abort_ext, &bs->abort_int);
+}
+
+static int aborted(const bootstrap_t *bs) {
+    return (bs->abort_ext && __atomic_load_n(bs->abort_ext, __ATOMIC_ACQUIRE)) ||
+           __atomic_load_n(&bs->abort_int, __ATOMIC_ACQUIRE);
+}
+
+/* ---- receiver thread --------------------------------------------------------------------- */
+
+static void conn_drop(bootstrap_t *bs, int i, int state, int err) {
+    bs_in_conn_t *c = &bs->conns[i];
+    if (c->authed) {
+        pthread_mutex_lock(&bs->lock);
+        if (bs->in_state[c->from] == BS_PEER_OPEN) {
+            bs->in_state[c->from] = state;
+            bs->in_errno[c->from] = err;
+        }
+        pthread_cond_broadcast(&bs->cond);
+        pthread_mutex_unlock(&bs->lock);
+        INFO(SUB_BOOTSTRAP, "bootstrap rank %d: connection from rank %d %s", bs->rank, c->from,
+             state == BS_PEER_CLOSED ? "closed" : "failed");
+    }
+    if (c->cur) {
+        free(c->cur->data);
+        free(c->cur);
+    }
+    bs_close(c->fd);
+    bs->conns[i] = bs->conns[--bs->nconns];
+}
+
+/* Check a complete peer hello; ack it or drop the connection. Returns 0 when the conn stays. */
+static int conn_auth(bootstrap_t *bs, int i) {
+    bs_in_conn_t *c = &bs->conns[i];
+    const bs_hello_t *h = &c->u.hello;
+    if (h->kind != BS_HELLO_PEER || h->to_rank != bs->rank || h->nranks != bs->nranks ||
+        h->rank < 0 || h->rank >= bs->nranks) {
+        INFO(SUB_BOOTSTRAP, "bootstrap rank %d: dropped a hello for rank %d of %d from rank %d",
+             bs->rank, h->to_rank, h->nranks, h->rank);
+        conn_drop(bs, i, 0, 0);
+        return -1;
+    }
+    pthread_mutex_lock(&bs->lock);
+    int busy = bs->in_state[h->rank] == BS_PEER_OPEN;
+    if (!busy) bs->in_state[h->rank] = BS_PEER_OPEN;
+    pthread_mutex_unlock(&bs->lock);
+    if (busy) {
+        WARN("bootstrap rank %d: a second connection claims to be rank %d; dropped", bs->rank,
+             h->rank);
+        conn_drop(bs, i, 0, 0);
+        return -1;
+    }
+    uint32_t ack = BS_ACK_MAGIC;
+    int e = 0;
+    /* A fresh socket always has room for 4 bytes. */
+    if (bs_write_some(c->fd, &ack, sizeof(ack), &e) != (long)sizeof(ack)) {
+        c->authed = 1;
+        c->from = h->rank;
+        conn_drop(bs, i, BS_PEER_FAILED, e);
+        return -1;
+    }
+    c->authed = 1;
+    c->from = h->rank;
+    c->got = 0;
+    return 0;
+}
+
+/* Read as much as is available on conns[i]. Returns -1 when the conn was dropped. */
+static int conn_read(bootstrap_t *bs, int i) {
+    for (;;) {
+        bs_in_conn_t *c = &bs->conns[i];
+        int e = 0;
+        long n;
+        if (!c->authed) {
+            n = bs_read_some(c->fd, (char *)&c->u.hello + c->got, sizeof(c->u.hello) - c->got, &e);
+            if (n < 0) {
+                conn_drop(bs, i, 0, 0);
+                return -1;
+            }
+            if (n == 0) return 0;
+            c->got += (size_t)n;
+            if ((c->got >= 8 && c->u.hello.magic != CHORUS_ID_MAGIC) ||
+                (c->got >= 16 && c->u.hello.secret != bs->secret)) {
+                INFO(SUB_BOOTSTRAP, "bootstrap rank %d: dropped a connection with a bad magic or "
+                     "secret", bs->rank);
+                conn_drop(bs, i, 0, 0);
+                return -1;
+            }
+            if (c->got == sizeof(c->u.hello) && conn_auth(bs, i) != 0) return -1;
+            continue;
+        }
+        if (c->cur == NULL) {
+            n = bs_read_some(c->fd, (char *)&c->u.hdr + c->got, sizeof(c->u.hdr) - c->got, &e);
+            if (n < 0) {
+                conn_drop(bs, i, n == BS_IO_CLOSED ? BS_PEER_CLOSED : BS_PEER_FAILED, e);
+                return -1;
+            }
+            if (n == 0) return 0;
+            c->got += (size_t)n;
+            if (c->got < sizeof(c->u.hdr)) continue;
+            bs_msg_t *m = calloc(1, sizeof(*m));
+            if (m) {
+                m->tag = c->u.hdr.tag;
+                m->size = (size_t)c->u.hdr.size;
+                m->data = m->size ? malloc(m->size) : NULL;
+            }
+            if (!m || (m->size && !m->data)) {
+                WARN("bootstrap rank %d: out of memory for a %llu-byte message from rank %d",
+                     bs->rank, (unsigned long long)c->u.hdr.size, c->from);
+                if (m) free(m);
+                conn_drop(bs, i, BS_PEER_FAILED, ENOMEM);
+                return -1;
+            }
+            c->cur = m;
+            c->got = 0;
+        }
+        bs_msg_t *m = c->cur;
+        if (c->got < m->size) {
+            n = bs_read_some(c->fd, m->data + c->got, m->size - c->got, &e);
+            if (n < 0) {
+                conn_drop(bs, i, n == BS_IO_CLOSED ? BS_PEER_CLOSED : BS_PEER_FAILED, e);
+                return -1;
+            }
+            if (n == 0) return 0;
+            c->got += (size_t)n;
+        }
+        if (c->got == m->size) {
+            pthread_mutex_lock(&bs->lock);
+            if (bs->q_tail[c->from])
+                bs->q_tail[c->from]->next = m;
+            else
+                bs->q_head[c->from] = m;
+            bs->q_tail[c->from] = m;
+            pthread_cond_broadcast(&bs->cond);
+            pthread_mutex_unlock(&bs->lock);
+            c->cur = NULL;
+            c->got = 0;
+        }
+    }
+}
+
+static void accept_all(bootstrap_t *bs) {
+    for (;;) {
+        int fd = bs_accept(bs->listen_fd, NULL);
+        if (fd < 0) return;
+        if (bs->nconns >= bs->conns_cap) {
+            int cap = bs->conns_cap ? bs->conns_cap * 2 : 16;
+            bs_in_conn_t *nc = realloc(bs->conns, sizeof(*nc) * cap);
+            if (!nc) {
+                bs_close(fd);
+                continue;
+            }
+            bs->conns = nc;
+            bs->conns_cap = cap;
+        }
+        int pending = 0;
+        for (int i = 0; i < bs->nconns; i++) pending += !bs->conns[i].authed;
+        if (pending >= BS_MAX_PENDING) {
+            bs_close(fd);
+            continue;
+        }
+        bs_in_conn_t *c = &bs->conns[bs->nconns++];
+        memset(c, 0, sizeof(*c));
+        c->fd = fd;
+        c->from = -1;
+        c->hello_deadline_ns = chorus_now_ns() + (uint64_t)(BS_HELLO_TIMEOUT_S * 1e9);
+    }
+}
+
+static void *recv_main(void *arg) {
+    bootstrap_t *bs = arg;
+    chorus_log_set_rank(bs->rank);
+    struct pollfd *pfd = NULL;
+    int cap = 0;
+    while (!__atomic_load_n(&bs->stop, __ATOMIC_ACQUIRE)) {
+        int need = 2 + bs->nconns;
+        if (need > cap) {
+            struct pollfd *np = realloc(pfd, sizeof(*np) * need * 2);
+            if (!np) {
+                WARN("bootstrap rank %d: receiver out of memory", bs->rank);
+                break;
+            }
+            pfd = np;
+            cap = need * 2;
+        }
+        uint64_t now = chorus_now_ns();
+        for (int i = bs->nconns - 1; i >= 0; i--)
+            if (!bs->conns[i].authed && now > bs->conns[i].hello_deadline_ns) conn_drop(bs, i, 0, 0);
+        pfd[0] = (struct pollfd){bs->wake_fd, POLLIN, 0};
+        pfd[1] = (struct pollfd){bs->listen_fd, POLLIN, 0};
+        int n0 = bs->nconns;
+        for (int i = 0; i < n0; i++) pfd[2 + i] = (struct pollfd){bs->conns[i].fd, POLLIN, 0};
+        int rc = poll(pfd, 2 + n0, 200);
+        if (rc <= 0) continue;
+        if (pfd[0].revents) {
+            uint64_t v;
+            if (read(bs->wake_fd, &v, sizeof(v)) < 0) { /* nothing: we only wanted to wake */
+            }
+        }
+        /* From the end: conn_drop moves the last conn into the freed slot. */
+        for (int i = n0 - 1; i >= 0; i--) {
+            if (!pfd[2 + i].revents || i >= bs->nconns || bs->conns[i].fd != pfd[2 + i].fd) continue;
+            (void)conn_read(bs, i);
+        }
+        if (pfd[1].revents & POLLIN) accept_all(bs);
+    }
+    free(pfd);
+    while (bs->nconns > 0) conn_drop(bs, bs->nconns - 1, BS_PEER_CLOSED, 0);
+    return NULL;
+}
+
+static void wake(bootstrap_t *bs) {
+    uint64_t one = 1;
+    if (bs->wake_fd >= 0 && write(bs->wake_fd, &one, sizeof(one)) < 0) { /* counter full: awake */
+    }
+}
+
+ncclResult_t bs_peer_start(bootstrap_t *bs) {
+    bs->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (bs->wake_fd < 0) {
+        WARN("bootstrap rank %d: eventfd failed: %s", bs->rank, strerror(errno));
+        return ncclSystemError;
+    }
+    int rc = pthread_create(&bs->recv_thread, NULL, recv_main, bs);
+    if (rc != 0) {
+        WARN("bootstrap rank %d: cannot start the receiver thread: %s", bs->rank, strerror(rc));
+        return ncclSystemError;
+    }
+    bs->recv_started = 1;
+    return ncclSuccess;
+}
+
+void bs_peer_stop(bootstrap_t *bs) {
+    if (bs->recv_started) {
+        __atomic_store_n(&bs->stop, 1, __ATOMIC_RELEASE);
+        wake(bs);
+        pthread_join(bs->recv_thread, NULL);
+        bs->recv_started = 0;
+    }
+    pthread_mutex_lock(&bs->lock);
+    pthread_cond_broadcast(&bs->cond);
+    pthread_mutex_unlock(&bs->lock);
+}
+
+void bs_peer_wake(bootstrap_t *bs) {
+    wake(bs);
+    pthread_mutex_lock(&bs->lock);
+    pthread_cond_broadcast(&bs->cond);
+    pthread_mutex_unlock(&bs->lock);
+}
+
+/* ---- send -------------------------------------------------------------------------------- */
+
+static ncclResult_t peer_fail(bootstrap_t *bs, const char *what, int peer, int tag, int st, int e) {
+    char abuf[64], ebuf[96];
+    WARN("bootstrap rank %d: %s rank %d (%s) tag %d failed: %s", bs->rank, what, peer,
+         chorus_sockaddr_str(&bs->addrs[peer], abuf, sizeof(abuf)), tag,
+         bs_io_strerror(st, e, ebuf, sizeof(ebuf)));
+    return bs_io_result(st);
+}
+
+static int peer_connect(bootstrap_t *bs, int peer, const bs_deadline_t *d, int *errno_p) {
+    int fd;
+    int st = bs_connect(&bs->addrs[peer], 0, d, &fd, errno_p);
+    if (st != BS_IO_OK) return st;
+    bs_hello_t h;
+    memset(&h, 0, sizeof(h));
+    h.magic = CHORUS_ID_MAGIC;
+    h.secret = bs->secret;
+    h.kind = BS_HELLO_PEER;
+    h.rank = bs->rank;
+    h.nranks = bs->nranks;
+    h.to_rank = peer;
+    h.addr = bs->addrs[bs->rank];
+    uint32_t ack = 0;
+    st = bs_send_all(fd, &h, sizeof(h), d, errno_p);
+    if (st == BS_IO_OK) st = bs_recv_all(fd, &ack, sizeof(ack), d, errno_p);
+    if (st == BS_IO_OK && ack != BS_ACK_MAGIC) st = BS_IO_CLOSED;
+    if (st != BS_IO_OK) {
+        bs_close(fd);
+        return st;
+    }
+    bs->out_fd[peer] = fd;
+    return BS_IO_OK;
+}
+
+static void enqueue_self(bootstrap_t *bs, bs_msg_t *m) {
+    pthread_mutex_lock(&bs->lock);
+    if (bs->q_tail[bs->rank])
+        bs->q_tail[bs->rank]->next = m;
+    else
+        bs->q_head[bs->rank] = m;
+    bs->q_tail[bs->rank] = m;
+    pthread_cond_broadcast(&bs->cond);
+    pthread_mutex_unlock(&bs->lock);
+}
+
+ncclResult_t bs_peer_send(bootstrap_t *bs, int peer, int tag, const void *data, size_t size) {
+    if (peer == bs->rank) {
+        bs_msg_t *m = calloc(1, sizeof(*m));
+        if (m == NULL || (size && (m->data = malloc(size)) == NULL)) {
+            free(m);
+            WARN("bootstrap rank %d: out of memory for a %zu-byte message to itself", bs->rank,
+                 size);
+            return ncclSystemError;
+        }
+        m->tag = tag;
+        m->size = size;
+        if (size) memcpy(m->data, data, size);
+        enqueue_self(bs, m);
+        return ncclSuccess;
+    }
+    bs_deadline_t d;
+    bs_deadline_for(bs, &d);
+    int e = 0, st = BS_IO_OK;
+    pthread_mutex_lock(&bs->send_lock);
+    if (bs->out_fd[peer] < 0) st = peer_connect(bs, peer, &d, &e);
+    if (st == BS_IO_OK) {
+        bs_msg_hdr_t hdr = {tag, 0, (uint64_t)size};
+        st = bs_send_all(bs->out_fd[peer], &hdr, sizeof(hdr), &d, &e);
+        if (st == BS_IO_OK && size) st = bs_send_all(bs->out_fd[peer], data, size, &d, &e);
+        if (st != BS_IO_OK) {
+            /* A half-sent message leaves the stream unusable: never reuse this connection. */
+            bs_close(bs->out_fd[peer]);
+            bs->out_fd[peer] = -1;
+        }
+    }
+    pthread_mutex_unlock(&bs->send_lock);
+    if (st != BS_IO_OK) return peer_fail(bs, "send to", peer, tag, st, e);
+    return ncclSuccess;
+}
+
+/* ---- recv -------------------------------------------------------------------------------- */
+
+ncclResult_t bs_peer_recv(bootstrap_t *bs, int peer, int tag, void *data, size_t size) {
+    bs_deadline_t d;
+    bs_deadline_for(bs, &d);
+    pthread_mutex_lock(&bs->lock);
+    for (;;) {
+        bs_msg_t *prev = NULL, *m = bs->q_head[peer];
+        while (m && m->tag != tag) {
+            prev = m;
+            m = m->next;
+        }
+        if (m) {
+            if (prev)
+                prev->next = m->next;
+            else
+                bs->q_head[peer] = m->next;
+            if (bs->q_tail[peer] == m) bs->q_tail[peer] = prev;
+            pthread_mutex_unlock(&bs->lock);
+            ncclResult_t res = ncclSuccess;
+            if (m->size != size) {
+                char abuf[64];
+                WARN("bootstrap rank %d: message from rank %d (%s) tag %d has %zu bytes, "
+                     "expected %zu", bs->rank, peer,
+                     chorus_sockaddr_str(&bs->addrs[peer], abuf, sizeof(abuf)), tag, m->size,
+                     size);
+                res = ncclInternalError;
+            } else if (size) {
+                memcpy(data, m->data, size);
+            }
+            free(m->data);
+            free(m);
+            return res;
+        }
+        int st = bs->in_state[peer];
+        if (peer != bs->rank && (st == BS_PEER_CLOSED || st == BS_PEER_FAILED)) {
+            int e = bs->in_errno[peer];
+            pthread_mutex_unlock(&bs->lock);
+            return peer_fail(bs, "recv from", peer, tag,
+                             st == BS_PEER_CLOSED ? BS_IO_CLOSED : BS_IO_ERROR, e);
+        }
+        int cst = bs_deadline_check(&d);
+        if (cst != BS_IO_OK) {
+            pthread_mutex_unlock(&bs->lock);
+            return peer_fail(bs, "recv from", peer, tag, cst, 0);
+        }
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        long add_ns = (long)bs_deadline_slice_ms(&d) * 1000000L;
+        ts.tv_nsec += add_ns;
+        if (ts.tv_nsec >= 1000000000L) {
+            ts.tv_sec += ts.tv_nsec / 1000000000L;
+            ts.tv_nsec %= 1000000000L;
+        }
+        pthread_cond_timedwait(&bs->cond, &bs->lock, &ts);
+    }
+}
+
+int bs_peer_aborted(const bootstrap_t *bs) { return aborted(bs); }

@@ -1,0 +1,120 @@
+/*
+ * coll_connect.c: lazy connection setup for the collective engine.
+ *
+ * Ring connections (every channel's send to next and recv from prev) are made at the first
+ * collective that needs them; all ranks call the same collective, so both ends of each connection
+ * arrive together. Even ring positions connect their send side first and odd ones their receive
+ * side first, so no cycle waits even if setup blocks until the peer answers; the tags are the
+ * core's eager-connect tags, so eager and lazy connections are the same thing.
+ *
+ * Point-to-point connections are made when a group (or a single call) first needs them. Every
+ * connection is named by its pair (lo, hi) and its direction; each rank sets its connections up in
+ * increasing (lo, hi, direction) order. Both ends of a connection use the same key, and the keys
+ * are totally ordered, so the smallest pending connection always has both ends ready: no deadlock.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "coll_engine.h"
+#include "comm.h"
+#include "core.h"
+#include "log.h"
+
+#define COLL_TAG_RING 0x52490000 /* same as the core's CORE_TAG_RING (eager connect) */
+#define COLL_TAG_P2P 0x50320000  /* + lo * nranks + hi, direction from the transport's role */
+
+ncclResult_t coll_connect_rings(struct ncclComm *comm) {
+    if (comm->nranks == 1) return ncclSuccess;
+    for (int c = 0; c < comm->nchannels; c++) {
+        chorus_channel_t *ch = &comm->channels[c];
+        if (ch->connected) continue;
+        int send_tag = COLL_TAG_RING + c * comm->nranks + comm->rank;
+        int recv_tag = COLL_TAG_RING + c * comm->nranks + ch->prev;
+        for (int step = 0; step < 2; step++) {
+            int do_send = ((ch->index & 1) == 0) == (step == 0);
+            if (do_send) {
+                if (ch->send.ops == NULL)
+                    CHECK(transport_connect(comm, &ch->send, ch->next, 1, c, send_tag));
+            } else if (ch->recv.ops == NULL) {
+                CHECK(transport_connect(comm, &ch->recv, ch->prev, 0, c, recv_tag));
+            }
+        }
+        ch->connected = 1;
+        INFO(SUB_COLL, "channel %d: ring connections to %d (%s) and from %d (%s) ready", c,
+             ch->next, ch->send.desc, ch->prev, ch->recv.desc);
+    }
+    return ncclSuccess;
+}
+
+static ncclResult_t connect_one_p2p(struct ncclComm *comm, int peer, int is_send) {
+    chorus_conn_t **slot = is_send ? &comm->p2p_send[peer] : &comm->p2p_recv[peer];
+    if (*slot) return ncclSuccess;
+    chorus_conn_t *conn = calloc(1, sizeof(*conn));
+    if (conn == NULL) {
+        WARN("out of memory for a connection to rank %d", peer);
+        return ncclSystemError;
+    }
+    int lo = CHORUS_MIN(comm->rank, peer), hi = CHORUS_MAX(comm->rank, peer);
+    int tag = COLL_TAG_P2P + lo * comm->nranks + hi;
+    ncclResult_t res = transport_connect(comm, conn, peer, is_send, -1, tag);
+    if (res != ncclSuccess) {
+        free(conn);
+        WARN("rank %d: could not connect %s rank %d (%s) for point-to-point transfers",
+             comm->rank, is_send ? "to" : "from", peer, comm->peers[peer].hostname);
+        return res;
+    }
+    *slot = conn;
+    return ncclSuccess;
+}
+
+ncclResult_t coll_connect_p2p(struct ncclComm *comm, const uint8_t *send_peers,
+                              const uint8_t *recv_peers) {
+    int n = comm->nranks, me = comm->rank;
+    /* Visit peers in increasing (lo, hi) order: first peers below me (pair (peer, me)), in
+     * increasing peer order, then peers above me (pair (me, peer)). Within a pair the direction
+     * lo->hi goes first. */
+    for (int peer = 0; peer < n; peer++) {
+        if (peer == me) continue;
+        int i_am_lo = me < peer;
+        /* lo -> hi first: if I am lo that is my send, else my recv. */
+        int first_is_send = i_am_lo;
+        for (int k = 0; k < 2; k++) {
+            int is_send = k == 0 ? first_is_send : !first_is_send;
+            const uint8_t *want = is_send ? send_peers : recv_peers;
+            if (want[peer]) CHECK(connect_one_p2p(comm, peer, is_send));
+        }
+    }
+    return ncclSuccess;
+}
+
+/* Set up everything the ops need, then compute their schedules. Runs in the thread that owns
+ * the communicator's bootstrap for the moment (the caller, or a group connect thread). */
+ncclResult_t coll_engine_connect(struct ncclComm *comm, coll_op_t **ops, int nops) {
+    int need_ring = 0;
+    for (int i = 0; i < nops; i++) need_ring |= ops[i]->uses_ring;
+    if (need_ring && !comm->engine->rings_connected) {
+        CHECK(coll_connect_rings(comm));
+        comm->engine->rings_connected = 1;
+    }
+    int n = comm->nranks;
+    uint8_t *want = NULL;
+    for (int i = 0; i < nops; i++) {
+        CHECK(ops[i]->algo->setup(ops[i]));
+        for (int x = 0; x < ops[i]->nxfer; x++) {
+            coll_xfer_t *xf = &ops[i]->xfer[x];
+            if (xf->peer == comm->rank) continue;
+            chorus_conn_t *have = xf->is_send ? comm->p2p_send[xf->peer] : comm->p2p_recv[xf->peer];
+            if (have) continue;
+            if (want == NULL) want = calloc(2 * (size_t)n, 1);
+            if (want == NULL) return ncclSystemError;
+            want[(xf->is_send ? 0 : n) + xf->peer] = 1;
+        }
+    }
+    if (want) {
+        ncclResult_t res = coll_connect_p2p(comm, want, want + n);
+        free(want);
+        CHECK(res);
+    }
+    return ncclSuccess;
+}

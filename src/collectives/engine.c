@@ -1,0 +1,425 @@
+/*
+ * engine.c: the per-communicator collective engine: op queue, tickets, progress passes, waits,
+ * the optional progress thread, and the failure state.
+ *
+ * Ops are queued in issue order. A progress pass walks the queue once and lets every op advance
+ * as far as its connections allow (ops on different connections, e.g. the send/recv pairs of a
+ * group, move together); the engine lock is held for the pass, never per chunk, and a pass that
+ * finds the lock taken simply returns (another thread is already progressing this comm). Ops
+ * retire from the head only, so completion is reported in issue order.
+ *
+ * A blocking entry point drives passes in the caller's thread until its op retires (lowest
+ * latency, no hand-off). Async ops start the progress thread (param PROGRESS_THREAD) on first use.
+ * Every wait uses chorus_waiter_t: the deadline and the abort flag turn into an op error that
+ * names the op, its sequence number and the peers it was waiting for.
+ */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "check.h"
+#include "coll_engine.h"
+#include "comm.h"
+#include "log.h"
+#include "param.h"
+#include "waiter.h"
+
+const char *coll_kind_name(int coll) {
+    static const char *names[COLL_NKINDS] = {"allreduce", "reducescatter", "allgather",
+                                             "broadcast", "reduce",        "send",
+                                             "recv",      "alltoall",      "gather",
+                                             "scatter"};
+    return (coll >= 0 && coll < COLL_NKINDS) ? names[coll] : "unknown";
+}
+
+ncclResult_t coll_engine_create(struct ncclComm *comm) {
+    struct coll_engine *e = calloc(1, sizeof(*e));
+    if (e == NULL) goto err_nomem;
+    e->comm = comm;
+    int n = comm->nranks;
+    e->p2p_send_issued = calloc((size_t)n * 4, sizeof(uint64_t));
+    if (e->p2p_send_issued == NULL) goto err_free_engine;
+    e->p2p_send_served = e->p2p_send_issued + n;
+    e->p2p_recv_issued = e->p2p_send_issued + 2 * n;
+    e->p2p_recv_served = e->p2p_send_issued + 3 * n;
+    if (comm->p2p_send == NULL) comm->p2p_send = calloc(n, sizeof(chorus_conn_t *));
+    if (comm->p2p_recv == NULL) comm->p2p_recv = calloc(n, sizeof(chorus_conn_t *));
+    if (comm->p2p_send == NULL || comm->p2p_recv == NULL) goto err_free_lines;
+    pthread_mutex_init(&e->lock, NULL);
+    pthread_cond_init(&e->cond, NULL);
+    comm->engine = e;
+    return ncclSuccess;
+err_free_lines:
+    free(e->p2p_send_issued);
+err_free_engine:
+    free(e);
+err_nomem:
+    WARN("out of memory creating the collective engine");
+    return ncclSystemError;
+}
+
+static void engine_stop_thread(struct coll_engine *e) {
+    if (!e->thread_started) return;
+    pthread_mutex_lock(&e->lock);
+    e->thread_stop = 1;
+    pthread_cond_broadcast(&e->cond);
+    pthread_mutex_unlock(&e->lock);
+    pthread_join(e->thread, NULL);
+    e->thread_started = 0;
+}
+
+static void op_free(coll_op_t *op) {
+    if (op->xfer && op->xfer != op->xfer_inline) free(op->xfer);
+    free(op->scratch);
+    free(op);
+}
+
+/* Drop one reference; the engine lock must be held. */
+static void op_unref_locked(coll_op_t *op) {
+    if (--op->refs == 0) op_free(op);
+}
+
+static void op_retire_locked(struct coll_engine *e) {
+    coll_op_t *op = e->head;
+    e->head = op->next;
+    if (e->head == NULL) e->tail = NULL;
+    e->nqueued--;
+    if (op->is_async) e->nasync--;
+    __atomic_store_n(&op->done, 2, __ATOMIC_RELEASE); /* 2: retired, visible to waiters */
+    op_unref_locked(op);
+}
+
+ncclResult_t coll_engine_finalize(struct ncclComm *comm) {
+    struct coll_engine *e = comm->engine;
+    if (e == NULL) return ncclSuccess;
+    ncclResult_t res = ncclSuccess;
+    /* Complete what is queued (unless aborted: then fail it at once), then stop the thread. */
+    chorus_waiter_t w;
+    chorus_waiter_init(&w, &comm->abort_flag);
+    while (1) {
+        pthread_mutex_lock(&e->lock);
+        int empty = e->head == NULL;
+        pthread_mutex_unlock(&e->lock);
+        if (empty) break;
+        int progressed = 0;
+        ncclResult_t r = coll_engine_progress(e, &progressed);
+        if (r != ncclSuccess) res = r;
+        if (progressed) {
+            chorus_waiter_progress(&w);
+            continue;
+        }
+        r = chorus_waiter_step(&w);
+        if (r != ncclSuccess) {
+            pthread_mutex_lock(&e->lock);
+            for (coll_op_t *op = e->head; op; op = op->next) {
+                if (!op->done) {
+                    op->result = r;
+                    op->done = 1;
+                }
+            }
+            while (e->head) op_retire_locked(e);
+            pthread_mutex_unlock(&e->lock);
+            res = r;
+            break;
+        }
+    }
+    engine_stop_thread(e);
+    return res;
+}
+
+void coll_engine_destroy(struct ncclComm *comm) {
+    struct coll_engine *e = comm->engine;
+    if (e == NULL) return;
+    engine_stop_thread(e);
+    pthread_mutex_lock(&e->lock);
+    for (coll_op_t *op = e->head; op; op = op->next) {
+        if (!op->done) {
+            op->result = ncclInvalidUsage;
+            op->done = 1;
+        }
+    }
+    while (e->head) op_retire_locked(e);
+    pthread_mutex_unlock(&e->lock);
+    pthread_mutex_destroy(&e->lock);
+    pthread_cond_destroy(&e->cond);
+    free(e->p2p_send_issued);
+    free(e);
+    comm->engine = NULL;
+}
+
+ncclResult_t coll_op_alloc(struct ncclComm *comm, coll_kind_t coll, coll_op_t **op_p) {
+    coll_op_t *op = calloc(1, sizeof(*op));
+    if (op == NULL) {
+        WARN("%s: out of memory allocating an op", coll_kind_name(coll));
+        return ncclSystemError;
+    }
+    op->comm = comm;
+    op->engine = comm->engine;
+    op->coll = coll;
+    op->user_op = -1;
+    op->root = -1;
+    op->refs = 1; /* the creator's reference */
+    *op_p = op;
+    return ncclSuccess;
+}
+
+void coll_op_release(coll_op_t *op) {
+    struct coll_engine *e = op->engine;
+    pthread_mutex_lock(&e->lock);
+    op_unref_locked(op);
+    pthread_mutex_unlock(&e->lock);
+}
+
+ncclResult_t coll_engine_enqueue(coll_op_t *op) {
+    struct coll_engine *e = op->engine;
+    struct ncclComm *comm = op->comm;
+    pthread_mutex_lock(&e->lock);
+    if (op->uses_ring) op->ring_ticket = e->ring_issued++;
+    for (int i = 0; i < op->nxfer; i++) {
+        coll_xfer_t *x = &op->xfer[i];
+        if (x->peer == comm->rank) {
+            /* Self transfers of send/recv pair up through these lines too. */
+            x->use.ticket = x->is_send ? e->p2p_send_issued[x->peer]++
+                                       : e->p2p_recv_issued[x->peer]++;
+            continue;
+        }
+        if (x->is_send) {
+            x->use.conn = comm->p2p_send[x->peer];
+            x->use.ticket = e->p2p_send_issued[x->peer]++;
+        } else {
+            x->use.conn = comm->p2p_recv[x->peer];
+            x->use.ticket = e->p2p_recv_issued[x->peer]++;
+        }
+        x->use.hdr_pending = 1;
+    }
+    op->refs++; /* the queue's reference */
+    op->next = NULL;
+    if (e->tail) e->tail->next = op;
+    else e->head = op;
+    e->tail = op;
+    e->nqueued++;
+    if (op->is_async) e->nasync++;
+    if (e->broken) {
+        op->result = ncclInvalidUsage;
+        snprintf(op->fail_text, sizeof(op->fail_text), "%s", e->broken_text);
+        op->done = 1;
+        WARN("%s #%llu: communicator is unusable after an earlier failure: %s",
+             coll_kind_name(op->coll), (unsigned long long)op->seq, e->broken_text);
+    }
+    if (e->thread_started) pthread_cond_signal(&e->cond);
+    pthread_mutex_unlock(&e->lock);
+    return ncclSuccess;
+}
+
+void coll_op_fail(coll_op_t *op, ncclResult_t res, const char *fmt, ...) {
+    if (op->failing || op->done) return;
+    struct coll_engine *e = op->engine;
+    struct ncclComm *comm = op->comm;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(op->fail_text, sizeof(op->fail_text), fmt, ap);
+    va_end(ap);
+    WARN("%s", op->fail_text);
+    op->failing = 1;
+    op->result = res;
+    double t = (double)chorus_param_int(PARAM_TIMEOUT);
+    /* An abort or a passed deadline gives no time to drain: the peers are not coming. */
+    if (res == ncclSystemError || comm->abort_flag) t = 0.5;
+    op->fail_deadline = chorus_now_ns() + (uint64_t)(t * 1e9);
+    if (!e->broken) {
+        e->broken = res;
+        snprintf(e->broken_text, sizeof(e->broken_text), "%s", op->fail_text);
+    }
+    comm_set_async_error(comm, res);
+}
+
+/* The failure protocol of one op: error chunks out, drain in, until done or the deadline. */
+static ncclResult_t op_fail_progress(coll_op_t *op) {
+    int all = 1, ok;
+    if (op->uses_ring && op->engine->ring_served == op->ring_ticket) {
+        for (int c = 0; c < op->nch; c++) {
+            if (op->ch[c].send.conn) {
+                prim_fail_send(op, &op->ch[c].send, &ok);
+                all &= ok;
+            }
+            if (op->ch[c].recv.conn) {
+                prim_fail_recv(op, &op->ch[c].recv, &ok);
+                all &= ok;
+            }
+        }
+    }
+    for (int i = 0; i < op->nxfer; i++) {
+        coll_xfer_t *x = &op->xfer[i];
+        if (x->use.conn == NULL || !x->started) continue;
+        if (x->is_send) prim_fail_send(op, &x->use, &ok);
+        else prim_fail_recv(op, &x->use, &ok);
+        all &= ok;
+    }
+    if (all || chorus_now_ns() > op->fail_deadline || op->comm->abort_flag) op->done = 1;
+    return ncclSuccess;
+}
+
+ncclResult_t coll_engine_progress(struct coll_engine *e, int *progressed_p) {
+    *progressed_p = 0;
+    if (pthread_mutex_trylock(&e->lock) != 0) return ncclSuccess;
+    for (coll_op_t *op = e->head; op; op = op->next) {
+        if (op->done) continue;
+        if (e->broken && !op->failing) {
+            /* An earlier op broke the connections: later ops cannot run. Ops already running on
+             * other connections keep going only if they started before the failure. */
+            int started = op->uses_ring ? e->ring_served == op->ring_ticket : 0;
+            for (int i = 0; i < op->nxfer; i++) started |= op->xfer[i].started;
+            if (!started) {
+                op->result = ncclInvalidUsage;
+                snprintf(op->fail_text, sizeof(op->fail_text), "%s", e->broken_text);
+                op->done = 1;
+                *progressed_p = 1;
+                continue;
+            }
+            coll_op_fail(op, e->broken, "%s #%llu: stopped after an earlier failure: %s",
+                         coll_kind_name(op->coll), (unsigned long long)op->seq, e->broken_text);
+        }
+        if (op->failing) {
+            op_fail_progress(op);
+            if (op->done) *progressed_p = 1;
+            continue;
+        }
+        if (op->uses_ring && e->ring_served != op->ring_ticket) continue;
+        int done = 0;
+        ncclResult_t r = op->algo->progress(op, &done);
+        if (r != ncclSuccess && !op->failing) {
+            coll_op_fail(op, r, "%s #%llu failed (%s)", coll_kind_name(op->coll),
+                         (unsigned long long)op->seq, ncclGetErrorString(r));
+        }
+        if (op->failing) {
+            *progressed_p = 1;
+            continue;
+        }
+        if (done == 2) *progressed_p = 1; /* moved without finishing */
+        if (done == 1) {
+            op->done = 1;
+            op->result = ncclSuccess;
+            if (op->uses_ring) e->ring_served++;
+            *progressed_p = 1;
+        }
+    }
+    while (e->head && e->head->done) {
+        if (e->head->uses_ring && e->head->failing && e->ring_served == e->head->ring_ticket)
+            e->ring_served++;
+        op_retire_locked(e);
+        *progressed_p = 1;
+    }
+    pthread_mutex_unlock(&e->lock);
+    return ncclSuccess;
+}
+
+static int op_retired(const coll_op_t *op) {
+    return __atomic_load_n(&op->done, __ATOMIC_ACQUIRE) == 2;
+}
+
+ncclResult_t coll_engine_wait(coll_op_t **ops, int nops) {
+    if (nops == 0) return ncclSuccess;
+    chorus_waiter_t w;
+    chorus_waiter_init(&w, NULL);
+    ncclResult_t res = ncclSuccess;
+    while (1) {
+        int all = 1, progressed = 0;
+        for (int i = 0; i < nops; i++) {
+            if (op_retired(ops[i])) continue;
+            all = 0;
+            /* Progress each distinct engine once per round. */
+            int seen = 0;
+            for (int j = 0; j < i; j++) seen |= ops[j]->engine == ops[i]->engine;
+            if (seen) continue;
+            int p = 0;
+            coll_engine_progress(ops[i]->engine, &p);
+            progressed |= p;
+        }
+        if (all) break;
+        if (progressed) {
+            chorus_waiter_progress(&w);
+            continue;
+        }
+        int aborted = 0;
+        for (int i = 0; i < nops; i++) aborted |= ops[i]->comm->abort_flag;
+        ncclResult_t r = aborted ? ncclRemoteError : chorus_waiter_step(&w);
+        if (r == ncclSuccess) continue;
+        /* Deadline or abort: fail every op still running, naming what it waited for. */
+        for (int i = 0; i < nops; i++) {
+            coll_op_t *op = ops[i];
+            struct coll_engine *e = op->engine;
+            pthread_mutex_lock(&e->lock);
+            for (coll_op_t *q = e->head; q; q = q->next) {
+                if (q->done || q->failing) continue;
+                if (r == ncclRemoteError)
+                    coll_op_fail(q, r, "%s #%llu: communicator aborted", coll_kind_name(q->coll),
+                                 (unsigned long long)q->seq);
+                else
+                    coll_op_fail(q, r,
+                                 "%s #%llu: no progress for %lld s (CHORUS_TIMEOUT) on rank %d "
+                                 "(%s): a peer is stuck, dead, or called a different op",
+                                 coll_kind_name(q->coll), (unsigned long long)q->seq,
+                                 (long long)chorus_param_int(PARAM_TIMEOUT), q->comm->rank,
+                                 q->comm->host);
+            }
+            pthread_mutex_unlock(&e->lock);
+        }
+        chorus_waiter_init_timeout(&w, NULL, 5);
+    }
+    for (int i = 0; i < nops; i++)
+        if (ops[i]->result != ncclSuccess && res == ncclSuccess) res = ops[i]->result;
+    return res;
+}
+
+/* ---- progress thread ------------------------------------------------------------------------ */
+
+static void *engine_thread_main(void *arg) {
+    struct coll_engine *e = arg;
+    chorus_log_set_rank(e->comm->rank);
+    uint32_t idle = 0;
+    while (1) {
+        pthread_mutex_lock(&e->lock);
+        while (!e->thread_stop && e->nasync == 0) pthread_cond_wait(&e->cond, &e->lock);
+        int stop = e->thread_stop;
+        pthread_mutex_unlock(&e->lock);
+        if (stop) break;
+        int progressed = 0;
+        coll_engine_progress(e, &progressed);
+        if (progressed) {
+            idle = 0;
+            continue;
+        }
+        /* Back off like a waiter, but without a deadline: the ops' waiters own deadlines. */
+        idle++;
+        if (idle < 256) {
+#if defined(__x86_64__)
+            __builtin_ia32_pause();
+#endif
+        } else if (idle < 512) {
+            sched_yield();
+        } else {
+            uint32_t us = idle - 512 < 6 ? 1u << (idle - 512) : 64;
+            struct timespec ts = {0, (long)us * 1000};
+            nanosleep(&ts, NULL);
+        }
+    }
+    return NULL;
+}
+
+ncclResult_t coll_engine_start_thread(struct coll_engine *e) {
+    if (!chorus_param_int(PARAM_PROGRESS_THREAD)) return ncclSuccess;
+    pthread_mutex_lock(&e->lock);
+    int start = !e->thread_started;
+    if (start) e->thread_started = 1;
+    pthread_mutex_unlock(&e->lock);
+    if (!start) return ncclSuccess;
+    if (pthread_create(&e->thread, NULL, engine_thread_main, e) != 0) {
+        e->thread_started = 0;
+        WARN("could not start the progress thread of rank %d", e->comm->rank);
+        return ncclSystemError;
+    }
+    INFO(SUB_COLL, "rank %d: progress thread started for async ops", e->comm->rank);
+    return ncclSuccess;
+}

@@ -1,0 +1,273 @@
+/*
+ * memory.c: ncclMemAlloc/ncclMemFree, buffer registration (ncclCommRegister/Deregister), windows
+ * (ncclCommWindowRegister/Deregister), and the small CUDA helpers the core needs.
+ *
+ * ncclMemAlloc returns device memory (cudaMalloc) when Chorus is built with CUDA and the calling
+ * thread has a usable current GPU, and page-aligned host memory otherwise. Every allocation is
+ * tracked, so ncclMemFree knows which free to use and rejects pointers it did not hand out.
+ *
+ * Registration is a hint in Chorus: collectives work on any buffer, registered or not. A
+ * registration records the range and whether it is device memory; the handle is that record and
+ * is checked when passed back. The collective engine may ask comm_reg_find whether a buffer is
+ * registered. Windows are the same kind of record with their flags: Chorus has no symmetric
+ * kernels, so a window asks nothing of the peers and registering one is a local operation, which
+ * is compatible with NCCL's rule that every rank calls it.
+ */
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "check.h"
+#include "comm.h"
+#include "core.h"
+
+#if CHORUS_HAVE_CUDA
+#include <cuda_runtime.h>
+#endif
+
+/* ---- CUDA helpers --------------------------------------------------------------------------- */
+
+#if CHORUS_HAVE_CUDA
+static pthread_once_t g_cuda_once = PTHREAD_ONCE_INIT;
+static int g_cuda_ndev;
+
+static void cuda_probe(void) {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+        (void)cudaGetLastError();
+        n = 0;
+    }
+    g_cuda_ndev = n;
+}
+#endif
+
+int comm_cuda_current_device(void) {
+#if CHORUS_HAVE_CUDA
+    pthread_once(&g_cuda_once, cuda_probe);
+    if (g_cuda_ndev <= 0) return -1;
+    int d = -1;
+    if (cudaGetDevice(&d) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return -1;
+    }
+    return d;
+#else
+    return -1;
+#endif
+}
+
+int comm_ptr_is_device(const void *ptr) {
+#if CHORUS_HAVE_CUDA
+    pthread_once(&g_cuda_once, cuda_probe);
+    if (g_cuda_ndev <= 0 || ptr == NULL) return 0;
+    struct cudaPointerAttributes a;
+    if (cudaPointerGetAttributes(&a, ptr) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    return a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged;
+#else
+    (void)ptr;
+    return 0;
+#endif
+}
+
+/* ---- ncclMemAlloc / ncclMemFree ------------------------------------------------------------- */
+
+typedef struct mem_rec {
+    void *ptr;
+    size_t size;
+    int is_device;
+    struct mem_rec *next;
+} mem_rec_t;
+
+static mem_rec_t *g_mem;
+static pthread_mutex_t g_mem_lock = PTHREAD_MUTEX_INITIALIZER;
+
+NCCL_API(ncclResult_t, ncclMemAlloc, void **ptr, size_t size);
+ncclResult_t ncclMemAlloc(void **ptr, size_t size) {
+    ARGCHECK(ptr != NULL, "ncclMemAlloc: ptr is NULL");
+    ARGCHECK(size > 0, "ncclMemAlloc: size is 0");
+    mem_rec_t *rec = calloc(1, sizeof(*rec));
+    if (rec == NULL) {
+        WARN("ncclMemAlloc: out of memory");
+        return ncclSystemError;
+    }
+    void *p = NULL;
+    int dev = comm_cuda_current_device();
+#if CHORUS_HAVE_CUDA
+    if (dev >= 0) {
+        cudaError_t e = cudaMalloc(&p, size);
+        if (e != cudaSuccess) {
+            (void)cudaGetLastError();
+            WARN("ncclMemAlloc: cudaMalloc of %zu bytes on device %d failed: %s", size, dev,
+                 cudaGetErrorString(e));
+            free(rec);
+            return ncclUnhandledCudaError;
+        }
+        rec->is_device = 1;
+    }
+#endif
+    if (p == NULL) {
+        size_t page = (size_t)sysconf(_SC_PAGESIZE);
+        size_t bytes = CHORUS_ALIGN_UP(size, page);
+        int err = posix_memalign(&p, page, bytes);
+        if (err != 0) {
+            WARN("ncclMemAlloc: allocating %zu bytes of host memory failed: %s", size,
+                 strerror(err));
+            free(rec);
+            return ncclSystemError;
+        }
+    }
+    rec->ptr = p;
+    rec->size = size;
+    pthread_mutex_lock(&g_mem_lock);
+    rec->next = g_mem;
+    g_mem = rec;
+    pthread_mutex_unlock(&g_mem_lock);
+    INFO(SUB_ALLOC, "ncclMemAlloc: %zu bytes of %s memory at %p", size,
+         rec->is_device ? "device" : "host", p);
+    *ptr = p;
+    return ncclSuccess;
+}
+
+NCCL_API(ncclResult_t, ncclMemFree, void *ptr);
+ncclResult_t ncclMemFree(void *ptr) {
+    if (ptr == NULL) return ncclSuccess;
+    mem_rec_t *rec = NULL;
+    pthread_mutex_lock(&g_mem_lock);
+    for (mem_rec_t **pp = &g_mem; *pp; pp = &(*pp)->next) {
+        if ((*pp)->ptr == ptr) {
+            rec = *pp;
+            *pp = rec->next;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&g_mem_lock);
+    ARGCHECK(rec != NULL, "ncclMemFree: %p was not allocated by ncclMemAlloc (or already freed)",
+             ptr);
+    ncclResult_t res = ncclSuccess;
+#if CHORUS_HAVE_CUDA
+    if (rec->is_device) {
+        cudaError_t e = cudaFree(ptr);
+        if (e != cudaSuccess) {
+            (void)cudaGetLastError();
+            WARN("ncclMemFree: cudaFree(%p) failed: %s", ptr, cudaGetErrorString(e));
+            res = ncclUnhandledCudaError;
+        }
+    }
+#endif
+    if (!rec->is_device) free(ptr);
+    free(rec);
+    return res;
+}
+
+/* ---- registrations and windows -------------------------------------------------------------- */
+
+static ncclResult_t reg_add(struct ncclComm *comm, void *buff, size_t size, uint64_t magic,
+                            int flags, comm_reg_t **rec_p) {
+    comm_reg_t *r = calloc(1, sizeof(*r));
+    if (r == NULL) {
+        WARN("out of memory for a registration");
+        return ncclSystemError;
+    }
+    r->magic = magic;
+    r->base = buff;
+    r->size = size;
+    r->is_device = comm_ptr_is_device(buff);
+    r->win_flags = flags;
+    pthread_mutex_lock(&comm->lock);
+    r->next = comm->regs;
+    comm->regs = r;
+    pthread_mutex_unlock(&comm->lock);
+    *rec_p = r;
+    return ncclSuccess;
+}
+
+/* Unlink the record `handle` if it is one of this comm's records of kind `magic`. */
+static int reg_remove(struct ncclComm *comm, const void *handle, uint64_t magic) {
+    comm_reg_t *found = NULL;
+    pthread_mutex_lock(&comm->lock);
+    for (comm_reg_t **pp = &comm->regs; *pp; pp = &(*pp)->next) {
+        if (*pp == handle && (*pp)->magic == magic) {
+            found = *pp;
+            *pp = found->next;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&comm->lock);
+    if (found == NULL) return 0;
+    found->magic = 0;
+    free(found);
+    return 1;
+}
+
+const comm_reg_t *comm_reg_find(struct ncclComm *comm, const void *ptr, size_t bytes) {
+    const comm_reg_t *hit = NULL;
+    uintptr_t lo = (uintptr_t)ptr, hi = lo + bytes;
+    pthread_mutex_lock(&comm->lock);
+    for (const comm_reg_t *r = comm->regs; r; r = r->next) {
+        uintptr_t b = (uintptr_t)r->base;
+        if (lo >= b && hi <= b + r->size) {
+            hit = r;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&comm->lock);
+    return hit;
+}
+
+NCCL_API(ncclResult_t, ncclCommRegister, const ncclComm_t comm, void *buff, size_t size,
+         void **handle);
+ncclResult_t ncclCommRegister(const ncclComm_t comm, void *buff, size_t size, void **handle) {
+    CHECK(comm_check(comm, "ncclCommRegister"));
+    ARGCHECK(handle != NULL, "ncclCommRegister: handle is NULL");
+    ARGCHECK(buff != NULL, "ncclCommRegister: buff is NULL");
+    ARGCHECK(size > 0, "ncclCommRegister: size is 0");
+    comm_reg_t *r;
+    CHECK(reg_add(comm, buff, size, COMM_REG_MAGIC, 0, &r));
+    INFO(SUB_REG, "rank %d registered %zu bytes of %s memory at %p", comm->rank, size,
+         r->is_device ? "device" : "host", buff);
+    *handle = r;
+    return ncclSuccess;
+}
+
+NCCL_API(ncclResult_t, ncclCommDeregister, const ncclComm_t comm, void *handle);
+ncclResult_t ncclCommDeregister(const ncclComm_t comm, void *handle) {
+    CHECK(comm_check(comm, "ncclCommDeregister"));
+    ARGCHECK(handle != NULL, "ncclCommDeregister: handle is NULL");
+    ARGCHECK(reg_remove(comm, handle, COMM_REG_MAGIC),
+             "ncclCommDeregister: handle %p is not a registration of comm %p", handle,
+             (void *)comm);
+    return ncclSuccess;
+}
+
+NCCL_API(ncclResult_t, ncclCommWindowRegister, ncclComm_t comm, void *buff, size_t size,
+         ncclWindow_t *win, int winFlags);
+ncclResult_t ncclCommWindowRegister(ncclComm_t comm, void *buff, size_t size, ncclWindow_t *win,
+                                    int winFlags) {
+    CHECK(comm_check(comm, "ncclCommWindowRegister"));
+    ARGCHECK(win != NULL, "ncclCommWindowRegister: win is NULL");
+    ARGCHECK(buff != NULL, "ncclCommWindowRegister: buff is NULL");
+    ARGCHECK(size > 0, "ncclCommWindowRegister: size is 0");
+    /* 0x02 is NCCL 2.30's NCCL_WIN_STRICT_ORDERING: accepted so newer programs keep working. */
+    ARGCHECK((winFlags & ~(NCCL_WIN_COLL_SYMMETRIC | 0x02)) == 0,
+             "ncclCommWindowRegister: unknown winFlags 0x%x", winFlags);
+    comm_reg_t *r;
+    CHECK(reg_add(comm, buff, size, COMM_WIN_MAGIC, winFlags, &r));
+    INFO(SUB_REG, "rank %d registered window of %zu bytes at %p flags 0x%x", comm->rank, size,
+         buff, winFlags);
+    *win = (ncclWindow_t)(void *)r;
+    return ncclSuccess;
+}
+
+NCCL_API(ncclResult_t, ncclCommWindowDeregister, ncclComm_t comm, ncclWindow_t win);
+ncclResult_t ncclCommWindowDeregister(ncclComm_t comm, ncclWindow_t win) {
+    CHECK(comm_check(comm, "ncclCommWindowDeregister"));
+    ARGCHECK(win != NULL, "ncclCommWindowDeregister: win is NULL");
+    ARGCHECK(reg_remove(comm, (void *)win, COMM_WIN_MAGIC),
+             "ncclCommWindowDeregister: window %p is not a window of comm %p", (void *)win,
+             (void *)comm);
+    return ncclSuccess;
+}

@@ -1,0 +1,266 @@
+/*
+ * coll_engine.h: the collective engine's internal types, shared by src/collectives and the API
+ * entry points in src/core/coll_*.c and group.c.
+ *
+ * An op (coll_op_t) is one nonblocking collective or point-to-point transfer set. It is built by
+ * an entry point, gets an algorithm from the tuner, declares the connections it needs, and is then
+ * queued on its communicator's engine. coll_engine_progress() advances every queued op as far as it
+ * can without blocking; each op keeps its own position (per channel: loop, step) so it can resume.
+ * Ops retire in issue order.
+ *
+ * Connections are shared between ops, so each use of a connection takes a ticket at enqueue:
+ * an op touches a connection only when the connection's "served" counter reaches its ticket. Ring
+ * connections have one ticket line per communicator (collectives run in order); point-to-point
+ * connections have one line per peer and direction.
+ *
+ * Every op's first chunk on each connection carries a header (sequence number, collective,
+ * count, dtype, op, root) inside the slot, so ranks that disagree fail with ncclInvalidUsage
+ * instead of corrupting memory. A failed op posts an error chunk on its send connections and
+ * drains its receive connections until its upstream peers fail too (see prims.c), so an error
+ * travels around the ring to every rank.
+ */
+#ifndef CHORUS_COLL_ENGINE_H_
+#define CHORUS_COLL_ENGINE_H_
+
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "coll.h"
+#include "comm.h"
+#include "nccl.h"
+#include "reduce.h"
+#include "transport.h"
+
+typedef enum {
+    COLL_ALLREDUCE = 0,
+    COLL_REDUCESCATTER,
+    COLL_ALLGATHER,
+    COLL_BROADCAST,
+    COLL_REDUCE,
+    COLL_SEND,
+    COLL_RECV,
+    COLL_ALLTOALL,
+    COLL_GATHER,
+    COLL_SCATTER,
+    COLL_NKINDS
+} coll_kind_t;
+
+const char *coll_kind_name(int coll);
+
+/* Header carried at the start of an op's first chunk on every connection. 64 bytes so that the
+ * data after it stays aligned for the vector kernels. */
+#define COLL_HDR_BYTES 64
+#define COLL_HDR_MAGIC 0x43484f5248445231ull /* "CHORHDR1" */
+#define COLL_ERR_MAGIC 0x43484f5245525231ull /* "CHORERR1" */
+typedef struct {
+    uint64_t magic;
+    uint64_t seq;
+    uint64_t count;
+    int32_t coll, dtype, op, root;
+    int32_t rank, nranks;
+    uint8_t pad[16];
+} coll_hdr_t;
+
+/* An error chunk: a failed rank posts it on its send connections. */
+#define COLL_ERR_TEXT 240
+typedef struct {
+    uint64_t magic;
+    int32_t result;
+    int32_t rank;
+    char text[COLL_ERR_TEXT];
+} coll_err_chunk_t;
+
+/* Per-connection progress of one op on one connection (ring channel or p2p peer). */
+typedef struct {
+    chorus_conn_t *conn;
+    uint64_t ticket;      /* position in the connection's line */
+    int hdr_pending;      /* the next chunk on this connection carries (send) / has (recv) the header */
+    int used_direct;      /* sender: wait send_drained before completing */
+    int finished;         /* this op is done with the connection (ticket served) */
+    int err_done;         /* failure: error chunk posted (send) / upstream failure seen (recv) */
+} coll_use_t;
+
+/* Ring/chain state of one channel. */
+typedef struct {
+    size_t beg, end;   /* element range of this channel's slice (within each block for RS/AG) */
+    size_t base;       /* start of the current loop */
+    int step;          /* step within the loop */
+    int done;
+    coll_use_t send, recv;
+} coll_chan_t;
+
+/* One point-to-point transfer of an op (send/recv, all-to-all, gather, scatter, low-latency). */
+typedef struct {
+    int peer;
+    int is_send;
+    char *buf;
+    size_t bytes;
+    size_t off;        /* bytes moved so far */
+    int started;
+    int done;
+    int round;         /* low-latency algorithms: which round this transfer belongs to */
+    coll_use_t use;
+} coll_xfer_t;
+
+struct coll_algo;
+
+typedef struct coll_op {
+    struct ncclComm *comm;
+    struct coll_engine *engine;
+    coll_kind_t coll;
+    const struct coll_algo *algo;
+    const void *sendbuff;
+    void *recvbuff;
+    size_t count; /* elements: per rank for RS (recvcount), AG (sendcount), all-to-all, gather */
+    ncclDataType_t dtype;
+    size_t esize;
+    int user_op;  /* ncclRedOp_t as the user gave it (-1 for no reduction) */
+    chorus_redop_t redop;
+    chorus_redop_t combine; /* partial (+) partial: redop without pre/post */
+    int root;     /* root, or peer for send/recv */
+    uint64_t seq; /* collective sequence number (header), or p2p ticket */
+    int uses_ring;
+    uint64_t ring_ticket;
+
+    /* ring/chain algorithms */
+    int nch;
+    size_t chunk_elems;
+    coll_chan_t ch[CHORUS_MAXCHANNELS];
+
+    /* point-to-point transfers */
+    int nxfer;
+    coll_xfer_t *xfer;
+    coll_xfer_t xfer_inline[2];
+    int round; /* current round of a multi-round algorithm */
+    void *scratch;
+    size_t scratch_bytes;
+
+    /* completion */
+    volatile int done;
+    ncclResult_t result;
+    int failing;            /* the op failed: posting error chunks and draining (prims.c) */
+    uint64_t fail_deadline;
+    char fail_text[COLL_ERR_TEXT];
+    int refs;               /* queue + request */
+    int is_async;
+    struct coll_op *next;
+} coll_op_t;
+
+/* An algorithm: one row per (collective, schedule). */
+typedef struct coll_algo {
+    const char *name;
+    int coll;
+    int id;
+    int (*supports)(const coll_op_t *op);
+    /* Compute the schedule (channels, chunks, transfers); no communication. */
+    ncclResult_t (*setup)(coll_op_t *op);
+    /* Advance as far as possible without blocking; *done_p = 1 when finished, 2 when something
+     * moved but the op is not finished, 0 when nothing could move. */
+    ncclResult_t (*progress)(coll_op_t *op, int *done_p);
+} coll_algo_t;
+
+enum { COLL_ALGO_RING = 0, COLL_ALGO_LL = 1, COLL_ALGO_P2P = 2, COLL_ALGO_NIDS };
+
+/* The engine of one communicator. */
+struct coll_engine {
+    struct ncclComm *comm;
+    pthread_mutex_t lock; /* queue and progress passes (per pass, not per chunk) */
+    pthread_cond_t cond;
+    coll_op_t *head, *tail;
+    int nqueued;
+    uint64_t coll_seq;    /* collectives issued (header sequence numbers) */
+    uint64_t ring_issued, ring_served;
+    uint64_t *p2p_send_issued, *p2p_send_served; /* [nranks] */
+    uint64_t *p2p_recv_issued, *p2p_recv_served;
+    int rings_connected;
+    volatile int broken;  /* ncclResult_t of the failure that broke the connections, 0 if none */
+    char broken_text[COLL_ERR_TEXT];
+    /* progress thread */
+    pthread_t thread;
+    int thread_started;
+    volatile int thread_stop;
+    int nasync; /* async ops queued and not yet retired */
+};
+
+/* engine.c */
+/* Connect what the ops need (blocking, deadlock-free order), then queue them. */
+ncclResult_t coll_engine_connect(struct ncclComm *comm, coll_op_t **ops, int nops);
+ncclResult_t coll_engine_enqueue(coll_op_t *op);
+/* One progress pass over the comm's queue; *progressed_p says whether anything moved. */
+ncclResult_t coll_engine_progress(struct coll_engine *e, int *progressed_p);
+/* Drive progress of the given comms until every op in ops[] is done (blocking entry points,
+ * group end, chorusWait). Returns the first op error. */
+ncclResult_t coll_engine_wait(coll_op_t **ops, int nops);
+void coll_op_release(coll_op_t *op);
+ncclResult_t coll_op_alloc(struct ncclComm *comm, coll_kind_t coll, coll_op_t **op_p);
+ncclResult_t coll_engine_start_thread(struct coll_engine *e);
+
+/* prims.c: chunk primitives. Each works on one chunk and reports *ok_p = 0 (nothing done, try
+ * again later) or 1 (done). `hdr` is the op; the header is sent/checked when use->hdr_pending. */
+typedef enum {
+    PRIM_SEND,             /* slot = src (copy) or direct from src */
+    PRIM_PREP_SEND,        /* slot = pre(in) */
+    PRIM_RECV,             /* dst = recv */
+    PRIM_RECV_FINISH,      /* dst = post(recv) */
+    PRIM_RECV_REDUCE_SEND, /* slot = pre(in) (+) recv */
+    PRIM_RECV_REDUCE_COPY, /* dst = post(pre(in) (+) recv) */
+    PRIM_RECV_REDUCE_COPY_SEND, /* dst = post(pre(in) (+) recv); send dst */
+    PRIM_RECV_COPY_SEND,   /* dst = recv; send dst */
+    PRIM_RECV_COMBINE,     /* dst = recv (+) acc, no pre/post (partials) */
+} coll_prim_t;
+
+typedef struct {
+    coll_prim_t kind;
+    const void *in;   /* this rank's input for the chunk (reduce/prepare/send source) */
+    void *dst;        /* output for the chunk */
+    size_t count;     /* elements */
+    int direct_ok;    /* the receiver does a pure copy and the source stays valid (sender side) */
+    int recv_direct_ok; /* the sender may have used direct (receiver side: copy kind) */
+} coll_chunk_t;
+
+ncclResult_t prim_step(coll_op_t *op, coll_use_t *recv, coll_use_t *send, const coll_chunk_t *c,
+                       int *ok_p);
+/* Sender side: all direct chunks consumed (poll). */
+ncclResult_t prim_send_drained(coll_op_t *op, coll_use_t *send, int *ok_p);
+/* Failure handling: post error chunks, drain; *ok_p = 1 when finished with the connection. */
+ncclResult_t prim_fail_send(coll_op_t *op, coll_use_t *send, int *ok_p);
+ncclResult_t prim_fail_recv(coll_op_t *op, coll_use_t *recv, int *ok_p);
+/* Capacity of one chunk in elements for a connection (header room included). */
+size_t prim_chunk_elems(const chorus_conn_t *conn, size_t esize);
+void coll_op_fail(coll_op_t *op, ncclResult_t res, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* connect.c */
+ncclResult_t coll_connect_rings(struct ncclComm *comm);
+/* Make sure the p2p connections listed exist (send_peers/recv_peers: flags per rank). */
+ncclResult_t coll_connect_p2p(struct ncclComm *comm, const uint8_t *send_peers,
+                              const uint8_t *recv_peers);
+
+/* Ticket lines (engine.c). */
+static inline int coll_use_ready(const coll_use_t *u, const uint64_t *served) {
+    return *served == u->ticket;
+}
+
+/* Algorithms (one file each) and the tuner. */
+extern const coll_algo_t coll_algo_allreduce_ring;
+extern const coll_algo_t coll_algo_allreduce_rd;
+extern const coll_algo_t coll_algo_reducescatter_ring;
+extern const coll_algo_t coll_algo_allgather_ring;
+extern const coll_algo_t coll_algo_broadcast_chain;
+extern const coll_algo_t coll_algo_reduce_chain;
+extern const coll_algo_t coll_algo_p2p;
+/* tuner.c: pick the algorithm for op (NCCL_ALGO/CHORUS_ALGO override), log at INFO. */
+ncclResult_t coll_tuner_pick(coll_op_t *op);
+/* Estimated time (microseconds) of an op with this shape, from the tuner's model. */
+double coll_tuner_estimate_us(struct ncclComm *comm, int coll, size_t bytes);
+
+/* Ticket helpers shared by the algorithms. */
+uint64_t *coll_served_line(coll_op_t *op, const coll_use_t *u);
+
+/* Group (group.c) integration: queue an op for the outermost ncclGroupEnd. */
+ncclResult_t group_add_op(coll_op_t *op);
+/* Record the error of a call made inside a group: ncclGroupEnd returns the first one. */
+void group_note_error(ncclResult_t res);
+
+#endif

@@ -1,0 +1,64 @@
+/*
+ * system.c: load the hwloc topology the rest of the pipeline reads.
+ *
+ * The machine itself by default; CHORUS_TOPO_FILE (or NCCL_TOPO_FILE, accepted only when it is an
+ * hwloc XML, since NCCL's own topology XML is a different format) names an XML file to load instead;
+ * "synthetic:<description>" builds hwloc's synthetic topology (tests). PCI devices, GPUs and NICs are
+ * kept so that the PCI switch above a GPU or NIC can be found.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "check.h"
+#include "param.h"
+#include "topo_internal.h"
+
+static int file_is_hwloc_xml(const char *path) {
+    FILE *f = fopen(path, "r");
+    if (!f) return 0;
+    char buf[512];
+    size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    return strstr(buf, "<topology") != NULL && strstr(buf, "<system") == NULL;
+}
+
+const char *topo_system_source(void) {
+    const char *file = chorus_param_str(PARAM_TOPO_FILE);
+    return file ? file : "machine";
+}
+
+ncclResult_t topo_system_load(const char *spec, hwloc_topology_t *topo_p) {
+    hwloc_topology_t topo;
+    if (spec == NULL) spec = chorus_param_str(PARAM_TOPO_FILE);
+    if (hwloc_topology_init(&topo) != 0) {
+        WARN("hwloc_topology_init failed: %s", strerror(errno));
+        return ncclSystemError;
+    }
+    hwloc_topology_set_io_types_filter(topo, HWLOC_TYPE_FILTER_KEEP_IMPORTANT);
+    if (spec && strncmp(spec, "synthetic:", 10) == 0) {
+        if (hwloc_topology_set_synthetic(topo, spec + 10) != 0) {
+            WARN("topology: invalid synthetic description '%s'", spec + 10);
+            hwloc_topology_destroy(topo);
+            return ncclInvalidArgument;
+        }
+    } else if (spec) {
+        if (!file_is_hwloc_xml(spec)) {
+            WARN("topology: %s is not an hwloc XML file (CHORUS_TOPO_FILE / NCCL_TOPO_FILE)", spec);
+            hwloc_topology_destroy(topo);
+            return ncclInvalidArgument;
+        }
+        if (hwloc_topology_set_xml(topo, spec) != 0) {
+            WARN("topology: cannot load hwloc XML %s: %s", spec, strerror(errno));
+            hwloc_topology_destroy(topo);
+            return ncclInvalidArgument;
+        }
+    }
+    if (hwloc_topology_load(topo) != 0) {
+        WARN("topology: hwloc_topology_load failed: %s", strerror(errno));
+        hwloc_topology_destroy(topo);
+        return ncclSystemError;
+    }
+    *topo_p = topo;
+    return ncclSuccess;
+}

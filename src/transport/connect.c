@@ -1,0 +1,171 @@
+/*
+ * connect.c: set up and tear down one connection between two ranks, whatever the transport.
+ *
+ * Both ranks call transport_connect at the same time, one as sender and one as receiver. Each
+ * picks the transport (transport_select), fills its setup blob (ops->setup) and sends it to the
+ * other through the bootstrap, then hands the peer's blob to ops->connect. The message also
+ * carries the transport name and a status, so a pair that disagrees on the transport or whose
+ * other end failed its setup gets an error naming the peer at once instead of a timeout.
+ *
+ * Bootstrap tags are derived from (channel, role of the message's author, caller's tag): two
+ * connections between the same ranks (both directions of a ring, several channels, p2p) never
+ * match each other's messages. The sender sends first and the receiver receives first, which
+ * cannot deadlock whether or not bootstrap_send buffers.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "check.h"
+#include "comm.h"
+#include "param.h"
+#include "transport.h"
+
+#define SETUP_MSG_MAGIC 0x43535550u /* "CSUP" */
+#define SETUP_TAG_BASE 0x30000000
+
+typedef struct {
+    uint32_t magic;
+    int32_t status; /* ncclResult_t of the author's setup: non-zero means "give up" */
+    uint32_t bytes;
+    char transport[20];
+    unsigned char blob[TRANSPORT_BLOB_BYTES];
+} transport_setup_msg_t;
+
+static int transport_setup_tag(int channel, int author_is_send, int tag) {
+    int ch = (channel + 1) & 0xff; /* -1 (point-to-point) becomes 0 */
+    return SETUP_TAG_BASE | (ch << 19) | (author_is_send << 18) | (tag & 0x3ffff);
+}
+
+static ncclResult_t transport_geometry(chorus_conn_t *conn) {
+    int64_t nslots = chorus_param_int(PARAM_NSLOTS);
+    int64_t buffsize = chorus_param_int(PARAM_BUFFSIZE);
+    if (nslots < 1 || nslots > 1024) {
+        WARN("CHORUS_NSLOTS=%lld is out of range (1..1024)", (long long)nslots);
+        return ncclInvalidUsage;
+    }
+    int64_t slot = buffsize / nslots / 64 * 64;
+    if (slot < 64) {
+        WARN("NCCL_BUFFSIZE=%lld is too small for %lld slots", (long long)buffsize,
+             (long long)nslots);
+        return ncclInvalidUsage;
+    }
+    conn->nslots = (int)nslots;
+    conn->slot_bytes = (size_t)slot;
+    return ncclSuccess;
+}
+
+static void transport_log_connected(struct ncclComm *comm, chorus_conn_t *conn) {
+    int src = conn->is_send ? comm->rank : conn->peer;
+    int dst = conn->is_send ? conn->peer : comm->rank;
+    if (conn->channel < 0) {
+        INFO(SUB_INIT | SUB_P2P, "P2P %d -> %d%s via %s", src, dst,
+             conn->is_send ? "" : " [receive]", conn->desc);
+        return;
+    }
+    char sdev[16], ddev[16];
+    int sd = comm->peers[src].cuda_dev, dd = comm->peers[dst].cuda_dev;
+    if (sd >= 0) snprintf(sdev, sizeof(sdev), "%d", sd);
+    else snprintf(sdev, sizeof(sdev), "cpu");
+    if (dd >= 0) snprintf(ddev, sizeof(ddev), "%d", dd);
+    else snprintf(ddev, sizeof(ddev), "cpu");
+    INFO(SUB_INIT, "Channel %02d : %d[%s] -> %d[%s]%s via %s", conn->channel, src, sdev, dst, ddev,
+         conn->is_send ? "" : " [receive]", conn->desc);
+}
+
+/* Exchange setup messages: sender sends first, receiver receives first. */
+static ncclResult_t transport_exchange(struct ncclComm *comm, chorus_conn_t *conn, int tag,
+                                       const transport_setup_msg_t *mine,
+                                       transport_setup_msg_t *theirs) {
+    int my_tag = transport_setup_tag(conn->channel, conn->is_send, tag);
+    int peer_tag = transport_setup_tag(conn->channel, !conn->is_send, tag);
+    if (conn->is_send) {
+        CHECK(bootstrap_send(comm->bs, conn->peer, my_tag, mine, sizeof(*mine)));
+        CHECK(bootstrap_recv(comm->bs, conn->peer, peer_tag, theirs, sizeof(*theirs)));
+    } else {
+        CHECK(bootstrap_recv(comm->bs, conn->peer, peer_tag, theirs, sizeof(*theirs)));
+        CHECK(bootstrap_send(comm->bs, conn->peer, my_tag, mine, sizeof(*mine)));
+    }
+    return ncclSuccess;
+}
+
+ncclResult_t transport_connect(struct ncclComm *comm, chorus_conn_t *conn, int peer, int is_send,
+                               int channel, int tag) {
+    memset(conn, 0, sizeof(*conn));
+    conn->comm = comm;
+    conn->peer = peer;
+    conn->is_send = is_send ? 1 : 0;
+    conn->channel = channel;
+    if (peer == comm->rank || peer < 0 || peer >= comm->nranks) {
+        WARN("transport_connect: rank %d cannot connect to rank %d (%d ranks; a rank copies to "
+             "itself without a transport)",
+             comm->rank, peer, comm->nranks);
+        return ncclInternalError;
+    }
+    ncclResult_t res = ncclSuccess;
+    transport_setup_msg_t mine, theirs;
+    memset(&mine, 0, sizeof(mine));
+    memset(&theirs, 0, sizeof(theirs));
+    mine.magic = SETUP_MSG_MAGIC;
+
+    /* A local failure is still sent to the peer (as a status) so that it does not wait for us. */
+    const chorus_transport_ops_t *ops = NULL;
+    res = transport_geometry(conn);
+    if (res == ncclSuccess) res = transport_select(comm, peer, &ops);
+    if (res == ncclSuccess) {
+        conn->ops = ops;
+        snprintf(mine.transport, sizeof(mine.transport), "%s", ops->name);
+        size_t bytes = sizeof(mine.blob);
+        res = ops->setup(conn, mine.blob, &bytes);
+        if (res == ncclSuccess && bytes > sizeof(mine.blob)) {
+            WARN("transport %s: setup blob of %zu bytes exceeds %d", ops->name, bytes,
+                 TRANSPORT_BLOB_BYTES);
+            res = ncclInternalError;
+        }
+        mine.bytes = (uint32_t)bytes;
+    }
+    mine.status = (int32_t)res;
+    ncclResult_t xres;
+    CHECK_GOTO(transport_exchange(comm, conn, tag, &mine, &theirs), xres, err_exchange);
+    if (res != ncclSuccess) goto err_close;
+    if (theirs.magic != SETUP_MSG_MAGIC) {
+        WARN("transport setup message from rank %d is corrupt", peer);
+        res = ncclInternalError;
+        goto err_close;
+    }
+    if (theirs.status != ncclSuccess) {
+        WARN("rank %d (%s) failed to set up its end of the connection %s rank %d (error %d)", peer,
+             comm->peers[peer].hostname, is_send ? "from" : "to", comm->rank, (int)theirs.status);
+        res = ncclRemoteError;
+        goto err_close;
+    }
+    theirs.transport[sizeof(theirs.transport) - 1] = '\0';
+    if (strcmp(theirs.transport, ops->name) != 0) {
+        WARN("rank %d chose transport %s to reach rank %d, but rank %d chose %s", comm->rank,
+             ops->name, peer, peer, theirs.transport);
+        res = ncclSystemError;
+        goto err_close;
+    }
+    if (theirs.bytes > sizeof(theirs.blob)) {
+        WARN("transport setup message from rank %d has a bad blob size %u", peer, theirs.bytes);
+        res = ncclInternalError;
+        goto err_close;
+    }
+    CHECK_GOTO(ops->connect(conn, theirs.blob, theirs.bytes), res, err_close);
+    conn->connected = 1;
+    transport_log_connected(comm, conn);
+    return ncclSuccess;
+
+err_exchange:
+    if (res == ncclSuccess) res = xres;
+err_close:
+    if (conn->ops) conn->ops->close(conn);
+    conn->connected = 0;
+    return res;
+}
+
+void transport_close(chorus_conn_t *conn) {
+    if (!conn) return;
+    if (conn->ops) conn->ops->close(conn);
+    conn->priv = NULL;
+    conn->connected = 0;
+}

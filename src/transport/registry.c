@@ -1,0 +1,137 @@
+/*
+ * registry.c: the ordered list of transports and the choice of one per peer pair.
+ *
+ * The table below is the only registration: a pair of ranks gets the first entry whose
+ * can_connect accepts it, so the order is the preference (fastest local transport first, the
+ * network last). CHORUS_TRANSPORT forces one transport by name for every peer, and an error names
+ * it when it cannot reach a peer. NCCL_SHM_DISABLE, NCCL_P2P_DISABLE and NCCL_IB_DISABLE remove
+ * shm, cuda_ipc and ib from the automatic choice.
+ *
+ * Also here: the shared stubs that optional ops point at, so the hot path never tests for NULL.
+ */
+#include <strings.h>
+
+#include "check.h"
+#include "comm.h"
+#include "param.h"
+#include "transport.h"
+
+extern const chorus_transport_ops_t shm_transport_ops;
+/* Weak until the TCP transport (src/transport/tcp/) is in every build; a missing entry is skipped. */
+extern const chorus_transport_ops_t tcp_transport_ops __attribute__((weak));
+
+static const chorus_transport_ops_t *const transport_table[] = {
+    &shm_transport_ops,
+    &tcp_transport_ops,
+};
+#define TRANSPORT_TABLE_SIZE ((int)(sizeof(transport_table) / sizeof(transport_table[0])))
+
+int transport_count(void) {
+    int n = 0;
+    for (int i = 0; i < TRANSPORT_TABLE_SIZE; i++) n += transport_table[i] != NULL;
+    return n;
+}
+
+const chorus_transport_ops_t *transport_get(int index) {
+    for (int i = 0; i < TRANSPORT_TABLE_SIZE; i++) {
+        if (!transport_table[i]) continue;
+        if (index-- == 0) return transport_table[i];
+    }
+    return NULL;
+}
+
+const chorus_transport_ops_t *transport_find(const char *name) {
+    if (!name) return NULL;
+    for (int i = 0; i < TRANSPORT_TABLE_SIZE; i++) {
+        const chorus_transport_ops_t *t = transport_table[i];
+        if (t && strcasecmp(t->name, name) == 0) return t;
+    }
+    /* NCCL's names for the same things. */
+    if (strcasecmp(name, "p2p") == 0) return transport_find("cuda_ipc");
+    if (strcasecmp(name, "net") == 0 || strcasecmp(name, "socket") == 0)
+        return transport_find("tcp");
+    return NULL;
+}
+
+/* Whether an NCCL_*_DISABLE knob removes this transport from the automatic choice. */
+static const char *transport_disabled_by(const chorus_transport_ops_t *t) {
+    if (strcmp(t->name, "shm") == 0 && chorus_param_int(PARAM_SHM_DISABLE)) return "NCCL_SHM_DISABLE";
+    if (strcmp(t->name, "cuda_ipc") == 0 && chorus_param_int(PARAM_P2P_DISABLE))
+        return "NCCL_P2P_DISABLE";
+    if (strcmp(t->name, "ib") == 0 && chorus_param_int(PARAM_IB_DISABLE)) return "NCCL_IB_DISABLE";
+    return NULL;
+}
+
+static ncclResult_t transport_try(struct ncclComm *comm, const chorus_transport_ops_t *t, int peer,
+                                  int *ok_p) {
+    *ok_p = 0;
+    if (t->abi_version != TRANSPORT_ABI_VERSION) return ncclSuccess;
+    CHECK(t->can_connect(comm, &comm->peers[comm->rank], &comm->peers[peer], ok_p));
+    return ncclSuccess;
+}
+
+ncclResult_t transport_select(struct ncclComm *comm, int peer, const chorus_transport_ops_t **ops_p) {
+    *ops_p = NULL;
+    if (peer < 0 || peer >= comm->nranks) {
+        WARN("transport_select: peer %d out of range (%d ranks)", peer, comm->nranks);
+        return ncclInternalError;
+    }
+    const chorus_locality_t *pl = &comm->peers[peer];
+    const char *forced = chorus_param_str(PARAM_TRANSPORT);
+    if (forced && forced[0]) {
+        const chorus_transport_ops_t *t = transport_find(forced);
+        if (!t) {
+            WARN("CHORUS_TRANSPORT=%s: no such transport in this build", forced);
+            return ncclInvalidUsage;
+        }
+        int ok;
+        CHECK(transport_try(comm, t, peer, &ok));
+        if (!ok) {
+            const char *knob = transport_disabled_by(t);
+            WARN("CHORUS_TRANSPORT=%s cannot connect rank %d (%s) to rank %d (%s)%s%s", forced,
+                 comm->rank, comm->peers[comm->rank].hostname, peer, pl->hostname,
+                 knob ? ": disabled by " : "", knob ? knob : "");
+            return ncclSystemError;
+        }
+        *ops_p = t;
+        return ncclSuccess;
+    }
+    for (int i = 0; i < TRANSPORT_TABLE_SIZE; i++) {
+        const chorus_transport_ops_t *t = transport_table[i];
+        if (!t || transport_disabled_by(t)) continue;
+        int ok;
+        CHECK(transport_try(comm, t, peer, &ok));
+        if (ok) {
+            *ops_p = t;
+            return ncclSuccess;
+        }
+    }
+    WARN("no transport found from rank %d (%s) to rank %d (%s)", comm->rank,
+         comm->peers[comm->rank].hostname, peer, pl->hostname);
+    return ncclSystemError;
+}
+
+ncclResult_t transport_stub_commit_direct(chorus_conn_t *conn, const void *src, size_t bytes) {
+    WARN("transport %s has no single-copy path (direct chunk of %zu bytes to rank %d)",
+         conn->ops ? conn->ops->name : "?", bytes, conn->peer);
+    return ncclInternalError;
+}
+
+ncclResult_t transport_stub_recv_copy(chorus_conn_t *conn, void *dst, size_t bytes) {
+    /* Transports without direct chunks always return data_p from recv_peek; copy from there. */
+    const void *data;
+    size_t avail;
+    int ready;
+    CHECK(conn->ops->recv_peek(conn, &data, &avail, &ready));
+    if (!ready || !data || bytes > avail) {
+        WARN("transport %s: recv_copy of %zu bytes from rank %d without a ready chunk",
+             conn->ops->name, bytes, conn->peer);
+        return ncclInternalError;
+    }
+    memcpy(dst, data, bytes);
+    return ncclSuccess;
+}
+
+ncclResult_t transport_stub_progress(chorus_conn_t *conn) {
+    return ncclSuccess;
+}

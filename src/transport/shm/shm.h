@@ -1,0 +1,134 @@
+/*
+ * shm.h: private to the shared-memory transport.
+ *
+ * One connection = one POSIX shared-memory segment, created by the receiver (so its pages sit on
+ * the receiver's NUMA node) and mapped by the sender. The segment starts with a control area and
+ * then holds nslots data slots of slot_bytes each:
+ *
+ *   [shm_ctrl_t: tail | head | setup words | slot headers[nslots]] [slot 0] [slot 1] ...
+ *
+ * tail (written by the sender only) counts committed steps, head (written by the receiver only)
+ * counts released steps; each lives on its own cache line so the two ends do not false-share.
+ * Step s uses slot s % nslots: the sender may fill it while tail - head < nslots, the receiver may
+ * read it while tail > s. Writers publish with release stores, readers load with acquire.
+ *
+ * A "direct" chunk (single copy) leaves the data in the sender's buffer and publishes its address
+ * in the slot header; the receiver copies it with process_vm_readv (CMA), or with memcpy when both
+ * ranks are threads of one process.
+ *
+ * Liveness: each end holds an open-file-description lock on one byte of the segment (receiver byte
+ * 0, sender byte 1). The kernel drops it when the process dies, whatever pid namespace it is in,
+ * and even while it is a zombie, so a failed F_OFD_GETLK probe means the peer is gone. A clean
+ * close also raises a "closed" word in the control area.
+ */
+#ifndef CHORUS_SHM_H_
+#define CHORUS_SHM_H_
+
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "transport.h"
+
+#define SHM_CTRL_MAGIC 0x43484f52534d3031ull /* "CHORSM01" */
+#define SHM_CACHE_LINE 64
+#define SHM_NAME_LEN 64
+#define SHM_LOCK_RECV_BYTE 0
+#define SHM_LOCK_SEND_BYTE 1
+
+/* Values of shm_ctrl_t.cma_state, written by the receiver during connect. */
+enum { SHM_CMA_UNDECIDED = 0, SHM_CMA_OFF = 1, SHM_CMA_ON = 2, SHM_CMA_SAME_PROCESS = 3 };
+
+/* Slot header flags. */
+enum { SHM_SLOT_DIRECT = 1 };
+
+typedef struct {
+    _Alignas(SHM_CACHE_LINE) uint64_t bytes;
+    uint64_t src; /* direct chunks: address in the sender's address space */
+    uint32_t flags;
+} shm_slot_hdr_t;
+
+typedef struct {
+    _Alignas(SHM_CACHE_LINE) _Atomic uint64_t tail; /* sender: steps committed */
+    _Alignas(SHM_CACHE_LINE) _Atomic uint64_t head; /* receiver: steps released */
+    _Alignas(SHM_CACHE_LINE) uint64_t magic;
+    uint32_t nslots;
+    uint32_t recv_pid;
+    uint64_t slot_bytes;
+    uint64_t data_offset;  /* from the start of the segment to slot 0 */
+    _Atomic uint32_t send_mapped; /* the sender has mapped (and unlinked) the segment */
+    _Atomic uint32_t cma_state;   /* SHM_CMA_*: the receiver's probe result */
+    _Atomic uint32_t send_closed;
+    _Atomic uint32_t recv_closed;
+    shm_slot_hdr_t slots[]; /* nslots */
+} shm_ctrl_t;
+
+/* Setup blobs (must fit TRANSPORT_BLOB_BYTES). */
+typedef struct {
+    uint32_t pid;
+    uint32_t pad;
+    uint64_t pid_ns;
+    uint64_t probe_addr;  /* address of a word the receiver reads to test CMA */
+    uint64_t probe_value; /* what it must find there */
+} shm_send_blob_t;
+
+typedef struct {
+    char name[SHM_NAME_LEN];
+    uint32_t pid;
+    uint32_t nslots;
+    uint64_t slot_bytes;
+    uint64_t map_bytes;
+} shm_recv_blob_t;
+
+typedef struct {
+    int is_send;
+    int fd;
+    int locked;       /* we hold our liveness lock, so the peer's can be probed */
+    shm_ctrl_t *ctrl;
+    char *data;       /* slot 0 */
+    size_t map_bytes;
+    char name[SHM_NAME_LEN];
+    int name_linked;  /* receiver: the name may still exist in /dev/shm */
+    int peer_pid;
+    int same_process; /* both ends are threads of one process */
+    int cma;          /* SHM_CMA_* for this connection */
+    uint64_t cached;  /* sender: last head seen; receiver: last tail seen */
+    /* Liveness: not-ready polls since the last clock read, and when to probe the peer next. */
+    uint32_t idle_polls;
+    uint64_t next_check_ns;
+    int failed;       /* sticky: the peer died or closed; every later call fails */
+    volatile uint64_t probe_word; /* sender: read by the receiver's CMA probe */
+} shm_conn_t;
+
+extern const chorus_transport_ops_t shm_transport_ops;
+
+/* shm_conn.c */
+ncclResult_t shm_can_connect(struct ncclComm *comm, const chorus_locality_t *self,
+                             const chorus_locality_t *peer, int *ok_p);
+ncclResult_t shm_setup(chorus_conn_t *conn, void *blob, size_t *blob_bytes_p);
+ncclResult_t shm_connect(chorus_conn_t *conn, const void *peer_blob, size_t peer_blob_bytes);
+void shm_close(chorus_conn_t *conn);
+
+/* shm_segment.c */
+size_t shm_ctrl_bytes(int nslots);
+ncclResult_t shm_segment_create(shm_conn_t *sc, int nslots, size_t slot_bytes, int numa_node);
+ncclResult_t shm_segment_attach(shm_conn_t *sc, const shm_recv_blob_t *rb);
+void shm_segment_unlink(shm_conn_t *sc);
+void shm_segment_destroy(shm_conn_t *sc);
+/* 1 when the peer still holds its lock on the segment (it is alive and has not closed). */
+int shm_segment_peer_alive(shm_conn_t *sc);
+
+/* shm_cma.c */
+/* Decide single-copy for this connection from the sender's blob (receiver side). */
+ncclResult_t shm_cma_probe(chorus_conn_t *conn, shm_conn_t *sc, const shm_send_blob_t *sb);
+/* Copy `bytes` from the sender's address `src` into dst (receiver side). */
+ncclResult_t shm_cma_read(chorus_conn_t *conn, shm_conn_t *sc, void *dst, uint64_t src,
+                          size_t bytes);
+
+/* shm_progress.c */
+/* Called when a poll found nothing to do: rarely checks that the peer is still there. */
+ncclResult_t shm_idle_check(chorus_conn_t *conn, shm_conn_t *sc);
+/* WARN naming the peer (rank, host, pid) and mark the connection failed. */
+ncclResult_t shm_peer_failed(chorus_conn_t *conn, shm_conn_t *sc, const char *why);
+
+#endif

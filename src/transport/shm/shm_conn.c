@@ -1,0 +1,154 @@
+/*
+ * shm_conn.c: shared-memory connection lifecycle: can_connect, setup, connect, close.
+ *
+ * Setup order (transport_connect drives it through the bootstrap):
+ *   receiver setup:   create the segment on its NUMA node, lock its liveness byte; blob = name,
+ *                     geometry, pid.
+ *   sender setup:     blob = pid, pid namespace, address and value of a probe word.
+ *   receiver connect: probe single copy by reading the sender's probe word, publish the result in
+ *                     the control area (cma_state), unlink the name if the sender has mapped it.
+ *   sender connect:   map the segment, unlink the name, lock its byte, say so (send_mapped), then
+ *                     wait for cma_state: it needs the result to tell the caller whether
+ *                     send_commit_direct may be used (conn->direct).
+ * Only the sender waits, and only for the receiver's connect of this same connection, which never
+ * waits itself, so the handshake cannot deadlock.
+ */
+#include <stdlib.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "check.h"
+#include "comm.h"
+#include "param.h"
+#include "shm.h"
+#include "waiter.h"
+
+ncclResult_t shm_can_connect(struct ncclComm *comm, const chorus_locality_t *self,
+                             const chorus_locality_t *peer, int *ok_p) {
+    /* Same host hash covers hostname + boot id + /dev/shm identity; the explicit shm_ns test
+     * keeps this right even if the hash definition changes. */
+    *ok_p = !chorus_param_int(PARAM_SHM_DISABLE) && locality_same_host(self, peer) &&
+            self->shm_ns == peer->shm_ns;
+    return ncclSuccess;
+}
+
+ncclResult_t shm_setup(chorus_conn_t *conn, void *blob, size_t *blob_bytes_p) {
+    shm_conn_t *sc = calloc(1, sizeof(*sc));
+    if (!sc) {
+        WARN("shm: out of memory for a connection to rank %d", conn->peer);
+        return ncclSystemError;
+    }
+    sc->fd = -1;
+    sc->is_send = conn->is_send;
+    sc->cma = SHM_CMA_OFF;
+    conn->priv = sc;
+    if (conn->nslots <= 0 || conn->slot_bytes == 0) {
+        WARN("shm: bad connection geometry (%d slots of %zu bytes)", conn->nslots,
+             conn->slot_bytes);
+        return ncclInternalError;
+    }
+    if (conn->is_send) {
+        shm_send_blob_t *b = blob;
+        memset(b, 0, sizeof(*b));
+        sc->probe_word = 0x53484d50524f4245ull ^ chorus_now_ns() ^ (uint64_t)(uintptr_t)sc;
+        b->pid = (uint32_t)getpid();
+        b->pid_ns = conn->comm->peers[conn->comm->rank].pid_ns;
+        b->probe_addr = (uint64_t)(uintptr_t)&sc->probe_word;
+        b->probe_value = sc->probe_word;
+        *blob_bytes_p = sizeof(*b);
+        return ncclSuccess;
+    }
+    int numa = conn->comm->peers[conn->comm->rank].numa_node;
+    CHECK(shm_segment_create(sc, conn->nslots, conn->slot_bytes, numa));
+    shm_recv_blob_t *b = blob;
+    memset(b, 0, sizeof(*b));
+    memcpy(b->name, sc->name, sizeof(b->name));
+    b->pid = (uint32_t)getpid();
+    b->nslots = (uint32_t)conn->nslots;
+    b->slot_bytes = conn->slot_bytes;
+    b->map_bytes = sc->map_bytes;
+    *blob_bytes_p = sizeof(*b);
+    return ncclSuccess;
+}
+
+static void shm_set_desc(chorus_conn_t *conn, shm_conn_t *sc) {
+    const char *d = sc->cma == SHM_CMA_ON             ? "SHM/CMA"
+                    : sc->cma == SHM_CMA_SAME_PROCESS ? "SHM/direct"
+                                                      : "SHM";
+    snprintf(conn->desc, sizeof(conn->desc), "%s", d);
+    conn->direct = sc->cma == SHM_CMA_ON || sc->cma == SHM_CMA_SAME_PROCESS;
+    conn->direct_threshold = (size_t)chorus_param_int(PARAM_SHM_CMA_THRESHOLD);
+}
+
+static ncclResult_t shm_connect_recv(chorus_conn_t *conn, shm_conn_t *sc, const void *peer_blob,
+                                     size_t peer_blob_bytes) {
+    if (peer_blob_bytes != sizeof(shm_send_blob_t)) {
+        WARN("shm: setup blob from rank %d has %zu bytes, expected %zu", conn->peer,
+             peer_blob_bytes, sizeof(shm_send_blob_t));
+        return ncclInternalError;
+    }
+    const shm_send_blob_t *sb = peer_blob;
+    sc->peer_pid = (int)sb->pid;
+    CHECK(shm_cma_probe(conn, sc, sb));
+    if (atomic_load_explicit(&sc->ctrl->send_mapped, memory_order_acquire))
+        shm_segment_unlink(sc);
+    shm_set_desc(conn, sc);
+    return ncclSuccess;
+}
+
+static ncclResult_t shm_connect_send(chorus_conn_t *conn, shm_conn_t *sc, const void *peer_blob,
+                                     size_t peer_blob_bytes) {
+    if (peer_blob_bytes != sizeof(shm_recv_blob_t)) {
+        WARN("shm: setup blob from rank %d has %zu bytes, expected %zu", conn->peer,
+             peer_blob_bytes, sizeof(shm_recv_blob_t));
+        return ncclInternalError;
+    }
+    const shm_recv_blob_t *rb = peer_blob;
+    sc->peer_pid = (int)rb->pid;
+    /* The receiver owns the geometry (it sized the segment). */
+    conn->nslots = (int)rb->nslots;
+    conn->slot_bytes = rb->slot_bytes;
+    CHECK(shm_segment_attach(sc, rb));
+
+    chorus_waiter_t w;
+    chorus_waiter_init(&w, &conn->comm->abort_flag);
+    uint32_t state;
+    while ((state = atomic_load_explicit(&sc->ctrl->cma_state, memory_order_acquire)) ==
+           SHM_CMA_UNDECIDED) {
+        CHECK(shm_idle_check(conn, sc));
+        ncclResult_t res = chorus_waiter_step(&w);
+        if (res != ncclSuccess) {
+            WARN("shm: rank %d (%s, pid %d) did not finish connection setup: %s", conn->peer,
+                 conn->comm->peers[conn->peer].hostname, sc->peer_pid,
+                 res == ncclSystemError ? "timeout" : "aborted");
+            return res;
+        }
+    }
+    sc->cma = (int)state;
+    sc->idle_polls = 0;
+    sc->next_check_ns = 0;
+    shm_set_desc(conn, sc);
+    return ncclSuccess;
+}
+
+ncclResult_t shm_connect(chorus_conn_t *conn, const void *peer_blob, size_t peer_blob_bytes) {
+    shm_conn_t *sc = conn->priv;
+    if (conn->is_send) CHECK(shm_connect_send(conn, sc, peer_blob, peer_blob_bytes));
+    else CHECK(shm_connect_recv(conn, sc, peer_blob, peer_blob_bytes));
+    sc->cached = 0;
+    conn->step = 0;
+    return ncclSuccess;
+}
+
+void shm_close(chorus_conn_t *conn) {
+    shm_conn_t *sc = conn->priv;
+    if (!sc) return;
+    if (sc->ctrl) {
+        _Atomic uint32_t *closed = sc->is_send ? &sc->ctrl->send_closed : &sc->ctrl->recv_closed;
+        atomic_store_explicit(closed, 1, memory_order_release);
+    }
+    shm_segment_destroy(sc);
+    free(sc);
+    conn->priv = NULL;
+}

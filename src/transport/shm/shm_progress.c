@@ -1,0 +1,188 @@
+/*
+ * shm_progress.c: the shared-memory data path (nonblocking) and peer-failure detection.
+ *
+ * Sender: send_acquire finds a free slot (tail - head < nslots), the caller fills it, send_commit
+ * writes the slot header and publishes tail with a release store. Receiver: recv_peek loads tail
+ * with acquire and returns a pointer into the slot, recv_release publishes head. Each end caches
+ * the other's counter and reloads it only when the cached value says "not ready", so a free slot
+ * costs no access to the shared cache line the peer is writing.
+ *
+ * No call here blocks, allocates or takes a lock; the caller waits. While it keeps finding nothing
+ * to do, shm_idle_check looks at the peer every few milliseconds (the "closed" word, then the
+ * peer's lock on the segment) and turns a vanished peer into ncclRemoteError with a WARN naming the
+ * rank, its host and pid. The failure is sticky: every later call on the connection fails fast.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "check.h"
+#include "comm.h"
+#include "shm.h"
+#include "waiter.h"
+
+#define SHM_IDLE_POLLS_PER_CLOCK 16
+#define SHM_LIVENESS_PERIOD_NS 2000000ull /* 2 ms */
+
+ncclResult_t shm_peer_failed(chorus_conn_t *conn, shm_conn_t *sc, const char *why) {
+    if (!sc->failed) {
+        const struct ncclComm *comm = conn->comm;
+        const char *host = comm && comm->peers ? comm->peers[conn->peer].hostname : "?";
+        char where[48];
+        if (conn->channel >= 0)
+            snprintf(where, sizeof(where), "channel %d", conn->channel);
+        else
+            snprintf(where, sizeof(where), "point-to-point");
+        WARN("rank %d (%s, pid %d) %s (rank %d was %s it over shm, %s, step %llu)", conn->peer,
+             host, sc->peer_pid, why, comm ? comm->rank : -1,
+             conn->is_send ? "sending to" : "receiving from", where,
+             (unsigned long long)conn->step);
+    }
+    sc->failed = 1;
+    return ncclRemoteError;
+}
+
+ncclResult_t shm_idle_check(chorus_conn_t *conn, shm_conn_t *sc) {
+    if (++sc->idle_polls < SHM_IDLE_POLLS_PER_CLOCK) return ncclSuccess;
+    sc->idle_polls = 0;
+    uint64_t now = chorus_now_ns();
+    if (now < sc->next_check_ns) return ncclSuccess;
+    sc->next_check_ns = now + SHM_LIVENESS_PERIOD_NS;
+    shm_ctrl_t *c = sc->ctrl;
+    _Atomic uint32_t *peer_closed = sc->is_send ? &c->recv_closed : &c->send_closed;
+    if (atomic_load_explicit(peer_closed, memory_order_acquire))
+        return shm_peer_failed(conn, sc, "closed the connection while data was still expected");
+    if (!shm_segment_peer_alive(sc))
+        return shm_peer_failed(conn, sc, "died: it no longer holds its end of the connection "
+                                         "(process exited or was killed)");
+    return ncclSuccess;
+}
+
+static ncclResult_t shm_send_acquire(chorus_conn_t *conn, void **slot_p, int *ready_p) {
+    shm_conn_t *sc = conn->priv;
+    if (__builtin_expect(sc->failed, 0)) return ncclRemoteError;
+    uint64_t step = conn->step;
+    uint32_t nslots = (uint32_t)conn->nslots;
+    if (step - sc->cached >= nslots) {
+        sc->cached = atomic_load_explicit(&sc->ctrl->head, memory_order_acquire);
+        if (step - sc->cached >= nslots) {
+            *ready_p = 0;
+            return shm_idle_check(conn, sc);
+        }
+    }
+    sc->idle_polls = 0;
+    *slot_p = sc->data + (size_t)(step % nslots) * conn->slot_bytes;
+    *ready_p = 1;
+    return ncclSuccess;
+}
+
+static inline void shm_publish(chorus_conn_t *conn, shm_conn_t *sc, uint64_t src, size_t bytes,
+                               uint32_t flags) {
+    shm_slot_hdr_t *h = &sc->ctrl->slots[conn->step % (uint32_t)conn->nslots];
+    h->bytes = bytes;
+    h->src = src;
+    h->flags = flags;
+    conn->step++;
+    atomic_store_explicit(&sc->ctrl->tail, conn->step, memory_order_release);
+}
+
+static ncclResult_t shm_send_commit(chorus_conn_t *conn, size_t bytes) {
+    shm_conn_t *sc = conn->priv;
+    if (__builtin_expect(bytes > conn->slot_bytes, 0)) {
+        WARN("shm: chunk of %zu bytes to rank %d exceeds the slot size %zu", bytes, conn->peer,
+             conn->slot_bytes);
+        return ncclInternalError;
+    }
+    shm_publish(conn, sc, 0, bytes, 0);
+    return ncclSuccess;
+}
+
+static ncclResult_t shm_send_commit_direct(chorus_conn_t *conn, const void *src, size_t bytes) {
+    shm_conn_t *sc = conn->priv;
+    if (__builtin_expect(sc->cma == SHM_CMA_ON || sc->cma == SHM_CMA_SAME_PROCESS, 1)) {
+        shm_publish(conn, sc, (uint64_t)(uintptr_t)src, bytes, SHM_SLOT_DIRECT);
+        return ncclSuccess;
+    }
+    /* No single copy on this connection: a chunk that fits still goes, through the slot that
+     * send_acquire handed out. */
+    if (bytes > conn->slot_bytes) {
+        WARN("shm: direct chunk of %zu bytes to rank %d, but single copy is off on this "
+             "connection (check conn->direct)",
+             bytes, conn->peer);
+        return ncclInternalError;
+    }
+    memcpy(sc->data + (size_t)(conn->step % (uint32_t)conn->nslots) * conn->slot_bytes, src, bytes);
+    shm_publish(conn, sc, 0, bytes, 0);
+    return ncclSuccess;
+}
+
+static ncclResult_t shm_send_drained(chorus_conn_t *conn, int *done_p) {
+    shm_conn_t *sc = conn->priv;
+    if (__builtin_expect(sc->failed, 0)) return ncclRemoteError;
+    sc->cached = atomic_load_explicit(&sc->ctrl->head, memory_order_acquire);
+    *done_p = sc->cached == conn->step;
+    if (*done_p) {
+        sc->idle_polls = 0;
+        return ncclSuccess;
+    }
+    return shm_idle_check(conn, sc);
+}
+
+static ncclResult_t shm_recv_peek(chorus_conn_t *conn, const void **data_p, size_t *bytes_p,
+                                  int *ready_p) {
+    shm_conn_t *sc = conn->priv;
+    if (__builtin_expect(sc->failed, 0)) return ncclRemoteError;
+    uint64_t step = conn->step;
+    if (sc->cached <= step) {
+        sc->cached = atomic_load_explicit(&sc->ctrl->tail, memory_order_acquire);
+        if (sc->cached <= step) {
+            *ready_p = 0;
+            return shm_idle_check(conn, sc);
+        }
+    }
+    sc->idle_polls = 0;
+    uint32_t slot = (uint32_t)(step % (uint32_t)conn->nslots);
+    const shm_slot_hdr_t *h = &sc->ctrl->slots[slot];
+    *bytes_p = h->bytes;
+    *data_p = (h->flags & SHM_SLOT_DIRECT) ? NULL : sc->data + (size_t)slot * conn->slot_bytes;
+    *ready_p = 1;
+    return ncclSuccess;
+}
+
+static ncclResult_t shm_recv_copy(chorus_conn_t *conn, void *dst, size_t bytes) {
+    shm_conn_t *sc = conn->priv;
+    uint32_t slot = (uint32_t)(conn->step % (uint32_t)conn->nslots);
+    const shm_slot_hdr_t *h = &sc->ctrl->slots[slot];
+    if (__builtin_expect(bytes > h->bytes, 0)) {
+        WARN("shm: copy of %zu bytes from rank %d, but the chunk holds %llu", bytes, conn->peer,
+             (unsigned long long)h->bytes);
+        return ncclInternalError;
+    }
+    if (h->flags & SHM_SLOT_DIRECT) return shm_cma_read(conn, sc, dst, h->src, bytes);
+    memcpy(dst, sc->data + (size_t)slot * conn->slot_bytes, bytes);
+    return ncclSuccess;
+}
+
+static ncclResult_t shm_recv_release(chorus_conn_t *conn) {
+    shm_conn_t *sc = conn->priv;
+    conn->step++;
+    atomic_store_explicit(&sc->ctrl->head, conn->step, memory_order_release);
+    return ncclSuccess;
+}
+
+const chorus_transport_ops_t shm_transport_ops = {
+    .name = "shm",
+    .abi_version = TRANSPORT_ABI_VERSION,
+    .caps = TRANSPORT_CAP_HOST_MEM | TRANSPORT_CAP_DIRECT,
+    .can_connect = shm_can_connect,
+    .setup = shm_setup,
+    .connect = shm_connect,
+    .send_acquire = shm_send_acquire,
+    .send_commit = shm_send_commit,
+    .send_commit_direct = shm_send_commit_direct,
+    .send_drained = shm_send_drained,
+    .recv_peek = shm_recv_peek,
+    .recv_copy = shm_recv_copy,
+    .recv_release = shm_recv_release,
+    .progress = transport_stub_progress,
+    .close = shm_close,
+};

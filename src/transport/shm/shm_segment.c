@@ -1,0 +1,197 @@
+/*
+ * shm_segment.c: the shared-memory segment behind one connection.
+ *
+ * The receiver creates it: shm_open with O_EXCL and mode 0600 under a name that holds "chorus",
+ * its pid and 64 random bits, sizes it, binds the range to its NUMA node (MPOL_PREFERRED through
+ * the mbind syscall, so no libnuma is needed) and touches every page itself, so the pages are
+ * first-touched on its node even where mbind is not available. The sender maps the same name and
+ * unlinks it right away; the receiver unlinks it again at connect and at close (ENOENT is fine),
+ * so once both ends have mapped it nothing is left in /dev/shm even if both then crash.
+ *
+ * Each end keeps the fd open and holds an open-file-description write lock on its own byte (see
+ * shm.h): shm_segment_peer_alive() asks the kernel whether the peer's lock still exists.
+ */
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "check.h"
+#include "core.h"
+#include "shm.h"
+
+#ifndef MPOL_PREFERRED
+#define MPOL_PREFERRED 1
+#endif
+
+size_t shm_ctrl_bytes(int nslots) {
+    size_t bytes = sizeof(shm_ctrl_t) + (size_t)nslots * sizeof(shm_slot_hdr_t);
+    return CHORUS_ALIGN_UP(bytes, (size_t)4096);
+}
+
+static ncclResult_t shm_lock_byte(shm_conn_t *sc, int byte) {
+    struct flock fl;
+    memset(&fl, 0, sizeof(fl));
+    fl.l_type = F_WRLCK;
+    fl.l_whence = SEEK_SET;
+    fl.l_start = byte;
+    fl.l_len = 1;
+    if (fcntl(sc->fd, F_OFD_SETLK, &fl) == 0) {
+        sc->locked = 1;
+    } else {
+        /* Not fatal: liveness then falls back to kill(pid, 0) (see shm_segment_peer_alive). */
+        INFO(SUB_SHM, "shm: cannot lock %s: %s; peer liveness uses the pid", sc->name,
+             strerror(errno));
+    }
+    return ncclSuccess;
+}
+
+static void shm_make_name(char *name, size_t len) {
+    uint64_t rnd = 0;
+    if (getrandom(&rnd, sizeof(rnd), GRND_NONBLOCK) != (ssize_t)sizeof(rnd)) {
+        /* Entropy pool not ready (early boot): O_EXCL still guarantees uniqueness. */
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        rnd = (uint64_t)ts.tv_nsec * 0x9e3779b97f4a7c15ull ^ (uint64_t)(uintptr_t)name;
+    }
+    snprintf(name, len, "/chorus-shm-%d-%016llx", (int)getpid(), (unsigned long long)rnd);
+}
+
+static void shm_bind_numa(void *addr, size_t bytes, int numa_node) {
+    if (numa_node < 0 || numa_node >= 64) return;
+    unsigned long mask = 1ul << numa_node;
+    if (syscall(SYS_mbind, addr, bytes, MPOL_PREFERRED, &mask, 64ul, 0u) != 0) {
+        INFO(SUB_SHM, "shm: mbind to NUMA node %d failed (%s); relying on first touch", numa_node,
+             strerror(errno));
+    }
+}
+
+ncclResult_t shm_segment_create(shm_conn_t *sc, int nslots, size_t slot_bytes, int numa_node) {
+    size_t ctrl_bytes = shm_ctrl_bytes(nslots);
+    size_t map_bytes = ctrl_bytes + (size_t)nslots * slot_bytes;
+    int fd = -1;
+    for (int attempt = 0; attempt < 8 && fd < 0; attempt++) {
+        shm_make_name(sc->name, sizeof(sc->name));
+        fd = shm_open(sc->name, O_RDWR | O_CREAT | O_EXCL, 0600);
+        if (fd < 0 && errno != EEXIST) break;
+    }
+    if (fd < 0) {
+        WARN("shm_open %s failed: %s", sc->name, strerror(errno));
+        return ncclSystemError;
+    }
+    sc->fd = fd;
+    sc->name_linked = 1;
+    /* ftruncate on tmpfs does not reserve pages; posix_fallocate does, so a /dev/shm that is too
+     * small (containers) fails here with a clear message instead of SIGBUS in the data path. */
+    int err = posix_fallocate(fd, 0, (off_t)map_bytes);
+    if (err != 0) {
+        WARN("cannot extend %s to %zu bytes: %s (is /dev/shm too small?)", sc->name, map_bytes,
+             strerror(err));
+        goto err_unlink;
+    }
+    void *p = mmap(NULL, map_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) {
+        WARN("mmap of %s (%zu bytes) failed: %s", sc->name, map_bytes, strerror(errno));
+        goto err_unlink;
+    }
+    sc->map_bytes = map_bytes;
+    sc->ctrl = (shm_ctrl_t *)p;
+    sc->data = (char *)p + ctrl_bytes;
+    shm_bind_numa(p, map_bytes, numa_node);
+    /* First touch by the receiver: pages land on its node and the data path takes no faults. */
+    memset(p, 0, map_bytes);
+    shm_ctrl_t *c = sc->ctrl;
+    c->magic = SHM_CTRL_MAGIC;
+    c->nslots = (uint32_t)nslots;
+    c->slot_bytes = slot_bytes;
+    c->data_offset = ctrl_bytes;
+    c->recv_pid = (uint32_t)getpid();
+    atomic_store_explicit(&c->tail, 0, memory_order_relaxed);
+    atomic_store_explicit(&c->head, 0, memory_order_relaxed);
+    atomic_store_explicit(&c->cma_state, SHM_CMA_UNDECIDED, memory_order_release);
+    CHECK(shm_lock_byte(sc, SHM_LOCK_RECV_BYTE));
+    return ncclSuccess;
+
+err_unlink:
+    shm_unlink(sc->name);
+    sc->name_linked = 0;
+    close(fd);
+    sc->fd = -1;
+    return ncclSystemError;
+}
+
+ncclResult_t shm_segment_attach(shm_conn_t *sc, const shm_recv_blob_t *rb) {
+    memcpy(sc->name, rb->name, sizeof(sc->name));
+    sc->name[sizeof(sc->name) - 1] = '\0';
+    int fd = shm_open(sc->name, O_RDWR, 0600);
+    if (fd < 0) {
+        WARN("shm_open %s (created by pid %u) failed: %s", sc->name, rb->pid, strerror(errno));
+        return ncclSystemError;
+    }
+    struct stat st;
+    if (fstat(fd, &st) != 0 || (uint64_t)st.st_size < rb->map_bytes) {
+        WARN("shm segment %s is %lld bytes, expected %llu", sc->name, (long long)st.st_size,
+             (unsigned long long)rb->map_bytes);
+        close(fd);
+        return ncclSystemError;
+    }
+    void *p = mmap(NULL, rb->map_bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+    if (p == MAP_FAILED) {
+        WARN("mmap of %s (%llu bytes) failed: %s", sc->name, (unsigned long long)rb->map_bytes,
+             strerror(errno));
+        close(fd);
+        return ncclSystemError;
+    }
+    /* Both ends have it mapped now: the name is no longer needed. */
+    if (shm_unlink(sc->name) != 0 && errno != ENOENT)
+        INFO(SUB_SHM, "shm_unlink %s: %s", sc->name, strerror(errno));
+    sc->fd = fd;
+    sc->map_bytes = rb->map_bytes;
+    sc->ctrl = (shm_ctrl_t *)p;
+    if (sc->ctrl->magic != SHM_CTRL_MAGIC || sc->ctrl->nslots != rb->nslots ||
+        sc->ctrl->slot_bytes != rb->slot_bytes) {
+        WARN("shm segment %s has a bad control header", sc->name);
+        shm_segment_destroy(sc);
+        return ncclSystemError;
+    }
+    sc->data = (char *)p + sc->ctrl->data_offset;
+    CHECK(shm_lock_byte(sc, SHM_LOCK_SEND_BYTE));
+    atomic_store_explicit(&sc->ctrl->send_mapped, 1, memory_order_release);
+    return ncclSuccess;
+}
+
+void shm_segment_unlink(shm_conn_t *sc) {
+    if (!sc->name_linked) return;
+    if (shm_unlink(sc->name) != 0 && errno != ENOENT)
+        INFO(SUB_SHM, "shm_unlink %s: %s", sc->name, strerror(errno));
+    sc->name_linked = 0;
+}
+
+void shm_segment_destroy(shm_conn_t *sc) {
+    shm_segment_unlink(sc);
+    if (sc->ctrl) munmap(sc->ctrl, sc->map_bytes);
+    sc->ctrl = NULL;
+    sc->data = NULL;
+    /* Closing the fd drops our lock: the peer's next liveness probe sees us gone. */
+    if (sc->fd >= 0) close(sc->fd);
+    sc->fd = -1;
+}
+
+int shm_segment_peer_alive(shm_conn_t *sc) {
+    struct flock fl;
+    memset(&fl, 0, sizeof(fl));
+    fl.l_type = F_WRLCK;
+    fl.l_whence = SEEK_SET;
+    fl.l_start = sc->is_send ? SHM_LOCK_RECV_BYTE : SHM_LOCK_SEND_BYTE;
+    fl.l_len = 1;
+    if (sc->locked && fcntl(sc->fd, F_OFD_GETLK, &fl) == 0) return fl.l_type != F_UNLCK;
+    /* No OFD locks here: fall back to the pid (meaningful in the same pid namespace only). */
+    if (sc->peer_pid > 0 && kill(sc->peer_pid, 0) != 0 && errno == ESRCH) return 0;
+    return 1;
+}

@@ -1,0 +1,204 @@
+/*
+ * tcp.h: private header of the TCP transport (tcp_transport_ops).
+ *
+ * A TCP connection is one-way. The receiver listens on an ephemeral port of its net_addr and puts
+ * the address and a random connection id in its setup blob; the sender opens nsocks sockets to it
+ * and presents, on each, a handshake with the communicator's secret, its rank, the connection id
+ * and the socket index. Wrong handshakes are closed; the right ones are acknowledged.
+ *
+ * Data path. Both ends keep nslots slots of slot_bytes in local memory. The sender commits step s
+ * into slot s % nslots; its chunk is cut into up to nsocks pieces (each >= SOCKET_MIN_SPLIT) that
+ * go, each behind a small header (step, total, offset, len), on sockets (s + j) % nsocks. A socket
+ * is driven by exactly one thread (a helper thread, or with SOCKET_NTHREADS=0 the caller inside the
+ * data-path calls), so per-socket state needs no lock. The receiver reads a header, waits until
+ * slot step % nslots is released by the consumer (leaving the bytes in the kernel, so TCP flow
+ * control holds the sender back), reads the payload straight into the slot and, when the last piece
+ * of a step lands, publishes the step. The sender reuses a slot only once every piece of its previous
+ * step was handed to the kernel. Files:
+ *   tcp_socket.c   socket helpers: options, listen, connect, exact reads/writes with a deadline
+ *   tcp_setup.c    can_connect, setup, connect (handshake, accept loop), close, the ops table
+ *   tcp_conn.c     the data-path ops (acquire/commit/drained, peek/release, progress)
+ *   tcp_worker.c   per-socket send/receive state machines, helper threads, the futex event
+ */
+#ifndef CHORUS_TRANSPORT_TCP_H_
+#define CHORUS_TRANSPORT_TCP_H_
+
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "bootstrap.h"
+#include "nccl.h"
+#include "transport.h"
+
+#define TCP_MAX_SOCKS 64
+#define TCP_MAX_THREADS 16
+#define TCP_STAGE_BYTES 4096 /* receive staging for headers and small payloads, per socket */
+#define TCP_PIECE_ALIGN 4096 /* piece boundaries inside a chunk */
+
+#define TCP_BLOB_MAGIC 0x54435042u      /* "TCPB" */
+#define TCP_HANDSHAKE_MAGIC 0x43484f5255535443ull /* "CHORUSTC" */
+#define TCP_ACK_MAGIC 0x4143484f52555321ull
+#define TCP_HDR_DATA 0x44415441u  /* "DATA" */
+#define TCP_HDR_CLOSE 0x434c4f53u /* "CLOS": the sender closes cleanly */
+
+/* What the receiver's setup() publishes. */
+typedef struct {
+    uint32_t magic;
+    uint32_t is_send;
+    chorus_sockaddr_t addr; /* receiver: where to connect */
+    uint64_t conn_id;       /* receiver: must come back in every handshake */
+    uint32_t nsocks;        /* sender: how many sockets it will open */
+    uint32_t nslots;
+    uint64_t slot_bytes;
+    int32_t rank;
+} tcp_blob_t;
+
+/* First bytes the sender writes on every socket. */
+typedef struct {
+    uint64_t magic;
+    uint64_t secret;
+    uint64_t conn_id;
+    int32_t rank;
+    uint32_t index;
+    uint32_t nsocks;
+    uint32_t pad;
+} tcp_handshake_t;
+
+/* Header in front of every piece. */
+typedef struct {
+    uint64_t step;
+    uint32_t total;  /* bytes of the whole chunk */
+    uint32_t offset; /* of this piece inside the chunk */
+    uint32_t len;
+    uint32_t kind; /* TCP_HDR_DATA or TCP_HDR_CLOSE */
+} tcp_hdr_t;
+
+/* A futex-backed event count: a waker bumps seq and makes a syscall only when someone sleeps. */
+typedef struct {
+    uint32_t seq;
+    uint32_t waiters;
+} tcp_event_t;
+
+enum { TCP_RX_HDR = 0, TCP_RX_SLOT, TCP_RX_DATA, TCP_RX_DONE };
+
+/* Result bits of one pass of a socket state machine. */
+enum {
+    TCP_SOCK_DID = 1,     /* moved bytes or finished a piece */
+    TCP_SOCK_BLOCKED = 2, /* the kernel is full (send) or empty (recv): poll the fd */
+    TCP_SOCK_IDLE = 4,    /* waiting for the caller: a commit (send) or a free slot (recv) */
+    TCP_SOCK_CLOSED = 8,  /* the peer closed cleanly (recv) */
+    TCP_SOCK_FAIL = 16,   /* the connection failed; the error is recorded on the connection */
+};
+
+typedef struct {
+    int fd;
+    int index;
+    /* sender state */
+    uint64_t cursor; /* next step this socket looks at */
+    int busy;        /* a piece is being written */
+    tcp_hdr_t hdr;
+    size_t hdr_done, data_done;
+    const char *data;
+    /* receiver state */
+    int rstate;
+    tcp_hdr_t rhdr;
+    size_t rdata_got;
+    uint64_t rlast_step;
+    size_t stage_pos, stage_len;
+    char stage[TCP_STAGE_BYTES];
+} __attribute__((aligned(64))) tcp_sock_t;
+
+struct tcp_conn;
+typedef struct {
+    struct tcp_conn *tc;
+    int index;
+    pthread_t thread;
+    int started;
+    tcp_event_t ev; /* sender: commits for this thread's sockets */
+} __attribute__((aligned(64))) tcp_thread_t;
+
+typedef struct tcp_conn {
+    chorus_conn_t *conn;
+    struct ncclComm *comm;
+    int is_send;
+    int rank, peer;
+    int nslots;
+    size_t slot_bytes;
+    char *slots;
+    size_t min_split;
+    char peer_str[80]; /* "10.0.0.2:4711" */
+    char ifname[16];
+
+    /* setup */
+    int listen_fd;
+    uint64_t conn_id;
+    chorus_sockaddr_t listen_addr;
+    chorus_sockaddr_t peer_addr;
+    int nsocks;
+    tcp_sock_t *socks;
+
+    /* sender: head is written by the caller and read by the threads; sent is the caller's */
+    uint64_t head, sent;
+    uint32_t *slot_size, *slot_npieces, *slot_done;
+    /* receiver: released is written by the caller; the rest by the threads */
+    uint64_t released;
+    uint64_t *slot_ready; /* step + 1 once the step is complete */
+    uint64_t *slot_recvd; /* bytes landed for the step in the slot */
+    uint32_t *slot_rsize;
+    tcp_event_t release_ev;
+    int closed_socks;
+
+    int nthreads;
+    tcp_thread_t *threads;
+    int stop_fd; /* eventfd: wakes threads blocked in poll() at close */
+    int stop;
+
+    int error; /* ncclResult_t, first failure wins */
+    int warned;
+} tcp_conn_t;
+
+/* tcp_socket.c */
+const char *tcp_addr_str(const chorus_sockaddr_t *a, char *buf, int len);
+socklen_t tcp_addr_len(const chorus_sockaddr_t *a);
+ncclResult_t tcp_socket_tune(int fd);
+ncclResult_t tcp_socket_listen(const chorus_sockaddr_t *local, int backlog, int *fd_p,
+                               chorus_sockaddr_t *bound_p);
+/* Connect within the deadline, retrying refused attempts; the socket is nonblocking. */
+ncclResult_t tcp_socket_connect(const chorus_sockaddr_t *addr, uint64_t deadline_ns,
+                                volatile int *abort_flag, int *fd_p);
+/* Write/read exactly len bytes on a nonblocking socket, polling until the deadline. */
+ncclResult_t tcp_socket_write_all(int fd, const void *buf, size_t len, uint64_t deadline_ns,
+                                  volatile int *abort_flag);
+ncclResult_t tcp_socket_read_all(int fd, void *buf, size_t len, uint64_t deadline_ns,
+                                 volatile int *abort_flag);
+uint64_t tcp_random_u64(void);
+
+/* tcp_worker.c */
+void tcp_event_signal(tcp_event_t *ev);
+void tcp_event_wait(tcp_event_t *ev, uint32_t seen, int timeout_ms);
+/* Pieces a chunk of `bytes` is cut into, and the size of each but the last. */
+uint32_t tcp_split(const tcp_conn_t *tc, size_t bytes, size_t *piece_p);
+int tcp_sock_send_pass(tcp_conn_t *tc, tcp_sock_t *s);
+int tcp_sock_recv_pass(tcp_conn_t *tc, tcp_sock_t *s);
+/* Run every socket once in the caller's thread (SOCKET_NTHREADS=0). */
+void tcp_drive_all(tcp_conn_t *tc);
+ncclResult_t tcp_threads_start(tcp_conn_t *tc);
+void tcp_threads_stop(tcp_conn_t *tc);
+/* Record the first failure of a connection; WARNs once. */
+void tcp_conn_fail(tcp_conn_t *tc, ncclResult_t res, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* tcp_setup.c: the control-path ops (the data-path ops live in tcp_conn.c). */
+ncclResult_t tcp_can_connect(struct ncclComm *comm, const chorus_locality_t *self,
+                             const chorus_locality_t *peer, int *ok_p);
+ncclResult_t tcp_setup(chorus_conn_t *conn, void *blob, size_t *blob_bytes_p);
+ncclResult_t tcp_connect(chorus_conn_t *conn, const void *peer_blob, size_t peer_blob_bytes);
+void tcp_close(chorus_conn_t *conn);
+
+/* Test hook: shut one socket of a connection down as if the network had cut it. */
+ncclResult_t tcp_test_shutdown_socket(chorus_conn_t *conn, int index);
+
+extern const chorus_transport_ops_t tcp_transport_ops;
+
+#endif

@@ -1,0 +1,169 @@
+/*
+ * tcp_conn.c: the data-path operations of the TCP transport (see tcp.h for the protocol).
+ *
+ * The caller's side of a connection is single-threaded (one progress engine drives a connection),
+ * so head/sent (sender) and released (receiver) need only release stores for the helper threads to
+ * see them. Every call first looks at the connection's sticky error, so a failure found by a helper
+ * thread reaches the caller on its next acquire/peek/progress. With SOCKET_NTHREADS=0 there are no
+ * helper threads and these calls run the socket state machines themselves (nonblocking).
+ */
+#include <string.h>
+
+#include "check.h"
+#include "comm.h"
+#include "tcp.h"
+
+#define LOAD_ACQ(p) __atomic_load_n((p), __ATOMIC_ACQUIRE)
+#define STORE_REL(p, v) __atomic_store_n((p), (v), __ATOMIC_RELEASE)
+
+static inline ncclResult_t tcp_check_error(tcp_conn_t *tc) {
+    int e = LOAD_ACQ(&tc->error);
+    return (ncclResult_t)e;
+}
+
+/* Give back the slots whose every piece the kernel has taken. */
+static inline void tcp_send_reclaim(tcp_conn_t *tc) {
+    while (tc->sent < tc->head) {
+        int slot = (int)(tc->sent % (uint64_t)tc->nslots);
+        if (LOAD_ACQ(&tc->slot_done[slot]) < tc->slot_npieces[slot]) break;
+        tc->slot_done[slot] = 0;
+        tc->sent++;
+    }
+}
+
+static ncclResult_t tcp_send_acquire(chorus_conn_t *conn, void **slot_p, int *ready_p) {
+    tcp_conn_t *tc = conn->priv;
+    *ready_p = 0;
+    CHECK(tcp_check_error(tc));
+    tcp_send_reclaim(tc);
+    if (tc->head - tc->sent >= (uint64_t)tc->nslots && tc->nthreads == 0) {
+        tcp_drive_all(tc);
+        CHECK(tcp_check_error(tc));
+        tcp_send_reclaim(tc);
+    }
+    if (tc->head - tc->sent >= (uint64_t)tc->nslots) return ncclSuccess;
+    *slot_p = tc->slots + (size_t)(tc->head % (uint64_t)tc->nslots) * tc->slot_bytes;
+    *ready_p = 1;
+    return ncclSuccess;
+}
+
+static ncclResult_t tcp_send_commit(chorus_conn_t *conn, size_t bytes) {
+    tcp_conn_t *tc = conn->priv;
+    CHECK(tcp_check_error(tc));
+    if (bytes > tc->slot_bytes || tc->head - tc->sent >= (uint64_t)tc->nslots) {
+        WARN("tcp: commit of %zu bytes to rank %d does not fit (slot %zu bytes, %llu in flight)",
+             bytes, tc->peer, tc->slot_bytes, (unsigned long long)(tc->head - tc->sent));
+        return ncclInternalError;
+    }
+    uint64_t step = tc->head;
+    int slot = (int)(step % (uint64_t)tc->nslots);
+    size_t piece;
+    uint32_t k = tcp_split(tc, bytes, &piece);
+    tc->slot_size[slot] = (uint32_t)bytes;
+    tc->slot_npieces[slot] = k;
+    STORE_REL(&tc->head, step + 1);
+    conn->step = step + 1;
+    if (tc->nthreads == 0) {
+        tcp_drive_all(tc);
+        return tcp_check_error(tc);
+    }
+    /* Wake the threads that own a socket carrying a piece of this step. */
+    int first = (int)(step % (uint64_t)tc->nsocks);
+    if ((int)k >= tc->nthreads) {
+        for (int t = 0; t < tc->nthreads; t++) tcp_event_signal(&tc->threads[t].ev);
+    } else {
+        for (uint32_t j = 0; j < k; j++)
+            tcp_event_signal(&tc->threads[(first + (int)j) % tc->nsocks % tc->nthreads].ev);
+    }
+    return ncclSuccess;
+}
+
+static ncclResult_t tcp_send_drained(chorus_conn_t *conn, int *done_p) {
+    tcp_conn_t *tc = conn->priv;
+    *done_p = 0;
+    CHECK(tcp_check_error(tc));
+    if (tc->nthreads == 0) {
+        tcp_drive_all(tc);
+        CHECK(tcp_check_error(tc));
+    }
+    tcp_send_reclaim(tc);
+    *done_p = tc->sent == tc->head;
+    return ncclSuccess;
+}
+
+/* The sender closed every socket cleanly but the step we wait for never came. */
+static ncclResult_t tcp_recv_closed(tcp_conn_t *tc) {
+    tcp_conn_fail(tc, ncclRemoteError, "connection closed by peer before step %llu arrived",
+                  (unsigned long long)tc->released);
+    return ncclRemoteError;
+}
+
+static ncclResult_t tcp_recv_peek(chorus_conn_t *conn, const void **data_p, size_t *bytes_p,
+                                  int *ready_p) {
+    tcp_conn_t *tc = conn->priv;
+    *ready_p = 0;
+    uint64_t step = tc->released;
+    int slot = (int)(step % (uint64_t)tc->nslots);
+    if (LOAD_ACQ(&tc->slot_ready[slot]) != step + 1) {
+        CHECK(tcp_check_error(tc));
+        if (tc->nthreads == 0) tcp_drive_all(tc);
+        if (LOAD_ACQ(&tc->slot_ready[slot]) != step + 1) {
+            CHECK(tcp_check_error(tc));
+            if (LOAD_ACQ(&tc->closed_socks) == tc->nsocks) return tcp_recv_closed(tc);
+            return ncclSuccess;
+        }
+    }
+    /* A complete step is delivered even if the connection failed after it arrived. */
+    *data_p = tc->slots + (size_t)slot * tc->slot_bytes;
+    *bytes_p = tc->slot_rsize[slot];
+    *ready_p = 1;
+    return ncclSuccess;
+}
+
+static ncclResult_t tcp_recv_release(chorus_conn_t *conn) {
+    tcp_conn_t *tc = conn->priv;
+    uint64_t step = tc->released;
+    int slot = (int)(step % (uint64_t)tc->nslots);
+    if (LOAD_ACQ(&tc->slot_ready[slot]) != step + 1) {
+        WARN("tcp: release of step %llu from rank %d that was not received",
+             (unsigned long long)step, tc->peer);
+        return ncclInternalError;
+    }
+    __atomic_store_n(&tc->slot_recvd[slot], 0, __ATOMIC_RELAXED);
+    STORE_REL(&tc->released, step + 1);
+    conn->step = step + 1;
+    if (tc->nthreads == 0)
+        tcp_drive_all(tc);
+    else
+        tcp_event_signal(&tc->release_ev);
+    return ncclSuccess;
+}
+
+static ncclResult_t tcp_progress(chorus_conn_t *conn) {
+    tcp_conn_t *tc = conn->priv;
+    if (tc == NULL) return ncclSuccess;
+    CHECK(tcp_check_error(tc));
+    if (tc->nthreads == 0) {
+        tcp_drive_all(tc);
+        CHECK(tcp_check_error(tc));
+    }
+    return ncclSuccess;
+}
+
+const chorus_transport_ops_t tcp_transport_ops = {
+    .name = "tcp",
+    .abi_version = TRANSPORT_ABI_VERSION,
+    .caps = TRANSPORT_CAP_HOST_MEM | TRANSPORT_CAP_INTER_HOST | TRANSPORT_CAP_PROXY,
+    .can_connect = tcp_can_connect,
+    .setup = tcp_setup,
+    .connect = tcp_connect,
+    .send_acquire = tcp_send_acquire,
+    .send_commit = tcp_send_commit,
+    .send_commit_direct = transport_stub_commit_direct,
+    .send_drained = tcp_send_drained,
+    .recv_peek = tcp_recv_peek,
+    .recv_copy = transport_stub_recv_copy,
+    .recv_release = tcp_recv_release,
+    .progress = tcp_progress,
+    .close = tcp_close,
+};

@@ -1,0 +1,408 @@
+/*
+ * tcp_setup.c: creating and closing TCP connections.
+ *
+ * setup() runs on both ends before the blobs cross the bootstrap. The receiver opens its listening
+ * socket there (so it is up before the sender can try to connect) and publishes its address and a
+ * random connection id; the sender publishes how many sockets it will open. connect() then opens
+ * the sockets: the sender connects each one and writes a handshake (magic, the communicator's
+ * secret, its rank, the connection id, the socket index); the receiver accepts, reads handshakes of
+ * all pending sockets side by side (a stray client that sends nothing cannot stall the real ones),
+ * closes any with a wrong secret, id, rank or index, and acknowledges the right ones. Both ends
+ * wait against CHORUS_TIMEOUT and the abort flag. close() stops and joins the helper threads; a
+ * sender then tells the receiver, on every socket, that it closes cleanly.
+ */
+#include <errno.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "check.h"
+#include "comm.h"
+#include "param.h"
+#include "tcp.h"
+#include "waiter.h"
+
+#define TCP_MAX_PENDING 32
+
+ncclResult_t tcp_can_connect(struct ncclComm *comm, const chorus_locality_t *self,
+                             const chorus_locality_t *peer, int *ok_p) {
+    int fam_self = self->net_addr.sa.sa_family, fam_peer = peer->net_addr.sa.sa_family;
+    *ok_p = (fam_self == AF_INET || fam_self == AF_INET6) && fam_self == fam_peer;
+    return ncclSuccess;
+}
+
+static ncclResult_t tcp_conn_alloc(chorus_conn_t *conn, tcp_conn_t **tc_p) {
+    tcp_conn_t *tc = calloc(1, sizeof(*tc));
+    if (tc == NULL) {
+        WARN("tcp: out of memory for a connection");
+        return ncclSystemError;
+    }
+    tc->conn = conn;
+    tc->comm = conn->comm;
+    tc->is_send = conn->is_send;
+    tc->rank = conn->comm->rank;
+    tc->peer = conn->peer;
+    tc->listen_fd = -1;
+    tc->stop_fd = -1;
+    if (conn->nslots <= 0) conn->nslots = (int)chorus_param_int(PARAM_NSLOTS);
+    if (conn->nslots <= 0) conn->nslots = 8;
+    if (conn->slot_bytes == 0) {
+        int64_t buf = chorus_param_int(PARAM_BUFFSIZE);
+        conn->slot_bytes = buf > 0 ? (size_t)buf / (size_t)conn->nslots : (size_t)1 << 19;
+        conn->slot_bytes &= ~(size_t)63;
+        if (conn->slot_bytes == 0) conn->slot_bytes = 64;
+    }
+    if (conn->slot_bytes > UINT32_MAX) {
+        WARN("tcp: slot of %zu bytes is too large (limit 4 GiB)", conn->slot_bytes);
+        free(tc);
+        return ncclInvalidArgument;
+    }
+    tc->nslots = conn->nslots;
+    tc->slot_bytes = conn->slot_bytes;
+    int64_t split = chorus_param_int(PARAM_SOCKET_MIN_SPLIT);
+    tc->min_split = split > 0 ? (size_t)split : 65536;
+    int64_t nthreads = chorus_param_int(PARAM_SOCKET_NTHREADS);
+    if (nthreads < 0) nthreads = 0;
+    if (nthreads > TCP_MAX_THREADS) nthreads = TCP_MAX_THREADS;
+    tc->nthreads = (int)nthreads;
+    snprintf(tc->peer_str, sizeof(tc->peer_str), "(not connected)");
+
+    const chorus_locality_t *self = &conn->comm->peers[conn->comm->rank];
+    snprintf(tc->ifname, sizeof(tc->ifname), "%s", self->net_ifname[0] ? self->net_ifname : "?");
+    snprintf(conn->desc, sizeof(conn->desc), "TCP/%s", tc->ifname);
+    *tc_p = tc;
+    return ncclSuccess;
+}
+
+/* Slots, per-slot counters, sockets and threads, once nsocks is known. */
+static ncclResult_t tcp_conn_alloc_data(tcp_conn_t *tc) {
+    size_t n = (size_t)tc->nslots;
+    if (tc->nthreads > tc->nsocks) tc->nthreads = tc->nsocks;
+    if (posix_memalign((void **)&tc->slots, 4096, n * tc->slot_bytes) != 0) tc->slots = NULL;
+    tc->slot_size = calloc(n, sizeof(uint32_t));
+    tc->slot_npieces = calloc(n, sizeof(uint32_t));
+    tc->slot_done = calloc(n, sizeof(uint32_t));
+    tc->slot_ready = calloc(n, sizeof(uint64_t));
+    tc->slot_recvd = calloc(n, sizeof(uint64_t));
+    tc->slot_rsize = calloc(n, sizeof(uint32_t));
+    if (posix_memalign((void **)&tc->socks, 64, (size_t)tc->nsocks * sizeof(tcp_sock_t)) != 0)
+        tc->socks = NULL;
+    if (tc->nthreads > 0 &&
+        posix_memalign((void **)&tc->threads, 64, (size_t)tc->nthreads * sizeof(tcp_thread_t)) != 0)
+        tc->threads = NULL;
+    if (!tc->slots || !tc->slot_size || !tc->slot_npieces || !tc->slot_done || !tc->slot_ready ||
+        !tc->slot_recvd || !tc->slot_rsize || !tc->socks || (tc->nthreads > 0 && !tc->threads)) {
+        WARN("tcp: out of memory for %d slots of %zu bytes", tc->nslots, tc->slot_bytes);
+        return ncclSystemError;
+    }
+    memset(tc->socks, 0, (size_t)tc->nsocks * sizeof(tcp_sock_t));
+    for (int i = 0; i < tc->nsocks; i++) {
+        tc->socks[i].fd = -1;
+        tc->socks[i].index = i;
+    }
+    if (tc->nthreads > 0) memset(tc->threads, 0, (size_t)tc->nthreads * sizeof(tcp_thread_t));
+    tc->stop_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (tc->stop_fd < 0) {
+        WARN("tcp: eventfd failed: %s", strerror(errno));
+        return ncclSystemError;
+    }
+    return ncclSuccess;
+}
+
+ncclResult_t tcp_setup(chorus_conn_t *conn, void *blob, size_t *blob_bytes_p) {
+    tcp_conn_t *tc;
+    ncclResult_t res;
+    CHECK(tcp_conn_alloc(conn, &tc));
+    conn->priv = tc;
+    tcp_blob_t b;
+    memset(&b, 0, sizeof(b));
+    b.magic = TCP_BLOB_MAGIC;
+    b.is_send = (uint32_t)conn->is_send;
+    b.nslots = (uint32_t)tc->nslots;
+    b.slot_bytes = tc->slot_bytes;
+    b.rank = tc->rank;
+    if (conn->is_send) {
+        int64_t per = chorus_param_int(PARAM_NSOCKS_PERTHREAD);
+        if (per < 1) per = 1;
+        int64_t nsocks = (tc->nthreads > 0 ? tc->nthreads : 1) * per;
+        if (nsocks > TCP_MAX_SOCKS) nsocks = TCP_MAX_SOCKS;
+        tc->nsocks = (int)nsocks;
+        b.nsocks = (uint32_t)nsocks;
+    } else {
+        const chorus_locality_t *self = &conn->comm->peers[conn->comm->rank];
+        CHECK_GOTO(tcp_socket_listen(&self->net_addr, TCP_MAX_SOCKS, &tc->listen_fd,
+                                     &tc->listen_addr),
+                   res, err_free);
+        tc->conn_id = tcp_random_u64();
+        b.addr = tc->listen_addr;
+        b.conn_id = tc->conn_id;
+    }
+    if (*blob_bytes_p < sizeof(b)) {
+        WARN("tcp: setup blob of %zu bytes is too small (need %zu)", *blob_bytes_p, sizeof(b));
+        res = ncclInternalError;
+        goto err_free;
+    }
+    memcpy(blob, &b, sizeof(b));
+    *blob_bytes_p = sizeof(b);
+    return ncclSuccess;
+err_free:
+    tcp_close(conn);
+    return res;
+}
+
+/* ---- sender --------------------------------------------------------------------------------- */
+
+static ncclResult_t tcp_connect_send(tcp_conn_t *tc, const tcp_blob_t *b) {
+    chorus_waiter_t w;
+    volatile int *abort_flag = &tc->comm->abort_flag;
+    chorus_waiter_init(&w, abort_flag);
+    tc->peer_addr = b->addr;
+    tcp_addr_str(&b->addr, tc->peer_str, sizeof(tc->peer_str));
+    if (b->slot_bytes < tc->slot_bytes) {
+        WARN("tcp: rank %d (%s) has slots of %llu bytes, smaller than ours (%zu)", tc->peer,
+             tc->peer_str, (unsigned long long)b->slot_bytes, tc->slot_bytes);
+        return ncclInternalError;
+    }
+    CHECK(tcp_conn_alloc_data(tc));
+    uint64_t secret = bootstrap_secret(tc->comm->bs);
+    for (int i = 0; i < tc->nsocks; i++) {
+        ncclResult_t res = tcp_socket_connect(&b->addr, w.deadline_ns, abort_flag, &tc->socks[i].fd);
+        if (res != ncclSuccess) {
+            WARN("tcp: connect to rank %d (%s) failed (socket %d of %d)", tc->peer, tc->peer_str, i,
+                 tc->nsocks);
+            return res;
+        }
+        tcp_handshake_t hs = {.magic = TCP_HANDSHAKE_MAGIC,
+                              .secret = secret,
+                              .conn_id = b->conn_id,
+                              .rank = tc->rank,
+                              .index = (uint32_t)i,
+                              .nsocks = (uint32_t)tc->nsocks};
+        res = tcp_socket_write_all(tc->socks[i].fd, &hs, sizeof(hs), w.deadline_ns, abort_flag);
+        if (res != ncclSuccess) {
+            WARN("tcp: handshake with rank %d (%s) failed (socket %d)", tc->peer, tc->peer_str, i);
+            return res;
+        }
+    }
+    for (int i = 0; i < tc->nsocks; i++) {
+        uint64_t ack = 0;
+        ncclResult_t res =
+            tcp_socket_read_all(tc->socks[i].fd, &ack, sizeof(ack), w.deadline_ns, abort_flag);
+        if (res != ncclSuccess || ack != TCP_ACK_MAGIC) {
+            WARN("tcp: rank %d (%s) did not accept socket %d: %s", tc->peer, tc->peer_str, i,
+                 res == ncclSystemError   ? "timed out"
+                 : res == ncclSuccess     ? "bad acknowledgement"
+                 : __atomic_load_n(abort_flag, __ATOMIC_ACQUIRE) ? "aborted"
+                                                                  : "connection closed");
+            return res != ncclSuccess ? res : ncclRemoteError;
+        }
+    }
+    return ncclSuccess;
+}
+
+/* ---- receiver ------------------------------------------------------------------------------- */
+
+typedef struct {
+    int fd;
+    size_t got;
+    tcp_handshake_t hs;
+    chorus_sockaddr_t from;
+} tcp_pending_t;
+
+/* 1: accepted into its socket slot, 0: refused (closed), -1: not complete yet. */
+static int tcp_check_handshake(tcp_conn_t *tc, tcp_pending_t *p, uint64_t secret, int *nready) {
+    char str[80];
+    const tcp_handshake_t *h = &p->hs;
+    const char *why = NULL;
+    if (h->magic != TCP_HANDSHAKE_MAGIC)
+        why = "not a chorus tcp handshake";
+    else if (h->secret != secret)
+        why = "wrong communicator secret";
+    else if (h->conn_id != tc->conn_id)
+        why = "unexpected connection id";
+    else if (h->rank != tc->peer)
+        why = "unexpected sender rank";
+    else if (h->nsocks != (uint32_t)tc->nsocks || h->index >= (uint32_t)tc->nsocks)
+        why = "bad socket index";
+    else if (tc->socks[h->index].fd >= 0)
+        why = "duplicate socket index";
+    if (why) {
+        INFO(SUB_NET | SUB_INIT, "tcp: refused a connection from %s to the port for rank %d: %s",
+             tcp_addr_str(&p->from, str, sizeof(str)), tc->peer, why);
+        close(p->fd);
+        p->fd = -1;
+        return 0;
+    }
+    uint64_t ack = TCP_ACK_MAGIC;
+    /* A fresh socket's buffer takes 8 bytes at once; failure means the peer went away. */
+    if (send(p->fd, &ack, sizeof(ack), MSG_NOSIGNAL | MSG_DONTWAIT) != (ssize_t)sizeof(ack)) {
+        close(p->fd);
+        p->fd = -1;
+        return 0;
+    }
+    if (tcp_socket_tune(p->fd) != ncclSuccess) {
+        close(p->fd);
+        p->fd = -1;
+        return 0;
+    }
+    tc->socks[h->index].fd = p->fd;
+    if (*nready == 0) {
+        tc->peer_addr = p->from;
+        tcp_addr_str(&p->from, tc->peer_str, sizeof(tc->peer_str));
+    }
+    (*nready)++;
+    p->fd = -1;
+    return 1;
+}
+
+static ncclResult_t tcp_connect_recv(tcp_conn_t *tc, const tcp_blob_t *b) {
+    char str[80];
+    if (b->nsocks < 1 || b->nsocks > TCP_MAX_SOCKS) {
+        WARN("tcp: rank %d asks for %u sockets (1..%d)", tc->peer, b->nsocks, TCP_MAX_SOCKS);
+        return ncclInternalError;
+    }
+    if (b->slot_bytes > tc->slot_bytes) {
+        WARN("tcp: rank %d sends chunks of up to %llu bytes, our slots hold %zu", tc->peer,
+             (unsigned long long)b->slot_bytes, tc->slot_bytes);
+        return ncclInternalError;
+    }
+    tc->nsocks = (int)b->nsocks;
+    CHECK(tcp_conn_alloc_data(tc));
+    chorus_waiter_t w;
+    volatile int *abort_flag = &tc->comm->abort_flag;
+    chorus_waiter_init(&w, abort_flag);
+    uint64_t secret = bootstrap_secret(tc->comm->bs);
+
+    tcp_pending_t pend[TCP_MAX_PENDING];
+    int npend = 0, nready = 0;
+    ncclResult_t res = ncclSuccess;
+    while (nready < tc->nsocks) {
+        if (__atomic_load_n(abort_flag, __ATOMIC_ACQUIRE)) {
+            res = ncclRemoteError;
+            break;
+        }
+        if (chorus_now_ns() > w.deadline_ns) {
+            res = ncclSystemError;
+            break;
+        }
+        struct pollfd pfd[TCP_MAX_PENDING + 1];
+        pfd[0] = (struct pollfd){.fd = tc->listen_fd, .events = POLLIN};
+        for (int i = 0; i < npend; i++) pfd[i + 1] = (struct pollfd){.fd = pend[i].fd, .events = POLLIN};
+        int r = poll(pfd, (nfds_t)npend + 1, 100);
+        if (r <= 0) continue;
+        for (int i = 0; i < npend; i++) {
+            if (!(pfd[i + 1].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+            tcp_pending_t *p = &pend[i];
+            ssize_t n = recv(p->fd, (char *)&p->hs + p->got, sizeof(p->hs) - p->got, MSG_DONTWAIT);
+            if (n > 0) p->got += (size_t)n;
+            if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) {
+                close(p->fd);
+                p->fd = -1;
+            } else if (p->got == sizeof(p->hs)) {
+                tcp_check_handshake(tc, p, secret, &nready);
+            }
+        }
+        /* Drop finished entries. */
+        int k = 0;
+        for (int i = 0; i < npend; i++)
+            if (pend[i].fd >= 0) pend[k++] = pend[i];
+        npend = k;
+        if (pfd[0].revents & POLLIN) {
+            chorus_sockaddr_t from;
+            socklen_t fl = sizeof(from);
+            memset(&from, 0, sizeof(from));
+            int fd = accept4(tc->listen_fd, &from.sa, &fl, SOCK_NONBLOCK | SOCK_CLOEXEC);
+            if (fd >= 0) {
+                if (npend == TCP_MAX_PENDING) {
+                    /* Too many silent clients: the oldest one goes. */
+                    close(pend[0].fd);
+                    memmove(pend, pend + 1, sizeof(pend[0]) * (TCP_MAX_PENDING - 1));
+                    npend--;
+                }
+                pend[npend++] = (tcp_pending_t){.fd = fd, .got = 0, .from = from};
+            }
+        }
+    }
+    for (int i = 0; i < npend; i++) close(pend[i].fd);
+    if (res != ncclSuccess) {
+        WARN("tcp: waiting for rank %d to connect to %s %s (%d of %d sockets)", tc->peer,
+             tcp_addr_str(&tc->listen_addr, str, sizeof(str)),
+             res == ncclSystemError ? "timed out" : "aborted", nready, tc->nsocks);
+        return res;
+    }
+    close(tc->listen_fd);
+    tc->listen_fd = -1;
+    return ncclSuccess;
+}
+
+ncclResult_t tcp_connect(chorus_conn_t *conn, const void *peer_blob, size_t peer_blob_bytes) {
+    tcp_conn_t *tc = conn->priv;
+    tcp_blob_t b;
+    if (tc == NULL || peer_blob_bytes != sizeof(b)) {
+        WARN("tcp: bad setup blob from rank %d (%zu bytes)", conn->peer, peer_blob_bytes);
+        return ncclInternalError;
+    }
+    memcpy(&b, peer_blob, sizeof(b));
+    if (b.magic != TCP_BLOB_MAGIC || (int)b.is_send == conn->is_send || b.rank != conn->peer) {
+        WARN("tcp: setup blob from rank %d is not a tcp %s blob", conn->peer,
+             conn->is_send ? "receiver" : "sender");
+        return ncclInternalError;
+    }
+    if (conn->is_send)
+        CHECK(tcp_connect_send(tc, &b));
+    else
+        CHECK(tcp_connect_recv(tc, &b));
+    CHECK(tcp_threads_start(tc));
+    conn->connected = 1;
+    INFO(SUB_NET | SUB_INIT, "tcp: %s rank %d (%s) via %s: %d sockets, %d threads, %d slots of %zu",
+         conn->is_send ? "send to" : "receive from", tc->peer, tc->peer_str, conn->desc,
+         tc->nsocks, tc->nthreads, tc->nslots, tc->slot_bytes);
+    return ncclSuccess;
+}
+
+/* ---- close ---------------------------------------------------------------------------------- */
+
+void tcp_close(chorus_conn_t *conn) {
+    tcp_conn_t *tc = conn->priv;
+    if (tc == NULL) return;
+    tcp_threads_stop(tc);
+    for (int i = 0; tc->socks && i < tc->nsocks; i++) {
+        tcp_sock_t *s = &tc->socks[i];
+        if (s->fd < 0) continue;
+        if (tc->is_send && tc->error == ncclSuccess && !s->busy) {
+            /* Best effort: a full socket or a gone peer just sees EOF instead. */
+            tcp_hdr_t h = {.step = s->cursor, .kind = TCP_HDR_CLOSE};
+            ssize_t r = send(s->fd, &h, sizeof(h), MSG_NOSIGNAL | MSG_DONTWAIT);
+            (void)r;
+        }
+        close(s->fd);
+    }
+    if (tc->listen_fd >= 0) close(tc->listen_fd);
+    if (tc->stop_fd >= 0) close(tc->stop_fd);
+    free(tc->slots);
+    free(tc->slot_size);
+    free(tc->slot_npieces);
+    free(tc->slot_done);
+    free(tc->slot_ready);
+    free(tc->slot_recvd);
+    free(tc->slot_rsize);
+    free(tc->socks);
+    free(tc->threads);
+    free(tc);
+    conn->priv = NULL;
+    conn->connected = 0;
+}
+
+ncclResult_t tcp_test_shutdown_socket(chorus_conn_t *conn, int index) {
+    tcp_conn_t *tc = conn->priv;
+    if (tc == NULL || index < 0 || index >= tc->nsocks || tc->socks[index].fd < 0) {
+        WARN("tcp: no socket %d to shut down", index);
+        return ncclInvalidArgument;
+    }
+    SYSCHECK(shutdown(tc->socks[index].fd, SHUT_RDWR), "shutdown");
+    return ncclSuccess;
+}

@@ -1,0 +1,361 @@
+/*
+ * tcp_worker.c: the per-socket state machines of the TCP transport and the threads that run them.
+ *
+ * A send pass walks the steps the caller committed, writes this socket's piece of each (header and
+ * payload in one sendmsg) until the kernel says EAGAIN, and counts finished pieces per slot. A
+ * receive pass reads headers through a small staging buffer (so a small chunk costs one recv), waits
+ * for the target slot to be free without reading further (TCP flow control then holds the sender),
+ * reads the payload straight into the slot, and publishes the step when its last piece has landed.
+ *
+ * Socket i belongs to helper thread i % nthreads. A thread runs passes over its sockets while they
+ * make progress; when they are blocked on the kernel it sleeps in poll() (with the stop eventfd),
+ * and when they wait for the caller it sleeps on a futex event that the caller signals. Nothing
+ * spins for long: 8 ranks on 2 cores must leave the CPU to whoever has work.
+ */
+#include <errno.h>
+#include <limits.h>
+#include <linux/futex.h>
+#include <poll.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <sys/uio.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "check.h"
+#include "comm.h"
+#include "log.h"
+#include "tcp.h"
+
+#define LOAD_ACQ(p) __atomic_load_n((p), __ATOMIC_ACQUIRE)
+#define STORE_REL(p, v) __atomic_store_n((p), (v), __ATOMIC_RELEASE)
+
+/* ---- event ---------------------------------------------------------------------------------- */
+
+void tcp_event_signal(tcp_event_t *ev) {
+    __atomic_add_fetch(&ev->seq, 1, __ATOMIC_SEQ_CST);
+    if (__atomic_load_n(&ev->waiters, __ATOMIC_SEQ_CST))
+        syscall(SYS_futex, &ev->seq, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
+}
+
+/* `seen` must be read (tcp_event_seq) before the caller checked that it has nothing to do; a
+ * signal in between changes seq and the futex returns at once. */
+void tcp_event_wait(tcp_event_t *ev, uint32_t seen, int timeout_ms) {
+    struct timespec ts = {timeout_ms / 1000, (long)(timeout_ms % 1000) * 1000000L};
+    __atomic_add_fetch(&ev->waiters, 1, __ATOMIC_SEQ_CST);
+    if (__atomic_load_n(&ev->seq, __ATOMIC_SEQ_CST) == seen)
+        syscall(SYS_futex, &ev->seq, FUTEX_WAIT_PRIVATE, seen, &ts, NULL, 0);
+    __atomic_sub_fetch(&ev->waiters, 1, __ATOMIC_SEQ_CST);
+}
+
+static inline uint32_t tcp_event_seq(tcp_event_t *ev) {
+    return __atomic_load_n(&ev->seq, __ATOMIC_SEQ_CST);
+}
+
+/* ---- errors --------------------------------------------------------------------------------- */
+
+void tcp_conn_fail(tcp_conn_t *tc, ncclResult_t res, const char *fmt, ...) {
+    int expected = ncclSuccess;
+    if (!__atomic_compare_exchange_n(&tc->error, &expected, (int)res, 0, __ATOMIC_ACQ_REL,
+                                     __ATOMIC_ACQUIRE))
+        return; /* the first failure was already reported */
+    if (__atomic_load_n(&tc->stop, __ATOMIC_ACQUIRE)) return; /* closing: not news */
+    char msg[256];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    va_end(ap);
+    WARN("tcp %s rank %d (%s): %s", tc->is_send ? "send to" : "receive from", tc->peer,
+         tc->peer_str, msg);
+}
+
+/* ---- chunk split ---------------------------------------------------------------------------- */
+
+uint32_t tcp_split(const tcp_conn_t *tc, size_t bytes, size_t *piece_p) {
+    size_t k = bytes / (tc->min_split ? tc->min_split : 1);
+    if (k > (size_t)tc->nsocks) k = (size_t)tc->nsocks;
+    if (k <= 1) {
+        *piece_p = bytes;
+        return 1;
+    }
+    size_t piece = (bytes + k - 1) / k;
+    piece = (piece + TCP_PIECE_ALIGN - 1) / TCP_PIECE_ALIGN * TCP_PIECE_ALIGN;
+    *piece_p = piece;
+    return (uint32_t)((bytes + piece - 1) / piece);
+}
+
+/* ---- send ----------------------------------------------------------------------------------- */
+
+int tcp_sock_send_pass(tcp_conn_t *tc, tcp_sock_t *s) {
+    int did = 0;
+    for (;;) {
+        if (!s->busy) {
+            uint64_t head = LOAD_ACQ(&tc->head);
+            while (s->cursor < head) {
+                uint64_t step = s->cursor;
+                int slot = (int)(step % (uint64_t)tc->nslots);
+                uint32_t total = tc->slot_size[slot];
+                size_t piece;
+                uint32_t k = tcp_split(tc, total, &piece);
+                uint32_t j = (uint32_t)((s->index + tc->nsocks - (int)(step % (uint64_t)tc->nsocks)) %
+                                        tc->nsocks);
+                if (j < k) {
+                    size_t off = (size_t)j * piece;
+                    size_t len = total - off < piece ? total - off : piece;
+                    s->hdr.step = step;
+                    s->hdr.total = total;
+                    s->hdr.offset = (uint32_t)off;
+                    s->hdr.len = (uint32_t)len;
+                    s->hdr.kind = TCP_HDR_DATA;
+                    s->data = tc->slots + (size_t)slot * tc->slot_bytes + off;
+                    s->hdr_done = s->data_done = 0;
+                    s->busy = 1;
+                    break;
+                }
+                s->cursor++; /* no piece of this step rides on this socket */
+            }
+            if (!s->busy) return did | TCP_SOCK_IDLE;
+        }
+        struct iovec iov[2];
+        int n = 0;
+        if (s->hdr_done < sizeof(s->hdr))
+            iov[n++] = (struct iovec){(char *)&s->hdr + s->hdr_done, sizeof(s->hdr) - s->hdr_done};
+        if (s->data_done < s->hdr.len)
+            iov[n++] = (struct iovec){(char *)s->data + s->data_done, s->hdr.len - s->data_done};
+        struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)n};
+        ssize_t r = sendmsg(s->fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (r < 0) {
+            if (errno == EINTR) continue;
+            if (errno == EAGAIN || errno == EWOULDBLOCK) return did | TCP_SOCK_BLOCKED;
+            int e = errno;
+            tcp_conn_fail(tc, ncclRemoteError, "%s during transfer (socket %d, step %llu)",
+                          e == EPIPE || e == ECONNRESET ? "connection closed by peer"
+                                                        : strerror(e),
+                          s->index, (unsigned long long)s->hdr.step);
+            return did | TCP_SOCK_FAIL;
+        }
+        did = TCP_SOCK_DID;
+        size_t w = (size_t)r;
+        if (s->hdr_done < sizeof(s->hdr)) {
+            size_t h = sizeof(s->hdr) - s->hdr_done;
+            if (w < h) {
+                s->hdr_done += w;
+                continue;
+            }
+            s->hdr_done = sizeof(s->hdr);
+            w -= h;
+        }
+        s->data_done += w;
+        if (s->data_done == s->hdr.len) {
+            int slot = (int)(s->hdr.step % (uint64_t)tc->nslots);
+            __atomic_add_fetch(&tc->slot_done[slot], 1, __ATOMIC_RELEASE);
+            s->busy = 0;
+            s->cursor++;
+        }
+    }
+}
+
+/* ---- receive -------------------------------------------------------------------------------- */
+
+static int tcp_recv_eof(tcp_conn_t *tc, tcp_sock_t *s, int err) {
+    if (err == 0)
+        tcp_conn_fail(tc, ncclRemoteError, "connection closed by peer during transfer (socket %d)",
+                      s->index);
+    else
+        tcp_conn_fail(tc, ncclRemoteError, "%s (socket %d)",
+                      err == ECONNRESET ? "connection reset by peer" : strerror(err), s->index);
+    return TCP_SOCK_FAIL;
+}
+
+static void tcp_recv_piece_done(tcp_conn_t *tc, tcp_sock_t *s) {
+    int slot = (int)(s->rhdr.step % (uint64_t)tc->nslots);
+    uint64_t got = __atomic_add_fetch(&tc->slot_recvd[slot], s->rhdr.len, __ATOMIC_ACQ_REL);
+    if (got == s->rhdr.total) {
+        tc->slot_rsize[slot] = s->rhdr.total;
+        STORE_REL(&tc->slot_ready[slot], s->rhdr.step + 1);
+    }
+    s->rstate = TCP_RX_HDR;
+}
+
+int tcp_sock_recv_pass(tcp_conn_t *tc, tcp_sock_t *s) {
+    int did = 0;
+    for (;;) {
+        if (s->rstate == TCP_RX_DONE) return did | TCP_SOCK_CLOSED;
+        if (s->rstate == TCP_RX_HDR) {
+            size_t avail = s->stage_len - s->stage_pos;
+            if (avail >= sizeof(tcp_hdr_t)) {
+                memcpy(&s->rhdr, s->stage + s->stage_pos, sizeof(tcp_hdr_t));
+                s->stage_pos += sizeof(tcp_hdr_t);
+                tcp_hdr_t *h = &s->rhdr;
+                if (h->kind == TCP_HDR_CLOSE) {
+                    s->rstate = TCP_RX_DONE;
+                    __atomic_add_fetch(&tc->closed_socks, 1, __ATOMIC_ACQ_REL);
+                    return did | TCP_SOCK_CLOSED;
+                }
+                if (h->kind != TCP_HDR_DATA || h->total > tc->slot_bytes || h->len > h->total ||
+                    (uint64_t)h->offset + h->len > h->total || h->step < s->rlast_step) {
+                    tcp_conn_fail(tc, ncclRemoteError,
+                                  "malformed chunk header on socket %d (step %llu, %u bytes at "
+                                  "%u of %u)",
+                                  s->index, (unsigned long long)h->step, h->len, h->offset,
+                                  h->total);
+                    return did | TCP_SOCK_FAIL;
+                }
+                s->rlast_step = h->step;
+                s->rdata_got = 0;
+                s->rstate = TCP_RX_SLOT;
+                did = TCP_SOCK_DID;
+                continue;
+            }
+            if (s->stage_pos > 0) {
+                memmove(s->stage, s->stage + s->stage_pos, avail);
+                s->stage_pos = 0;
+                s->stage_len = avail;
+            }
+            ssize_t r = recv(s->fd, s->stage + s->stage_len, TCP_STAGE_BYTES - s->stage_len,
+                             MSG_DONTWAIT);
+            if (r > 0) {
+                s->stage_len += (size_t)r;
+                did = TCP_SOCK_DID;
+                continue;
+            }
+            if (r == 0) return did | tcp_recv_eof(tc, s, 0);
+            if (errno == EINTR) continue;
+            if (errno == EAGAIN || errno == EWOULDBLOCK) return did | TCP_SOCK_BLOCKED;
+            return did | tcp_recv_eof(tc, s, errno);
+        }
+        if (s->rstate == TCP_RX_SLOT) {
+            /* The slot still holds step - nslots until the consumer releases it. */
+            if (s->rhdr.step >= LOAD_ACQ(&tc->released) + (uint64_t)tc->nslots)
+                return did | TCP_SOCK_IDLE;
+            s->rstate = TCP_RX_DATA;
+        }
+        /* TCP_RX_DATA */
+        int slot = (int)(s->rhdr.step % (uint64_t)tc->nslots);
+        char *dst = tc->slots + (size_t)slot * tc->slot_bytes + s->rhdr.offset;
+        size_t avail = s->stage_len - s->stage_pos;
+        if (avail > 0 && s->rdata_got < s->rhdr.len) {
+            size_t n = s->rhdr.len - s->rdata_got;
+            if (n > avail) n = avail;
+            memcpy(dst + s->rdata_got, s->stage + s->stage_pos, n);
+            s->stage_pos += n;
+            s->rdata_got += n;
+        }
+        while (s->rdata_got < s->rhdr.len) {
+            ssize_t r = recv(s->fd, dst + s->rdata_got, s->rhdr.len - s->rdata_got, MSG_DONTWAIT);
+            if (r > 0) {
+                s->rdata_got += (size_t)r;
+                did = TCP_SOCK_DID;
+                continue;
+            }
+            if (r == 0) return did | tcp_recv_eof(tc, s, 0);
+            if (errno == EINTR) continue;
+            if (errno == EAGAIN || errno == EWOULDBLOCK) return did | TCP_SOCK_BLOCKED;
+            return did | tcp_recv_eof(tc, s, errno);
+        }
+        tcp_recv_piece_done(tc, s);
+        did = TCP_SOCK_DID;
+    }
+}
+
+void tcp_drive_all(tcp_conn_t *tc) {
+    for (int i = 0; i < tc->nsocks; i++) {
+        if (tc->is_send)
+            tcp_sock_send_pass(tc, &tc->socks[i]);
+        else
+            tcp_sock_recv_pass(tc, &tc->socks[i]);
+    }
+}
+
+/* ---- helper threads ------------------------------------------------------------------------- */
+
+static void *tcp_thread_main(void *arg) {
+    tcp_thread_t *th = arg;
+    tcp_conn_t *tc = th->tc;
+    chorus_log_set_rank(tc->rank);
+    struct pollfd pfd[TCP_MAX_SOCKS + 1];
+    tcp_sock_t *mine[TCP_MAX_SOCKS];
+    int nmine = 0;
+    for (int i = th->index; i < tc->nsocks; i += tc->nthreads) mine[nmine++] = &tc->socks[i];
+    tcp_event_t *ev = tc->is_send ? &th->ev : &tc->release_ev;
+    int spins = 0;
+
+    while (!__atomic_load_n(&tc->stop, __ATOMIC_ACQUIRE)) {
+        uint32_t seen = tcp_event_seq(ev);
+        int any = 0, npoll = 0, nclosed = 0;
+        for (int i = 0; i < nmine; i++) {
+            int r = tc->is_send ? tcp_sock_send_pass(tc, mine[i]) : tcp_sock_recv_pass(tc, mine[i]);
+            any |= r;
+            if (r & TCP_SOCK_BLOCKED)
+                pfd[npoll++] = (struct pollfd){.fd = mine[i]->fd,
+                                               .events = tc->is_send ? POLLOUT : POLLIN};
+            if (r & TCP_SOCK_CLOSED) nclosed++;
+        }
+        if (any & TCP_SOCK_FAIL) break; /* the connection is dead; close() joins us */
+        if (nclosed == nmine) break;    /* the sender closed every socket of ours cleanly */
+        if (any & TCP_SOCK_DID) {
+            spins = 0;
+            continue;
+        }
+        if (npoll > 0) {
+            /* Some sockets wait for the kernel. If others wait for the caller, poll briefly so a
+             * commit or release is not left waiting behind a slow socket. */
+            pfd[npoll++] = (struct pollfd){.fd = tc->stop_fd, .events = POLLIN};
+            int timeout = (any & TCP_SOCK_IDLE) ? 1 : 1000;
+            (void)poll(pfd, (nfds_t)npoll, timeout);
+            continue;
+        }
+        /* Everything waits for the caller: spin a little (the next commit usually follows at
+         * once), then sleep on the event. */
+        if (++spins < 64) {
+#if defined(__x86_64__)
+            __builtin_ia32_pause();
+#endif
+            continue;
+        }
+        tcp_event_wait(ev, seen, 1000);
+    }
+    return NULL;
+}
+
+ncclResult_t tcp_threads_start(tcp_conn_t *tc) {
+    if (tc->nthreads == 0) return ncclSuccess;
+    for (int t = 0; t < tc->nthreads; t++) {
+        tcp_thread_t *th = &tc->threads[t];
+        th->tc = tc;
+        th->index = t;
+        int err = pthread_create(&th->thread, NULL, tcp_thread_main, th);
+        if (err != 0) {
+            WARN("tcp: cannot start helper thread %d for rank %d: %s", t, tc->peer, strerror(err));
+            tcp_threads_stop(tc);
+            return ncclSystemError;
+        }
+        th->started = 1;
+    }
+    return ncclSuccess;
+}
+
+void tcp_threads_stop(tcp_conn_t *tc) {
+    __atomic_store_n(&tc->stop, 1, __ATOMIC_RELEASE);
+    if (tc->stop_fd >= 0) {
+        uint64_t one = 1;
+        ssize_t w = write(tc->stop_fd, &one, sizeof(one));
+        (void)w;
+    }
+    tcp_event_signal(&tc->release_ev);
+    for (int t = 0; t < tc->nthreads; t++) {
+        tcp_thread_t *th = &tc->threads[t];
+        tcp_event_signal(&th->ev);
+    }
+    for (int t = 0; t < tc->nthreads; t++) {
+        tcp_thread_t *th = &tc->threads[t];
+        if (th->started) {
+            pthread_join(th->thread, NULL);
+            th->started = 0;
+        }
+    }
+}

@@ -1,0 +1,461 @@
+// test_bootstrap.cc: the bootstrap (src/bootstrap) with ranks as threads and as forked processes.
+//
+// Covers rendezvous, allgather, barrier, tagged send/recv (out of order, both ways at once, to
+// self), strangers on the root port (garbage, connect-and-close, wrong secret, silence), a missing
+// rank (init fails naming it, no hang), a duplicate rank, abort unblocking a recv, a peer that dies,
+// and fixed root addresses (CHORUS_COMM_ID) used twice in a row.
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "launch.h"
+
+extern "C" {
+#include "bootstrap.h"
+#include "log.h"
+#include "param.h"
+}
+
+using chorus_test::Launch;
+
+namespace {
+
+chorus_unique_id_t new_id() {
+    chorus_unique_id_t id;
+    memset(&id, 0, sizeof(id));
+    EXPECT_EQ(bootstrap_get_unique_id(&id), ncclSuccess);
+    return id;
+}
+
+// Sets an environment variable for the scope of a test and re-reads the parameters.
+struct ScopedEnv {
+    std::string name;
+    std::string old;
+    bool had;
+    ScopedEnv(const char *n, const char *v) : name(n) {
+        const char *o = getenv(n);
+        had = o != nullptr;
+        if (had) old = o;
+        setenv(n, v, 1);
+        chorus_param_reset();
+        chorus_param_init();
+    }
+    ~ScopedEnv() {
+        if (had)
+            setenv(name.c_str(), old.c_str(), 1);
+        else
+            unsetenv(name.c_str());
+        chorus_param_reset();
+        chorus_param_init();
+    }
+};
+
+int connect_to(const chorus_sockaddr_t &a) {
+    int fd = socket(a.sa.sa_family, SOCK_STREAM, 0);
+    if (fd < 0) return -1;
+    socklen_t len = a.sa.sa_family == AF_INET6 ? sizeof(sockaddr_in6) : sizeof(sockaddr_in);
+    if (connect(fd, &a.sa, len) != 0) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+int free_port() {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    bind(fd, (sockaddr *)&a, sizeof(a));
+    socklen_t l = sizeof(a);
+    getsockname(fd, (sockaddr *)&a, &l);
+    int port = ntohs(a.sin_port);
+    close(fd);
+    return port;
+}
+
+// The full exercise for one rank: allgather, barrier, ring send/recv, all checked.
+int exercise(const chorus_unique_id_t &id, int rank, int nranks) {
+    bootstrap_t *bs = nullptr;
+    RANK_NCCL(bootstrap_init(&id, rank, nranks, nullptr, &bs));
+    RANK_CHECK(bootstrap_rank(bs) == rank && bootstrap_nranks(bs) == nranks, "accessors");
+    RANK_CHECK(bootstrap_secret(bs) == id.secret, "secret");
+    // allgather of 3 ints per rank, twice (the second must not mix with the first)
+    for (int iter = 0; iter < 2; iter++) {
+        std::vector<int> v(3 * nranks, -1);
+        for (int k = 0; k < 3; k++) v[3 * rank + k] = 1000 * iter + 10 * rank + k;
+        RANK_NCCL(bootstrap_allgather(bs, v.data(), 3 * sizeof(int)));
+        for (int r = 0; r < nranks; r++)
+            for (int k = 0; k < 3; k++)
+                RANK_CHECK(v[3 * r + k] == 1000 * iter + 10 * r + k, "slot %d.%d = %d", r, k,
+                           v[3 * r + k]);
+    }
+    RANK_NCCL(bootstrap_barrier(bs));
+    RANK_NCCL(bootstrap_barrier(bs));
+    // every address in the table is distinct and has a port
+    for (int r = 0; r < nranks; r++) {
+        const chorus_sockaddr_t *a = bootstrap_addr(bs, r);
+        RANK_CHECK(a != nullptr && a->sin.sin_port != 0, "address of rank %d", r);
+    }
+    // ring send/recv with a rank-dependent payload
+    int next = (rank + 1) % nranks, prev = (rank + nranks - 1) % nranks;
+    std::vector<uint32_t> out(1000 + rank), in(1000 + prev);
+    for (size_t i = 0; i < out.size(); i++) out[i] = (uint32_t)(rank * 7919 + i);
+    RANK_NCCL(bootstrap_send(bs, next, 42, out.data(), out.size() * 4));
+    RANK_NCCL(bootstrap_recv(bs, prev, 42, in.data(), in.size() * 4));
+    for (size_t i = 0; i < in.size(); i++)
+        RANK_CHECK(in[i] == (uint32_t)(prev * 7919 + i), "ring payload[%zu]", i);
+    RANK_NCCL(bootstrap_barrier(bs));
+    bootstrap_close(bs);
+    return 0;
+}
+
+class BootstrapRanks : public ::testing::TestWithParam<std::tuple<Launch, int>> {};
+
+TEST_P(BootstrapRanks, AllgatherBarrierSendRecv) {
+    Launch how = std::get<0>(GetParam());
+    int nranks = std::get<1>(GetParam());
+    chorus_unique_id_t id = new_id();
+    auto res = chorus_test::run_ranks(
+        how, nranks, [&](int rank, int n) { return exercise(id, rank, n); }, 60);
+    EXPECT_TRUE(res.ok()) << res.detail;
+}
+
+INSTANTIATE_TEST_SUITE_P(All, BootstrapRanks,
+                         ::testing::Combine(::testing::Values(Launch::Threads, Launch::Forked),
+                                            ::testing::Values(1, 2, 3, 4, 5, 8)),
+                         [](const auto &info) {
+                             return std::string(chorus_test::launch_name(std::get<0>(info.param))) +
+                                    "_" + std::to_string(std::get<1>(info.param));
+                         });
+
+TEST(Bootstrap, OutOfOrderTagsAndSelf) {
+    chorus_unique_id_t id = new_id();
+    auto res = chorus_test::run_threads(2, [&](int rank, int n) {
+        bootstrap_t *bs = nullptr;
+        RANK_NCCL(bootstrap_init(&id, rank, n, nullptr, &bs));
+        if (rank == 0) {
+            for (int tag = 1; tag <= 5; tag++) {
+                std::vector<int> v(tag * 10, tag);
+                RANK_NCCL(bootstrap_send(bs, 1, tag, v.data(), v.size() * sizeof(int)));
+            }
+            // two messages with the same tag keep their order
+            int a = 111, b = 222;
+            RANK_NCCL(bootstrap_send(bs, 1, 9, &a, sizeof(a)));
+            RANK_NCCL(bootstrap_send(bs, 1, 9, &b, sizeof(b)));
+            RANK_NCCL(bootstrap_send(bs, 1, 10, nullptr, 0));
+        } else {
+            for (int tag : {5, 2, 4, 1, 3}) {
+                std::vector<int> v(tag * 10, -1);
+                RANK_NCCL(bootstrap_recv(bs, 0, tag, v.data(), v.size() * sizeof(int)));
+                for (int x : v) RANK_CHECK(x == tag, "tag %d payload %d", tag, x);
+            }
+            RANK_NCCL(bootstrap_recv(bs, 0, 10, nullptr, 0));
+            int a = 0, b = 0;
+            RANK_NCCL(bootstrap_recv(bs, 0, 9, &a, sizeof(a)));
+            RANK_NCCL(bootstrap_recv(bs, 0, 9, &b, sizeof(b)));
+            RANK_CHECK(a == 111 && b == 222, "same-tag order %d %d", a, b);
+        }
+        // to self
+        long x = 1234567 + rank, y = 0;
+        RANK_NCCL(bootstrap_send(bs, rank, 77, &x, sizeof(x)));
+        RANK_NCCL(bootstrap_recv(bs, rank, 77, &y, sizeof(y)));
+        RANK_CHECK(y == x, "self message %ld", y);
+        RANK_NCCL(bootstrap_barrier(bs));
+        bootstrap_close(bs);
+        return 0;
+    });
+    EXPECT_TRUE(res.ok()) << res.detail;
+}
+
+TEST(Bootstrap, SizeMismatchIsAnError) {
+    chorus_unique_id_t id = new_id();
+    auto res = chorus_test::run_threads(2, [&](int rank, int n) {
+        bootstrap_t *bs = nullptr;
+        RANK_NCCL(bootstrap_init(&id, rank, n, nullptr, &bs));
+        int v[4] = {1, 2, 3, 4};
+        if (rank == 0) RANK_NCCL(bootstrap_send(bs, 1, 3, v, sizeof(v)));
+        if (rank == 1)
+            RANK_CHECK(bootstrap_recv(bs, 0, 3, v, 2 * sizeof(int)) != ncclSuccess,
+                       "a short recv must fail");
+        RANK_NCCL(bootstrap_barrier(bs));
+        bootstrap_close(bs);
+        return 0;
+    });
+    EXPECT_TRUE(res.ok()) << res.detail;
+}
+
+// Both ranks send 16 MiB to each other before either receives: more than any socket buffers.
+TEST(Bootstrap, SimultaneousSendBothWays) {
+    for (Launch how : {Launch::Threads, Launch::Forked}) {
+        chorus_unique_id_t id = new_id();
+        auto res = chorus_test::run_ranks(how, 2, [&](int rank, int n) {
+            bootstrap_t *bs = nullptr;
+            RANK_NCCL(bootstrap_init(&id, rank, n, nullptr, &bs));
+            size_t count = 4 << 20;
+            std::vector<uint32_t> out(count), in(count);
+            for (size_t i = 0; i < count; i++) out[i] = (uint32_t)(i * 2654435761u) ^ rank;
+            RANK_NCCL(bootstrap_send(bs, 1 - rank, 5, out.data(), count * 4));
+            RANK_NCCL(bootstrap_recv(bs, 1 - rank, 5, in.data(), count * 4));
+            for (size_t i = 0; i < count; i++)
+                RANK_CHECK(in[i] == ((uint32_t)(i * 2654435761u) ^ (1 - rank)), "word %zu", i);
+            bootstrap_close(bs);
+            return 0;
+        }, 60);
+        EXPECT_TRUE(res.ok()) << chorus_test::launch_name(how) << ": " << res.detail;
+    }
+}
+
+// Strangers on the root port before and while the ranks join: init must still complete.
+TEST(Bootstrap, StrangersOnRootPortAreIgnored) {
+    chorus_unique_id_t id = new_id();
+    std::vector<int> held;
+    // garbage bytes
+    int fd = connect_to(id.root);
+    ASSERT_GE(fd, 0);
+    const char junk[] = "GET / HTTP/1.0\r\n\r\n";
+    ASSERT_GT(write(fd, junk, sizeof(junk)), 0);
+    held.push_back(fd);
+    // connect and close at once (port scan)
+    fd = connect_to(id.root);
+    ASSERT_GE(fd, 0);
+    close(fd);
+    // right magic, wrong secret: a stale job
+    struct {
+        uint64_t magic, secret;
+        char rest[64];
+    } fake;
+    memset(&fake, 0, sizeof(fake));
+    fake.magic = CHORUS_ID_MAGIC;
+    fake.secret = id.secret ^ 0x5a5a;
+    fd = connect_to(id.root);
+    ASSERT_GE(fd, 0);
+    ASSERT_GT(write(fd, &fake, sizeof(fake)), 0);
+    held.push_back(fd);
+    // a silent connection, kept open
+    fd = connect_to(id.root);
+    ASSERT_GE(fd, 0);
+    held.push_back(fd);
+
+    std::atomic<bool> stop{false};
+    std::thread noise([&] {
+        // keep disturbing while the ranks join
+        for (int i = 0; i < 20 && !stop.load(); i++) {
+            int f = connect_to(id.root);
+            if (f >= 0) {
+                char bytes[37];
+                for (size_t k = 0; k < sizeof(bytes); k++) bytes[k] = (char)(i * 31 + k);
+                if (i % 2 == 0 && write(f, bytes, sizeof(bytes)) < 0) { /* root may be gone */
+                }
+                close(f);
+            }
+            std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        }
+    });
+    auto res = chorus_test::run_threads(4, [&](int rank, int n) { return exercise(id, rank, n); },
+                                        60);
+    stop = true;
+    noise.join();
+    for (int f : held) close(f);
+    EXPECT_TRUE(res.ok()) << res.detail;
+}
+
+// Rank 3 of 4 never arrives: the others fail within the (short) deadline, naming it.
+TEST(Bootstrap, MissingRankFailsOthersNamingIt) {
+    ScopedEnv t("CHORUS_TIMEOUT", "3");
+    for (Launch how : {Launch::Threads, Launch::Forked}) {
+        chorus_unique_id_t id = new_id();
+        auto start = std::chrono::steady_clock::now();
+        auto res = chorus_test::run_ranks(how, 3, [&](int rank, int) {
+            bootstrap_t *bs = nullptr;
+            ncclResult_t r = bootstrap_init(&id, rank, 4, nullptr, &bs);
+            RANK_CHECK(r == ncclSystemError || r == ncclRemoteError, "init returned %d", (int)r);
+            RANK_CHECK(bs == nullptr, "no handle on failure");
+            const char *msg = chorus_log_last_error();
+            RANK_CHECK(strstr(msg, "rank 3 of 4 did not join") != nullptr, "message: %s", msg);
+            return 0;
+        }, 30);
+        double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        EXPECT_TRUE(res.ok()) << chorus_test::launch_name(how) << ": " << res.detail;
+        EXPECT_LT(secs, 25.0) << "the deadline must bound the wait";
+    }
+}
+
+TEST(Bootstrap, NranksMismatchRejected) {
+    ScopedEnv t("CHORUS_TIMEOUT", "3");
+    chorus_unique_id_t id = new_id();
+    std::atomic<int> mismatched{0};
+    auto res = chorus_test::run_threads(3, [&](int rank, int) {
+        bootstrap_t *bs = nullptr;
+        if (rank == 2) {
+            // wait until the others have had time to set nranks = 3 at the root
+            std::this_thread::sleep_for(std::chrono::milliseconds(300));
+            ncclResult_t r = bootstrap_init(&id, rank, 5, nullptr, &bs);
+            RANK_CHECK(r == ncclInvalidArgument, "mismatch returned %d", (int)r);
+            mismatched++;
+            return 0;
+        }
+        ncclResult_t r = bootstrap_init(&id, rank, 3, nullptr, &bs);
+        RANK_CHECK(r == ncclSystemError, "others returned %d", (int)r);
+        return 0;
+    }, 30);
+    EXPECT_TRUE(res.ok()) << res.detail;
+    EXPECT_EQ(mismatched.load(), 1);
+}
+
+TEST(Bootstrap, DuplicateRankRejected) {
+    ScopedEnv t("CHORUS_TIMEOUT", "5");
+    chorus_unique_id_t id = new_id();
+    // A process that already joined as rank 0 (hand-made hello with the right secret).
+    bootstrap_t *first = nullptr;
+    std::thread t0([&] { EXPECT_NE(bootstrap_init(&id, 0, 3, nullptr, &first), ncclSuccess); });
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    bootstrap_t *dup = nullptr;
+    EXPECT_EQ(bootstrap_init(&id, 0, 3, nullptr, &dup), ncclInvalidArgument);
+    EXPECT_EQ(dup, nullptr);
+    t0.join(); // times out: ranks 1 and 2 never come
+}
+
+TEST(Bootstrap, AbortUnblocksRecv) {
+    chorus_unique_id_t id = new_id();
+    bootstrap_t *bs[2] = {nullptr, nullptr};
+    volatile int flag = 0;
+    std::thread t1([&] { EXPECT_EQ(bootstrap_init(&id, 1, 2, &flag, &bs[1]), ncclSuccess); });
+    ASSERT_EQ(bootstrap_init(&id, 0, 2, nullptr, &bs[0]), ncclSuccess);
+    t1.join();
+    ASSERT_NE(bs[1], nullptr);
+    // bootstrap_abort on the handle
+    std::thread aborter([&] {
+        std::this_thread::sleep_for(std::chrono::milliseconds(200));
+        bootstrap_abort(bs[0]);
+    });
+    auto start = std::chrono::steady_clock::now();
+    int x;
+    EXPECT_EQ(bootstrap_recv(bs[0], 1, 1, &x, sizeof(x)), ncclRemoteError);
+    aborter.join();
+    double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    EXPECT_LT(secs, 20.0);
+    EXPECT_NE(bootstrap_barrier(bs[0]), ncclSuccess); // stays aborted
+    // the external flag given to bootstrap_init
+    std::thread flagger([&] {
+        std::this_thread::sleep_for(std::chrono::milliseconds(200));
+        flag = 1;
+    });
+    EXPECT_EQ(bootstrap_recv(bs[1], 0, 1, &x, sizeof(x)), ncclRemoteError);
+    flagger.join();
+    bootstrap_close(bs[0]);
+    bootstrap_close(bs[1]);
+}
+
+// A peer that dies after talking to us: our recv fails at once, naming it.
+TEST(Bootstrap, DeadPeerFailsRecv) {
+    chorus_unique_id_t id = new_id();
+    auto res = chorus_test::run_forked(2, [&](int rank, int n) {
+        bootstrap_t *bs = nullptr;
+        RANK_NCCL(bootstrap_init(&id, rank, n, nullptr, &bs));
+        int v = 7;
+        if (rank == 0) {
+            RANK_NCCL(bootstrap_send(bs, 1, 1, &v, sizeof(v)));
+            _exit(0); // dies without closing anything
+        }
+        RANK_NCCL(bootstrap_recv(bs, 0, 1, &v, sizeof(v)));
+        RANK_CHECK(v == 7, "first message");
+        ncclResult_t r = bootstrap_recv(bs, 0, 2, &v, sizeof(v));
+        RANK_CHECK(r == ncclRemoteError, "recv from a dead peer returned %d", (int)r);
+        RANK_CHECK(strstr(chorus_log_last_error(), "rank 0") != nullptr, "message: %s",
+                   chorus_log_last_error());
+        bootstrap_close(bs);
+        return 0;
+    }, 60);
+    EXPECT_TRUE(res.ok()) << res.detail;
+}
+
+// CHORUS_COMM_ID: every rank builds the same id itself; rank 0 hosts the root. Twice in a row on
+// the same address (the second root must wait for the first to let go).
+TEST(Bootstrap, FixedCommIdTwice) {
+    std::string addr = "127.0.0.1:" + std::to_string(free_port());
+    ScopedEnv e("CHORUS_COMM_ID", addr.c_str());
+    for (Launch how : {Launch::Threads, Launch::Forked}) {
+        auto res = chorus_test::run_ranks(how, 4, [&](int rank, int n) {
+            for (int iter = 0; iter < 2; iter++) {
+                chorus_unique_id_t id;
+                RANK_NCCL(bootstrap_get_unique_id(&id));
+                RANK_CHECK(id.flags & CHORUS_ID_FLAG_RANK0_ROOT, "fixed-address flag");
+                if (exercise(id, rank, n) != 0) return 1;
+            }
+            return 0;
+        }, 60);
+        EXPECT_TRUE(res.ok()) << chorus_test::launch_name(how) << ": " << res.detail;
+    }
+}
+
+TEST(Bootstrap, IdFromStringParsesAndRejects) {
+    chorus_unique_id_t a, b;
+    ASSERT_EQ(bootstrap_id_from_string("127.0.0.1:29500", "TEST", &a), ncclSuccess);
+    ASSERT_EQ(bootstrap_id_from_string("127.0.0.1:29500", "TEST", &b), ncclSuccess);
+    EXPECT_EQ(memcmp(&a, &b, sizeof(a)), 0) << "deterministic";
+    EXPECT_EQ(a.root.sa.sa_family, AF_INET);
+    EXPECT_EQ(ntohs(a.root.sin.sin_port), 29500);
+    ASSERT_EQ(bootstrap_id_from_string("127.0.0.1:29501", "TEST", &b), ncclSuccess);
+    EXPECT_NE(a.secret, b.secret);
+    ASSERT_EQ(bootstrap_id_from_string("[::1]:80", "TEST", &b), ncclSuccess);
+    EXPECT_EQ(b.root.sa.sa_family, AF_INET6);
+    ASSERT_EQ(bootstrap_id_from_string("localhost:1234", "TEST", &b), ncclSuccess);
+    EXPECT_EQ(ntohs(b.root.sin.sin_port), 1234);
+    for (const char *bad : {"", "127.0.0.1", "127.0.0.1:", "127.0.0.1:0", "127.0.0.1:70000",
+                            "127.0.0.1:12x", "::1:80", "[::1]80", "no.such.host.invalid:80"})
+        EXPECT_EQ(bootstrap_id_from_string(bad, "TEST", &b), ncclInvalidArgument) << bad;
+    char buf[64];
+    EXPECT_STREQ(chorus_sockaddr_str(&a.root, buf, sizeof(buf)), "127.0.0.1:29500");
+    ASSERT_EQ(bootstrap_id_from_string("[::1]:80", "TEST", &b), ncclSuccess);
+    EXPECT_STREQ(chorus_sockaddr_str(&b.root, buf, sizeof(buf)), "[::1]:80");
+}
+
+TEST(Bootstrap, FindInterfaceHonoursIfname) {
+    chorus_sockaddr_t a;
+    char name[64];
+    {
+        ScopedEnv e("NCCL_SOCKET_IFNAME", "lo");
+        ASSERT_EQ(chorus_find_interface(&a, name, sizeof(name)), ncclSuccess);
+        EXPECT_STREQ(name, "lo");
+    }
+    {
+        ScopedEnv e("NCCL_SOCKET_IFNAME", "=l");
+        EXPECT_NE(chorus_find_interface(&a, name, sizeof(name)), ncclSuccess) << "exact match";
+    }
+    {
+        ScopedEnv e("NCCL_SOCKET_IFNAME", "^lo");
+        if (chorus_find_interface(&a, name, sizeof(name)) == ncclSuccess)
+            EXPECT_STRNE(name, "lo");
+    }
+    ASSERT_EQ(chorus_find_interface(&a, name, sizeof(name)), ncclSuccess);
+}
+
+TEST(Bootstrap, InvalidArguments) {
+    chorus_unique_id_t id = new_id();
+    bootstrap_t *bs = nullptr;
+    EXPECT_EQ(bootstrap_init(nullptr, 0, 1, nullptr, &bs), ncclInvalidArgument);
+    EXPECT_EQ(bootstrap_init(&id, 0, 0, nullptr, &bs), ncclInvalidArgument);
+    EXPECT_EQ(bootstrap_init(&id, 2, 2, nullptr, &bs), ncclInvalidArgument);
+    EXPECT_EQ(bootstrap_init(&id, -1, 2, nullptr, &bs), ncclInvalidArgument);
+    chorus_unique_id_t bad = id;
+    bad.magic = 0;
+    EXPECT_EQ(bootstrap_init(&bad, 0, 1, nullptr, &bs), ncclInvalidArgument);
+    ASSERT_EQ(bootstrap_init(&id, 0, 1, nullptr, &bs), ncclSuccess);
+    int x = 0;
+    EXPECT_EQ(bootstrap_send(bs, 1, 0, &x, sizeof(x)), ncclInvalidArgument);
+    EXPECT_EQ(bootstrap_recv(bs, -1, 0, &x, sizeof(x)), ncclInvalidArgument);
+    bootstrap_close(bs);
+}
+
+} // namespace

@@ -1,0 +1,177 @@
+// Topology: places from loaded topologies (synthetic and XML in tests/data), the ring search, the
+// number of slow-boundary crossings, channel counts and CHORUS_RING_ORDER parsing.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include <hwloc.h>
+
+#include "nccl.h"
+extern "C" {
+#include "topology/topo_internal.h"
+}
+
+namespace {
+
+std::string data(const char *name) { return std::string(CHORUS_SOURCE_DIR) + "/tests/data/" + name; }
+
+struct Topo {
+    hwloc_topology_t t = nullptr;
+    explicit Topo(const std::string &spec) {
+        EXPECT_EQ(topo_system_load(spec.c_str(), &t), ncclSuccess) << spec;
+    }
+    ~Topo() {
+        if (t) hwloc_topology_destroy(t);
+    }
+};
+
+// Place of a rank bound to the CPU list `cpus` (hwloc list syntax) using GPU `gpu` (may be "").
+topo_place_info_t place(const Topo &topo, const char *cpus, const char *gpu) {
+    hwloc_bitmap_t set = hwloc_bitmap_alloc();
+    hwloc_bitmap_list_sscanf(set, cpus);
+    topo_place_info_t info;
+    EXPECT_EQ(topo_place(topo.t, set, gpu, &info), ncclSuccess);
+    hwloc_bitmap_free(set);
+    return info;
+}
+
+topo_rank_place_t rank_place(int host, const topo_place_info_t &i) {
+    return topo_rank_place_t{host, i.package, i.numa_node, i.pci_switch};
+}
+
+std::vector<int> ring(const std::vector<topo_rank_place_t> &p) {
+    std::vector<int> order(p.size());
+    topo_search_ring((int)p.size(), p.data(), order.data());
+    return order;
+}
+
+} // namespace
+
+TEST(Topo, OnePackageKeepsRankOrder) {
+    Topo topo("synthetic:pack:1 core:4 pu:1");
+    std::vector<topo_rank_place_t> p;
+    for (int r = 0; r < 4; r++) {
+        std::string cpu = std::to_string(r);
+        p.push_back(rank_place(0, place(topo, cpu.c_str(), "")));
+        EXPECT_EQ(p.back().package, 0);
+    }
+    EXPECT_EQ(ring(p), (std::vector<int>{0, 1, 2, 3}));
+    auto order = ring(p);
+    EXPECT_EQ(topo_ring_crossings(4, p.data(), order.data(), 1), 0);
+    EXPECT_EQ(topo_channel_count(4, p.data(), 0, 1, 16), 2);
+}
+
+TEST(Topo, TwoPackagesTwoNumaAdversarialPlacement) {
+    Topo topo("synthetic:pack:2 numa:2 core:2 pu:1");
+    // Ranks alternate between packages and NUMA nodes: rank r sits on PU (r*5) % 8.
+    std::vector<topo_rank_place_t> p;
+    for (int r = 0; r < 8; r++) {
+        std::string cpu = std::to_string((r * 5) % 8);
+        p.push_back(rank_place(0, place(topo, cpu.c_str(), "")));
+        EXPECT_EQ(p.back().package, ((r * 5) % 8) / 4) << "rank " << r;
+        EXPECT_EQ(p.back().numa_node, ((r * 5) % 8) / 2) << "rank " << r;
+    }
+    std::vector<int> identity{0, 1, 2, 3, 4, 5, 6, 7};
+    int naive_pkg = topo_ring_crossings(8, p.data(), identity.data(), 1);
+    auto order = ring(p);
+    EXPECT_EQ(topo_ring_crossings(8, p.data(), order.data(), 1), 2);
+    EXPECT_EQ(topo_ring_crossings(8, p.data(), order.data(), 2), 4);
+    EXPECT_GT(naive_pkg, 2) << "the adversarial placement should make rank order cross often";
+    // Each NUMA node's two ranks are neighbours in the ring.
+    for (int i = 0; i < 8; i += 2) EXPECT_EQ(p[order[i]].numa_node, p[order[i + 1]].numa_node);
+}
+
+TEST(Topo, GpusAndNicsUnderDifferentSwitches) {
+    Topo topo(data("2pkg_pci.xml"));
+    // GPUs 01:00.0 and 02:00.0 hang under different switches of package 0; 41/42 under package 1.
+    auto g0 = place(topo, "0", "0000:01:00.0");
+    auto g1 = place(topo, "1", "0000:02:00.0");
+    auto g2 = place(topo, "4", "0000:41:00.0");
+    auto g3 = place(topo, "5", "0000:42:00.0");
+    EXPECT_EQ(g0.package, 0);
+    EXPECT_EQ(g2.package, 1);
+    EXPECT_NE(g0.pci_switch, -1);
+    EXPECT_NE(g0.pci_switch, g1.pci_switch);
+    EXPECT_NE(g2.pci_switch, g3.pci_switch);
+    // The nearest NIC of GPU 0 is the one on its own switch (eth0 / mlx5_0), of GPU 2 eth1 / mlx5_1.
+    ASSERT_GE(g0.near_nic, 0);
+    EXPECT_EQ(std::string(g0.nics[g0.near_nic].name).substr(0, 3) == "eth" ||
+                  std::string(g0.nics[g0.near_nic].name).substr(0, 3) == "mlx",
+              true);
+    EXPECT_TRUE(std::string(g0.nics[g0.near_nic].pci_bus_id) == "0000:01:01.0")
+        << g0.nics[g0.near_nic].pci_bus_id;
+    EXPECT_TRUE(std::string(g2.nics[g2.near_nic].pci_bus_id) == "0000:41:01.0")
+        << g2.nics[g2.near_nic].pci_bus_id;
+    // GPU 1 has no NIC on its switch: the nearest is the one in its package.
+    EXPECT_TRUE(std::string(g1.nics[g1.near_nic].pci_bus_id) == "0000:01:01.0")
+        << g1.nics[g1.near_nic].pci_bus_id;
+    // Ranks given in an order that mixes switches and packages: 0->g2, 1->g0, 2->g3, 3->g1.
+    std::vector<topo_rank_place_t> p{rank_place(0, g2), rank_place(0, g0), rank_place(0, g3),
+                                     rank_place(0, g1)};
+    auto order = ring(p);
+    EXPECT_EQ(topo_ring_crossings(4, p.data(), order.data(), 1), 2);
+    EXPECT_EQ(topo_ring_crossings(4, p.data(), order.data(), 3), 4);
+    // Package 0's ranks (1 and 3) are contiguous, and so are package 1's (0 and 2).
+    EXPECT_EQ(p[order[0]].package, p[order[1]].package);
+    EXPECT_EQ(p[order[2]].package, p[order[3]].package);
+}
+
+TEST(Topo, SeveralHostsAreContiguous) {
+    // 3 hosts, ranks dealt round-robin across them (the worst case for a rank-order ring).
+    std::vector<topo_rank_place_t> p;
+    for (int r = 0; r < 9; r++) p.push_back(topo_rank_place_t{r % 3, 0, 0, -1});
+    std::vector<int> identity(9);
+    for (int i = 0; i < 9; i++) identity[i] = i;
+    EXPECT_EQ(topo_ring_crossings(9, p.data(), identity.data(), 0), 9);
+    auto order = ring(p);
+    EXPECT_EQ(topo_ring_crossings(9, p.data(), order.data(), 0), 3);
+    EXPECT_EQ(order[0], 0) << "rank 0's host comes first";
+    EXPECT_EQ(topo_channel_count(9, p.data(), 100000, 1, 16), 10);
+    EXPECT_EQ(topo_channel_count(9, p.data(), 100000, 1, 4), 4);
+    EXPECT_EQ(topo_channel_count(9, p.data(), 0, 1, 16), 2);
+}
+
+TEST(Topo, LocalityRecordsGiveHosts) {
+    std::vector<chorus_locality_t> locs(4);
+    for (int r = 0; r < 4; r++) {
+        memset(&locs[r], 0, sizeof(locs[r]));
+        locs[r].host_hash = (r == 1 || r == 3) ? 0xbbbb : 0xaaaa;
+        locs[r].package = -1;
+        locs[r].numa_node = -1;
+        locs[r].pci_switch = -1;
+    }
+    std::vector<topo_rank_place_t> p(4);
+    topo_places_from_locality(4, locs.data(), p.data());
+    EXPECT_EQ(p[0].host, 0);
+    EXPECT_EQ(p[1].host, 1);
+    EXPECT_EQ(p[2].host, 0);
+    EXPECT_EQ(p[3].host, 1);
+    auto order = ring(p);
+    EXPECT_EQ(order, (std::vector<int>{0, 2, 1, 3}));
+    EXPECT_EQ(topo_ring_crossings(4, p.data(), order.data(), 0), 2);
+}
+
+TEST(Topo, RingOrderOverrideParsing) {
+    int order[4];
+    EXPECT_EQ(topo_parse_order("0,2,1,3", 4, order), ncclSuccess);
+    EXPECT_EQ(order[1], 2);
+    EXPECT_EQ(topo_parse_order("0,2,1", 4, order), ncclInvalidArgument);
+    EXPECT_EQ(topo_parse_order("0,2,2,3", 4, order), ncclInvalidArgument);
+    EXPECT_EQ(topo_parse_order("0,4,1,3", 4, order), ncclInvalidArgument);
+    EXPECT_EQ(topo_parse_order("0,x,1,3", 4, order), ncclInvalidArgument);
+}
+
+TEST(Topo, ThisMachineLoads) {
+    chorus_locality_t loc;
+    ASSERT_EQ(topo_fill_locality(0, -1, nullptr, &loc), ncclSuccess);
+    EXPECT_NE(loc.host_hash, 0u);
+    EXPECT_GT(loc.pid, 0);
+}
+
+TEST(Topo, BadFilesAreRejected) {
+    hwloc_topology_t t;
+    EXPECT_EQ(topo_system_load("/nonexistent/topo.xml", &t), ncclInvalidArgument);
+    EXPECT_EQ(topo_system_load("synthetic:nonsense:zz", &t), ncclInvalidArgument);
+}
