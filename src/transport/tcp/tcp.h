@@ -16,8 +16,8 @@
  * of a step lands, publishes the step. The sender reuses a slot only once every piece of its previous
  * step was handed to the kernel. Files:
  *   tcp_socket.c   socket helpers: options, listen, connect, exact reads/writes with a deadline
- *   tcp_setup.c    can_connect, setup, connect (handshake, accept loop), close, the ops table
- *   tcp_conn.c     the data-path ops (acquire/commit/drained, peek/release, progress)
+ *   tcp_setup.c    can_connect, setup, connect (handshake, accept loop), close
+ *   tcp_conn.c     the data-path ops (acquire/commit/drained, peek/release, progress), ops table
  *   tcp_worker.c   per-socket send/receive state machines, helper threads, the futex event
  */
 #ifndef CHORUS_TRANSPORT_TCP_H_
@@ -173,6 +173,7 @@ ncclResult_t tcp_socket_write_all(int fd, const void *buf, size_t len, uint64_t 
 ncclResult_t tcp_socket_read_all(int fd, void *buf, size_t len, uint64_t deadline_ns,
                                  volatile int *abort_flag);
 uint64_t tcp_random_u64(void);
+void tcp_ifname_of(const chorus_sockaddr_t *addr, char *buf, int len);
 
 /* tcp_worker.c */
 void tcp_event_signal(tcp_event_t *ev);

@@ -72,7 +72,10 @@ static ncclResult_t tcp_conn_alloc(chorus_conn_t *conn, tcp_conn_t **tc_p) {
     snprintf(tc->peer_str, sizeof(tc->peer_str), "(not connected)");
 
     const chorus_locality_t *self = &conn->comm->peers[conn->comm->rank];
-    snprintf(tc->ifname, sizeof(tc->ifname), "%s", self->net_ifname[0] ? self->net_ifname : "?");
+    if (self->net_ifname[0])
+        snprintf(tc->ifname, sizeof(tc->ifname), "%s", self->net_ifname);
+    else
+        tcp_ifname_of(&self->net_addr, tc->ifname, sizeof(tc->ifname));
     snprintf(conn->desc, sizeof(conn->desc), "TCP/%s", tc->ifname);
     *tc_p = tc;
     return ncclSuccess;

@@ -9,6 +9,7 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <ifaddrs.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
@@ -40,6 +41,25 @@ const char *tcp_addr_str(const chorus_sockaddr_t *a, char *buf, int len) {
 
 socklen_t tcp_addr_len(const chorus_sockaddr_t *a) {
     return a->sa.sa_family == AF_INET6 ? sizeof(struct sockaddr_in6) : sizeof(struct sockaddr_in);
+}
+
+/* Name of the local interface that holds addr's IP ("lo", "eth0"); "?" when none does. */
+void tcp_ifname_of(const chorus_sockaddr_t *addr, char *buf, int len) {
+    snprintf(buf, len, "?");
+    struct ifaddrs *list = NULL;
+    if (getifaddrs(&list) != 0) return;
+    for (struct ifaddrs *i = list; i; i = i->ifa_next) {
+        if (!i->ifa_addr || i->ifa_addr->sa_family != addr->sa.sa_family) continue;
+        const chorus_sockaddr_t *a = (const chorus_sockaddr_t *)i->ifa_addr;
+        int same = addr->sa.sa_family == AF_INET
+                       ? a->sin.sin_addr.s_addr == addr->sin.sin_addr.s_addr
+                       : memcmp(&a->sin6.sin6_addr, &addr->sin6.sin6_addr, 16) == 0;
+        if (same) {
+            snprintf(buf, len, "%s", i->ifa_name);
+            break;
+        }
+    }
+    freeifaddrs(list);
 }
 
 uint64_t tcp_random_u64(void) {
