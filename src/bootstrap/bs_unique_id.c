@@ -67,6 +67,35 @@ ncclResult_t bootstrap_id_from_string(const char *hostport, const char *what,
     return ncclSuccess;
 }
 
+/* Random secret + a root thread listening on `addr` (port 0: ephemeral). */
+static ncclResult_t start_root_on(const chorus_sockaddr_t *addr, const char *ifname,
+                                  chorus_unique_id_t *id) {
+    chorus_sockaddr_t bound;
+    int fd;
+    if (bs_listen(addr, 0, &fd, &bound) != 0) {
+        char buf[64];
+        WARN("bootstrap root: cannot listen on %s (%s): %s",
+             chorus_sockaddr_str(addr, buf, sizeof(buf)), ifname, strerror(errno));
+        return ncclSystemError;
+    }
+    memset(id, 0, sizeof(*id));
+    id->magic = CHORUS_ID_MAGIC;
+    id->secret = random_secret();
+    id->root = bound;
+    id->flags = 0;
+    return bs_root_start(fd, id->secret, &bound);
+}
+
+ncclResult_t bootstrap_child_unique_id(const bootstrap_t *parent, chorus_unique_id_t *id) {
+    if (parent == NULL || id == NULL) {
+        WARN("bootstrap_child_unique_id: %s is NULL", parent ? "id" : "parent");
+        return ncclInvalidArgument;
+    }
+    chorus_sockaddr_t addr = *bootstrap_addr(parent, bootstrap_rank(parent));
+    bs_sockaddr_set_port(&addr, 0);
+    return start_root_on(&addr, "the parent's bootstrap address", id);
+}
+
 ncclResult_t bootstrap_get_unique_id(chorus_unique_id_t *id) {
     if (id == NULL) {
         WARN("bootstrap_get_unique_id: id is NULL");
@@ -80,21 +109,8 @@ ncclResult_t bootstrap_get_unique_id(chorus_unique_id_t *id) {
                                : "CHORUS_COMM_ID";
         return bootstrap_id_from_string(fixed, what, id);
     }
-    chorus_sockaddr_t addr, bound;
+    chorus_sockaddr_t addr;
     char ifname[64];
     CHECK(chorus_find_interface(&addr, ifname, sizeof(ifname)));
-    int fd;
-    if (bs_listen(&addr, 0, &fd, &bound) != 0) {
-        char buf[64];
-        WARN("bootstrap root: cannot listen on %s (%s): %s",
-             chorus_sockaddr_str(&addr, buf, sizeof(buf)), ifname, strerror(errno));
-        return ncclSystemError;
-    }
-    memset(id, 0, sizeof(*id));
-    id->magic = CHORUS_ID_MAGIC;
-    id->secret = random_secret();
-    id->root = bound;
-    id->flags = 0;
-    CHECK(bs_root_start(fd, id->secret, &bound));
-    return ncclSuccess;
+    return start_root_on(&addr, ifname, id);
 }

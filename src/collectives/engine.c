@@ -91,6 +91,31 @@ static void op_retire_locked(struct coll_engine *e) {
     op_unref_locked(op);
 }
 
+/* Before the transports close: wait until every chunk this rank committed has been consumed, so
+ * a rank that finished early (the start of a chain, a sender) does not tear down a connection
+ * whose data is still in flight (TCP helper threads, slots not yet read). A peer that is gone or
+ * already closed ends the wait for that connection; the deadline bounds it. */
+static void engine_drain_sends(struct ncclComm *comm) {
+    chorus_waiter_t w;
+    chorus_waiter_init(&w, &comm->abort_flag);
+    int n = comm->nranks;
+    for (int i = 0; i < comm->nchannels + n; i++) {
+        chorus_conn_t *conn = i < comm->nchannels ? &comm->channels[i].send
+                                                  : (comm->p2p_send ? comm->p2p_send[i - comm->nchannels] : NULL);
+        if (conn == NULL || conn->ops == NULL) continue;
+        while (1) {
+            int done = 0;
+            if (conn->ops->progress(conn) != ncclSuccess) break;
+            if (conn->ops->send_drained(conn, &done) != ncclSuccess || done) break;
+            if (chorus_waiter_step(&w) != ncclSuccess) {
+                INFO(SUB_COLL, "rank %d: chunks to rank %d not consumed before close", comm->rank,
+                     conn->peer);
+                return;
+            }
+        }
+    }
+}
+
 ncclResult_t coll_engine_finalize(struct ncclComm *comm) {
     struct coll_engine *e = comm->engine;
     if (e == NULL) return ncclSuccess;
@@ -126,6 +151,7 @@ ncclResult_t coll_engine_finalize(struct ncclComm *comm) {
         }
     }
     engine_stop_thread(e);
+    if (res == ncclSuccess && !e->broken) engine_drain_sends(comm);
     return res;
 }
 
@@ -194,6 +220,10 @@ ncclResult_t coll_engine_enqueue(coll_op_t *op) {
         }
         x->use.hdr_pending = 1;
     }
+    if (op->coll == COLL_SEND || op->coll == COLL_RECV)
+        op->seq = op->nxfer ? op->xfer[0].use.ticket : 0; /* per-pair order, as peers see it */
+    else
+        op->seq = e->coll_seq++;
     op->refs++; /* the queue's reference */
     op->next = NULL;
     if (e->tail) e->tail->next = op;

@@ -127,12 +127,12 @@ ncclResult_t comm_init_run(struct ncclComm *comm, const ncclUniqueId *id) {
          me->pid, comm->nchannels, (unsigned long long)comm->comm_hash);
     return ncclSuccess;
 fail:
-    if (__atomic_load_n(&comm->bs_abort_flag, __ATOMIC_ACQUIRE))
-        WARN("init of rank %d of %d (commId 0x%llx) aborted", comm->rank, comm->nranks,
-             (unsigned long long)comm->comm_hash);
-    else
-        WARN("init of rank %d of %d (commId 0x%llx) failed: %s", comm->rank, comm->nranks,
-             (unsigned long long)comm->comm_hash, ncclGetErrorString(res));
+    /* The cause was WARNed where it was found (and is what ncclGetLastError returns); this is the
+     * breadcrumb saying which communicator it ended. */
+    INFO(SUB_INIT, "comm %p rank %d nranks %d commId 0x%llx - Init %s: %s", (void *)comm,
+         comm->rank, comm->nranks, (unsigned long long)comm->comm_hash,
+         __atomic_load_n(&comm->bs_abort_flag, __ATOMIC_ACQUIRE) ? "ABORTED" : "FAILED",
+         ncclGetErrorString(res));
     return res;
 }
 

@@ -74,35 +74,37 @@ static FILE *open_log_file(const char *pattern) {
 }
 
 void chorus_log_init(void) {
+    /* Parsing the parameters may log (a malformed value WARNs): that nested call must not come
+     * back here, and it must not find g_log_lock held. So parse first, outside the lock. */
+    static __thread int t_in_init;
+    if (t_in_init) return;
+    t_in_init = 1;
+    ncclResult_t pres = chorus_param_init();
     pthread_mutex_lock(&g_log_lock);
     if (chorus_log_level >= 0) {
         pthread_mutex_unlock(&g_log_lock);
+        t_in_init = 0;
         return;
     }
-    /* Provisional level so that logging from the parameter parser does not recurse. */
-    __atomic_store_n(&chorus_log_level, LOG_NONE, __ATOMIC_RELEASE);
     gethostname(g_host, sizeof(g_host) - 1);
     char *dot = strchr(g_host, '.');
     if (dot) *dot = '\0';
     int level = LOG_NONE;
-    if (chorus_param_init() == ncclSuccess) {
-        const char *lv = chorus_param_str(PARAM_DEBUG);
-        if (lv == NULL) level = LOG_NONE;
-        else if (strcasecmp(lv, "VERSION") == 0) level = LOG_VERSION;
-        else if (strcasecmp(lv, "WARN") == 0) level = LOG_WARN;
-        else if (strcasecmp(lv, "INFO") == 0) level = LOG_INFO;
-        else if (strcasecmp(lv, "ABORT") == 0) level = LOG_ABORT;
-        else if (strcasecmp(lv, "TRACE") == 0) level = LOG_TRACE;
-        chorus_log_subsys = parse_subsys(chorus_param_str(PARAM_DEBUG_SUBSYS));
-        const char *file = chorus_param_str(PARAM_DEBUG_FILE);
-        g_log_file = (file && level > LOG_NONE) ? open_log_file(file) : stdout;
-    } else {
-        /* A malformed parameter: make sure the WARN that init returns is seen. */
-        level = LOG_WARN;
-        g_log_file = stdout;
-    }
+    const char *lv = chorus_param_str(PARAM_DEBUG);
+    if (lv == NULL) level = LOG_NONE;
+    else if (strcasecmp(lv, "VERSION") == 0) level = LOG_VERSION;
+    else if (strcasecmp(lv, "WARN") == 0) level = LOG_WARN;
+    else if (strcasecmp(lv, "INFO") == 0) level = LOG_INFO;
+    else if (strcasecmp(lv, "ABORT") == 0) level = LOG_ABORT;
+    else if (strcasecmp(lv, "TRACE") == 0) level = LOG_TRACE;
+    /* A malformed parameter: make sure the WARN that init returns is seen. */
+    if (pres != ncclSuccess && level < LOG_WARN) level = LOG_WARN;
+    chorus_log_subsys = parse_subsys(chorus_param_str(PARAM_DEBUG_SUBSYS));
+    const char *file = chorus_param_str(PARAM_DEBUG_FILE);
+    g_log_file = (file && level > LOG_NONE) ? open_log_file(file) : stdout;
     __atomic_store_n(&chorus_log_level, level, __ATOMIC_RELEASE);
     pthread_mutex_unlock(&g_log_lock);
+    t_in_init = 0;
 }
 
 void chorus_log_reset(void) {

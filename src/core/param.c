@@ -4,7 +4,9 @@
  * The table in param_table.h is expanded here into descriptors. chorus_param_init() parses every
  * parameter once (thread-safe), CHORUS_<NAME> first, then NCCL_<NAME> where NCCL has the knob, then
  * the default. INT values accept K/M/G suffixes; anything else that is not a number fails init and
- * names the variable.
+ * names the variable. Values are copied, so a later setenv cannot pull a string from under a
+ * reader; chorus_param_reset (ncclResetDebugInit) makes the next access parse again. Parsing never
+ * logs while it holds its lock, because logging reads NCCL_DEBUG & co. through this table.
  */
 #include <ctype.h>
 #include <inttypes.h>
@@ -38,10 +40,11 @@ static const param_desc_t g_desc[PARAM_COUNT] = {
 };
 
 static int64_t g_int[PARAM_COUNT];
-static const char *g_str[PARAM_COUNT];
+static char *g_str[PARAM_COUNT]; /* copies: the environment may change after parsing */
 static chorus_param_src_t g_src[PARAM_COUNT];
 static int g_done;
 static ncclResult_t g_res;
+static char g_err[512]; /* why parsing failed, WARNed by every chorus_param_init that returns it */
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
 
 static int parse_int(const char *s, int64_t *out) {
@@ -64,11 +67,17 @@ static int parse_int(const char *s, int64_t *out) {
     return 0;
 }
 
+/* Parse every parameter. Runs under g_lock and must not log: logging reads its own parameters
+ * through this table (chorus_param_init logs after dropping the lock). */
 static ncclResult_t parse_all(void) {
     char var[128];
+    ncclResult_t res = ncclSuccess;
+    g_err[0] = '\0';
     for (int i = 0; i < PARAM_COUNT; i++) {
         const param_desc_t *d = &g_desc[i];
         const char *val = NULL;
+        free(g_str[i]);
+        g_str[i] = NULL;
         snprintf(var, sizeof(var), "CHORUS_%s", d->name);
         if ((val = getenv(var)) != NULL) {
             g_src[i] = PARAM_SRC_ENV_CHORUS;
@@ -76,41 +85,55 @@ static ncclResult_t parse_all(void) {
             snprintf(var, sizeof(var), "NCCL_%s", d->name);
             if ((val = getenv(var)) != NULL) g_src[i] = PARAM_SRC_ENV_NCCL;
         }
+        g_int[i] = d->def_i;
         if (val == NULL) {
             g_src[i] = PARAM_SRC_DEFAULT;
-            g_int[i] = d->def_i;
-            g_str[i] = d->def_s;
+            g_str[i] = d->def_s ? strdup(d->def_s) : NULL;
             continue;
         }
         if (d->type == T_INT) {
             if (parse_int(val, &g_int[i]) != 0) {
-                WARN("invalid value '%s' for %s: expected an integer (help: %s)", val, var, d->help);
-                return ncclInvalidArgument;
+                if (res == ncclSuccess)
+                    snprintf(g_err, sizeof(g_err),
+                             "invalid value '%s' for %s: expected an integer (%s)", val, var,
+                             d->help);
+                g_int[i] = d->def_i;
+                res = ncclInvalidArgument;
             }
         } else {
-            g_str[i] = val;
+            g_str[i] = strdup(val);
         }
-        INFO(SUB_ENV, "%s set by environment to %s", var, val);
     }
-    /* NCCL_TOPO_FILE is accepted as an alias only when it names an hwloc XML (checked by topology). */
-    return ncclSuccess;
+    return res;
 }
 
 ncclResult_t chorus_param_init(void) {
+    int first = 0;
     pthread_mutex_lock(&g_lock);
     if (!g_done) {
-        /* Logging reads its own parameters through this table; default them first. */
         g_res = parse_all();
-        g_done = 1;
+        __atomic_store_n(&g_done, 1, __ATOMIC_RELEASE);
+        first = 1;
     }
     ncclResult_t res = g_res;
     pthread_mutex_unlock(&g_lock);
+    if (first) {
+        char buf[64];
+        for (int i = 0; i < PARAM_COUNT; i++) {
+            if (g_src[i] == PARAM_SRC_DEFAULT) continue;
+            INFO(SUB_ENV, "%s%s set by environment to %s",
+                 g_src[i] == PARAM_SRC_ENV_CHORUS ? "CHORUS_" : "NCCL_", g_desc[i].name,
+                 chorus_param_value_text((chorus_param_id_t)i, buf, sizeof(buf)));
+        }
+    }
+    /* Every caller that gets the error is told why: init fails naming the variable. */
+    if (res != ncclSuccess) WARN("%s", g_err);
     return res;
 }
 
 void chorus_param_reset(void) {
     pthread_mutex_lock(&g_lock);
-    g_done = 0;
+    __atomic_store_n(&g_done, 0, __ATOMIC_RELEASE);
     pthread_mutex_unlock(&g_lock);
 }
 
@@ -131,6 +154,15 @@ const char *chorus_param_str(chorus_param_id_t id) {
 const char *chorus_param_name(chorus_param_id_t id) { return g_desc[id].name; }
 const char *chorus_param_help(chorus_param_id_t id) { return g_desc[id].help; }
 int chorus_param_has_nccl_alias(chorus_param_id_t id) { return g_desc[id].nccl_alias; }
+int chorus_param_is_int(chorus_param_id_t id) { return g_desc[id].type == T_INT; }
+
+const char *chorus_param_default_text(chorus_param_id_t id, char *buf, int len) {
+    if (g_desc[id].type == T_INT)
+        snprintf(buf, len, "%" PRId64, g_desc[id].def_i);
+    else
+        snprintf(buf, len, "%s", g_desc[id].def_s ? g_desc[id].def_s : "(unset)");
+    return buf;
+}
 
 chorus_param_src_t chorus_param_source(chorus_param_id_t id) {
     ensure_init();

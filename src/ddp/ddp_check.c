@@ -7,6 +7,7 @@
  * The small blocking helpers here use Chorus's async calls followed by chorusWait, so every wait
  * runs under Chorus's deadline and abort handling. With no communicator they do nothing (one rank).
  */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -27,7 +28,10 @@ ncclResult_t ddp_broadcast(chorusDdp_t ddp, void *buf, size_t count, ncclDataTyp
 ncclResult_t ddp_allgather(chorusDdp_t ddp, const void *send, void *recv, size_t count,
                            ncclDataType_t dtype, const char *what) {
     if (!ddp->comm || ddp->nranks == 1) {
-        size_t es = dtype == ncclUint64 || dtype == ncclInt64 || dtype == ncclFloat64 ? 8 : 4;
+        size_t es = dtype == ncclUint64 || dtype == ncclInt64 || dtype == ncclFloat64 ? 8
+                    : dtype == ncclUint8 || dtype == ncclInt8                             ? 1
+                    : dtype == ncclFloat16 || dtype == ncclBfloat16                        ? 2
+                                                                                           : 4;
         if (recv != send) memmove(recv, send, count * es);
         return ncclSuccess;
     }
@@ -151,7 +155,7 @@ DDP_API ncclResult_t chorusDdpCheckReplicas(chorusDdp_t ddp, int *first_diverged
     for (int i = 0; i < np; i++)
         if (ddp->params[i].count * ddp->params[i].esize > maxbytes)
             maxbytes = ddp->params[i].count * ddp->params[i].esize;
-    uint64_t *mine = malloc((size_t)np * sizeof(uint64_t));
+    uint64_t *mine = calloc((size_t)np, sizeof(uint64_t));
     uint64_t *all = malloc((size_t)np * (size_t)n * sizeof(uint64_t));
     void *tmp = ddp->cfg.memory == CHORUS_DDP_MEM_DEVICE ? malloc(maxbytes) : NULL;
     ncclResult_t r = ncclSuccess;

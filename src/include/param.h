@@ -28,6 +28,8 @@ const char *chorus_param_name(chorus_param_id_t id);
 const char *chorus_param_help(chorus_param_id_t id);
 const char *chorus_param_value_text(chorus_param_id_t id, char *buf, int len);
 chorus_param_src_t chorus_param_source(chorus_param_id_t id);
+int chorus_param_is_int(chorus_param_id_t id);
+const char *chorus_param_default_text(chorus_param_id_t id, char *buf, int len);
 int chorus_param_has_nccl_alias(chorus_param_id_t id);
 const char *chorus_param_source_name(chorus_param_src_t src);
 

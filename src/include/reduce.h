@@ -23,6 +23,10 @@
 #include <stdint.h>
 #include "nccl.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 typedef enum { RK_SUM = 0, RK_PROD, RK_MAX, RK_MIN, RK_PREMULSUM, RK_SUMDIV } chorus_rk_kind_t;
 
 typedef struct {
@@ -74,6 +78,10 @@ ncclResult_t rk_dev_reduce(void *dst, const void *in, const void *acc, size_t co
 ncclResult_t rk_dev_finish(void *dst, const void *src, size_t count, const chorus_redop_t *op, void *stream);
 ncclResult_t rk_dev_reduce_n(void *dst, const void *const *ins, int n, size_t count,
                              const chorus_redop_t *op, void *stream);
+#endif
+
+#ifdef __cplusplus
+}
 #endif
 
 #endif

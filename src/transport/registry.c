@@ -16,10 +16,12 @@
 #include "param.h"
 #include "transport.h"
 
+/* Strong references on purpose: they also make a static link pull each transport in. */
 extern const chorus_transport_ops_t shm_transport_ops;
-/* Weak until the TCP transport (src/transport/tcp/) is in every build; a missing entry is skipped. */
-extern const chorus_transport_ops_t tcp_transport_ops __attribute__((weak));
+extern const chorus_transport_ops_t tcp_transport_ops;
 
+/* Preference order. cuda_ipc (GPU peers on one host) goes before shm and ib before tcp when they
+ * exist; tcp stays last, as the transport that reaches everything. */
 static const chorus_transport_ops_t *const transport_table[] = {
     &shm_transport_ops,
     &tcp_transport_ops,

@@ -399,6 +399,78 @@ TEST(Bootstrap, FixedCommIdTwice) {
     }
 }
 
+// An IPv6 fixed root address.
+TEST(Bootstrap, FixedCommIdIpv6) {
+    int fd = socket(AF_INET6, SOCK_STREAM, 0);
+    sockaddr_in6 a{};
+    a.sin6_family = AF_INET6;
+    a.sin6_addr = in6addr_loopback;
+    if (fd < 0 || bind(fd, (sockaddr *)&a, sizeof(a)) != 0) {
+        if (fd >= 0) close(fd);
+        GTEST_SKIP() << "no IPv6 loopback here";
+    }
+    socklen_t l = sizeof(a);
+    getsockname(fd, (sockaddr *)&a, &l);
+    close(fd);
+    std::string addr = "[::1]:" + std::to_string(ntohs(a.sin6_port));
+    ScopedEnv e("NCCL_COMM_ID", addr.c_str());
+    auto res = chorus_test::run_threads(3, [&](int rank, int n) {
+        chorus_unique_id_t id;
+        RANK_NCCL(bootstrap_get_unique_id(&id));
+        RANK_CHECK(id.root.sa.sa_family == AF_INET6, "family %d", id.root.sa.sa_family);
+        return exercise(id, rank, n);
+    }, 60);
+    EXPECT_TRUE(res.ok()) << res.detail;
+}
+
+// NCCL_SOCKET_IFNAME=lo: every rank listens on loopback.
+TEST(Bootstrap, SocketIfnameLoopback) {
+    ScopedEnv e("NCCL_SOCKET_IFNAME", "lo");
+    chorus_unique_id_t id = new_id();
+    auto res = chorus_test::run_threads(3, [&](int rank, int n) {
+        bootstrap_t *bs = nullptr;
+        RANK_NCCL(bootstrap_init(&id, rank, n, nullptr, &bs));
+        const chorus_sockaddr_t *a = bootstrap_addr(bs, rank);
+        RANK_CHECK(a->sa.sa_family == AF_INET && (ntohl(a->sin.sin_addr.s_addr) >> 24) == 127,
+                   "listening on loopback");
+        RANK_NCCL(bootstrap_barrier(bs));
+        bootstrap_close(bs);
+        return 0;
+    }, 60);
+    EXPECT_TRUE(res.ok()) << res.detail;
+    char buf[64];
+    EXPECT_EQ(std::string(chorus_sockaddr_str(&id.root, buf, sizeof(buf))).rfind("127.", 0), 0u)
+        << buf;
+}
+
+// Children of one communicator (as split makes them): two groups rendezvous at the same time
+// through roots their leaders start, even when a fixed NCCL_COMM_ID is set for the parent.
+TEST(Bootstrap, ChildIdsForTwoGroupsAtOnce) {
+    std::string addr = "127.0.0.1:" + std::to_string(free_port());
+    ScopedEnv e("CHORUS_COMM_ID", addr.c_str());
+    auto res = chorus_test::run_threads(6, [&](int rank, int n) {
+        chorus_unique_id_t id;
+        RANK_NCCL(bootstrap_get_unique_id(&id));
+        bootstrap_t *parent = nullptr;
+        RANK_NCCL(bootstrap_init(&id, rank, n, nullptr, &parent));
+        int color = rank % 2, leader = color; // groups {0,2,4} and {1,3,5}
+        chorus_unique_id_t child_id;
+        if (rank == leader) {
+            RANK_NCCL(bootstrap_child_unique_id(parent, &child_id));
+            RANK_CHECK(!(child_id.flags & CHORUS_ID_FLAG_RANK0_ROOT), "fresh root");
+            for (int r = leader + 2; r < n; r += 2)
+                RANK_NCCL(bootstrap_send(parent, r, 1, &child_id, sizeof(child_id)));
+        } else {
+            RANK_NCCL(bootstrap_recv(parent, leader, 1, &child_id, sizeof(child_id)));
+        }
+        if (exercise(child_id, rank / 2, 3) != 0) return 1;
+        RANK_NCCL(bootstrap_barrier(parent));
+        bootstrap_close(parent);
+        return 0;
+    }, 60);
+    EXPECT_TRUE(res.ok()) << res.detail;
+}
+
 TEST(Bootstrap, IdFromStringParsesAndRejects) {
     chorus_unique_id_t a, b;
     ASSERT_EQ(bootstrap_id_from_string("127.0.0.1:29500", "TEST", &a), ncclSuccess);

@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "nccl.h" // outside extern "C": it may pull in the CUDA headers, which hold C++ templates
+
 extern "C" {
 #include "bootstrap.h"
 #include "comm.h"

@@ -33,6 +33,45 @@ static inline void rk_f16c_store(void *p, rk_f16c_vf f) {
     _mm256_storeu_si256((__m256i *)p, _mm512_cvtps_ph((__m512)f, _MM_FROUND_TO_NEAREST_INT));
 }
 
+/* 16- and 8-bit lanes <-> 32-bit lanes: vpmovzx from memory and vpmovdw/vpmovdb (truncating;
+ * the values fit). */
+#define RK_WIDEN 1
+typedef uint32_t rk_widen_vu __attribute__((vector_size(64)));
+
+static inline rk_widen_vu rk_widen16(const void *p) {
+    return (rk_widen_vu)_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p));
+}
+
+static inline void rk_narrow16(void *p, rk_widen_vu v) {
+    _mm256_storeu_si256((__m256i *)p, _mm512_cvtepi32_epi16((__m512i)v));
+}
+
+static inline rk_widen_vu rk_widen8(const void *p) {
+    return (rk_widen_vu)_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p));
+}
+
+static inline void rk_narrow8(void *p, rk_widen_vu v) {
+    _mm_storeu_si128((__m128i *)p, _mm512_cvtepi32_epi8((__m512i)v));
+}
+
+#define RK_SEL 1
+static inline rk_widen_vu rk_sel(rk_widen_vu m, rk_widen_vu a, rk_widen_vu b) {
+    return (rk_widen_vu)_mm512_ternarylogic_epi32((__m512i)m, (__m512i)a, (__m512i)b, 0xCA);
+}
+
+/* As in reduce_avx2.c, per 128-bit lane: unpacks against zero, then vpackusdw in the same order. */
+#define RK_PAIR16 1
+static inline void rk_unpack16_hi(const void *p, rk_widen_vu *lo, rk_widen_vu *hi) {
+    __m512i x = _mm512_loadu_si512(p), z = _mm512_setzero_si512();
+    *lo = (rk_widen_vu)_mm512_unpacklo_epi16(z, x);
+    *hi = (rk_widen_vu)_mm512_unpackhi_epi16(z, x);
+}
+
+static inline void rk_pack16_hi(void *p, rk_widen_vu lo, rk_widen_vu hi) {
+    __m512i l = _mm512_srli_epi32((__m512i)lo, 16), h = _mm512_srli_epi32((__m512i)hi, 16);
+    _mm512_storeu_si512(p, _mm512_packus_epi32(l, h));
+}
+
 #include "reduce_nt.h"
 #include "reduce_body.h"
 

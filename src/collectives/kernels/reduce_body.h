@@ -5,6 +5,14 @@
  *   RK_VB          vector width in bytes (16, 32 or 64)
  *   RK_TABLE       the rk_isa_ops_t it defines, RK_TABLE_NAME its name
  *   RK_F16C        1 when rk_f16c_load/rk_f16c_store (F16C or AVX-512F intrinsics) are defined
+ *   RK_SEL         1 when rk_sel (a one-instruction lane select) is defined
+ *   RK_PAIR16      1 when rk_unpack16_hi/rk_pack16_hi are defined: 2*RK_VB/4 bfloat16 values
+ *                  to and from two float32 vectors with in-lane unpacks and packs; the lane
+ *                  order they use is their own business, since everything between is per lane
+ *   RK_WIDEN       1 when rk_widen16/rk_narrow16/rk_widen8/rk_narrow8 are defined: RK_VB/4 lanes of
+ *                  16 or 8 bits to and from 32-bit lanes with the target's zero-extending moves
+ *                  and packs (GCC lowers __builtin_convertvector on these narrow vectors to
+ *                  lane-by-lane inserts, several times slower); otherwise that builtin is used
  *   RK_NT          1 when rk_nt_copy (non-temporal stores) is defined
  * and puts its target pragma in force. Everything here is static, so each variant is a separate
  * copy that the compiler vectorises for its own target.
@@ -102,8 +110,15 @@ RK_NATIVE_LS(u64, rk_vu64)
 RK_NATIVE_LS(f32, rk_vf32)
 RK_NATIVE_LS(f64, rk_vf64)
 
+/* m ? a : b per lane, m all-ones or all-zeros; a target may bring a one-instruction select. */
+#if !RK_SEL
 static inline rk_vu32 rk_sel(rk_vu32 m, rk_vu32 a, rk_vu32 b) { return (a & m) | (b & ~m); }
+#endif
 #define RK_MASK(cond) ((rk_vu32)(cond))
+/* Comparisons of magnitudes (bits of |f|, below 2^31) against constants: signed compares are
+ * single instructions on x86, unsigned ones are not. */
+#define RK_GT(a, k) RK_MASK((rk_vi32)(a) > (int32_t)(k))
+#define RK_GE(a, k) RK_MASK((rk_vi32)(a) >= (int32_t)(k))
 
 /* Rounds |f| * scale to an integer, ties to even (see round_scaled in dtype.c). */
 static inline rk_vu32 rk_round_scaled(rk_vu32 abs_bits, float scale) {
@@ -111,18 +126,82 @@ static inline rk_vu32 rk_round_scaled(rk_vu32 abs_bits, float scale) {
     return (rk_vu32)v - 0x4B000000u;
 }
 
-static inline rk_vf32 bf16_load(const void *p) {
+#if !RK_WIDEN
+static inline rk_vu32 rk_widen16(const void *p) {
     rk_vh h;
     memcpy(&h, p, sizeof h);
-    return (rk_vf32)(__builtin_convertvector(h, rk_vu32) << 16);
+    return __builtin_convertvector(h, rk_vu32);
 }
 
-static inline void bf16_store(void *p, rk_vf32 f) {
-    rk_vu32 u = (rk_vu32)f;
-    rk_vu32 r = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
-    r = rk_sel(RK_MASK((u & 0x7FFFFFFFu) > 0x7F800000u), (u >> 16) | 0x40u, r);
-    rk_vh h = __builtin_convertvector(r, rk_vh);
+static inline void rk_narrow16(void *p, rk_vu32 v) {
+    rk_vh h = __builtin_convertvector(v, rk_vh);
     memcpy(p, &h, sizeof h);
+}
+
+static inline rk_vu32 rk_widen8(const void *p) {
+    rk_vq q;
+    memcpy(&q, p, sizeof q);
+    return __builtin_convertvector(q, rk_vu32);
+}
+
+static inline void rk_narrow8(void *p, rk_vu32 v) {
+    rk_vq q = __builtin_convertvector(v, rk_vq);
+    memcpy(p, &q, sizeof q);
+}
+#endif
+
+/* bfloat16 is the top half of a float32, so a block of it is two float32 vectors: the loads and
+ * stores are then unpacks and packs against zero, the cheapest conversion there is. */
+#if !RK_PAIR16
+static inline void rk_unpack16_hi(const void *p, rk_vu32 *lo, rk_vu32 *hi) {
+    *lo = rk_widen16(p) << 16;
+    *hi = rk_widen16((const uint16_t *)p + RK_W32) << 16;
+}
+
+static inline void rk_pack16_hi(void *p, rk_vu32 lo, rk_vu32 hi) {
+    rk_narrow16(p, lo >> 16);
+    rk_narrow16((uint16_t *)p + RK_W32, hi >> 16);
+}
+#endif
+
+typedef struct {
+    rk_vf32 lo, hi;
+} rk_vf32x2;
+
+static inline rk_vf32x2 f32x2_add(rk_vf32x2 a, rk_vf32x2 b) {
+    return (rk_vf32x2){f32_add(a.lo, b.lo), f32_add(a.hi, b.hi)};
+}
+static inline rk_vf32x2 f32x2_mul(rk_vf32x2 a, rk_vf32x2 b) {
+    return (rk_vf32x2){f32_mul(a.lo, b.lo), f32_mul(a.hi, b.hi)};
+}
+static inline rk_vf32x2 f32x2_max(rk_vf32x2 a, rk_vf32x2 b) {
+    return (rk_vf32x2){f32_max(a.lo, b.lo), f32_max(a.hi, b.hi)};
+}
+static inline rk_vf32x2 f32x2_min(rk_vf32x2 a, rk_vf32x2 b) {
+    return (rk_vf32x2){f32_min(a.lo, b.lo), f32_min(a.hi, b.hi)};
+}
+static inline rk_vf32x2 f32x2_scale(rk_vf32x2 a, float s) {
+    return (rk_vf32x2){f32_scale(a.lo, s), f32_scale(a.hi, s)};
+}
+static inline rk_vf32x2 f32x2_div(rk_vf32x2 a, float s) {
+    return (rk_vf32x2){f32_div(a.lo, s), f32_div(a.hi, s)};
+}
+
+static inline rk_vf32x2 bf16_load(const void *p) {
+    rk_vu32 lo, hi;
+    rk_unpack16_hi(p, &lo, &hi);
+    return (rk_vf32x2){(rk_vf32)lo, (rk_vf32)hi};
+}
+
+/* Round to nearest even at bit 16 and leave the bfloat16 in the top half; a NaN keeps its sign
+ * and top payload bits and is made quiet instead (the increment could carry it into Inf). */
+static inline rk_vu32 rk_bf16_round_hi(rk_vf32 f) {
+    rk_vu32 u = (rk_vu32)f;
+    return rk_sel(RK_MASK(f != f), u | 0x00400000u, u + 0x7FFFu + ((u >> 16) & 1u));
+}
+
+static inline void bf16_store(void *p, rk_vf32x2 v) {
+    rk_pack16_hi(p, rk_bf16_round_hi(v.lo), rk_bf16_round_hi(v.hi));
 }
 
 /* float16 <-> float32 in integer arithmetic, for targets without F16C (same bits as F16C). */
@@ -139,10 +218,10 @@ static inline rk_vu32 rk_f32_to_half_bits(rk_vf32 f) {
     rk_vu32 u = (rk_vu32)f;
     rk_vu32 sign = (u >> 16) & 0x8000u, a = u & 0x7FFFFFFFu;
     rk_vu32 t = a - (112u << 23);
-    rk_vu32 r = rk_sel(RK_MASK(a >= 0x38800000u), (t + 0xFFFu + ((t >> 13) & 1u)) >> 13,
+    rk_vu32 r = rk_sel(RK_GE(a, 0x38800000), (t + 0xFFFu + ((t >> 13) & 1u)) >> 13,
                        rk_round_scaled(a, 0x1p24f));
-    r = rk_sel(RK_MASK(a >= 0x477FF000u), (rk_vu32){0} + 0x7C00u, r);
-    r = rk_sel(RK_MASK(a > 0x7F800000u), 0x7E00u | ((a >> 13) & 0x3FFu), r);
+    r = rk_sel(RK_GE(a, 0x477FF000), (rk_vu32){0} + 0x7C00u, r);
+    r = rk_sel(RK_GT(a, 0x7F800000), 0x7E00u | ((a >> 13) & 0x3FFu), r);
     return r | sign;
 }
 
@@ -150,22 +229,13 @@ static inline rk_vu32 rk_f32_to_half_bits(rk_vf32 f) {
 #define f16_load rk_f16c_load
 #define f16_store rk_f16c_store
 #else
-static inline rk_vf32 f16_load(const void *p) {
-    rk_vh h;
-    memcpy(&h, p, sizeof h);
-    return rk_half_bits_to_f32(__builtin_convertvector(h, rk_vu32));
-}
+static inline rk_vf32 f16_load(const void *p) { return rk_half_bits_to_f32(rk_widen16(p)); }
 
-static inline void f16_store(void *p, rk_vf32 f) {
-    rk_vh h = __builtin_convertvector(rk_f32_to_half_bits(f), rk_vh);
-    memcpy(p, &h, sizeof h);
-}
+static inline void f16_store(void *p, rk_vf32 f) { rk_narrow16(p, rk_f32_to_half_bits(f)); }
 #endif
 
 static inline rk_vf32 e4m3_load(const void *p) {
-    rk_vq q;
-    memcpy(&q, p, sizeof q);
-    rk_vu32 x = __builtin_convertvector(q, rk_vu32);
+    rk_vu32 x = rk_widen8(p);
     rk_vu32 sign = (x & 0x80u) << 24, e = (x >> 3) & 0xFu, m = x & 7u;
     rk_vu32 normal = ((e + 120u) << 23) | (m << 20);
     rk_vu32 den = (rk_vu32)(__builtin_convertvector((rk_vi32)m, rk_vf32) * 0x1p-9f);
@@ -178,36 +248,25 @@ static inline void e4m3_store(void *p, rk_vf32 f) {
     rk_vu32 u = (rk_vu32)f;
     rk_vu32 sign = (u >> 24) & 0x80u, a = u & 0x7FFFFFFFu;
     rk_vu32 t = a - (120u << 23);
-    rk_vu32 r = rk_sel(RK_MASK(a >= 0x3C800000u), (t + 0x7FFFFu + ((t >> 20) & 1u)) >> 20,
+    rk_vu32 r = rk_sel(RK_GE(a, 0x3C800000), (t + 0x7FFFFu + ((t >> 20) & 1u)) >> 20,
                        rk_round_scaled(a, 0x1p9f));
-    r = rk_sel(RK_MASK(a > 0x43E80000u), (rk_vu32){0} + 0x7Eu, r);
-    r = rk_sel(RK_MASK(a > 0x7F800000u), (rk_vu32){0} + 0x7Fu, r);
-    rk_vq q = __builtin_convertvector(r | sign, rk_vq);
-    memcpy(p, &q, sizeof q);
+    r = rk_sel(RK_GT(a, 0x43E80000), (rk_vu32){0} + 0x7Eu, r);
+    r = rk_sel(RK_GT(a, 0x7F800000), (rk_vu32){0} + 0x7Fu, r);
+    rk_narrow8(p, r | sign);
 }
 
 /* e5m2 is the top byte of a float16, so it widens through the float16 path. */
-static inline rk_vf32 e5m2_load(const void *p) {
-    rk_vq q;
-    memcpy(&q, p, sizeof q);
-#if RK_F16C
-    rk_vh h = __builtin_convertvector(q, rk_vh) << 8;
-    return f16_load(&h);
-#else
-    return rk_half_bits_to_f32(__builtin_convertvector(q, rk_vu32) << 8);
-#endif
-}
+static inline rk_vf32 e5m2_load(const void *p) { return rk_half_bits_to_f32(rk_widen8(p) << 8); }
 
 static inline void e5m2_store(void *p, rk_vf32 f) {
     rk_vu32 u = (rk_vu32)f;
     rk_vu32 sign = (u >> 24) & 0x80u, a = u & 0x7FFFFFFFu;
     rk_vu32 t = a - (112u << 23);
-    rk_vu32 r = rk_sel(RK_MASK(a >= 0x38800000u), (t + 0xFFFFFu + ((t >> 21) & 1u)) >> 21,
+    rk_vu32 r = rk_sel(RK_GE(a, 0x38800000), (t + 0xFFFFFu + ((t >> 21) & 1u)) >> 21,
                        rk_round_scaled(a, 0x1p16f));
-    r = rk_sel(RK_MASK(a >= 0x47700000u), (rk_vu32){0} + 0x7Bu, r);
-    r = rk_sel(RK_MASK(a > 0x7F800000u), 0x7Eu | ((a >> 21) & 3u), r);
-    rk_vq q = __builtin_convertvector(r | sign, rk_vq);
-    memcpy(p, &q, sizeof q);
+    r = rk_sel(RK_GE(a, 0x47700000), (rk_vu32){0} + 0x7Bu, r);
+    r = rk_sel(RK_GT(a, 0x7F800000), 0x7Eu | ((a >> 21) & 3u), r);
+    rk_narrow8(p, r | sign);
 }
 
 /* ---- copy ----------------------------------------------------------------------------------- */
@@ -370,7 +429,7 @@ RK_DEFINE(u64, uint64_t, rk_vu64, RK_VB / 8, u64, uint64_t, RK_USCALAR(uint64_t)
 RK_DEFINE(f32, float, rk_vf32, RK_W32, f32, float, RK_FSCALAR)
 RK_DEFINE(f64, double, rk_vf64, RK_VB / 8, f64, double, RK_DSCALAR)
 RK_DEFINE(f16, uint16_t, rk_vf32, RK_W32, f32, float, RK_FSCALAR)
-RK_DEFINE(bf16, uint16_t, rk_vf32, RK_W32, f32, float, RK_FSCALAR)
+RK_DEFINE(bf16, uint16_t, rk_vf32x2, 2 * RK_W32, f32x2, float, RK_FSCALAR)
 RK_DEFINE(e4m3, uint8_t, rk_vf32, RK_W32, f32, float, RK_FSCALAR)
 RK_DEFINE(e5m2, uint8_t, rk_vf32, RK_W32, f32, float, RK_FSCALAR)
 
@@ -396,7 +455,7 @@ RK_DIV_INT(u64, uint64_t, uint64_t)
 RK_DIV_FLOAT(f32, float, rk_vf32, RK_W32, f32, float)
 RK_DIV_FLOAT(f64, double, rk_vf64, RK_VB / 8, f64, double)
 RK_DIV_FLOAT(f16, uint16_t, rk_vf32, RK_W32, f32, float)
-RK_DIV_FLOAT(bf16, uint16_t, rk_vf32, RK_W32, f32, float)
+RK_DIV_FLOAT(bf16, uint16_t, rk_vf32x2, 2 * RK_W32, f32x2, float)
 RK_DIV_FLOAT(e4m3, uint8_t, rk_vf32, RK_W32, f32, float)
 RK_DIV_FLOAT(e5m2, uint8_t, rk_vf32, RK_W32, f32, float)
 

@@ -14,6 +14,10 @@
 
 #include "reduce.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 typedef struct {
     const char *name;
     void (*copy)(void *dst, const void *src, size_t bytes);
@@ -34,5 +38,9 @@ extern const rk_isa_ops_t rk_isa_avx512;
 
 /* Copies of at least this many bytes use non-temporal stores (x86 variants); see reduce_body.h. */
 extern size_t rk_nt_threshold;
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

@@ -90,6 +90,7 @@ typedef struct {
     char name[SHM_NAME_LEN];
     int name_linked;  /* receiver: the name may still exist in /dev/shm */
     int peer_pid;
+    int peer_pid_ok;  /* peer_pid is valid in our pid namespace (kill(pid, 0) means something) */
     int same_process; /* both ends are threads of one process */
     int cma;          /* SHM_CMA_* for this connection */
     uint64_t cached;  /* sender: last head seen; receiver: last tail seen */

@@ -81,6 +81,13 @@ static void shm_set_desc(chorus_conn_t *conn, shm_conn_t *sc) {
     conn->direct_threshold = (size_t)chorus_param_int(PARAM_SHM_CMA_THRESHOLD);
 }
 
+/* Whether the peer's pid means the same process to us (same pid namespace). */
+static int shm_peer_pid_ok(chorus_conn_t *conn) {
+    const chorus_locality_t *self = &conn->comm->peers[conn->comm->rank];
+    const chorus_locality_t *peer = &conn->comm->peers[conn->peer];
+    return self->pid_ns_ok && peer->pid_ns_ok && self->pid_ns == peer->pid_ns;
+}
+
 static ncclResult_t shm_connect_recv(chorus_conn_t *conn, shm_conn_t *sc, const void *peer_blob,
                                      size_t peer_blob_bytes) {
     if (peer_blob_bytes != sizeof(shm_send_blob_t)) {
@@ -90,6 +97,7 @@ static ncclResult_t shm_connect_recv(chorus_conn_t *conn, shm_conn_t *sc, const 
     }
     const shm_send_blob_t *sb = peer_blob;
     sc->peer_pid = (int)sb->pid;
+    sc->peer_pid_ok = shm_peer_pid_ok(conn);
     CHECK(shm_cma_probe(conn, sc, sb));
     if (atomic_load_explicit(&sc->ctrl->send_mapped, memory_order_acquire))
         shm_segment_unlink(sc);
@@ -106,6 +114,7 @@ static ncclResult_t shm_connect_send(chorus_conn_t *conn, shm_conn_t *sc, const 
     }
     const shm_recv_blob_t *rb = peer_blob;
     sc->peer_pid = (int)rb->pid;
+    sc->peer_pid_ok = shm_peer_pid_ok(conn);
     /* The receiver owns the geometry (it sized the segment). */
     conn->nslots = (int)rb->nslots;
     conn->slot_bytes = rb->slot_bytes;

@@ -190,8 +190,14 @@ int shm_segment_peer_alive(shm_conn_t *sc) {
     fl.l_whence = SEEK_SET;
     fl.l_start = sc->is_send ? SHM_LOCK_RECV_BYTE : SHM_LOCK_SEND_BYTE;
     fl.l_len = 1;
-    if (sc->locked && fcntl(sc->fd, F_OFD_GETLK, &fl) == 0) return fl.l_type != F_UNLCK;
-    /* No OFD locks here: fall back to the pid (meaningful in the same pid namespace only). */
-    if (sc->peer_pid > 0 && kill(sc->peer_pid, 0) != 0 && errno == ESRCH) return 0;
+    /* The receiver can only trust the sender's lock once the sender says it has mapped (and
+     * locked) the segment: its connect may still be on the way. */
+    int peer_locked = sc->is_send || atomic_load_explicit(&sc->ctrl->send_mapped,
+                                                          memory_order_acquire);
+    if (sc->locked && peer_locked && fcntl(sc->fd, F_OFD_GETLK, &fl) == 0)
+        return fl.l_type != F_UNLCK;
+    /* No OFD locks here (or not yet): fall back to the pid, meaningful in the same pid namespace
+     * only (shm_cma_probe's namespace check decides peer_pid_ok). */
+    if (sc->peer_pid_ok && kill(sc->peer_pid, 0) != 0 && errno == ESRCH) return 0;
     return 1;
 }

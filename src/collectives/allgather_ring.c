@@ -1,0 +1,82 @@
+/*
+ * allgather_ring.c: ring all-gather, pipelined chunk by chunk over the channels.
+ *
+ * Each rank's contribution (sendcount elements) lands at recvbuff + rank*sendcount. At step 0 the
+ * rank at ring position p sends its own chunk (and copies it to its own output block unless in
+ * place); at step k = 1..n-1 it receives the chunk of position p-k into the output and forwards it
+ * unless k = n-1. Everything sent is either the user's input or final output, which stays valid
+ * until the op completes, so chunks may go direct (single copy).
+ */
+#include "check.h"
+#include "coll_ring.h"
+
+static int ag_ring_supports(const coll_op_t *op) { return 1; }
+
+static ncclResult_t ag_ring_setup(coll_op_t *op) {
+    if (op->comm->nranks > 1) coll_ring_plan(op, op->count, 1);
+    return ncclSuccess;
+}
+
+static ncclResult_t ag_ring_progress(coll_op_t *op, int *done_p) {
+    struct ncclComm *comm = op->comm;
+    const long n = comm->nranks;
+    const size_t es = op->esize;
+    const char *in = op->sendbuff;
+    char *out = op->recvbuff;
+    char *mine = out + (size_t)comm->rank * op->count * es;
+    if (n == 1) {
+        if (in != mine) rk_copy(mine, in, op->count * es);
+        *done_p = 1;
+        return ncclSuccess;
+    }
+    int moved = 0;
+    for (int c = 0; c < op->nch; c++) {
+        coll_chan_t *ch = &op->ch[c];
+        const int *ring = comm->channels[c].ring;
+        const long p = comm->channels[c].index;
+        while (!ch->done) {
+            if (ch->base >= ch->end) {
+                int d;
+                CHECK(coll_ring_channel_end(op, ch, &d));
+                break;
+            }
+            size_t len = CHORUS_MIN(ch->end - ch->base, op->chunk_elems);
+            long k = ch->step;
+            coll_chunk_t cc = {0};
+            coll_use_t *rx = &ch->recv, *tx = &ch->send;
+            cc.count = len;
+            cc.direct_ok = 1;
+            cc.recv_direct_ok = 1;
+            if (k == 0) {
+                cc.kind = PRIM_SEND;
+                cc.in = in + ch->base * es;
+                rx = NULL;
+            } else {
+                int owner = ring[coll_mod(p - k, n)];
+                cc.dst = out + ((size_t)owner * op->count + ch->base) * es;
+                cc.kind = k <= n - 2 ? PRIM_RECV_COPY_SEND : PRIM_RECV;
+                if (k == n - 1) tx = NULL;
+            }
+            int ok;
+            CHECK(prim_step(op, rx, tx, &cc, &ok));
+            if (!ok) break;
+            if (k == 0 && in != mine) rk_copy(mine + ch->base * es, cc.in, len * es);
+            moved = 1;
+            if (++ch->step == n) {
+                ch->step = 0;
+                ch->base += len;
+            }
+        }
+    }
+    *done_p = coll_ring_answer(op, moved);
+    return ncclSuccess;
+}
+
+const coll_algo_t coll_algo_allgather_ring = {
+    .name = "ring",
+    .coll = COLL_ALLGATHER,
+    .id = COLL_ALGO_RING,
+    .supports = ag_ring_supports,
+    .setup = ag_ring_setup,
+    .progress = ag_ring_progress,
+};

@@ -1,0 +1,157 @@
+/*
+ * tuner.c: which algorithm runs an op, and the cost model behind it.
+ *
+ * Candidates per collective: all-reduce has the ring and the low-latency recursive doubling
+ * ("ll"); the others have one schedule each (ring/chain, or p2p for the transfer-based ones).
+ * The choice for all-reduce is by size: below LL_THRESHOLD bytes (default from measurements on
+ * this machine class: see DEFAULT_LL_*), recursive doubling; above it, the ring. NCCL_ALGO /
+ * CHORUS_ALGO override it: "ring", "ll" (also accepted: NCCL's "Tree"/"CollNet*" map to the
+ * default choice), optionally per collective: "allreduce:ll,broadcast:ring". A forced algorithm
+ * that cannot run the op (ll on a message larger than one chunk) falls back with an INFO line.
+ * INFO TUNING/COLL says what was chosen and why.
+ *
+ * The model (for ncclGroupSimulateEnd): time = steps * latency + traffic / bandwidth with
+ * per-transport constants.
+ */
+#include <stdio.h>
+#include <string.h>
+#include <strings.h>
+
+#include "check.h"
+#include "coll_engine.h"
+#include "comm.h"
+#include "log.h"
+#include "param.h"
+
+/* Crossover between recursive doubling and the ring for all-reduce (bytes), measured with the
+ * coll driver on 2 cores: shared memory, and TCP loopback. */
+#define DEFAULT_LL_SHM (64 * 1024)
+#define DEFAULT_LL_TCP (128 * 1024)
+
+static const coll_algo_t *tuner_ring_algo(int coll) {
+    switch (coll) {
+    case COLL_ALLREDUCE: return &coll_algo_allreduce_ring;
+    case COLL_REDUCESCATTER: return &coll_algo_reducescatter_ring;
+    case COLL_ALLGATHER: return &coll_algo_allgather_ring;
+    case COLL_BROADCAST: return &coll_algo_broadcast_chain;
+    case COLL_REDUCE: return &coll_algo_reduce_chain;
+    default: return &coll_algo_p2p;
+    }
+}
+
+/* The value of NCCL_ALGO/CHORUS_ALGO that applies to this collective, or NULL. */
+static const char *tuner_forced(int coll, char *buf, size_t len) {
+    const char *spec = chorus_param_str(PARAM_ALGO);
+    if (spec == NULL || spec[0] == 0) return NULL;
+    const char *name = coll_kind_name(coll);
+    const char *generic = NULL;
+    char tmp[256];
+    snprintf(tmp, sizeof(tmp), "%s", spec);
+    char *save = NULL;
+    static __thread char generic_buf[64];
+    for (char *tok = strtok_r(tmp, ",;", &save); tok; tok = strtok_r(NULL, ",;", &save)) {
+        while (*tok == ' ') tok++;
+        char *colon = strchr(tok, ':');
+        if (colon) {
+            *colon = 0;
+            if (strcasecmp(tok, name) == 0) {
+                snprintf(buf, len, "%s", colon + 1);
+                return buf;
+            }
+        } else if (generic == NULL) {
+            snprintf(generic_buf, sizeof(generic_buf), "%s", tok);
+            generic = generic_buf;
+        }
+    }
+    if (generic) snprintf(buf, len, "%s", generic);
+    return generic ? buf : NULL;
+}
+
+static int tuner_edge_is_tcp(struct ncclComm *comm) {
+    if (comm->nranks < 2 || comm->edge_transport == NULL) return 0;
+    int peer = comm->channels[0].next >= 0 ? comm->channels[0].next : (comm->rank + 1) % comm->nranks;
+    const chorus_transport_ops_t *t = comm->edge_transport[peer];
+    return t && strcmp(t->name, "tcp") == 0;
+}
+
+static size_t tuner_ll_threshold(struct ncclComm *comm) {
+    int64_t t = chorus_param_int(PARAM_LL_THRESHOLD);
+    if (t >= 0) return (size_t)t;
+    return tuner_edge_is_tcp(comm) ? DEFAULT_LL_TCP : DEFAULT_LL_SHM;
+}
+
+ncclResult_t coll_tuner_pick(coll_op_t *op) {
+    struct ncclComm *comm = op->comm;
+    const coll_algo_t *ring = tuner_ring_algo(op->coll);
+    const coll_algo_t *pick = ring;
+    size_t bytes = op->count * op->esize;
+    const char *why = "only schedule";
+    char buf[64];
+    const char *forced = tuner_forced(op->coll, buf, sizeof(buf));
+    if (op->coll == COLL_ALLREDUCE) {
+        size_t thr = tuner_ll_threshold(comm);
+        int ll_ok = coll_algo_allreduce_rd.supports(op);
+        if (forced && strcasecmp(forced, "ll") == 0) {
+            if (ll_ok) {
+                pick = &coll_algo_allreduce_rd;
+                why = "forced by NCCL_ALGO/CHORUS_ALGO";
+            } else {
+                why = "ll forced but the message is larger than one chunk";
+            }
+        } else if (forced && strcasecmp(forced, "ring") == 0) {
+            why = "forced by NCCL_ALGO/CHORUS_ALGO";
+        } else {
+            if (ll_ok && bytes <= thr) {
+                pick = &coll_algo_allreduce_rd;
+                why = "size below LL_THRESHOLD";
+            } else {
+                why = "size above LL_THRESHOLD";
+            }
+        }
+    } else if (forced && strcasecmp(forced, "ring") != 0 && strcasecmp(forced, "ll") != 0) {
+        why = "NCCL_ALGO value not known here: default";
+    }
+    op->algo = pick;
+    op->uses_ring = pick->id == COLL_ALGO_RING && comm->nranks > 1;
+    INFO(SUB_TUNING | SUB_COLL, "%s: %zu bytes, %d ranks, %s -> algorithm %s (%s)",
+         coll_kind_name(op->coll), bytes, comm->nranks, tuner_edge_is_tcp(comm) ? "tcp" : "shm",
+         pick->name, why);
+    return ncclSuccess;
+}
+
+double coll_tuner_estimate_us(struct ncclComm *comm, int coll, size_t bytes) {
+    const int n = comm->nranks;
+    if (n <= 1) return 0.1 + (double)bytes / 20e3; /* a local copy at ~20 GB/s */
+    int tcp = tuner_edge_is_tcp(comm);
+    double lat_us = tcp ? 12.0 : 1.0;
+    double bw = tcp ? 3.0e3 : 8.0e3; /* bytes per microsecond */
+    double steps, traffic;
+    switch (coll) {
+    case COLL_ALLREDUCE:
+        if (bytes <= tuner_ll_threshold(comm)) {
+            int r = 0;
+            while ((2 << r) <= n) r++;
+            steps = r + ((n & (n - 1)) ? 2 : 0);
+            traffic = (double)bytes * steps;
+        } else {
+            steps = 2.0 * (n - 1);
+            traffic = 2.0 * (n - 1) / n * (double)bytes;
+        }
+        break;
+    case COLL_REDUCESCATTER:
+    case COLL_ALLGATHER:
+        steps = n - 1;
+        traffic = (double)(n - 1) / n * (double)bytes;
+        break;
+    case COLL_BROADCAST:
+    case COLL_REDUCE:
+        steps = n - 1;
+        traffic = (double)bytes;
+        break;
+    default:
+        steps = 1;
+        traffic = (double)bytes;
+        break;
+    }
+    return steps * lat_us + traffic / bw;
+}

@@ -1,0 +1,241 @@
+/*
+ * coll_api.c: the NCCL collective and point-to-point entry points on host buffers.
+ *
+ * Each entry point validates its arguments with NCCL's rules (a bad argument is
+ * ncclInvalidArgument with a WARN naming it, and the communicator stays usable), builds an op,
+ * lets the tuner choose its algorithm, and then either queues it for the group (between
+ * ncclGroupStart and ncclGroupEnd) or runs it: connect what it needs, enqueue, and drive progress
+ * in this thread until it retires. Count 0 is a no-op once the arguments are checked. A CUDA
+ * stream, when given, is synchronised first so earlier GPU work into a host buffer is ordered.
+ * Device buffers are not handled yet: ncclInvalidUsage with a WARN.
+ */
+#include <stdio.h>
+
+#include "check.h"
+#include "coll_api.h"
+#include "coll_engine.h"
+#include "comm.h"
+#include "core.h"
+#include "log.h"
+
+#if CHORUS_HAVE_CUDA
+#include <cuda_runtime.h>
+#endif
+
+static ncclResult_t api_check_ptr(const char *api, const char *name, const void *p, size_t count) {
+    if (count > 0 && p == NULL) {
+        WARN("%s: %s is NULL with count %zu", api, name, count);
+        return ncclInvalidArgument;
+    }
+    if (p && comm_ptr_is_device(p)) {
+        WARN("%s: %s %p is device memory; device buffers are not supported yet (host buffers "
+             "only)",
+             api, name, p);
+        return ncclInvalidUsage;
+    }
+    return ncclSuccess;
+}
+
+ncclResult_t coll_api_prepare(const coll_args_t *a, coll_op_t **op_p) {
+    *op_p = NULL;
+    const char *api = a->api;
+    struct ncclComm *comm = a->comm;
+    CHECK(comm_check_usable(comm, api));
+    if (comm->abort_flag) {
+        WARN("%s: communicator %p was aborted", api, (void *)comm);
+        return ncclInvalidUsage;
+    }
+    size_t esize = chorus_dtype_size(a->dtype);
+    ARGCHECK(esize != 0, "%s: invalid datatype %d", api, (int)a->dtype);
+    chorus_redop_t redop = {0};
+    int reduces = a->coll == COLL_ALLREDUCE || a->coll == COLL_REDUCESCATTER ||
+                  a->coll == COLL_REDUCE;
+    if (reduces) CHECK(comm_resolve_redop(comm, a->op, a->dtype, &redop));
+    const int n = comm->nranks;
+    if (a->coll == COLL_SEND || a->coll == COLL_RECV) {
+        ARGCHECK(a->root >= 0 && a->root < n, "%s: peer %d is out of range (0..%d)", api, a->root,
+                 n - 1);
+    } else if (a->coll == COLL_BROADCAST || a->coll == COLL_REDUCE || a->coll == COLL_GATHER ||
+               a->coll == COLL_SCATTER) {
+        ARGCHECK(a->root >= 0 && a->root < n, "%s: root %d is out of range (0..%d)", api, a->root,
+                 n - 1);
+    }
+    /* Which buffers must exist on this rank, and how many elements each holds. */
+    size_t scount = a->count, rcount = a->count;
+    int need_send = 1, need_recv = 1;
+    switch (a->coll) {
+    case COLL_REDUCESCATTER: scount = a->count * n; break;
+    case COLL_ALLGATHER: rcount = a->count * n; break;
+    case COLL_ALLTOALL: scount = rcount = a->count * n; break;
+    case COLL_SEND: need_recv = 0; break;
+    case COLL_RECV: need_send = 0; break;
+    case COLL_BROADCAST: need_send = comm->rank == a->root; break;
+    case COLL_REDUCE: need_recv = comm->rank == a->root; break;
+    case COLL_GATHER:
+        rcount = a->count * n;
+        need_recv = comm->rank == a->root;
+        break;
+    case COLL_SCATTER:
+        scount = a->count * n;
+        need_send = comm->rank == a->root;
+        break;
+    default: break;
+    }
+    if (need_send) CHECK(api_check_ptr(api, "sendbuff", a->sendbuff, scount));
+    if (need_recv) CHECK(api_check_ptr(api, "recvbuff", a->recvbuff, rcount));
+    if (a->count == 0) return ncclSuccess;
+#if CHORUS_HAVE_CUDA
+    if (a->stream != NULL || comm->cuda_dev >= 0) {
+        cudaError_t err = cudaStreamSynchronize((cudaStream_t)a->stream);
+        if (err != cudaSuccess) {
+            WARN("%s: cudaStreamSynchronize failed: %s", api, cudaGetErrorString(err));
+            return ncclUnhandledCudaError;
+        }
+    }
+#endif
+    coll_op_t *op;
+    CHECK(coll_op_alloc(comm, a->coll, &op));
+    op->sendbuff = a->sendbuff;
+    op->recvbuff = a->recvbuff;
+    op->count = a->count;
+    op->dtype = a->dtype;
+    op->esize = esize;
+    op->root = a->root;
+    if (reduces) {
+        op->user_op = (int)a->op;
+        op->redop = redop;
+        op->combine = redop;
+        if (redop.kind == RK_PREMULSUM || redop.kind == RK_SUMDIV) op->combine.kind = RK_SUM;
+    }
+    ncclResult_t res = coll_tuner_pick(op);
+    if (res != ncclSuccess) {
+        coll_op_release(op);
+        return res;
+    }
+    *op_p = op;
+    return ncclSuccess;
+}
+
+ncclResult_t coll_api_run(const coll_args_t *a) {
+    coll_op_t *op;
+    ncclResult_t res = coll_api_prepare(a, &op);
+    if (res != ncclSuccess || op == NULL) {
+        group_note_error(res);
+        return res;
+    }
+    if (group_depth() > 0) {
+        res = group_add_op(op);
+        if (res != ncclSuccess) coll_op_release(op);
+        group_note_error(res);
+        return res;
+    }
+    res = coll_engine_connect(op->comm, &op, 1);
+    if (res == ncclSuccess) res = coll_engine_enqueue(op);
+    if (res == ncclSuccess) res = coll_engine_wait(&op, 1);
+    coll_op_release(op);
+    return res;
+}
+
+
+NCCL_API(ncclResult_t, ncclAllReduce, const void *sendbuff, void *recvbuff, size_t count,
+         ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream);
+ncclResult_t ncclAllReduce(const void *sendbuff, void *recvbuff, size_t count,
+                           ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm,
+                           cudaStream_t stream) {
+    coll_args_t a = {"ncclAllReduce", COLL_ALLREDUCE, sendbuff, recvbuff, count, datatype, op, -1,
+                     comm, stream};
+    return coll_api_run(&a);
+}
+
+NCCL_API(ncclResult_t, ncclReduceScatter, const void *sendbuff, void *recvbuff, size_t recvcount,
+         ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream);
+ncclResult_t ncclReduceScatter(const void *sendbuff, void *recvbuff, size_t recvcount,
+                               ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm,
+                               cudaStream_t stream) {
+    coll_args_t a = {"ncclReduceScatter", COLL_REDUCESCATTER, sendbuff, recvbuff, recvcount,
+                     datatype, op, -1, comm, stream};
+    return coll_api_run(&a);
+}
+
+NCCL_API(ncclResult_t, ncclAllGather, const void *sendbuff, void *recvbuff, size_t sendcount,
+         ncclDataType_t datatype, ncclComm_t comm, cudaStream_t stream);
+ncclResult_t ncclAllGather(const void *sendbuff, void *recvbuff, size_t sendcount,
+                           ncclDataType_t datatype, ncclComm_t comm, cudaStream_t stream) {
+    coll_args_t a = {"ncclAllGather", COLL_ALLGATHER, sendbuff, recvbuff, sendcount, datatype,
+                     ncclSum, -1, comm, stream};
+    return coll_api_run(&a);
+}
+
+NCCL_API(ncclResult_t, ncclBroadcast, const void *sendbuff, void *recvbuff, size_t count,
+         ncclDataType_t datatype, int root, ncclComm_t comm, cudaStream_t stream);
+ncclResult_t ncclBroadcast(const void *sendbuff, void *recvbuff, size_t count,
+                           ncclDataType_t datatype, int root, ncclComm_t comm,
+                           cudaStream_t stream) {
+    coll_args_t a = {"ncclBroadcast", COLL_BROADCAST, sendbuff, recvbuff, count, datatype, ncclSum,
+                     root, comm, stream};
+    return coll_api_run(&a);
+}
+
+NCCL_API(ncclResult_t, ncclBcast, void *buff, size_t count, ncclDataType_t datatype, int root,
+         ncclComm_t comm, cudaStream_t stream);
+ncclResult_t ncclBcast(void *buff, size_t count, ncclDataType_t datatype, int root,
+                       ncclComm_t comm, cudaStream_t stream) {
+    coll_args_t a = {"ncclBcast", COLL_BROADCAST, buff, buff, count, datatype, ncclSum, root, comm,
+                     stream};
+    return coll_api_run(&a);
+}
+
+NCCL_API(ncclResult_t, ncclReduce, const void *sendbuff, void *recvbuff, size_t count,
+         ncclDataType_t datatype, ncclRedOp_t op, int root, ncclComm_t comm, cudaStream_t stream);
+ncclResult_t ncclReduce(const void *sendbuff, void *recvbuff, size_t count,
+                        ncclDataType_t datatype, ncclRedOp_t op, int root, ncclComm_t comm,
+                        cudaStream_t stream) {
+    coll_args_t a = {"ncclReduce", COLL_REDUCE, sendbuff, recvbuff, count, datatype, op, root,
+                     comm, stream};
+    return coll_api_run(&a);
+}
+
+NCCL_API(ncclResult_t, ncclSend, const void *sendbuff, size_t count, ncclDataType_t datatype,
+         int peer, ncclComm_t comm, cudaStream_t stream);
+ncclResult_t ncclSend(const void *sendbuff, size_t count, ncclDataType_t datatype, int peer,
+                      ncclComm_t comm, cudaStream_t stream) {
+    coll_args_t a = {"ncclSend", COLL_SEND, sendbuff, NULL, count, datatype, ncclSum, peer, comm,
+                     stream};
+    return coll_api_run(&a);
+}
+
+NCCL_API(ncclResult_t, ncclRecv, void *recvbuff, size_t count, ncclDataType_t datatype, int peer,
+         ncclComm_t comm, cudaStream_t stream);
+ncclResult_t ncclRecv(void *recvbuff, size_t count, ncclDataType_t datatype, int peer,
+                      ncclComm_t comm, cudaStream_t stream) {
+    coll_args_t a = {"ncclRecv", COLL_RECV, NULL, recvbuff, count, datatype, ncclSum, peer, comm,
+                     stream};
+    return coll_api_run(&a);
+}
+
+NCCL_API(ncclResult_t, ncclAlltoAll, const void *sendbuff, void *recvbuff, size_t count,
+         ncclDataType_t datatype, ncclComm_t comm, cudaStream_t stream);
+ncclResult_t ncclAlltoAll(const void *sendbuff, void *recvbuff, size_t count,
+                          ncclDataType_t datatype, ncclComm_t comm, cudaStream_t stream) {
+    coll_args_t a = {"ncclAlltoAll", COLL_ALLTOALL, sendbuff, recvbuff, count, datatype, ncclSum,
+                     -1, comm, stream};
+    return coll_api_run(&a);
+}
+
+NCCL_API(ncclResult_t, ncclGather, const void *sendbuff, void *recvbuff, size_t count,
+         ncclDataType_t datatype, int root, ncclComm_t comm, cudaStream_t stream);
+ncclResult_t ncclGather(const void *sendbuff, void *recvbuff, size_t count,
+                        ncclDataType_t datatype, int root, ncclComm_t comm, cudaStream_t stream) {
+    coll_args_t a = {"ncclGather", COLL_GATHER, sendbuff, recvbuff, count, datatype, ncclSum, root,
+                     comm, stream};
+    return coll_api_run(&a);
+}
+
+NCCL_API(ncclResult_t, ncclScatter, const void *sendbuff, void *recvbuff, size_t count,
+         ncclDataType_t datatype, int root, ncclComm_t comm, cudaStream_t stream);
+ncclResult_t ncclScatter(const void *sendbuff, void *recvbuff, size_t count,
+                         ncclDataType_t datatype, int root, ncclComm_t comm, cudaStream_t stream) {
+    coll_args_t a = {"ncclScatter", COLL_SCATTER, sendbuff, recvbuff, count, datatype, ncclSum,
+                     root, comm, stream};
+    return coll_api_run(&a);
+}

@@ -1,0 +1,28 @@
+/*
+ * coll_api.h: shared by the collective entry points (coll_api.c) and the native async API
+ * (coll_async.c): the arguments of one call, and the two steps every call takes.
+ */
+#ifndef CHORUS_COLL_API_H_
+#define CHORUS_COLL_API_H_
+
+#include "coll_engine.h"
+
+typedef struct {
+    const char *api; /* for WARN lines: "ncclAllReduce" */
+    coll_kind_t coll;
+    const void *sendbuff;
+    void *recvbuff;
+    size_t count;
+    ncclDataType_t dtype;
+    ncclRedOp_t op;
+    int root; /* root, or peer for send/recv; -1 when unused */
+    struct ncclComm *comm;
+    void *stream;
+} coll_args_t;
+
+/* Validate and build the op (*op_p NULL for a valid count-0 call: nothing to run). */
+ncclResult_t coll_api_prepare(const coll_args_t *a, coll_op_t **op_p);
+/* Blocking NCCL semantics for host buffers (or queue it inside a group). */
+ncclResult_t coll_api_run(const coll_args_t *a);
+
+#endif

@@ -1,0 +1,170 @@
+// test_init_env.cc: chorusCommInitFromEnv with the variables of torchrun, mpirun and srun.
+//
+// Missing or malformed variables must give ncclInvalidArgument with a WARN naming them; complete
+// sets must build a working communicator (forked ranks, since the environment is per process).
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "chorus.h"
+#include "launch.h"
+#include "nccl.h"
+
+extern "C" {
+#include "log.h"
+#include "param.h"
+}
+
+namespace {
+
+const char *kAllVars[] = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT",
+                          "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
+                          "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_PROCID", "SLURM_NTASKS",
+                          "SLURM_LOCALID", "NCCL_COMM_ID", "CHORUS_COMM_ID"};
+
+// Clears every launcher variable for the test and restores them afterwards.
+class InitFromEnv : public ::testing::Test {
+  protected:
+    std::vector<std::pair<std::string, std::string>> saved_;
+    void SetUp() override {
+        for (const char *v : kAllVars) {
+            if (const char *o = getenv(v)) saved_.emplace_back(v, o);
+            unsetenv(v);
+        }
+        chorus_param_reset();
+    }
+    void TearDown() override {
+        for (const char *v : kAllVars) unsetenv(v);
+        for (auto &p : saved_) setenv(p.first.c_str(), p.second.c_str(), 1);
+        chorus_param_reset();
+    }
+    // Expect ncclInvalidArgument and a last-error text containing `needle`.
+    void expect_invalid(const char *needle) {
+        ncclComm_t comm = reinterpret_cast<ncclComm_t>(0x1);
+        EXPECT_EQ(chorusCommInitFromEnv(&comm), ncclInvalidArgument);
+        EXPECT_EQ(comm, nullptr);
+        EXPECT_NE(strstr(chorus_log_last_error(), needle), nullptr)
+            << "last error: " << chorus_log_last_error() << " (wanted " << needle << ")";
+    }
+};
+
+int free_port() {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    bind(fd, (sockaddr *)&a, sizeof(a));
+    socklen_t l = sizeof(a);
+    getsockname(fd, (sockaddr *)&a, &l);
+    int port = ntohs(a.sin_port);
+    close(fd);
+    return port;
+}
+
+TEST_F(InitFromEnv, NullComm) { EXPECT_EQ(chorusCommInitFromEnv(nullptr), ncclInvalidArgument); }
+
+TEST_F(InitFromEnv, NothingSet) { expect_invalid("RANK"); }
+
+TEST_F(InitFromEnv, RankWithoutSize) {
+    setenv("RANK", "0", 1);
+    expect_invalid("WORLD_SIZE");
+}
+
+TEST_F(InitFromEnv, SizeWithoutRank) {
+    setenv("OMPI_COMM_WORLD_SIZE", "2", 1);
+    expect_invalid("OMPI_COMM_WORLD_RANK");
+}
+
+TEST_F(InitFromEnv, MalformedRank) {
+    setenv("RANK", "one", 1);
+    setenv("WORLD_SIZE", "2", 1);
+    expect_invalid("RANK='one'");
+}
+
+TEST_F(InitFromEnv, RankNotBelowSize) {
+    setenv("SLURM_PROCID", "4", 1);
+    setenv("SLURM_NTASKS", "4", 1);
+    expect_invalid("SLURM_PROCID=4");
+}
+
+TEST_F(InitFromEnv, ZeroSize) {
+    setenv("RANK", "0", 1);
+    setenv("WORLD_SIZE", "0", 1);
+    expect_invalid("WORLD_SIZE");
+}
+
+TEST_F(InitFromEnv, MissingMasterAddr) {
+    setenv("RANK", "0", 1);
+    setenv("WORLD_SIZE", "1", 1);
+    setenv("MASTER_PORT", "29500", 1);
+    expect_invalid("MASTER_ADDR");
+}
+
+TEST_F(InitFromEnv, MissingMasterPort) {
+    setenv("RANK", "0", 1);
+    setenv("WORLD_SIZE", "1", 1);
+    setenv("MASTER_ADDR", "127.0.0.1", 1);
+    expect_invalid("MASTER_PORT");
+}
+
+TEST_F(InitFromEnv, BadMasterPort) {
+    setenv("RANK", "0", 1);
+    setenv("WORLD_SIZE", "1", 1);
+    setenv("MASTER_ADDR", "127.0.0.1", 1);
+    setenv("MASTER_PORT", "99999", 1);
+    expect_invalid("MASTER_PORT");
+}
+
+TEST_F(InitFromEnv, BadCommId) {
+    setenv("RANK", "0", 1);
+    setenv("WORLD_SIZE", "1", 1);
+    setenv("NCCL_COMM_ID", "nocolon", 1);
+    chorus_param_reset();
+    expect_invalid("NCCL_COMM_ID");
+}
+
+TEST_F(InitFromEnv, BadLocalRank) {
+    setenv("RANK", "0", 1);
+    setenv("WORLD_SIZE", "1", 1);
+    setenv("LOCAL_RANK", "-1", 1);
+    setenv("MASTER_ADDR", "127.0.0.1", 1);
+    setenv("MASTER_PORT", "29500", 1);
+    expect_invalid("LOCAL_RANK");
+}
+
+// Each launcher's variable set builds a communicator of 3 forked ranks.
+TEST_F(InitFromEnv, EachLauncherBuildsAComm) {
+    struct Style {
+        const char *rank, *size, *local;
+    } styles[] = {{"RANK", "WORLD_SIZE", "LOCAL_RANK"},
+                  {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK"},
+                  {"SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"}};
+    for (const Style &s : styles) {
+        std::string port = std::to_string(free_port());
+        auto res = chorus_test::run_forked(3, [&](int rank, int nranks) {
+            setenv(s.rank, std::to_string(rank).c_str(), 1);
+            setenv(s.size, std::to_string(nranks).c_str(), 1);
+            setenv(s.local, std::to_string(rank).c_str(), 1);
+            setenv("MASTER_ADDR", "127.0.0.1", 1);
+            setenv("MASTER_PORT", port.c_str(), 1);
+            chorus_param_reset();
+            ncclComm_t comm = nullptr;
+            RANK_NCCL(chorusCommInitFromEnv(&comm));
+            int n = -1, me = -1;
+            RANK_NCCL(ncclCommCount(comm, &n));
+            RANK_NCCL(ncclCommUserRank(comm, &me));
+            RANK_CHECK(n == nranks && me == rank, "rank %d of %d", me, n);
+            RANK_NCCL(ncclCommDestroy(comm));
+            return 0;
+        }, 60);
+        EXPECT_TRUE(res.ok()) << s.rank << ": " << res.detail;
+    }
+}
+
+} // namespace

@@ -1,0 +1,288 @@
+// test_coll_group.cc: groups (send/recv rings, all-to-all patterns, several collectives at once,
+// two communicators driven by one thread), the transfer-based collectives (all-to-all, gather,
+// scatter), the native async API and ncclGroupSimulateEnd.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "chorus.h"
+#include "coll_util.h"
+#include "launch.h"
+
+using namespace coll_test;
+using chorus_test::Launch;
+
+// The value rank `from` sends to rank `to` at element i.
+static int32_t p2p_val(int from, int to, size_t i) { return (int32_t)(from * 100000 + to * 1000 + (int)(i % 997)); }
+
+static int check_block(const int32_t *buf, int from, int to, size_t count, const char *what) {
+    for (size_t i = 0; i < count; i++) {
+        if (buf[i] != p2p_val(from, to, i)) {
+            fprintf(stderr, "%s: block %d->%d element %zu: got %d want %d\n", what, from, to, i,
+                    buf[i], p2p_val(from, to, i));
+            return 1;
+        }
+    }
+    return 0;
+}
+
+class GroupRing : public ::testing::TestWithParam<std::tuple<int, Launch>> {};
+TEST_P(GroupRing, SendRecv) {
+    int n = std::get<0>(GetParam());
+    ncclUniqueId id = chorus_test::make_unique_id();
+    auto res = chorus_test::run_ranks(std::get<1>(GetParam()), n, [&](int rank, int nr) -> int {
+        ncclComm_t comm;
+        RANK_NCCL(ncclCommInitRank(&comm, nr, id, rank));
+        int next = (rank + 1) % nr, prev = (rank - 1 + nr) % nr;
+        for (size_t count : {(size_t)0, (size_t)1, (size_t)1023, (size_t)(1 << 20) + 1}) {
+            std::vector<int32_t> s(count + 1), r(count + 1, -1);
+            for (size_t i = 0; i < count; i++) s[i] = p2p_val(rank, next, i);
+            RANK_NCCL(ncclGroupStart());
+            RANK_NCCL(ncclSend(s.data(), count, ncclInt32, next, comm, nullptr));
+            RANK_NCCL(ncclRecv(r.data(), count, ncclInt32, prev, comm, nullptr));
+            RANK_NCCL(ncclGroupEnd());
+            if (check_block(r.data(), prev, rank, count, "ring")) return 1;
+            // Both directions at once, recv posted first.
+            std::vector<int32_t> r2(count + 1, -1);
+            for (size_t i = 0; i < count; i++) s[i] = p2p_val(rank, prev, i);
+            RANK_NCCL(ncclGroupStart());
+            RANK_NCCL(ncclRecv(r2.data(), count, ncclInt32, next, comm, nullptr));
+            RANK_NCCL(ncclSend(s.data(), count, ncclInt32, prev, comm, nullptr));
+            RANK_NCCL(ncclGroupEnd());
+            if (check_block(r2.data(), next, rank, count, "reverse ring")) return 1;
+        }
+        RANK_NCCL(ncclCommDestroy(comm));
+        return 0;
+    });
+    EXPECT_TRUE(res.ok()) << res.detail;
+}
+INSTANTIATE_TEST_SUITE_P(Coll, GroupRing,
+                         ::testing::Values(std::make_tuple(2, Launch::Threads),
+                                           std::make_tuple(3, Launch::Threads),
+                                           std::make_tuple(5, Launch::Threads),
+                                           std::make_tuple(4, Launch::Forked)));
+
+// All-to-all three ways: ncclAlltoAll, a group of sends/receives (including self), and
+// gather/scatter from every root.
+class GroupAllToAll : public ::testing::TestWithParam<std::tuple<int, Launch>> {};
+TEST_P(GroupAllToAll, Patterns) {
+    int n = std::get<0>(GetParam());
+    ncclUniqueId id = chorus_test::make_unique_id();
+    auto res = chorus_test::run_ranks(std::get<1>(GetParam()), n, [&](int rank, int nr) -> int {
+        ncclComm_t comm;
+        RANK_NCCL(ncclCommInitRank(&comm, nr, id, rank));
+        for (size_t count : {(size_t)1, (size_t)777, (size_t)70001}) {
+            std::vector<int32_t> s(count * nr), r(count * nr, -1);
+            for (int to = 0; to < nr; to++)
+                for (size_t i = 0; i < count; i++) s[to * count + i] = p2p_val(rank, to, i);
+            RANK_NCCL(ncclAlltoAll(s.data(), r.data(), count, ncclInt32, comm, nullptr));
+            for (int from = 0; from < nr; from++)
+                if (check_block(&r[from * count], from, rank, count, "alltoall")) return 1;
+            std::fill(r.begin(), r.end(), -1);
+            RANK_NCCL(ncclGroupStart());
+            for (int k = 0; k < nr; k++) {
+                int to = (rank + k) % nr, from = (rank - k + nr) % nr;
+                RANK_NCCL(ncclSend(&s[to * count], count, ncclInt32, to, comm, nullptr));
+                RANK_NCCL(ncclRecv(&r[from * count], count, ncclInt32, from, comm, nullptr));
+            }
+            RANK_NCCL(ncclGroupEnd());
+            for (int from = 0; from < nr; from++)
+                if (check_block(&r[from * count], from, rank, count, "grouped alltoall")) return 1;
+            for (int root = 0; root < nr; root++) {
+                std::vector<int32_t> g(count * nr, -1), one(count);
+                for (size_t i = 0; i < count; i++) one[i] = p2p_val(rank, root, i);
+                RANK_NCCL(ncclGather(one.data(), g.data(), count, ncclInt32, root, comm, nullptr));
+                if (rank == root)
+                    for (int from = 0; from < nr; from++)
+                        if (check_block(&g[from * count], from, root, count, "gather")) return 1;
+                std::vector<int32_t> sc(count * nr), got(count, -1);
+                for (int to = 0; to < nr; to++)
+                    for (size_t i = 0; i < count; i++) sc[to * count + i] = p2p_val(root, to, i);
+                RANK_NCCL(ncclScatter(sc.data(), got.data(), count, ncclInt32, root, comm, nullptr));
+                if (check_block(got.data(), root, rank, count, "scatter")) return 1;
+            }
+        }
+        RANK_NCCL(ncclCommDestroy(comm));
+        return 0;
+    });
+    EXPECT_TRUE(res.ok()) << res.detail;
+}
+INSTANTIATE_TEST_SUITE_P(Coll, GroupAllToAll,
+                         ::testing::Values(std::make_tuple(2, Launch::Threads),
+                                           std::make_tuple(3, Launch::Threads),
+                                           std::make_tuple(5, Launch::Threads),
+                                           std::make_tuple(3, Launch::Forked)));
+
+// Several collectives in one group, and a group nested in a group.
+TEST(Group, SeveralCollectives) {
+    ncclUniqueId id = chorus_test::make_unique_id();
+    auto res = chorus_test::run_threads(3, [&](int rank, int nr) -> int {
+        ncclComm_t comm;
+        RANK_NCCL(ncclCommInitRank(&comm, nr, id, rank));
+        const size_t count = 100003;
+        std::vector<float> a(count), b(count * nr), c(count);
+        fill_input(ncclFloat32, T_SUM, rank, count, a.data());
+        std::vector<float> ar(count), bc(count);
+        fill_input(ncclFloat32, T_SUM, 0, count, bc.data());
+        RANK_NCCL(ncclGroupStart());
+        RANK_NCCL(ncclAllReduce(a.data(), ar.data(), count, ncclFloat32, ncclSum, comm, nullptr));
+        RANK_NCCL(ncclGroupStart());
+        RANK_NCCL(ncclAllGather(a.data(), b.data(), count, ncclFloat32, comm, nullptr));
+        RANK_NCCL(ncclGroupEnd());
+        RANK_NCCL(ncclBroadcast(bc.data(), c.data(), count, ncclFloat32, 0, comm, nullptr));
+        RANK_NCCL(ncclGroupEnd());
+        std::string why;
+        RANK_CHECK(check_reduced(ncclFloat32, T_SUM, nr, count, ar.data(), 0, &why), "%s", why.c_str());
+        for (int q = 0; q < nr; q++) {
+            std::vector<float> want(count);
+            fill_input(ncclFloat32, T_SUM, q, count, want.data());
+            RANK_CHECK(memcmp(want.data(), &b[q * count], count * 4) == 0, "allgather block %d", q);
+        }
+        RANK_CHECK(memcmp(bc.data(), c.data(), count * 4) == 0, "broadcast");
+        RANK_NCCL(ncclCommDestroy(comm));
+        return 0;
+    });
+    EXPECT_TRUE(res.ok()) << res.detail;
+}
+
+// One thread drives every rank: ncclCommInitAll, then grouped collectives and send/recv.
+class GroupOneThread : public ::testing::TestWithParam<int> {};
+TEST_P(GroupOneThread, TwoOrMoreComms) {
+    int n = GetParam();
+    std::vector<ncclComm_t> comms(n);
+    ASSERT_EQ(ncclCommInitAll(comms.data(), n, nullptr), ncclSuccess) << ncclGetLastError(nullptr);
+    for (size_t count : {(size_t)1, (size_t)4099, (size_t)300001}) {
+        std::vector<std::vector<float>> in(n), out(n);
+        for (int r = 0; r < n; r++) {
+            in[r].resize(count);
+            out[r].assign(count, -1);
+            fill_input(ncclFloat32, T_SUM, r, count, in[r].data());
+        }
+        ASSERT_EQ(ncclGroupStart(), ncclSuccess);
+        for (int r = 0; r < n; r++)
+            ASSERT_EQ(ncclAllReduce(in[r].data(), out[r].data(), count, ncclFloat32, ncclSum,
+                                    comms[r], nullptr),
+                      ncclSuccess);
+        ASSERT_EQ(ncclGroupEnd(), ncclSuccess) << ncclGetLastError(nullptr);
+        for (int r = 0; r < n; r++) {
+            std::string why;
+            EXPECT_TRUE(check_reduced(ncclFloat32, T_SUM, n, count, out[r].data(), 0, &why)) << why;
+        }
+        // A send/recv ring across the communicators, all from this thread.
+        std::vector<std::vector<int32_t>> s(n), rv(n);
+        ASSERT_EQ(ncclGroupStart(), ncclSuccess);
+        for (int r = 0; r < n; r++) {
+            s[r].resize(count);
+            rv[r].assign(count, -1);
+            for (size_t i = 0; i < count; i++) s[r][i] = p2p_val(r, (r + 1) % n, i);
+            ASSERT_EQ(ncclSend(s[r].data(), count, ncclInt32, (r + 1) % n, comms[r], nullptr), ncclSuccess);
+            ASSERT_EQ(ncclRecv(rv[r].data(), count, ncclInt32, (r - 1 + n) % n, comms[r], nullptr), ncclSuccess);
+        }
+        ASSERT_EQ(ncclGroupEnd(), ncclSuccess) << ncclGetLastError(nullptr);
+        for (int r = 0; r < n; r++)
+            EXPECT_EQ(check_block(rv[r].data(), (r - 1 + n) % n, r, count, "one-thread ring"), 0);
+    }
+    for (int r = 0; r < n; r++) EXPECT_EQ(ncclCommDestroy(comms[r]), ncclSuccess);
+}
+INSTANTIATE_TEST_SUITE_P(Coll, GroupOneThread, ::testing::Values(2, 3));
+
+TEST(Group, EndWithoutStart) {
+    EXPECT_EQ(ncclGroupEnd(), ncclInvalidUsage);
+    EXPECT_EQ(ncclGroupStart(), ncclSuccess);
+    EXPECT_EQ(ncclGroupEnd(), ncclSuccess);
+    EXPECT_EQ(ncclGroupEnd(), ncclInvalidUsage);
+}
+
+TEST(Group, SelfSendRecv) {
+    ncclUniqueId id = chorus_test::make_unique_id();
+    auto res = chorus_test::run_threads(2, [&](int rank, int nr) -> int {
+        ncclComm_t comm;
+        RANK_NCCL(ncclCommInitRank(&comm, nr, id, rank));
+        std::vector<int32_t> s(5000), r(5000, -1);
+        for (size_t i = 0; i < s.size(); i++) s[i] = p2p_val(rank, rank, i);
+        RANK_NCCL(ncclGroupStart());
+        RANK_NCCL(ncclRecv(r.data(), r.size(), ncclInt32, rank, comm, nullptr));
+        RANK_NCCL(ncclSend(s.data(), s.size(), ncclInt32, rank, comm, nullptr));
+        RANK_NCCL(ncclGroupEnd());
+        if (check_block(r.data(), rank, rank, r.size(), "self")) return 1;
+        RANK_NCCL(ncclCommDestroy(comm));
+        return 0;
+    });
+    EXPECT_TRUE(res.ok()) << res.detail;
+}
+
+TEST(Group, SimulateEnd) {
+    ncclComm_t comm;
+    int dev = 0;
+    ASSERT_EQ(ncclCommInitAll(&comm, 1, &dev), ncclSuccess) << ncclGetLastError(nullptr);
+    std::vector<float> a(1 << 20);
+    ncclSimInfo_t bad = NCCL_SIM_INFO_INITIALIZER;
+    bad.magic = 1;
+    ASSERT_EQ(ncclGroupStart(), ncclSuccess);
+    EXPECT_EQ(ncclGroupSimulateEnd(&bad), ncclInvalidArgument);
+    ncclSimInfo_t sim = NCCL_SIM_INFO_INITIALIZER;
+    ASSERT_EQ(ncclAllReduce(a.data(), a.data(), a.size(), ncclFloat32, ncclSum, comm, nullptr), ncclSuccess);
+    EXPECT_EQ(ncclGroupSimulateEnd(&sim), ncclSuccess);
+    EXPECT_GT(sim.estimatedTime, 0.0f);
+    EXPECT_EQ(ncclGroupEnd(), ncclInvalidUsage); // the group was consumed by SimulateEnd
+    EXPECT_EQ(ncclCommDestroy(comm), ncclSuccess);
+}
+
+// Native async API: several ops in flight, computed on while the progress thread works.
+class Async : public ::testing::TestWithParam<std::tuple<const char *, Launch>> {};
+TEST_P(Async, RequestsCompleteInOrder) {
+    setenv("CHORUS_PROGRESS_THREAD", std::get<0>(GetParam()), 1);
+    ncclResetDebugInit();
+    ncclUniqueId id = chorus_test::make_unique_id();
+    auto res = chorus_test::run_ranks(std::get<1>(GetParam()), 3, [&](int rank, int nr) -> int {
+        ncclComm_t comm;
+        RANK_NCCL(ncclCommInitRank(&comm, nr, id, rank));
+        const int nops = 6;
+        const size_t count = 200001;
+        std::vector<std::vector<float>> in(nops), out(nops);
+        chorusRequest_t req[nops];
+        for (int k = 0; k < nops; k++) {
+            in[k].resize(count);
+            out[k].assign(count * nr, -1);
+            fill_input(ncclFloat32, T_SUM, rank, count, in[k].data());
+            if (k % 2 == 0)
+                RANK_NCCL(chorusAllReduceAsync(in[k].data(), out[k].data(), count, ncclFloat32,
+                                               ncclSum, comm, &req[k]));
+            else
+                RANK_NCCL(chorusAllGatherAsync(in[k].data(), out[k].data(), count, ncclFloat32,
+                                               comm, &req[k]));
+        }
+        volatile double x = 0; // the caller computes meanwhile
+        for (int i = 0; i < 100000; i++) x += i * 0.5;
+        int done = 0;
+        RANK_NCCL(chorusTest(req[0], &done));
+        if (!done) RANK_NCCL(chorusWait(req[0]));
+        RANK_NCCL(chorusWaitAll(nops - 1, &req[1]));
+        for (int k = 0; k < nops; k++) {
+            std::string why;
+            if (k % 2 == 0) {
+                RANK_CHECK(check_reduced(ncclFloat32, T_SUM, nr, count, out[k].data(), 0, &why), "%s", why.c_str());
+            } else {
+                for (int q = 0; q < nr; q++) {
+                    std::vector<float> want(count);
+                    fill_input(ncclFloat32, T_SUM, q, count, want.data());
+                    RANK_CHECK(memcmp(want.data(), &out[k][q * count], count * 4) == 0, "op %d block %d", k, q);
+                }
+            }
+        }
+        // Count 0: a request that is already complete.
+        chorusRequest_t z;
+        RANK_NCCL(chorusAllReduceAsync(nullptr, nullptr, 0, ncclFloat32, ncclSum, comm, &z));
+        RANK_NCCL(chorusWait(z));
+        RANK_NCCL(ncclCommDestroy(comm));
+        return 0;
+    });
+    unsetenv("CHORUS_PROGRESS_THREAD");
+    ncclResetDebugInit();
+    EXPECT_TRUE(res.ok()) << res.detail;
+}
+INSTANTIATE_TEST_SUITE_P(Coll, Async,
+                         ::testing::Values(std::make_tuple("1", Launch::Threads),
+                                           std::make_tuple("0", Launch::Threads),
+                                           std::make_tuple("1", Launch::Forked)));

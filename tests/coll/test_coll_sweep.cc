@@ -1,0 +1,112 @@
+// test_coll_sweep.cc: correctness sweep of the collectives on host buffers.
+//
+// CI slices (a few minutes in all): every dtype x op at small counts for 2 and 3 ranks; every rank
+// count 1..8 for float32 sum at counts up to 65537; large counts (4Mi+3) for a few dtypes; each
+// algorithm forced through CHORUS_ALGO; shared memory and TCP; threads and forked processes.
+// The long cross product runs only with CHORUS_TEST_NIGHTLY=1 (ctest label "nightly").
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+
+#include "coll_cases.h"
+
+using namespace coll_test;
+using chorus_test::Launch;
+
+static const std::vector<int> kAllOps = {T_SUM, T_PROD, T_MAX, T_MIN, T_AVG, T_PREMUL};
+static const std::vector<int> kAllColls = {C_ALLREDUCE, C_REDUCESCATTER, C_ALLGATHER, C_BROADCAST,
+                                           C_REDUCE};
+static std::vector<ncclDataType_t> all_types() {
+    return std::vector<ncclDataType_t>(kAllTypes, kAllTypes + 12);
+}
+
+static bool nightly() {
+    const char *v = getenv("CHORUS_TEST_NIGHTLY");
+    return v && v[0] == '1';
+}
+
+#define EXPECT_RUN_OK(res) EXPECT_TRUE((res).ok()) << (res).detail
+
+TEST(CollSweep, Smoke2RanksThreads) {
+    auto cases = cross({C_ALLREDUCE}, {ncclFloat32}, {T_SUM}, {1, 1023, 65537});
+    EXPECT_RUN_OK(run_cases(Launch::Threads, 2, cases, {}));
+}
+
+// Every dtype x op x collective at small counts, 2 and 3 ranks, both algorithms for all-reduce.
+class CollTypesOps : public ::testing::TestWithParam<std::tuple<int, const char *>> {};
+TEST_P(CollTypesOps, SmallCounts) {
+    int n = std::get<0>(GetParam());
+    const char *algo = std::get<1>(GetParam());
+    auto cases = cross(kAllColls, all_types(), kAllOps, {0, 1, 7, 1023});
+    Env env;
+    env.algo = algo[0] ? algo : nullptr;
+    EXPECT_RUN_OK(run_cases(Launch::Threads, n, cases, env));
+}
+INSTANTIATE_TEST_SUITE_P(Coll, CollTypesOps,
+                         ::testing::Combine(::testing::Values(2, 3),
+                                            ::testing::Values("", "ring", "ll")));
+
+// Every rank count for float32 sum (and int32 max) through all collectives.
+class CollRanks : public ::testing::TestWithParam<std::tuple<int, const char *>> {};
+TEST_P(CollRanks, Float32Sum) {
+    int n = std::get<0>(GetParam());
+    const char *algo = std::get<1>(GetParam());
+    auto cases = cross(kAllColls, {ncclFloat32}, {T_SUM}, {0, 1, 7, 1023, 65537});
+    auto more = cross({C_ALLREDUCE}, {ncclInt32, ncclBfloat16}, {T_MAX, T_AVG}, {1023});
+    cases.insert(cases.end(), more.begin(), more.end());
+    Env env;
+    env.algo = algo[0] ? algo : nullptr;
+    EXPECT_RUN_OK(run_cases(Launch::Threads, n, cases, env));
+}
+INSTANTIATE_TEST_SUITE_P(Coll, CollRanks,
+                         ::testing::Combine(::testing::Values(1, 2, 3, 4, 5, 6, 7, 8),
+                                            ::testing::Values("ring", "ll")));
+
+// Large counts (4Mi+3 elements): a few dtypes, forked processes over shared memory.
+class CollLarge : public ::testing::TestWithParam<int> {};
+TEST_P(CollLarge, Forked) {
+    int n = GetParam();
+    auto cases = cross({C_ALLREDUCE}, {ncclFloat32, ncclBfloat16}, {T_SUM}, {4 * 1024 * 1024 + 3});
+    auto more = cross({C_REDUCESCATTER, C_ALLGATHER, C_BROADCAST, C_REDUCE}, {ncclFloat32}, {T_SUM},
+                      {(4 * 1024 * 1024 + 3) / (size_t)n});
+    cases.insert(cases.end(), more.begin(), more.end());
+    EXPECT_RUN_OK(run_cases(Launch::Forked, n, cases, {}));
+}
+INSTANTIATE_TEST_SUITE_P(Coll, CollLarge, ::testing::Values(2, 3));
+
+// TCP between forked processes.
+class CollTcp : public ::testing::TestWithParam<int> {};
+TEST_P(CollTcp, Forked) {
+    int n = GetParam();
+    auto cases = cross(kAllColls, {ncclFloat32, ncclFloat16, ncclInt64}, {T_SUM, T_AVG},
+                       {0, 1, 7, 1023, 65537});
+    Env env;
+    env.transport = "tcp";
+    EXPECT_RUN_OK(run_cases(Launch::Forked, n, cases, env));
+}
+INSTANTIATE_TEST_SUITE_P(Coll, CollTcp, ::testing::Values(2, 3));
+
+// Forked processes over shared memory, all ops on a few dtypes.
+TEST(CollForked, ThreeRanksShm) {
+    auto cases = cross(kAllColls, {ncclFloat32, ncclUint8, ncclFloat8e4m3}, kAllOps, {1, 1023, 65537});
+    EXPECT_RUN_OK(run_cases(Launch::Forked, 3, cases, {}));
+}
+
+// The long sweep: everything x everything (CHORUS_TEST_NIGHTLY=1).
+class CollNightly
+    : public ::testing::TestWithParam<std::tuple<int, const char *, const char *, Launch>> {};
+TEST_P(CollNightly, Full) {
+    if (!nightly()) GTEST_SKIP() << "set CHORUS_TEST_NIGHTLY=1 for the long sweep";
+    int n = std::get<0>(GetParam());
+    Env env;
+    env.algo = std::get<1>(GetParam())[0] ? std::get<1>(GetParam()) : nullptr;
+    env.transport = std::get<2>(GetParam())[0] ? std::get<2>(GetParam()) : nullptr;
+    auto cases = cross(kAllColls, all_types(), kAllOps,
+                       {0, 1, 7, 1023, 65537, 4 * 1024 * 1024 + 3});
+    EXPECT_RUN_OK(run_cases(std::get<3>(GetParam()), n, cases, env, 3600));
+}
+INSTANTIATE_TEST_SUITE_P(Coll, CollNightly,
+                         ::testing::Combine(::testing::Values(1, 2, 3, 4, 5, 6, 7, 8),
+                                            ::testing::Values("ring", "ll"),
+                                            ::testing::Values("", "tcp"),
+                                            ::testing::Values(Launch::Threads, Launch::Forked)));

@@ -1,0 +1,447 @@
+// test_tcp.cc: the TCP transport on its own (src/transport/tcp/).
+//
+// Every rank builds the minimal communicator of transport_fixture.h, connects with
+// CHORUS_TRANSPORT=tcp (so ranks on this one host use TCP over the bootstrap interface), and moves
+// messages of 1 B to 64 MiB chunk by chunk through the slots, each byte written and checked with
+// the fixture's pattern. Variants cover threads and forked ranks, 2 to 8 ranks in a ring (both
+// directions at once for 2), helper threads or caller-driven sockets, several sockets per thread
+// and small split sizes (so chunks are cut into many pieces), and small slots (many chunks in
+// flight). Failure cases: stray clients with a wrong secret, a wrong connection id or no handshake
+// at all are refused while the real sender connects; a socket shut down mid-transfer and a peer
+// killed with SIGKILL become ncclRemoteError on the survivor, naming the peer, before the deadline
+// (a deadline would give ncclSystemError).
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "launch.h"
+#include "transport_fixture.h"
+
+extern "C" {
+#include "transport/tcp/tcp.h"
+#include "waiter.h"
+}
+
+using namespace chorus_test;
+
+namespace {
+
+// One direction of traffic: a list of messages, each cut into chunks of at most slot_bytes.
+struct Stream {
+    chorus_conn_t *conn = nullptr;
+    std::vector<size_t> sizes;
+    int src = 0, dst = 0;
+    size_t msg = 0, off = 0;
+    uint64_t chunks = 0;
+    bool done() const { return msg >= sizes.size(); }
+};
+
+// Try to move one chunk. 1: moved, 0: not ready, -1: error (logged to stderr).
+int send_step(Stream &s, ncclResult_t *res_p) {
+    if (s.done()) return 0;
+    void *slot = nullptr;
+    int ready = 0;
+    ncclResult_t r = s.conn->ops->send_acquire(s.conn, &slot, &ready);
+    if (r != ncclSuccess) {
+        *res_p = r;
+        return -1;
+    }
+    if (!ready) return 0;
+    size_t n = s.sizes[s.msg] - s.off;
+    if (n > s.conn->slot_bytes) n = s.conn->slot_bytes;
+    pattern_fill(slot, pattern_seed(s.src, s.dst, s.msg), s.off, n);
+    r = s.conn->ops->send_commit(s.conn, n);
+    if (r != ncclSuccess) {
+        *res_p = r;
+        return -1;
+    }
+    s.chunks++;
+    s.off += n;
+    if (s.off == s.sizes[s.msg]) {
+        s.msg++;
+        s.off = 0;
+    }
+    return 1;
+}
+
+int recv_step(Stream &s, ncclResult_t *res_p) {
+    if (s.done()) return 0;
+    const void *data = nullptr;
+    size_t bytes = 0;
+    int ready = 0;
+    ncclResult_t r = s.conn->ops->recv_peek(s.conn, &data, &bytes, &ready);
+    if (r != ncclSuccess) {
+        *res_p = r;
+        return -1;
+    }
+    if (!ready) return 0;
+    size_t n = s.sizes[s.msg] - s.off;
+    if (n > s.conn->slot_bytes) n = s.conn->slot_bytes;
+    if (bytes != n || data == nullptr) {
+        fprintf(stderr, "rank %d: chunk %llu of message %zu from %d has %zu bytes, expected %zu\n",
+                s.dst, (unsigned long long)s.chunks, s.msg, s.src, bytes, n);
+        *res_p = ncclInternalError;
+        return -1;
+    }
+    long long bad = pattern_check(data, pattern_seed(s.src, s.dst, s.msg), s.off, n);
+    if (bad >= 0) {
+        fprintf(stderr, "rank %d: message %zu (%zu bytes) from %d: wrong byte at offset %llu\n",
+                s.dst, s.msg, s.sizes[s.msg], s.src, (unsigned long long)(s.off + bad));
+        *res_p = ncclInternalError;
+        return -1;
+    }
+    r = s.conn->ops->recv_release(s.conn);
+    if (r != ncclSuccess) {
+        *res_p = r;
+        return -1;
+    }
+    s.chunks++;
+    s.off += n;
+    if (s.off == s.sizes[s.msg]) {
+        s.msg++;
+        s.off = 0;
+    }
+    return 1;
+}
+
+// Drive both streams until both are done and the sends drained; the first error is returned.
+ncclResult_t run_streams(ncclComm *comm, Stream *tx, Stream *rx) {
+    chorus_waiter_t w;
+    chorus_waiter_init(&w, &comm->abort_flag);
+    ncclResult_t res = ncclSuccess;
+    for (;;) {
+        int moved = 0;
+        for (int k = 0; k < 4; k++) {
+            int a = tx ? send_step(*tx, &res) : 0;
+            int b = rx ? recv_step(*rx, &res) : 0;
+            if (a < 0 || b < 0) return res;
+            moved += a + b;
+        }
+        if (tx && tx->done()) {
+            int drained = 0;
+            res = tx->conn->ops->send_drained(tx->conn, &drained);
+            if (res != ncclSuccess) return res;
+            if (drained && (!rx || rx->done())) return ncclSuccess;
+        } else if (!tx && rx && rx->done()) {
+            return ncclSuccess;
+        }
+        if (moved) {
+            chorus_waiter_progress(&w);
+            continue;
+        }
+        res = chorus_waiter_step(&w);
+        if (res != ncclSuccess) return res;
+    }
+}
+
+struct TcpCase {
+    Launch how;
+    int nranks;
+    const char *nthreads;  // NCCL_SOCKET_NTHREADS
+    const char *per;       // NCCL_NSOCKS_PERTHREAD
+    const char *min_split; // CHORUS_SOCKET_MIN_SPLIT
+    const char *buffsize;  // NCCL_BUFFSIZE
+    size_t max_bytes;      // largest message
+};
+
+std::string case_name(const testing::TestParamInfo<TcpCase> &info) {
+    const TcpCase &c = info.param;
+    std::string n = std::string(launch_name(c.how)) + "_" + std::to_string(c.nranks) + "ranks_t" +
+                    c.nthreads + "x" + c.per + "_split" + c.min_split + "_buf" + c.buffsize;
+    return n;
+}
+
+std::vector<size_t> message_sizes(size_t max_bytes) {
+    std::vector<size_t> all = {1, 3, 8, 4097, 65536 * 3 + 5, (1u << 20) + 1, 4u << 20, 64u << 20};
+    std::vector<size_t> out;
+    for (size_t s : all)
+        if (s <= max_bytes) out.push_back(s);
+    return out;
+}
+
+// Ring: every rank sends to rank+1 and receives from rank-1 at the same time (for 2 ranks this is
+// both directions between the same pair).
+int ring_rank(const chorus_unique_id_t &id, int rank, int nranks, size_t max_bytes) {
+    ncclComm *comm = nullptr;
+    RANK_NCCL(transport_comm_init(id, rank, nranks, &comm));
+    int next = (rank + 1) % nranks, prev = (rank + nranks - 1) % nranks;
+    chorus_conn_t sc, rc;
+    // Even ranks connect their send side first, odd ones their receive side, as init does.
+    for (int step = 0; step < 2; step++) {
+        bool do_send = ((rank & 1) == 0) == (step == 0);
+        if (do_send)
+            RANK_NCCL(transport_connect(comm, &sc, next, 1, -1, 100 + rank));
+        else
+            RANK_NCCL(transport_connect(comm, &rc, prev, 0, -1, 100 + prev));
+    }
+    RANK_CHECK(sc.ops == &tcp_transport_ops && rc.ops == &tcp_transport_ops,
+               "transport is %s/%s, expected tcp", sc.ops->name, rc.ops->name);
+    RANK_CHECK(strncmp(sc.desc, "TCP/", 4) == 0, "desc %s", sc.desc);
+    Stream tx, rx;
+    tx.conn = &sc;
+    tx.src = rank;
+    tx.dst = next;
+    tx.sizes = message_sizes(max_bytes);
+    rx.conn = &rc;
+    rx.src = prev;
+    rx.dst = rank;
+    rx.sizes = tx.sizes;
+    ncclResult_t r = run_streams(comm, &tx, &rx);
+    if (r != ncclSuccess) {
+        fprintf(stderr, "rank %d: transfer failed: %s (%s)\n", rank, ncclGetErrorString(r),
+                chorus_log_last_error());
+        return 1;
+    }
+    RANK_CHECK(tx.chunks == rx.chunks, "sent %llu chunks, received %llu",
+               (unsigned long long)tx.chunks, (unsigned long long)rx.chunks);
+    RANK_NCCL(bootstrap_barrier(comm->bs));
+    transport_close(&sc);
+    transport_close(&rc);
+    RANK_NCCL(bootstrap_barrier(comm->bs));
+    transport_comm_free(comm);
+    return 0;
+}
+
+class TcpP2P : public testing::TestWithParam<TcpCase> {};
+
+TEST_P(TcpP2P, RingEveryByteChecked) {
+    const TcpCase &c = GetParam();
+    ScopedEnv env("CHORUS_TRANSPORT", "tcp");
+    env.set("NCCL_SOCKET_NTHREADS", c.nthreads);
+    env.set("NCCL_NSOCKS_PERTHREAD", c.per);
+    env.set("CHORUS_SOCKET_MIN_SPLIT", c.min_split);
+    env.set("NCCL_BUFFSIZE", c.buffsize);
+    env.set("CHORUS_TIMEOUT", "60");
+    chorus_unique_id_t id = transport_make_id();
+    size_t max_bytes = c.max_bytes;
+    RunResult res = run_ranks(
+        c.how, c.nranks, [&](int rank, int n) { return ring_rank(id, rank, n, max_bytes); }, 180);
+    EXPECT_TRUE(res.ok()) << res.detail;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Tcp, TcpP2P,
+    testing::Values(
+        TcpCase{Launch::Threads, 2, "2", "1", "65536", "4194304", 64u << 20},
+        TcpCase{Launch::Forked, 2, "2", "1", "65536", "4194304", 64u << 20},
+        TcpCase{Launch::Threads, 2, "0", "2", "65536", "4194304", 64u << 20},
+        TcpCase{Launch::Forked, 2, "1", "4", "4096", "1048576", 16u << 20},
+        TcpCase{Launch::Forked, 2, "2", "1", "65536", "65536", 4u << 20},
+        TcpCase{Launch::Threads, 3, "1", "3", "4096", "4194304", 4u << 20},
+        TcpCase{Launch::Forked, 5, "2", "2", "16384", "2097152", 4u << 20},
+        TcpCase{Launch::Threads, 8, "1", "1", "65536", "4194304", 1u << 20},
+        TcpCase{Launch::Forked, 8, "2", "1", "65536", "4194304", 4u << 20}),
+    case_name);
+
+TEST(TcpUnit, SplitCoversChunk) {
+    tcp_conn_t tc;
+    memset(&tc, 0, sizeof(tc));
+    for (int nsocks : {1, 2, 3, 8}) {
+        for (size_t split : {size_t(4096), size_t(65536)}) {
+            tc.nsocks = nsocks;
+            tc.min_split = split;
+            for (size_t bytes : {size_t(0), size_t(1), split - 1, split, split + 1, 2 * split,
+                                 3 * split + 7, size_t(1) << 20, (size_t(4) << 20) + 13}) {
+                size_t piece = 0;
+                uint32_t k = tcp_split(&tc, bytes, &piece);
+                ASSERT_GE(k, 1u);
+                ASSERT_LE(k, (uint32_t)nsocks);
+                if (k > 1) {
+                    EXPECT_GE(piece, split) << bytes;
+                    EXPECT_EQ(piece % TCP_PIECE_ALIGN, 0u);
+                }
+                // The k pieces cover [0, bytes) exactly and none is empty (except a 0-byte chunk).
+                EXPECT_LT((k - 1) * piece, bytes == 0 ? 1 : bytes) << bytes;
+                EXPECT_GE(k * piece, bytes) << bytes;
+            }
+        }
+    }
+}
+
+// ---- stray connections ----------------------------------------------------------------------
+
+int stray_client(const chorus_sockaddr_t &addr, const tcp_handshake_t *hs, size_t bytes) {
+    int fd = socket(addr.sa.sa_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) return -1;
+    socklen_t len = addr.sa.sa_family == AF_INET6 ? sizeof(sockaddr_in6) : sizeof(sockaddr_in);
+    if (connect(fd, &addr.sa, len) != 0) {
+        close(fd);
+        return -1;
+    }
+    if (bytes && send(fd, hs, bytes, MSG_NOSIGNAL) != (ssize_t)bytes) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+// 1 when the receiver closed the stray socket without acknowledging it.
+bool stray_refused(int fd) {
+    pollfd p = {fd, POLLIN, 0};
+    if (poll(&p, 1, 10000) <= 0) return false;
+    char buf[16];
+    ssize_t n = recv(fd, buf, sizeof(buf), 0);
+    return n == 0 || (n < 0 && errno == ECONNRESET);
+}
+
+int stray_rank(const chorus_unique_id_t &id, int rank, int nranks) {
+    ncclComm *comm = nullptr;
+    RANK_NCCL(transport_comm_init(id, rank, nranks, &comm));
+    chorus_conn_t conn;
+    memset(&conn, 0, sizeof(conn));
+    conn.comm = comm;
+    conn.peer = 1 - rank;
+    conn.is_send = rank == 0;
+    conn.channel = -1;
+    conn.nslots = 4;
+    conn.slot_bytes = 1 << 18;
+    conn.ops = &tcp_transport_ops;
+    unsigned char blob[TRANSPORT_BLOB_BYTES], peer_blob[TRANSPORT_BLOB_BYTES];
+    size_t bytes = sizeof(blob);
+    RANK_NCCL(tcp_transport_ops.setup(&conn, blob, &bytes));
+    RANK_CHECK(bytes == sizeof(tcp_blob_t), "blob of %zu bytes", bytes);
+    std::vector<int> strays;
+    if (rank == 1) {
+        // Three strays reach the listening port before the real sender knows it.
+        tcp_blob_t b;
+        memcpy(&b, blob, sizeof(b));
+        tcp_handshake_t hs = {TCP_HANDSHAKE_MAGIC, bootstrap_secret(comm->bs) ^ 0x1, b.conn_id,
+                              0, 0, 2, 0};
+        strays.push_back(stray_client(b.addr, &hs, sizeof(hs))); // wrong secret
+        hs.secret ^= 0x1;
+        hs.conn_id ^= 0x5;
+        strays.push_back(stray_client(b.addr, &hs, sizeof(hs))); // right secret, wrong id
+        strays.push_back(stray_client(b.addr, &hs, 3));          // never finishes a handshake
+        for (int fd : strays) RANK_CHECK(fd >= 0, "stray client could not connect");
+        RANK_NCCL(bootstrap_send(comm->bs, 0, 7, blob, bytes));
+        RANK_NCCL(bootstrap_recv(comm->bs, 0, 8, peer_blob, sizeof(tcp_blob_t)));
+    } else {
+        RANK_NCCL(bootstrap_recv(comm->bs, 1, 7, peer_blob, sizeof(tcp_blob_t)));
+        RANK_NCCL(bootstrap_send(comm->bs, 1, 8, blob, bytes));
+    }
+    RANK_NCCL(tcp_transport_ops.connect(&conn, peer_blob, sizeof(tcp_blob_t)));
+    Stream s;
+    s.conn = &conn;
+    s.src = 0;
+    s.dst = 1;
+    s.sizes = {5, (1u << 20) + 3};
+    ncclResult_t r = rank == 0 ? run_streams(comm, &s, nullptr) : run_streams(comm, nullptr, &s);
+    RANK_CHECK(r == ncclSuccess, "transfer failed: %s", chorus_log_last_error());
+    for (size_t i = 0; i < strays.size(); i++) {
+        RANK_CHECK(stray_refused(strays[i]), "stray client %zu was not refused", i);
+        close(strays[i]);
+    }
+    RANK_NCCL(bootstrap_barrier(comm->bs));
+    tcp_transport_ops.close(&conn);
+    transport_comm_free(comm);
+    return 0;
+}
+
+TEST(TcpSetup, StrayConnectionsRefused) {
+    ScopedEnv env("CHORUS_TIMEOUT", "60");
+    chorus_unique_id_t id = transport_make_id();
+    RunResult res =
+        run_threads(2, [&](int rank, int n) { return stray_rank(id, rank, n); }, 120);
+    EXPECT_TRUE(res.ok()) << res.detail;
+}
+
+// ---- failures -------------------------------------------------------------------------------
+
+enum class Fault { ShutdownSenderSocket, KillReceiver, KillSender };
+
+// Rank 0 streams 256 MiB to rank 1; after 16 chunks the fault strikes. The survivor must get
+// ncclRemoteError (not the deadline's ncclSystemError) with a WARN naming the peer.
+int fault_rank(const chorus_unique_id_t &id, int rank, int nranks, Fault fault) {
+    ncclComm *comm = nullptr;
+    RANK_NCCL(transport_comm_init(id, rank, nranks, &comm));
+    chorus_conn_t conn;
+    RANK_NCCL(transport_connect(comm, &conn, 1 - rank, rank == 0, -1, 200));
+    RANK_NCCL(bootstrap_barrier(comm->bs));
+    Stream s;
+    s.conn = &conn;
+    s.src = 0;
+    s.dst = 1;
+    s.sizes = {256u << 20};
+    chorus_waiter_t w;
+    chorus_waiter_init(&w, &comm->abort_flag);
+    ncclResult_t res = ncclSuccess;
+    bool victim = (fault == Fault::KillReceiver && rank == 1) ||
+                  (fault == Fault::KillSender && rank == 0);
+    bool struck = false;
+    for (;;) {
+        int moved = rank == 0 ? send_step(s, &res) : recv_step(s, &res);
+        if (moved < 0) break;
+        if (rank == 0 && s.done()) {
+            int drained = 0;
+            res = conn.ops->send_drained(&conn, &drained);
+            if (res != ncclSuccess) break;
+        }
+        if (!struck && s.chunks == 16) {
+            struck = true;
+            if (victim) raise(SIGKILL);
+            if (fault == Fault::ShutdownSenderSocket && rank == 0)
+                RANK_NCCL(tcp_test_shutdown_socket(&conn, 0));
+        }
+        if (s.done() && rank == 1) break;
+        if (moved) {
+            chorus_waiter_progress(&w);
+            continue;
+        }
+        res = chorus_waiter_step(&w);
+        if (res != ncclSuccess) break;
+    }
+    RANK_CHECK(res == ncclRemoteError, "rank %d: expected ncclRemoteError, got %s after %llu chunks",
+               rank, ncclGetErrorString(res), (unsigned long long)s.chunks);
+    std::string last = chorus_log_last_error();
+    std::string who = "rank " + std::to_string(1 - rank) + " (";
+    RANK_CHECK(last.find(who) != std::string::npos, "error does not name %s: %s", who.c_str(),
+               last.c_str());
+    RANK_CHECK(last.find("closed by peer") != std::string::npos ||
+                   last.find("reset by peer") != std::string::npos,
+               "error does not say the connection closed: %s", last.c_str());
+    transport_close(&conn);
+    // The bootstrap may be gone on the other side: free without a barrier.
+    transport_comm_free(comm);
+    return 0;
+}
+
+class TcpFault : public testing::TestWithParam<Fault> {};
+
+TEST_P(TcpFault, SurvivorGetsRemoteError) {
+    Fault fault = GetParam();
+    ScopedEnv env("CHORUS_TRANSPORT", "tcp");
+    env.set("CHORUS_TIMEOUT", "30");
+    env.set("NCCL_BUFFSIZE", "1048576");
+    chorus_unique_id_t id = transport_make_id();
+    RunResult res = run_forked(
+        2, [&](int rank, int n) { return fault_rank(id, rank, n, fault); }, 90);
+    ASSERT_FALSE(res.timed_out) << res.detail;
+    if (fault == Fault::ShutdownSenderSocket) {
+        EXPECT_TRUE(res.ok()) << res.detail;
+    } else {
+        int victim = fault == Fault::KillReceiver ? 1 : 0;
+        EXPECT_EQ(res.failed, 1) << res.detail;
+        EXPECT_NE(res.detail.find("rank " + std::to_string(victim) + ": signal 9"),
+                  std::string::npos)
+            << res.detail;
+    }
+}
+
+INSTANTIATE_TEST_SUITE_P(Tcp, TcpFault,
+                         testing::Values(Fault::ShutdownSenderSocket, Fault::KillReceiver,
+                                         Fault::KillSender),
+                         [](const testing::TestParamInfo<Fault> &i) {
+                             return std::string(i.param == Fault::ShutdownSenderSocket
+                                                    ? "ShutdownSenderSocket"
+                                                : i.param == Fault::KillReceiver ? "KillReceiver"
+                                                                                 : "KillSender");
+                         });
+
+} // namespace
