@@ -18,6 +18,10 @@
  *   so divide the loss (or the gradient) by k yourself, as with PyTorch.
  * - Buckets are reduced in bucket order on every rank (bucket i starts only after buckets 0..i-1),
  *   so ranks whose gradients become ready in different orders still issue identical collectives.
+ *   Buckets are filled in REVERSE registration order: register parameters in the order backward
+ *   visits them reversed (for a layer whose backward marks the weight and then the bias ready,
+ *   register the bias first). A small parameter marked ready late holds back its whole bucket
+ *   and with it the overlap.
  * - Parameters and gradients are float32 or float64 (ncclFloat32/ncclFloat64); one bucket holds
  *   one dtype. Host and device (CUDA) memory are both accepted; all parameters of one DDP object
  *   must live in the same kind of memory (CHORUS_DDP_MEM_HOST or CHORUS_DDP_MEM_DEVICE).
@@ -80,27 +84,29 @@ typedef struct chorusDdp *chorusDdp_t;
 typedef struct {
     size_t size;             /* sizeof(chorusDdpConfig_t): lets later versions grow the struct */
     size_t firstBucketBytes; /* cap of the first bucket, so that communication starts early */
-    size_t bucketCapBytes;   /* cap of every later bucket (a larger parameter gets its own bucket) */
-    int gradAsBucketView;    /* 1: the layer allocates one flat gradient buffer per bucket and the
-                                trainer writes gradients there (chorusDdpGradPtr); no copies */
-    ncclDataType_t commDtype;/* gradients on the wire: ncclFloat32 (= as stored), ncclBfloat16,
-                                ncclFloat16 (float32 buckets in host memory only) */
-    int unused;              /* CHORUS_DDP_UNUSED_ERROR or CHORUS_DDP_UNUSED_ZERO */
-    int sharded;             /* 1: ZeRO-1/2 (reduce-scatter grads, shard optimizer state) */
-    int optStateSlots;       /* optimizer state arrays per element kept by the layer (0..4), zeroed
-                                at Start, broadcast from rank 0, saved in checkpoints */
-    int checkEvery;          /* >0: every checkEvery-th FinishGrads first verifies that all
-                                replicas hold identical parameters (chorusDdpCheckReplicas) */
-    int memory;              /* CHORUS_DDP_MEM_HOST or CHORUS_DDP_MEM_DEVICE */
-    int quiet;               /* 1: do not print error messages on stderr */
+    size_t bucketCapBytes; /* cap of every later bucket (a larger parameter gets its own bucket) */
+    int gradAsBucketView;  /* 1: the layer allocates one flat gradient buffer per bucket and the
+                              trainer writes gradients there (chorusDdpGradPtr); no copies */
+    ncclDataType_t commDtype; /* gradients on the wire: ncclFloat32 (= as stored), ncclBfloat16,
+                                 ncclFloat16 (float32 buckets in host memory only) */
+    int unused;               /* CHORUS_DDP_UNUSED_ERROR or CHORUS_DDP_UNUSED_ZERO */
+    int sharded;              /* 1: ZeRO-1/2 (reduce-scatter grads, shard optimizer state) */
+    int optStateSlots;        /* optimizer state arrays per element kept by the layer (0..4), zeroed
+                                 at Start, broadcast from rank 0, saved in checkpoints */
+    int checkEvery;           /* >0: every checkEvery-th FinishGrads first verifies that all
+                                 replicas hold identical parameters (chorusDdpCheckReplicas) */
+    int memory;               /* CHORUS_DDP_MEM_HOST or CHORUS_DDP_MEM_DEVICE */
+    int quiet;                /* 1: do not print error messages on stderr */
 } chorusDdpConfig_t;
 
 /* Defaults: first bucket 1 MiB, later buckets 25 MiB, gradients in the trainer's own buffers,
  * float32 on the wire, unused parameters are errors, not sharded, no optimizer state, no checks,
  * host memory. */
 #define CHORUS_DDP_CONFIG_INITIALIZER                                                              \
-    { sizeof(chorusDdpConfig_t), (size_t)1 << 20, (size_t)25 << 20, 0, ncclFloat32,                \
-      CHORUS_DDP_UNUSED_ERROR, 0, 0, 0, CHORUS_DDP_MEM_HOST, 0 }
+    {                                                                                              \
+        sizeof(chorusDdpConfig_t), (size_t)1 << 20, (size_t)25 << 20, 0, ncclFloat32,              \
+            CHORUS_DDP_UNUSED_ERROR, 0, 0, 0, CHORUS_DDP_MEM_HOST, 0                               \
+    }
 
 /* Create a DDP object over comm (which it does not own; destroy the DDP object first). comm may
  * be NULL: a single process without communication (world size 1), handy for tests and for running
@@ -120,8 +126,7 @@ ncclResult_t chorusDdpRegisterParam(chorusDdp_t ddp, const char *name, void *par
 /* Register a plain HOST buffer of bytes that is broadcast from rank 0 at Start and saved/restored
  * by checkpoints, for trainer state such as a step counter or an optimizer state the trainer keeps
  * itself. Names share the parameters' name space. Only before chorusDdpStart. */
-ncclResult_t chorusDdpRegisterBuffer(chorusDdp_t ddp, const char *name, void *buffer,
-                                     size_t bytes);
+ncclResult_t chorusDdpRegisterBuffer(chorusDdp_t ddp, const char *name, void *buffer, size_t bytes);
 
 /* Build the buckets, allocate bucket buffers and optimizer state, verify that every rank
  * registered the same parameters (names, counts, dtypes; a mismatch is named), then broadcast
@@ -139,6 +144,11 @@ ncclResult_t chorusDdpBucketOf(chorusDdp_t ddp, int id, int *bucket_p);
  * earlier bucket has started), the bucket's all-reduce (or reduce-scatter) starts at once. Calling
  * it twice for one parameter in one step is an error. */
 ncclResult_t chorusDdpGradReady(chorusDdp_t ddp, int id);
+/* Optional: let started bucket collectives progress and record their completion, without
+ * blocking. Call it now and then inside long backward computations: it makes the overlap
+ * statistics exact and, when Chorus runs without a progress thread (CHORUS_PROGRESS_THREAD=0), it
+ * is what moves the collectives forward during backward. Cheap when nothing is in flight. */
+ncclResult_t chorusDdpPoll(chorusDdp_t ddp);
 /* Wait for all buckets and leave averaged gradients in place (sharded: in the shard buffers that
  * chorusDdpGetPieces points at). Parameters never marked ready are handled per config.unused; in
  * ERROR mode the buckets are still reduced (their gradients as zero, so that no peer hangs) and the
@@ -151,11 +161,11 @@ ncclResult_t chorusDdpNoSync(chorusDdp_t ddp, int enable);
 
 /* One contiguous run of elements this rank updates in the optimizer step. */
 typedef struct {
-    int paramId;     /* which parameter */
-    size_t offset;   /* first element within the parameter */
-    size_t count;    /* elements */
-    void *param;     /* the parameter's elements (trainer memory) */
-    void *grad;      /* their averaged gradients */
+    int paramId;                             /* which parameter */
+    size_t offset;                           /* first element within the parameter */
+    size_t count;                            /* elements */
+    void *param;                             /* the parameter's elements (trainer memory) */
+    void *grad;                              /* their averaged gradients */
     void *state[CHORUS_DDP_MAX_STATE_SLOTS]; /* optimizer state slot s (config.optStateSlots) */
 } chorusDdpPiece_t;
 
@@ -174,24 +184,27 @@ ncclResult_t chorusDdpCheckReplicas(chorusDdp_t ddp, int *first_diverged_p);
 
 /* Per-rank memory the layer accounts for, in bytes. */
 typedef struct {
-    size_t paramBytes;     /* the parameters (trainer memory, full on every rank) */
-    size_t gradBytes;      /* gradients that persist between FinishGrads and the optimizer step:
-                              full size, or only the shard when sharded */
-    size_t optStateBytes;  /* optimizer state kept by the layer (shard only when sharded) */
-    size_t commBytes;      /* bucket and wire buffers the layer allocated for communication */
+    size_t paramBytes;    /* the parameters (trainer memory, full on every rank) */
+    size_t gradBytes;     /* gradients that persist between FinishGrads and the optimizer step:
+                             full size, or only the shard when sharded */
+    size_t optStateBytes; /* optimizer state kept by the layer (shard only when sharded) */
+    size_t commBytes;     /* bucket and wire buffers the layer allocated for communication */
 } chorusDdpMemory_t;
 ncclResult_t chorusDdpMemoryUsage(chorusDdp_t ddp, chorusDdpMemory_t *mem_p);
 
 /* Communication statistics since Start (or the last reset), for reporting overlap.
- * commSeconds: per step, the time from the first bucket's start to the last bucket's observed
- * completion, summed; blockedSeconds: time spent waiting inside FinishGrads, summed.
- * hidden = 1 - blocked/comm is the fraction of communication time overlapped with backward. */
+ * commSeconds: the time bucket collectives were in progress (collectives on a communicator run in
+ * order, so bucket b counts from max(its start, bucket b-1's completion) to its completion),
+ * summed over steps. A completion is observed by the next GradReady (which polls) or by
+ * FinishGrads, so while backward runs this is an upper bound. blockedSeconds: time spent waiting
+ * inside FinishGrads, summed. hidden = 1 - blocked/comm is the fraction of communication time
+ * overlapped with backward. Steps without a communicator are not counted. */
 typedef struct {
-    long steps;            /* steps that communicated */
-    long buckets;          /* bucket collectives started */
+    long steps;   /* steps that communicated */
+    long buckets; /* bucket collectives started */
     double commSeconds;
     double blockedSeconds;
-    double bytesOnWire;    /* bytes handed to collectives (after compression) */
+    double bytesOnWire; /* bytes handed to collectives (after compression) */
 } chorusDdpStats_t;
 ncclResult_t chorusDdpGetStats(chorusDdp_t ddp, chorusDdpStats_t *stats_p, int reset);
 

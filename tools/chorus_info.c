@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "chorus.h"
 #include "nccl.h"
 #include "param.h"
 #include "topo.h"
@@ -26,8 +27,8 @@ static void usage(FILE *out) {
 static void print_version(void) {
     int v = 0;
     ncclGetVersion(&v);
-    printf("Chorus %s, NCCL API %d.%d.%d (version code %d)\n", CHORUS_VERSION_STRING, v / 10000,
-           (v / 100) % 100, v % 100, v);
+    printf("Chorus %d.%d, NCCL API %d.%d.%d (version code %d)\n", CHORUS_VERSION_MAJOR,
+           CHORUS_VERSION_MINOR, v / 10000, (v / 100) % 100, v % 100, v);
 }
 
 /* The variable a user sets for a parameter: CHORUS_<NAME>, and NCCL_<NAME> where accepted. */
@@ -46,7 +47,7 @@ static int print_params(void) {
     printf("# parameters: variable = value (source)\n");
     for (int i = 0; i < PARAM_COUNT; i++) {
         chorus_param_id_t id = (chorus_param_id_t)i;
-        printf("%-40s = %-16s (%s)\n", var_names(id, name, sizeof(name)),
+        printf("%-46s = %-16s (%s)\n", var_names(id, name, sizeof(name)),
                chorus_param_value_text(id, val, sizeof(val)),
                chorus_param_source_name(chorus_param_source(id)));
     }

@@ -16,6 +16,7 @@
  * forwarded to every rank. When a rank exits non-zero or dies from a signal, chorusrun prints one
  * line naming the rank and how it ended, sends SIGTERM to the others, SIGKILL after a grace period,
  * and exits non-zero (the rank's exit code, or 128 + signal). It exits 0 only when all ranks did.
+ * A second SIGINT/SIGTERM kills the ranks at once (SIGKILL).
  * --tag-output pipes the ranks' stdout and stderr through chorusrun and prefixes every line with
  * "[rank] ". --bind auto gives each local rank an equal, contiguous share of the CPUs chorusrun may
  * use.
@@ -41,8 +42,8 @@
 
 typedef struct {
     pid_t pid;
-    int rank;  /* global rank */
-    int done;  /* reaped */
+    int rank; /* global rank */
+    int done; /* reaped */
     int status;
     int out_fd, err_fd; /* --tag-output pipes, -1 otherwise */
     char *out_buf, *err_buf;
@@ -51,10 +52,14 @@ typedef struct {
 
 static int g_sigpipe[2] = {-1, -1};
 static volatile sig_atomic_t g_forward_sig;
+static volatile sig_atomic_t g_nsignals; /* a second SIGINT/SIGTERM kills the ranks at once */
 
 static void on_signal(int sig) {
     int e = errno;
-    if (sig != SIGCHLD) g_forward_sig = sig;
+    if (sig != SIGCHLD) {
+        g_forward_sig = sig;
+        g_nsignals++;
+    }
     char c = (char)sig;
     if (write(g_sigpipe[1], &c, 1) < 0) { /* pipe full: a wakeup is pending anyway */
     }
@@ -68,27 +73,28 @@ static double now_s(void) {
 }
 
 static void usage(FILE *f) {
-    fprintf(f,
-            "usage: chorusrun -n N [options] [--] program [args...]\n"
-            "\n"
-            "Start N local ranks of a Chorus/NCCL job. Each rank gets RANK, WORLD_SIZE, LOCAL_RANK,\n"
-            "LOCAL_WORLD_SIZE, NODE_RANK, MASTER_ADDR, MASTER_PORT and NCCL_COMM_ID=addr:port\n"
-            "(unless CHORUS_COMM_ID/NCCL_COMM_ID is set): rank 0 hosts the rendezvous there.\n"
-            "\n"
-            "options:\n"
-            "  -n, --nproc-per-node N   ranks on this node (required)\n"
-            "  --nnodes N               number of nodes (default 1); ranks = N * n\n"
-            "  --node-rank K            this node's index: it runs ranks K*n .. K*n+n-1\n"
-            "  --master-addr A          host of rank 0 (default 127.0.0.1; required if nnodes>1)\n"
-            "  --master-port P          port of the rendezvous (default: a free port on one node,\n"
-            "                           29500 on several)\n"
-            "  --tag-output             prefix every output line with [rank]\n"
-            "  --bind auto|none         auto: give each local rank its own share of the CPUs\n"
-            "  --grace S                seconds between SIGTERM and SIGKILL when stopping (default 5)\n"
-            "  -h, --help               this text\n"
-            "\n"
-            "If a rank exits non-zero or is killed, the others are stopped and chorusrun exits\n"
-            "non-zero after one line naming the rank. SIGINT/SIGTERM are forwarded to the ranks.\n");
+    fprintf(
+        f,
+        "usage: chorusrun -n N [options] [--] program [args...]\n"
+        "\n"
+        "Start N local ranks of a Chorus/NCCL job. Each rank gets RANK, WORLD_SIZE, LOCAL_RANK,\n"
+        "LOCAL_WORLD_SIZE, NODE_RANK, MASTER_ADDR, MASTER_PORT and NCCL_COMM_ID=addr:port\n"
+        "(unless CHORUS_COMM_ID/NCCL_COMM_ID is set): rank 0 hosts the rendezvous there.\n"
+        "\n"
+        "options:\n"
+        "  -n, --nproc-per-node N   ranks on this node (required)\n"
+        "  --nnodes N               number of nodes (default 1); ranks = N * n\n"
+        "  --node-rank K            this node's index: it runs ranks K*n .. K*n+n-1\n"
+        "  --master-addr A          host of rank 0 (default 127.0.0.1; required if nnodes>1)\n"
+        "  --master-port P          port of the rendezvous (default: a free port on one node,\n"
+        "                           29500 on several)\n"
+        "  --tag-output             prefix every output line with [rank]\n"
+        "  --bind auto|none         auto: give each local rank its own share of the CPUs\n"
+        "  --grace S                seconds between SIGTERM and SIGKILL when stopping (default 5)\n"
+        "  -h, --help               this text\n"
+        "\n"
+        "If a rank exits non-zero or is killed, the others are stopped and chorusrun exits\n"
+        "non-zero after one line naming the rank. SIGINT/SIGTERM are forwarded to the ranks.\n");
 }
 
 static int parse_int_arg(const char *s, const char *opt, int lo, int hi, int *out) {
@@ -96,8 +102,7 @@ static int parse_int_arg(const char *s, const char *opt, int lo, int hi, int *ou
     errno = 0;
     long v = strtol(s, &end, 10);
     if (*s == '\0' || *end != '\0' || errno != 0 || v < lo || v > hi) {
-        fprintf(stderr, "chorusrun: invalid value '%s' for %s (expected %d..%d)\n", s, opt, lo,
-                hi);
+        fprintf(stderr, "chorusrun: invalid value '%s' for %s (expected %d..%d)\n", s, opt, lo, hi);
         return -1;
     }
     *out = (int)v;
@@ -164,7 +169,8 @@ static void bind_auto(int local, int nlocal) {
         CPU_SET(cpus[local % ncpu], &mine);
     } else {
         int lo = (int)((long)local * ncpu / nlocal), hi = (int)((long)(local + 1) * ncpu / nlocal);
-        for (int i = lo; i < hi; i++) CPU_SET(cpus[i], &mine);
+        for (int i = lo; i < hi; i++)
+            CPU_SET(cpus[i], &mine);
     }
     (void)sched_setaffinity(0, sizeof(mine), &mine);
 }
@@ -249,11 +255,15 @@ int main(int argc, char **argv) {
         case O_NODE_RANK:
             if (parse_int_arg(optarg, "--node-rank", 0, 1 << 20, &node_rank)) return 2;
             break;
-        case O_ADDR: master_addr = optarg; break;
+        case O_ADDR:
+            master_addr = optarg;
+            break;
         case O_PORT:
             if (parse_int_arg(optarg, "--master-port", 1, 65535, &master_port)) return 2;
             break;
-        case O_TAG: tag = 1; break;
+        case O_TAG:
+            tag = 1;
+            break;
         case O_BIND:
             if (strcmp(optarg, "auto") == 0)
                 bind = 1;
@@ -274,8 +284,12 @@ int main(int argc, char **argv) {
             }
             break;
         }
-        case 'h': usage(stdout); return 0;
-        default: usage(stderr); return 2;
+        case 'h':
+            usage(stdout);
+            return 0;
+        default:
+            usage(stderr);
+            return 2;
         }
     }
     if (nlocal < 0) {
@@ -403,7 +417,7 @@ int main(int argc, char **argv) {
         }
     }
 
-    int alive = started, stopping = exit_code != 0, forwarded = 0;
+    int alive = started, stopping = exit_code != 0, forwarded = 0, hard_kill = 0;
     double kill_at = stopping ? now_s() + grace : 0, last_exit_at = 0;
     if (stopping) signal_all(p, nlocal, SIGTERM);
     struct pollfd *pfd = calloc(1 + 2 * (size_t)nlocal, sizeof(*pfd));
@@ -443,6 +457,14 @@ int main(int argc, char **argv) {
             }
         }
         int sig = g_forward_sig;
+        if (g_nsignals >= 2 && !hard_kill && alive > 0) {
+            fprintf(stderr, "chorusrun: second signal; killing %d rank%s\n", alive,
+                    alive == 1 ? "" : "s");
+            fflush(stderr);
+            hard_kill = 1;
+            stopping = 1;
+            kill_at = 0; /* SIGKILL below */
+        }
         if (sig && sig != forwarded) {
             char sb[32];
             fprintf(stderr, "chorusrun: got %s; forwarding it to %d rank%s\n",
@@ -457,7 +479,8 @@ int main(int argc, char **argv) {
             if (exit_code == 0) exit_code = 128 + sig;
         }
         int open_pipes = 0;
-        for (int i = 0; i < nlocal; i++) open_pipes += (p[i].out_fd >= 0) + (p[i].err_fd >= 0);
+        for (int i = 0; i < nlocal; i++)
+            open_pipes += (p[i].out_fd >= 0) + (p[i].err_fd >= 0);
         /* Done when all ranks are reaped and their output drained (grandchildren may keep a pipe
          * open: give them one second, then stop reading). */
         if (alive == 0 && (open_pipes == 0 || now_s() > last_exit_at + 1.0)) break;

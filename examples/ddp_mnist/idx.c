@@ -16,7 +16,9 @@
 #include <zlib.h>
 #endif
 
-static int idx_exists(const char *path) { return access(path, R_OK) == 0; }
+static int idx_exists(const char *path) {
+    return access(path, R_OK) == 0;
+}
 
 /* Read a whole (possibly gzip-compressed) file; returns a malloc'd buffer or NULL. */
 static uint8_t *idx_slurp(const char *path, size_t *len_p, char *err, size_t errlen) {
@@ -40,7 +42,8 @@ static uint8_t *idx_slurp(const char *path, size_t *len_p, char *err, size_t err
             buf = nb;
             cap *= 2;
         }
-        int got = gzread(gz, buf + len, (unsigned)(cap - len > (1u << 30) ? (1u << 30) : cap - len));
+        int got =
+            gzread(gz, buf + len, (unsigned)(cap - len > (1u << 30) ? (1u << 30) : cap - len));
         if (got <= 0) {
             int zerr = 0;
             const char *msg = gzerror(gz, &zerr);
@@ -148,9 +151,11 @@ int idx_load(const char *dir, const char *prefix, idx_set_t *set, char *err, siz
     snprintf(name, sizeof(name), "%s-labels-idx1-ubyte", prefix);
     missing |= idx_find(dir, name, lpath, sizeof(lpath));
     if (missing) {
-        snprintf(err, errlen, "Fashion-MNIST file %s not found: install the Debian package "
+        snprintf(err, errlen,
+                 "Fashion-MNIST file %s not found: install the Debian package "
                  "dataset-fashion-mnist (apt-get install dataset-fashion-mnist) or pass --data DIR "
-                 "with the IDX files", idx_exists(ipath) ? lpath : ipath);
+                 "with the IDX files",
+                 idx_exists(ipath) ? lpath : ipath);
         return -1;
     }
     size_t ilen = 0, llen = 0;
@@ -178,7 +183,8 @@ int idx_load(const char *dir, const char *prefix, idx_set_t *set, char *err, siz
             snprintf(err, errlen, "out of memory for %zu images", n);
             idx_free(set);
         } else {
-            for (size_t i = 0; i < n * px; i++) set->images[i] = (float)pix[i] * (1.0f / 255.0f);
+            for (size_t i = 0; i < n * px; i++)
+                set->images[i] = (float)pix[i] * (1.0f / 255.0f);
             for (size_t i = 0; i < n; i++) {
                 set->labels[i] = lab[i];
                 if (lab[i] > 9) {

@@ -33,7 +33,7 @@
 
 typedef struct {
     int epochs, batch, accumulate, threads, sharded, bf16, fp16, pin, no_comm, grad_copy;
-    int check_every;
+    int check_every, split;
     double lr, momentum, bucket_mb, first_bucket_mb;
     uint64_t seed;
     size_t limit;
@@ -53,8 +53,12 @@ static void usage(FILE *f) {
             "  --bf16-grads        bfloat16 gradients on the wire; --fp16-grads: float16\n"
             "  --threads T         compute threads per rank (1)\n"
             "  --pin               pin this rank to core LOCAL_RANK mod ncores\n"
-            "  --bucket-mb X       bucket cap in MiB (25); --first-bucket-mb X: first bucket (1)\n"
+            "  --bucket-mb X       bucket cap in MiB (25, or one fc1 slice with --split-fc1);\n"
+            "  --first-bucket-mb X first bucket cap in MiB (1)\n"
             "  --grad-copy         keep gradients in the model's buffers (default: bucket views)\n"
+            "  --split-fc1 K       register fc1.weight as K row slices, each marked ready as soon\n"
+            "                      as backward finishes it, in buckets of one slice (implies\n"
+            "                      --grad-copy) so that its all-reduce overlaps the rest (1)\n"
             "  --check-every N     verify replicas are identical every N steps (0 = never)\n"
             "  --limit N           use only the first N training samples\n"
             "  --data DIR          IDX files (default " IDX_DEFAULT_DIR ")\n"
@@ -63,8 +67,15 @@ static void usage(FILE *f) {
 }
 
 static int parse_opts(int argc, char **argv, opts_t *o) {
-    *o = (opts_t){.epochs = 3, .batch = 64, .accumulate = 1, .threads = 1, .lr = 0.05,
-                  .momentum = 0.9, .bucket_mb = 25, .first_bucket_mb = 1, .seed = 1,
+    *o = (opts_t){.epochs = 3,
+                  .batch = 64,
+                  .accumulate = 1,
+                  .threads = 1,
+                  .lr = 0.05,
+                  .momentum = 0.9,
+                  .bucket_mb = 0, .split = 1,
+                  .first_bucket_mb = 1,
+                  .seed = 1,
                   .data = IDX_DEFAULT_DIR};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -77,28 +88,67 @@ static int parse_opts(int argc, char **argv, opts_t *o) {
         }                                                                                          \
         i++;                                                                                       \
     } while (0)
-        if (!strcmp(a, "--epochs")) { NEEDV(); o->epochs = atoi(v); }
-        else if (!strcmp(a, "--batch")) { NEEDV(); o->batch = atoi(v); }
-        else if (!strcmp(a, "--lr")) { NEEDV(); o->lr = atof(v); }
-        else if (!strcmp(a, "--momentum")) { NEEDV(); o->momentum = atof(v); }
-        else if (!strcmp(a, "--seed")) { NEEDV(); o->seed = strtoull(v, NULL, 0); }
-        else if (!strcmp(a, "--accumulate")) { NEEDV(); o->accumulate = atoi(v); }
-        else if (!strcmp(a, "--threads")) { NEEDV(); o->threads = atoi(v); }
-        else if (!strcmp(a, "--bucket-mb")) { NEEDV(); o->bucket_mb = atof(v); }
-        else if (!strcmp(a, "--first-bucket-mb")) { NEEDV(); o->first_bucket_mb = atof(v); }
-        else if (!strcmp(a, "--check-every")) { NEEDV(); o->check_every = atoi(v); }
-        else if (!strcmp(a, "--limit")) { NEEDV(); o->limit = strtoull(v, NULL, 0); }
-        else if (!strcmp(a, "--data")) { NEEDV(); o->data = v; }
-        else if (!strcmp(a, "--save")) { NEEDV(); o->save = v; }
-        else if (!strcmp(a, "--load")) { NEEDV(); o->load = v; }
-        else if (!strcmp(a, "--sharded")) o->sharded = 1;
-        else if (!strcmp(a, "--bf16-grads")) o->bf16 = 1;
-        else if (!strcmp(a, "--fp16-grads")) o->fp16 = 1;
-        else if (!strcmp(a, "--pin")) o->pin = 1;
-        else if (!strcmp(a, "--no-comm")) o->no_comm = 1;
-        else if (!strcmp(a, "--grad-copy")) o->grad_copy = 1;
-        else if (!strcmp(a, "--help") || !strcmp(a, "-h")) { usage(stdout); exit(0); }
-        else {
+        if (!strcmp(a, "--epochs")) {
+            NEEDV();
+            o->epochs = atoi(v);
+        } else if (!strcmp(a, "--batch")) {
+            NEEDV();
+            o->batch = atoi(v);
+        } else if (!strcmp(a, "--lr")) {
+            NEEDV();
+            o->lr = atof(v);
+        } else if (!strcmp(a, "--momentum")) {
+            NEEDV();
+            o->momentum = atof(v);
+        } else if (!strcmp(a, "--seed")) {
+            NEEDV();
+            o->seed = strtoull(v, NULL, 0);
+        } else if (!strcmp(a, "--accumulate")) {
+            NEEDV();
+            o->accumulate = atoi(v);
+        } else if (!strcmp(a, "--threads")) {
+            NEEDV();
+            o->threads = atoi(v);
+        } else if (!strcmp(a, "--bucket-mb")) {
+            NEEDV();
+            o->bucket_mb = atof(v);
+        } else if (!strcmp(a, "--first-bucket-mb")) {
+            NEEDV();
+            o->first_bucket_mb = atof(v);
+        } else if (!strcmp(a, "--split-fc1")) {
+            NEEDV();
+            o->split = atoi(v);
+        } else if (!strcmp(a, "--check-every")) {
+            NEEDV();
+            o->check_every = atoi(v);
+        } else if (!strcmp(a, "--limit")) {
+            NEEDV();
+            o->limit = strtoull(v, NULL, 0);
+        } else if (!strcmp(a, "--data")) {
+            NEEDV();
+            o->data = v;
+        } else if (!strcmp(a, "--save")) {
+            NEEDV();
+            o->save = v;
+        } else if (!strcmp(a, "--load")) {
+            NEEDV();
+            o->load = v;
+        } else if (!strcmp(a, "--sharded"))
+            o->sharded = 1;
+        else if (!strcmp(a, "--bf16-grads"))
+            o->bf16 = 1;
+        else if (!strcmp(a, "--fp16-grads"))
+            o->fp16 = 1;
+        else if (!strcmp(a, "--pin"))
+            o->pin = 1;
+        else if (!strcmp(a, "--no-comm"))
+            o->no_comm = 1;
+        else if (!strcmp(a, "--grad-copy"))
+            o->grad_copy = 1;
+        else if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            usage(stdout);
+            exit(0);
+        } else {
             fprintf(stderr, "ddp_mnist: unknown option %s\n", a);
             usage(stderr);
             return -1;
@@ -106,7 +156,7 @@ static int parse_opts(int argc, char **argv, opts_t *o) {
 #undef NEEDV
     }
     if (o->epochs < 1 || o->batch < 1 || o->accumulate < 1 || o->threads < 1 || o->lr <= 0 ||
-        o->bucket_mb <= 0 || o->first_bucket_mb <= 0 || (o->bf16 && o->fp16)) {
+        o->bucket_mb < 0 || o->split < 1 || o->first_bucket_mb <= 0 || (o->bf16 && o->fp16)) {
         fprintf(stderr, "ddp_mnist: invalid option values (epochs, batch, accumulate, threads "
                         "must be >= 1, lr and bucket sizes > 0, at most one of --bf16-grads "
                         "--fp16-grads)\n");
@@ -131,25 +181,55 @@ static double now_s(void) {
         }                                                                                          \
     } while (0)
 
+#define MAX_SPLIT 64
+
 typedef struct {
     chorusDdp_t ddp;
     int wid[MLP_MAX_LAYERS], bid[MLP_MAX_LAYERS];
+    int nslices;                /* fc1.weight registered as this many row slices */
+    int slice_id[MAX_SPLIT];    /* their parameter ids */
+    int slice_end[MAX_SPLIT];   /* first row after each slice */
+    int marked;                 /* slices already marked ready in this step */
+    int failed;
 } ready_ctx_t;
 
 /* Called by backward as soon as layer l's gradients are final. */
 static int on_layer_ready(void *arg, int layer) {
     ready_ctx_t *c = arg;
-    if (chorusDdpGradReady(c->ddp, c->wid[layer]) != ncclSuccess) return 1;
+    if (c->failed) return 1;
+    if (layer == 0 && c->nslices > 1) {
+        for (; c->marked < c->nslices; c->marked++)
+            if (chorusDdpGradReady(c->ddp, c->slice_id[c->marked]) != ncclSuccess) return 1;
+        c->marked = 0;
+    } else if (chorusDdpGradReady(c->ddp, c->wid[layer]) != ncclSuccess) {
+        return 1;
+    }
     if (chorusDdpGradReady(c->ddp, c->bid[layer]) != ncclSuccess) return 1;
     return 0;
+}
+
+/* Called as backward finishes blocks of weight-gradient rows: mark finished fc1 slices ready. */
+static void on_rows_ready(void *arg, int layer, int rows) {
+    ready_ctx_t *c = arg;
+    if (layer == 0 && c->nslices > 1 && !c->failed) {
+        while (c->marked < c->nslices && c->slice_end[c->marked] <= rows) {
+            if (chorusDdpGradReady(c->ddp, c->slice_id[c->marked]) != ncclSuccess) c->failed = 1;
+            c->marked++;
+        }
+    }
+    (void)chorusDdpPoll(c->ddp);
+}
+
+/* Called between cache blocks of backward: drives the bucket collectives already started. */
+static void on_poll(void *arg) {
+    (void)chorusDdpPoll(((ready_ctx_t *)arg)->ddp);
 }
 
 /* Sum doubles over ranks (host buffers: the call returns when done). */
 static int sum_over_ranks(ncclComm_t comm, double *v, int n) {
     if (!comm) return 0;
     if (ncclAllReduce(v, v, (size_t)n, ncclFloat64, ncclSum, comm, NULL) != ncclSuccess) {
-        fprintf(stderr, "ddp_mnist: all-reduce of statistics failed: %s\n",
-                ncclGetLastError(comm));
+        fprintf(stderr, "ddp_mnist: all-reduce of statistics failed: %s\n", ncclGetLastError(comm));
         return 1;
     }
     return 0;
@@ -185,8 +265,10 @@ static int init_comm(const opts_t *o, ncclComm_t *comm, int *rank, int *nranks) 
         ncclResult_t r = ncclGetUniqueId(&id);
         if (r == ncclSuccess) r = ncclCommInitRank(comm, 1, id, 0);
         if (r != ncclSuccess) {
-            fprintf(stderr, "ddp_mnist: single-rank communicator failed: %s (%s); --no-comm runs "
-                            "without one\n", ncclGetErrorString(r), ncclGetLastError(NULL));
+            fprintf(stderr,
+                    "ddp_mnist: single-rank communicator failed: %s (%s); --no-comm runs "
+                    "without one\n",
+                    ncclGetErrorString(r), ncclGetLastError(NULL));
             return 1;
         }
     }
@@ -234,8 +316,20 @@ int main(int argc, char **argv) {
     }
     model.threads = o.threads;
 
+    if (o.split > MAX_SPLIT || o.split > dims[0]) {
+        fprintf(stderr, "ddp_mnist: --split-fc1 %d is more than %d\n", o.split,
+                MAX_SPLIT < dims[0] ? MAX_SPLIT : dims[0]);
+        return 2;
+    }
+    if (o.split > 1) o.grad_copy = 1; /* slices of one gradient array cannot be bucket views */
     chorusDdpConfig_t cfg = CHORUS_DDP_CONFIG_INITIALIZER;
-    cfg.bucketCapBytes = (size_t)(o.bucket_mb * 1048576.0);
+    /* Default cap: 25 MiB, or with --split-fc1 one slice (plus fc1.bias), so each slice's
+     * all-reduce starts as soon as it is final. */
+    size_t slice_bytes = ((size_t)dims[0] + (size_t)o.split - 1) / (size_t)o.split *
+                         (size_t)dims[1] * sizeof(float);
+    cfg.bucketCapBytes = o.bucket_mb > 0 ? (size_t)(o.bucket_mb * 1048576.0)
+                         : o.split > 1 ? slice_bytes + (size_t)dims[1] * sizeof(float)
+                                       : (size_t)25 << 20;
     cfg.firstBucketBytes = (size_t)(o.first_bucket_mb * 1048576.0);
     cfg.gradAsBucketView = !o.grad_copy;
     cfg.commDtype = o.bf16 ? ncclBfloat16 : o.fp16 ? ncclFloat16 : ncclFloat32;
@@ -244,28 +338,47 @@ int main(int argc, char **argv) {
     cfg.checkEvery = o.check_every;
     chorusDdp_t ddp;
     DDPCHECK(chorusDdpCreate(comm, &cfg, &ddp));
-    ready_ctx_t rc = {.ddp = ddp};
+    ready_ctx_t rc = {.ddp = ddp, .nslices = o.split};
     int64_t progress[2] = {0, 0}; /* epochs done, optimizer steps done */
     /* Buckets are filled in reverse registration order, and backward marks each layer's weight
      * then its bias ready, last layer first. Registering bias before weight makes the two orders
-     * agree exactly, so no small bias ready at the very end holds back an earlier bucket. */
+     * agree exactly, so no small bias ready at the very end holds back an earlier bucket. fc1's
+     * slices are registered last row block first for the same reason: backward finishes them
+     * first row block first. */
     for (int l = 0; l < model.nlayers; l++) {
         char name[64];
+        size_t out = (size_t)dims[l + 1];
         snprintf(name, sizeof(name), "fc%d.bias", l + 1);
-        DDPCHECK(chorusDdpRegisterParam(ddp, name, model.b[l], (size_t)dims[l + 1], ncclFloat32,
+        DDPCHECK(chorusDdpRegisterParam(ddp, name, model.b[l], out, ncclFloat32,
                                         o.grad_copy ? model.gb[l] : NULL, &rc.bid[l]));
+        if (l == 0 && rc.nslices > 1) {
+            int rows = dims[0];
+            for (int sl = rc.nslices - 1; sl >= 0; sl--) {
+                int r0 = (int)((long)rows * sl / rc.nslices);
+                int r1 = (int)((long)rows * (sl + 1) / rc.nslices);
+                rc.slice_end[sl] = r1;
+                snprintf(name, sizeof(name), "fc1.weight[%d:%d]", r0, r1);
+                DDPCHECK(chorusDdpRegisterParam(ddp, name, model.w[0] + (size_t)r0 * out,
+                                                (size_t)(r1 - r0) * out, ncclFloat32,
+                                                model.gw[0] + (size_t)r0 * out, &rc.slice_id[sl]));
+            }
+            continue;
+        }
         snprintf(name, sizeof(name), "fc%d.weight", l + 1);
-        DDPCHECK(chorusDdpRegisterParam(ddp, name, model.w[l],
-                                        (size_t)dims[l] * (size_t)dims[l + 1], ncclFloat32,
+        DDPCHECK(chorusDdpRegisterParam(ddp, name, model.w[l], (size_t)dims[l] * out, ncclFloat32,
                                         o.grad_copy ? model.gw[l] : NULL, &rc.wid[l]));
     }
     DDPCHECK(chorusDdpRegisterBuffer(ddp, "trainer.progress", progress, sizeof(progress)));
     DDPCHECK(chorusDdpStart(ddp));
     for (int l = 0; l < model.nlayers; l++) {
-        DDPCHECK(chorusDdpGradPtr(ddp, rc.wid[l], (void **)&model.gw[l]));
+        if (!(l == 0 && rc.nslices > 1))
+            DDPCHECK(chorusDdpGradPtr(ddp, rc.wid[l], (void **)&model.gw[l]));
         DDPCHECK(chorusDdpGradPtr(ddp, rc.bid[l], (void **)&model.gb[l]));
     }
     if (o.load) DDPCHECK(chorusDdpLoad(ddp, o.load));
+    model.poll = on_poll;
+    model.rows_ready = on_rows_ready;
+    model.poll_ctx = &rc;
 
     chorusDdpSampler_t sampler;
     DDPCHECK(chorusDdpSamplerCreate(train.n, nranks, rank, o.seed, 1, 0, &sampler));
@@ -280,10 +393,13 @@ int main(int argc, char **argv) {
         DDPCHECK(chorusDdpBucketCount(ddp, &nb));
         printf("ddp_mnist: ranks=%d batch/rank=%d accumulate=%d params=%zu buckets=%d%s%s\n",
                nranks, o.batch, o.accumulate, mlp_param_count(&model), nb,
-               o.sharded ? " sharded" : "", o.bf16 ? " bf16-grads" : o.fp16 ? " fp16-grads" : "");
+               o.sharded ? " sharded" : "",
+               o.bf16   ? " bf16-grads"
+               : o.fp16 ? " fp16-grads"
+                        : "");
         printf("ddp_mnist: memory per rank: params %.2f MiB, grads %.2f MiB, optimizer state "
-               "%.2f MiB, comm buffers %.2f MiB\n", mem.paramBytes / 1048576.0,
-               mem.gradBytes / 1048576.0, mem.optStateBytes / 1048576.0,
+               "%.2f MiB, comm buffers %.2f MiB\n",
+               mem.paramBytes / 1048576.0, mem.gradBytes / 1048576.0, mem.optStateBytes / 1048576.0,
                mem.commBytes / 1048576.0);
         fflush(stdout);
     }
@@ -337,8 +453,8 @@ int main(int argc, char **argv) {
         size_t lo = test.n * (size_t)rank / (size_t)nranks;
         size_t hi = test.n * (size_t)(rank + 1) / (size_t)nranks;
         double tl = 0;
-        size_t correct = mlp_evaluate(&model, test.images + lo * in_dim, test.labels + lo, hi - lo,
-                                      &tl);
+        size_t correct =
+            mlp_evaluate(&model, test.images + lo * in_dim, test.labels + lo, hi - lo, &tl);
         double v[5] = {loss_sum, seen, (double)correct, tl * (double)(hi - lo), train_s};
         if (sum_over_ranks(comm, v, 5) != 0) return 1;
         test_acc = v[2] / (double)test.n;
@@ -352,15 +468,15 @@ int main(int argc, char **argv) {
         all_stats.steps += st.steps;
         if (rank == 0) {
             printf("epoch %d: train loss %.4f, test loss %.4f, test accuracy %.4f, %.0f samples/s "
-                   "(%.1f s), comm %.3f s of which blocked %.3f s\n", epoch + 1, v[0] / v[1],
-                   v[3] / (double)test.n, test_acc, sps, train_s, st.commSeconds,
-                   st.blockedSeconds);
+                   "(%.1f s), comm %.3f s of which blocked %.3f s\n",
+                   epoch + 1, v[0] / v[1], v[3] / (double)test.n, test_acc, sps, train_s,
+                   st.commSeconds, st.blockedSeconds);
             fflush(stdout);
         }
     }
     if (o.save) DDPCHECK(chorusDdpSave(ddp, o.save));
-    double hidden = all_stats.commSeconds > 0
-                        ? 1.0 - all_stats.blockedSeconds / all_stats.commSeconds : 0.0;
+    double hidden =
+        all_stats.commSeconds > 0 ? 1.0 - all_stats.blockedSeconds / all_stats.commSeconds : 0.0;
     if (hidden < 0) hidden = 0;
     /* Average the overlap over ranks: each sees its own blocking. */
     double hv[1] = {hidden};

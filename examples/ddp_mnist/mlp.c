@@ -29,7 +29,9 @@ static inline __attribute__((always_inline)) v8f v8_load(const float *p) {
     return v;
 }
 
-static inline __attribute__((always_inline)) void v8_store(float *p, v8f v) { memcpy(p, &v, sizeof(v)); }
+static inline __attribute__((always_inline)) void v8_store(float *p, v8f v) {
+    memcpy(p, &v, sizeof(v));
+}
 
 static inline __attribute__((always_inline)) float v8_sum(v8f v) {
     return ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7]));
@@ -54,7 +56,8 @@ int mlp_init(mlp_t *m, const int *dims, int nlayers, int max_batch, uint64_t see
         m->dims[l] = dims[l];
         if ((size_t)dims[l] > widest) widest = (size_t)dims[l];
     }
-    for (int l = 0; l < nlayers; l++) grads += (size_t)dims[l] * dims[l + 1] + dims[l + 1];
+    for (int l = 0; l < nlayers; l++)
+        grads += (size_t)dims[l] * dims[l + 1] + dims[l + 1];
     m->own_grads = calloc(grads, sizeof(float));
     if (!m->own_grads) return -1;
     float *g = m->own_grads;
@@ -103,13 +106,14 @@ void mlp_free(mlp_t *m) {
 
 size_t mlp_param_count(const mlp_t *m) {
     size_t n = 0;
-    for (int l = 0; l < m->nlayers; l++) n += (size_t)m->dims[l] * m->dims[l + 1] + m->dims[l + 1];
+    for (int l = 0; l < m->nlayers; l++)
+        n += (size_t)m->dims[l] * m->dims[l + 1] + m->dims[l + 1];
     return n;
 }
 
 /* y[r][0..n) += sum_k x[r][k] * w[k][0..n) for four rows r at once, k in [k0, k1). */
-static inline __attribute__((always_inline)) void mlp_axpy4(float *const y[4], const float *const x[4], const float *w, int n,
-                             int k0, int k1) {
+static inline __attribute__((always_inline)) void
+mlp_axpy4(float *const y[4], const float *const x[4], const float *w, int n, int k0, int k1) {
     for (int k = k0; k < k1; k++) {
         float a0 = x[0][k], a1 = x[1][k], a2 = x[2][k], a3 = x[3][k];
         if (a0 == 0.0f && a1 == 0.0f && a2 == 0.0f && a3 == 0.0f) continue; /* ReLU zeros */
@@ -138,10 +142,11 @@ static inline int mlp_kblock(int n) {
 
 /* Rows [r0, r1) of Y = X W + b, optional ReLU; X: batch x k, W: k x n. The k blocks are the
  * outer loop so each block of W is read once from memory for all rows. */
-MLP_CLONES static void mlp_fwd_rows(const float *x, const float *w, const float *bias, float *y, int r0,
-                         int r1, int k, int n, int relu) {
+MLP_CLONES static void mlp_fwd_rows(const float *x, const float *w, const float *bias, float *y,
+                                    int r0, int r1, int k, int n, int relu) {
     int kb = mlp_kblock(n);
-    for (int i = r0; i < r1; i++) memcpy(y + (size_t)i * n, bias, sizeof(float) * n);
+    for (int i = r0; i < r1; i++)
+        memcpy(y + (size_t)i * n, bias, sizeof(float) * n);
     int full = r0 + (r1 - r0) / 4 * 4;
     for (int k0 = 0; k0 < k; k0 += kb) {
         int k1 = k0 + kb < k ? k0 + kb : k;
@@ -162,16 +167,18 @@ MLP_CLONES static void mlp_fwd_rows(const float *x, const float *w, const float 
             float a = xr[kk];
             if (a == 0.0f) continue;
             const float *wr = w + (size_t)kk * n;
-            for (int j = 0; j < n; j++) yr[j] += a * wr[j];
+            for (int j = 0; j < n; j++)
+                yr[j] += a * wr[j];
         }
     }
     if (relu)
-        for (size_t e = (size_t)r0 * n; e < (size_t)r1 * n; e++) y[e] = y[e] > 0.0f ? y[e] : 0.0f;
+        for (size_t e = (size_t)r0 * n; e < (size_t)r1 * n; e++)
+            y[e] = y[e] > 0.0f ? y[e] : 0.0f;
 }
 
 /* Threads split the batch into contiguous row ranges (multiples of four rows). */
-static void mlp_gemm_fwd(const float *x, const float *w, const float *bias, float *y,
-                                    int batch, int k, int n, int relu, int threads) {
+static void mlp_gemm_fwd(const float *x, const float *w, const float *bias, float *y, int batch,
+                         int k, int n, int relu, int threads) {
     int per = ((batch + threads - 1) / threads + 3) / 4 * 4;
 #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
     for (int t = 0; t < threads; t++) {
@@ -199,7 +206,8 @@ MLP_CLONES static void mlp_wgrad_block(const float *x, const float *dy, float *d
                 s += a2 * v8_load(d2 + j) + a3 * v8_load(d3 + j);
                 v8_store(g + j, s);
             }
-            for (; j < n; j++) g[j] += (a0 * d0[j] + a1 * d1[j]) + (a2 * d2[j] + a3 * d3[j]);
+            for (; j < n; j++)
+                g[j] += (a0 * d0[j] + a1 * d1[j]) + (a2 * d2[j] + a3 * d3[j]);
         }
     }
     for (; i < batch; i++) {
@@ -208,30 +216,41 @@ MLP_CLONES static void mlp_wgrad_block(const float *x, const float *dy, float *d
             float a0 = x0[kk];
             if (a0 == 0.0f) continue;
             float *g = dw + (size_t)kk * n;
-            for (int j = 0; j < n; j++) g[j] += a0 * d0[j];
+            for (int j = 0; j < n; j++)
+                g[j] += a0 * d0[j];
         }
     }
 }
 
 /* dW (+)= X^T dY, db (+)= column sums of dY. Threads split k into cache-sized blocks. */
-static void mlp_gemm_wgrad(const float *x, const float *dy, float *dw, float *db, int batch, int k,
-                           int n, int accumulate, int threads) {
-    int kb = mlp_kblock(n);
+static void mlp_gemm_wgrad(const mlp_t *m, int layer, const float *x, const float *dy, float *dw,
+                           float *db, int batch, int k, int n, int accumulate) {
+    int kb = mlp_kblock(n), threads = m->threads;
     int nblocks = (k + kb - 1) / kb;
-#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
-    for (int bi = 0; bi < nblocks; bi++) {
-        int k0 = bi * kb, k1 = k0 + kb < k ? k0 + kb : k;
-        mlp_wgrad_block(x, dy, dw, batch, k, n, k0, k1, accumulate);
+    if (threads == 1) {
+        for (int bi = 0; bi < nblocks; bi++) {
+            int k0 = bi * kb, k1 = k0 + kb < k ? k0 + kb : k;
+            mlp_wgrad_block(x, dy, dw, batch, k, n, k0, k1, accumulate);
+            if (m->rows_ready) m->rows_ready(m->poll_ctx, layer, k1);
+            else if (m->poll) m->poll(m->poll_ctx);
+        }
+    } else {
+#pragma omp parallel for num_threads(threads) schedule(static)
+        for (int bi = 0; bi < nblocks; bi++) {
+            int k0 = bi * kb, k1 = k0 + kb < k ? k0 + kb : k;
+            mlp_wgrad_block(x, dy, dw, batch, k, n, k0, k1, accumulate);
+        }
     }
     if (!accumulate) memset(db, 0, sizeof(float) * n);
     for (int i = 0; i < batch; i++)
-        for (int j = 0; j < n; j++) db[j] += dy[(size_t)i * n + j];
+        for (int j = 0; j < n; j++)
+            db[j] += dy[(size_t)i * n + j];
 }
 
 /* Columns [k0, k1) of dX = dY W^T, masked by the ReLU of the layer below (act: its output). A
  * block of W stays in cache while every row uses it. */
-MLP_CLONES static void mlp_dgrad_block(const float *dy, const float *w, const float *act,
-                                       float *dx, int batch, int k, int n, int k0, int k1) {
+MLP_CLONES static void mlp_dgrad_block(const float *dy, const float *w, const float *act, float *dx,
+                                       int batch, int k, int n, int k0, int k1) {
     for (int i = 0; i < batch; i++) {
         const float *d = dy + (size_t)i * n;
         float *o = dx + (size_t)i * k;
@@ -244,22 +263,32 @@ MLP_CLONES static void mlp_dgrad_block(const float *dy, const float *w, const fl
             const float *wr = w + (size_t)kk * n;
             v8f s = {0, 0, 0, 0, 0, 0, 0, 0};
             int j = 0;
-            for (; j + 8 <= n; j += 8) s += v8_load(d + j) * v8_load(wr + j);
+            for (; j + 8 <= n; j += 8)
+                s += v8_load(d + j) * v8_load(wr + j);
             float t = v8_sum(s);
-            for (; j < n; j++) t += d[j] * wr[j];
+            for (; j < n; j++)
+                t += d[j] * wr[j];
             o[kk] = t;
         }
     }
 }
 
-static void mlp_gemm_dgrad(const float *dy, const float *w, const float *act, float *dx, int batch,
-                           int k, int n, int threads) {
-    int kb = mlp_kblock(n);
+static void mlp_gemm_dgrad(const mlp_t *m, const float *dy, const float *w, const float *act,
+                           float *dx, int batch, int k, int n) {
+    int kb = mlp_kblock(n), threads = m->threads;
     int nblocks = (k + kb - 1) / kb;
-#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
-    for (int bi = 0; bi < nblocks; bi++) {
-        int k0 = bi * kb, k1 = k0 + kb < k ? k0 + kb : k;
-        mlp_dgrad_block(dy, w, act, dx, batch, k, n, k0, k1);
+    if (threads == 1) {
+        for (int bi = 0; bi < nblocks; bi++) {
+            int k0 = bi * kb, k1 = k0 + kb < k ? k0 + kb : k;
+            mlp_dgrad_block(dy, w, act, dx, batch, k, n, k0, k1);
+            if (m->poll) m->poll(m->poll_ctx);
+        }
+    } else {
+#pragma omp parallel for num_threads(threads) schedule(static)
+        for (int bi = 0; bi < nblocks; bi++) {
+            int k0 = bi * kb, k1 = k0 + kb < k ? k0 + kb : k;
+            mlp_dgrad_block(dy, w, act, dx, batch, k, n, k0, k1);
+        }
     }
 }
 
@@ -291,7 +320,8 @@ double mlp_loss(mlp_t *m, const uint8_t *labels, int batch, float scale, int wan
             }
         correct += arg == labels[i];
         double sum = 0;
-        for (int j = 0; j < c; j++) sum += exp((double)(zi[j] - mx));
+        for (int j = 0; j < c; j++)
+            sum += exp((double)(zi[j] - mx));
         double logsum = log(sum);
         loss += logsum - (double)(zi[labels[i]] - mx);
         if (want_grad) {
@@ -313,14 +343,14 @@ int mlp_backward(mlp_t *m, int batch, int accumulate, mlp_ready_fn ready, void *
         int k = m->dims[l], n = m->dims[l + 1];
         /* Weight gradient first, so that GradReady fires as early as possible; the input
          * gradient computed afterwards reads w[l], which communication never touches. */
-        mlp_gemm_wgrad(in, m->dbuf[cur], m->gw[l], m->gb[l], batch, k, n, accumulate, m->threads);
+        mlp_gemm_wgrad(m, l, in, m->dbuf[cur], m->gw[l], m->gb[l], batch, k, n, accumulate);
         if (ready) {
             int rc = ready(ctx, l);
             if (rc != 0) return rc;
         }
         if (l > 0) {
-            mlp_gemm_dgrad(m->dbuf[cur], m->w[l], m->act[l - 1], m->dbuf[1 - cur], batch, k, n,
-                           m->threads);
+            mlp_gemm_dgrad(m, m->dbuf[cur], m->w[l], m->act[l - 1], m->dbuf[1 - cur], batch, k, n);
+            if (m->threads > 1 && m->poll) m->poll(m->poll_ctx);
             cur = 1 - cur;
         }
     }

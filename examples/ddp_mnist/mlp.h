@@ -24,16 +24,22 @@ typedef struct {
     int nlayers;
     int dims[MLP_MAX_LAYERS + 1];
     int max_batch;
-    int threads;                 /* compute threads (OpenMP when built with it) */
-    float *w[MLP_MAX_LAYERS];    /* dims[l] x dims[l+1] */
-    float *b[MLP_MAX_LAYERS];    /* dims[l+1] */
-    float *gw[MLP_MAX_LAYERS];   /* gradients; mlp_init allocates them, a trainer may repoint them
-                                    (e.g. into DDP buckets) */
+    int threads;             /* compute threads (OpenMP when built with it) */
+    void (*poll)(void *ctx); /* optional: called between cache blocks of backward's products
+                                (with one thread), e.g. to drive communication */
+    /* optional, one thread: rows [0, rows) of gw[layer] are final; called (instead of poll) as
+     * the weight gradient is computed block by block */
+    void (*rows_ready)(void *ctx, int layer, int rows);
+    void *poll_ctx;
+    float *w[MLP_MAX_LAYERS];  /* dims[l] x dims[l+1] */
+    float *b[MLP_MAX_LAYERS];  /* dims[l+1] */
+    float *gw[MLP_MAX_LAYERS]; /* gradients; mlp_init allocates them, a trainer may repoint them
+                                  (e.g. into DDP buckets) */
     float *gb[MLP_MAX_LAYERS];
-    float *own_grads;            /* what mlp_init allocated for gw/gb */
-    const float *input;          /* the last forward's input (not owned) */
-    float *act[MLP_MAX_LAYERS];  /* act[l]: output of layer l (after ReLU, except the logits) */
-    float *dbuf[2];              /* backward scratch: gradient w.r.t. activations */
+    float *own_grads;           /* what mlp_init allocated for gw/gb */
+    const float *input;         /* the last forward's input (not owned) */
+    float *act[MLP_MAX_LAYERS]; /* act[l]: output of layer l (after ReLU, except the logits) */
+    float *dbuf[2];             /* backward scratch: gradient w.r.t. activations */
 } mlp_t;
 
 /* Allocate a network with nlayers layers, dims[0..nlayers], for batches up to max_batch, with

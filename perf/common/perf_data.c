@@ -18,7 +18,8 @@
  *   avg    V = n*k with |k| <= L/n^2, so the sum is a multiple of n and the integer division
  *          (NCCL's integer avg) is exact; when L/n^2 < 1 every rank sends the same value. For
  *          floating types NCCL multiplies each input by 1/n first; 1/n is exact only for powers
- *          of two, so for other n the check allows 2*eps*sum|V| (eps of the type).
+ *          of two, so for other n the check allows eps*(n/2+1)*sum|V|/n (eps of the type).
+ *          Float8 avg on more ranks than the type has exact integers sends zeros.
  *   mulsum ncclRedOpCreatePreMulSum with scalar 2 on every rank, values as sum with L/2.
  * Collectives that only move data use wide ranges (the max/min table).
  */
@@ -187,7 +188,9 @@ perf_data_t *perf_data_create(ncclDataType_t dt, int op, int nranks)
         else if (op == PERF_OP_MULSUM)
             acc *= 2.0;
         d->red_d[j] = acc;
-        d->tol[j] = d->tolerant ? 2.0 * eps * mag : 0.0;
+        /* 1/n, each product and each partial sum round once: at most about (n/2 + 1) roundings
+         * of size eps relative to sum|V|/n. */
+        d->tol[j] = d->tolerant ? eps * (d->nranks / 2.0 + 1.0) * mag / d->nranks : 0.0;
         perf_elem_set(dt, d->red + (size_t)j * d->elt, acc);
     }
     return d;

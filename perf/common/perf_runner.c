@@ -182,6 +182,13 @@ static void barrier(pthread_ctx_t *t)
 }
 
 /* ---- one collective call per local rank ------------------------------------------------------ */
+static void sync_after_op(pthread_ctx_t *t)
+{
+    complete(t);
+    if (G.a.blocking == 1)
+        barrier(t);
+}
+
 typedef struct {
     ncclDataType_t dt;
     int op, root;
@@ -216,11 +223,10 @@ static void start_coll(pthread_ctx_t *t, const step_t *s, int in_place, int iter
     }
     if (ng > 1)
         NCCLCHECK(ncclGroupEnd());
-    if (G.a.blocking == 1 || G.a.blocking == 2) {
-        complete(t);
-        if (G.a.blocking == 1)
-            barrier(t);
-    }
+    /* -z 1/2: wait (and synchronise ranks) after each op; inside an -m group the ops have not
+     * run yet, so the caller does it after ncclGroupEnd instead. */
+    if ((G.a.blocking == 1 || G.a.blocking == 2) && G.a.agg == 1)
+        sync_after_op(t);
 }
 
 /* ---- correctness ----------------------------------------------------------------------------- */
@@ -291,8 +297,11 @@ static void bench(pthread_ctx_t *t, const step_t *s, perf_data_t *d, int in_plac
             NCCLCHECK(ncclGroupStart());
         for (int k = 0; k < agg; k++)
             start_coll(t, s, in_place, it * agg + k);
-        if (agg > 1)
+        if (agg > 1) {
             NCCLCHECK(ncclGroupEnd());
+            if (a->blocking == 1 || a->blocking == 2)
+                sync_after_op(t);
+        }
         if (use_events)
             MEMCHECK(pm_event_record(t->ranks[0].ev[it + 1], t->ranks[0].stream));
         iter_s[it] = now_s() - ti;
@@ -849,6 +858,13 @@ int perf_main(int argc, char **argv, perf_coll_t coll, perf_run_fn run)
         for (int g = 0; g < a->ngpus; g++)
             rank_device(&G.threads[i], g, &G.threads[i].ranks[g]);
     }
+    if (a->timeout > 0) { /* covers communicator creation too */
+        pthread_t wd;
+        for (int i = 0; i < a->nthreads; i++)
+            G.threads[i].progress = now_s();
+        pthread_create(&wd, NULL, watchdog_main, NULL);
+        pthread_detach(wd);
+    }
     if (!a->parallel_init) {
         /* The main thread creates every local communicator in one group (nccl-tests' -p 0). */
         int many = a->nthreads * a->ngpus > 1;
@@ -864,11 +880,6 @@ int perf_main(int argc, char **argv, perf_coll_t coll, perf_run_fn run)
             NCCLCHECK(ncclGroupEnd());
     }
     pthread_barrier_init(&G.init_barrier, NULL, (unsigned)a->nthreads);
-    if (a->timeout > 0) {
-        pthread_t wd;
-        pthread_create(&wd, NULL, watchdog_main, NULL);
-        pthread_detach(wd);
-    }
     for (int i = 0; i < a->nthreads; i++)
         if (pthread_create(&G.threads[i].tid, NULL, thread_main, &G.threads[i]) != 0)
             fatal("cannot start thread %d", i);

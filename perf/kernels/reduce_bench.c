@@ -5,15 +5,18 @@
  *     -i  force a kernel variant (generic, avx2, avx512); default: what the dispatcher picks
  *     -t  rk_copy uses non-temporal stores from this many bytes (default: the library's)
  *     -s  comma-separated buffer sizes with K/M/G suffixes (default 64K,1M,16M,256M)
- *     -m  milliseconds to spend per measurement (default 150)
+ *     -m  milliseconds to spend per column and size (default 150)
  *
  * Every figure is GB/s of n, n being the size of ONE buffer, as in ../shared/BASELINES.md:
- * memcpy/rk_copy move n bytes (read n, write n); "y+=x" runs rk_reduce(y, x, y) over n bytes of
- * each operand (read 2n, write n) and still counts n. "out" is out of place, z = x + y (three
- * buffers, z not aliased), also counted as n. Each figure is the best of 3 timed repeats of a
- * batch of calls sized to take about -m milliseconds; buffers are allocated once, page-aligned
- * and touched before timing. Numbers are for one thread on an idle machine; the machine this
- * project uses is shared and noisy, so treat them as +-20%.
+ *   memcpy, rk_copy   move n bytes (read n, write n)
+ *   copy nt           rk_copy with its non-temporal (streaming-store) path forced on, to choose
+ *                     the threshold (only the avx2/avx512 variants have that path)
+ *   <type> y+=x       rk_reduce(y, x, y), sum, over n bytes of each operand (read 2n, write n)
+ *   f32 z=x+y         out of place into a third buffer (read 2n, write n)
+ * The columns take turns in 5 rounds of one batch of calls each (a column's batches add up to
+ * about -m milliseconds) and each reports its best round; buffers are allocated once,
+ * page-aligned and touched before timing. One thread. The project's machine is shared and noisy:
+ * compare columns of one run, and treat absolute figures as +-20% at best.
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -30,7 +33,7 @@ static double now_s(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-typedef enum { B_MEMCPY, B_COPY, B_INPLACE, B_OUTOFPLACE } bench_kind_t;
+typedef enum { B_MEMCPY, B_COPY, B_COPY_NT, B_INPLACE, B_OUTOFPLACE } bench_kind_t;
 
 typedef struct {
     unsigned char *x, *y, *z;
@@ -42,31 +45,61 @@ static void run_once(bench_kind_t kind, const bufs_t *b, const chorus_redop_t *o
     switch (kind) {
     case B_MEMCPY: memcpy(b->y, b->x, b->bytes); break;
     case B_COPY: rk_copy(b->y, b->x, b->bytes); break;
+    case B_COPY_NT: { /* rk_copy with streaming stores forced, whatever the threshold */
+        size_t saved = rk_nt_threshold;
+        rk_nt_threshold = 0;
+        rk_copy(b->y, b->x, b->bytes);
+        rk_nt_threshold = saved;
+        break;
+    }
     case B_INPLACE: rk_reduce(b->y, b->x, b->y, count, op); break;
     case B_OUTOFPLACE: rk_reduce(b->z, b->x, b->y, count, op); break;
     }
 }
 
-/* GB/s of n: the best of 3 batches, each about min_ms long. */
-static double measure(bench_kind_t kind, const bufs_t *b, ncclDataType_t dtype, double min_ms) {
-    chorus_redop_t op = {.kind = RK_SUM, .dtype = dtype, .nranks = 1};
-    run_once(kind, b, &op); /* warm: page tables, caches */
-    double t0 = now_s();
-    long iters = 0;
-    while (now_s() - t0 < min_ms * 1e-3 / 4 || iters < 1) {
-        run_once(kind, b, &op);
-        iters++;
+typedef struct {
+    const char *title;
+    bench_kind_t kind;
+    ncclDataType_t dtype;
+} column_t;
+
+static const column_t columns[] = {
+    {"memcpy", B_MEMCPY, ncclUint8},          {"rk_copy", B_COPY, ncclUint8},
+    {"copy nt", B_COPY_NT, ncclUint8},
+    {"f32 y+=x", B_INPLACE, ncclFloat32},     {"f32 z=x+y", B_OUTOFPLACE, ncclFloat32},
+    {"bf16 y+=x", B_INPLACE, ncclBfloat16},   {"f16 y+=x", B_INPLACE, ncclFloat16},
+    {"f64 y+=x", B_INPLACE, ncclFloat64},     {"e4m3 y+=x", B_INPLACE, ncclFloat8e4m3},
+    {"e5m2 y+=x", B_INPLACE, ncclFloat8e5m2},
+};
+#define NCOLUMNS (int)(sizeof(columns) / sizeof(columns[0]))
+
+/* Seconds per call of one batch of `batch` calls. */
+static double time_batch(const column_t *c, const bufs_t *b, long batch) {
+    chorus_redop_t op = {.kind = RK_SUM, .dtype = c->dtype, .nranks = 1};
+    double s = now_s();
+    for (long i = 0; i < batch; i++) run_once(c->kind, b, &op);
+    return (now_s() - s) / (double)batch;
+}
+
+/* GB/s of n for every column. The columns take turns, REPS rounds of one batch each (about
+ * min_ms / REPS long), and each keeps its best round: on a shared, noisy machine the columns
+ * then see the same conditions, and the best round is the least disturbed one. */
+#define REPS 5
+static void measure_all(const bufs_t *b, double min_ms, double *gbs) {
+    long batch[NCOLUMNS];
+    double best[NCOLUMNS];
+    for (int c = 0; c < NCOLUMNS; c++) {
+        double per = time_batch(&columns[c], b, 1); /* warm: page tables, caches */
+        per = time_batch(&columns[c], b, 1);
+        batch[c] = (long)(min_ms * 1e-3 / REPS / per) + 1;
+        best[c] = 1e30;
     }
-    double per = (now_s() - t0) / (double)iters;
-    long batch = (long)(min_ms * 1e-3 / 3 / per) + 1;
-    double best = 1e30;
-    for (int rep = 0; rep < 3; rep++) {
-        double s = now_s();
-        for (long i = 0; i < batch; i++) run_once(kind, b, &op);
-        double t = (now_s() - s) / (double)batch;
-        if (t < best) best = t;
-    }
-    return (double)b->bytes / best / 1e9;
+    for (int rep = 0; rep < REPS; rep++)
+        for (int c = 0; c < NCOLUMNS; c++) {
+            double t = time_batch(&columns[c], b, batch[c]);
+            if (t < best[c]) best[c] = t;
+        }
+    for (int c = 0; c < NCOLUMNS; c++) gbs[c] = (double)b->bytes / best[c] / 1e9;
 }
 
 static size_t parse_size(const char *s) {
@@ -105,11 +138,15 @@ int main(int argc, char **argv) {
         fprintf(stderr, "reduce_bench: cannot use kernel variant '%s'\n", isa);
         return 1;
     }
-    printf("# reduce_bench: kernels %s, non-temporal copy from %s bytes; GB/s of n (one buffer)\n",
-           rk_isa_name(), rk_nt_threshold == SIZE_MAX ? "never" : "");
-    if (rk_nt_threshold != SIZE_MAX) printf("#   (threshold %zu)\n", rk_nt_threshold);
-    printf("%10s %8s %8s %9s %9s %9s %9s %9s %9s\n", "bytes", "memcpy", "rk_copy", "f32 y+=x",
-           "f32 out", "bf16 y+=x", "f16 y+=x", "f64 y+=x", "f8 y+=x");
+    printf("# reduce_bench: kernels %s; rk_copy streams (non-temporal stores) ", rk_isa_name());
+    if (rk_nt_threshold == SIZE_MAX)
+        printf("never\n");
+    else
+        printf("from %zu bytes\n", rk_nt_threshold);
+    printf("# GB/s of n, n = bytes of one buffer (y+=x reads 2n and writes n)\n");
+    printf("%10s", "bytes");
+    for (int c = 0; c < NCOLUMNS; c++) printf(" %10s", columns[c].title);
+    printf("\n");
     char *list = strdup(sizes);
     for (char *tok = strtok(list, ","); tok; tok = strtok(NULL, ",")) {
         size_t bytes = parse_size(tok) & ~(size_t)63;
@@ -119,16 +156,11 @@ int main(int argc, char **argv) {
             fprintf(stderr, "reduce_bench: out of memory at %zu bytes\n", bytes);
             return 1;
         }
-        double r_memcpy = measure(B_MEMCPY, &b, ncclUint8, min_ms);
-        double r_copy = measure(B_COPY, &b, ncclUint8, min_ms);
-        double r_f32 = measure(B_INPLACE, &b, ncclFloat32, min_ms);
-        double r_f32o = measure(B_OUTOFPLACE, &b, ncclFloat32, min_ms);
-        double r_bf16 = measure(B_INPLACE, &b, ncclBfloat16, min_ms);
-        double r_f16 = measure(B_INPLACE, &b, ncclFloat16, min_ms);
-        double r_f64 = measure(B_INPLACE, &b, ncclFloat64, min_ms);
-        double r_f8 = measure(B_INPLACE, &b, ncclFloat8e4m3, min_ms);
-        printf("%10zu %8.1f %8.1f %9.1f %9.1f %9.1f %9.1f %9.1f %9.1f\n", bytes, r_memcpy, r_copy,
-               r_f32, r_f32o, r_bf16, r_f16, r_f64, r_f8);
+        double gbs[NCOLUMNS];
+        measure_all(&b, min_ms, gbs);
+        printf("%10zu", bytes);
+        for (int c = 0; c < NCOLUMNS; c++) printf(" %10.1f", gbs[c]);
+        printf("\n");
         fflush(stdout);
         free(b.x);
         free(b.y);

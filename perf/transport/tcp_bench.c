@@ -12,7 +12,10 @@
  *              interface, 128 KiB writes (iperf3's default), measured right before the sweep:
  *              the "single iperf3-style stream" the transport is compared with.
  *
- *   tcp_bench [-b MIN] [-e MAX] [-f FACTOR] [-t TOTAL_BYTES_PER_POINT] [-c]
+ * Then `-r` rounds (default 3) alternate the plain stream and the transport at MAX bytes, so both
+ * see the same load on a noisy machine; the best of each is compared.
+ *
+ *   tcp_bench [-b MIN] [-e MAX] [-f FACTOR] [-t TOTAL_BYTES_PER_POINT] [-r ROUNDS] [-c]
  * Helper threads, sockets and split size come from NCCL_SOCKET_NTHREADS, NCCL_NSOCKS_PERTHREAD,
  * CHORUS_SOCKET_MIN_SPLIT, NCCL_BUFFSIZE and CHORUS_NSLOTS as usual.
  */
@@ -43,13 +46,15 @@ typedef struct {
     double lat_us[MAX_POINTS];
     double bw_gbs[MAX_POINTS];
     double base_gbs;
+    int nrounds;
+    double round_base[16], round_bw[16];
     char desc[32];
     int ok;
 } results_t;
 
 typedef struct {
     size_t min_bytes, max_bytes, total;
-    int factor, copy;
+    int factor, copy, rounds;
 } opts_t;
 
 typedef struct {
@@ -244,6 +249,24 @@ static int rank_main(const chorus_unique_id_t *id, int rank, const opts_t *o, re
         }
         np++;
     }
+    /* Head to head at the largest size: a plain stream, then the transport, `rounds` times, so
+     * both see the same machine load. */
+    for (int k = 0; k < o->rounds && k < 16; k++) {
+        bootstrap_barrier(comm->bs);
+        double b = baseline_stream(&r, o->total);
+        bootstrap_barrier(comm->bs);
+        size_t s = o->max_bytes, iters = o->total / s < 2 ? 2 : o->total / s;
+        uint64_t t0 = chorus_now_ns();
+        for (size_t i = 0; i < iters; i++)
+            if (rank == 0 ? msg_send(&r, s) : msg_recv(&r, s)) return 1;
+        if (rank == 0 ? msg_recv(&r, 1) : msg_send(&r, 1)) return 1;
+        double secs = (double)(chorus_now_ns() - t0) * 1e-9;
+        if (rank == 0) {
+            out->round_base[k] = b;
+            out->round_bw[k] = (double)s * (double)iters / secs / 1e9;
+            out->nrounds = k + 1;
+        }
+    }
     if (drain(&r)) return 1;
     bootstrap_barrier(comm->bs);
     transport_close(&r.out);
@@ -258,15 +281,17 @@ static int rank_main(const chorus_unique_id_t *id, int rank, const opts_t *o, re
 }
 
 int main(int argc, char **argv) {
-    opts_t o = {.min_bytes = 8, .max_bytes = 64u << 20, .total = 512u << 20, .factor = 8};
+    opts_t o = {.min_bytes = 8, .max_bytes = 64u << 20, .total = 512u << 20, .factor = 8,
+                .rounds = 3};
     int c;
-    while ((c = getopt(argc, argv, "b:e:f:t:c")) != -1) {
+    while ((c = getopt(argc, argv, "b:e:f:t:r:c")) != -1) {
         switch (c) {
         case 'b': if (parse_size(optarg, &o.min_bytes)) goto usage; break;
         case 'e': if (parse_size(optarg, &o.max_bytes)) goto usage; break;
         case 't': if (parse_size(optarg, &o.total)) goto usage; break;
         case 'f': o.factor = atoi(optarg); break;
         case 'c': o.copy = 1; break;
+        case 'r': o.rounds = atoi(optarg); break;
         default: goto usage;
         }
     }
@@ -307,8 +332,19 @@ int main(int argc, char **argv) {
     for (int i = 0; i < res->npoints; i++)
         printf("%12zu %12.2f %12.3f %9.0f%%\n", res->sizes[i], res->lat_us[i], res->bw_gbs[i],
                res->base_gbs > 0 ? 100.0 * res->bw_gbs[i] / res->base_gbs : 0.0);
+    double best_b = 0, best_t = 0;
+    for (int k = 0; k < res->nrounds; k++) {
+        printf("# round %d at %zu bytes: plain stream %.2f GB/s, transport %.2f GB/s (%.0f%%)\n", k,
+               o.max_bytes, res->round_base[k], res->round_bw[k],
+               res->round_base[k] > 0 ? 100.0 * res->round_bw[k] / res->round_base[k] : 0.0);
+        if (res->round_base[k] > best_b) best_b = res->round_base[k];
+        if (res->round_bw[k] > best_t) best_t = res->round_bw[k];
+    }
+    if (res->nrounds > 0)
+        printf("# best of %d rounds: plain stream %.2f GB/s, transport %.2f GB/s: %.0f%%\n",
+               res->nrounds, best_b, best_t, best_b > 0 ? 100.0 * best_t / best_b : 0.0);
     return 0;
 usage:
-    fprintf(stderr, "usage: %s [-b MIN] [-e MAX] [-f FACTOR] [-t TOTAL_BYTES] [-c]\n", argv[0]);
+    fprintf(stderr, "usage: %s [-b MIN] [-e MAX] [-f FACTOR] [-t TOTAL_BYTES] [-r ROUNDS] [-c]\n", argv[0]);
     return 2;
 }

@@ -10,12 +10,13 @@
  * shutting down) is retried until the deadline. With a fixed address (CHORUS_ID_FLAG_RANK0_ROOT),
  * rank 0 first starts the root thread on that address.
  *
- * allgather is a ring: nranks-1 steps, each rank sends one slot to its successor and receives one
- * from its predecessor; it moves the minimum data and, with sends that never block on the matching
- * recv, needs no pairing. Its latency grows linearly with nranks, which is fine for setup data at
- * the scales this library targets (it runs once per communicator). barrier is a dissemination
- * barrier: ceil(log2 nranks) rounds of one empty message each.
- */
+ * allgather is Bruck's algorithm: ceil(log2 nranks) rounds; in the round of distance k, each rank
+ * sends the min(k, nranks-k) blocks it holds (its own and those of the ranks after it) to rank-k and
+ * receives as many from rank+k, so latency grows with log2 nranks and every block crosses the
+ * network once. The blocks arrive rotated (this rank's first) in a scratch buffer and are put in
+ * rank order at the end. Sends never block on the matching recv, so no pairing is needed, and
+ * within one (peer, tag) messages stay in order, so consecutive allgathers cannot mix. barrier is
+ * a dissemination barrier: ceil(log2 nranks) rounds of one empty message each. */
 #include <errno.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -28,9 +29,15 @@
 #include "param.h"
 #include "waiter.h"
 
-int bootstrap_rank(const bootstrap_t *bs) { return bs->rank; }
-int bootstrap_nranks(const bootstrap_t *bs) { return bs->nranks; }
-uint64_t bootstrap_secret(const bootstrap_t *bs) { return bs->secret; }
+int bootstrap_rank(const bootstrap_t *bs) {
+    return bs->rank;
+}
+int bootstrap_nranks(const bootstrap_t *bs) {
+    return bs->nranks;
+}
+uint64_t bootstrap_secret(const bootstrap_t *bs) {
+    return bs->secret;
+}
 const chorus_sockaddr_t *bootstrap_addr(const bootstrap_t *bs, int rank) {
     if (rank < 0 || rank >= bs->nranks) return NULL;
     return &bs->addrs[rank];
@@ -42,7 +49,8 @@ static void bs_free(bootstrap_t *bs) {
     bs_close(bs->listen_fd);
     bs_close(bs->wake_fd);
     if (bs->out_fd)
-        for (int i = 0; i < bs->nranks; i++) bs_close(bs->out_fd[i]);
+        for (int i = 0; i < bs->nranks; i++)
+            bs_close(bs->out_fd[i]);
     if (bs->q_head) {
         for (int i = 0; i < bs->nranks; i++) {
             bs_msg_t *m = bs->q_head[i];
@@ -87,12 +95,12 @@ static bootstrap_t *bs_alloc(int rank, int nranks) {
     bs->in_state = calloc(nranks, sizeof(int));
     bs->in_errno = calloc(nranks, sizeof(int));
     bs->out_fd = malloc(sizeof(int) * nranks);
-    if (!bs->addrs || !bs->q_head || !bs->q_tail || !bs->in_state || !bs->in_errno ||
-        !bs->out_fd) {
+    if (!bs->addrs || !bs->q_head || !bs->q_tail || !bs->in_state || !bs->in_errno || !bs->out_fd) {
         bs_free(bs);
         return NULL;
     }
-    for (int i = 0; i < nranks; i++) bs->out_fd[i] = -1;
+    for (int i = 0; i < nranks; i++)
+        bs->out_fd[i] = -1;
     return bs;
 }
 
@@ -103,12 +111,12 @@ static ncclResult_t start_fixed_root(const chorus_unique_id_t *id, bs_deadline_t
     chorus_sockaddr_str(&id->root, abuf, sizeof(abuf));
     for (int attempt = 0;; attempt++) {
         int fd;
-        if (bs_listen(&id->root, 1, &fd, NULL) == 0) return bs_root_start(fd, id->secret, &id->root);
+        if (bs_listen(&id->root, 1, &fd, NULL) == 0)
+            return bs_root_start(fd, id->secret, &id->root);
         int e = errno;
         if (e != EADDRINUSE) {
             WARN("bootstrap rank 0: cannot listen on the root address %s: %s%s", abuf, strerror(e),
-                 e == EADDRNOTAVAIL ? " (rank 0 must run on the host that owns this address)"
-                                    : "");
+                 e == EADDRNOTAVAIL ? " (rank 0 must run on the host that owns this address)" : "");
             return ncclSystemError;
         }
         if (attempt == 0)
@@ -138,7 +146,18 @@ static ncclResult_t rendezvous_once(bootstrap_t *bs, const chorus_unique_id_t *i
     chorus_sockaddr_str(&id->root, rbuf, sizeof(rbuf));
     *retry_p = 0;
     int fd, e = 0;
-    int st = bs_connect(&id->root, 1, d, &fd, &e);
+    /* A fixed-address root may start after its ranks: keep knocking. A root made by
+     * ncclGetUniqueId listens before the id exists, so a refusal means it is gone: the id was
+     * already used (ids are single-use) or its root gave up at CHORUS_TIMEOUT. Fail at once. */
+    int fixed = (id->flags & CHORUS_ID_FLAG_RANK0_ROOT) != 0;
+    int st = bs_connect(&id->root, fixed, d, &fd, &e);
+    if (st == BS_IO_REFUSED) {
+        WARN("bootstrap rank %d: the root at %s refused the connection: its process exited, or "
+             "this unique id was already used by another communicator, or the root gave up "
+             "after CHORUS_TIMEOUT",
+             bs->rank, rbuf);
+        return ncclRemoteError;
+    }
     if (st != BS_IO_OK) {
         WARN("bootstrap rank %d: cannot reach the root at %s: %s", bs->rank, rbuf,
              bs_io_strerror(st, e, ebuf, sizeof(ebuf)));
@@ -208,7 +227,8 @@ static ncclResult_t rendezvous_once(bootstrap_t *bs, const chorus_unique_id_t *i
     }
     case BS_REPLY_NRANKS:
         WARN("bootstrap rank %d: nranks=%d does not match nranks=%d of the ranks that joined "
-             "first (root %s)", bs->rank, bs->nranks, rep.nranks, rbuf);
+             "first (root %s)",
+             bs->rank, bs->nranks, rep.nranks, rbuf);
         res = ncclInvalidArgument;
         break;
     case BS_REPLY_DUP_RANK:
@@ -217,8 +237,8 @@ static ncclResult_t rendezvous_once(bootstrap_t *bs, const chorus_unique_id_t *i
         res = ncclInvalidArgument;
         break;
     default:
-        WARN("bootstrap rank %d: the root at %s rejected rank %d of %d (status %u)", bs->rank,
-             rbuf, bs->rank, bs->nranks, rep.status);
+        WARN("bootstrap rank %d: the root at %s rejected rank %d of %d (status %u)", bs->rank, rbuf,
+             bs->rank, bs->nranks, rep.status);
         res = ncclInvalidArgument;
         break;
     }
@@ -236,8 +256,7 @@ ncclResult_t bootstrap_init(const chorus_unique_id_t *id, int rank, int nranks,
              "bootstrap_init: the unique id is not one ncclGetUniqueId made (magic %016llx)",
              (unsigned long long)id->magic);
     ARGCHECK(nranks >= 1, "bootstrap_init: nranks=%d must be at least 1", nranks);
-    ARGCHECK(rank >= 0 && rank < nranks, "bootstrap_init: rank=%d is not in [0, %d)", rank,
-             nranks);
+    ARGCHECK(rank >= 0 && rank < nranks, "bootstrap_init: rank=%d is not in [0, %d)", rank, nranks);
     CHECK(chorus_param_init());
     bootstrap_t *bs = bs_alloc(rank, nranks);
     if (bs == NULL) {
@@ -251,8 +270,7 @@ ncclResult_t bootstrap_init(const chorus_unique_id_t *id, int rank, int nranks,
     bs_deadline_t d;
     /* Ranks wait a little longer than the root so that the root's list of missing ranks (sent at
      * CHORUS_TIMEOUT) arrives before a rank gives up on its own. */
-    bs_deadline_init(&d, (double)chorus_param_int(PARAM_TIMEOUT) + 5.0, abort_flag,
-                     &bs->abort_int);
+    bs_deadline_init(&d, (double)chorus_param_int(PARAM_TIMEOUT) + 5.0, abort_flag, &bs->abort_int);
 
     chorus_sockaddr_t local;
     CHECK_GOTO(pick_listen_addr(id, &local), res, err_free);
@@ -324,15 +342,29 @@ ncclResult_t bootstrap_allgather(bootstrap_t *bs, void *data, size_t size) {
     CHECK(check_usable(bs, "allgather"));
     ARGCHECK(data != NULL || size == 0, "bootstrap_allgather: data is NULL");
     int n = bs->nranks, r = bs->rank;
+    if (n == 1 || size == 0) return n == 1 ? ncclSuccess : bootstrap_barrier(bs);
     char *base = data;
-    int next = (r + 1) % n, prev = (r + n - 1) % n;
-    for (int s = 0; s < n - 1; s++) {
-        int send_slot = (r - s + n) % n;
-        int recv_slot = (r - s - 1 + n) % n;
-        CHECK(bs_peer_send(bs, next, BS_TAG_ALLGATHER, base + (size_t)send_slot * size, size));
-        CHECK(bs_peer_recv(bs, prev, BS_TAG_ALLGATHER, base + (size_t)recv_slot * size, size));
+    char *tmp = malloc((size_t)n * size);
+    if (tmp == NULL) {
+        WARN("bootstrap rank %d: out of memory for an allgather of %d x %zu bytes", r, n, size);
+        return ncclSystemError;
     }
-    return ncclSuccess;
+    /* tmp[i] holds the block of rank (r + i) % n. */
+    memcpy(tmp, base + (size_t)r * size, size);
+    ncclResult_t res = ncclSuccess;
+    for (int k = 1; k < n; k <<= 1) {
+        int cnt = k < n - k ? k : n - k;
+        int dst = (r - k + n) % n, src = (r + k) % n;
+        CHECK_GOTO(bs_peer_send(bs, dst, BS_TAG_ALLGATHER, tmp, (size_t)cnt * size), res, out);
+        CHECK_GOTO(bs_peer_recv(bs, src, BS_TAG_ALLGATHER, tmp + (size_t)k * size,
+                                (size_t)cnt * size),
+                   res, out);
+    }
+    for (int i = 1; i < n; i++)
+        memcpy(base + (size_t)((r + i) % n) * size, tmp + (size_t)i * size, size);
+out:
+    free(tmp);
+    return res;
 }
 
 ncclResult_t bootstrap_barrier(bootstrap_t *bs) {
@@ -351,4 +383,6 @@ void bootstrap_abort(bootstrap_t *bs) {
     bs_peer_wake(bs);
 }
 
-void bootstrap_close(bootstrap_t *bs) { bs_free(bs); }
+void bootstrap_close(bootstrap_t *bs) {
+    bs_free(bs);
+}

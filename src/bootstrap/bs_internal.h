@@ -3,9 +3,10 @@
  * rendezvous and of peer messages, the root server and the bootstrap handle itself.
  *
  * Every blocking helper takes a bs_deadline_t: an absolute CLOCK_MONOTONIC deadline plus two abort
- * flags (the caller's, given to bootstrap_init, and the handle's own, set by bootstrap_abort). Waits
- * poll() in slices of at most BS_POLL_SLICE_MS so that an abort is seen quickly. The helpers return a
- * bs_io_status_t and log nothing; the caller knows which rank and address it talked to and WARNs.
+ * flags (the caller's, given to bootstrap_init, and the handle's own, set by bootstrap_abort).
+ * Waits poll() in slices of at most BS_POLL_SLICE_MS so that an abort is seen quickly. The helpers
+ * return a bs_io_status_t and log nothing; the caller knows which rank and address it talked to and
+ * WARNs.
  */
 #ifndef CHORUS_BS_INTERNAL_H_
 #define CHORUS_BS_INTERNAL_H_
@@ -24,7 +25,7 @@
 /* Reserved tags: allgather and barrier rounds. User tags should stay above this range. */
 #define BS_TAG_ALLGATHER (BOOTSTRAP_TAG_RESERVED_MIN + 0)
 #define BS_TAG_BARRIER (BOOTSTRAP_TAG_RESERVED_MIN + 1) /* + round, up to 32 rounds */
-#define BS_ACK_MAGIC 0x4b434153u                       /* "SACK" */
+#define BS_ACK_MAGIC 0x4b434153u                        /* "SACK" */
 
 typedef struct {
     uint64_t deadline_ns;
@@ -87,10 +88,10 @@ enum { BS_HELLO_ROOT = 1, BS_HELLO_PEER = 2 };
 typedef struct {
     uint64_t magic; /* CHORUS_ID_MAGIC */
     uint64_t secret;
-    uint32_t kind;  /* BS_HELLO_ROOT or BS_HELLO_PEER */
-    int32_t rank;   /* who is speaking */
+    uint32_t kind; /* BS_HELLO_ROOT or BS_HELLO_PEER */
+    int32_t rank;  /* who is speaking */
     int32_t nranks;
-    int32_t to_rank; /* peer hello: the rank this connection is meant for */
+    int32_t to_rank;        /* peer hello: the rank this connection is meant for */
     chorus_sockaddr_t addr; /* root hello: the speaker's listen address */
     uint32_t pad;
 } bs_hello_t;
@@ -131,15 +132,15 @@ typedef struct bs_msg {
 /* An incoming connection on this rank's listen socket, as the receiver thread sees it. */
 typedef struct {
     int fd;
-    int authed;     /* hello checked */
-    int from;       /* peer rank once authed */
+    int authed; /* hello checked */
+    int from;   /* peer rank once authed */
     uint64_t hello_deadline_ns;
-    size_t got;     /* bytes of the current header / hello / payload */
+    size_t got; /* bytes of the current header / hello / payload */
     union {
         bs_hello_t hello;
         bs_msg_hdr_t hdr;
     } u;
-    bs_msg_t *cur;  /* message whose payload is being read, NULL while reading a header */
+    bs_msg_t *cur; /* message whose payload is being read, NULL while reading a header */
 } bs_in_conn_t;
 
 enum { BS_PEER_NONE = 0, BS_PEER_OPEN, BS_PEER_CLOSED, BS_PEER_FAILED };
@@ -151,13 +152,13 @@ struct bootstrap {
     volatile int abort_int;
     chorus_sockaddr_t *addrs; /* [nranks] listen addresses */
     int listen_fd;
-    int wake_fd;              /* eventfd: wakes the receiver thread on close/abort */
+    int wake_fd; /* eventfd: wakes the receiver thread on close/abort */
 
     pthread_t recv_thread;
     int recv_started;
     volatile int stop;
 
-    pthread_mutex_t lock;     /* protects queues, in_state and the connection list */
+    pthread_mutex_t lock; /* protects queues, in_state and the connection list */
     pthread_cond_t cond;
     bs_msg_t **q_head, **q_tail; /* [nranks] unexpected messages per peer, FIFO */
     int *in_state;               /* [nranks] BS_PEER_* of the incoming connection */
@@ -165,8 +166,8 @@ struct bootstrap {
     bs_in_conn_t *conns;         /* receiver thread only */
     int nconns, conns_cap;
 
-    pthread_mutex_t send_lock;   /* serialises senders; out_fd[] under it */
-    int *out_fd;                 /* [nranks] outgoing connection, -1 until first send */
+    pthread_mutex_t send_lock; /* serialises senders; out_fd[] under it */
+    int *out_fd;               /* [nranks] outgoing connection, -1 until first send */
 };
 
 /* Start / stop the receiver thread that accepts peers and drains their messages. */

@@ -112,8 +112,10 @@ static int conn_read(bootstrap_t *bs, int i) {
             c->got += (size_t)n;
             if ((c->got >= 8 && c->u.hello.magic != CHORUS_ID_MAGIC) ||
                 (c->got >= 16 && c->u.hello.secret != bs->secret)) {
-                INFO(SUB_BOOTSTRAP, "bootstrap rank %d: dropped a connection with a bad magic or "
-                     "secret", bs->rank);
+                INFO(SUB_BOOTSTRAP,
+                     "bootstrap rank %d: dropped a connection with a bad magic or "
+                     "secret",
+                     bs->rank);
                 conn_drop(bs, i, 0, 0);
                 return -1;
             }
@@ -185,7 +187,8 @@ static void accept_all(bootstrap_t *bs) {
             bs->conns_cap = cap;
         }
         int pending = 0;
-        for (int i = 0; i < bs->nconns; i++) pending += !bs->conns[i].authed;
+        for (int i = 0; i < bs->nconns; i++)
+            pending += !bs->conns[i].authed;
         if (pending >= BS_MAX_PENDING) {
             bs_close(fd);
             continue;
@@ -216,11 +219,13 @@ static void *recv_main(void *arg) {
         }
         uint64_t now = chorus_now_ns();
         for (int i = bs->nconns - 1; i >= 0; i--)
-            if (!bs->conns[i].authed && now > bs->conns[i].hello_deadline_ns) conn_drop(bs, i, 0, 0);
+            if (!bs->conns[i].authed && now > bs->conns[i].hello_deadline_ns)
+                conn_drop(bs, i, 0, 0);
         pfd[0] = (struct pollfd){bs->wake_fd, POLLIN, 0};
         pfd[1] = (struct pollfd){bs->listen_fd, POLLIN, 0};
         int n0 = bs->nconns;
-        for (int i = 0; i < n0; i++) pfd[2 + i] = (struct pollfd){bs->conns[i].fd, POLLIN, 0};
+        for (int i = 0; i < n0; i++)
+            pfd[2 + i] = (struct pollfd){bs->conns[i].fd, POLLIN, 0};
         int rc = poll(pfd, 2 + n0, 200);
         if (rc <= 0) continue;
         if (pfd[0].revents) {
@@ -230,13 +235,15 @@ static void *recv_main(void *arg) {
         }
         /* From the end: conn_drop moves the last conn into the freed slot. */
         for (int i = n0 - 1; i >= 0; i--) {
-            if (!pfd[2 + i].revents || i >= bs->nconns || bs->conns[i].fd != pfd[2 + i].fd) continue;
+            if (!pfd[2 + i].revents || i >= bs->nconns || bs->conns[i].fd != pfd[2 + i].fd)
+                continue;
             (void)conn_read(bs, i);
         }
         if (pfd[1].revents & POLLIN) accept_all(bs);
     }
     free(pfd);
-    while (bs->nconns > 0) conn_drop(bs, bs->nconns - 1, BS_PEER_CLOSED, 0);
+    while (bs->nconns > 0)
+        conn_drop(bs, bs->nconns - 1, BS_PEER_CLOSED, 0);
     return NULL;
 }
 
@@ -282,11 +289,29 @@ void bs_peer_wake(bootstrap_t *bs) {
 
 /* ---- send -------------------------------------------------------------------------------- */
 
+/* "tag 5", or what an internal tag is for. */
+static const char *tag_str(int tag, char *buf, int len) {
+    if (tag == BS_TAG_ALLGATHER)
+        snprintf(buf, len, "(allgather)");
+    else if (tag >= BS_TAG_BARRIER && tag < BS_TAG_BARRIER + 32)
+        snprintf(buf, len, "(barrier round %d)", tag - BS_TAG_BARRIER);
+    else
+        snprintf(buf, len, "tag %d", tag);
+    return buf;
+}
+
 static ncclResult_t peer_fail(bootstrap_t *bs, const char *what, int peer, int tag, int st, int e) {
-    char abuf[64], ebuf[96];
-    WARN("bootstrap rank %d: %s rank %d (%s) tag %d failed: %s", bs->rank, what, peer,
-         chorus_sockaddr_str(&bs->addrs[peer], abuf, sizeof(abuf)), tag,
-         bs_io_strerror(st, e, ebuf, sizeof(ebuf)));
+    char abuf[64], ebuf[96], tbuf[32];
+    chorus_sockaddr_str(&bs->addrs[peer], abuf, sizeof(abuf));
+    bs_io_strerror(st, e, ebuf, sizeof(ebuf));
+    tag_str(tag, tbuf, sizeof(tbuf));
+    /* An abort is asked for (ncclCommAbort, a failure seen elsewhere): not worth a WARN. */
+    if (st == BS_IO_ABORT)
+        INFO(SUB_BOOTSTRAP, "bootstrap rank %d: %s rank %d (%s) %s: %s", bs->rank, what, peer, abuf,
+             tbuf, ebuf);
+    else
+        WARN("bootstrap rank %d: %s rank %d (%s) %s failed: %s", bs->rank, what, peer, abuf, tbuf,
+             ebuf);
     return bs_io_result(st);
 }
 
@@ -383,10 +408,11 @@ ncclResult_t bs_peer_recv(bootstrap_t *bs, int peer, int tag, void *data, size_t
             ncclResult_t res = ncclSuccess;
             if (m->size != size) {
                 char abuf[64];
-                WARN("bootstrap rank %d: message from rank %d (%s) tag %d has %zu bytes, "
-                     "expected %zu", bs->rank, peer,
-                     chorus_sockaddr_str(&bs->addrs[peer], abuf, sizeof(abuf)), tag, m->size,
-                     size);
+                char tbuf[32];
+                WARN("bootstrap rank %d: message from rank %d (%s) %s has %zu bytes, "
+                     "expected %zu",
+                     bs->rank, peer, chorus_sockaddr_str(&bs->addrs[peer], abuf, sizeof(abuf)),
+                     tag_str(tag, tbuf, sizeof(tbuf)), m->size, size);
                 res = ncclInternalError;
             } else if (size) {
                 memcpy(data, m->data, size);
@@ -419,4 +445,6 @@ ncclResult_t bs_peer_recv(bootstrap_t *bs, int peer, int tag, void *data, size_t
     }
 }
 
-int bs_peer_aborted(const bootstrap_t *bs) { return aborted(bs); }
+int bs_peer_aborted(const bootstrap_t *bs) {
+    return aborted(bs);
+}

@@ -48,9 +48,11 @@ typedef struct {
 
 static void root_free(root_t *r) {
     bs_close(r->listen_fd);
-    for (int i = 0; i < r->npending; i++) bs_close(r->pending[i].fd);
+    for (int i = 0; i < r->npending; i++)
+        bs_close(r->pending[i].fd);
     if (r->rank_fd) {
-        for (int i = 0; i < r->nranks; i++) bs_close(r->rank_fd[i]);
+        for (int i = 0; i < r->nranks; i++)
+            bs_close(r->rank_fd[i]);
     }
     free(r->rank_fd);
     free(r->rank_addr);
@@ -108,7 +110,8 @@ static void handle_hello(root_t *r, int i) {
             drop_pending(r, i, "out of memory");
             return;
         }
-        for (int k = 0; k < h->nranks; k++) r->rank_fd[k] = -1;
+        for (int k = 0; k < h->nranks; k++)
+            r->rank_fd[k] = -1;
         /* The missing-rank deadline counts from the first rank that arrived. */
         r->deadline_ns = chorus_now_ns() + (uint64_t)r->timeout_s * 1000000000ull;
     } else if (h->nranks != r->nranks) {
@@ -162,8 +165,8 @@ static void read_registered(root_t *r, int rank) {
     int e = 0;
     long n = bs_read_some(r->rank_fd[rank], junk, sizeof(junk), &e);
     if (n == 0) return;
-    INFO(SUB_BOOTSTRAP, "bootstrap root %s: rank %d left before the rendezvous ended",
-         r->addr_str, rank);
+    INFO(SUB_BOOTSTRAP, "bootstrap root %s: rank %d left before the rendezvous ended", r->addr_str,
+         rank);
     bs_close(r->rank_fd[rank]);
     r->rank_fd[rank] = -1;
     r->joined--;

@@ -50,26 +50,39 @@ int bs_deadline_slice_ms(const bs_deadline_t *d) {
 
 const char *bs_io_strerror(int status, int err, char *buf, int len) {
     switch (status) {
-    case BS_IO_OK: snprintf(buf, len, "success"); break;
-    case BS_IO_CLOSED: snprintf(buf, len, "connection closed by peer"); break;
+    case BS_IO_OK:
+        snprintf(buf, len, "success");
+        break;
+    case BS_IO_CLOSED:
+        snprintf(buf, len, "connection closed by peer");
+        break;
     case BS_IO_TIMEOUT:
         snprintf(buf, len, "timed out after %lld s (CHORUS_TIMEOUT)",
                  (long long)chorus_param_int(PARAM_TIMEOUT));
         break;
-    case BS_IO_ABORT: snprintf(buf, len, "aborted"); break;
-    case BS_IO_REFUSED: snprintf(buf, len, "connection refused"); break;
-    default: snprintf(buf, len, "%s", strerror(err)); break;
+    case BS_IO_ABORT:
+        snprintf(buf, len, "aborted");
+        break;
+    case BS_IO_REFUSED:
+        snprintf(buf, len, "connection refused");
+        break;
+    default:
+        snprintf(buf, len, "%s", strerror(err));
+        break;
     }
     return buf;
 }
 
 ncclResult_t bs_io_result(int status) {
     switch (status) {
-    case BS_IO_OK: return ncclSuccess;
+    case BS_IO_OK:
+        return ncclSuccess;
     case BS_IO_ABORT:
     case BS_IO_CLOSED:
-    case BS_IO_REFUSED: return ncclRemoteError;
-    default: return ncclSystemError;
+    case BS_IO_REFUSED:
+        return ncclRemoteError;
+    default:
+        return ncclSystemError;
     }
 }
 
@@ -169,8 +182,8 @@ ncclResult_t bs_parse_hostport(const char *text, const char *what, chorus_sockad
         }
     }
     memset(addr_p, 0, sizeof(*addr_p));
-    memcpy(addr_p, pick->ai_addr, pick->ai_addrlen <= sizeof(*addr_p) ? pick->ai_addrlen
-                                                                      : sizeof(*addr_p));
+    memcpy(addr_p, pick->ai_addr,
+           pick->ai_addrlen <= sizeof(*addr_p) ? pick->ai_addrlen : sizeof(*addr_p));
     freeaddrinfo(res);
     bs_sockaddr_set_port(addr_p, (int)port);
     return ncclSuccess;
@@ -302,8 +315,7 @@ static void set_nodelay(int fd) {
     (void)setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
 }
 
-int bs_listen(const chorus_sockaddr_t *addr, int reuseaddr, int *fd_p,
-              chorus_sockaddr_t *bound_p) {
+int bs_listen(const chorus_sockaddr_t *addr, int reuseaddr, int *fd_p, chorus_sockaddr_t *bound_p) {
     int fd = socket(addr->sa.sa_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (fd < 0) return -1;
     if (reuseaddr) {

@@ -56,8 +56,10 @@ ncclResult_t bootstrap_id_from_string(const char *hostport, const char *what,
     /* FNV-1a over the text, then a mixer: deterministic, so all ranks agree. */
     uint64_t h = 0xcbf29ce484222325ull;
     const char *prefix = "chorus-comm-id:";
-    for (const char *p = prefix; *p; p++) h = (h ^ (unsigned char)*p) * 0x100000001b3ull;
-    for (const char *p = hostport; *p; p++) h = (h ^ (unsigned char)*p) * 0x100000001b3ull;
+    for (const char *p = prefix; *p; p++)
+        h = (h ^ (unsigned char)*p) * 0x100000001b3ull;
+    for (const char *p = hostport; *p; p++)
+        h = (h ^ (unsigned char)*p) * 0x100000001b3ull;
     id->secret = mix64(h) | 1;
     id->root = addr;
     id->flags = CHORUS_ID_FLAG_RANK0_ROOT;

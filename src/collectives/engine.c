@@ -252,9 +252,14 @@ void coll_op_fail(coll_op_t *op, ncclResult_t res, const char *fmt, ...) {
     vsnprintf(op->fail_text, sizeof(op->fail_text), fmt, ap);
     va_end(ap);
     WARN("%s", op->fail_text);
+    memcpy(op->cause_text, op->fail_text, sizeof(op->cause_text));
+    op->cause_rank = comm->rank;
     op->failing = 1;
     op->result = res;
+    /* Drain for at most 10 s: long enough for the failure to go round, short enough that a
+     * peer which never answers (it finished, or is busy elsewhere) does not hold the error. */
     double t = (double)chorus_param_int(PARAM_TIMEOUT);
+    if (t > 10) t = 10;
     /* An abort or a passed deadline gives no time to drain: the peers are not coming. */
     if (res == ncclSystemError || comm->abort_flag) t = 0.5;
     op->fail_deadline = chorus_now_ns() + (uint64_t)(t * 1e9);
@@ -282,9 +287,12 @@ static ncclResult_t op_fail_progress(coll_op_t *op) {
     }
     for (int i = 0; i < op->nxfer; i++) {
         coll_xfer_t *x = &op->xfer[i];
-        if (x->use.conn == NULL || !x->started) continue;
+        if (x->use.conn == NULL) continue;
+        /* Tell every peer this op would have sent to, started or not: in multi-round schedules
+         * (recursive doubling) later partners are waiting for us. Drain only what started. */
         if (x->is_send) prim_fail_send(op, &x->use, &ok);
-        else prim_fail_recv(op, &x->use, &ok);
+        else if (x->started && !x->done) prim_fail_recv(op, &x->use, &ok);
+        else ok = 1;
         all &= ok;
     }
     if (all || chorus_now_ns() > op->fail_deadline || op->comm->abort_flag) op->done = 1;
@@ -345,6 +353,35 @@ ncclResult_t coll_engine_progress(struct coll_engine *e, int *progressed_p) {
     return ncclSuccess;
 }
 
+/* Where a stuck op is: ring position or the first unfinished transfer. */
+static const char *op_where(const coll_op_t *op, char *buf, size_t len) {
+    const struct coll_engine *e = op->engine;
+    if (op->uses_ring) {
+        if (e->ring_served != op->ring_ticket) {
+            snprintf(buf, len, "queued behind ring op ticket %llu",
+                     (unsigned long long)e->ring_served);
+            return buf;
+        }
+        for (int c = 0; c < op->nch; c++) {
+            const coll_chan_t *ch = &op->ch[c];
+            if (ch->done) continue;
+            snprintf(buf, len, "channel %d at element %zu of %zu, step %d: receiving from rank %d, "
+                     "sending to rank %d", c, ch->base, ch->end, ch->step,
+                     op->comm->channels[c].prev, op->comm->channels[c].next);
+            return buf;
+        }
+    }
+    for (int i = 0; i < op->nxfer; i++) {
+        const coll_xfer_t *x = &op->xfer[i];
+        if (x->done) continue;
+        snprintf(buf, len, "%s rank %d: %zu of %zu bytes%s", x->is_send ? "sending to" : "receiving from",
+                 x->peer, x->off, x->bytes, x->started ? "" : ", not started");
+        return buf;
+    }
+    snprintf(buf, len, "waiting for earlier ops");
+    return buf;
+}
+
 static int op_retired(const coll_op_t *op) {
     return __atomic_load_n(&op->done, __ATOMIC_ACQUIRE) == 2;
 }
@@ -359,9 +396,9 @@ ncclResult_t coll_engine_wait(coll_op_t **ops, int nops) {
         for (int i = 0; i < nops; i++) {
             if (op_retired(ops[i])) continue;
             all = 0;
-            /* Progress each distinct engine once per round. */
+            /* Progress each distinct engine once per round (among the unretired ops). */
             int seen = 0;
-            for (int j = 0; j < i; j++) seen |= ops[j]->engine == ops[i]->engine;
+            for (int j = 0; j < i; j++) seen |= !op_retired(ops[j]) && ops[j]->engine == ops[i]->engine;
             if (seen) continue;
             int p = 0;
             coll_engine_progress(ops[i]->engine, &p);
@@ -377,6 +414,7 @@ ncclResult_t coll_engine_wait(coll_op_t **ops, int nops) {
         ncclResult_t r = aborted ? ncclRemoteError : chorus_waiter_step(&w);
         if (r == ncclSuccess) continue;
         /* Deadline or abort: fail every op still running, naming what it waited for. */
+        char where[160];
         for (int i = 0; i < nops; i++) {
             coll_op_t *op = ops[i];
             struct coll_engine *e = op->engine;
@@ -389,17 +427,26 @@ ncclResult_t coll_engine_wait(coll_op_t **ops, int nops) {
                 else
                     coll_op_fail(q, r,
                                  "%s #%llu: no progress for %lld s (CHORUS_TIMEOUT) on rank %d "
-                                 "(%s): a peer is stuck, dead, or called a different op",
+                                 "(%s): a peer is stuck, dead, or called a different op (%s)",
                                  coll_kind_name(q->coll), (unsigned long long)q->seq,
                                  (long long)chorus_param_int(PARAM_TIMEOUT), q->comm->rank,
-                                 q->comm->host);
+                                 q->comm->host, op_where(q, where, sizeof(where)));
             }
             pthread_mutex_unlock(&e->lock);
         }
         chorus_waiter_init_timeout(&w, NULL, 5);
     }
-    for (int i = 0; i < nops; i++)
-        if (ops[i]->result != ncclSuccess && res == ncclSuccess) res = ops[i]->result;
+    for (int i = 0; i < nops; i++) {
+        if (ops[i]->result == ncclSuccess) continue;
+        if (res == ncclSuccess) {
+            res = ops[i]->result;
+            /* Transports log their own lines while the failure spreads; the user's last error
+             * (ncclGetLastError) should be what happened to the op. */
+            const char *last = chorus_log_last_error();
+            if (ops[i]->fail_text[0] && (last == NULL || strstr(last, ops[i]->fail_text) == NULL))
+                WARN("%s", ops[i]->fail_text);
+        }
+    }
     return res;
 }
 

@@ -136,13 +136,16 @@ static ncclResult_t prim_bad_chunk(coll_op_t *op, coll_use_t *u, const void *dat
         coll_op_fail(op, (ncclResult_t)ec->result, "%s #%llu failed on rank %d: rank %d (%s) reported: %s",
                      coll_kind_name(op->coll), (unsigned long long)op->seq, op->comm->rank,
                      ec->rank, peer_host(op->comm, ec->rank), text);
+        /* Pass the first rank's reason on unchanged, not a growing chain of reports. */
+        memcpy(op->cause_text, text, sizeof(op->cause_text));
+        op->cause_rank = ec->rank;
         return (ncclResult_t)ec->result;
     }
     coll_op_fail(op, ncclInvalidUsage,
-                 "%s #%llu: rank %d got a %s chunk of %zu bytes from rank %d (%s), expected %zu: "
+                 "%s #%llu: rank %d got a %schunk of %zu bytes from rank %d (%s), expected %zu: "
                  "the ranks called different operations or arguments",
                  coll_kind_name(op->coll), (unsigned long long)op->seq, op->comm->rank,
-                 data ? "" : "direct", bytes, u->conn->peer, peer_host(op->comm, u->conn->peer),
+                 data ? "" : "direct ", bytes, u->conn->peer, peer_host(op->comm, u->conn->peer),
                  expect);
     return ncclInvalidUsage;
 }
@@ -163,6 +166,12 @@ ncclResult_t prim_step(coll_op_t *op, coll_use_t *recv, coll_use_t *send, const 
         if (res != ncclSuccess) return prim_conn_error(op, recv, res);
         if (!ready) return ncclSuccess;
         size_t expect = dbytes + (recv->hdr_pending ? COLL_HDR_BYTES : 0);
+        /* The header first: on a disagreement it names both sides' arguments, which says more
+         * than the chunk size that follows from them. */
+        if (recv->hdr_pending && data && bytes >= COLL_HDR_BYTES &&
+            ((const coll_hdr_t *)data)->magic == COLL_HDR_MAGIC &&
+            !hdr_check(op, recv, (const coll_hdr_t *)data))
+            return op->result;
         if (__builtin_expect(bytes != expect, 0) ||
             __builtin_expect(bytes == sizeof(coll_err_chunk_t) && data &&
                                  ((const coll_err_chunk_t *)data)->magic == COLL_ERR_MAGIC, 0))
@@ -289,8 +298,8 @@ ncclResult_t prim_fail_send(coll_op_t *op, coll_use_t *send, int *ok_p) {
     memset(ec, 0, sizeof(*ec));
     ec->magic = COLL_ERR_MAGIC;
     ec->result = op->result;
-    ec->rank = op->comm->rank;
-    snprintf(ec->text, sizeof(ec->text), "%s", op->fail_text);
+    ec->rank = op->cause_rank;
+    snprintf(ec->text, sizeof(ec->text), "%s", op->cause_text);
     sc->ops->send_commit(sc, sizeof(*ec));
     send->err_done = 1;
     return ncclSuccess;

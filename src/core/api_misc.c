@@ -32,17 +32,25 @@ ncclResult_t ncclGetVersion(int *version) {
 NCCL_API(const char *, ncclGetErrorString, ncclResult_t result);
 const char *ncclGetErrorString(ncclResult_t result) {
     switch (result) {
-    case ncclSuccess: return "success";
-    case ncclUnhandledCudaError: return "a CUDA call failed (NCCL_DEBUG=WARN shows which)";
+    case ncclSuccess:
+        return "success";
+    case ncclUnhandledCudaError:
+        return "a CUDA call failed (NCCL_DEBUG=WARN shows which)";
     case ncclSystemError:
         return "a system call or network operation failed, or a deadline passed "
                "(NCCL_DEBUG=WARN shows which)";
-    case ncclInternalError: return "internal error in Chorus (please report it)";
-    case ncclInvalidArgument: return "invalid argument (NCCL_DEBUG=WARN names it)";
-    case ncclInvalidUsage: return "invalid usage of the API (NCCL_DEBUG=WARN says why)";
-    case ncclRemoteError: return "a peer rank failed, exited or aborted, or the network broke";
-    case ncclInProgress: return "operation in progress";
-    default: return "unknown result code";
+    case ncclInternalError:
+        return "internal error in Chorus (please report it)";
+    case ncclInvalidArgument:
+        return "invalid argument (NCCL_DEBUG=WARN names it)";
+    case ncclInvalidUsage:
+        return "invalid usage of the API (NCCL_DEBUG=WARN says why)";
+    case ncclRemoteError:
+        return "a peer rank failed, exited or aborted, or the network broke";
+    case ncclInProgress:
+        return "operation in progress";
+    default:
+        return "unknown result code";
     }
 }
 
@@ -63,7 +71,9 @@ void ncclResetDebugInit(void) {
 
 /* ---- reduction ops ------------------------------------------------------------------------- */
 
-static int dtype_valid(ncclDataType_t dt) { return (int)dt >= 0 && (int)dt < (int)ncclNumTypes; }
+static int dtype_valid(ncclDataType_t dt) {
+    return (int)dt >= 0 && (int)dt < (int)ncclNumTypes;
+}
 
 static int dtype_is_float(ncclDataType_t dt) {
     return dt == ncclFloat16 || dt == ncclFloat32 || dt == ncclFloat64 || dt == ncclBfloat16 ||
@@ -76,11 +86,24 @@ static int dtype_is_signed_int(ncclDataType_t dt) {
 
 static size_t dtype_bytes(ncclDataType_t dt) {
     switch (dt) {
-    case ncclInt8: case ncclUint8: case ncclFloat8e4m3: case ncclFloat8e5m2: return 1;
-    case ncclFloat16: case ncclBfloat16: return 2;
-    case ncclInt32: case ncclUint32: case ncclFloat32: return 4;
-    case ncclInt64: case ncclUint64: case ncclFloat64: return 8;
-    default: return 0;
+    case ncclInt8:
+    case ncclUint8:
+    case ncclFloat8e4m3:
+    case ncclFloat8e5m2:
+        return 1;
+    case ncclFloat16:
+    case ncclBfloat16:
+        return 2;
+    case ncclInt32:
+    case ncclUint32:
+    case ncclFloat32:
+        return 4;
+    case ncclInt64:
+    case ncclUint64:
+    case ncclFloat64:
+        return 8;
+    default:
+        return 0;
     }
 }
 
@@ -105,14 +128,30 @@ static double decode_minifloat(uint32_t bits, int exp_bits, int man_bits, int bi
 
 static void scalar_decode(ncclDataType_t dt, const void *p, chorus_user_redop_t *u) {
     switch (dt) {
-    case ncclInt8: u->scalar.i = *(const int8_t *)p; break;
-    case ncclUint8: u->scalar.u = *(const uint8_t *)p; break;
-    case ncclInt32: u->scalar.i = *(const int32_t *)p; break;
-    case ncclUint32: u->scalar.u = *(const uint32_t *)p; break;
-    case ncclInt64: u->scalar.i = *(const int64_t *)p; break;
-    case ncclUint64: u->scalar.u = *(const uint64_t *)p; break;
-    case ncclFloat32: u->scalar.f = *(const float *)p; break;
-    case ncclFloat64: u->scalar.f = *(const double *)p; break;
+    case ncclInt8:
+        u->scalar.i = *(const int8_t *)p;
+        break;
+    case ncclUint8:
+        u->scalar.u = *(const uint8_t *)p;
+        break;
+    case ncclInt32:
+        u->scalar.i = *(const int32_t *)p;
+        break;
+    case ncclUint32:
+        u->scalar.u = *(const uint32_t *)p;
+        break;
+    case ncclInt64:
+        u->scalar.i = *(const int64_t *)p;
+        break;
+    case ncclUint64:
+        u->scalar.u = *(const uint64_t *)p;
+        break;
+    case ncclFloat32:
+        u->scalar.f = *(const float *)p;
+        break;
+    case ncclFloat64:
+        u->scalar.f = *(const double *)p;
+        break;
     case ncclFloat16: {
         uint16_t h;
         memcpy(&h, p, 2);
@@ -128,9 +167,14 @@ static void scalar_decode(ncclDataType_t dt, const void *p, chorus_user_redop_t 
         u->scalar.f = f;
         break;
     }
-    case ncclFloat8e4m3: u->scalar.f = decode_minifloat(*(const uint8_t *)p, 4, 3, 7, 1); break;
-    case ncclFloat8e5m2: u->scalar.f = decode_minifloat(*(const uint8_t *)p, 5, 2, 15, 0); break;
-    default: break;
+    case ncclFloat8e4m3:
+        u->scalar.f = decode_minifloat(*(const uint8_t *)p, 4, 3, 7, 1);
+        break;
+    case ncclFloat8e5m2:
+        u->scalar.f = decode_minifloat(*(const uint8_t *)p, 5, 2, 15, 0);
+        break;
+    default:
+        break;
     }
 }
 
@@ -190,7 +234,8 @@ ncclResult_t ncclRedOpCreatePreMulSum(ncclRedOp_t *op, void *scalar, ncclDataTyp
     pthread_mutex_unlock(&comm->lock);
     if (slot < 0) {
         WARN("ncclRedOpCreatePreMulSum: all %d dynamic ops of this communicator are in use "
-             "(destroy some with ncclRedOpDestroy)", CHORUS_MAX_USER_OPS);
+             "(destroy some with ncclRedOpDestroy)",
+             CHORUS_MAX_USER_OPS);
         return ncclInvalidUsage;
     }
     *op = (ncclRedOp_t)((int)ncclNumOps + slot);
@@ -231,10 +276,18 @@ ncclResult_t comm_resolve_redop(struct ncclComm *comm, ncclRedOp_t op, ncclDataT
     out_p->dtype = dtype;
     out_p->nranks = comm->nranks;
     switch ((int)op) {
-    case ncclSum: out_p->kind = RK_SUM; return ncclSuccess;
-    case ncclProd: out_p->kind = RK_PROD; return ncclSuccess;
-    case ncclMax: out_p->kind = RK_MAX; return ncclSuccess;
-    case ncclMin: out_p->kind = RK_MIN; return ncclSuccess;
+    case ncclSum:
+        out_p->kind = RK_SUM;
+        return ncclSuccess;
+    case ncclProd:
+        out_p->kind = RK_PROD;
+        return ncclSuccess;
+    case ncclMax:
+        out_p->kind = RK_MAX;
+        return ncclSuccess;
+    case ncclMin:
+        out_p->kind = RK_MIN;
+        return ncclSuccess;
     case ncclAvg:
         if (dtype_is_float(dtype)) {
             out_p->kind = RK_PREMULSUM;
@@ -243,7 +296,8 @@ ncclResult_t comm_resolve_redop(struct ncclComm *comm, ncclRedOp_t op, ncclDataT
             out_p->kind = RK_SUMDIV;
         }
         return ncclSuccess;
-    default: break;
+    default:
+        break;
     }
     int slot = user_op_slot(op);
     chorus_user_redop_t u;
@@ -252,7 +306,8 @@ ncclResult_t comm_resolve_redop(struct ncclComm *comm, ncclRedOp_t op, ncclDataT
     pthread_mutex_unlock(&comm->lock);
     if (slot < 0 || !u.in_use) {
         WARN("invalid reduction op %d: not a built-in op and not a live ncclRedOpCreatePreMulSum "
-             "op of comm %p", (int)op, (void *)comm);
+             "op of comm %p",
+             (int)op, (void *)comm);
         return ncclInvalidArgument;
     }
     if (u.dtype != dtype) {

@@ -74,7 +74,8 @@ static int registry_has(const void *comm) {
 ncclResult_t comm_check(const struct ncclComm *comm, const char *api) {
     ARGCHECK(comm != NULL, "%s: comm is NULL", api);
     ARGCHECK(registry_has(comm) && comm->magic == CHORUS_COMM_MAGIC,
-             "%s: comm %p is not a communicator (freed, or never created)", api, (const void *)comm);
+             "%s: comm %p is not a communicator (freed, or never created)", api,
+             (const void *)comm);
     return ncclSuccess;
 }
 
@@ -83,7 +84,8 @@ ncclResult_t comm_check_usable(const struct ncclComm *comm, const char *api) {
     int st = __atomic_load_n(&comm->init_state, __ATOMIC_ACQUIRE);
     if (st == ncclInProgress) {
         WARN("%s: comm %p is still being initialised (poll ncclCommGetAsyncError until it "
-             "returns ncclSuccess)", api, (const void *)comm);
+             "returns ncclSuccess)",
+             api, (const void *)comm);
         return ncclInvalidUsage;
     }
     if (st != ncclSuccess) {
@@ -93,7 +95,8 @@ ncclResult_t comm_check_usable(const struct ncclComm *comm, const char *api) {
     }
     if (comm->revoked) {
         WARN("%s: comm %p was revoked (ncclCommRevoke or ncclCommShrink with NCCL_SHRINK_ABORT); "
-             "only shrink, destroy and abort are allowed", api, (const void *)comm);
+             "only shrink, destroy and abort are allowed",
+             api, (const void *)comm);
         return ncclInvalidUsage;
     }
     if (comm->finalized) {

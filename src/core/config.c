@@ -66,10 +66,10 @@ static ncclResult_t cfg_validate(const ncclConfig_t *c) {
     CFG_BOOL(nvlinkCentricSched);
     ARGCHECK(c->cgaClusterSize == CFG_UNDEF || c->cgaClusterSize >= 0,
              "ncclConfig_t.cgaClusterSize must be >= 0 (got %d)", c->cgaClusterSize);
-    ARGCHECK(c->minCTAs == CFG_UNDEF || c->minCTAs > 0,
-             "ncclConfig_t.minCTAs must be > 0 (got %d)", c->minCTAs);
-    ARGCHECK(c->maxCTAs == CFG_UNDEF || c->maxCTAs > 0,
-             "ncclConfig_t.maxCTAs must be > 0 (got %d)", c->maxCTAs);
+    ARGCHECK(c->minCTAs == CFG_UNDEF || c->minCTAs > 0, "ncclConfig_t.minCTAs must be > 0 (got %d)",
+             c->minCTAs);
+    ARGCHECK(c->maxCTAs == CFG_UNDEF || c->maxCTAs > 0, "ncclConfig_t.maxCTAs must be > 0 (got %d)",
+             c->maxCTAs);
     ARGCHECK(c->minCTAs == CFG_UNDEF || c->maxCTAs == CFG_UNDEF || c->minCTAs <= c->maxCTAs,
              "ncclConfig_t.minCTAs (%d) must be <= ncclConfig_t.maxCTAs (%d)", c->minCTAs,
              c->maxCTAs);
@@ -136,7 +136,8 @@ ncclResult_t comm_config_parse(const ncclConfig_t *user, const ncclConfig_t *inh
         memcpy(&version, (const char *)user + offsetof(ncclConfig_t, version), sizeof(version));
         ARGCHECK(magic == CFG_MAGIC,
                  "ncclConfig_t argument not initialized with NCCL_CONFIG_INITIALIZER "
-                 "(magic 0x%x, expected 0x%x)", magic, CFG_MAGIC);
+                 "(magic 0x%x, expected 0x%x)",
+                 magic, CFG_MAGIC);
         ARGCHECK(size >= CFG_HEADER_BYTES, "ncclConfig_t.size %zu is too small (< %zu)", size,
                  (size_t)CFG_HEADER_BYTES);
         cfg_undef(&c);

@@ -21,7 +21,8 @@ static ncclResult_t check_init_done(struct ncclComm *comm, const char *api) {
     int st = __atomic_load_n(&comm->init_state, __ATOMIC_ACQUIRE);
     if (st == ncclInProgress) {
         WARN("%s: comm %p is still being initialised; wait until ncclCommGetAsyncError returns "
-             "something other than ncclInProgress, or call ncclCommAbort", api, (void *)comm);
+             "something other than ncclInProgress, or call ncclCommAbort",
+             api, (void *)comm);
         return ncclInvalidUsage;
     }
     return ncclSuccess;

@@ -1,6 +1,6 @@
 /*
- * init.c: making communicators. ncclGetUniqueId, ncclCommInitRank[Config|Scalable], ncclCommInitAll,
- * and the init sequence they share (comm_init_run):
+ * init.c: making communicators. ncclGetUniqueId, ncclCommInitRank[Config|Scalable],
+ * ncclCommInitAll, and the init sequence they share (comm_init_run):
  *
  *   parameters -> bootstrap (rendezvous through the unique id) -> this rank's locality record ->
  *   allgather of every rank's record -> topology (rings, channels, transport per edge) ->
@@ -40,7 +40,8 @@ ncclResult_t ncclGetUniqueId(ncclUniqueId *uniqueId) {
     CHECK(bootstrap_get_unique_id(&id));
     memset(uniqueId, 0, sizeof(*uniqueId));
     memcpy(uniqueId->internal, &id, sizeof(id));
-    INFO(SUB_INIT, "unique id 0x%llx made", (unsigned long long)comm_hash_bytes(uniqueId, sizeof(*uniqueId)));
+    INFO(SUB_INIT, "unique id 0x%llx made",
+         (unsigned long long)comm_hash_bytes(uniqueId, sizeof(*uniqueId)));
     return ncclSuccess;
 }
 
@@ -122,9 +123,11 @@ ncclResult_t comm_init_run(struct ncclComm *comm, const ncclUniqueId *id) {
     if (comm->connect_eager) CHECK_GOTO(connect_rings(comm), res, fail);
     CHECK_GOTO(coll_engine_create(comm), res, fail);
 
-    INFO(SUB_INIT, "comm %p rank %d nranks %d cudaDev %d host %s pid %d nchannels %d commId 0x%llx "
-         "- Init COMPLETE", (void *)comm, comm->rank, comm->nranks, comm->cuda_dev, comm->host,
-         me->pid, comm->nchannels, (unsigned long long)comm->comm_hash);
+    INFO(SUB_INIT,
+         "comm %p rank %d nranks %d cudaDev %d host %s pid %d nchannels %d commId 0x%llx "
+         "- Init COMPLETE",
+         (void *)comm, comm->rank, comm->nranks, comm->cuda_dev, comm->host, me->pid,
+         comm->nchannels, (unsigned long long)comm->comm_hash);
     return ncclSuccess;
 fail:
     /* The cause was WARNed where it was found (and is what ncclGetLastError returns); this is the
@@ -358,7 +361,8 @@ ncclResult_t ncclCommInitAll(ncclComm_t *comms, int ndev, const int *devlist) {
         for (int i = 0; i < started; i++)
             __atomic_store_n(&args[i].comm->bs_abort_flag, 1, __ATOMIC_RELEASE);
     }
-    for (int i = 0; i < started; i++) pthread_join(threads[i], NULL);
+    for (int i = 0; i < started; i++)
+        pthread_join(threads[i], NULL);
     for (int i = 0; i < started; i++)
         if (res == ncclSuccess && args[i].res != ncclSuccess) res = args[i].res;
     for (int i = 0; i < ndev; i++) {

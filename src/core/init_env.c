@@ -43,7 +43,8 @@ static ncclResult_t env_int(const char *name, const char *text, int *out) {
     char *end;
     errno = 0;
     long v = strtol(text, &end, 10);
-    while (*end == ' ' || *end == '\n') end++;
+    while (*end == ' ' || *end == '\n')
+        end++;
     if (*text == '\0' || *end != '\0' || errno != 0 || v < 0 || v > 0x7fffffff) {
         WARN("chorusCommInitFromEnv: %s='%s' is not a non-negative integer", name, text);
         return ncclInvalidArgument;
@@ -92,7 +93,7 @@ static ncclResult_t env_root(char *buf, size_t len, const char **what_p) {
     const char *fixed = chorus_param_str(PARAM_COMM_ID);
     if (fixed != NULL && *fixed != '\0') {
         *what_p = chorus_param_source(PARAM_COMM_ID) == PARAM_SRC_ENV_NCCL ? "NCCL_COMM_ID"
-                                                                            : "CHORUS_COMM_ID";
+                                                                           : "CHORUS_COMM_ID";
         snprintf(buf, len, "%s", fixed);
         return ncclSuccess;
     }
@@ -135,8 +136,8 @@ static void select_device(int rank, int local) {
         (void)cudaGetLastError();
         return;
     }
-    INFO(SUB_INIT, "chorusCommInitFromEnv: rank %d (local rank %d) uses CUDA device %d of %d",
-         rank, local, dev, ndev);
+    INFO(SUB_INIT, "chorusCommInitFromEnv: rank %d (local rank %d) uses CUDA device %d of %d", rank,
+         local, dev, ndev);
 }
 #endif
 
@@ -155,8 +156,9 @@ ncclResult_t chorusCommInitFromEnv(ncclComm_t *comm) {
     ncclUniqueId uid;
     memset(&uid, 0, sizeof(uid));
     memcpy(uid.internal, &cid, sizeof(cid));
-    INFO(SUB_INIT | SUB_ENV, "chorusCommInitFromEnv: rank %d of %d (local rank %d) from %s, root %s",
-         rank, size, local, who, root);
+    INFO(SUB_INIT | SUB_ENV,
+         "chorusCommInitFromEnv: rank %d of %d (local rank %d) from %s, root %s", rank, size, local,
+         who, root);
 #if CHORUS_HAVE_CUDA
     select_device(rank, local);
 #endif

@@ -141,7 +141,8 @@ void chorus_log(chorus_log_level_t level, uint64_t subsys, const char *file, int
         snprintf(head, sizeof(head), "%s:%d:%d NCCL %s", g_host, (int)getpid(), tid, tag);
     FILE *out = g_log_file ? g_log_file : stdout;
     if (level == LOG_WARN)
-        fprintf(out, "%s %s:%d %s\n", head, file, line, msg);
+        fprintf(out, "%s %s:%d %s\n", head, strrchr(file, '/') ? strrchr(file, '/') + 1 : file,
+                line, msg); /* basenames are unique in the tree (STYLE.md) */
     else
         fprintf(out, "%s %s\n", head, msg);
     fflush(out);

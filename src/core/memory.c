@@ -256,8 +256,8 @@ ncclResult_t ncclCommWindowRegister(ncclComm_t comm, void *buff, size_t size, nc
              "ncclCommWindowRegister: unknown winFlags 0x%x", winFlags);
     comm_reg_t *r;
     CHECK(reg_add(comm, buff, size, COMM_WIN_MAGIC, winFlags, &r));
-    INFO(SUB_REG, "rank %d registered window of %zu bytes at %p flags 0x%x", comm->rank, size,
-         buff, winFlags);
+    INFO(SUB_REG, "rank %d registered window of %zu bytes at %p flags 0x%x", comm->rank, size, buff,
+         winFlags);
     *win = (ncclWindow_t)(void *)r;
     return ncclSuccess;
 }

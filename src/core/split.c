@@ -3,9 +3,10 @@
  *
  * Split is collective over the parent. Every rank puts (color, key) into one allgather over the
  * parent's bootstrap; the ranks of a color, ordered by (key, parent rank), form the new comm. The
- * first of them (the leader) makes a fresh unique id and sends it to the others point-to-point
- * through the parent's bootstrap; then each member runs the ordinary init sequence with it.
- * NCCL_SPLIT_NOCOLOR ranks join the allgather and get a NULL comm.
+ * first of them (the leader) makes a fresh unique id (a root on its own bootstrap address and an
+ * ephemeral port, even when NCCL_COMM_ID fixed the parent's root) and sends it to the others
+ * point-to-point through the parent's bootstrap; then each member runs the ordinary init sequence
+ * with it. NCCL_SPLIT_NOCOLOR ranks join the allgather and get a NULL comm.
  *
  * Shrink is called by the survivors only, and the excluded ranks may be dead, so nothing waits for
  * them: the survivors are known locally (every survivor passes the same exclude list), the lowest
@@ -32,7 +33,8 @@ static ncclResult_t share_id(struct ncclComm *parent, const int *members, int n,
     memset(id, 0, sizeof(*id));
     chorus_unique_id_t cid;
     memset(&cid, 0, sizeof(cid));
-    ncclResult_t res = bootstrap_get_unique_id(&cid);
+    /* Never the NCCL_COMM_ID address: that is the parent's root, and two colors would share it. */
+    ncclResult_t res = bootstrap_child_unique_id(parent->bs, &cid);
     if (res == ncclSuccess) memcpy(id->internal, &cid, sizeof(cid));
     for (int i = 1; i < n; i++) {
         ncclResult_t r = bootstrap_send(parent->bs, members[i], tag, id, sizeof(*id));

@@ -26,8 +26,9 @@ void chorus_waiter_init(chorus_waiter_t *w, volatile int *abort_flag) {
 }
 
 ncclResult_t chorus_waiter_step(chorus_waiter_t *w) {
-    static int64_t spin = -1;
-    if (spin < 0) spin = chorus_param_int(PARAM_SPIN);
+    /* Read each time (an array load once parsed), so ncclResetDebugInit applies to CHORUS_SPIN. */
+    int64_t spin = chorus_param_int(PARAM_SPIN);
+    if (spin < 0) spin = 0;
     if (w->abort_flag && __atomic_load_n(w->abort_flag, __ATOMIC_ACQUIRE)) return ncclRemoteError;
     w->polls++;
     if (w->polls < (uint32_t)spin) {

@@ -9,6 +9,7 @@
  * bucket of its own. The assignment depends only on the registration and the config, so every
  * rank computes the same buckets without talking.
  */
+#define _POSIX_C_SOURCE 200809L /* clock_gettime, strdup, posix_memalign */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -27,11 +28,16 @@ double ddp_now(void) {
 
 const char *ddp_dtype_name(ncclDataType_t dtype) {
     switch (dtype) {
-    case ncclFloat32: return "float32";
-    case ncclFloat64: return "float64";
-    case ncclFloat16: return "float16";
-    case ncclBfloat16: return "bfloat16";
-    default: return "unsupported";
+    case ncclFloat32:
+        return "float32";
+    case ncclFloat64:
+        return "float64";
+    case ncclFloat16:
+        return "float16";
+    case ncclBfloat16:
+        return "bfloat16";
+    default:
+        return "unsupported";
     }
 }
 
@@ -72,28 +78,38 @@ DDP_API ncclResult_t chorusDdpCreate(ncclComm_t comm, const chorusDdpConfig_t *c
     if (cfg.firstBucketBytes == 0 || cfg.bucketCapBytes == 0)
         return ddp_err(NULL, ncclInvalidArgument,
                        "chorusDdpCreate: firstBucketBytes (%zu) and bucketCapBytes (%zu) must be "
-                       "positive", cfg.firstBucketBytes, cfg.bucketCapBytes);
+                       "positive",
+                       cfg.firstBucketBytes, cfg.bucketCapBytes);
     if (cfg.commDtype != ncclFloat32 && cfg.commDtype != ncclBfloat16 &&
         cfg.commDtype != ncclFloat16)
         return ddp_err(NULL, ncclInvalidArgument,
                        "chorusDdpCreate: commDtype %d is not ncclFloat32, ncclBfloat16 or "
-                       "ncclFloat16", (int)cfg.commDtype);
+                       "ncclFloat16",
+                       (int)cfg.commDtype);
     if (cfg.unused != CHORUS_DDP_UNUSED_ERROR && cfg.unused != CHORUS_DDP_UNUSED_ZERO)
-        return ddp_err(NULL, ncclInvalidArgument, "chorusDdpCreate: unused %d is not "
-                       "CHORUS_DDP_UNUSED_ERROR or CHORUS_DDP_UNUSED_ZERO", cfg.unused);
+        return ddp_err(NULL, ncclInvalidArgument,
+                       "chorusDdpCreate: unused %d is not "
+                       "CHORUS_DDP_UNUSED_ERROR or CHORUS_DDP_UNUSED_ZERO",
+                       cfg.unused);
     if (cfg.optStateSlots < 0 || cfg.optStateSlots > CHORUS_DDP_MAX_STATE_SLOTS)
-        return ddp_err(NULL, ncclInvalidArgument, "chorusDdpCreate: optStateSlots %d is outside "
-                       "0..%d", cfg.optStateSlots, CHORUS_DDP_MAX_STATE_SLOTS);
+        return ddp_err(NULL, ncclInvalidArgument,
+                       "chorusDdpCreate: optStateSlots %d is outside "
+                       "0..%d",
+                       cfg.optStateSlots, CHORUS_DDP_MAX_STATE_SLOTS);
     if (cfg.memory != CHORUS_DDP_MEM_HOST && cfg.memory != CHORUS_DDP_MEM_DEVICE)
-        return ddp_err(NULL, ncclInvalidArgument, "chorusDdpCreate: memory %d is not "
-                       "CHORUS_DDP_MEM_HOST or CHORUS_DDP_MEM_DEVICE", cfg.memory);
+        return ddp_err(NULL, ncclInvalidArgument,
+                       "chorusDdpCreate: memory %d is not "
+                       "CHORUS_DDP_MEM_HOST or CHORUS_DDP_MEM_DEVICE",
+                       cfg.memory);
 #if !CHORUS_DDP_HAVE_CUDA
     if (cfg.memory == CHORUS_DDP_MEM_DEVICE)
-        return ddp_err(NULL, ncclInvalidUsage, "chorusDdpCreate: memory is "
+        return ddp_err(NULL, ncclInvalidUsage,
+                       "chorusDdpCreate: memory is "
                        "CHORUS_DDP_MEM_DEVICE but libchorus_ddp was built without CUDA");
 #endif
     if (cfg.memory == CHORUS_DDP_MEM_DEVICE && cfg.commDtype != ncclFloat32)
-        return ddp_err(NULL, ncclInvalidUsage, "chorusDdpCreate: 16-bit gradient communication "
+        return ddp_err(NULL, ncclInvalidUsage,
+                       "chorusDdpCreate: 16-bit gradient communication "
                        "(commDtype %s) is implemented for host memory only",
                        ddp_dtype_name(cfg.commDtype));
 
@@ -141,8 +157,10 @@ DDP_API ncclResult_t chorusDdpDestroy(chorusDdp_t ddp) {
         if (ddp->buckets[b].req) (void)chorusWait(ddp->buckets[b].req);
     }
     ddp_free_buckets(ddp);
-    for (int i = 0; i < ddp->nparams; i++) free(ddp->params[i].name);
-    for (int i = 0; i < ddp->nbufs; i++) free(ddp->bufs[i].name);
+    for (int i = 0; i < ddp->nparams; i++)
+        free(ddp->params[i].name);
+    for (int i = 0; i < ddp->nbufs; i++)
+        free(ddp->bufs[i].name);
     free(ddp->params);
     free(ddp->bufs);
     free(ddp);
@@ -161,8 +179,8 @@ static ncclResult_t ddp_check_name(chorusDdp_t ddp, const char *fn, const char *
     if (!name || !name[0])
         return ddp_err(ddp, ncclInvalidArgument, "%s: name is NULL or empty", fn);
     if (strlen(name) > 200)
-        return ddp_err(ddp, ncclInvalidArgument, "%s: name '%.40s...' is longer than 200 chars",
-                       fn, name);
+        return ddp_err(ddp, ncclInvalidArgument, "%s: name '%.40s...' is longer than 200 chars", fn,
+                       name);
     if (ddp_name_taken(ddp, name))
         return ddp_err(ddp, ncclInvalidArgument, "%s: name '%s' is already registered", fn, name);
     if (ddp->started)
@@ -180,14 +198,20 @@ DDP_API ncclResult_t chorusDdpRegisterParam(chorusDdp_t ddp, const char *name, v
     if (!param) return ddp_err(ddp, ncclInvalidArgument, "%s('%s'): param is NULL", fn, name);
     if (count == 0) return ddp_err(ddp, ncclInvalidArgument, "%s('%s'): count is 0", fn, name);
     if (dtype != ncclFloat32 && dtype != ncclFloat64)
-        return ddp_err(ddp, ncclInvalidArgument, "%s('%s'): dtype %d is not ncclFloat32 or "
-                       "ncclFloat64", fn, name, (int)dtype);
+        return ddp_err(ddp, ncclInvalidArgument,
+                       "%s('%s'): dtype %d is not ncclFloat32 or "
+                       "ncclFloat64",
+                       fn, name, (int)dtype);
     if (ddp->cfg.gradAsBucketView && grad)
-        return ddp_err(ddp, ncclInvalidArgument, "%s('%s'): grad must be NULL with "
-                       "gradAsBucketView (the layer provides it, see chorusDdpGradPtr)", fn, name);
+        return ddp_err(ddp, ncclInvalidArgument,
+                       "%s('%s'): grad must be NULL with "
+                       "gradAsBucketView (the layer provides it, see chorusDdpGradPtr)",
+                       fn, name);
     if (!ddp->cfg.gradAsBucketView && !grad)
-        return ddp_err(ddp, ncclInvalidArgument, "%s('%s'): grad is NULL (set gradAsBucketView "
-                       "to let the layer allocate gradients)", fn, name);
+        return ddp_err(ddp, ncclInvalidArgument,
+                       "%s('%s'): grad is NULL (set gradAsBucketView "
+                       "to let the layer allocate gradients)",
+                       fn, name);
     if (ddp->nparams == ddp->params_cap) {
         int cap = ddp->params_cap ? 2 * ddp->params_cap : 16;
         ddp_param_t *np = realloc(ddp->params, (size_t)cap * sizeof(*np));
@@ -290,16 +314,22 @@ static ncclResult_t ddp_alloc_buckets(chorusDdp_t ddp) {
         }
         if (compress) {
             bk->wire = calloc(bk->padded, 2);
-            if (!bk->wire) return ddp_err(ddp, ncclSystemError, "chorusDdpStart: out of memory "
-                                          "for bucket %d's 16-bit buffer", b);
+            if (!bk->wire)
+                return ddp_err(ddp, ncclSystemError,
+                               "chorusDdpStart: out of memory "
+                               "for bucket %d's 16-bit buffer",
+                               b);
         }
         if (c->sharded) {
             ncclResult_t r = ddp_mem_alloc(ddp, bk->shard_count * bk->esize, &bk->shard);
             if (r != ncclSuccess) return r;
             if (compress) {
                 bk->wire_shard = calloc(bk->shard_count, 2);
-                if (!bk->wire_shard) return ddp_err(ddp, ncclSystemError, "chorusDdpStart: out "
-                                                    "of memory for bucket %d's shard", b);
+                if (!bk->wire_shard)
+                    return ddp_err(ddp, ncclSystemError,
+                                   "chorusDdpStart: out "
+                                   "of memory for bucket %d's shard",
+                                   b);
             }
             bk->state_off = state_elems;
             state_elems += bk->shard_count;
@@ -356,8 +386,10 @@ static ncclResult_t ddp_check_id(chorusDdp_t ddp, const char *fn, int id) {
     if (!ddp) return ddp_err(NULL, ncclInvalidArgument, "%s: ddp is NULL", fn);
     if (!ddp->started) return ddp_err(ddp, ncclInvalidUsage, "%s: call chorusDdpStart first", fn);
     if (id < 0 || id >= ddp->nparams)
-        return ddp_err(ddp, ncclInvalidArgument, "%s: parameter id %d is not registered "
-                       "(ids are 0..%d)", fn, id, ddp->nparams - 1);
+        return ddp_err(ddp, ncclInvalidArgument,
+                       "%s: parameter id %d is not registered "
+                       "(ids are 0..%d)",
+                       fn, id, ddp->nparams - 1);
     return ncclSuccess;
 }
 

@@ -29,9 +29,9 @@ ncclResult_t ddp_allgather(chorusDdp_t ddp, const void *send, void *recv, size_t
                            ncclDataType_t dtype, const char *what) {
     if (!ddp->comm || ddp->nranks == 1) {
         size_t es = dtype == ncclUint64 || dtype == ncclInt64 || dtype == ncclFloat64 ? 8
-                    : dtype == ncclUint8 || dtype == ncclInt8                             ? 1
-                    : dtype == ncclFloat16 || dtype == ncclBfloat16                        ? 2
-                                                                                           : 4;
+                    : dtype == ncclUint8 || dtype == ncclInt8                         ? 1
+                    : dtype == ncclFloat16 || dtype == ncclBfloat16                   ? 2
+                                                                                      : 4;
         if (recv != send) memmove(recv, send, count * es);
         return ncclSuccess;
     }
@@ -81,15 +81,17 @@ ncclResult_t ddp_check_signature(chorusDdp_t ddp) {
     if (r != ncclSuccess) goto out;
     for (int q = 0; q < n; q++) {
         if (all[2 * q] != (uint64_t)ddp->nparams) {
-            r = ddp_err(ddp, ncclInvalidUsage, "chorusDdpStart: rank %d registered %llu "
+            r = ddp_err(ddp, ncclInvalidUsage,
+                        "chorusDdpStart: rank %d registered %llu "
                         "parameters but rank %d registered %d; every rank must register the same "
-                        "parameters in the same order", q, (unsigned long long)all[2 * q],
-                        ddp->rank, ddp->nparams);
+                        "parameters in the same order",
+                        q, (unsigned long long)all[2 * q], ddp->rank, ddp->nparams);
             goto out;
         }
     }
     int differ = 0;
-    for (int q = 0; q < n; q++) differ |= all[2 * q + 1] != all[1];
+    for (int q = 0; q < n; q++)
+        differ |= all[2 * q + 1] != all[1];
     if (differ) {
         uint64_t *per = all + 2 * (size_t)n;
         r = ddp_allgather(ddp, sig, per, (size_t)ddp->nparams, ncclUint64,
@@ -99,7 +101,8 @@ ncclResult_t ddp_check_signature(chorusDdp_t ddp) {
             for (int q = 1; q < n; q++) {
                 if (per[(size_t)q * ddp->nparams + i] == per[i]) continue;
                 const ddp_param_t *p = &ddp->params[i];
-                r = ddp_err(ddp, ncclInvalidUsage, "chorusDdpStart: parameter %d differs between "
+                r = ddp_err(ddp, ncclInvalidUsage,
+                            "chorusDdpStart: parameter %d differs between "
                             "rank 0 and rank %d (name, count or dtype); here it is '%s', %zu x %s",
                             i, q, p->name, p->count, ddp_dtype_name(p->dtype));
                 goto out;
@@ -148,7 +151,8 @@ DDP_API ncclResult_t chorusDdpCheckReplicas(chorusDdp_t ddp, int *first_diverged
     if (!ddp->started)
         return ddp_err(ddp, ncclInvalidUsage, "chorusDdpCheckReplicas: call chorusDdpStart first");
     if (ddp->next_launch > 0)
-        return ddp_err(ddp, ncclInvalidUsage, "chorusDdpCheckReplicas: called in the middle of a "
+        return ddp_err(ddp, ncclInvalidUsage,
+                       "chorusDdpCheckReplicas: called in the middle of a "
                        "step (call chorusDdpFinishGrads first)");
     int n = ddp->nranks, np = ddp->nparams;
     size_t maxbytes = 0;
@@ -173,7 +177,8 @@ DDP_API ncclResult_t chorusDdpCheckReplicas(chorusDdp_t ddp, int *first_diverged
             uint64_t a = all[i], b = all[(size_t)q * np + i];
             if (a == b) continue;
             if (first_diverged_p) *first_diverged_p = i;
-            r = ddp_err(ddp, ncclInvalidUsage, "replicas diverged: parameter '%s' (id %d) "
+            r = ddp_err(ddp, ncclInvalidUsage,
+                        "replicas diverged: parameter '%s' (id %d) "
                         "differs between rank 0 (checksum %016llx) and rank %d (checksum %016llx)",
                         ddp->params[i].name, i, (unsigned long long)a, q, (unsigned long long)b);
             goto out;

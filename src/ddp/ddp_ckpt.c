@@ -35,7 +35,8 @@ typedef struct {
 } ddp_full_state_t;
 
 static void ddp_full_free(ddp_full_state_t *fs) {
-    for (int s = 0; s < CHORUS_DDP_MAX_STATE_SLOTS; s++) free(fs->slot[s]);
+    for (int s = 0; s < CHORUS_DDP_MAX_STATE_SLOTS; s++)
+        free(fs->slot[s]);
     free(fs->off);
     free(fs->bucket_tmp);
 }
@@ -64,7 +65,8 @@ static ncclResult_t ddp_full_alloc(chorusDdp_t ddp, ddp_full_state_t *fs) {
 /* Byte offset of bucket b in the padded all-buckets layout of fs->bucket_tmp. */
 static size_t ddp_bucket_base(chorusDdp_t ddp, int b) {
     size_t off = 0;
-    for (int k = 0; k < b; k++) off += ddp->buckets[k].padded * ddp->buckets[k].esize;
+    for (int k = 0; k < b; k++)
+        off += ddp->buckets[k].padded * ddp->buckets[k].esize;
     return off;
 }
 
@@ -113,17 +115,18 @@ static ncclResult_t ddp_full_scatter(chorusDdp_t ddp, ddp_full_state_t *fs) {
                 memcpy(tmp + p->bucket_off * p->esize, (char *)fs->slot[s] + fs->off[bk->ids[k]],
                        p->count * p->esize);
             }
-            ncclResult_t r = ddp_mem_from_host(ddp, (char *)ddp->state[s] + bk->state_off,
-                                               tmp + (size_t)ddp->rank * bk->shard_count *
-                                                         bk->esize,
-                                               bk->shard_count * bk->esize);
+            ncclResult_t r = ddp_mem_from_host(
+                ddp, (char *)ddp->state[s] + bk->state_off,
+                tmp + (size_t)ddp->rank * bk->shard_count * bk->esize, bk->shard_count * bk->esize);
             if (r != ncclSuccess) return r;
         }
     }
     return ncclSuccess;
 }
 
-static int ddp_put(FILE *f, const void *p, size_t n) { return fwrite(p, 1, n, f) == n; }
+static int ddp_put(FILE *f, const void *p, size_t n) {
+    return fwrite(p, 1, n, f) == n;
+}
 
 static int ddp_put_name(FILE *f, const char *name, uint64_t size, uint32_t *dtype) {
     uint32_t len = (uint32_t)strlen(name);
@@ -135,8 +138,9 @@ static ncclResult_t ddp_write_file(chorusDdp_t ddp, const char *path, ddp_full_s
     char tmp_path[4096];
     snprintf(tmp_path, sizeof(tmp_path), "%s.tmp", path);
     FILE *f = fopen(tmp_path, "wb");
-    if (!f) return ddp_err(ddp, ncclSystemError, "chorusDdpSave: cannot create '%s': %s",
-                           tmp_path, strerror(errno));
+    if (!f)
+        return ddp_err(ddp, ncclSystemError, "chorusDdpSave: cannot create '%s': %s", tmp_path,
+                       strerror(errno));
     size_t maxbytes = 8;
     for (int i = 0; i < ddp->nparams; i++)
         if (ddp->params[i].count * ddp->params[i].esize > maxbytes)
@@ -219,8 +223,10 @@ typedef struct {
 
 static ncclResult_t ddp_get(ddp_reader_t *rd, void *p, size_t n, const char *what) {
     if (fread(p, 1, n, rd->f) == n) return ncclSuccess;
-    return ddp_err(rd->ddp, ncclInvalidUsage, "chorusDdpLoad: '%s' is truncated or unreadable "
-                   "while reading %s", rd->path, what);
+    return ddp_err(rd->ddp, ncclInvalidUsage,
+                   "chorusDdpLoad: '%s' is truncated or unreadable "
+                   "while reading %s",
+                   rd->path, what);
 }
 
 /* Read a record header and check it names what the registration expects. */
@@ -231,19 +237,25 @@ static ncclResult_t ddp_get_name(ddp_reader_t *rd, const char *kind, const char 
     ncclResult_t r = ddp_get(rd, &len, 4, kind);
     if (r != ncclSuccess) return r;
     if (len >= sizeof(name))
-        return ddp_err(rd->ddp, ncclInvalidUsage, "chorusDdpLoad: '%s': a %s name is %u bytes "
-                       "long; the file is corrupt", rd->path, kind, len);
+        return ddp_err(rd->ddp, ncclInvalidUsage,
+                       "chorusDdpLoad: '%s': a %s name is %u bytes "
+                       "long; the file is corrupt",
+                       rd->path, kind, len);
     r = ddp_get(rd, name, len, kind);
     if (r == ncclSuccess) r = ddp_get(rd, size_p, 8, kind);
     if (r != ncclSuccess) return r;
     name[len] = '\0';
     if (strcmp(name, want) != 0)
-        return ddp_err(rd->ddp, ncclInvalidUsage, "chorusDdpLoad: '%s' holds %s '%s' where the "
-                       "registration has '%s'", rd->path, kind, name, want);
+        return ddp_err(rd->ddp, ncclInvalidUsage,
+                       "chorusDdpLoad: '%s' holds %s '%s' where the "
+                       "registration has '%s'",
+                       rd->path, kind, name, want);
     if (*size_p != want_size)
-        return ddp_err(rd->ddp, ncclInvalidUsage, "chorusDdpLoad: '%s': %s '%s' has size %llu in "
-                       "the file but %llu registered", rd->path, kind, name,
-                       (unsigned long long)*size_p, (unsigned long long)want_size);
+        return ddp_err(rd->ddp, ncclInvalidUsage,
+                       "chorusDdpLoad: '%s': %s '%s' has size %llu in "
+                       "the file but %llu registered",
+                       rd->path, kind, name, (unsigned long long)*size_p,
+                       (unsigned long long)want_size);
     return ncclSuccess;
 }
 
@@ -251,8 +263,9 @@ static ncclResult_t ddp_get_name(ddp_reader_t *rd, const char *kind, const char 
 static ncclResult_t ddp_read_file(chorusDdp_t ddp, const char *path, ddp_full_state_t *fs,
                                   void *params_host, void *bufs_host) {
     ddp_reader_t rd = {fopen(path, "rb"), path, ddp};
-    if (!rd.f) return ddp_err(ddp, ncclSystemError, "chorusDdpLoad: cannot open '%s': %s", path,
-                              strerror(errno));
+    if (!rd.f)
+        return ddp_err(ddp, ncclSystemError, "chorusDdpLoad: cannot open '%s': %s", path,
+                       strerror(errno));
     char magic[8];
     uint32_t hdr[4];
     ncclResult_t r = ddp_get(&rd, magic, 8, "the header");
@@ -261,15 +274,20 @@ static ncclResult_t ddp_read_file(chorusDdp_t ddp, const char *path, ddp_full_st
                     path);
     if (r == ncclSuccess) r = ddp_get(&rd, hdr, sizeof(hdr), "the header");
     if (r == ncclSuccess && hdr[0] != 1)
-        r = ddp_err(ddp, ncclInvalidUsage, "chorusDdpLoad: '%s' has format version %u; this "
-                    "library reads version 1", path, hdr[0]);
+        r = ddp_err(ddp, ncclInvalidUsage,
+                    "chorusDdpLoad: '%s' has format version %u; this "
+                    "library reads version 1",
+                    path, hdr[0]);
     if (r == ncclSuccess && (hdr[1] != (uint32_t)ddp->nparams || hdr[2] != (uint32_t)ddp->nbufs))
-        r = ddp_err(ddp, ncclInvalidUsage, "chorusDdpLoad: '%s' holds %u parameters and %u "
-                    "buffers but %d and %d are registered", path, hdr[1], hdr[2], ddp->nparams,
-                    ddp->nbufs);
+        r = ddp_err(ddp, ncclInvalidUsage,
+                    "chorusDdpLoad: '%s' holds %u parameters and %u "
+                    "buffers but %d and %d are registered",
+                    path, hdr[1], hdr[2], ddp->nparams, ddp->nbufs);
     if (r == ncclSuccess && hdr[3] != (uint32_t)ddp->cfg.optStateSlots)
-        r = ddp_err(ddp, ncclInvalidUsage, "chorusDdpLoad: '%s' holds %u optimizer state slots "
-                    "but config.optStateSlots is %d", path, hdr[3], ddp->cfg.optStateSlots);
+        r = ddp_err(ddp, ncclInvalidUsage,
+                    "chorusDdpLoad: '%s' holds %u optimizer state slots "
+                    "but config.optStateSlots is %d",
+                    path, hdr[3], ddp->cfg.optStateSlots);
     for (int i = 0; r == ncclSuccess && i < ddp->nparams; i++) {
         ddp_param_t *p = &ddp->params[i];
         uint64_t count;
@@ -277,9 +295,11 @@ static ncclResult_t ddp_read_file(chorusDdp_t ddp, const char *path, ddp_full_st
         r = ddp_get_name(&rd, "parameter", p->name, p->count, &count);
         if (r == ncclSuccess) r = ddp_get(&rd, &dt, 4, p->name);
         if (r == ncclSuccess && dt != (uint32_t)p->dtype)
-            r = ddp_err(ddp, ncclInvalidUsage, "chorusDdpLoad: '%s': parameter '%s' is %s in the "
-                        "file but %s registered", path, p->name,
-                        ddp_dtype_name((ncclDataType_t)dt), ddp_dtype_name(p->dtype));
+            r = ddp_err(ddp, ncclInvalidUsage,
+                        "chorusDdpLoad: '%s': parameter '%s' is %s in the "
+                        "file but %s registered",
+                        path, p->name, ddp_dtype_name((ncclDataType_t)dt),
+                        ddp_dtype_name(p->dtype));
         size_t bytes = p->count * p->esize;
         if (r == ncclSuccess) r = ddp_get(&rd, (char *)params_host + fs->off[i], bytes, p->name);
         for (int s = 0; r == ncclSuccess && s < ddp->cfg.optStateSlots; s++)
@@ -294,8 +314,10 @@ static ncclResult_t ddp_read_file(chorusDdp_t ddp, const char *path, ddp_full_st
     }
     if (r == ncclSuccess) r = ddp_get(&rd, magic, 8, "the end mark");
     if (r == ncclSuccess && memcmp(magic, ddp_endmark, 8) != 0)
-        r = ddp_err(ddp, ncclInvalidUsage, "chorusDdpLoad: '%s' has no end mark after the last "
-                    "record; the file is corrupt or from another registration", path);
+        r = ddp_err(ddp, ncclInvalidUsage,
+                    "chorusDdpLoad: '%s' has no end mark after the last "
+                    "record; the file is corrupt or from another registration",
+                    path);
     fclose(rd.f);
     return r;
 }
@@ -306,7 +328,8 @@ DDP_API ncclResult_t chorusDdpLoad(chorusDdp_t ddp, const char *path) {
     ddp_full_state_t fs;
     void *params_host = NULL, *bufs_host = NULL;
     size_t buf_bytes = 8;
-    for (int i = 0; i < ddp->nbufs; i++) buf_bytes += ddp->bufs[i].bytes;
+    for (int i = 0; i < ddp->nbufs; i++)
+        buf_bytes += ddp->bufs[i].bytes;
     r = ddp_full_alloc(ddp, &fs);
     if (r == ncclSuccess && ddp->rank == 0) {
         params_host = malloc(fs.bytes ? fs.bytes : 8);

@@ -30,10 +30,10 @@ typedef struct {
     size_t count;
     ncclDataType_t dtype;
     size_t esize;
-    int bucket;          /* bucket index, after Start */
-    size_t bucket_off;   /* first element within the bucket */
-    size_t state_off;    /* unsharded: element offset into the state slots */
-    int ready;           /* marked ready in the current step */
+    int bucket;        /* bucket index, after Start */
+    size_t bucket_off; /* first element within the bucket */
+    size_t state_off;  /* unsharded: element offset into the state slots */
+    int ready;         /* marked ready in the current step */
 } ddp_param_t;
 
 typedef struct {
@@ -43,20 +43,20 @@ typedef struct {
 } ddp_buffer_t;
 
 typedef struct {
-    int *ids;            /* parameters in bucket order (reverse registration order) */
+    int *ids; /* parameters in bucket order (reverse registration order) */
     int nids;
-    int pending;         /* parameters not yet ready this step */
+    int pending; /* parameters not yet ready this step */
     ncclDataType_t dtype;
     size_t esize;
-    size_t count;        /* elements of gradients */
-    size_t padded;       /* count rounded up to a multiple of nranks (sharded), else count */
-    size_t shard_count;  /* padded / nranks */
-    void *flat;          /* the bucket's gradient buffer (padded elements) */
-    int flat_owned;      /* 0 when flat is the trainer's own gradient buffer (one parameter) */
-    void *wire;          /* 16-bit copy for reduced-precision communication, or NULL */
-    void *shard;         /* sharded: the averaged gradient of this rank's shard */
-    void *wire_shard;    /* sharded + 16-bit: the received shard before widening */
-    size_t state_off;    /* sharded: element offset of this bucket's shard in the state slots */
+    size_t count;       /* elements of gradients */
+    size_t padded;      /* count rounded up to a multiple of nranks (sharded), else count */
+    size_t shard_count; /* padded / nranks */
+    void *flat;         /* the bucket's gradient buffer (padded elements) */
+    int flat_owned;     /* 0 when flat is the trainer's own gradient buffer (one parameter) */
+    void *wire;         /* 16-bit copy for reduced-precision communication, or NULL */
+    void *shard;        /* sharded: the averaged gradient of this rank's shard */
+    void *wire_shard;   /* sharded + 16-bit: the received shard before widening */
+    size_t state_off;   /* sharded: element offset of this bucket's shard in the state slots */
     int launched;
     int done;
     chorusRequest_t req;
@@ -79,21 +79,20 @@ struct chorusDdp {
 
     ddp_bucket_t *buckets;
     int nbuckets;
-    int next_launch;     /* the next bucket to start this step (buckets start in order) */
+    int next_launch; /* the next bucket to start this step (buckets start in order) */
     int started;
     int nosync;
     long nsteps;         /* FinishGrads calls that communicated */
     ncclResult_t broken; /* a communication error left this object unusable */
 
     void *state[CHORUS_DDP_MAX_STATE_SLOTS];
-    size_t state_count;  /* elements per slot */
-    size_t state_bytes;  /* bytes per slot */
+    size_t state_count; /* elements per slot */
+    size_t state_bytes; /* bytes per slot */
 
     chorusDdpPiece_t *pieces;
     int npieces;
 
     chorusDdpStats_t stats;
-    double step_first_launch;
 
     char err[512];
 };

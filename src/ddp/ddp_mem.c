@@ -7,6 +7,7 @@
  * the copy-in mode, once per gradient per step, never per chunk. The conversions round to nearest
  * even, so that the wire error is unbiased, and keep NaN a NaN.
  */
+#define _POSIX_C_SOURCE 200809L /* clock_gettime, strdup, posix_memalign */
 #include <stdlib.h>
 #include <string.h>
 
@@ -124,7 +125,8 @@ void ddp_f32_to_bf16(const float *src, uint16_t *dst, size_t n) {
 }
 
 void ddp_bf16_to_f32(const uint16_t *src, float *dst, size_t n) {
-    for (size_t i = 0; i < n; i++) dst[i] = ddp_bits_f32((uint32_t)src[i] << 16);
+    for (size_t i = 0; i < n; i++)
+        dst[i] = ddp_bits_f32((uint32_t)src[i] << 16);
 }
 
 /* IEEE binary16 from binary32, round to nearest even, with subnormals and overflow to inf. */
@@ -167,9 +169,11 @@ static float ddp_f16_to_f32_one(uint16_t h) {
 }
 
 void ddp_f32_to_f16(const float *src, uint16_t *dst, size_t n) {
-    for (size_t i = 0; i < n; i++) dst[i] = ddp_f32_to_f16_one(src[i]);
+    for (size_t i = 0; i < n; i++)
+        dst[i] = ddp_f32_to_f16_one(src[i]);
 }
 
 void ddp_f16_to_f32(const uint16_t *src, float *dst, size_t n) {
-    for (size_t i = 0; i < n; i++) dst[i] = ddp_f16_to_f32_one(src[i]);
+    for (size_t i = 0; i < n; i++)
+        dst[i] = ddp_f16_to_f32_one(src[i]);
 }

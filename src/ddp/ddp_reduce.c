@@ -19,7 +19,8 @@
 #include "ddp_internal.h"
 
 void ddp_reset_step(chorusDdp_t ddp) {
-    for (int i = 0; i < ddp->nparams; i++) ddp->params[i].ready = 0;
+    for (int i = 0; i < ddp->nparams; i++)
+        ddp->params[i].ready = 0;
     for (int b = 0; b < ddp->nbuckets; b++) {
         ddp_bucket_t *bk = &ddp->buckets[b];
         bk->pending = bk->nids;
@@ -35,13 +36,17 @@ static int ddp_compressed(const chorusDdp_t ddp, const ddp_bucket_t *bk) {
 }
 
 static void ddp_narrow(chorusDdp_t ddp, const float *src, uint16_t *dst, size_t n) {
-    if (ddp->cfg.commDtype == ncclBfloat16) ddp_f32_to_bf16(src, dst, n);
-    else ddp_f32_to_f16(src, dst, n);
+    if (ddp->cfg.commDtype == ncclBfloat16)
+        ddp_f32_to_bf16(src, dst, n);
+    else
+        ddp_f32_to_f16(src, dst, n);
 }
 
 static void ddp_widen(chorusDdp_t ddp, const uint16_t *src, float *dst, size_t n) {
-    if (ddp->cfg.commDtype == ncclBfloat16) ddp_bf16_to_f32(src, dst, n);
-    else ddp_f16_to_f32(src, dst, n);
+    if (ddp->cfg.commDtype == ncclBfloat16)
+        ddp_bf16_to_f32(src, dst, n);
+    else
+        ddp_f16_to_f32(src, dst, n);
 }
 
 /* Start bucket b's collective. With no communicator (one rank) the result is the input. */
@@ -52,9 +57,7 @@ static ncclResult_t ddp_launch(chorusDdp_t ddp, int b) {
     size_t wsize = compress ? 2 : bk->esize;
     void *send = compress ? bk->wire : bk->flat;
     if (compress) ddp_narrow(ddp, bk->flat, bk->wire, bk->count);
-    double t = ddp_now();
-    if (ddp->next_launch == 0) ddp->step_first_launch = t;
-    bk->t_launch = t;
+    bk->t_launch = ddp_now();
     bk->launched = 1;
     ncclResult_t r = ncclSuccess;
     const char *op = ddp->cfg.sharded ? "reduce-scatter" : "all-reduce";
@@ -71,9 +74,11 @@ static ncclResult_t ddp_launch(chorusDdp_t ddp, int b) {
     }
     if (r != ncclSuccess) {
         ddp->broken = r;
-        return ddp_err(ddp, r, "%s of gradient bucket %d (%zu %s elements, first parameter "
-                       "'%s') failed to start: %s", op, b, bk->count, ddp_dtype_name(wdt),
-                       ddp->params[bk->ids[0]].name, ncclGetLastError(ddp->comm));
+        return ddp_err(ddp, r,
+                       "%s of gradient bucket %d (%zu %s elements, first parameter "
+                       "'%s') failed to start: %s",
+                       op, b, bk->count, ddp_dtype_name(wdt), ddp->params[bk->ids[0]].name,
+                       ncclGetLastError(ddp->comm));
     }
     if (!ddp->comm) {
         bk->done = 1;
@@ -123,16 +128,21 @@ DDP_API ncclResult_t chorusDdpGradReady(chorusDdp_t ddp, int id) {
     if (!ddp->started)
         return ddp_err(ddp, ncclInvalidUsage, "chorusDdpGradReady: call chorusDdpStart first");
     if (id < 0 || id >= ddp->nparams)
-        return ddp_err(ddp, ncclInvalidArgument, "chorusDdpGradReady: parameter id %d is not "
-                       "registered (ids are 0..%d)", id, ddp->nparams - 1);
+        return ddp_err(ddp, ncclInvalidArgument,
+                       "chorusDdpGradReady: parameter id %d is not "
+                       "registered (ids are 0..%d)",
+                       id, ddp->nparams - 1);
     if (ddp->broken)
-        return ddp_err(ddp, ddp->broken, "chorusDdpGradReady: an earlier communication error "
+        return ddp_err(ddp, ddp->broken,
+                       "chorusDdpGradReady: an earlier communication error "
                        "left this DDP object unusable");
     if (ddp->nosync) return ncclSuccess;
     ddp_param_t *p = &ddp->params[id];
     if (p->ready)
-        return ddp_err(ddp, ncclInvalidUsage, "chorusDdpGradReady: gradient of parameter '%s' "
-                       "(id %d) marked ready twice in one step", p->name, id);
+        return ddp_err(ddp, ncclInvalidUsage,
+                       "chorusDdpGradReady: gradient of parameter '%s' "
+                       "(id %d) marked ready twice in one step",
+                       p->name, id);
     p->ready = 1;
     ddp_bucket_t *bk = &ddp->buckets[p->bucket];
     if (bk->flat_owned && !ddp->cfg.gradAsBucketView) {
@@ -146,19 +156,26 @@ DDP_API ncclResult_t chorusDdpGradReady(chorusDdp_t ddp, int id) {
     return ddp->comm ? ddp_poll(ddp) : ncclSuccess;
 }
 
+DDP_API ncclResult_t chorusDdpPoll(chorusDdp_t ddp) {
+    if (!ddp) return ddp_err(NULL, ncclInvalidArgument, "chorusDdpPoll: ddp is NULL");
+    if (!ddp->started || ddp->broken || !ddp->comm) return ddp->broken;
+    return ddp_poll(ddp);
+}
+
 /* After bucket b completed: widen 16-bit results, copy results to the trainer's buffers. */
 static ncclResult_t ddp_complete(chorusDdp_t ddp, int b) {
     ddp_bucket_t *bk = &ddp->buckets[b];
     if (ddp_compressed(ddp, bk)) {
-        if (ddp->cfg.sharded) ddp_widen(ddp, bk->wire_shard, bk->shard, bk->shard_count);
-        else ddp_widen(ddp, bk->wire, bk->flat, bk->count);
+        if (ddp->cfg.sharded)
+            ddp_widen(ddp, bk->wire_shard, bk->shard, bk->shard_count);
+        else
+            ddp_widen(ddp, bk->wire, bk->flat, bk->count);
     }
     if (ddp->cfg.sharded || ddp->cfg.gradAsBucketView || !bk->flat_owned) return ncclSuccess;
     for (int k = 0; k < bk->nids; k++) {
         ddp_param_t *p = &ddp->params[bk->ids[k]];
-        ncclResult_t r = ddp_mem_copy(ddp, p->user_grad,
-                                      (char *)bk->flat + p->bucket_off * p->esize,
-                                      p->count * p->esize);
+        ncclResult_t r = ddp_mem_copy(
+            ddp, p->user_grad, (char *)bk->flat + p->bucket_off * p->esize, p->count * p->esize);
         if (r != ncclSuccess) return r;
     }
     return ncclSuccess;
@@ -169,7 +186,8 @@ DDP_API ncclResult_t chorusDdpFinishGrads(chorusDdp_t ddp) {
     if (!ddp->started)
         return ddp_err(ddp, ncclInvalidUsage, "chorusDdpFinishGrads: call chorusDdpStart first");
     if (ddp->broken)
-        return ddp_err(ddp, ddp->broken, "chorusDdpFinishGrads: an earlier communication error "
+        return ddp_err(ddp, ddp->broken,
+                       "chorusDdpFinishGrads: an earlier communication error "
                        "left this DDP object unusable");
     if (ddp->nosync) return ncclSuccess;
 
@@ -193,8 +211,8 @@ DDP_API ncclResult_t chorusDdpFinishGrads(chorusDdp_t ddp) {
         p->ready = 1;
         bk->pending--;
         if (nunused++ < 8 && nlen + strlen(p->name) + 4 < sizeof(names))
-            nlen += (size_t)snprintf(names + nlen, sizeof(names) - nlen, "%s'%s'",
-                                     nlen ? ", " : "", p->name);
+            nlen += (size_t)snprintf(names + nlen, sizeof(names) - nlen, "%s'%s'", nlen ? ", " : "",
+                                     p->name);
     }
     ncclResult_t r = ddp_try_launch(ddp);
     if (r != ncclSuccess) return r;
@@ -210,12 +228,21 @@ DDP_API ncclResult_t chorusDdpFinishGrads(chorusDdp_t ddp) {
         bk->t_done = ddp_now();
     }
     double t_exit = ddp_now();
-    double last_done = 0;
-    for (int b = 0; b < ddp->nbuckets; b++)
-        if (ddp->buckets[b].t_done > last_done) last_done = ddp->buckets[b].t_done;
-    ddp->stats.steps++;
-    ddp->stats.blockedSeconds += t_exit - t_enter;
-    ddp->stats.commSeconds += last_done - ddp->step_first_launch;
+    /* Busy time of the communication: collectives on one communicator run one after another, so
+     * bucket b is in progress from max(its start, bucket b-1's end) to its end. Ends are observed
+     * at the next GradReady or here, so this is an upper bound while backward runs. */
+    double busy = 0, prev_done = 0;
+    for (int b = 0; b < ddp->nbuckets; b++) {
+        ddp_bucket_t *bk = &ddp->buckets[b];
+        double from = bk->t_launch > prev_done ? bk->t_launch : prev_done;
+        if (bk->t_done > from) busy += bk->t_done - from;
+        prev_done = bk->t_done;
+    }
+    if (ddp->comm) {
+        ddp->stats.steps++;
+        ddp->stats.blockedSeconds += t_exit - t_enter;
+        ddp->stats.commSeconds += busy;
+    }
 
     for (int b = 0; b < ddp->nbuckets; b++) {
         r = ddp_complete(ddp, b);
@@ -225,7 +252,8 @@ DDP_API ncclResult_t chorusDdpFinishGrads(chorusDdp_t ddp) {
     ddp->nsteps++;
 
     if (nunused && ddp->cfg.unused == CHORUS_DDP_UNUSED_ERROR)
-        return ddp_err(ddp, ncclInvalidUsage, "chorusDdpFinishGrads: %d parameter(s) never "
+        return ddp_err(ddp, ncclInvalidUsage,
+                       "chorusDdpFinishGrads: %d parameter(s) never "
                        "marked ready by chorusDdpGradReady in this step: %s%s. Call GradReady "
                        "for every parameter, or set config.unused = CHORUS_DDP_UNUSED_ZERO if "
                        "they are legitimately unused (their gradient then counts as zero)",
@@ -243,12 +271,15 @@ DDP_API ncclResult_t chorusDdpNoSync(chorusDdp_t ddp, int enable) {
         return ddp_err(ddp, ncclInvalidArgument, "chorusDdpNoSync: enable %d is not 0 or 1",
                        enable);
     if (ddp->next_launch > 0)
-        return ddp_err(ddp, ncclInvalidUsage, "chorusDdpNoSync: called in the middle of a step "
+        return ddp_err(ddp, ncclInvalidUsage,
+                       "chorusDdpNoSync: called in the middle of a step "
                        "(bucket collectives already started); call it between steps");
     for (int i = 0; i < ddp->nparams; i++)
         if (ddp->params[i].ready)
-            return ddp_err(ddp, ncclInvalidUsage, "chorusDdpNoSync: called in the middle of a "
-                           "step (parameter '%s' already marked ready)", ddp->params[i].name);
+            return ddp_err(ddp, ncclInvalidUsage,
+                           "chorusDdpNoSync: called in the middle of a "
+                           "step (parameter '%s' already marked ready)",
+                           ddp->params[i].name);
     ddp->nosync = enable;
     return ncclSuccess;
 }

@@ -59,8 +59,10 @@ DDP_API ncclResult_t chorusDdpSamplerCreate(size_t nsamples, int nranks, int ran
                        nranks - 1);
     if (nsamples == 0) return ddp_err(NULL, ncclInvalidArgument, "%s: nsamples is 0", fn);
     if (dropLast && nsamples < (size_t)nranks)
-        return ddp_err(NULL, ncclInvalidArgument, "%s: dropLast with nsamples %zu < nranks %d "
-                       "would leave every rank without samples", fn, nsamples, nranks);
+        return ddp_err(NULL, ncclInvalidArgument,
+                       "%s: dropLast with nsamples %zu < nranks %d "
+                       "would leave every rank without samples",
+                       fn, nsamples, nranks);
     chorusDdpSampler_t s = calloc(1, sizeof(*s));
     if (!s) return ddp_err(NULL, ncclSystemError, "%s: out of memory", fn);
     s->n = nsamples;
@@ -69,8 +71,8 @@ DDP_API ncclResult_t chorusDdpSamplerCreate(size_t nsamples, int nranks, int ran
     s->seed = seed;
     s->shuffle = shuffle;
     s->drop_last = dropLast;
-    s->per_rank = dropLast ? nsamples / (size_t)nranks
-                           : (nsamples + (size_t)nranks - 1) / (size_t)nranks;
+    s->per_rank =
+        dropLast ? nsamples / (size_t)nranks : (nsamples + (size_t)nranks - 1) / (size_t)nranks;
     s->perm = malloc(nsamples * sizeof(size_t));
     s->indices = malloc((s->per_rank ? s->per_rank : 1) * sizeof(size_t));
     if (!s->perm || !s->indices) {
@@ -83,7 +85,8 @@ DDP_API ncclResult_t chorusDdpSamplerCreate(size_t nsamples, int nranks, int ran
 
 DDP_API ncclResult_t chorusDdpSamplerSetEpoch(chorusDdpSampler_t s, uint64_t epoch) {
     if (!s) return ddp_err(NULL, ncclInvalidArgument, "chorusDdpSamplerSetEpoch: sampler is NULL");
-    for (size_t i = 0; i < s->n; i++) s->perm[i] = i;
+    for (size_t i = 0; i < s->n; i++)
+        s->perm[i] = i;
     if (s->shuffle) {
         uint64_t st = s->seed ^ (0xd1b54a32d192ed03ull * (epoch + 1));
         (void)ddp_splitmix64(&st);
@@ -114,7 +117,9 @@ DDP_API ncclResult_t chorusDdpSamplerIndices(chorusDdpSampler_t s, const size_t 
                                              size_t *count_p) {
     if (!s || !indices_p || !count_p)
         return ddp_err(NULL, ncclInvalidArgument, "chorusDdpSamplerIndices: %s is NULL",
-                       !s ? "sampler" : !indices_p ? "indices_p" : "count_p");
+                       !s           ? "sampler"
+                       : !indices_p ? "indices_p"
+                                    : "count_p");
     *indices_p = s->indices;
     *count_p = s->per_rank;
     return ncclSuccess;

@@ -79,11 +79,13 @@ DDP_API ncclResult_t chorusDdpSyncParams(chorusDdp_t ddp) {
     if (!ddp->started)
         return ddp_err(ddp, ncclInvalidUsage, "chorusDdpSyncParams: call chorusDdpStart first");
     if (ddp->broken)
-        return ddp_err(ddp, ddp->broken, "chorusDdpSyncParams: an earlier communication error "
+        return ddp_err(ddp, ddp->broken,
+                       "chorusDdpSyncParams: an earlier communication error "
                        "left this DDP object unusable");
     if (!ddp->cfg.sharded || ddp->nosync) return ncclSuccess;
     if (ddp->next_launch > 0)
-        return ddp_err(ddp, ncclInvalidUsage, "chorusDdpSyncParams: called in the middle of a "
+        return ddp_err(ddp, ncclInvalidUsage,
+                       "chorusDdpSyncParams: called in the middle of a "
                        "step (call chorusDdpFinishGrads first)");
     ncclResult_t r = ncclSuccess;
     /* Own shard into the flat buffers. */
@@ -91,8 +93,8 @@ DDP_API ncclResult_t chorusDdpSyncParams(chorusDdp_t ddp) {
         const chorusDdpPiece_t *pc = &ddp->pieces[i];
         ddp_param_t *p = &ddp->params[pc->paramId];
         ddp_bucket_t *bk = &ddp->buckets[p->bucket];
-        r = ddp_mem_copy(ddp, (char *)bk->flat + (p->bucket_off + pc->offset) * p->esize,
-                         pc->param, pc->count * p->esize);
+        r = ddp_mem_copy(ddp, (char *)bk->flat + (p->bucket_off + pc->offset) * p->esize, pc->param,
+                         pc->count * p->esize);
         if (r != ncclSuccess) return r;
     }
     /* All-gather every bucket (in place), then wait in order. */
@@ -112,8 +114,10 @@ DDP_API ncclResult_t chorusDdpSyncParams(chorusDdp_t ddp) {
         }
         if (r != ncclSuccess) {
             ddp->broken = r;
-            return ddp_err(ddp, r, "chorusDdpSyncParams: all-gather of the parameter shards "
-                           "failed: %s", ncclGetLastError(ddp->comm));
+            return ddp_err(ddp, r,
+                           "chorusDdpSyncParams: all-gather of the parameter shards "
+                           "failed: %s",
+                           ncclGetLastError(ddp->comm));
         }
     }
     /* Every parameter back out; the flat buffers return to holding (zero) gradients. */

@@ -43,15 +43,16 @@ typedef struct bootstrap bootstrap_t;
 /* Fill *id: NCCL_COMM_ID gives the root address (no thread started: rank 0 runs the root in
  * bootstrap_init); otherwise start a root thread on a fresh port of a usable interface. */
 ncclResult_t bootstrap_get_unique_id(chorus_unique_id_t *id);
+/* A fresh id for a communicator derived from `parent` (split, shrink): random secret, root thread
+ * listening on the parent's own bootstrap IP (known reachable by its peers), ignoring
+ * NCCL_COMM_ID, which belongs to the top-level communicator: several children made at the same
+ * time from one fixed address would collide. Ids are single-use: the root serves one rendezvous
+ * and exits; a second init with the same id fails at once ("refused"). */
+ncclResult_t bootstrap_child_unique_id(const bootstrap_t *parent, chorus_unique_id_t *id);
 /* Build the id for a fixed root address "host:port" / "[v6]:port" (hostnames resolved). Every rank
  * computes the same id from the same text; rank 0 runs the root in bootstrap_init. `what` names
  * where the text came from (e.g. "NCCL_COMM_ID") for the WARN when it is malformed
  * (ncclInvalidArgument). Starts nothing. */
-/* A fresh id for a communicator derived from `parent` (split, shrink): random secret, root thread
- * listening on the parent's own bootstrap IP (known reachable by its peers), ignoring
- * NCCL_COMM_ID, which belongs to the top-level communicator: several children made at the same
- * time from one fixed address would collide. */
-ncclResult_t bootstrap_child_unique_id(const bootstrap_t *parent, chorus_unique_id_t *id);
 ncclResult_t bootstrap_id_from_string(const char *hostport, const char *what,
                                       chorus_unique_id_t *id);
 

@@ -142,6 +142,8 @@ typedef struct coll_op {
     int failing;            /* the op failed: posting error chunks and draining (prims.c) */
     uint64_t fail_deadline;
     char fail_text[COLL_ERR_TEXT];
+    char cause_text[COLL_ERR_TEXT]; /* what error chunks carry on: the first rank's reason */
+    int cause_rank;
     int refs;               /* queue + request */
     int is_async;
     struct coll_op *next;

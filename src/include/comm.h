@@ -66,7 +66,11 @@ struct ncclComm {
     int nchannels;
     chorus_channel_t channels[CHORUS_MAXCHANNELS];
     const chorus_transport_ops_t **edge_transport; /* [nranks]: transport chosen for each peer */
-    chorus_conn_t **p2p_send; /* [nranks], NULL until first use */
+    /* [nranks], entries NULL until first use. The arrays are allocated at init; an entry is a
+     * calloc'd connection made by whoever connects it first (the collective engine); the core
+     * closes (transport_close) and frees every entry, and the ring connections, in comm_free,
+     * after coll_engine_destroy. */
+    chorus_conn_t **p2p_send;
     chorus_conn_t **p2p_recv;
     int connect_eager;
 
@@ -113,6 +117,11 @@ typedef struct comm_reg {
 
 /* Validate a comm handle from the user (NULL, freed, or garbage): ncclInvalidArgument + WARN. */
 ncclResult_t comm_check(const struct ncclComm *comm, const char *api);
+/* What the core expects from coll_engine_finalize (coll.h): with comm->abort_flag clear it
+ * completes the outstanding ops; with it set (ncclCommAbort, ncclCommRevoke, ncclCommShrink with
+ * NCCL_SHRINK_ABORT) it drops them promptly without waiting for peers. The core calls it at most
+ * once per comm (engine_finalized), and coll_engine_destroy afterwards in every case. */
+
 /* Record the first asynchronous error; later ones do not overwrite it. */
 void comm_set_async_error(struct ncclComm *comm, ncclResult_t res);
 /* Set the abort flag and make blocked bootstrap/transport waits return. */

@@ -14,7 +14,20 @@
  *   rk_reduce(dst, in, acc)        dst = pre(in) (+) acc  add this rank's input to a partial result
  *   rk_finish(dst, src)            dst = post(src)        SUMDIV's divide; a copy otherwise
  * pre() multiplies by the scalar for PREMULSUM and is the identity otherwise. dst may alias in or
- * acc (exactly, not partially). rk_reduce_n folds n inputs (low-latency one-shot algorithms).
+ * acc (exactly, not partially). rk_reduce_n folds n inputs (low-latency one-shot algorithms):
+ * dst = pre(ins[0]) (+) pre(ins[1]) (+) ... in that order, rounded once; SUMDIV's divide is still
+ * left to rk_finish. Host pointers may have any alignment, device pointers that of the element
+ * (16-byte aligned ones take the vectorised path); count 0 does nothing.
+ *
+ * Arithmetic (the same bits on every host variant and on the GPU, NaN payloads aside; details in
+ * src/collectives/kernels/reduce_body.h and dtype.c):
+ *   integers        wrap modulo 2^bits; PREMULSUM multiplies by scalar.u (== scalar.i); SUMDIV
+ *                   divides the wrapped sum truncating toward zero (C, and NCCL's ncclAvg)
+ *   float, double   IEEE in their own precision, no fused multiply-add
+ *   half, bfloat16  round to nearest even; overflow gives +-Inf; NaN stays NaN
+ *   float8          round to nearest even, saturating (CUDA's __NV_SATFINITE, NCCL's default):
+ *                   overflow and +-Inf give +-448 (e4m3) or +-57344 (e5m2); NaN stays NaN
+ *   MAX, MIN        fmax/fmin: a NaN loses against a number
  */
 #ifndef CHORUS_REDUCE_H_
 #define CHORUS_REDUCE_H_

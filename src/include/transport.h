@@ -91,7 +91,11 @@ const chorus_transport_ops_t *transport_find(const char *name);
  * NCCL_SHM_DISABLE, NCCL_P2P_DISABLE, NCCL_IB_DISABLE. */
 ncclResult_t transport_select(struct ncclComm *comm, int peer, const chorus_transport_ops_t **ops_p);
 /* Set up both ends of a connection through the bootstrap. Called by the two ranks at the same
- * time (one with is_send=1, the other is_send=0); tag separates concurrent setups. */
+ * time (one with is_send=1, the other is_send=0); tag separates concurrent setups between the
+ * same two ranks (any int; bootstrap tags 0x20000000..0x3fffffff are derived from it, the
+ * channel and the direction). conn is overwritten (it must not hold an open connection); geometry comes from
+ * NCCL_BUFFSIZE / CHORUS_NSLOTS (the receiver's values win). A failure on either end fails both,
+ * with a WARN naming the peer. A rank never connects to itself. */
 ncclResult_t transport_connect(struct ncclComm *comm, chorus_conn_t *conn, int peer, int is_send,
                                int channel, int tag);
 void transport_close(chorus_conn_t *conn);

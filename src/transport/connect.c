@@ -7,8 +7,8 @@
  * carries the transport name and a status, so a pair that disagrees on the transport or whose
  * other end failed its setup gets an error naming the peer at once instead of a timeout.
  *
- * Bootstrap tags are derived from (channel, role of the message's author, caller's tag): two
- * connections between the same ranks (both directions of a ring, several channels, p2p) never
+ * Bootstrap tags are derived from (channel, role of the message's author, caller's tag), so two
+ * connections between the same ranks (both directions of a ring, several channels, p2p) do not
  * match each other's messages. The sender sends first and the receiver receives first, which
  * cannot deadlock whether or not bootstrap_send buffers.
  */
@@ -21,19 +21,30 @@
 #include "transport.h"
 
 #define SETUP_MSG_MAGIC 0x43535550u /* "CSUP" */
-#define SETUP_TAG_BASE 0x30000000
+#define SETUP_TAG_BASE 0x20000000 /* 0x20000000..0x3fffffff */
 
 typedef struct {
     uint32_t magic;
     int32_t status; /* ncclResult_t of the author's setup: non-zero means "give up" */
+    int32_t channel, tag, author_is_send; /* which setup this is (checked by the reader) */
     uint32_t bytes;
     char transport[20];
     unsigned char blob[TRANSPORT_BLOB_BYTES];
 } transport_setup_msg_t;
 
+/* Bootstrap tag of a setup message: a 28-bit hash of (channel, caller's tag) plus the author's
+ * role, in a range of its own. Callers' tags are arbitrary ints (base + channel * nranks + rank),
+ * so they are hashed rather than truncated; every message also carries (channel, tag, role), so
+ * the unlikely collision of two setups in flight between the same two ranks is an error, never a
+ * silent mix-up. */
 static int transport_setup_tag(int channel, int author_is_send, int tag) {
-    int ch = (channel + 1) & 0xff; /* -1 (point-to-point) becomes 0 */
-    return SETUP_TAG_BASE | (ch << 19) | (author_is_send << 18) | (tag & 0x3ffff);
+    uint64_t x = ((uint64_t)(uint32_t)tag << 8) ^ (uint64_t)(uint8_t)(channel + 1);
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdull;
+    x ^= x >> 33;
+    x *= 0xc4ceb9fe1a85ec53ull;
+    x ^= x >> 33;
+    return SETUP_TAG_BASE | (author_is_send << 28) | (int)(x & 0x0fffffff);
 }
 
 static ncclResult_t transport_geometry(chorus_conn_t *conn) {
@@ -106,6 +117,9 @@ ncclResult_t transport_connect(struct ncclComm *comm, chorus_conn_t *conn, int p
     memset(&mine, 0, sizeof(mine));
     memset(&theirs, 0, sizeof(theirs));
     mine.magic = SETUP_MSG_MAGIC;
+    mine.channel = channel;
+    mine.tag = tag;
+    mine.author_is_send = conn->is_send;
 
     /* A local failure is still sent to the peer (as a status) so that it does not wait for us. */
     const chorus_transport_ops_t *ops = NULL;
@@ -129,6 +143,13 @@ ncclResult_t transport_connect(struct ncclComm *comm, chorus_conn_t *conn, int p
     if (res != ncclSuccess) goto err_close;
     if (theirs.magic != SETUP_MSG_MAGIC) {
         WARN("transport setup message from rank %d is corrupt", peer);
+        res = ncclInternalError;
+        goto err_close;
+    }
+    if (theirs.channel != channel || theirs.tag != tag || theirs.author_is_send == conn->is_send) {
+        WARN("transport setup with rank %d: got the message of another setup (channel %d tag %d, "
+             "expected channel %d tag %d): two setups in flight share a bootstrap tag",
+             peer, theirs.channel, theirs.tag, channel, tag);
         res = ncclInternalError;
         goto err_close;
     }

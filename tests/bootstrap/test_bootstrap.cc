@@ -2,11 +2,13 @@
 //
 // Covers rendezvous, allgather, barrier, tagged send/recv (out of order, both ways at once, to
 // self), strangers on the root port (garbage, connect-and-close, wrong secret, silence), a missing
-// rank (init fails naming it, no hang), a duplicate rank, abort unblocking a recv, a peer that dies,
-// and fixed root addresses (CHORUS_COMM_ID) used twice in a row.
+// rank (init fails naming it, no hang), a duplicate rank, abort unblocking a recv, a peer that
+// dies, and fixed root addresses (CHORUS_COMM_ID) used twice in a row.
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
+#include <signal.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -85,15 +87,13 @@ int free_port() {
 }
 
 // The full exercise for one rank: allgather, barrier, ring send/recv, all checked.
-int exercise(const chorus_unique_id_t &id, int rank, int nranks) {
-    bootstrap_t *bs = nullptr;
-    RANK_NCCL(bootstrap_init(&id, rank, nranks, nullptr, &bs));
+int exercise_bs(bootstrap_t *bs, int rank, int nranks) {
     RANK_CHECK(bootstrap_rank(bs) == rank && bootstrap_nranks(bs) == nranks, "accessors");
-    RANK_CHECK(bootstrap_secret(bs) == id.secret, "secret");
     // allgather of 3 ints per rank, twice (the second must not mix with the first)
     for (int iter = 0; iter < 2; iter++) {
         std::vector<int> v(3 * nranks, -1);
-        for (int k = 0; k < 3; k++) v[3 * rank + k] = 1000 * iter + 10 * rank + k;
+        for (int k = 0; k < 3; k++)
+            v[3 * rank + k] = 1000 * iter + 10 * rank + k;
         RANK_NCCL(bootstrap_allgather(bs, v.data(), 3 * sizeof(int)));
         for (int r = 0; r < nranks; r++)
             for (int k = 0; k < 3; k++)
@@ -110,14 +110,23 @@ int exercise(const chorus_unique_id_t &id, int rank, int nranks) {
     // ring send/recv with a rank-dependent payload
     int next = (rank + 1) % nranks, prev = (rank + nranks - 1) % nranks;
     std::vector<uint32_t> out(1000 + rank), in(1000 + prev);
-    for (size_t i = 0; i < out.size(); i++) out[i] = (uint32_t)(rank * 7919 + i);
+    for (size_t i = 0; i < out.size(); i++)
+        out[i] = (uint32_t)(rank * 7919 + i);
     RANK_NCCL(bootstrap_send(bs, next, 42, out.data(), out.size() * 4));
     RANK_NCCL(bootstrap_recv(bs, prev, 42, in.data(), in.size() * 4));
     for (size_t i = 0; i < in.size(); i++)
         RANK_CHECK(in[i] == (uint32_t)(prev * 7919 + i), "ring payload[%zu]", i);
     RANK_NCCL(bootstrap_barrier(bs));
-    bootstrap_close(bs);
     return 0;
+}
+
+int exercise(const chorus_unique_id_t &id, int rank, int nranks) {
+    bootstrap_t *bs = nullptr;
+    RANK_NCCL(bootstrap_init(&id, rank, nranks, nullptr, &bs));
+    RANK_CHECK(bootstrap_secret(bs) == id.secret, "secret");
+    int rc = exercise_bs(bs, rank, nranks);
+    bootstrap_close(bs);
+    return rc;
 }
 
 class BootstrapRanks : public ::testing::TestWithParam<std::tuple<Launch, int>> {};
@@ -133,7 +142,7 @@ TEST_P(BootstrapRanks, AllgatherBarrierSendRecv) {
 
 INSTANTIATE_TEST_SUITE_P(All, BootstrapRanks,
                          ::testing::Combine(::testing::Values(Launch::Threads, Launch::Forked),
-                                            ::testing::Values(1, 2, 3, 4, 5, 8)),
+                                            ::testing::Values(1, 2, 3, 4, 5, 7, 8, 16)),
                          [](const auto &info) {
                              return std::string(chorus_test::launch_name(std::get<0>(info.param))) +
                                     "_" + std::to_string(std::get<1>(info.param));
@@ -158,7 +167,8 @@ TEST(Bootstrap, OutOfOrderTagsAndSelf) {
             for (int tag : {5, 2, 4, 1, 3}) {
                 std::vector<int> v(tag * 10, -1);
                 RANK_NCCL(bootstrap_recv(bs, 0, tag, v.data(), v.size() * sizeof(int)));
-                for (int x : v) RANK_CHECK(x == tag, "tag %d payload %d", tag, x);
+                for (int x : v)
+                    RANK_CHECK(x == tag, "tag %d payload %d", tag, x);
             }
             RANK_NCCL(bootstrap_recv(bs, 0, 10, nullptr, 0));
             int a = 0, b = 0;
@@ -199,19 +209,23 @@ TEST(Bootstrap, SizeMismatchIsAnError) {
 TEST(Bootstrap, SimultaneousSendBothWays) {
     for (Launch how : {Launch::Threads, Launch::Forked}) {
         chorus_unique_id_t id = new_id();
-        auto res = chorus_test::run_ranks(how, 2, [&](int rank, int n) {
-            bootstrap_t *bs = nullptr;
-            RANK_NCCL(bootstrap_init(&id, rank, n, nullptr, &bs));
-            size_t count = 4 << 20;
-            std::vector<uint32_t> out(count), in(count);
-            for (size_t i = 0; i < count; i++) out[i] = (uint32_t)(i * 2654435761u) ^ rank;
-            RANK_NCCL(bootstrap_send(bs, 1 - rank, 5, out.data(), count * 4));
-            RANK_NCCL(bootstrap_recv(bs, 1 - rank, 5, in.data(), count * 4));
-            for (size_t i = 0; i < count; i++)
-                RANK_CHECK(in[i] == ((uint32_t)(i * 2654435761u) ^ (1 - rank)), "word %zu", i);
-            bootstrap_close(bs);
-            return 0;
-        }, 60);
+        auto res = chorus_test::run_ranks(
+            how, 2,
+            [&](int rank, int n) {
+                bootstrap_t *bs = nullptr;
+                RANK_NCCL(bootstrap_init(&id, rank, n, nullptr, &bs));
+                size_t count = 4 << 20;
+                std::vector<uint32_t> out(count), in(count);
+                for (size_t i = 0; i < count; i++)
+                    out[i] = (uint32_t)(i * 2654435761u) ^ rank;
+                RANK_NCCL(bootstrap_send(bs, 1 - rank, 5, out.data(), count * 4));
+                RANK_NCCL(bootstrap_recv(bs, 1 - rank, 5, in.data(), count * 4));
+                for (size_t i = 0; i < count; i++)
+                    RANK_CHECK(in[i] == ((uint32_t)(i * 2654435761u) ^ (1 - rank)), "word %zu", i);
+                bootstrap_close(bs);
+                return 0;
+            },
+            60);
         EXPECT_TRUE(res.ok()) << chorus_test::launch_name(how) << ": " << res.detail;
     }
 }
@@ -254,7 +268,8 @@ TEST(Bootstrap, StrangersOnRootPortAreIgnored) {
             int f = connect_to(id.root);
             if (f >= 0) {
                 char bytes[37];
-                for (size_t k = 0; k < sizeof(bytes); k++) bytes[k] = (char)(i * 31 + k);
+                for (size_t k = 0; k < sizeof(bytes); k++)
+                    bytes[k] = (char)(i * 31 + k);
                 if (i % 2 == 0 && write(f, bytes, sizeof(bytes)) < 0) { /* root may be gone */
                 }
                 close(f);
@@ -262,11 +277,12 @@ TEST(Bootstrap, StrangersOnRootPortAreIgnored) {
             std::this_thread::sleep_for(std::chrono::milliseconds(5));
         }
     });
-    auto res = chorus_test::run_threads(4, [&](int rank, int n) { return exercise(id, rank, n); },
-                                        60);
+    auto res = chorus_test::run_threads(
+        4, [&](int rank, int n) { return exercise(id, rank, n); }, 60);
     stop = true;
     noise.join();
-    for (int f : held) close(f);
+    for (int f : held)
+        close(f);
     EXPECT_TRUE(res.ok()) << res.detail;
 }
 
@@ -276,16 +292,21 @@ TEST(Bootstrap, MissingRankFailsOthersNamingIt) {
     for (Launch how : {Launch::Threads, Launch::Forked}) {
         chorus_unique_id_t id = new_id();
         auto start = std::chrono::steady_clock::now();
-        auto res = chorus_test::run_ranks(how, 3, [&](int rank, int) {
-            bootstrap_t *bs = nullptr;
-            ncclResult_t r = bootstrap_init(&id, rank, 4, nullptr, &bs);
-            RANK_CHECK(r == ncclSystemError || r == ncclRemoteError, "init returned %d", (int)r);
-            RANK_CHECK(bs == nullptr, "no handle on failure");
-            const char *msg = chorus_log_last_error();
-            RANK_CHECK(strstr(msg, "rank 3 of 4 did not join") != nullptr, "message: %s", msg);
-            return 0;
-        }, 30);
-        double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        auto res = chorus_test::run_ranks(
+            how, 3,
+            [&](int rank, int) {
+                bootstrap_t *bs = nullptr;
+                ncclResult_t r = bootstrap_init(&id, rank, 4, nullptr, &bs);
+                RANK_CHECK(r == ncclSystemError || r == ncclRemoteError, "init returned %d",
+                           (int)r);
+                RANK_CHECK(bs == nullptr, "no handle on failure");
+                const char *msg = chorus_log_last_error();
+                RANK_CHECK(strstr(msg, "rank 3 of 4 did not join") != nullptr, "message: %s", msg);
+                return 0;
+            },
+            30);
+        double secs =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
         EXPECT_TRUE(res.ok()) << chorus_test::launch_name(how) << ": " << res.detail;
         EXPECT_LT(secs, 25.0) << "the deadline must bound the wait";
     }
@@ -295,20 +316,23 @@ TEST(Bootstrap, NranksMismatchRejected) {
     ScopedEnv t("CHORUS_TIMEOUT", "3");
     chorus_unique_id_t id = new_id();
     std::atomic<int> mismatched{0};
-    auto res = chorus_test::run_threads(3, [&](int rank, int) {
-        bootstrap_t *bs = nullptr;
-        if (rank == 2) {
-            // wait until the others have had time to set nranks = 3 at the root
-            std::this_thread::sleep_for(std::chrono::milliseconds(300));
-            ncclResult_t r = bootstrap_init(&id, rank, 5, nullptr, &bs);
-            RANK_CHECK(r == ncclInvalidArgument, "mismatch returned %d", (int)r);
-            mismatched++;
+    auto res = chorus_test::run_threads(
+        3,
+        [&](int rank, int) {
+            bootstrap_t *bs = nullptr;
+            if (rank == 2) {
+                // wait until the others have had time to set nranks = 3 at the root
+                std::this_thread::sleep_for(std::chrono::milliseconds(300));
+                ncclResult_t r = bootstrap_init(&id, rank, 5, nullptr, &bs);
+                RANK_CHECK(r == ncclInvalidArgument, "mismatch returned %d", (int)r);
+                mismatched++;
+                return 0;
+            }
+            ncclResult_t r = bootstrap_init(&id, rank, 3, nullptr, &bs);
+            RANK_CHECK(r == ncclSystemError, "others returned %d", (int)r);
             return 0;
-        }
-        ncclResult_t r = bootstrap_init(&id, rank, 3, nullptr, &bs);
-        RANK_CHECK(r == ncclSystemError, "others returned %d", (int)r);
-        return 0;
-    }, 30);
+        },
+        30);
     EXPECT_TRUE(res.ok()) << res.detail;
     EXPECT_EQ(mismatched.load(), 1);
 }
@@ -349,7 +373,7 @@ TEST(Bootstrap, AbortUnblocksRecv) {
     // the external flag given to bootstrap_init
     std::thread flagger([&] {
         std::this_thread::sleep_for(std::chrono::milliseconds(200));
-        flag = 1;
+        __atomic_store_n(&flag, 1, __ATOMIC_RELEASE);
     });
     EXPECT_EQ(bootstrap_recv(bs[1], 0, 1, &x, sizeof(x)), ncclRemoteError);
     flagger.join();
@@ -360,23 +384,26 @@ TEST(Bootstrap, AbortUnblocksRecv) {
 // A peer that dies after talking to us: our recv fails at once, naming it.
 TEST(Bootstrap, DeadPeerFailsRecv) {
     chorus_unique_id_t id = new_id();
-    auto res = chorus_test::run_forked(2, [&](int rank, int n) {
-        bootstrap_t *bs = nullptr;
-        RANK_NCCL(bootstrap_init(&id, rank, n, nullptr, &bs));
-        int v = 7;
-        if (rank == 0) {
-            RANK_NCCL(bootstrap_send(bs, 1, 1, &v, sizeof(v)));
-            _exit(0); // dies without closing anything
-        }
-        RANK_NCCL(bootstrap_recv(bs, 0, 1, &v, sizeof(v)));
-        RANK_CHECK(v == 7, "first message");
-        ncclResult_t r = bootstrap_recv(bs, 0, 2, &v, sizeof(v));
-        RANK_CHECK(r == ncclRemoteError, "recv from a dead peer returned %d", (int)r);
-        RANK_CHECK(strstr(chorus_log_last_error(), "rank 0") != nullptr, "message: %s",
-                   chorus_log_last_error());
-        bootstrap_close(bs);
-        return 0;
-    }, 60);
+    auto res = chorus_test::run_forked(
+        2,
+        [&](int rank, int n) {
+            bootstrap_t *bs = nullptr;
+            RANK_NCCL(bootstrap_init(&id, rank, n, nullptr, &bs));
+            int v = 7;
+            if (rank == 0) {
+                RANK_NCCL(bootstrap_send(bs, 1, 1, &v, sizeof(v)));
+                _exit(0); // dies without closing anything
+            }
+            RANK_NCCL(bootstrap_recv(bs, 0, 1, &v, sizeof(v)));
+            RANK_CHECK(v == 7, "first message");
+            ncclResult_t r = bootstrap_recv(bs, 0, 2, &v, sizeof(v));
+            RANK_CHECK(r == ncclRemoteError, "recv from a dead peer returned %d", (int)r);
+            RANK_CHECK(strstr(chorus_log_last_error(), "rank 0") != nullptr, "message: %s",
+                       chorus_log_last_error());
+            bootstrap_close(bs);
+            return 0;
+        },
+        60);
     EXPECT_TRUE(res.ok()) << res.detail;
 }
 
@@ -386,15 +413,18 @@ TEST(Bootstrap, FixedCommIdTwice) {
     std::string addr = "127.0.0.1:" + std::to_string(free_port());
     ScopedEnv e("CHORUS_COMM_ID", addr.c_str());
     for (Launch how : {Launch::Threads, Launch::Forked}) {
-        auto res = chorus_test::run_ranks(how, 4, [&](int rank, int n) {
-            for (int iter = 0; iter < 2; iter++) {
-                chorus_unique_id_t id;
-                RANK_NCCL(bootstrap_get_unique_id(&id));
-                RANK_CHECK(id.flags & CHORUS_ID_FLAG_RANK0_ROOT, "fixed-address flag");
-                if (exercise(id, rank, n) != 0) return 1;
-            }
-            return 0;
-        }, 60);
+        auto res = chorus_test::run_ranks(
+            how, 4,
+            [&](int rank, int n) {
+                for (int iter = 0; iter < 2; iter++) {
+                    chorus_unique_id_t id;
+                    RANK_NCCL(bootstrap_get_unique_id(&id));
+                    RANK_CHECK(id.flags & CHORUS_ID_FLAG_RANK0_ROOT, "fixed-address flag");
+                    if (exercise(id, rank, n) != 0) return 1;
+                }
+                return 0;
+            },
+            60);
         EXPECT_TRUE(res.ok()) << chorus_test::launch_name(how) << ": " << res.detail;
     }
 }
@@ -414,12 +444,15 @@ TEST(Bootstrap, FixedCommIdIpv6) {
     close(fd);
     std::string addr = "[::1]:" + std::to_string(ntohs(a.sin6_port));
     ScopedEnv e("NCCL_COMM_ID", addr.c_str());
-    auto res = chorus_test::run_threads(3, [&](int rank, int n) {
-        chorus_unique_id_t id;
-        RANK_NCCL(bootstrap_get_unique_id(&id));
-        RANK_CHECK(id.root.sa.sa_family == AF_INET6, "family %d", id.root.sa.sa_family);
-        return exercise(id, rank, n);
-    }, 60);
+    auto res = chorus_test::run_threads(
+        3,
+        [&](int rank, int n) {
+            chorus_unique_id_t id;
+            RANK_NCCL(bootstrap_get_unique_id(&id));
+            RANK_CHECK(id.root.sa.sa_family == AF_INET6, "family %d", id.root.sa.sa_family);
+            return exercise(id, rank, n);
+        },
+        60);
     EXPECT_TRUE(res.ok()) << res.detail;
 }
 
@@ -427,16 +460,19 @@ TEST(Bootstrap, FixedCommIdIpv6) {
 TEST(Bootstrap, SocketIfnameLoopback) {
     ScopedEnv e("NCCL_SOCKET_IFNAME", "lo");
     chorus_unique_id_t id = new_id();
-    auto res = chorus_test::run_threads(3, [&](int rank, int n) {
-        bootstrap_t *bs = nullptr;
-        RANK_NCCL(bootstrap_init(&id, rank, n, nullptr, &bs));
-        const chorus_sockaddr_t *a = bootstrap_addr(bs, rank);
-        RANK_CHECK(a->sa.sa_family == AF_INET && (ntohl(a->sin.sin_addr.s_addr) >> 24) == 127,
-                   "listening on loopback");
-        RANK_NCCL(bootstrap_barrier(bs));
-        bootstrap_close(bs);
-        return 0;
-    }, 60);
+    auto res = chorus_test::run_threads(
+        3,
+        [&](int rank, int n) {
+            bootstrap_t *bs = nullptr;
+            RANK_NCCL(bootstrap_init(&id, rank, n, nullptr, &bs));
+            const chorus_sockaddr_t *a = bootstrap_addr(bs, rank);
+            RANK_CHECK(a->sa.sa_family == AF_INET && (ntohl(a->sin.sin_addr.s_addr) >> 24) == 127,
+                       "listening on loopback");
+            RANK_NCCL(bootstrap_barrier(bs));
+            bootstrap_close(bs);
+            return 0;
+        },
+        60);
     EXPECT_TRUE(res.ok()) << res.detail;
     char buf[64];
     EXPECT_EQ(std::string(chorus_sockaddr_str(&id.root, buf, sizeof(buf))).rfind("127.", 0), 0u)
@@ -448,27 +484,195 @@ TEST(Bootstrap, SocketIfnameLoopback) {
 TEST(Bootstrap, ChildIdsForTwoGroupsAtOnce) {
     std::string addr = "127.0.0.1:" + std::to_string(free_port());
     ScopedEnv e("CHORUS_COMM_ID", addr.c_str());
-    auto res = chorus_test::run_threads(6, [&](int rank, int n) {
-        chorus_unique_id_t id;
-        RANK_NCCL(bootstrap_get_unique_id(&id));
-        bootstrap_t *parent = nullptr;
-        RANK_NCCL(bootstrap_init(&id, rank, n, nullptr, &parent));
-        int color = rank % 2, leader = color; // groups {0,2,4} and {1,3,5}
-        chorus_unique_id_t child_id;
-        if (rank == leader) {
-            RANK_NCCL(bootstrap_child_unique_id(parent, &child_id));
-            RANK_CHECK(!(child_id.flags & CHORUS_ID_FLAG_RANK0_ROOT), "fresh root");
-            for (int r = leader + 2; r < n; r += 2)
-                RANK_NCCL(bootstrap_send(parent, r, 1, &child_id, sizeof(child_id)));
-        } else {
-            RANK_NCCL(bootstrap_recv(parent, leader, 1, &child_id, sizeof(child_id)));
-        }
-        if (exercise(child_id, rank / 2, 3) != 0) return 1;
-        RANK_NCCL(bootstrap_barrier(parent));
-        bootstrap_close(parent);
-        return 0;
-    }, 60);
+    auto res = chorus_test::run_threads(
+        6,
+        [&](int rank, int n) {
+            chorus_unique_id_t id;
+            RANK_NCCL(bootstrap_get_unique_id(&id));
+            bootstrap_t *parent = nullptr;
+            RANK_NCCL(bootstrap_init(&id, rank, n, nullptr, &parent));
+            int color = rank % 2, leader = color; // groups {0,2,4} and {1,3,5}
+            chorus_unique_id_t child_id;
+            if (rank == leader) {
+                RANK_NCCL(bootstrap_child_unique_id(parent, &child_id));
+                RANK_CHECK(!(child_id.flags & CHORUS_ID_FLAG_RANK0_ROOT), "fresh root");
+                for (int r = leader + 2; r < n; r += 2)
+                    RANK_NCCL(bootstrap_send(parent, r, 1, &child_id, sizeof(child_id)));
+            } else {
+                RANK_NCCL(bootstrap_recv(parent, leader, 1, &child_id, sizeof(child_id)));
+            }
+            if (exercise(child_id, rank / 2, 3) != 0) return 1;
+            RANK_NCCL(bootstrap_barrier(parent));
+            bootstrap_close(parent);
+            return 0;
+        },
+        60);
     EXPECT_TRUE(res.ok()) << res.detail;
+}
+
+// Hello as the rendezvous expects it (mirrors bs_hello_t in src/bootstrap/bs_internal.h).
+struct WireHello {
+    uint64_t magic, secret;
+    uint32_t kind;
+    int32_t rank, nranks, to_rank;
+    chorus_sockaddr_t addr;
+    uint32_t pad;
+};
+
+// A rank that joined and then died before the others came is forgotten; a rank that takes its
+// place later completes the rendezvous.
+TEST(Bootstrap, RankThatLeftTheRootCanBeReplaced) {
+    chorus_unique_id_t id = new_id();
+    WireHello h;
+    memset(&h, 0, sizeof(h));
+    h.magic = CHORUS_ID_MAGIC;
+    h.secret = id.secret;
+    h.kind = 1; // BS_HELLO_ROOT
+    h.rank = 2;
+    h.nranks = 3;
+    h.to_rank = -1;
+    h.addr = id.root; // any address: it is never used
+    int fd = connect_to(id.root);
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(write(fd, &h, sizeof(h)), (ssize_t)sizeof(h));
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    close(fd); // "dies"
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    auto res = chorus_test::run_threads(
+        3, [&](int rank, int n) { return exercise(id, rank, n); }, 60);
+    EXPECT_TRUE(res.ok()) << res.detail;
+}
+
+// Strangers on a rank's own listening port after init: garbage, a wrong secret, a hello for
+// another rank, and a second connection claiming an existing peer. All dropped; traffic goes on.
+TEST(Bootstrap, StrangersOnPeerPortAreIgnored) {
+    chorus_unique_id_t id = new_id();
+    std::atomic<int> phase{0};
+    auto res = chorus_test::run_threads(
+        3,
+        [&](int rank, int n) {
+            bootstrap_t *bs = nullptr;
+            RANK_NCCL(bootstrap_init(&id, rank, n, nullptr, &bs));
+            int v = rank;
+            // make 0 -> 1 a live connection first, so that a later claim to be rank 0 is a
+            // duplicate
+            if (rank == 0) RANK_NCCL(bootstrap_send(bs, 1, 3, &v, sizeof(v)));
+            if (rank == 1) RANK_NCCL(bootstrap_recv(bs, 0, 3, &v, sizeof(v)));
+            RANK_NCCL(bootstrap_barrier(bs));
+            if (rank == 2) {
+                const chorus_sockaddr_t target = *bootstrap_addr(bs, 1);
+                std::vector<int> fds;
+                int f = connect_to(target);
+                RANK_CHECK(f >= 0, "connect");
+                RANK_CHECK(write(f, "garbage garbage garbage", 23) == 23, "write");
+                fds.push_back(f);
+                WireHello h;
+                memset(&h, 0, sizeof(h));
+                h.magic = CHORUS_ID_MAGIC;
+                h.secret = id.secret ^ 1; // wrong secret
+                h.kind = 2;               // BS_HELLO_PEER
+                h.rank = 2;
+                h.nranks = n;
+                h.to_rank = 1;
+                f = connect_to(target);
+                RANK_CHECK(f >= 0 && write(f, &h, sizeof(h)) == (ssize_t)sizeof(h), "write");
+                fds.push_back(f);
+                h.secret = id.secret;
+                h.to_rank = 0; // meant for another rank
+                f = connect_to(target);
+                RANK_CHECK(f >= 0 && write(f, &h, sizeof(h)) == (ssize_t)sizeof(h), "write");
+                fds.push_back(f);
+                h.to_rank = 1;
+                h.rank = 0; // claims to be rank 0, which is already connected
+                f = connect_to(target);
+                RANK_CHECK(f >= 0 && write(f, &h, sizeof(h)) == (ssize_t)sizeof(h), "write");
+                fds.push_back(f);
+                std::this_thread::sleep_for(std::chrono::milliseconds(200));
+                for (int x : fds)
+                    close(x);
+                phase = 1;
+            }
+            RANK_NCCL(bootstrap_barrier(bs));
+            if (exercise_bs(bs, rank, n) != 0) return 1;
+            bootstrap_close(bs);
+            return 0;
+        },
+        60);
+    EXPECT_TRUE(res.ok()) << res.detail;
+    EXPECT_EQ(phase.load(), 1);
+}
+
+// An id is single-use: after its rendezvous the root is gone, and a second init fails at once.
+TEST(Bootstrap, ReusedIdFailsFast) {
+    chorus_unique_id_t id = new_id();
+    auto res = chorus_test::run_threads(2, [&](int rank, int n) { return exercise(id, rank, n); });
+    ASSERT_TRUE(res.ok()) << res.detail;
+    // the root thread exits right after the rendezvous; give it a moment to close its socket
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    auto start = std::chrono::steady_clock::now();
+    bootstrap_t *bs = nullptr;
+    EXPECT_EQ(bootstrap_init(&id, 0, 1, nullptr, &bs), ncclRemoteError);
+    double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    EXPECT_LT(secs, 30.0) << "must not wait for CHORUS_TIMEOUT";
+    EXPECT_NE(strstr(chorus_log_last_error(), "refused"), nullptr) << chorus_log_last_error();
+}
+
+// Abort while init waits for a rank that never comes: init returns at once.
+TEST(Bootstrap, AbortUnblocksInit) {
+    chorus_unique_id_t id = new_id();
+    volatile int flag = 0;
+    std::thread t([&] {
+        std::this_thread::sleep_for(std::chrono::milliseconds(300));
+        __atomic_store_n(&flag, 1, __ATOMIC_RELEASE);
+    });
+    bootstrap_t *bs = nullptr;
+    auto start = std::chrono::steady_clock::now();
+    EXPECT_EQ(bootstrap_init(&id, 0, 2, &flag, &bs), ncclRemoteError);
+    double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    t.join();
+    EXPECT_EQ(bs, nullptr);
+    EXPECT_LT(secs, 30.0) << "CHORUS_TIMEOUT is 60 in ctest; abort must not wait for it";
+}
+
+// A rank stopped with SIGSTOP: the others fail within CHORUS_TIMEOUT, naming it; no hang.
+TEST(Bootstrap, StoppedRankTimesOutOthers) {
+    ScopedEnv t("CHORUS_TIMEOUT", "3");
+    chorus_unique_id_t id = new_id();
+    auto *shared = static_cast<volatile pid_t *>(
+        mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
+    ASSERT_NE((void *)shared, MAP_FAILED);
+    shared[0] = 0;
+    auto res = chorus_test::run_forked(
+        3,
+        [&](int rank, int n) {
+            bootstrap_t *bs = nullptr;
+            RANK_NCCL(bootstrap_init(&id, rank, n, nullptr, &bs));
+            RANK_NCCL(bootstrap_barrier(bs));
+            if (rank == 2) {
+                shared[0] = getpid();
+                raise(SIGSTOP);
+                return 0;
+            }
+            while (shared[0] == 0)
+                usleep(1000);
+            std::vector<int> v(n, rank);
+            ncclResult_t r = bootstrap_allgather(bs, v.data(), sizeof(int));
+            RANK_CHECK(r == ncclSystemError || r == ncclRemoteError, "allgather returned %d",
+                       (int)r);
+            if (rank == 0) {
+                // rank 0 receives from rank 2 in the ring: it must name it
+                RANK_CHECK(strstr(chorus_log_last_error(), "rank 2") != nullptr, "message: %s",
+                           chorus_log_last_error());
+            }
+            bootstrap_close(bs);
+            if (rank == 0) kill(shared[0], SIGKILL);
+            return 0;
+        },
+        60);
+    munmap((void *)shared, 4096);
+    EXPECT_FALSE(res.timed_out) << res.detail;
+    EXPECT_EQ(res.failed, 1) << res.detail;
+    EXPECT_NE(res.detail.find("rank 2: signal 9"), std::string::npos) << res.detail;
 }
 
 TEST(Bootstrap, IdFromStringParsesAndRejects) {
@@ -507,8 +711,7 @@ TEST(Bootstrap, FindInterfaceHonoursIfname) {
     }
     {
         ScopedEnv e("NCCL_SOCKET_IFNAME", "^lo");
-        if (chorus_find_interface(&a, name, sizeof(name)) == ncclSuccess)
-            EXPECT_STRNE(name, "lo");
+        if (chorus_find_interface(&a, name, sizeof(name)) == ncclSuccess) EXPECT_STRNE(name, "lo");
     }
     ASSERT_EQ(chorus_find_interface(&a, name, sizeof(name)), ncclSuccess);
 }

@@ -2,9 +2,9 @@
 //
 // Runs build/bin/chorusrun as a child process and checks what it prints and how it exits: the
 // variables each rank gets, one line naming a failed rank (exit code or signal), --tag-output,
-// forwarding of SIGTERM, two "nodes" on loopback, and the bootstrap / communicator program
-// bs_rank_main under it. The two-host test runs tests/scripts/netns_two_hosts.sh and is skipped
-// when network namespaces cannot be created (not root).
+// forwarding of SIGTERM, two "nodes" on loopback, and the program bs_rank_main under it
+// (bootstrap, communicator, host all-reduce). The two-host test runs
+// tests/scripts/netns_two_hosts.sh and is skipped when network namespaces cannot be created.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -27,7 +27,9 @@ const std::string kScript = std::string(CHORUS_SOURCE_DIR) + "/tests/scripts/net
 struct Cmd {
     int status = -1; // raw wait status
     std::string out;
-    int exit_code() const { return WIFEXITED(status) ? WEXITSTATUS(status) : -1; }
+    int exit_code() const {
+        return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    }
 };
 
 Cmd run(const std::string &cmd) {
@@ -36,7 +38,8 @@ Cmd run(const std::string &cmd) {
     if (!f) return c;
     char buf[4096];
     size_t n;
-    while ((n = fread(buf, 1, sizeof(buf), f)) > 0) c.out.append(buf, n);
+    while ((n = fread(buf, 1, sizeof(buf), f)) > 0)
+        c.out.append(buf, n);
     c.status = pclose(f);
     return c;
 }
@@ -50,7 +53,9 @@ std::vector<std::string> lines(const std::string &s) {
     return v;
 }
 
-bool have(const std::string &path) { return access(path.c_str(), X_OK) == 0; }
+bool have(const std::string &path) {
+    return access(path.c_str(), X_OK) == 0;
+}
 
 #define NEED_BINARIES()                                                                            \
     do {                                                                                           \
@@ -117,7 +122,8 @@ TEST(ChorusRun, MultiNodeRanks) {
 TEST(ChorusRun, FailedRankIsNamedWithExitCode) {
     NEED_BINARIES();
     // The other ranks would sleep for ever: chorusrun must stop them.
-    Cmd c = run(kRun + " -n 4 --grace 1 sh -c 'if [ $RANK = 2 ]; then exit 3; fi; exec sleep 1000'");
+    Cmd c =
+        run(kRun + " -n 4 --grace 1 sh -c 'if [ $RANK = 2 ]; then exit 3; fi; exec sleep 1000'");
     EXPECT_NE(c.exit_code(), 0);
     EXPECT_NE(c.exit_code(), -1) << "chorusrun itself must exit, not die";
     auto v = lines(c.out);
@@ -129,7 +135,8 @@ TEST(ChorusRun, FailedRankIsNamedWithExitCode) {
 
 TEST(ChorusRun, KilledRankIsNamedWithSignal) {
     NEED_BINARIES();
-    Cmd c = run(kRun + " -n 3 --grace 1 sh -c 'if [ $RANK = 1 ]; then kill -KILL $$; fi; exec sleep 1000'");
+    Cmd c = run(
+        kRun + " -n 3 --grace 1 sh -c 'if [ $RANK = 1 ]; then kill -KILL $$; fi; exec sleep 1000'");
     EXPECT_NE(c.exit_code(), 0);
     EXPECT_NE(c.out.find("rank 1"), std::string::npos) << c.out;
     EXPECT_NE(c.out.find("signal SIGKILL"), std::string::npos) << c.out;
@@ -170,11 +177,13 @@ TEST(ChorusRun, TagOutputPrefixesLines) {
     EXPECT_EQ(v.size(), 12u) << c.out;
     for (int r = 0; r < 3; r++) {
         std::string p = "[" + std::to_string(r) + "] ";
-        for (const std::string &want : {p + "out" + std::to_string(r), p + "err" + std::to_string(r),
-                                        p + "two", p + "lines" + std::to_string(r)})
+        for (const std::string &want :
+             {p + "out" + std::to_string(r), p + "err" + std::to_string(r), p + "two",
+              p + "lines" + std::to_string(r)})
             EXPECT_NE(std::find(v.begin(), v.end(), want), v.end()) << want << " in\n" << c.out;
     }
-    for (auto &l : v) EXPECT_EQ(l[0], '[') << l;
+    for (auto &l : v)
+        EXPECT_EQ(l[0], '[') << l;
 }
 
 TEST(ChorusRun, ForwardsSigterm) {
@@ -203,7 +212,8 @@ TEST(ChorusRun, ForwardsSigterm) {
     }
     kill(pid, SIGTERM);
     ssize_t n;
-    while ((n = read(pfd[0], buf, sizeof(buf))) > 0) out.append(buf, n);
+    while ((n = read(pfd[0], buf, sizeof(buf))) > 0)
+        out.append(buf, n);
     close(pfd[0]);
     int st = 0;
     waitpid(pid, &st, 0);
@@ -216,7 +226,7 @@ TEST(ChorusRun, ForwardsSigterm) {
 TEST(ChorusRun, BootstrapAndCommUnderChorusrun) {
     NEED_BINARIES();
     ASSERT_TRUE(have(kProg)) << kProg << " was not built";
-    for (const char *mode : {"bootstrap", "comm", "env"}) {
+    for (const char *mode : {"bootstrap", "comm", "env", "allreduce"}) {
         Cmd c = run("env -u NCCL_COMM_ID -u CHORUS_COMM_ID " + kRun + " -n 4 --tag-output " +
                     kProg + " " + mode);
         EXPECT_EQ(c.exit_code(), 0) << mode << ":\n" << c.out;
@@ -239,8 +249,10 @@ TEST(ChorusRun, TwoNodesOnLoopback) {
     std::string out[2];
     char buf[1024];
     size_t n;
-    while ((n = fread(buf, 1, sizeof(buf), b)) > 0) out[1].append(buf, n);
-    while ((n = fread(buf, 1, sizeof(buf), a)) > 0) out[0].append(buf, n);
+    while ((n = fread(buf, 1, sizeof(buf), b)) > 0)
+        out[1].append(buf, n);
+    while ((n = fread(buf, 1, sizeof(buf), a)) > 0)
+        out[0].append(buf, n);
     int sb = pclose(b), sa = pclose(a);
     EXPECT_TRUE(WIFEXITED(sa) && WEXITSTATUS(sa) == 0) << out[0];
     EXPECT_TRUE(WIFEXITED(sb) && WEXITSTATUS(sb) == 0) << out[1];
@@ -252,13 +264,14 @@ TEST(ChorusRun, TwoNodesOnLoopback) {
 TEST(ChorusRun, TwoHostsNetns) {
     NEED_BINARIES();
     ASSERT_TRUE(have(kProg)) << kProg << " was not built";
-    for (const char *mode : {"bootstrap", "comm", "env"}) {
+    for (const char *mode : {"bootstrap", "comm", "env", "allreduce"}) {
         Cmd c = run(kScript + " -b " + kBin + " -t 60 -- " + kProg + " " + mode);
         if (c.exit_code() == 77) GTEST_SKIP() << c.out;
         EXPECT_EQ(c.exit_code(), 0) << mode << ":\n" << c.out;
         auto v = lines(c.out);
         int ok = 0;
-        for (auto &l : v) ok += l.find(" ok") != std::string::npos;
+        for (auto &l : v)
+            ok += l.find(" ok") != std::string::npos;
         EXPECT_EQ(ok, 4) << mode << ":\n" << c.out;
         if (std::string(mode) == "bootstrap")
             EXPECT_NE(c.out.find("hosts: chorus-host0 chorus-host0 chorus-host1 chorus-host1"),

@@ -23,10 +23,11 @@ extern "C" {
 
 namespace {
 
-const char *kAllVars[] = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT",
-                          "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
-                          "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_PROCID", "SLURM_NTASKS",
-                          "SLURM_LOCALID", "NCCL_COMM_ID", "CHORUS_COMM_ID"};
+const char *kAllVars[] = {
+    "RANK",          "WORLD_SIZE",           "LOCAL_RANK",           "MASTER_ADDR",
+    "MASTER_PORT",   "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
+    "SLURM_PROCID",  "SLURM_NTASKS",         "SLURM_LOCALID",        "NCCL_COMM_ID",
+    "CHORUS_COMM_ID"};
 
 // Clears every launcher variable for the test and restores them afterwards.
 class InitFromEnv : public ::testing::Test {
@@ -40,8 +41,10 @@ class InitFromEnv : public ::testing::Test {
         chorus_param_reset();
     }
     void TearDown() override {
-        for (const char *v : kAllVars) unsetenv(v);
-        for (auto &p : saved_) setenv(p.first.c_str(), p.second.c_str(), 1);
+        for (const char *v : kAllVars)
+            unsetenv(v);
+        for (auto &p : saved_)
+            setenv(p.first.c_str(), p.second.c_str(), 1);
         chorus_param_reset();
     }
     // Expect ncclInvalidArgument and a last-error text containing `needle`.
@@ -67,9 +70,13 @@ int free_port() {
     return port;
 }
 
-TEST_F(InitFromEnv, NullComm) { EXPECT_EQ(chorusCommInitFromEnv(nullptr), ncclInvalidArgument); }
+TEST_F(InitFromEnv, NullComm) {
+    EXPECT_EQ(chorusCommInitFromEnv(nullptr), ncclInvalidArgument);
+}
 
-TEST_F(InitFromEnv, NothingSet) { expect_invalid("RANK"); }
+TEST_F(InitFromEnv, NothingSet) {
+    expect_invalid("RANK");
+}
 
 TEST_F(InitFromEnv, RankWithoutSize) {
     setenv("RANK", "0", 1);
@@ -147,22 +154,25 @@ TEST_F(InitFromEnv, EachLauncherBuildsAComm) {
                   {"SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"}};
     for (const Style &s : styles) {
         std::string port = std::to_string(free_port());
-        auto res = chorus_test::run_forked(3, [&](int rank, int nranks) {
-            setenv(s.rank, std::to_string(rank).c_str(), 1);
-            setenv(s.size, std::to_string(nranks).c_str(), 1);
-            setenv(s.local, std::to_string(rank).c_str(), 1);
-            setenv("MASTER_ADDR", "127.0.0.1", 1);
-            setenv("MASTER_PORT", port.c_str(), 1);
-            chorus_param_reset();
-            ncclComm_t comm = nullptr;
-            RANK_NCCL(chorusCommInitFromEnv(&comm));
-            int n = -1, me = -1;
-            RANK_NCCL(ncclCommCount(comm, &n));
-            RANK_NCCL(ncclCommUserRank(comm, &me));
-            RANK_CHECK(n == nranks && me == rank, "rank %d of %d", me, n);
-            RANK_NCCL(ncclCommDestroy(comm));
-            return 0;
-        }, 60);
+        auto res = chorus_test::run_forked(
+            3,
+            [&](int rank, int nranks) {
+                setenv(s.rank, std::to_string(rank).c_str(), 1);
+                setenv(s.size, std::to_string(nranks).c_str(), 1);
+                setenv(s.local, std::to_string(rank).c_str(), 1);
+                setenv("MASTER_ADDR", "127.0.0.1", 1);
+                setenv("MASTER_PORT", port.c_str(), 1);
+                chorus_param_reset();
+                ncclComm_t comm = nullptr;
+                RANK_NCCL(chorusCommInitFromEnv(&comm));
+                int n = -1, me = -1;
+                RANK_NCCL(ncclCommCount(comm, &n));
+                RANK_NCCL(ncclCommUserRank(comm, &me));
+                RANK_CHECK(n == nranks && me == rank, "rank %d of %d", me, n);
+                RANK_NCCL(ncclCommDestroy(comm));
+                return 0;
+            },
+            60);
         EXPECT_TRUE(res.ok()) << s.rank << ": " << res.detail;
     }
 }

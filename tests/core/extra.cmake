@@ -50,3 +50,17 @@ add_test(NAME core_package_consumer
                  -DWORK_DIR=${CMAKE_BINARY_DIR}/tests/package_consumer
                  -P ${CMAKE_CURRENT_LIST_DIR}/package_consumer/run.cmake)
 set_tests_properties(core_package_consumer PROPERTIES TIMEOUT 600 LABELS quick)
+
+# chorus_info --params: every parameter with its value and where it came from.
+if(TARGET chorus_info)
+  add_test(NAME core_chorus_info_params COMMAND chorus_info --params)
+  set_tests_properties(core_chorus_info_params PROPERTIES LABELS quick
+    ENVIRONMENT "NCCL_BUFFSIZE=1M;CHORUS_NSLOTS=4"
+    PASS_REGULAR_EXPRESSION "NCCL_BUFFSIZE += 1048576 +\\(env NCCL_\\).*CHORUS_NSLOTS += 4 +\\(env CHORUS_\\)")
+  add_test(NAME core_chorus_info_malformed COMMAND chorus_info --params)
+  set_tests_properties(core_chorus_info_malformed PROPERTIES LABELS quick
+    ENVIRONMENT "CHORUS_NSLOTS=lots" WILL_FAIL TRUE)
+  add_test(NAME core_chorus_info_markdown COMMAND chorus_info --params --markdown)
+  set_tests_properties(core_chorus_info_markdown PROPERTIES LABELS quick
+    PASS_REGULAR_EXPRESSION "^\\| Parameter \\| NCCL_ alias \\| Type \\| Default \\| Meaning \\|.*\\| `CHORUS_TIMEOUT` \\| no \\| int \\| `300` \\|")
+endif()

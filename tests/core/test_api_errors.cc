@@ -20,8 +20,8 @@ namespace {
 ::testing::AssertionResult warned(const char *what) {
     const char *e = ncclGetLastError(nullptr);
     if (e && strstr(e, what)) return ::testing::AssertionSuccess();
-    return ::testing::AssertionFailure() << "last error '" << (e ? e : "(null)")
-                                         << "' does not mention '" << what << "'";
+    return ::testing::AssertionFailure()
+           << "last error '" << (e ? e : "(null)") << "' does not mention '" << what << "'";
 }
 
 // Set an environment variable for one test and re-read the parameters; restore afterwards.
@@ -106,7 +106,11 @@ TEST_F(ApiErrors, ConfigRejected) {
         {"blocking", [](ncclConfig_t *c) { c->blocking = 2; }},
         {"minCTAs", [](ncclConfig_t *c) { c->minCTAs = 0; }},
         {"maxCTAs", [](ncclConfig_t *c) { c->maxCTAs = -4; }},
-        {"minCTAs", [](ncclConfig_t *c) { c->minCTAs = 8; c->maxCTAs = 2; }},
+        {"minCTAs",
+         [](ncclConfig_t *c) {
+             c->minCTAs = 8;
+             c->maxCTAs = 2;
+         }},
         {"splitShare", [](ncclConfig_t *c) { c->splitShare = 3; }},
         {"cgaClusterSize", [](ncclConfig_t *c) { c->cgaClusterSize = -1; }},
         {"CTAPolicy", [](ncclConfig_t *c) { c->CTAPolicy = 0x40; }},
@@ -167,7 +171,8 @@ TEST_F(ApiErrors, CommBlockingEnvironment) {
         ncclResult_t r = ncclCommInitRankConfig(&c, 1, id, 0, nullptr);
         ASSERT_TRUE(r == ncclInProgress || r == ncclSuccess) << r;
         ncclResult_t st = ncclInProgress;
-        while (st == ncclInProgress) ASSERT_EQ(ncclCommGetAsyncError(c, &st), ncclSuccess);
+        while (st == ncclInProgress)
+            ASSERT_EQ(ncclCommGetAsyncError(c, &st), ncclSuccess);
         EXPECT_EQ(st, ncclSuccess);
         EXPECT_EQ(ncclCommDestroy(c), ncclSuccess);
     }
@@ -247,7 +252,8 @@ TEST_F(ApiErrors, ShrinkDuplicateAndOutOfRange) {
     EXPECT_EQ(ncclCommShrink(comms[0], range, 1, &nc, nullptr, 0), ncclInvalidArgument);
     EXPECT_TRUE(warned("out of range"));
     EXPECT_EQ(ncclCommShrink(comms[0], neg, 1, &nc, nullptr, 0), ncclInvalidArgument);
-    for (auto c : comms) EXPECT_EQ(ncclCommDestroy(c), ncclSuccess);
+    for (auto c : comms)
+        EXPECT_EQ(ncclCommDestroy(c), ncclSuccess);
 }
 
 TEST_F(ApiErrors, RedOps) {
@@ -275,10 +281,12 @@ TEST_F(ApiErrors, RedOps) {
         ASSERT_EQ(ncclRedOpCreatePreMulSum(&op, &s, ncclFloat32, ncclScalarHostImmediate, comm_),
                   ncclSuccess);
         EXPECT_GE((int)op, (int)ncclNumOps);
-        for (auto o : ops) EXPECT_NE(o, op);
+        for (auto o : ops)
+            EXPECT_NE(o, op);
         ops.push_back(op);
     }
-    for (auto o : ops) EXPECT_EQ(ncclRedOpDestroy(o, comm_), ncclSuccess);
+    for (auto o : ops)
+        EXPECT_EQ(ncclRedOpDestroy(o, comm_), ncclSuccess);
     EXPECT_EQ(ncclRedOpDestroy(ops[0], comm_), ncclInvalidArgument);
     // The table is finite: creation eventually fails cleanly, and destroying frees slots.
     ops.clear();
@@ -289,7 +297,8 @@ TEST_F(ApiErrors, RedOps) {
     }
     EXPECT_EQ(r, ncclInvalidUsage);
     EXPECT_GE(ops.size(), 16u);
-    for (auto o : ops) EXPECT_EQ(ncclRedOpDestroy(o, comm_), ncclSuccess);
+    for (auto o : ops)
+        EXPECT_EQ(ncclRedOpDestroy(o, comm_), ncclSuccess);
     ASSERT_EQ(ncclRedOpCreatePreMulSum(&op, &s, ncclFloat32, ncclScalarDevice, comm_), ncclSuccess);
     EXPECT_EQ(ncclRedOpDestroy(op, comm_), ncclSuccess);
 }
@@ -338,30 +347,36 @@ TEST_F(ApiErrors, MemoryAndRegistration) {
 TEST(MissingRank, InitFailsNamingIt) {
     ScopedEnv env("CHORUS_TIMEOUT", "3");
     ncclUniqueId id = chorus_test::make_unique_id();
-    auto res = chorus_test::run_threads(2, [&](int rank, int) {
-        ncclComm_t c = nullptr;
-        ncclResult_t r = ncclCommInitRank(&c, 3, id, rank);
-        RANK_CHECK(r != ncclSuccess && r != ncclInProgress, "init succeeded without rank 2");
-        RANK_CHECK(c == nullptr, "failed blocking init left a handle");
-        const char *e = ncclGetLastError(nullptr);
-        RANK_CHECK(strstr(e, "2 of 3") != nullptr, "error does not name rank 2: %s", e);
-        return 0;
-    }, 60);
+    auto res = chorus_test::run_threads(
+        2,
+        [&](int rank, int) {
+            ncclComm_t c = nullptr;
+            ncclResult_t r = ncclCommInitRank(&c, 3, id, rank);
+            RANK_CHECK(r != ncclSuccess && r != ncclInProgress, "init succeeded without rank 2");
+            RANK_CHECK(c == nullptr, "failed blocking init left a handle");
+            const char *e = ncclGetLastError(nullptr);
+            RANK_CHECK(strstr(e, "2 of 3") != nullptr, "error does not name rank 2: %s", e);
+            return 0;
+        },
+        60);
     EXPECT_TRUE(res.ok()) << res.detail;
 }
 
 TEST(MissingRank, ForkedInitFailsNamingIt) {
     ScopedEnv env("CHORUS_TIMEOUT", "3");
     ncclUniqueId id = chorus_test::make_unique_id();
-    auto res = chorus_test::run_forked(3, [&](int rank, int) {
-        if (rank == 1) return 0; // never arrives
-        ncclComm_t c = nullptr;
-        ncclResult_t r = ncclCommInitRank(&c, 3, id, rank);
-        RANK_CHECK(r != ncclSuccess, "init succeeded without rank 1");
-        const char *e = ncclGetLastError(nullptr);
-        RANK_CHECK(strstr(e, "1 of 3") != nullptr, "error does not name rank 1: %s", e);
-        return 0;
-    }, 60);
+    auto res = chorus_test::run_forked(
+        3,
+        [&](int rank, int) {
+            if (rank == 1) return 0; // never arrives
+            ncclComm_t c = nullptr;
+            ncclResult_t r = ncclCommInitRank(&c, 3, id, rank);
+            RANK_CHECK(r != ncclSuccess, "init succeeded without rank 1");
+            const char *e = ncclGetLastError(nullptr);
+            RANK_CHECK(strstr(e, "1 of 3") != nullptr, "error does not name rank 1: %s", e);
+            return 0;
+        },
+        60);
     EXPECT_TRUE(res.ok()) << res.detail;
 }
 
@@ -370,13 +385,16 @@ TEST(DuplicateRank, Rejected) {
     ScopedEnv env("CHORUS_TIMEOUT", "3");
     ncclUniqueId id = chorus_test::make_unique_id();
     std::atomic<int> invalid{0}, ok{0};
-    auto res = chorus_test::run_threads(2, [&](int, int) {
-        ncclComm_t c = nullptr;
-        ncclResult_t r = ncclCommInitRank(&c, 2, id, 0);
-        if (r == ncclInvalidArgument) invalid++;
-        if (r == ncclSuccess) ok++;
-        return 0;
-    }, 60);
+    auto res = chorus_test::run_threads(
+        2,
+        [&](int, int) {
+            ncclComm_t c = nullptr;
+            ncclResult_t r = ncclCommInitRank(&c, 2, id, 0);
+            if (r == ncclInvalidArgument) invalid++;
+            if (r == ncclSuccess) ok++;
+            return 0;
+        },
+        60);
     EXPECT_TRUE(res.ok()) << res.detail;
     EXPECT_EQ(ok.load(), 0);
     EXPECT_GE(invalid.load(), 1);

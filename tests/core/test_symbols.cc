@@ -13,15 +13,47 @@
 
 namespace {
 
-const char *kApi[] = {
-    "AllGather", "AllReduce", "AlltoAll", "Bcast", "Broadcast", "CommAbort", "CommCount",
-    "CommCuDevice", "CommDeregister", "CommDestroy", "CommFinalize", "CommGetAsyncError",
-    "CommInitAll", "CommInitRank", "CommInitRankConfig", "CommInitRankScalable", "CommRegister",
-    "CommRevoke", "CommShrink", "CommSplit", "CommUserRank", "CommWindowDeregister",
-    "CommWindowRegister", "Gather", "GetErrorString", "GetLastError", "GetUniqueId", "GetVersion",
-    "GroupEnd", "GroupSimulateEnd", "GroupStart", "MemAlloc", "MemFree", "Recv",
-    "RedOpCreatePreMulSum", "RedOpDestroy", "Reduce", "ReduceScatter", "ResetDebugInit",
-    "Scatter", "Send"};
+const char *kApi[] = {"AllGather",
+                      "AllReduce",
+                      "AlltoAll",
+                      "Bcast",
+                      "Broadcast",
+                      "CommAbort",
+                      "CommCount",
+                      "CommCuDevice",
+                      "CommDeregister",
+                      "CommDestroy",
+                      "CommFinalize",
+                      "CommGetAsyncError",
+                      "CommInitAll",
+                      "CommInitRank",
+                      "CommInitRankConfig",
+                      "CommInitRankScalable",
+                      "CommRegister",
+                      "CommRevoke",
+                      "CommShrink",
+                      "CommSplit",
+                      "CommUserRank",
+                      "CommWindowDeregister",
+                      "CommWindowRegister",
+                      "Gather",
+                      "GetErrorString",
+                      "GetLastError",
+                      "GetUniqueId",
+                      "GetVersion",
+                      "GroupEnd",
+                      "GroupSimulateEnd",
+                      "GroupStart",
+                      "MemAlloc",
+                      "MemFree",
+                      "Recv",
+                      "RedOpCreatePreMulSum",
+                      "RedOpDestroy",
+                      "Reduce",
+                      "ReduceScatter",
+                      "ResetDebugInit",
+                      "Scatter",
+                      "Send"};
 
 // name -> nm type letter, for the defined dynamic symbols of a library.
 std::map<std::string, char> exported(const std::string &lib) {
@@ -60,8 +92,8 @@ TEST(Symbols, ExactlyTheApi) {
     auto syms = exported(lib);
     ASSERT_FALSE(syms.empty()) << "nm found nothing in " << lib;
 
-    std::set<std::string> chorus_required = declared(std::string(CHORUS_SOURCE_DIR) +
-                                                     "/include/chorus.h");
+    std::set<std::string> chorus_required =
+        declared(std::string(CHORUS_SOURCE_DIR) + "/include/chorus.h");
     ASSERT_FALSE(chorus_required.empty());
     std::set<std::string> chorus_allowed = chorus_required;
     for (const char *h : {"/include/chorus_ddp.h"}) {

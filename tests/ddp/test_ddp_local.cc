@@ -52,20 +52,24 @@ void gradient_check(int batch, int threads) {
     std::mt19937 rng(3);
     std::normal_distribution<float> nd(0.0f, 1.0f);
     for (int l = 0; l < 3; l++)
-        for (int j = 0; j < dims[l + 1]; j++) m.b[l][j] = 0.1f * nd(rng);
+        for (int j = 0; j < dims[l + 1]; j++)
+            m.b[l][j] = 0.1f * nd(rng);
     std::vector<float> x((size_t)batch * dims[0]);
     std::vector<uint8_t> y(batch);
-    for (auto &v : x) v = nd(rng);
-    for (auto &v : y) v = (uint8_t)(rng() % dims[3]);
+    for (auto &v : x)
+        v = nd(rng);
+    for (auto &v : y)
+        v = (uint8_t)(rng() % dims[3]);
     loss_of(&m, x, y, batch);
     mlp_loss(&m, y.data(), batch, 1.0f, 1, nullptr);
     std::vector<int> order;
-    ASSERT_EQ(mlp_backward(&m, batch, 0,
-                           [](void *ctx, int l) {
-                               static_cast<std::vector<int> *>(ctx)->push_back(l);
-                               return 0;
-                           },
-                           &order),
+    ASSERT_EQ(mlp_backward(
+                  &m, batch, 0,
+                  [](void *ctx, int l) {
+                      static_cast<std::vector<int> *>(ctx)->push_back(l);
+                      return 0;
+                  },
+                  &order),
               0);
     EXPECT_EQ(order, (std::vector<int>{2, 1, 0})); // last layer first
     int checked = 0, kinks = 0;
@@ -101,17 +105,26 @@ void gradient_check(int batch, int threads) {
     mlp_free(&m);
 }
 
-TEST(DdpModel, GradientCheckMatchesFiniteDifferences) { gradient_check(5, 1); }
-TEST(DdpModel, GradientCheckBatchOfOne) { gradient_check(1, 1); }
-TEST(DdpModel, GradientCheckOddBatchTwoThreads) { gradient_check(11, 2); }
-TEST(DdpModel, GradientCheckOddBatchOneThread) { gradient_check(11, 1); }
+TEST(DdpModel, GradientCheckMatchesFiniteDifferences) {
+    gradient_check(5, 1);
+}
+TEST(DdpModel, GradientCheckBatchOfOne) {
+    gradient_check(1, 1);
+}
+TEST(DdpModel, GradientCheckOddBatchTwoThreads) {
+    gradient_check(11, 2);
+}
+TEST(DdpModel, GradientCheckOddBatchOneThread) {
+    gradient_check(11, 1);
+}
 
 TEST(DdpModel, AccumulateAddsGradients) {
     const int dims[3] = {6, 5, 3};
     mlp_t m;
     ASSERT_EQ(mlp_init(&m, dims, 2, 4, 1), 0);
     std::vector<float> x(4 * 6);
-    for (size_t i = 0; i < x.size(); i++) x[i] = std::sin((float)i);
+    for (size_t i = 0; i < x.size(); i++)
+        x[i] = std::sin((float)i);
     std::vector<uint8_t> y = {0, 1, 2, 1};
     mlp_forward(&m, x.data(), 4);
     mlp_loss(&m, y.data(), 4, 1.0f, 1, nullptr);
@@ -120,7 +133,8 @@ TEST(DdpModel, AccumulateAddsGradients) {
     mlp_forward(&m, x.data(), 4);
     mlp_loss(&m, y.data(), 4, 1.0f, 1, nullptr);
     mlp_backward(&m, 4, 1, nullptr, nullptr);
-    for (int i = 0; i < 30; i++) EXPECT_FLOAT_EQ(m.gw[0][i], 2 * once[i]);
+    for (int i = 0; i < 30; i++)
+        EXPECT_FLOAT_EQ(m.gw[0][i], 2 * once[i]);
     mlp_free(&m);
 }
 
@@ -140,9 +154,8 @@ void register_all(chorusDdp_t ddp, Net &net, const std::vector<size_t> &counts, 
         net.p[i].assign(counts[i], 1.0f + (float)i);
         net.g[i].assign(counts[i], 0.0f);
         std::string name = "p" + std::to_string(i);
-        ASSERT_EQ(chorusDdpRegisterParam(ddp, name.c_str(), net.p[i].data(), counts[i],
-                                         ncclFloat32, views ? nullptr : net.g[i].data(),
-                                         &net.id[i]),
+        ASSERT_EQ(chorusDdpRegisterParam(ddp, name.c_str(), net.p[i].data(), counts[i], ncclFloat32,
+                                         views ? nullptr : net.g[i].data(), &net.id[i]),
                   ncclSuccess);
         EXPECT_EQ(net.id[i], (int)i);
     }
@@ -182,17 +195,21 @@ TEST(DdpBuckets, GradViewsAreContiguousInsideTheBucket) {
     register_all(ddp, net, {10, 20, 30}, true);
     ASSERT_EQ(chorusDdpStart(ddp), ncclSuccess);
     float *g[3];
-    for (int i = 0; i < 3; i++) ASSERT_EQ(chorusDdpGradPtr(ddp, i, (void **)&g[i]), ncclSuccess);
+    for (int i = 0; i < 3; i++)
+        ASSERT_EQ(chorusDdpGradPtr(ddp, i, (void **)&g[i]), ncclSuccess);
     // One bucket, laid out in reverse registration order: p2, p1, p0.
     EXPECT_EQ(g[1], g[2] + 30);
     EXPECT_EQ(g[0], g[1] + 20);
     for (int i = 0; i < 3; i++)
-        for (size_t e = 0; e < net.p[i].size(); e++) g[i][e] = (float)(i * 100 + e);
-    for (int i = 2; i >= 0; i--) ASSERT_EQ(chorusDdpGradReady(ddp, i), ncclSuccess);
+        for (size_t e = 0; e < net.p[i].size(); e++)
+            g[i][e] = (float)(i * 100 + e);
+    for (int i = 2; i >= 0; i--)
+        ASSERT_EQ(chorusDdpGradReady(ddp, i), ncclSuccess);
     ASSERT_EQ(chorusDdpFinishGrads(ddp), ncclSuccess);
     // One rank: the average is the value itself, in place.
     for (int i = 0; i < 3; i++)
-        for (size_t e = 0; e < net.p[i].size(); e++) EXPECT_EQ(g[i][e], (float)(i * 100 + e));
+        for (size_t e = 0; e < net.p[i].size(); e++)
+            EXPECT_EQ(g[i][e], (float)(i * 100 + e));
     chorusDdpMemory_t mem;
     ASSERT_EQ(chorusDdpMemoryUsage(ddp, &mem), ncclSuccess);
     EXPECT_EQ(mem.paramBytes, 60u * 4);
@@ -232,7 +249,8 @@ TEST(DdpErrors, UnusedParameterAsZeroWhenOptedIn) {
     net.g[1].assign(4, 5.0f); // stale values from an earlier step
     ASSERT_EQ(chorusDdpGradReady(ddp, 0), ncclSuccess);
     EXPECT_EQ(chorusDdpFinishGrads(ddp), ncclSuccess);
-    for (float v : net.g[1]) EXPECT_EQ(v, 0.0f);
+    for (float v : net.g[1])
+        EXPECT_EQ(v, 0.0f);
     chorusDdpDestroy(ddp);
 }
 
@@ -248,8 +266,7 @@ TEST(DdpErrors, BadArgumentsAreNamed) {
     EXPECT_EQ(chorusDdpRegisterParam(ddp, "w", p, 4, ncclInt8, g, nullptr), ncclInvalidArgument);
     EXPECT_NE(std::string(chorusDdpGetLastError(ddp)).find("dtype"), std::string::npos);
     ASSERT_EQ(chorusDdpRegisterParam(ddp, "w", p, 4, ncclFloat32, g, nullptr), ncclSuccess);
-    EXPECT_EQ(chorusDdpRegisterParam(ddp, "w", p, 4, ncclFloat32, g, nullptr),
-              ncclInvalidArgument);
+    EXPECT_EQ(chorusDdpRegisterParam(ddp, "w", p, 4, ncclFloat32, g, nullptr), ncclInvalidArgument);
     EXPECT_NE(std::string(chorusDdpGetLastError(ddp)).find("already registered"),
               std::string::npos);
     EXPECT_EQ(chorusDdpGradReady(ddp, 0), ncclInvalidUsage); // before Start
@@ -303,7 +320,8 @@ TEST(DdpWire, Bf16AndFp16RoundTripRoundsGradients) {
         register_all(ddp, net, {1000}, false);
         ASSERT_EQ(chorusDdpStart(ddp), ncclSuccess);
         std::vector<float> orig(1000);
-        for (int i = 0; i < 1000; i++) orig[i] = net.g[0][i] = std::sin(0.37f * i) * 3.0f + 1e-3f;
+        for (int i = 0; i < 1000; i++)
+            orig[i] = net.g[0][i] = std::sin(0.37f * i) * 3.0f + 1e-3f;
         ASSERT_EQ(chorusDdpGradReady(ddp, 0), ncclSuccess);
         ASSERT_EQ(chorusDdpFinishGrads(ddp), ncclSuccess);
         for (int i = 0; i < 1000; i++) {
@@ -405,7 +423,8 @@ TEST(DdpCheckpoint, RoundTripRestoresParamsStateAndBuffers) {
             ((float *)pc[i].state[0])[e] = 0.5f * (float)e + (float)i;
             ((float *)pc[i].state[1])[e] = -1.0f * (float)e;
         }
-    for (size_t e = 0; e < 7; e++) a.p[1][e] = 3.25f * (float)e;
+    for (size_t e = 0; e < 7; e++)
+        a.p[1][e] = 3.25f * (float)e;
     ASSERT_EQ(chorusDdpSave(ddp, path.c_str()), ncclSuccess);
     chorusDdpDestroy(ddp);
 
@@ -444,7 +463,8 @@ TEST(DdpCheckpoint, RoundTripRestoresParamsStateAndBuffers) {
 
 TEST(DdpIdx, ParsesHeaderAndRejectsBadFiles) {
     std::vector<uint8_t> blob = {0, 0, 8, 3, 0, 0, 0, 2, 0, 0, 0, 2, 0, 0, 0, 3};
-    for (int i = 0; i < 12; i++) blob.push_back((uint8_t)i);
+    for (int i = 0; i < 12; i++)
+        blob.push_back((uint8_t)i);
     uint32_t dims[3];
     char err[256];
     const uint8_t *data = idx_parse(blob.data(), blob.size(), 3, dims, err, sizeof(err));
@@ -477,10 +497,13 @@ TEST(DdpIdx, ReadsFashionMnistTestSetWhenInstalled) {
     EXPECT_EQ(s.rows, 28);
     EXPECT_EQ(s.cols, 28);
     std::vector<int> per_class(10, 0);
-    for (size_t i = 0; i < s.n; i++) per_class[s.labels[i]]++;
-    for (int c = 0; c < 10; c++) EXPECT_EQ(per_class[c], 1000); // the test set is balanced
+    for (size_t i = 0; i < s.n; i++)
+        per_class[s.labels[i]]++;
+    for (int c = 0; c < 10; c++)
+        EXPECT_EQ(per_class[c], 1000); // the test set is balanced
     float mx = 0;
-    for (size_t i = 0; i < s.n * 784; i++) mx = s.images[i] > mx ? s.images[i] : mx;
+    for (size_t i = 0; i < s.n * 784; i++)
+        mx = s.images[i] > mx ? s.images[i] : mx;
     EXPECT_FLOAT_EQ(mx, 1.0f);
     idx_free(&s);
 }

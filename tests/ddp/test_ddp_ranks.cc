@@ -46,7 +46,7 @@ void sample(size_t i, float *x, uint8_t *y) {
 }
 
 struct Spec {
-    int batch = 8;          // per rank per micro-batch
+    int batch = 8; // per rank per micro-batch
     int steps = 100;
     int accumulate = 1;
     int sharded = 0;
@@ -56,16 +56,16 @@ struct Spec {
     bool seed_per_rank = false;     // initialise ranks differently (Start must broadcast rank 0's)
     int check_every = 0;
     int start_step = 0;
-    const char *load = nullptr;     // checkpoint to load before training
-    const char *save = nullptr;     // checkpoint to save after `save_after` steps
+    const char *load = nullptr; // checkpoint to load before training
+    const char *save = nullptr; // checkpoint to save after `save_after` steps
     int save_after = -1;
     // Gentle enough that rounding differences do not grow chaotically over 100 steps.
     float lr = 0.05f, momentum = 0.5f;
 };
 
 struct Out {
-    std::vector<double> losses;   // global mean loss per step
-    std::vector<float> params;    // all parameters after training, registration order
+    std::vector<double> losses; // global mean loss per step
+    std::vector<float> params;  // all parameters after training, registration order
     std::string err;
 };
 
@@ -84,7 +84,7 @@ int on_ready(void *arg, int l) {
     do {                                                                                           \
         ncclResult_t r_ = (call);                                                                  \
         if (r_ != ncclSuccess) {                                                                   \
-            out->err = std::string(#call) + " -> " + ncclGetErrorString(r_) + ": " +             \
+            out->err = std::string(#call) + " -> " + ncclGetErrorString(r_) + ": " +               \
                        chorusDdpGetLastError(nullptr);                                             \
             return 1;                                                                              \
         }                                                                                          \
@@ -129,14 +129,13 @@ int train(const Spec &s, ncclComm_t comm, int rank, int nranks, Out *out) {
         double loss = 0;
         for (int a = 0; a < s.accumulate; a++) {
             for (int i = 0; i < s.batch; i++) {
-                size_t idx = (size_t)st * global + (size_t)a * s.batch * nranks +
-                             (size_t)rank * s.batch + i;
+                size_t idx =
+                    (size_t)st * global + (size_t)a * s.batch * nranks + (size_t)rank * s.batch + i;
                 sample(idx % kSamples, &x[(size_t)i * kDims[0]], &y[i]);
             }
             TRY(chorusDdpNoSync(c.ddp, a + 1 < s.accumulate));
             mlp_forward(&m, x.data(), s.batch);
-            loss += mlp_loss(&m, y.data(), s.batch, 1.0f / s.accumulate, 1, nullptr) /
-                    s.accumulate;
+            loss += mlp_loss(&m, y.data(), s.batch, 1.0f / s.accumulate, 1, nullptr) / s.accumulate;
             if (mlp_backward(&m, s.batch, a > 0, on_ready, &c) != 0) {
                 out->err = std::string("GradReady: ") + chorusDdpGetLastError(c.ddp);
                 return 1;
@@ -178,8 +177,7 @@ int train(const Spec &s, ncclComm_t comm, int rank, int nranks, Out *out) {
 }
 
 // Relative difference of two loss curves / parameter vectors; index of the worst in *at.
-template <typename T>
-double max_rel(const std::vector<T> &a, const std::vector<T> &b, size_t *at) {
+template <typename T> double max_rel(const std::vector<T> &a, const std::vector<T> &b, size_t *at) {
     double worst = a.size() == b.size() ? 0 : 1e30;
     for (size_t i = 0; i < a.size() && i < b.size(); i++) {
         double d = std::fabs((double)a[i] - (double)b[i]) /
@@ -291,14 +289,16 @@ TEST(DdpRanksErrors, UnusedParameterIsNamedOnEveryRank) {
             chorusDdp_t ddp;
             float used[4] = {0}, gused[4] = {1, 1, 1, 1}, spare[3] = {0}, gspare[3] = {0};
             RANK_NCCL(chorusDdpCreate(comm, &cfg, &ddp));
-            RANK_NCCL(chorusDdpRegisterParam(ddp, "head.weight", used, 4, ncclFloat32, gused,
-                                             nullptr));
+            RANK_NCCL(
+                chorusDdpRegisterParam(ddp, "head.weight", used, 4, ncclFloat32, gused, nullptr));
             RANK_NCCL(chorusDdpRegisterParam(ddp, "aux_head.bias", spare, 3, ncclFloat32, gspare,
                                              nullptr));
             RANK_NCCL(chorusDdpStart(ddp));
             for (int step = 0; step < 3; step++) {
-                for (float &g : gused) g = 1.0f;
-                for (float &g : gspare) g = 6.0f;
+                for (float &g : gused)
+                    g = 1.0f;
+                for (float &g : gspare)
+                    g = 6.0f;
                 RANK_NCCL(chorusDdpGradReady(ddp, 0));
                 // Rank 0 uses the spare parameter from step 1 on; rank 1 never does.
                 if (mode == CHORUS_DDP_UNUSED_ZERO && rank == 0 && step > 0)
@@ -315,8 +315,10 @@ TEST(DdpRanksErrors, UnusedParameterIsNamedOnEveryRank) {
                     RANK_CHECK(r == ncclSuccess, "zero mode failed: %s",
                                chorusDdpGetLastError(ddp));
                     float want = step > 0 ? 3.0f : 0.0f; // (6 + 0) / 2
-                    for (float g : gspare) RANK_CHECK(g == want, "spare grad %g, want %g", g, want);
-                    for (float g : gused) RANK_CHECK(g == 1.0f, "used grad %g", g);
+                    for (float g : gspare)
+                        RANK_CHECK(g == want, "spare grad %g, want %g", g, want);
+                    for (float g : gused)
+                        RANK_CHECK(g == 1.0f, "used grad %g", g);
                 }
             }
             chorusDdpDestroy(ddp);
@@ -353,7 +355,8 @@ TEST(DdpRanksErrors, DivergedReplicaIsNamed) {
         RANK_CHECK(r == ncclInvalidUsage && bad == 1, "r=%d bad=%d", r, bad);
         std::string msg = chorusDdpGetLastError(ddp);
         RANK_CHECK(msg.find("'dec.weight'") != std::string::npos &&
-                       msg.find("rank 2") != std::string::npos, "message: %s", msg.c_str());
+                       msg.find("rank 2") != std::string::npos,
+                   "message: %s", msg.c_str());
         // The periodic check in FinishGrads reports it too.
         RANK_NCCL(chorusDdpGradReady(ddp, 1));
         RANK_NCCL(chorusDdpGradReady(ddp, 0));
@@ -416,16 +419,16 @@ TEST(DdpRanksMemory, ShardingDividesGradientAndStateMemory) {
             std::vector<float> p(4000);
             chorusDdp_t ddp;
             RANK_NCCL(chorusDdpCreate(comm, &cfg, &ddp));
-            RANK_NCCL(chorusDdpRegisterParam(ddp, "w", p.data(), 4000, ncclFloat32, nullptr,
-                                             nullptr));
+            RANK_NCCL(
+                chorusDdpRegisterParam(ddp, "w", p.data(), 4000, ncclFloat32, nullptr, nullptr));
             RANK_NCCL(chorusDdpStart(ddp));
             RANK_NCCL(chorusDdpMemoryUsage(ddp, &mem[sharded]));
             chorusDdpDestroy(ddp);
         }
         RANK_CHECK(mem[0].gradBytes == 16000 && mem[1].gradBytes == 4000, "grads %zu / %zu",
                    mem[0].gradBytes, mem[1].gradBytes);
-        RANK_CHECK(mem[0].optStateBytes == 32000 && mem[1].optStateBytes == 8000,
-                   "state %zu / %zu", mem[0].optStateBytes, mem[1].optStateBytes);
+        RANK_CHECK(mem[0].optStateBytes == 32000 && mem[1].optStateBytes == 8000, "state %zu / %zu",
+                   mem[0].optStateBytes, mem[1].optStateBytes);
         ncclCommDestroy(comm);
         return 0;
     });

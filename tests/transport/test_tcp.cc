@@ -15,6 +15,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -445,3 +446,38 @@ INSTANTIATE_TEST_SUITE_P(Tcp, TcpFault,
                          });
 
 } // namespace
+
+// ---- two hosts ------------------------------------------------------------------------------
+
+// Two network namespaces joined by a veth pair, each with its own hostname and /dev/shm, two ranks
+// on each: ranks must see two hosts, and the edges between hosts must be TCP over the veth.
+// Skipped (exit 77 from the script) where namespaces cannot be created.
+TEST(TcpTwoHosts, RingAcrossNetworkNamespaces) {
+    const std::string bin = std::string(CHORUS_BINARY_DIR) + "/bin/";
+    const std::string script =
+        std::string(CHORUS_SOURCE_DIR) + "/tests/scripts/netns_two_hosts.sh";
+    if (access((bin + "chorusrun").c_str(), X_OK) != 0 ||
+        access((bin + "tcp_rank_main").c_str(), X_OK) != 0)
+        GTEST_SKIP() << "chorusrun or tcp_rank_main not built";
+    std::string cmd = script + " -n 2 -p 29611 -b " + bin + " -t 60 -- " + bin + "tcp_rank_main 2>&1";
+    FILE *f = popen(cmd.c_str(), "r");
+    ASSERT_NE(f, nullptr);
+    std::string out;
+    char buf[4096];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof(buf), f)) > 0) out.append(buf, n);
+    int st = pclose(f);
+    int code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    if (code == 77) GTEST_SKIP() << out;
+    EXPECT_EQ(code, 0) << out;
+    int ok = 0;
+    for (size_t p = out.find(" ok: "); p != std::string::npos; p = out.find(" ok: ", p + 1)) ok++;
+    EXPECT_EQ(ok, 4) << out;
+    // Rank 1 (host0) sends to rank 2 (host1), rank 3 (host1) to rank 0 (host0): both over TCP.
+    EXPECT_NE(out.find("rank 1 on chorus-host0 ok: to rank 2 on chorus-host1 via TCP/"),
+              std::string::npos)
+        << out;
+    EXPECT_NE(out.find("rank 3 on chorus-host1 ok: to rank 0 on chorus-host0 via TCP/"),
+              std::string::npos)
+        << out;
+}

@@ -155,6 +155,16 @@ TEST_P(TransportData, ShmSingleCopyRequired) {
     run(2, plan);
 }
 
+TEST_P(TransportData, PingPong) {
+    // Small slots so that the larger messages take several chunks each way.
+    env_.set("NCCL_BUFFSIZE", "262144");
+    std::vector<size_t> sizes = {1, 8, 4096, 65536 + 3, 1 << 20, 4u << 20};
+    chorus_unique_id_t id = transport_make_id();
+    RunResult res = run_ranks(
+        launch_, 2, [&](int r, int n) { return pingpong_rank(id, r, n, sizes, 30); }, 120);
+    EXPECT_TRUE(res.ok()) << res.detail;
+}
+
 std::string param_name(const ::testing::TestParamInfo<Param> &info) {
     return std::get<0>(info.param) + "_" + launch_name(std::get<1>(info.param));
 }

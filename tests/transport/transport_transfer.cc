@@ -1,7 +1,10 @@
 // transport_transfer.cc: see transport_transfer.h.
 #include "transport_transfer.h"
 
+#include "launch.h"
+
 #include <signal.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cinttypes>
@@ -210,6 +213,24 @@ int transfer_rank(const chorus_unique_id_t &id, int rank, int nranks, const Tran
         r.links.push_back(std::move(l));
     }
 
+    // Once every rank has connected, no segment this rank created may still have a name: a crash
+    // from here on must leave nothing in /dev/shm.
+    if (!injected) {
+        if (bootstrap_barrier(comm->bs) != ncclSuccess) {
+            rc = 1;
+            goto out;
+        }
+        std::string mine = "chorus-shm-" + std::to_string(getpid()) + "-";
+        for (const auto &f : shm_leftovers()) {
+            if (f.compare(0, mine.size(), mine) == 0) {
+                fprintf(stderr, "rank %d: /dev/shm/%s still exists after connect\n", rank,
+                        f.c_str());
+                rc = 1;
+            }
+        }
+        if (rc) goto out;
+    }
+
     {
         chorus_waiter_t w;
         chorus_waiter_init(&w, &comm->abort_flag);
@@ -268,6 +289,122 @@ int transfer_rank(const chorus_unique_id_t &id, int rank, int nranks, const Tran
 out:
     close_all(r);
     if (!injected && rc == 0 && bootstrap_barrier(comm->bs) != ncclSuccess) rc = 1;
+    transport_comm_free(comm);
+    return rc;
+}
+
+namespace {
+
+// Blocking helpers for the ping-pong: whole messages, chunk by chunk, progress calls and the
+// waiter while nothing moves.
+ncclResult_t wait_idle(chorus_conn_t *c, chorus_waiter_t *w) {
+    ncclResult_t r = c->ops->progress(c);
+    if (r != ncclSuccess) return r;
+    return chorus_waiter_step(w);
+}
+
+ncclResult_t blocking_send(ncclComm *comm, chorus_conn_t *c, const uint8_t *src, size_t bytes) {
+    chorus_waiter_t w;
+    chorus_waiter_init(&w, &comm->abort_flag);
+    size_t off = 0;
+    while (off < bytes) {
+        void *slot;
+        int ready;
+        ncclResult_t r = c->ops->send_acquire(c, &slot, &ready);
+        if (r != ncclSuccess) return r;
+        if (!ready) {
+            if ((r = wait_idle(c, &w)) != ncclSuccess) return r;
+            continue;
+        }
+        chorus_waiter_progress(&w);
+        size_t n = std::min(c->slot_bytes, bytes - off);
+        memcpy(slot, src + off, n);
+        if ((r = c->ops->send_commit(c, n)) != ncclSuccess) return r;
+        off += n;
+    }
+    return ncclSuccess;
+}
+
+ncclResult_t blocking_recv(ncclComm *comm, chorus_conn_t *c, uint8_t *dst, size_t bytes) {
+    chorus_waiter_t w;
+    chorus_waiter_init(&w, &comm->abort_flag);
+    size_t off = 0;
+    while (off < bytes) {
+        const void *data;
+        size_t n;
+        int ready;
+        ncclResult_t r = c->ops->recv_peek(c, &data, &n, &ready);
+        if (r != ncclSuccess) return r;
+        if (!ready) {
+            if ((r = wait_idle(c, &w)) != ncclSuccess) return r;
+            continue;
+        }
+        chorus_waiter_progress(&w);
+        if (n > bytes - off) return ncclInternalError;
+        if (data) memcpy(dst + off, data, n);
+        else if ((r = c->ops->recv_copy(c, dst + off, n)) != ncclSuccess) return r;
+        if ((r = c->ops->recv_release(c)) != ncclSuccess) return r;
+        off += n;
+    }
+    return ncclSuccess;
+}
+
+} // namespace
+
+int pingpong_rank(const chorus_unique_id_t &id, int rank, int nranks,
+                  const std::vector<size_t> &sizes, int rounds) {
+    ncclComm *comm = nullptr;
+    if (transport_comm_init(id, rank, nranks, &comm) != ncclSuccess) return 1;
+    int rc = 0, peer = 1 - rank;
+    chorus_conn_t out, in;
+    bool out_open = false, in_open = false;
+    size_t maxb = *std::max_element(sizes.begin(), sizes.end());
+    std::vector<uint8_t> sbuf(maxb), rbuf(maxb);
+    // 0 -> 1 first, then 1 -> 0, on both ranks.
+    ncclResult_t r = transport_connect(comm, rank == 0 ? &out : &in, peer, rank == 0, -1, 100);
+    if (r == ncclSuccess) {
+        (rank == 0 ? out_open : in_open) = true;
+        r = transport_connect(comm, rank == 0 ? &in : &out, peer, rank == 1, -1, 101);
+        if (r == ncclSuccess) (rank == 0 ? in_open : out_open) = true;
+    }
+    if (r != ncclSuccess) {
+        fprintf(stderr, "rank %d: connect failed: %d (%s)\n", rank, (int)r, chorus_log_last_error());
+        rc = 1;
+    }
+    for (size_t si = 0; rc == 0 && si < sizes.size(); si++) {
+        size_t bytes = sizes[si];
+        for (int i = 0; rc == 0 && i < rounds; i++) {
+            uint64_t seed = pattern_seed(0, 1, si * 1000 + (size_t)i);
+            if (rank == 0) {
+                pattern_fill(sbuf.data(), seed, 0, bytes);
+                r = blocking_send(comm, &out, sbuf.data(), bytes);
+                if (r == ncclSuccess) r = blocking_recv(comm, &in, rbuf.data(), bytes);
+            } else {
+                r = blocking_recv(comm, &in, rbuf.data(), bytes);
+                if (r == ncclSuccess) r = blocking_send(comm, &out, rbuf.data(), bytes);
+            }
+            long long bad = r == ncclSuccess ? pattern_check(rbuf.data(), seed, 0, bytes) : -1;
+            if (r != ncclSuccess || bad >= 0) {
+                fprintf(stderr, "rank %d: ping-pong of %zu bytes, round %d: %s (result %d, %s)\n",
+                        rank, bytes, i, r != ncclSuccess ? "failed" : "wrong data", (int)r,
+                        chorus_log_last_error());
+                rc = 1;
+            }
+        }
+    }
+    if (out_open) {
+        // The echo must be consumed before the connection goes away.
+        chorus_waiter_t w;
+        chorus_waiter_init(&w, &comm->abort_flag);
+        int done = 0;
+        while (rc == 0 && !done) {
+            if (out.ops->send_drained(&out, &done) != ncclSuccess) rc = 1;
+            else if (!done && wait_idle(&out, &w) != ncclSuccess) rc = 1;
+        }
+    }
+    if (rc == 0 && bootstrap_barrier(comm->bs) != ncclSuccess) rc = 1;
+    if (out_open) transport_close(&out);
+    if (in_open) transport_close(&in);
     transport_comm_free(comm);
     return rc;
 }

@@ -45,4 +45,10 @@ std::vector<std::pair<int, int>> both_ways_edges(int a, int b);  // a -> b and b
 // ncclRemoteError naming the failed rank arrived), else 1 with a message on stderr.
 int transfer_rank(const chorus_unique_id_t &id, int rank, int nranks, const TransferPlan &plan);
 
+// Ping-pong: rank 0 sends each message to rank 1, which checks it and sends it back; rank 0
+// checks the echo. `rounds` round trips per size. Exercises empty pipelines and wake-ups (every
+// message waits for the previous one), where streaming tests keep the slots full.
+int pingpong_rank(const chorus_unique_id_t &id, int rank, int nranks,
+                  const std::vector<size_t> &sizes, int rounds);
+
 } // namespace chorus_test

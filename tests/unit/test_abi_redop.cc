@@ -10,8 +10,10 @@
 #include <cstring>
 #include <vector>
 
-#include "comm.h"
 #include "nccl.h"
+extern "C" { // internal headers are C without extern "C" guards
+#include "comm.h"
+}
 
 namespace {
 
@@ -23,7 +25,8 @@ class RedOp : public ::testing::Test {
             << ncclGetLastError(nullptr);
     }
     void TearDown() override {
-        for (auto c : comms_) EXPECT_EQ(ncclCommDestroy(c), ncclSuccess);
+        for (auto c : comms_)
+            EXPECT_EQ(ncclCommDestroy(c), ncclSuccess);
     }
     chorus_redop_t resolve(ncclRedOp_t op, ncclDataType_t dt, ncclResult_t expect = ncclSuccess) {
         chorus_redop_t out;
@@ -69,7 +72,7 @@ TEST_F(RedOp, PreMulSumScalarsPerDtype) {
         {ncclUint8, 200, 0, 200},
         {ncclInt32, (uint32_t)-70000, 0, -70000},
         {ncclUint32, 4000000000u, 0, 4000000000LL},
-        {ncclInt64, (uint64_t)-(1LL << 40), 0, -(1LL << 40)},
+        {ncclInt64, (uint64_t) - (1LL << 40), 0, -(1LL << 40)},
         {ncclUint64, 1ULL << 50, 0, 1LL << 50},
         {ncclFloat16, 0x3800, 0.5, 0},  // 0.5 in IEEE half
         {ncclFloat16, 0xc500, -5.0, 0}, // -5
@@ -101,10 +104,12 @@ TEST_F(RedOp, PreMulSumScalarsPerDtype) {
     float f = 0.75f;
     double d = -2.5;
     ncclRedOp_t op;
-    ASSERT_EQ(ncclRedOpCreatePreMulSum(&op, &f, ncclFloat32, ncclScalarHostImmediate, comms_[0]), ncclSuccess);
+    ASSERT_EQ(ncclRedOpCreatePreMulSum(&op, &f, ncclFloat32, ncclScalarHostImmediate, comms_[0]),
+              ncclSuccess);
     EXPECT_DOUBLE_EQ(resolve(op, ncclFloat32).scalar.f, 0.75);
     EXPECT_EQ(ncclRedOpDestroy(op, comms_[0]), ncclSuccess);
-    ASSERT_EQ(ncclRedOpCreatePreMulSum(&op, &d, ncclFloat64, ncclScalarHostImmediate, comms_[0]), ncclSuccess);
+    ASSERT_EQ(ncclRedOpCreatePreMulSum(&op, &d, ncclFloat64, ncclScalarHostImmediate, comms_[0]),
+              ncclSuccess);
     EXPECT_DOUBLE_EQ(resolve(op, ncclFloat64).scalar.f, -2.5);
     EXPECT_EQ(ncclRedOpDestroy(op, comms_[0]), ncclSuccess);
 }
@@ -114,7 +119,8 @@ TEST_F(RedOp, PreMulSumScalarsPerDtype) {
 TEST_F(RedOp, DeviceResidenceReadAtOpTime) {
     double s = 1.0;
     ncclRedOp_t op;
-    ASSERT_EQ(ncclRedOpCreatePreMulSum(&op, &s, ncclFloat64, ncclScalarDevice, comms_[0]), ncclSuccess);
+    ASSERT_EQ(ncclRedOpCreatePreMulSum(&op, &s, ncclFloat64, ncclScalarDevice, comms_[0]),
+              ncclSuccess);
     s = 4.0;
     EXPECT_DOUBLE_EQ(resolve(op, ncclFloat64).scalar.f, 4.0);
     s = -0.5;
@@ -125,7 +131,8 @@ TEST_F(RedOp, DeviceResidenceReadAtOpTime) {
 TEST_F(RedOp, InvalidHandles) {
     float s = 2.0f;
     ncclRedOp_t op;
-    ASSERT_EQ(ncclRedOpCreatePreMulSum(&op, &s, ncclFloat32, ncclScalarHostImmediate, comms_[0]), ncclSuccess);
+    ASSERT_EQ(ncclRedOpCreatePreMulSum(&op, &s, ncclFloat32, ncclScalarHostImmediate, comms_[0]),
+              ncclSuccess);
     resolve(op, ncclFloat64, ncclInvalidArgument); // created for float32
     // Ops belong to their communicator.
     chorus_redop_t out;

@@ -9,7 +9,9 @@
 #include <string>
 
 #include "nccl.h"
+extern "C" { // internal headers are C without extern "C" guards
 #include "param.h"
+}
 
 namespace {
 
@@ -19,7 +21,8 @@ class ParamEnv : public ::testing::Test {
     void set(const char *name, const char *value) {
         if (saved_.count(name) == 0) {
             const char *old = getenv(name);
-            saved_[name] = old ? std::make_pair(true, std::string(old)) : std::make_pair(false, std::string());
+            saved_[name] =
+                old ? std::make_pair(true, std::string(old)) : std::make_pair(false, std::string());
         }
         setenv(name, value, 1);
         chorus_param_reset();
@@ -27,7 +30,8 @@ class ParamEnv : public ::testing::Test {
     void unset(const char *name) {
         if (saved_.count(name) == 0) {
             const char *old = getenv(name);
-            saved_[name] = old ? std::make_pair(true, std::string(old)) : std::make_pair(false, std::string());
+            saved_[name] =
+                old ? std::make_pair(true, std::string(old)) : std::make_pair(false, std::string());
         }
         unsetenv(name);
         chorus_param_reset();
@@ -79,8 +83,8 @@ TEST_F(ParamEnv, IntegerSyntax) {
     struct {
         const char *text;
         int64_t value;
-    } ok[] = {{"0", 0}, {"17", 17}, {" 42 ", 42}, {"-1", -1}, {"0x10", 16}, {"4k", 4096},
-              {"2K", 2048}, {"3m", 3 << 20}, {"1G", 1LL << 30}, {"8KB", 8192}};
+    } ok[] = {{"0", 0},     {"17", 17},   {" 42 ", 42},    {"-1", -1},        {"0x10", 16},
+              {"4k", 4096}, {"2K", 2048}, {"3m", 3 << 20}, {"1G", 1LL << 30}, {"8KB", 8192}};
     for (auto &c : ok) {
         set("CHORUS_SPIN", c.text);
         ASSERT_EQ(chorus_param_init(), ncclSuccess) << c.text;
@@ -123,17 +127,18 @@ TEST(ParamTable, Introspection) {
         std::string n = chorus_param_name(id);
         EXPECT_FALSE(n.empty());
         EXPECT_TRUE(names.insert(n).second) << "duplicate parameter " << n;
-        for (char c : n) EXPECT_TRUE((c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_') << n;
+        for (char c : n)
+            EXPECT_TRUE((c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_') << n;
         EXPECT_GT(strlen(chorus_param_help(id)), 5u) << n;
         EXPECT_NE(chorus_param_value_text(id, buf, sizeof(buf)), nullptr);
         EXPECT_NE(chorus_param_default_text(id, buf, sizeof(buf)), nullptr);
     }
     // The knobs the design names as NCCL aliases are aliases.
-    for (auto id : {PARAM_DEBUG, PARAM_DEBUG_SUBSYS, PARAM_DEBUG_FILE, PARAM_SOCKET_IFNAME,
-                    PARAM_COMM_ID, PARAM_ALGO, PARAM_BUFFSIZE, PARAM_MIN_NCHANNELS,
-                    PARAM_MAX_NCHANNELS, PARAM_SHM_DISABLE, PARAM_P2P_DISABLE, PARAM_IB_DISABLE,
-                    PARAM_IB_HCA, PARAM_NET, PARAM_SOCKET_NTHREADS, PARAM_NSOCKS_PERTHREAD,
-                    PARAM_COMM_BLOCKING})
+    for (auto id :
+         {PARAM_DEBUG, PARAM_DEBUG_SUBSYS, PARAM_DEBUG_FILE, PARAM_SOCKET_IFNAME, PARAM_COMM_ID,
+          PARAM_ALGO, PARAM_BUFFSIZE, PARAM_MIN_NCHANNELS, PARAM_MAX_NCHANNELS, PARAM_SHM_DISABLE,
+          PARAM_P2P_DISABLE, PARAM_IB_DISABLE, PARAM_IB_HCA, PARAM_NET, PARAM_SOCKET_NTHREADS,
+          PARAM_NSOCKS_PERTHREAD, PARAM_COMM_BLOCKING})
         EXPECT_TRUE(chorus_param_has_nccl_alias(id)) << chorus_param_name(id);
     EXPECT_FALSE(chorus_param_has_nccl_alias(PARAM_TIMEOUT));
     EXPECT_STREQ(chorus_param_default_text(PARAM_TIMEOUT, buf, sizeof(buf)), "300");

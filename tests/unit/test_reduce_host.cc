@@ -14,6 +14,7 @@
 #include <random>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <vector>
 
@@ -256,6 +257,41 @@ INSTANTIATE_TEST_SUITE_P(Isa, HostCopy, ::testing::ValuesIn(kIsas),
                          [](const ::testing::TestParamInfo<const char *> &i) {
                              return std::string(i.param);
                          });
+
+// The variant can change under running kernels (every variant gives the same bits), and the first
+// use resolves it safely from several threads: results stay right throughout.
+TEST(HostKernelsFixed, ConcurrentUseAndSelection) {
+    std::vector<std::string> isas;
+    for (const char *i : kIsas)
+        if (rk_isa_supported(i)) isas.push_back(i);
+    const size_t count = 10007;
+    std::vector<uint16_t> x(count), y(count), want(count);
+    std::mt19937_64 rng(5);
+    Op op{RK_SUM, ncclBfloat16, 1, 1.0, 0};
+    for (size_t i = 0; i < count; i++) {
+        x[i] = (uint16_t)gen_raw(ncclBfloat16, rng);
+        y[i] = (uint16_t)gen_raw(ncclBfloat16, rng);
+        want[i] = (uint16_t)rkref::ref_reduce(op, x[i], y[i]);
+    }
+    chorus_redop_t rop = op.redop();
+    std::vector<int> bad(8, 0);
+    std::vector<std::thread> threads;
+    for (int t = 0; t < 8; t++) {
+        threads.emplace_back([&, t] {
+            std::vector<uint16_t> d(count);
+            for (int iter = 0; iter < 200; iter++) {
+                if (t == 0) rk_isa_select(isas[iter % isas.size()].c_str());
+                rk_reduce(d.data(), x.data(), y.data(), count, &rop);
+                for (size_t i = 0; i < count; i++)
+                    if (!rkref::same_result(ncclBfloat16, d[i], want[i])) bad[t]++;
+                if (rk_isa_name() == nullptr) bad[t]++;
+            }
+        });
+    }
+    for (auto &th : threads) th.join();
+    rk_isa_select(nullptr);
+    for (int t = 0; t < 8; t++) EXPECT_EQ(bad[t], 0) << "thread " << t;
+}
 
 // Integer wrap-around and SUMDIV's truncation toward zero, with hand-computed values (a check of
 // the reference as much as of the kernels).

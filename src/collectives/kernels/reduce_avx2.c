@@ -30,6 +30,11 @@ static inline void rk_f16c_store(void *p, rk_f16c_vf f) {
     _mm_storeu_si128((__m128i *)p, _mm256_cvtps_ph((__m256)f, _MM_FROUND_TO_NEAREST_INT));
 }
 
+static inline rk_f16c_vf rk_f16c_e5m2_load(const void *p) {
+    __m128i h = _mm_slli_epi16(_mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)p)), 8);
+    return (rk_f16c_vf)_mm256_cvtph_ps(h);
+}
+
 /* 16- and 8-bit lanes <-> 32-bit lanes: vpmovzx from memory, and packs with unsigned
  * saturation (the values fit, so nothing saturates). */
 #define RK_WIDEN 1

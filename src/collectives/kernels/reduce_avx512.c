@@ -33,6 +33,11 @@ static inline void rk_f16c_store(void *p, rk_f16c_vf f) {
     _mm256_storeu_si256((__m256i *)p, _mm512_cvtps_ph((__m512)f, _MM_FROUND_TO_NEAREST_INT));
 }
 
+static inline rk_f16c_vf rk_f16c_e5m2_load(const void *p) {
+    __m256i h = _mm256_slli_epi16(_mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)p)), 8);
+    return (rk_f16c_vf)_mm512_cvtph_ps(h);
+}
+
 /* 16- and 8-bit lanes <-> 32-bit lanes: vpmovzx from memory and vpmovdw/vpmovdb (truncating;
  * the values fit). */
 #define RK_WIDEN 1

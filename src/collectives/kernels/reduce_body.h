@@ -4,7 +4,8 @@
  * A file that includes this defines first:
  *   RK_VB          vector width in bytes (16, 32 or 64)
  *   RK_TABLE       the rk_isa_ops_t it defines, RK_TABLE_NAME its name
- *   RK_F16C        1 when rk_f16c_load/rk_f16c_store (F16C or AVX-512F intrinsics) are defined
+ *   RK_F16C        1 when rk_f16c_load/rk_f16c_store (F16C or AVX-512F intrinsics) are defined,
+ *                  and rk_f16c_e5m2_load (float8 e5m2 is a float16 with 8 fewer mantissa bits)
  *   RK_SEL         1 when rk_sel (a one-instruction lane select) is defined
  *   RK_PAIR16      1 when rk_unpack16_hi/rk_pack16_hi are defined: 2*RK_VB/4 bfloat16 values
  *                  to and from two float32 vectors with in-lane unpacks and packs; the lane
@@ -256,7 +257,11 @@ static inline void e4m3_store(void *p, rk_vf32 f) {
 }
 
 /* e5m2 is the top byte of a float16, so it widens through the float16 path. */
+#if RK_F16C
+#define e5m2_load rk_f16c_e5m2_load
+#else
 static inline rk_vf32 e5m2_load(const void *p) { return rk_half_bits_to_f32(rk_widen8(p) << 8); }
+#endif
 
 static inline void e5m2_store(void *p, rk_vf32 f) {
     rk_vu32 u = (rk_vu32)f;

@@ -28,6 +28,7 @@
 
 #include "reduce.h"
 extern "C" {
+#include "check.h"
 #include "log.h"
 }
 
@@ -95,7 +96,12 @@ template <__nv_fp8_interpretation_t I> struct F8T : F32Math {
     __device__ static C load(S x) {
         return __half2float(__half(__nv_cvt_fp8_to_halfraw((__nv_fp8_storage_t)x, I)));
     }
-    __device__ static S store(C x) { return (S)__nv_cvt_float_to_fp8(x, __NV_SATFINITE, I); }
+    /* +-Inf saturates like any other overflow (cuda_fp8.hpp's software path does that; pinning
+     * it here keeps the hardware cvt of sm_89+ to the same rule). */
+    __device__ static S store(C x) {
+        if (fabsf(x) == INFINITY) x = copysignf(I == __NV_E4M3 ? 448.0f : 57344.0f, x);
+        return (S)__nv_cvt_float_to_fp8(x, __NV_SATFINITE, I);
+    }
 };
 
 /* The host's MAX/MIN rule: a when it wins or when b is NaN, else b. */
@@ -247,32 +253,34 @@ ncclResult_t rk_dispatch_reduce(void *dst, const void *in, const void *acc, size
 }
 
 template <typename D, int K>
+ncclResult_t rk_launch_reduce_n_round(void *dst, const rk_dev_ptrs_t &p, int m, size_t count,
+                                      typename D::C s, cudaStream_t st) {
+    using S = typename D::S;
+    bool vec = rk_aligned16(dst);
+    for (int k = 0; k < m; k++) vec = vec && rk_aligned16(p.p[k]);
+    size_t work = vec ? count / Vec<S>::N + count % Vec<S>::N : count;
+    rk_k_reduce_n<D, K><<<rk_blocks(work), RK_DEV_THREADS, 0, st>>>(static_cast<S *>(dst), p, m,
+                                                                     count, s, vec);
+    return rk_dev_check("rk_dev_reduce_n");
+}
+
+template <typename D, int K>
 ncclResult_t rk_launch_reduce_n(void *dst, const void *const *ins, int n, size_t count,
                                 const chorus_redop_t *op, cudaStream_t st) {
-    using S = typename D::S;
     typename D::C s = K == RK_PREMULSUM ? D::scalar(op) : typename D::C(0);
-    int done = 0;
-    while (done < n) {
-        rk_dev_ptrs_t p;
-        int m = 0;
-        if (done > 0) p.p[m++] = dst; /* later rounds fold onto the partial result */
-        while (m < RK_DEV_MAXN && done < n) p.p[m++] = ins[done++];
-        bool vec = rk_aligned16(dst);
-        for (int k = 0; k < m; k++) vec = vec && rk_aligned16(p.p[k]);
-        size_t work = vec ? count / Vec<S>::N + count % Vec<S>::N : count;
-        /* the partial result is already scaled: a PREMULSUM round after the first must not
-         * scale it again, so it runs as SUM with dst pre-multiplied... which PREMULSUM's
-         * pre() would repeat. Fold it with a plain SUM kernel over the scaled inputs instead. */
-        if (K == RK_PREMULSUM && p.p[0] == dst && done > RK_DEV_MAXN) {
-            for (int k = 1; k < m; k++) {
-                CHECK(rk_launch_reduce<D, RK_PREMULSUM>(dst, p.p[k], dst, count, op, st,
-                                                        "rk_dev_reduce_n"));
-            }
+    rk_dev_ptrs_t p;
+    int k = 0, m = 0;
+    while (m < RK_DEV_MAXN && k < n) p.p[m++] = ins[k++];
+    CHECK((rk_launch_reduce_n_round<D, K>(dst, p, m, count, s, st)));
+    while (k < n) {
+        if (K == RK_PREMULSUM) { /* dst is already scaled: fold one scaled input at a time */
+            CHECK((rk_launch_reduce<D, K>(dst, ins[k++], dst, count, op, st, "rk_dev_reduce_n")));
             continue;
         }
-        rk_k_reduce_n<D, K><<<rk_blocks(work), RK_DEV_THREADS, 0, st>>>(static_cast<S *>(dst), p, m,
-                                                                         count, s, vec);
-        CHECK(rk_dev_check("rk_dev_reduce_n"));
+        m = 0; /* pre() is the identity: the partial result is just one more input */
+        p.p[m++] = dst;
+        while (m < RK_DEV_MAXN && k < n) p.p[m++] = ins[k++];
+        CHECK((rk_launch_reduce_n_round<D, K>(dst, p, m, count, s, st)));
     }
     return ncclSuccess;
 }
@@ -287,6 +295,12 @@ ncclResult_t rk_dispatch_reduce_n(void *dst, const void *const *ins, int n, size
     case RK_PREMULSUM: return rk_launch_reduce_n<D, RK_PREMULSUM>(dst, ins, n, count, op, st);
     default: return rk_launch_reduce_n<D, RK_SUM>(dst, ins, n, count, op, st);
     }
+}
+
+template <typename D>
+ncclResult_t rk_launch_reduce_pre(void *dst, const void *in, size_t count, const chorus_redop_t *op,
+                                  cudaStream_t st) {
+    return rk_launch_reduce<D, RK_PREMULSUM>(dst, in, nullptr, count, op, st, "rk_dev_prepare");
 }
 
 template <typename D>

@@ -125,6 +125,12 @@ static ncclResult_t shm_connect_send(chorus_conn_t *conn, shm_conn_t *sc, const 
     uint32_t state;
     while ((state = atomic_load_explicit(&sc->ctrl->cma_state, memory_order_acquire)) ==
            SHM_CMA_UNDECIDED) {
+        if (atomic_load_explicit(&sc->ctrl->recv_closed, memory_order_acquire)) {
+            WARN("shm: rank %d (%s, pid %d) gave up on its end of the connection during setup "
+                 "(its log says why)",
+                 conn->peer, conn->comm->peers[conn->peer].hostname, sc->peer_pid);
+            return ncclRemoteError;
+        }
         CHECK(shm_idle_check(conn, sc));
         ncclResult_t res = chorus_waiter_step(&w);
         if (res != ncclSuccess) {

@@ -35,6 +35,13 @@
 #define TCP_MAX_THREADS 16
 #define TCP_STAGE_BYTES 4096 /* receive staging for headers and small payloads, per socket */
 #define TCP_PIECE_ALIGN 4096 /* piece boundaries inside a chunk */
+/* A helper leaves its sockets to the caller while the caller polled them this recently, and
+ * naps this long before it looks again. */
+#define TCP_CALLER_ACTIVE_NS 50000
+#define TCP_HELPER_NAP_NS 100000
+#ifndef TCP_CALLER_BACKOFF_MAX
+#define TCP_CALLER_BACKOFF_MAX 64
+#endif
 
 #define TCP_BLOB_MAGIC 0x54435042u      /* "TCPB" */
 #define TCP_HANDSHAKE_MAGIC 0x43484f5255535443ull /* "CHORUSTC" */
@@ -89,11 +96,13 @@ enum {
     TCP_SOCK_IDLE = 4,    /* waiting for the caller: a commit (send) or a free slot (recv) */
     TCP_SOCK_CLOSED = 8,  /* the peer closed cleanly (recv) */
     TCP_SOCK_FAIL = 16,   /* the connection failed; the error is recorded on the connection */
+    TCP_SOCK_BUSY = 32,   /* another thread drives the socket right now */
 };
 
 typedef struct {
     int fd;
     int index;
+    int lock; /* taken by whoever drives the socket: its helper thread or the caller */
     /* sender state */
     uint64_t cursor; /* next step this socket looks at */
     int busy;        /* a piece is being written */
@@ -154,7 +163,9 @@ typedef struct tcp_conn {
     int stop_fd; /* eventfd: wakes threads blocked in poll() at close */
     int stop;
 
-    int error; /* ncclResult_t, first failure wins */
+    uint64_t caller_ns; /* when the caller last drove the sockets (waiting for them) */
+    int caller_backoff, caller_skip; /* polls without inline I/O after fruitless ones */
+    int error;          /* ncclResult_t, first failure wins */
     int warned;
 } tcp_conn_t;
 
@@ -182,8 +193,10 @@ void tcp_event_wait(tcp_event_t *ev, uint32_t seen, int timeout_ms);
 uint32_t tcp_split(const tcp_conn_t *tc, size_t bytes, size_t *piece_p);
 int tcp_sock_send_pass(tcp_conn_t *tc, tcp_sock_t *s);
 int tcp_sock_recv_pass(tcp_conn_t *tc, tcp_sock_t *s);
-/* Run every socket once in the caller's thread (SOCKET_NTHREADS=0). */
-void tcp_drive_all(tcp_conn_t *tc);
+/* One pass over a socket if nobody else drives it (TCP_SOCK_BUSY otherwise). */
+int tcp_sock_try(tcp_conn_t *tc, tcp_sock_t *s);
+/* One pass over every socket in the caller's thread; returns the OR of the results. */
+int tcp_drive_all(tcp_conn_t *tc);
 ncclResult_t tcp_threads_start(tcp_conn_t *tc);
 void tcp_threads_stop(tcp_conn_t *tc);
 /* Record the first failure of a connection; WARNs once. */

@@ -4,14 +4,21 @@
  * The caller's side of a connection is single-threaded (one progress engine drives a connection),
  * so head/sent (sender) and released (receiver) need only release stores for the helper threads to
  * see them. Every call first looks at the connection's sticky error, so a failure found by a helper
- * thread reaches the caller on its next acquire/peek/progress. With SOCKET_NTHREADS=0 there are no
- * helper threads and these calls run the socket state machines themselves (nonblocking).
+ * thread reaches the caller on its next acquire/peek/progress.
+ *
+ * The caller also drives the sockets itself (nonblocking, under each socket's try-lock): a commit
+ * writes its pieces at once, and a peek that finds nothing reads. On a loaded machine this saves
+ * the thread hand-off that would otherwise sit on every chunk; the helper threads only carry what
+ * the kernel could not take at once, and keep data moving while the caller is busy elsewhere.
+ * With SOCKET_NTHREADS=0 there are no helpers, and data moves only inside these calls, so the
+ * caller must keep calling progress() (or acquire/peek/drained) on every active connection.
  */
 #include <string.h>
 
 #include "check.h"
 #include "comm.h"
 #include "tcp.h"
+#include "waiter.h"
 
 #define LOAD_ACQ(p) __atomic_load_n((p), __ATOMIC_ACQUIRE)
 #define STORE_REL(p, v) __atomic_store_n((p), (v), __ATOMIC_RELEASE)
@@ -19,6 +26,26 @@
 static inline ncclResult_t tcp_check_error(tcp_conn_t *tc) {
     int e = LOAD_ACQ(&tc->error);
     return (ncclResult_t)e;
+}
+
+/* The caller waits on this connection and drives its sockets; helpers keep out of its way
+ * meanwhile (tcp_worker.c). */
+static inline void tcp_caller_drive(tcp_conn_t *tc) {
+    if (tc->nthreads > 0) {
+        if (tc->caller_skip > 0) {
+            tc->caller_skip--;
+            return;
+        }
+        __atomic_store_n(&tc->caller_ns, chorus_now_ns(), __ATOMIC_RELAXED);
+    }
+    int r = tcp_drive_all(tc);
+    if (r & TCP_SOCK_DID) {
+        tc->caller_backoff = 0;
+    } else if (tc->nthreads > 0) {
+        tc->caller_backoff = tc->caller_backoff ? tc->caller_backoff * 2 : 1;
+        if (tc->caller_backoff > TCP_CALLER_BACKOFF_MAX) tc->caller_backoff = TCP_CALLER_BACKOFF_MAX;
+        tc->caller_skip = tc->caller_backoff;
+    }
 }
 
 /* Give back the slots whose every piece the kernel has taken. */
@@ -36,12 +63,13 @@ static ncclResult_t tcp_send_acquire(chorus_conn_t *conn, void **slot_p, int *re
     *ready_p = 0;
     CHECK(tcp_check_error(tc));
     tcp_send_reclaim(tc);
-    if (tc->head - tc->sent >= (uint64_t)tc->nslots && tc->nthreads == 0) {
-        tcp_drive_all(tc);
+    if (tc->head - tc->sent >= (uint64_t)tc->nslots) {
+        /* Full: push pending pieces ourselves rather than wait for a helper to be scheduled. */
+        tcp_caller_drive(tc);
         CHECK(tcp_check_error(tc));
         tcp_send_reclaim(tc);
+        if (tc->head - tc->sent >= (uint64_t)tc->nslots) return ncclSuccess;
     }
-    if (tc->head - tc->sent >= (uint64_t)tc->nslots) return ncclSuccess;
     *slot_p = tc->slots + (size_t)(tc->head % (uint64_t)tc->nslots) * tc->slot_bytes;
     *ready_p = 1;
     return ncclSuccess;
@@ -63,17 +91,15 @@ static ncclResult_t tcp_send_commit(chorus_conn_t *conn, size_t bytes) {
     tc->slot_npieces[slot] = k;
     STORE_REL(&tc->head, step + 1);
     conn->step = step + 1;
-    if (tc->nthreads == 0) {
-        tcp_drive_all(tc);
-        return tcp_check_error(tc);
-    }
-    /* Wake the threads that own a socket carrying a piece of this step. */
+    /* Write the pieces inline, so a small chunk leaves with no thread hand-off; whatever the
+     * kernel does not take at once is left to the socket's helper thread, woken only then. */
     int first = (int)(step % (uint64_t)tc->nsocks);
-    if ((int)k >= tc->nthreads) {
-        for (int t = 0; t < tc->nthreads; t++) tcp_event_signal(&tc->threads[t].ev);
-    } else {
-        for (uint32_t j = 0; j < k; j++)
-            tcp_event_signal(&tc->threads[(first + (int)j) % tc->nsocks % tc->nthreads].ev);
+    for (uint32_t j = 0; j < k; j++) {
+        int i = (first + (int)j) % tc->nsocks;
+        int r = tcp_sock_try(tc, &tc->socks[i]);
+        if (r & TCP_SOCK_FAIL) return tcp_check_error(tc);
+        if ((r & (TCP_SOCK_BLOCKED | TCP_SOCK_BUSY)) && tc->nthreads > 0)
+            tcp_event_signal(&tc->threads[i % tc->nthreads].ev);
     }
     return ncclSuccess;
 }
@@ -82,11 +108,12 @@ static ncclResult_t tcp_send_drained(chorus_conn_t *conn, int *done_p) {
     tcp_conn_t *tc = conn->priv;
     *done_p = 0;
     CHECK(tcp_check_error(tc));
-    if (tc->nthreads == 0) {
-        tcp_drive_all(tc);
-        CHECK(tcp_check_error(tc));
-    }
     tcp_send_reclaim(tc);
+    if (tc->sent != tc->head) {
+        tcp_caller_drive(tc);
+        CHECK(tcp_check_error(tc));
+        tcp_send_reclaim(tc);
+    }
     *done_p = tc->sent == tc->head;
     return ncclSuccess;
 }
@@ -106,7 +133,8 @@ static ncclResult_t tcp_recv_peek(chorus_conn_t *conn, const void **data_p, size
     int slot = (int)(step % (uint64_t)tc->nslots);
     if (LOAD_ACQ(&tc->slot_ready[slot]) != step + 1) {
         CHECK(tcp_check_error(tc));
-        if (tc->nthreads == 0) tcp_drive_all(tc);
+        /* Read inline: the caller is polling anyway, and needs no helper to be scheduled. */
+        tcp_caller_drive(tc);
         if (LOAD_ACQ(&tc->slot_ready[slot]) != step + 1) {
             CHECK(tcp_check_error(tc));
             if (LOAD_ACQ(&tc->closed_socks) == tc->nsocks) return tcp_recv_closed(tc);
@@ -132,10 +160,7 @@ static ncclResult_t tcp_recv_release(chorus_conn_t *conn) {
     __atomic_store_n(&tc->slot_recvd[slot], 0, __ATOMIC_RELAXED);
     STORE_REL(&tc->released, step + 1);
     conn->step = step + 1;
-    if (tc->nthreads == 0)
-        tcp_drive_all(tc);
-    else
-        tcp_event_signal(&tc->release_ev);
+    if (tc->nthreads > 0) tcp_event_signal(&tc->release_ev);
     return ncclSuccess;
 }
 
@@ -143,11 +168,8 @@ static ncclResult_t tcp_progress(chorus_conn_t *conn) {
     tcp_conn_t *tc = conn->priv;
     if (tc == NULL) return ncclSuccess;
     CHECK(tcp_check_error(tc));
-    if (tc->nthreads == 0) {
-        tcp_drive_all(tc);
-        CHECK(tcp_check_error(tc));
-    }
-    return ncclSuccess;
+    tcp_drive_all(tc);
+    return tcp_check_error(tc);
 }
 
 const chorus_transport_ops_t tcp_transport_ops = {

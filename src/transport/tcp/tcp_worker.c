@@ -16,6 +16,7 @@
 #include <limits.h>
 #include <linux/futex.h>
 #include <poll.h>
+#include <sched.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -30,6 +31,7 @@
 #include "comm.h"
 #include "log.h"
 #include "tcp.h"
+#include "waiter.h"
 
 #define LOAD_ACQ(p) __atomic_load_n((p), __ATOMIC_ACQUIRE)
 #define STORE_REL(p, v) __atomic_store_n((p), (v), __ATOMIC_RELEASE)
@@ -262,13 +264,19 @@ int tcp_sock_recv_pass(tcp_conn_t *tc, tcp_sock_t *s) {
     }
 }
 
-void tcp_drive_all(tcp_conn_t *tc) {
-    for (int i = 0; i < tc->nsocks; i++) {
-        if (tc->is_send)
-            tcp_sock_send_pass(tc, &tc->socks[i]);
-        else
-            tcp_sock_recv_pass(tc, &tc->socks[i]);
-    }
+int tcp_sock_try(tcp_conn_t *tc, tcp_sock_t *s) {
+    if (__atomic_load_n(&s->lock, __ATOMIC_RELAXED) ||
+        __atomic_exchange_n(&s->lock, 1, __ATOMIC_ACQUIRE))
+        return TCP_SOCK_BUSY;
+    int r = tc->is_send ? tcp_sock_send_pass(tc, s) : tcp_sock_recv_pass(tc, s);
+    __atomic_store_n(&s->lock, 0, __ATOMIC_RELEASE);
+    return r;
+}
+
+int tcp_drive_all(tcp_conn_t *tc) {
+    int r = 0;
+    for (int i = 0; i < tc->nsocks; i++) r |= tcp_sock_try(tc, &tc->socks[i]);
+    return r;
 }
 
 /* ---- helper threads ------------------------------------------------------------------------- */
@@ -288,7 +296,7 @@ static void *tcp_thread_main(void *arg) {
         uint32_t seen = tcp_event_seq(ev);
         int any = 0, npoll = 0, nclosed = 0;
         for (int i = 0; i < nmine; i++) {
-            int r = tc->is_send ? tcp_sock_send_pass(tc, mine[i]) : tcp_sock_recv_pass(tc, mine[i]);
+            int r = tcp_sock_try(tc, mine[i]);
             any |= r;
             if (r & TCP_SOCK_BLOCKED)
                 pfd[npoll++] = (struct pollfd){.fd = mine[i]->fd,
@@ -302,11 +310,26 @@ static void *tcp_thread_main(void *arg) {
             continue;
         }
         if (npoll > 0) {
+            /* The caller polls this connection right now and moves the data itself: waking on
+             * every arrival would only fight it for the socket and the CPU. Nap, and take over
+             * when it stops polling (it went to compute, or its waiter sleeps). */
+            uint64_t active = __atomic_load_n(&tc->caller_ns, __ATOMIC_RELAXED);
+            if (active && chorus_now_ns() - active < TCP_CALLER_ACTIVE_NS) {
+                struct pollfd stop = {.fd = tc->stop_fd, .events = POLLIN};
+                struct timespec nap = {0, TCP_HELPER_NAP_NS};
+                (void)ppoll(&stop, 1, &nap, NULL);
+                continue;
+            }
             /* Some sockets wait for the kernel. If others wait for the caller, poll briefly so a
              * commit or release is not left waiting behind a slow socket. */
             pfd[npoll++] = (struct pollfd){.fd = tc->stop_fd, .events = POLLIN};
-            int timeout = (any & TCP_SOCK_IDLE) ? 1 : 1000;
+            int timeout = (any & (TCP_SOCK_IDLE | TCP_SOCK_BUSY)) ? 1 : 1000;
             (void)poll(pfd, (nfds_t)npoll, timeout);
+            continue;
+        }
+        if (any & TCP_SOCK_BUSY) {
+            /* The caller drives a socket of ours for a moment: let it finish. */
+            sched_yield();
             continue;
         }
         /* Everything waits for the caller: spin a little (the next commit usually follows at

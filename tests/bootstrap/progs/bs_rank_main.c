@@ -7,6 +7,7 @@
  *   bs_rank_main comm         ncclGetUniqueId in every rank (NCCL_COMM_ID fixes it) +
  *                              ncclCommInitRank + ncclCommDestroy, as a plain NCCL program would
  *   bs_rank_main env          chorusCommInitFromEnv + ncclCommDestroy
+ *   bs_rank_main allreduce    chorusCommInitFromEnv + host-buffer ncclAllReduce checks + destroy
  *
  * Exit 0 on success; any failure prints a line and exits 1.
  */
@@ -55,7 +56,28 @@ static int run_bootstrap(int rank, int nranks) {
     return 0;
 }
 
-static int run_comm(int rank, int nranks, int from_env) {
+/* A host-buffer all-reduce over the communicator (sum of rank+1 over all ranks, per element). */
+static int check_allreduce(ncclComm_t comm, int rank, int nranks) {
+    size_t counts[] = {1, 1000, 1 << 20};
+    for (size_t k = 0; k < sizeof(counts) / sizeof(counts[0]); k++) {
+        size_t count = counts[k];
+        float *buf = malloc(count * sizeof(float));
+        if (!buf) FAIL("out of memory");
+        for (size_t i = 0; i < count; i++)
+            buf[i] = (float)(rank + 1) + (float)(i % 7);
+        ncclResult_t r = ncclAllReduce(buf, buf, count, ncclFloat32, ncclSum, comm, NULL);
+        if (r != ncclSuccess) FAIL("ncclAllReduce(%zu) -> %s", count, ncclGetErrorString(r));
+        for (size_t i = 0; i < count; i++) {
+            float want = (float)(nranks * (nranks + 1) / 2) + (float)nranks * (float)(i % 7);
+            if (buf[i] != want)
+                FAIL("allreduce(%zu)[%zu] = %g, expected %g", count, i, buf[i], want);
+        }
+        free(buf);
+    }
+    return 0;
+}
+
+static int run_comm(int rank, int nranks, int from_env, int allreduce) {
     ncclComm_t comm = NULL;
     ncclResult_t r;
     if (from_env) {
@@ -72,9 +94,10 @@ static int run_comm(int rank, int nranks, int from_env) {
     if (ncclCommCount(comm, &n) != ncclSuccess || ncclCommUserRank(comm, &me) != ncclSuccess ||
         n != nranks || me != rank)
         FAIL("comm reports rank %d of %d", me, n);
+    if (allreduce && check_allreduce(comm, rank, nranks) != 0) return 1;
     r = ncclCommDestroy(comm);
     if (r != ncclSuccess) FAIL("ncclCommDestroy -> %s", ncclGetErrorString(r));
-    printf("bs_rank_main: rank %d of %d comm ok\n", rank, nranks);
+    printf("bs_rank_main: rank %d of %d comm%s ok\n", rank, nranks, allreduce ? "+allreduce" : "");
     return 0;
 }
 
@@ -85,7 +108,8 @@ int main(int argc, char **argv) {
     int nranks = atoi(ns);
     const char *mode = argc > 1 ? argv[1] : "bootstrap";
     if (strcmp(mode, "bootstrap") == 0) return run_bootstrap(rank, nranks);
-    if (strcmp(mode, "comm") == 0) return run_comm(rank, nranks, 0);
-    if (strcmp(mode, "env") == 0) return run_comm(rank, nranks, 1);
+    if (strcmp(mode, "comm") == 0) return run_comm(rank, nranks, 0, 0);
+    if (strcmp(mode, "env") == 0) return run_comm(rank, nranks, 1, 0);
+    if (strcmp(mode, "allreduce") == 0) return run_comm(rank, nranks, 1, 1);
     FAIL("unknown mode '%s'", mode);
 }

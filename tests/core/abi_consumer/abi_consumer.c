@@ -24,7 +24,7 @@
     do {                                                                                           \
         ncclResult_t r_ = (call);                                                                  \
         if (r_ != ncclSuccess) {                                                                   \
-            fprintf(stderr, "rank %d: %s -> %d (%s): %s\n", rank, #call, (int)r_,                 \
+            fprintf(stderr, "rank %d: %s -> %d (%s): %s\n", rank, #call, (int)r_,                  \
                     ncclGetErrorString(r_), ncclGetLastError(NULL));                               \
             return 1;                                                                              \
         }                                                                                          \

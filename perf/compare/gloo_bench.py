@@ -1,0 +1,142 @@
+#!/usr/bin/python3
+"""gloo_bench.py: Gloo's collectives (torch.distributed, gloo backend, CPU tensors) measured the
+way the Chorus perf binaries measure theirs, for perf/compare/compare.py.
+
+    /usr/bin/python3 gloo_bench.py --np N --coll allreduce,allgather,reducescatter \
+        --minbytes 8 --maxbytes 16777216 --factor 4 --iters 10 --warmup 2 --reps 5
+
+Sizes follow nccl-tests (the larger buffer in bytes, float32; all-gather and reduce-scatter split
+it over ranks with a per-rank count rounded down to 16 bytes, sizes with a per-rank count of 0 are
+skipped). Per size: one checked call (small-integer inputs, exact float sums), WARMUP untimed calls,
+then REPS repetitions of (barrier, ITERS timed calls), each repetition's time being the wall time
+per call averaged over ranks. Rank 0 prints `<coll> <size> <count> <time_us> <rep>` per
+repetition, and `# unsupported: <coll>: <reason>` for a collective this torch/Gloo build lacks
+(torch 1.13's Gloo has no reduce_scatter). Several collectives run in one launch because starting
+torch costs seconds. Exit status 1 means a wrong result.
+"""
+import argparse
+import os
+import sys
+import time
+
+
+def per_rank_count(count, np_):
+    return count // np_ // 4 * 4
+
+
+def worker(rank, a, port):
+    import torch.distributed as dist
+
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    dist.init_process_group("gloo", rank=rank, world_size=a.np)
+    status = 0
+    for coll in a.coll.split(","):
+        status |= run_coll(rank, a, coll)
+    dist.destroy_process_group()
+    if status:
+        sys.exit(status)
+
+
+def run_coll(rank, a, coll):
+    import torch
+    import torch.distributed as dist
+
+    np_ = a.np
+    status = 0
+    size = a.minbytes
+    while size <= a.maxbytes:
+        count = size // 4
+        per = per_rank_count(count, np_)
+        param = count if coll == "allreduce" else per
+        shown = count * 4 if coll == "allreduce" else per * np_ * 4
+        nxt = size * a.factor if size else 1
+        if param == 0:
+            size = nxt
+            continue
+        idx = torch.arange(count if coll != "allgather" else per, dtype=torch.int64)
+        base = ((idx % 13) + rank + 1).to(torch.float32)
+        if coll == "allreduce":
+            x = base.clone()
+
+            def call():
+                dist.all_reduce(x)
+        elif coll == "allgather":
+            x = base[:per].clone()
+            outs = [torch.empty(per, dtype=torch.float32) for _ in range(np_)]
+
+            def call():
+                dist.all_gather(outs, x)
+        else:
+            x = base[: per * np_].clone()
+            ins = list(x.chunk(np_))
+            out = torch.empty(per, dtype=torch.float32)
+
+            def call():
+                dist.reduce_scatter(out, ins)
+        # One checked call on fresh inputs.
+        try:
+            call()
+        except (RuntimeError, NotImplementedError) as e:
+            if rank == 0:
+                print(f"# unsupported: {coll}: {str(e).splitlines()[0]}", flush=True)
+            break
+        ok = True
+        if coll == "allreduce":
+            want = sum(((idx % 13) + r + 1).to(torch.float32) for r in range(np_))
+            ok = torch.equal(x, want)
+        elif coll == "allgather":
+            ok = all(torch.equal(outs[r], ((idx[:per] % 13) + r + 1).to(torch.float32))
+                     for r in range(np_))
+        else:
+            g = idx[rank * per:(rank + 1) * per]
+            want = sum(((g % 13) + r + 1).to(torch.float32) for r in range(np_))
+            ok = torch.equal(out, want)
+        if not ok:
+            print(f"# gloo {coll} size {size}: wrong result on rank {rank}", file=sys.stderr)
+            status = 1
+        for _ in range(a.warmup):
+            call()
+        for rep in range(a.reps):
+            dist.barrier()
+            t0 = time.perf_counter()
+            for _ in range(a.iters):
+                call()
+            t = torch.tensor([(time.perf_counter() - t0) / a.iters], dtype=torch.float64)
+            dist.all_reduce(t)
+            if rank == 0:
+                print(f"{coll} {shown} {param} {t.item() / np_ * 1e6:.3f} {rep}", flush=True)
+        size = nxt
+    return status
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--np", type=int, default=2)
+    p.add_argument("--coll", default="allreduce",
+                   help="comma-separated: allreduce, allgather, reducescatter")
+    p.add_argument("--minbytes", type=int, default=8)
+    p.add_argument("--maxbytes", type=int, default=1 << 24)
+    p.add_argument("--factor", type=int, default=4)
+    p.add_argument("--iters", type=int, default=10)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--reps", type=int, default=5)
+    a = p.parse_args()
+    for c in a.coll.split(","):
+        if c not in ("allreduce", "allgather", "reducescatter"):
+            p.error(f"unknown collective {c}")
+    import socket
+    import torch.multiprocessing as mp
+
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    try:
+        mp.spawn(worker, args=(a, port), nprocs=a.np, join=True)
+    except mp.ProcessExitedException as e:
+        sys.exit(e.exit_code if e.exit_code else 1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,132 @@
+/*
+ * mpi_bench.c: Open MPI's collectives measured the way the Chorus perf binaries measure theirs,
+ * for perf/compare/compare.py (compiled there with mpicc at run time; not part of the build).
+ *
+ *   mpirun -np N mpi_bench <allreduce|allgather|reducescatter> MINBYTES MAXBYTES FACTOR ITERS
+ *          WARMUP REPS
+ *
+ * Sizes follow nccl-tests: the size is the larger buffer in bytes (float32 elements); all-gather
+ * and reduce-scatter split it over ranks with a per-rank count rounded down to 16 bytes, and sizes
+ * whose per-rank count is 0 are skipped. Per size: WARMUP untimed calls, then REPS repetitions of
+ * (barrier, ITERS timed calls); a repetition's time is the wall time per call averaged over ranks
+ * (nccl-tests' default -a 1). Each size is checked once (inputs are small integers, so float sums
+ * are exact); a wrong result makes the program exit 1. Rank 0 prints one line per repetition:
+ *   <size> <count> <time_us> <rep>
+ */
+#include <mpi.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum { ALLREDUCE, ALLGATHER, REDUCESCATTER };
+
+static void run_once(int coll, float *send, float *recv, size_t per, size_t count)
+{
+    switch (coll) {
+    case ALLREDUCE:
+        MPI_Allreduce(send, recv, (int)count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+        break;
+    case ALLGATHER:
+        MPI_Allgather(send, (int)per, MPI_FLOAT, recv, (int)per, MPI_FLOAT, MPI_COMM_WORLD);
+        break;
+    default:
+        MPI_Reduce_scatter_block(send, recv, (int)per, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+        break;
+    }
+}
+
+/* Input of rank r at element i, and the expected output element i of rank `me`. */
+static float input_value(int r, size_t i) { return (float)((r + 1) + (int)(i % 13)); }
+
+static long check(int coll, const float *recv, size_t per, size_t count, int me, int np)
+{
+    long wrong = 0;
+    size_t n = coll == ALLREDUCE ? count : (coll == ALLGATHER ? per * (size_t)np : per);
+    for (size_t i = 0; i < n; i++) {
+        float want = 0;
+        if (coll == ALLGATHER) {
+            want = input_value((int)(i / per), i % per);
+        } else {
+            size_t g = coll == REDUCESCATTER ? (size_t)me * per + i : i;
+            for (int r = 0; r < np; r++)
+                want += input_value(r, g);
+        }
+        if (recv[i] != want)
+            wrong++;
+    }
+    return wrong;
+}
+
+int main(int argc, char **argv)
+{
+    int me, np;
+    MPI_Init(&argc, &argv);
+    MPI_Comm_rank(MPI_COMM_WORLD, &me);
+    MPI_Comm_size(MPI_COMM_WORLD, &np);
+    if (argc != 8) {
+        if (me == 0)
+            fprintf(stderr, "usage: %s allreduce|allgather|reducescatter MIN MAX FACTOR ITERS "
+                            "WARMUP REPS\n", argv[0]);
+        MPI_Finalize();
+        return 2;
+    }
+    int coll = strcmp(argv[1], "allreduce") == 0   ? ALLREDUCE
+               : strcmp(argv[1], "allgather") == 0 ? ALLGATHER
+               : strcmp(argv[1], "reducescatter") == 0 ? REDUCESCATTER
+                                                        : -1;
+    size_t minb = strtoull(argv[2], NULL, 0), maxb = strtoull(argv[3], NULL, 0);
+    size_t factor = strtoull(argv[4], NULL, 0);
+    int iters = atoi(argv[5]), warmup = atoi(argv[6]), reps = atoi(argv[7]);
+    if (coll < 0 || factor < 2 || iters < 1 || reps < 1 || minb > maxb) {
+        if (me == 0)
+            fprintf(stderr, "mpi_bench: bad arguments\n");
+        MPI_Finalize();
+        return 2;
+    }
+    size_t maxcount = maxb / sizeof(float) + 4;
+    float *send = malloc(maxcount * sizeof(float)), *recv = malloc(maxcount * sizeof(float));
+    if (!send || !recv) {
+        fprintf(stderr, "mpi_bench: out of memory\n");
+        MPI_Abort(MPI_COMM_WORLD, 1);
+    }
+    int failed = 0;
+    for (size_t size = minb; size <= maxb; size = size ? size * factor : 1) {
+        size_t count = size / sizeof(float);
+        size_t per = count / (size_t)np / 4 * 4; /* 16-byte multiple, as nccl-tests */
+        size_t nsend = coll == ALLGATHER ? per : (coll == ALLREDUCE ? count : per * (size_t)np);
+        size_t shown = coll == ALLREDUCE ? count : per * (size_t)np;
+        size_t param = coll == ALLREDUCE ? count : per;
+        if (param == 0)
+            continue;
+        for (size_t i = 0; i < nsend; i++)
+            send[i] = input_value(me, i);
+        memset(recv, 0, maxcount * sizeof(float));
+        run_once(coll, send, recv, per, count);
+        long wrong = check(coll, recv, per, count, me, np), allwrong = 0;
+        MPI_Allreduce(&wrong, &allwrong, 1, MPI_LONG, MPI_SUM, MPI_COMM_WORLD);
+        if (allwrong) {
+            if (me == 0)
+                fprintf(stderr, "mpi_bench: %s size %zu: %ld wrong elements\n", argv[1], size,
+                        allwrong);
+            failed = 1;
+        }
+        for (int w = 0; w < warmup; w++)
+            run_once(coll, send, recv, per, count);
+        for (int rep = 0; rep < reps; rep++) {
+            MPI_Barrier(MPI_COMM_WORLD);
+            double t0 = MPI_Wtime();
+            for (int it = 0; it < iters; it++)
+                run_once(coll, send, recv, per, count);
+            double t = (MPI_Wtime() - t0) / iters, sum = 0;
+            MPI_Allreduce(&t, &sum, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+            if (me == 0)
+                printf("%zu %zu %.3f %d\n", shown * sizeof(float), param, sum / np * 1e6, rep);
+        }
+        fflush(stdout);
+    }
+    free(send);
+    free(recv);
+    MPI_Finalize();
+    return failed;
+}

@@ -1,0 +1,78 @@
+/*
+ * ib.h: private header of the RDMA-verbs transport (ib_transport_ops).
+ *
+ * libibverbs is never linked: ib_loader.c opens it with dlopen at first use and takes every
+ * function it calls through dlsym, so a machine without it runs everything else (and can_connect
+ * says no). The data-path calls ibv_post_send, ibv_post_recv and ibv_poll_cq are inline functions
+ * of <infiniband/verbs.h> that jump through the device context's own table, so they need no
+ * symbol. Files:
+ *   ib_loader.c   dlopen/dlsym of libibverbs
+ *   ib_device.c   device enumeration (NCCL_IB_HCA filter, active ports, GID choice), opened once
+ *   ib_conn.c     the ops: RC queue pair per connection, RDMA write with immediate, credits
+ *
+ * Data path (one RC queue pair per connection). The receiver's slots are registered for remote
+ * write and their address and rkey go to the sender in the setup blob; the sender registers its
+ * slots and an 8-byte credit word that the receiver may write. Step s is one RDMA WRITE WITH
+ * IMMEDIATE from the sender's slot s % nslots into the receiver's slot s % nslots, the immediate
+ * carrying the byte count; the receiver keeps nslots receive requests posted, and each completion
+ * (in order, on an RC queue pair) makes one step ready. After recv_release the receiver RDMA-writes
+ * its released count into the sender's credit word: the sender may run at most nslots steps ahead
+ * of it, and reuses its own slot once the write's completion was polled.
+ */
+#ifndef CHORUS_TRANSPORT_IB_H_
+#define CHORUS_TRANSPORT_IB_H_
+
+#include <infiniband/verbs.h>
+#include <stdint.h>
+
+#include "nccl.h"
+#include "transport.h"
+
+#define IB_MAX_DEVS 16
+
+typedef struct {
+    struct ibv_device **(*get_device_list)(int *num_devices);
+    void (*free_device_list)(struct ibv_device **list);
+    const char *(*get_device_name)(struct ibv_device *device);
+    struct ibv_context *(*open_device)(struct ibv_device *device);
+    int (*close_device)(struct ibv_context *context);
+    int (*query_device)(struct ibv_context *context, struct ibv_device_attr *attr);
+    int (*query_port)(struct ibv_context *context, uint8_t port, struct ibv_port_attr *attr);
+    int (*query_gid)(struct ibv_context *context, uint8_t port, int index, union ibv_gid *gid);
+    struct ibv_pd *(*alloc_pd)(struct ibv_context *context);
+    int (*dealloc_pd)(struct ibv_pd *pd);
+    struct ibv_mr *(*reg_mr)(struct ibv_pd *pd, void *addr, size_t length, int access);
+    int (*dereg_mr)(struct ibv_mr *mr);
+    struct ibv_cq *(*create_cq)(struct ibv_context *context, int cqe, void *cq_context,
+                                struct ibv_comp_channel *channel, int comp_vector);
+    int (*destroy_cq)(struct ibv_cq *cq);
+    struct ibv_qp *(*create_qp)(struct ibv_pd *pd, struct ibv_qp_init_attr *attr);
+    int (*modify_qp)(struct ibv_qp *qp, struct ibv_qp_attr *attr, int attr_mask);
+    int (*destroy_qp)(struct ibv_qp *qp);
+    const char *(*wc_status_str)(enum ibv_wc_status status);
+} ib_symbols_t;
+
+typedef struct {
+    char name[64];
+    int port;
+    struct ibv_context *ctx;
+    struct ibv_pd *pd;
+    struct ibv_port_attr port_attr;
+    int link_layer; /* IBV_LINK_LAYER_INFINIBAND or IBV_LINK_LAYER_ETHERNET */
+    int gid_index;
+    union ibv_gid gid;
+    int max_qp_wr;
+} ib_device_t;
+
+/* ib_loader.c: NULL when libibverbs cannot be loaded (logged once at INFO). */
+const ib_symbols_t *ib_symbols(void);
+
+/* ib_device.c: usable devices (active port, matching NCCL_IB_HCA), opened on first call. */
+int ib_device_count(void);
+ib_device_t *ib_device_get(int index);
+/* NCCL_IB_HCA syntax: "[^][=]name[:port],..." -> whether (name, port) is selected. */
+int ib_hca_match(const char *filter, const char *name, int port);
+
+extern const chorus_transport_ops_t ib_transport_ops;
+
+#endif

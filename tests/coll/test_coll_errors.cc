@@ -1,0 +1,186 @@
+// test_coll_errors.cc: argument checks (ncclInvalidArgument, the communicator stays usable),
+// mismatched collectives across ranks (every rank gets ncclInvalidUsage with both sides'
+// arguments), and a rank SIGKILLed in the middle of all-reduces (errors on the survivors, no hang).
+#include <gtest/gtest.h>
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "coll_util.h"
+#include "launch.h"
+
+using namespace coll_test;
+using chorus_test::Launch;
+
+TEST(CollArgs, InvalidArgumentsLeaveCommUsable) {
+    ncclUniqueId id = chorus_test::make_unique_id();
+    auto res = chorus_test::run_threads(2, [&](int rank, int n) -> int {
+        ncclComm_t comm;
+        RANK_NCCL(ncclCommInitRank(&comm, n, id, rank));
+        std::vector<float> a(16, 1.0f), b(16 * n, 0.0f);
+        RANK_CHECK(ncclAllReduce(a.data(), b.data(), 16, ncclFloat32, ncclSum, nullptr, nullptr) ==
+                       ncclInvalidArgument, "NULL comm");
+        RANK_CHECK(ncclAllReduce(a.data(), b.data(), 16, (ncclDataType_t)42, ncclSum, comm, nullptr) ==
+                       ncclInvalidArgument, "bad dtype");
+        RANK_CHECK(ncclAllReduce(a.data(), b.data(), 16, ncclFloat32, (ncclRedOp_t)77, comm, nullptr) ==
+                       ncclInvalidArgument, "bad op");
+        RANK_CHECK(ncclAllReduce(nullptr, b.data(), 16, ncclFloat32, ncclSum, comm, nullptr) ==
+                       ncclInvalidArgument, "NULL sendbuff");
+        RANK_CHECK(strstr(ncclGetLastError(comm), "sendbuff") != nullptr, "WARN names sendbuff: %s",
+                   ncclGetLastError(comm));
+        RANK_CHECK(ncclAllReduce(a.data(), nullptr, 16, ncclFloat32, ncclSum, comm, nullptr) ==
+                       ncclInvalidArgument, "NULL recvbuff");
+        RANK_CHECK(ncclBroadcast(a.data(), b.data(), 16, ncclFloat32, n, comm, nullptr) ==
+                       ncclInvalidArgument, "root out of range");
+        RANK_CHECK(ncclReduce(a.data(), b.data(), 16, ncclFloat32, ncclSum, -1, comm, nullptr) ==
+                       ncclInvalidArgument, "negative root");
+        RANK_CHECK(ncclSend(a.data(), 16, ncclFloat32, n + 3, comm, nullptr) == ncclInvalidArgument,
+                   "peer out of range");
+        RANK_CHECK(ncclRecv(nullptr, 16, ncclFloat32, 0, comm, nullptr) == ncclInvalidArgument,
+                   "NULL recv buffer");
+        // Non-root ranks of a reduce need no recvbuff, non-root ranks of a broadcast no sendbuff.
+        // Count 0 is a no-op that still checks the other arguments.
+        RANK_NCCL(ncclAllReduce(nullptr, nullptr, 0, ncclFloat32, ncclSum, comm, nullptr));
+        RANK_CHECK(ncclAllReduce(nullptr, nullptr, 0, (ncclDataType_t)-1, ncclSum, comm, nullptr) ==
+                       ncclInvalidArgument, "count 0 still checks the dtype");
+        // An error inside a group comes back from ncclGroupEnd.
+        RANK_NCCL(ncclGroupStart());
+        ncclResult_t r1 = ncclAllReduce(a.data(), b.data(), 16, ncclFloat32, (ncclRedOp_t)99, comm, nullptr);
+        ncclResult_t r2 = ncclGroupEnd();
+        RANK_CHECK(r1 == ncclInvalidArgument && r2 == ncclInvalidArgument, "group: %d %d", r1, r2);
+        // Still usable.
+        RANK_NCCL(ncclAllReduce(a.data(), b.data(), 16, ncclFloat32, ncclSum, comm, nullptr));
+        RANK_CHECK(b[0] == (float)n, "sum after errors: %f", b[0]);
+        RANK_NCCL(ncclReduce(a.data(), rank == 0 ? b.data() : nullptr, 16, ncclFloat32, ncclSum, 0, comm, nullptr));
+        RANK_NCCL(ncclBroadcast(rank == 1 ? a.data() : nullptr, b.data(), 16, ncclFloat32, 1, comm, nullptr));
+        RANK_NCCL(ncclCommDestroy(comm));
+        return 0;
+    });
+    EXPECT_TRUE(res.ok()) << res.detail;
+}
+
+// Ranks disagree: every rank must get ncclInvalidUsage (no hang, no corruption).
+struct MismatchCase {
+    const char *name;
+    int odd_rank;
+    int kind; // 0: different count, 1: allgather instead of allreduce, 2: different dtype, 3: root
+};
+
+class CollMismatch : public ::testing::TestWithParam<std::tuple<int, int, Launch, const char *>> {};
+TEST_P(CollMismatch, EveryRankErrors) {
+    int n = std::get<0>(GetParam());
+    int kind = std::get<1>(GetParam());
+    const char *algo = std::get<3>(GetParam());
+    if (algo[0]) setenv("CHORUS_ALGO", algo, 1);
+    setenv("CHORUS_TIMEOUT", "30", 1);
+    ncclResetDebugInit();
+    ncclUniqueId id = chorus_test::make_unique_id();
+    auto res = chorus_test::run_ranks(std::get<2>(GetParam()), n, [&](int rank, int nr) -> int {
+        ncclComm_t comm;
+        RANK_NCCL(ncclCommInitRank(&comm, nr, id, rank));
+        const size_t count = 100000;
+        std::vector<float> a(count * nr, 1.0f), b(count * nr * 2, 0.0f);
+        // A few good ops first, so the sequence numbers are non-trivial.
+        for (int i = 0; i < 3; i++)
+            RANK_NCCL(ncclAllReduce(a.data(), b.data(), count, ncclFloat32, ncclSum, comm, nullptr));
+        bool odd = rank == 1;
+        ncclResult_t r;
+        switch (kind) {
+        case 0:
+            // +1 element: both sides still pick the same algorithm (see the note in the report on
+            // counts that straddle the low-latency threshold).
+            r = ncclAllReduce(a.data(), b.data(), odd ? count + 1 : count, ncclFloat32, ncclSum, comm, nullptr);
+            break;
+        case 1:
+            r = odd ? ncclAllGather(a.data(), b.data(), count / nr, ncclFloat32, comm, nullptr)
+                    : ncclAllReduce(a.data(), b.data(), count, ncclFloat32, ncclSum, comm, nullptr);
+            break;
+        case 2:
+            r = ncclAllReduce(a.data(), b.data(), count, odd ? ncclInt32 : ncclFloat32, ncclSum, comm, nullptr);
+            break;
+        default:
+            r = ncclBroadcast(a.data(), b.data(), count, ncclFloat32, odd ? 1 : 0, comm, nullptr);
+            break;
+        }
+        if (r == ncclSuccess && kind == 3 && (rank == 0 || rank == 1)) {
+            // A chain's head only sends: it cannot see the disagreement within this op, but the
+            // error chunk travelling the ring makes its next op fail.
+            r = ncclAllReduce(a.data(), b.data(), count, ncclFloat32, ncclSum, comm, nullptr);
+        }
+        RANK_CHECK(r == ncclInvalidUsage, "rank %d: mismatched op returned %s", rank, ncclGetErrorString(r));
+        const char *msg = ncclGetLastError(comm);
+        RANK_CHECK(strstr(msg, "#3") != nullptr || strstr(msg, "#4") != nullptr ||
+                       strstr(msg, "earlier failure") != nullptr,
+                   "rank %d: message lacks the op number: %s", rank, msg);
+        ncclResult_t async;
+        RANK_NCCL(ncclCommGetAsyncError(comm, &async));
+        RANK_CHECK(async == ncclInvalidUsage, "async error %d", async);
+        RANK_NCCL(ncclCommAbort(comm));
+        return 0;
+    }, 90);
+    unsetenv("CHORUS_ALGO");
+    unsetenv("CHORUS_TIMEOUT");
+    ncclResetDebugInit();
+    EXPECT_TRUE(res.ok()) << res.detail;
+}
+INSTANTIATE_TEST_SUITE_P(
+    Coll, CollMismatch,
+    ::testing::Values(std::make_tuple(2, 0, Launch::Threads, ""), std::make_tuple(3, 0, Launch::Threads, ""),
+                      std::make_tuple(4, 1, Launch::Threads, ""), std::make_tuple(5, 2, Launch::Threads, ""),
+                      std::make_tuple(4, 3, Launch::Threads, ""), std::make_tuple(3, 0, Launch::Forked, ""),
+                      std::make_tuple(5, 0, Launch::Forked, ""),
+                      std::make_tuple(4, 0, Launch::Threads, "ll")));
+
+// A rank is SIGKILLed while the others are inside all-reduces: every survivor gets an error that
+// names the op, within the deadline (CHORUS_TIMEOUT=20 here), and nobody hangs.
+class CollKill : public ::testing::TestWithParam<std::tuple<int, const char *>> {};
+TEST_P(CollKill, SurvivorsError) {
+    int n = std::get<0>(GetParam());
+    const char *transport = std::get<1>(GetParam());
+    if (transport[0]) setenv("CHORUS_TRANSPORT", transport, 1);
+    setenv("CHORUS_TIMEOUT", "20", 1);
+    ncclResetDebugInit();
+    ncclUniqueId id = chorus_test::make_unique_id();
+    const int victim = n - 1;
+    auto res = chorus_test::run_forked(n, [&](int rank, int nr) -> int {
+        ncclComm_t comm;
+        RANK_NCCL(ncclCommInitRank(&comm, nr, id, rank));
+        const size_t count = 4 << 20;
+        std::vector<float> a(count, 1.0f), b(count);
+        if (rank == victim) {
+            std::thread([] {
+                usleep(300 * 1000);
+                kill(getpid(), SIGKILL);
+            }).detach();
+        }
+        for (int it = 0; it < 100000; it++) {
+            ncclResult_t r = ncclAllReduce(a.data(), b.data(), count, ncclFloat32, ncclSum, comm, nullptr);
+            if (r != ncclSuccess) {
+                const char *msg = ncclGetLastError(comm);
+                RANK_CHECK(r == ncclRemoteError || r == ncclSystemError, "rank %d: %s", rank,
+                           ncclGetErrorString(r));
+                RANK_CHECK(strstr(msg, "allreduce") != nullptr, "rank %d: message lacks the op: %s", rank, msg);
+                ncclCommAbort(comm);
+                return 0;
+            }
+        }
+        fprintf(stderr, "rank %d: never saw an error\n", rank);
+        return 1;
+    }, 120);
+    unsetenv("CHORUS_TRANSPORT");
+    unsetenv("CHORUS_TIMEOUT");
+    ncclResetDebugInit();
+    EXPECT_FALSE(res.timed_out) << res.detail;
+    EXPECT_EQ(res.failed, 1) << res.detail;
+    EXPECT_NE(res.detail.find("rank " + std::to_string(victim) + ": signal 9"), std::string::npos) << res.detail;
+}
+INSTANTIATE_TEST_SUITE_P(Coll, CollKill,
+                         ::testing::Values(std::make_tuple(3, ""), std::make_tuple(4, ""),
+                                           std::make_tuple(3, "tcp")));

@@ -1,0 +1,45 @@
+# tests/perf/extra.cmake: extra settings for test_perf and the "perf-run" tests.
+# Include from tests/CMakeLists.txt after the chorus_test_dir() calls:
+#   include(${CMAKE_CURRENT_SOURCE_DIR}/perf/extra.cmake OPTIONAL)
+#
+# test_perf unit-tests the harness logic in perf_core (perf/common). The perf-run tests run every
+# perf binary briefly on 2 and 3 ranks (forked processes, through chorusrun when it is built,
+# otherwise perf/launch_local.sh) and pass when the binary exits 0, which it does only when every
+# checked element of every size was right ("# Out of bounds values : 0 OK").
+if(TARGET test_perf AND TARGET perf_core)
+  target_link_libraries(test_perf PRIVATE perf_core)
+endif()
+
+if(TARGET all_reduce_perf)
+  if(TARGET chorusrun)
+    set(CHORUS_PERF_LAUNCH $<TARGET_FILE:chorusrun> -n)
+  else()
+    set(CHORUS_PERF_LAUNCH ${CMAKE_SOURCE_DIR}/perf/launch_local.sh -t 120)
+  endif()
+  foreach(coll all_reduce all_gather reduce_scatter broadcast reduce alltoall gather scatter
+               sendrecv hypercube)
+    foreach(np 2 3)
+      if(coll STREQUAL "hypercube" AND np EQUAL 3)
+        continue() # power-of-two rank counts only
+      endif()
+      set(name perf_run_${coll}_np${np})
+      add_test(NAME ${name}
+               COMMAND ${CHORUS_PERF_LAUNCH} ${np} $<TARGET_FILE:${coll}_perf>
+                       -b 8 -e 1M -f 4 -c 1 -n 5 -w 1)
+      set_tests_properties(${name} PROPERTIES LABELS "perf-run" TIMEOUT 180
+                           ENVIRONMENT "CHORUS_TIMEOUT=60"
+                           FAIL_REGULAR_EXPRESSION "FAILED;Test NCCL failure;Test CUDA failure")
+    endforeach()
+  endforeach()
+  # Every dtype and op on 2 ranks, all-reduce only (the reduction kernels are shared).
+  add_test(NAME perf_run_all_reduce_types_ops
+           COMMAND ${CHORUS_PERF_LAUNCH} 2 $<TARGET_FILE:all_reduce_perf>
+                   -b 8 -e 64K -f 8 -d all -o all -n 2 -w 1 -c 1)
+  set_tests_properties(perf_run_all_reduce_types_ops PROPERTIES LABELS "perf-run" TIMEOUT 300
+                       ENVIRONMENT "CHORUS_TIMEOUT=60")
+  # Threads in one process (-t) instead of processes.
+  add_test(NAME perf_run_all_reduce_threads
+           COMMAND $<TARGET_FILE:all_reduce_perf> -t 3 -b 8 -e 256K -f 8 -c 1 -n 5)
+  set_tests_properties(perf_run_all_reduce_threads PROPERTIES LABELS "perf-run" TIMEOUT 180
+                       ENVIRONMENT "CHORUS_TIMEOUT=60")
+endif()
