@@ -6,12 +6,10 @@
 #include "perf.h"
 
 static ncclResult_t run(const void *send, void *recv, size_t count, ncclDataType_t dt,
-                        ncclRedOp_t op, int root, ncclComm_t comm, cudaStream_t stream)
-{
+                        ncclRedOp_t op, int root, ncclComm_t comm, cudaStream_t stream) {
     int nranks = 0;
     ncclResult_t res = ncclCommCount(comm, &nranks);
-    if (res != ncclSuccess)
-        return res;
+    if (res != ncclSuccess) return res;
     size_t block = count * perf_dtype_size(dt);
     res = ncclGroupStart();
     for (int r = 0; r < nranks && res == ncclSuccess; r++) {
@@ -23,4 +21,6 @@ static ncclResult_t run(const void *send, void *recv, size_t count, ncclDataType
     return res != ncclSuccess ? res : end;
 }
 
-int main(int argc, char **argv) { return perf_main(argc, argv, PERF_ALLTOALL, run); }
+int main(int argc, char **argv) {
+    return perf_main(argc, argv, PERF_ALLTOALL, run);
+}

@@ -221,6 +221,8 @@ static void signal_all(rank_proc_t *p, int n, int sig) {
         if (p[i].pid <= 0 || p[i].done) continue;
         /* The rank's process group: also reaches what the rank started (sh -c, ...). */
         if (kill(-p[i].pid, sig) != 0) kill(p[i].pid, sig);
+        /* A stopped rank (SIGSTOP, a debugger) acts on SIGTERM only once it runs again. */
+        if (sig == SIGTERM && kill(-p[i].pid, SIGCONT) != 0) kill(p[i].pid, SIGCONT);
     }
 }
 

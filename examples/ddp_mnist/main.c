@@ -18,6 +18,7 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <sched.h>
+#include <sys/resource.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -33,7 +34,7 @@
 
 typedef struct {
     int epochs, batch, accumulate, threads, sharded, bf16, fp16, pin, no_comm, grad_copy;
-    int check_every, split;
+    int check_every, split, no_poll;
     double lr, momentum, bucket_mb, first_bucket_mb;
     uint64_t seed;
     size_t limit;
@@ -45,7 +46,7 @@ static void usage(FILE *f) {
             "usage: ddp_mnist [options]\n"
             "  --epochs E          training epochs (3)\n"
             "  --batch B           samples per rank per step (64)\n"
-            "  --lr LR             learning rate (0.05); N ranks x batch B equals 1 rank x N*B\n"
+            "  --lr LR             learning rate (0.02); N ranks x batch B equals 1 rank x N*B\n"
             "  --momentum M        SGD momentum (0.9)\n"
             "  --seed S            seed for weights and shuffling (1)\n"
             "  --accumulate K      micro-batches per optimizer step (chorusDdpNoSync) (1)\n"
@@ -63,6 +64,10 @@ static void usage(FILE *f) {
             "  --limit N           use only the first N training samples\n"
             "  --data DIR          IDX files (default " IDX_DEFAULT_DIR ")\n"
             "  --save PATH / --load PATH   checkpoint after training / before training\n"
+            "  --no-poll           do not call chorusDdpPoll during backward (then only Chorus's\n"
+            "                      progress thread moves started all-reduces forward)\n"
+            "  --no-poll           do not call chorusDdpPoll during backward (then only Chorus's\n"
+            "                      progress thread moves started all-reduces forward)\n"
             "  --no-comm           run one rank without a communicator\n");
 }
 
@@ -71,9 +76,10 @@ static int parse_opts(int argc, char **argv, opts_t *o) {
                   .batch = 64,
                   .accumulate = 1,
                   .threads = 1,
-                  .lr = 0.05,
+                  .lr = 0.02,
                   .momentum = 0.9,
-                  .bucket_mb = 0, .split = 1,
+                  .bucket_mb = 0,
+                  .split = 1,
                   .first_bucket_mb = 1,
                   .seed = 1,
                   .data = IDX_DEFAULT_DIR};
@@ -143,6 +149,8 @@ static int parse_opts(int argc, char **argv, opts_t *o) {
             o->pin = 1;
         else if (!strcmp(a, "--no-comm"))
             o->no_comm = 1;
+        else if (!strcmp(a, "--no-poll"))
+            o->no_poll = 1;
         else if (!strcmp(a, "--grad-copy"))
             o->grad_copy = 1;
         else if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
@@ -163,6 +171,14 @@ static int parse_opts(int argc, char **argv, opts_t *o) {
         return -1;
     }
     return 0;
+}
+
+/* CPU time of this process (all its threads), for throughput per CPU-second on a shared box. */
+static double cpu_s(void) {
+    struct rusage ru;
+    if (getrusage(RUSAGE_SELF, &ru) != 0) return 0;
+    return (double)ru.ru_utime.tv_sec + (double)ru.ru_utime.tv_usec * 1e-6 +
+           (double)ru.ru_stime.tv_sec + (double)ru.ru_stime.tv_usec * 1e-6;
 }
 
 static double now_s(void) {
@@ -186,10 +202,10 @@ static double now_s(void) {
 typedef struct {
     chorusDdp_t ddp;
     int wid[MLP_MAX_LAYERS], bid[MLP_MAX_LAYERS];
-    int nslices;                /* fc1.weight registered as this many row slices */
-    int slice_id[MAX_SPLIT];    /* their parameter ids */
-    int slice_end[MAX_SPLIT];   /* first row after each slice */
-    int marked;                 /* slices already marked ready in this step */
+    int nslices;              /* fc1.weight registered as this many row slices */
+    int slice_id[MAX_SPLIT];  /* their parameter ids */
+    int slice_end[MAX_SPLIT]; /* first row after each slice */
+    int marked;               /* slices already marked ready in this step */
     int failed;
 } ready_ctx_t;
 
@@ -325,11 +341,11 @@ int main(int argc, char **argv) {
     chorusDdpConfig_t cfg = CHORUS_DDP_CONFIG_INITIALIZER;
     /* Default cap: 25 MiB, or with --split-fc1 one slice (plus fc1.bias), so each slice's
      * all-reduce starts as soon as it is final. */
-    size_t slice_bytes = ((size_t)dims[0] + (size_t)o.split - 1) / (size_t)o.split *
-                         (size_t)dims[1] * sizeof(float);
+    size_t slice_bytes =
+        ((size_t)dims[0] + (size_t)o.split - 1) / (size_t)o.split * (size_t)dims[1] * sizeof(float);
     cfg.bucketCapBytes = o.bucket_mb > 0 ? (size_t)(o.bucket_mb * 1048576.0)
-                         : o.split > 1 ? slice_bytes + (size_t)dims[1] * sizeof(float)
-                                       : (size_t)25 << 20;
+                         : o.split > 1   ? slice_bytes + (size_t)dims[1] * sizeof(float)
+                                         : (size_t)25 << 20;
     cfg.firstBucketBytes = (size_t)(o.first_bucket_mb * 1048576.0);
     cfg.gradAsBucketView = !o.grad_copy;
     cfg.commDtype = o.bf16 ? ncclBfloat16 : o.fp16 ? ncclFloat16 : ncclFloat32;
@@ -376,8 +392,8 @@ int main(int argc, char **argv) {
         DDPCHECK(chorusDdpGradPtr(ddp, rc.bid[l], (void **)&model.gb[l]));
     }
     if (o.load) DDPCHECK(chorusDdpLoad(ddp, o.load));
-    model.poll = on_poll;
-    model.rows_ready = on_rows_ready;
+    model.poll = o.no_poll ? NULL : on_poll;
+    model.rows_ready = o.no_poll ? NULL : on_rows_ready;
     model.poll_ctx = &rc;
 
     chorusDdpSampler_t sampler;
@@ -404,7 +420,7 @@ int main(int argc, char **argv) {
         fflush(stdout);
     }
 
-    double total_train_s = 0, total_samples = 0, test_acc = 0;
+    double total_train_s = 0, total_samples = 0, test_acc = 0, total_cpu = 0;
     chorusDdpStats_t all_stats = {0};
     for (int epoch = (int)progress[0]; epoch < o.epochs; epoch++) {
         DDPCHECK(chorusDdpSamplerSetEpoch(sampler, (uint64_t)epoch));
@@ -412,7 +428,7 @@ int main(int argc, char **argv) {
         size_t nidx;
         DDPCHECK(chorusDdpSamplerIndices(sampler, &idx, &nidx));
         size_t nmicro = (nidx + (size_t)o.batch - 1) / (size_t)o.batch;
-        double loss_sum = 0, seen = 0, t0 = now_s(), last_print = t0;
+        double loss_sum = 0, seen = 0, t0 = now_s(), last_print = t0, c0 = cpu_s();
         for (size_t mb = 0; mb < nmicro; mb += (size_t)o.accumulate) {
             size_t group = nmicro - mb < (size_t)o.accumulate ? nmicro - mb : (size_t)o.accumulate;
             for (size_t g = 0; g < group; g++) {
@@ -446,7 +462,7 @@ int main(int argc, char **argv) {
                 last_print = t;
             }
         }
-        double train_s = now_s() - t0;
+        double train_s = now_s() - t0, train_cpu = cpu_s() - c0;
         progress[0] = epoch + 1;
 
         /* Test accuracy: each rank evaluates a contiguous slice of the test set. */
@@ -455,8 +471,9 @@ int main(int argc, char **argv) {
         double tl = 0;
         size_t correct =
             mlp_evaluate(&model, test.images + lo * in_dim, test.labels + lo, hi - lo, &tl);
-        double v[5] = {loss_sum, seen, (double)correct, tl * (double)(hi - lo), train_s};
+        double v[5] = {loss_sum, seen, (double)correct, tl * (double)(hi - lo), train_cpu};
         if (sum_over_ranks(comm, v, 5) != 0) return 1;
+        total_cpu += v[4];
         test_acc = v[2] / (double)test.n;
         double sps = v[1] / train_s;
         total_train_s += train_s;
@@ -483,6 +500,10 @@ int main(int argc, char **argv) {
     if (sum_over_ranks(comm, hv, 1) != 0) return 1;
     hidden = hv[0] / nranks;
     if (rank == 0) {
+        /* On a shared machine wall-clock speed depends on the neighbours; samples per CPU-second
+         * (all threads of all ranks) shows the cost of communication without them. */
+        printf("cpu: %.0f samples per cpu-second (%.1f cpu-s for %.0f samples)\n",
+               total_cpu > 0 ? total_samples / total_cpu : 0, total_cpu, total_samples);
         printf("result: ranks=%d epochs=%d test_acc=%.4f samples_per_s=%.0f comm_hidden=%.3f\n",
                nranks, o.epochs, test_acc, total_train_s > 0 ? total_samples / total_train_s : 0,
                hidden);

@@ -231,8 +231,10 @@ static void mlp_gemm_wgrad(const mlp_t *m, int layer, const float *x, const floa
         for (int bi = 0; bi < nblocks; bi++) {
             int k0 = bi * kb, k1 = k0 + kb < k ? k0 + kb : k;
             mlp_wgrad_block(x, dy, dw, batch, k, n, k0, k1, accumulate);
-            if (m->rows_ready) m->rows_ready(m->poll_ctx, layer, k1);
-            else if (m->poll) m->poll(m->poll_ctx);
+            if (m->rows_ready)
+                m->rows_ready(m->poll_ctx, layer, k1);
+            else if (m->poll)
+                m->poll(m->poll_ctx);
         }
     } else {
 #pragma omp parallel for num_threads(threads) schedule(static)

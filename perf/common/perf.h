@@ -40,16 +40,17 @@ typedef enum {
 } perf_coll_t;
 
 /* Buffer geometry of one test size (nccl-tests' getCollByteCount). The in-place variant uses the
- * receive buffer for both: send = recv + send_inplace_off*rank, recv = recv + recv_inplace_off*rank. */
+ * receive buffer for both: send = recv + send_inplace_off*rank,
+ * recv = recv + recv_inplace_off*rank. */
 typedef struct {
     size_t sendcount, recvcount; /* elements in each buffer */
     size_t paramcount;           /* the count passed to the NCCL call (per-rank count) */
     size_t send_inplace_off, recv_inplace_off;
 } perf_counts_t;
 
-const char *perf_coll_prog(perf_coll_t coll);  /* "all_reduce_perf" */
-int perf_coll_has_op(perf_coll_t coll);        /* the redop column applies */
-int perf_coll_has_root(perf_coll_t coll);      /* rooted: the root column and -r apply */
+const char *perf_coll_prog(perf_coll_t coll); /* "all_reduce_perf" */
+int perf_coll_has_op(perf_coll_t coll);       /* the redop column applies */
+int perf_coll_has_root(perf_coll_t coll);     /* rooted: the root column and -r apply */
 /* In-place alltoall and sendrecv are timed but not checked (as in nccl-tests: "N/A"). */
 int perf_coll_checks_inplace(perf_coll_t coll);
 void perf_coll_counts(perf_coll_t coll, size_t bytes, size_t eltsize, int nranks,
@@ -64,11 +65,11 @@ void perf_coll_bw(perf_coll_t coll, size_t paramcount, size_t eltsize, double se
 #define PERF_NOPS 6
 
 size_t perf_dtype_size(ncclDataType_t dt);
-const char *perf_dtype_name(ncclDataType_t dt);  /* nccl-tests spelling: "float", "bfloat16" */
-int perf_dtype_parse(const char *s);             /* -1 unknown, -2 "all" */
+const char *perf_dtype_name(ncclDataType_t dt); /* nccl-tests spelling: "float", "bfloat16" */
+int perf_dtype_parse(const char *s);            /* -1 unknown, -2 "all" */
 int perf_dtype_is_float(ncclDataType_t dt);
-const char *perf_op_name(int op);                /* "sum" .. "avg", "mulsum" */
-int perf_op_parse(const char *s);                /* -1 unknown, -2 "all" */
+const char *perf_op_name(int op); /* "sum" .. "avg", "mulsum" */
+int perf_op_parse(const char *s); /* -1 unknown, -2 "all" */
 
 /* Exact conversions between double and the element encodings (round to nearest even; values out
  * of range saturate for float8 e4m3 and become infinity for the others). */
@@ -113,7 +114,7 @@ typedef struct {
     int proc, nprocs, local_rank;
     const char *source; /* "torchrun/chorusrun", "Open MPI", "Slurm", "none" */
     char master_addr[256];
-    int master_port; /* 0: unset */
+    int master_port;   /* 0: unset */
     char comm_id[300]; /* NCCL_COMM_ID to set ("" when it is already set or not needed) */
 } perf_env_t;
 
@@ -169,7 +170,7 @@ int perf_fmt_params_line(char *buf, size_t len, const perf_args_t *a);
 /* JSON report: one object, rows appended as they come. */
 typedef struct {
     double time_us, algbw, busbw;
-    int64_t wrong; /* < 0: not checked */
+    int64_t wrong;                                  /* < 0: not checked */
     double p50_us, p99_us, min_us, max_us, skew_us; /* NaN: not measured */
     double rank_time_min_us, rank_time_max_us;
 } perf_result_t;
@@ -183,8 +184,8 @@ int perf_json_open(perf_json_t *j, const char *path, const char *prog, int argc,
                    const perf_args_t *a, int nranks, int nccl_version, const char *memory);
 void perf_json_rank(perf_json_t *j, int rank, const char *host, int pid, const char *device);
 void perf_json_ranks_done(perf_json_t *j);
-void perf_json_row(perf_json_t *j, size_t bytes, size_t count, const char *type,
-                   const char *redop, int root, const perf_result_t *oop, const perf_result_t *ip);
+void perf_json_row(perf_json_t *j, size_t bytes, size_t count, const char *type, const char *redop,
+                   int root, const perf_result_t *oop, const perf_result_t *ip);
 void perf_json_close(perf_json_t *j, int errors, double avg_busbw);
 /* JSON string escaping into out (always NUL-terminated). */
 void perf_json_escape(const char *in, char *out, size_t outlen);

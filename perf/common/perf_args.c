@@ -19,8 +19,7 @@
 
 #include "perf.h"
 
-void perf_args_default(perf_args_t *a)
-{
+void perf_args_default(perf_args_t *a) {
     memset(a, 0, sizeof(*a));
     a->nthreads = 1;
     a->ngpus = 1;
@@ -40,56 +39,57 @@ void perf_args_default(perf_args_t *a)
     a->memory = PERF_MEM_AUTO;
 }
 
-static int fail(char *err, size_t errlen, const char *fmt, ...)
-{
+static int fail(char *err, size_t errlen, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
-    if (err && errlen)
-        vsnprintf(err, errlen, fmt, ap);
+    if (err && errlen) vsnprintf(err, errlen, fmt, ap);
     va_end(ap);
     return -1;
 }
 
-int perf_parse_size(const char *s, size_t *out_p)
-{
+int perf_parse_size(const char *s, size_t *out_p) {
     char *end = NULL;
     double mult = 1.0;
 
-    if (s == NULL || *s == '\0' || *s == '-' || *s == '+')
-        return -1;
+    if (s == NULL || *s == '\0' || *s == '-' || *s == '+') return -1;
     errno = 0;
     double v = strtod(s, &end);
-    if (end == s || errno != 0 || !(v >= 0.0))
-        return -1;
+    if (end == s || errno != 0 || !(v >= 0.0)) return -1;
     switch (*end) {
-    case 'k': case 'K': mult = 1024.0; end++; break;
-    case 'm': case 'M': mult = 1024.0 * 1024.0; end++; break;
-    case 'g': case 'G': mult = 1024.0 * 1024.0 * 1024.0; end++; break;
-    default: break;
+    case 'k':
+    case 'K':
+        mult = 1024.0;
+        end++;
+        break;
+    case 'm':
+    case 'M':
+        mult = 1024.0 * 1024.0;
+        end++;
+        break;
+    case 'g':
+    case 'G':
+        mult = 1024.0 * 1024.0 * 1024.0;
+        end++;
+        break;
+    default:
+        break;
     }
     /* Tolerate a unit after the multiplier: "64KB", "1MiB", "8B". */
-    if ((end[0] == 'i' || end[0] == 'I') && mult > 1.0)
-        end++;
-    if (end[0] == 'b' || end[0] == 'B')
-        end++;
-    if (*end != '\0')
-        return -1;
+    if ((end[0] == 'i' || end[0] == 'I') && mult > 1.0) end++;
+    if (end[0] == 'b' || end[0] == 'B') end++;
+    if (*end != '\0') return -1;
     v *= mult;
-    if (v > 9.0e18)
-        return -1;
+    if (v > 9.0e18) return -1;
     *out_p = (size_t)v;
     return 0;
 }
 
-static int parse_int(const char *s, long lo, long hi, long *out_p)
-{
+static int parse_int(const char *s, long lo, long hi, long *out_p) {
     char *end = NULL;
-    if (s == NULL || *s == '\0')
-        return -1;
+    if (s == NULL || *s == '\0') return -1;
     errno = 0;
     long v = strtol(s, &end, 10);
-    if (end == s || *end != '\0' || errno != 0 || v < lo || v > hi)
-        return -1;
+    if (end == s || *end != '\0' || errno != 0 || v < lo || v > hi) return -1;
     *out_p = v;
     return 0;
 }
@@ -97,26 +97,40 @@ static int parse_int(const char *s, long lo, long hi, long *out_p)
 enum { OPT_MEMORY = 1000 };
 
 static const struct option long_opts[] = {
-    {"nthreads", required_argument, 0, 't'},      {"ngpus", required_argument, 0, 'g'},
-    {"minbytes", required_argument, 0, 'b'},      {"maxbytes", required_argument, 0, 'e'},
-    {"stepbytes", required_argument, 0, 'i'},     {"stepfactor", required_argument, 0, 'f'},
-    {"iters", required_argument, 0, 'n'},         {"agg_iters", required_argument, 0, 'm'},
-    {"warmup_iters", required_argument, 0, 'w'},  {"run_cycles", required_argument, 0, 'N'},
-    {"parallel_init", required_argument, 0, 'p'}, {"check", required_argument, 0, 'c'},
-    {"op", required_argument, 0, 'o'},            {"datatype", required_argument, 0, 'd'},
-    {"root", required_argument, 0, 'r'},          {"blocking", required_argument, 0, 'z'},
-    {"stream_null", required_argument, 0, 'y'},   {"timeout", required_argument, 0, 'T'},
-    {"cudagraph", required_argument, 0, 'G'},     {"report_cputime", required_argument, 0, 'C'},
-    {"average", required_argument, 0, 'a'},       {"unalign", required_argument, 0, 'u'},
-    {"output_file", required_argument, 0, 'J'},   {"local_register", required_argument, 0, 'R'},
-    {"memory_report", required_argument, 0, 'M'}, {"memory", required_argument, 0, OPT_MEMORY},
-    {"per_iter_timing", required_argument, 0, 'I'}, {"per_iter_skip", required_argument, 0, 'K'},
-    {"help", no_argument, 0, 'h'},                {0, 0, 0, 0},
+    {"nthreads", required_argument, 0, 't'},
+    {"ngpus", required_argument, 0, 'g'},
+    {"minbytes", required_argument, 0, 'b'},
+    {"maxbytes", required_argument, 0, 'e'},
+    {"stepbytes", required_argument, 0, 'i'},
+    {"stepfactor", required_argument, 0, 'f'},
+    {"iters", required_argument, 0, 'n'},
+    {"agg_iters", required_argument, 0, 'm'},
+    {"warmup_iters", required_argument, 0, 'w'},
+    {"run_cycles", required_argument, 0, 'N'},
+    {"parallel_init", required_argument, 0, 'p'},
+    {"check", required_argument, 0, 'c'},
+    {"op", required_argument, 0, 'o'},
+    {"datatype", required_argument, 0, 'd'},
+    {"root", required_argument, 0, 'r'},
+    {"blocking", required_argument, 0, 'z'},
+    {"stream_null", required_argument, 0, 'y'},
+    {"timeout", required_argument, 0, 'T'},
+    {"cudagraph", required_argument, 0, 'G'},
+    {"report_cputime", required_argument, 0, 'C'},
+    {"average", required_argument, 0, 'a'},
+    {"unalign", required_argument, 0, 'u'},
+    {"output_file", required_argument, 0, 'J'},
+    {"local_register", required_argument, 0, 'R'},
+    {"memory_report", required_argument, 0, 'M'},
+    {"memory", required_argument, 0, OPT_MEMORY},
+    {"per_iter_timing", required_argument, 0, 'I'},
+    {"per_iter_skip", required_argument, 0, 'K'},
+    {"help", no_argument, 0, 'h'},
+    {0, 0, 0, 0},
 };
 static const char short_opts[] = ":t:g:b:e:i:f:n:m:w:N:p:c:o:d:r:z:y:T:G:C:a:u:J:R:M:I:K:h";
 
-static const char *flag_name(int c, char *buf, size_t len)
-{
+static const char *flag_name(int c, char *buf, size_t len) {
     for (const struct option *o = long_opts; o->name; o++)
         if (o->val == c) {
             if (c < 256)
@@ -130,36 +144,69 @@ static const char *flag_name(int c, char *buf, size_t len)
 }
 
 /* Integer flags: where the value goes and its range. */
-static int *int_target(perf_args_t *a, int c, long *lo, long *hi)
-{
+static int *int_target(perf_args_t *a, int c, long *lo, long *hi) {
     *lo = 0;
     *hi = INT_MAX;
     switch (c) {
-    case 't': *lo = 1; *hi = 1024; return &a->nthreads;
-    case 'g': *lo = 1; *hi = 1024; return &a->ngpus;
-    case 'n': *lo = 1; return &a->iters;
-    case 'w': return &a->warmup;
-    case 'N': return &a->run_cycles;
-    case 'p': *hi = 1; return &a->parallel_init;
-    case 'c': return &a->check;
-    case 'r': *lo = -1; return &a->root;
-    case 'z': *hi = 3; return &a->blocking;
-    case 'y': *hi = 1; return &a->stream_null;
-    case 'T': return &a->timeout;
-    case 'G': return &a->cudagraph;
-    case 'C': *hi = 1; return &a->report_cputime;
-    case 'a': *hi = 3; return &a->average;
-    case 'u': *hi = 1 << 20; return &a->unalign;
-    case 'R': *hi = 2; return &a->local_register;
-    case 'M': *hi = 1; return &a->mem_report;
-    case 'I': *hi = 1; return &a->per_iter;
-    case 'K': return &a->per_iter_skip;
-    default: return NULL;
+    case 't':
+        *lo = 1;
+        *hi = 1024;
+        return &a->nthreads;
+    case 'g':
+        *lo = 1;
+        *hi = 1024;
+        return &a->ngpus;
+    case 'n':
+        *lo = 1;
+        return &a->iters;
+    case 'w':
+        return &a->warmup;
+    case 'N':
+        return &a->run_cycles;
+    case 'p':
+        *hi = 1;
+        return &a->parallel_init;
+    case 'c':
+        return &a->check;
+    case 'r':
+        *lo = -1;
+        return &a->root;
+    case 'z':
+        *hi = 3;
+        return &a->blocking;
+    case 'y':
+        *hi = 1;
+        return &a->stream_null;
+    case 'T':
+        return &a->timeout;
+    case 'G':
+        return &a->cudagraph;
+    case 'C':
+        *hi = 1;
+        return &a->report_cputime;
+    case 'a':
+        *hi = 3;
+        return &a->average;
+    case 'u':
+        *hi = 1 << 20;
+        return &a->unalign;
+    case 'R':
+        *hi = 2;
+        return &a->local_register;
+    case 'M':
+        *hi = 1;
+        return &a->mem_report;
+    case 'I':
+        *hi = 1;
+        return &a->per_iter;
+    case 'K':
+        return &a->per_iter_skip;
+    default:
+        return NULL;
     }
 }
 
-static int parse_memory(const char *s, perf_args_t *a)
-{
+static int parse_memory(const char *s, perf_args_t *a) {
     if (strcasecmp(s, "host") == 0 || strcasecmp(s, "cpu") == 0)
         a->memory = PERF_MEM_HOST;
     else if (strcasecmp(s, "device") == 0 || strcasecmp(s, "gpu") == 0 ||
@@ -170,8 +217,7 @@ static int parse_memory(const char *s, perf_args_t *a)
     return 0;
 }
 
-int perf_args_parse(int argc, char **argv, perf_args_t *a, char *err, size_t errlen)
-{
+int perf_args_parse(int argc, char **argv, perf_args_t *a, char *err, size_t errlen) {
     char name[64];
     long v, lo, hi;
     int c;
@@ -186,8 +232,7 @@ int perf_args_parse(int argc, char **argv, perf_args_t *a, char *err, size_t err
             return fail(err, errlen, "option %s needs a value",
                         optopt ? flag_name(optopt, name, sizeof(name)) : argv[optind - 1]);
         case '?':
-            if (optopt)
-                return fail(err, errlen, "unknown option -%c", optopt);
+            if (optopt) return fail(err, errlen, "unknown option -%c", optopt);
             return fail(err, errlen, "unknown option %s", argv[optind - 1]);
         case 'b':
         case 'e':
@@ -211,16 +256,14 @@ int perf_args_parse(int argc, char **argv, perf_args_t *a, char *err, size_t err
             a->step_factor = (size_t)v;
             break;
         case 'm':
-            if (parse_memory(optarg, a) == 0)
-                break;
+            if (parse_memory(optarg, a) == 0) break;
             if (parse_int(optarg, 1, 1 << 20, &v) != 0)
                 return fail(err, errlen,
                             "invalid value '%s' for -m (agg iters >= 1, or host|device)", optarg);
             a->agg = (int)v;
             break;
         case OPT_MEMORY:
-            if (parse_memory(optarg, a) == 0)
-                break;
+            if (parse_memory(optarg, a) == 0) break;
             if (parse_int(optarg, 0, 1, &v) != 0) /* nccl-tests: --memory <0|1> = -M */
                 return fail(err, errlen, "invalid value '%s' for --memory (host|device, or 0|1)",
                             optarg);
@@ -246,14 +289,12 @@ int perf_args_parse(int argc, char **argv, perf_args_t *a, char *err, size_t err
             break;
         }
         case 'J':
-            if (optarg[0] == '\0')
-                return fail(err, errlen, "-J (--output_file) needs a file name");
+            if (optarg[0] == '\0') return fail(err, errlen, "-J (--output_file) needs a file name");
             a->json_path = optarg;
             break;
         default: {
             int *dst = int_target(a, c, &lo, &hi);
-            if (dst == NULL)
-                return fail(err, errlen, "unhandled option -%c", c);
+            if (dst == NULL) return fail(err, errlen, "unhandled option -%c", c);
             if (parse_int(optarg, lo, hi, &v) != 0)
                 return fail(err, errlen, "invalid value '%s' for %s (an integer in [%ld, %ld])",
                             optarg, flag_name(c, name, sizeof(name)), lo, hi);
@@ -262,8 +303,7 @@ int perf_args_parse(int argc, char **argv, perf_args_t *a, char *err, size_t err
         }
         }
     }
-    if (optind < argc)
-        return fail(err, errlen, "unexpected argument '%s'", argv[optind]);
+    if (optind < argc) return fail(err, errlen, "unexpected argument '%s'", argv[optind]);
     if (a->min_bytes > a->max_bytes)
         return fail(err, errlen, "minbytes (%zu) is larger than maxbytes (%zu)", a->min_bytes,
                     a->max_bytes);
@@ -275,24 +315,20 @@ int perf_args_parse(int argc, char **argv, perf_args_t *a, char *err, size_t err
     return 0;
 }
 
-int perf_args_sizes(const perf_args_t *a, size_t *sizes, int max)
-{
+int perf_args_sizes(const perf_args_t *a, size_t *sizes, int max) {
     int n = 0;
     size_t size = a->min_bytes;
     while (n < max && size <= a->max_bytes) {
         sizes[n++] = size;
         size_t next = a->step_factor > 1 ? size * a->step_factor : size + a->step_bytes;
-        if (a->step_factor > 1 && size == 0)
-            next = 1;
-        if (next <= size)
-            break;
+        if (a->step_factor > 1 && size == 0) next = 1;
+        if (next <= size) break;
         size = next;
     }
     return n;
 }
 
-void perf_args_usage(FILE *f, const char *prog)
-{
+void perf_args_usage(FILE *f, const char *prog) {
     fprintf(f,
             "USAGE: %s\n"
             "  -t,--nthreads <n>        threads (ranks) per process (1)\n"

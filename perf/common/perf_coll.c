@@ -11,43 +11,36 @@
 #include "perf.h"
 
 static const char *const coll_progs[PERF_NCOLLS] = {
-    "all_reduce_perf", "all_gather_perf", "reduce_scatter_perf", "broadcast_perf",
-    "reduce_perf",     "alltoall_perf",   "gather_perf",         "scatter_perf",
-    "sendrecv_perf",   "hypercube_perf",
+    "all_reduce_perf", "all_gather_perf", "reduce_scatter_perf", "broadcast_perf", "reduce_perf",
+    "alltoall_perf",   "gather_perf",     "scatter_perf",        "sendrecv_perf",  "hypercube_perf",
 };
 
-const char *perf_coll_prog(perf_coll_t coll)
-{
+const char *perf_coll_prog(perf_coll_t coll) {
     return (coll >= 0 && coll < PERF_NCOLLS) ? coll_progs[coll] : "unknown_perf";
 }
 
-int perf_coll_has_op(perf_coll_t coll)
-{
+int perf_coll_has_op(perf_coll_t coll) {
     return coll == PERF_ALL_REDUCE || coll == PERF_REDUCE_SCATTER || coll == PERF_REDUCE;
 }
 
-int perf_coll_has_root(perf_coll_t coll)
-{
+int perf_coll_has_root(perf_coll_t coll) {
     return coll == PERF_BROADCAST || coll == PERF_REDUCE || coll == PERF_GATHER ||
            coll == PERF_SCATTER;
 }
 
-int perf_coll_checks_inplace(perf_coll_t coll)
-{
+int perf_coll_checks_inplace(perf_coll_t coll) {
     return coll != PERF_ALLTOALL && coll != PERF_SENDRECV;
 }
 
 /* Per-rank count of the splitting collectives: count/nranks rounded down to 16 bytes. */
-static size_t split_count(size_t count, size_t eltsize, int nranks)
-{
+static size_t split_count(size_t count, size_t eltsize, int nranks) {
     size_t per = count / (size_t)nranks;
     size_t align = eltsize >= 16 ? 1 : 16 / eltsize;
     return per / align * align;
 }
 
 void perf_coll_counts(perf_coll_t coll, size_t bytes, size_t eltsize, int nranks,
-                      perf_counts_t *out_p)
-{
+                      perf_counts_t *out_p) {
     size_t count = eltsize ? bytes / eltsize : 0;
     size_t n = nranks > 0 ? (size_t)nranks : 1;
     size_t p;
@@ -96,8 +89,7 @@ void perf_coll_counts(perf_coll_t coll, size_t bytes, size_t eltsize, int nranks
     *out_p = c;
 }
 
-double perf_coll_bus_factor(perf_coll_t coll, int nranks)
-{
+double perf_coll_bus_factor(perf_coll_t coll, int nranks) {
     double n = nranks > 0 ? (double)nranks : 1.0;
     switch (coll) {
     case PERF_ALL_REDUCE:
@@ -114,8 +106,7 @@ double perf_coll_bus_factor(perf_coll_t coll, int nranks)
 }
 
 void perf_coll_bw(perf_coll_t coll, size_t paramcount, size_t eltsize, double sec, int nranks,
-                  double *algbw_p, double *busbw_p)
-{
+                  double *algbw_p, double *busbw_p) {
     double bytes = (double)paramcount * (double)eltsize;
     double n = nranks > 0 ? (double)nranks : 1.0;
 

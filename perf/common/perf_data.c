@@ -44,63 +44,75 @@ struct perf_data {
     double *tol;         /* P tolerances (tolerant mode) */
 };
 
-static uint64_t mix64(uint64_t x)
-{
+static uint64_t mix64(uint64_t x) {
     x += 0x9e3779b97f4a7c15ull;
     x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
     x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
     return x ^ (x >> 31);
 }
 
-static int dtype_unsigned(ncclDataType_t dt)
-{
+static int dtype_unsigned(ncclDataType_t dt) {
     return dt == ncclUint8 || dt == ncclUint32 || dt == ncclUint64;
 }
 
 /* Largest integer magnitude exact in dt (floats) or free of overflow (integers, capped so that
  * every sum stays exact in a double). */
-static double dtype_limit(ncclDataType_t dt)
-{
+static double dtype_limit(ncclDataType_t dt) {
     switch (dt) {
-    case ncclInt8: return 127.0;
-    case ncclUint8: return 255.0;
-    case ncclInt32: return 2147483647.0;
-    case ncclUint32: return 4294967295.0;
+    case ncclInt8:
+        return 127.0;
+    case ncclUint8:
+        return 255.0;
+    case ncclInt32:
+        return 2147483647.0;
+    case ncclUint32:
+        return 4294967295.0;
     case ncclInt64:
     case ncclUint64:
-    case ncclFloat64: return 1099511627776.0; /* 2^40 */
-    case ncclFloat16: return 2048.0;
-    case ncclFloat32: return 16777216.0;
-    case ncclBfloat16: return 256.0;
-    case ncclFloat8e4m3: return 16.0;
-    case ncclFloat8e5m2: return 8.0;
-    default: return 1.0;
+    case ncclFloat64:
+        return 1099511627776.0; /* 2^40 */
+    case ncclFloat16:
+        return 2048.0;
+    case ncclFloat32:
+        return 16777216.0;
+    case ncclBfloat16:
+        return 256.0;
+    case ncclFloat8e4m3:
+        return 16.0;
+    case ncclFloat8e5m2:
+        return 8.0;
+    default:
+        return 1.0;
     }
 }
 
-static double dtype_eps(ncclDataType_t dt)
-{
+static double dtype_eps(ncclDataType_t dt) {
     switch (dt) {
-    case ncclFloat16: return ldexp(1.0, -10);
-    case ncclFloat32: return ldexp(1.0, -23);
-    case ncclFloat64: return ldexp(1.0, -52);
-    case ncclBfloat16: return ldexp(1.0, -7);
-    case ncclFloat8e4m3: return ldexp(1.0, -3);
-    case ncclFloat8e5m2: return ldexp(1.0, -2);
-    default: return 0.0;
+    case ncclFloat16:
+        return ldexp(1.0, -10);
+    case ncclFloat32:
+        return ldexp(1.0, -23);
+    case ncclFloat64:
+        return ldexp(1.0, -52);
+    case ncclBfloat16:
+        return ldexp(1.0, -7);
+    case ncclFloat8e4m3:
+        return ldexp(1.0, -3);
+    case ncclFloat8e5m2:
+        return ldexp(1.0, -2);
+    default:
+        return 0.0;
     }
 }
 
 /* An integer in [lo, hi] drawn from position j of the table. */
-static double table_int(uint64_t salt, int j, double lo, double hi)
-{
+static double table_int(uint64_t salt, int j, double lo, double hi) {
     uint64_t span = (uint64_t)(hi - lo) + 1;
     return lo + (double)(mix64(salt ^ (uint64_t)j) % span);
 }
 
 /* The value rank r contributes at table position j (before the per-rank shift). */
-static double gen_value(const perf_data_t *d, int r, int j)
-{
+static double gen_value(const perf_data_t *d, int r, int j) {
     int n = d->nranks;
     double L = dtype_limit(d->dt);
     int uns = dtype_unsigned(d->dt);
@@ -113,8 +125,7 @@ static double gen_value(const perf_data_t *d, int r, int j)
         double lim = d->op == PERF_OP_MULSUM ? floor(L / 2) : L;
         double K = floor(lim / n);
         if (K < 1) {
-            if (r >= (int)lim)
-                return 0.0;
+            if (r >= (int)lim) return 0.0;
             K = 1;
         }
         return table_int(salt, pos, uns ? 0 : -K, K);
@@ -122,16 +133,13 @@ static double gen_value(const perf_data_t *d, int r, int j)
     case ncclProd: {
         int maxexp = (int)floor(log2(L));
         uint64_t h = mix64(salt ^ (uint64_t)pos) & 7;
-        if (h < 2 && r < maxexp)
-            return 2.0;
-        if (h == 2 && !uns)
-            return -1.0;
+        if (h < 2 && r < maxexp) return 2.0;
+        if (h == 2 && !uns) return -1.0;
         return 1.0;
     }
     case ncclAvg: {
         double K = floor(L / ((double)n * n));
-        if (K >= 1)
-            return n * table_int(salt, pos, uns ? 0 : -K, K);
+        if (K >= 1) return n * table_int(salt, pos, uns ? 0 : -K, K);
         double c = floor(L / n);
         return table_int(salt, j, uns ? 0 : -c, c); /* same on every rank */
     }
@@ -142,13 +150,13 @@ static double gen_value(const perf_data_t *d, int r, int j)
     }
 }
 
-static int is_pow2(int n) { return n > 0 && (n & (n - 1)) == 0; }
+static int is_pow2(int n) {
+    return n > 0 && (n & (n - 1)) == 0;
+}
 
-perf_data_t *perf_data_create(ncclDataType_t dt, int op, int nranks)
-{
+perf_data_t *perf_data_create(ncclDataType_t dt, int op, int nranks) {
     perf_data_t *d = calloc(1, sizeof(*d));
-    if (d == NULL)
-        return NULL;
+    if (d == NULL) return NULL;
     d->dt = dt;
     d->op = op;
     d->nranks = nranks > 0 ? nranks : 1;
@@ -177,10 +185,18 @@ perf_data_t *perf_data_create(ncclDataType_t dt, int op, int nranks)
                 continue;
             }
             switch (op) {
-            case ncclProd: acc *= x; break;
-            case ncclMax: acc = x > acc ? x : acc; break;
-            case ncclMin: acc = x < acc ? x : acc; break;
-            default: acc += x; break;
+            case ncclProd:
+                acc *= x;
+                break;
+            case ncclMax:
+                acc = x > acc ? x : acc;
+                break;
+            case ncclMin:
+                acc = x < acc ? x : acc;
+                break;
+            default:
+                acc += x;
+                break;
             }
         }
         if (op == ncclAvg)
@@ -196,10 +212,8 @@ perf_data_t *perf_data_create(ncclDataType_t dt, int op, int nranks)
     return d;
 }
 
-void perf_data_destroy(perf_data_t *d)
-{
-    if (d == NULL)
-        return;
+void perf_data_destroy(perf_data_t *d) {
+    if (d == NULL) return;
     free(d->vals);
     free(d->red);
     free(d->red_d);
@@ -207,21 +221,18 @@ void perf_data_destroy(perf_data_t *d)
     free(d);
 }
 
-void perf_data_mulsum_scalar(ncclDataType_t dt, void *buf)
-{
+void perf_data_mulsum_scalar(ncclDataType_t dt, void *buf) {
     memset(buf, 0, 8);
     perf_elem_set(dt, buf, 2.0);
 }
 
-void perf_data_poison(void *p, size_t bytes)
-{
+void perf_data_poison(void *p, size_t bytes) {
     memset(p, 0xA5, bytes); /* never an integer value of a floating type */
 }
 
 /* Copy table entries idx0, idx0+1, ... (mod P) into dst, len elements. */
 static void fill_run(const perf_data_t *d, const unsigned char *tab, unsigned char *dst, size_t len,
-                     uint64_t idx0)
-{
+                     uint64_t idx0) {
     size_t idx = (size_t)(idx0 % P);
     while (len > 0) {
         size_t run = P - idx < len ? P - idx : len;
@@ -234,16 +245,14 @@ static void fill_run(const perf_data_t *d, const unsigned char *tab, unsigned ch
 
 /* Wrong elements of out[0..len) against table entries idx0.. (mod P). */
 static int64_t check_run(const perf_data_t *d, const unsigned char *tab, const unsigned char *out,
-                         size_t len, uint64_t idx0)
-{
+                         size_t len, uint64_t idx0) {
     int64_t wrong = 0;
     size_t idx = (size_t)(idx0 % P);
     while (len > 0) {
         size_t run = P - idx < len ? P - idx : len;
         if (memcmp(out, tab + idx * d->elt, run * d->elt) != 0) {
             for (size_t k = 0; k < run; k++)
-                if (memcmp(out + k * d->elt, tab + (idx + k) * d->elt, d->elt) != 0)
-                    wrong++;
+                if (memcmp(out + k * d->elt, tab + (idx + k) * d->elt, d->elt) != 0) wrong++;
         }
         out += run * d->elt;
         len -= run;
@@ -254,28 +263,23 @@ static int64_t check_run(const perf_data_t *d, const unsigned char *tab, const u
 
 /* The reduced result, with the float-avg tolerance when it applies. */
 static int64_t check_reduced(const perf_data_t *d, const unsigned char *out, size_t len,
-                             uint64_t idx0)
-{
-    if (!d->tolerant)
-        return check_run(d, d->red, out, len, idx0);
+                             uint64_t idx0) {
+    if (!d->tolerant) return check_run(d, d->red, out, len, idx0);
     int64_t wrong = 0;
     for (size_t k = 0; k < len; k++) {
         size_t j = (size_t)((idx0 + k) % P);
         double got = perf_elem_get(d->dt, out + k * d->elt);
-        if (!(fabs(got - d->red_d[j]) <= d->tol[j]))
-            wrong++;
+        if (!(fabs(got - d->red_d[j]) <= d->tol[j])) wrong++;
     }
     return wrong;
 }
 
-static const unsigned char *rank_vals(const perf_data_t *d, int r)
-{
+static const unsigned char *rank_vals(const perf_data_t *d, int r) {
     return d->vals + (size_t)(r % d->nranks) * P * d->elt;
 }
 
 void perf_data_fill(const perf_data_t *d, perf_coll_t coll, int rank, uint64_t seed, void *in,
-                    const perf_counts_t *c)
-{
+                    const perf_counts_t *c) {
     uint64_t off = seed;
     if (coll == PERF_ALL_GATHER || coll == PERF_GATHER || coll == PERF_HYPERCUBE)
         off += (uint64_t)rank * c->paramcount; /* rank r's block of the gathered result */
@@ -283,8 +287,7 @@ void perf_data_fill(const perf_data_t *d, perf_coll_t coll, int rank, uint64_t s
 }
 
 int64_t perf_data_check(const perf_data_t *d, perf_coll_t coll, int rank, int root, uint64_t seed,
-                        const void *out_v, const perf_counts_t *c)
-{
+                        const void *out_v, const perf_counts_t *c) {
     const unsigned char *out = out_v;
     size_t p = c->paramcount;
     int n = d->nranks;
@@ -298,8 +301,7 @@ int64_t perf_data_check(const perf_data_t *d, perf_coll_t coll, int rank, int ro
     case PERF_REDUCE_SCATTER:
         return check_reduced(d, out, p, seed + (uint64_t)rank * p);
     case PERF_GATHER:
-        if (rank != root)
-            return 0;
+        if (rank != root) return 0;
         /* fall through */
     case PERF_ALL_GATHER:
     case PERF_HYPERCUBE:

@@ -17,27 +17,22 @@
 
 #include "perf.h"
 
-static int env_fail(char *err, size_t errlen, const char *fmt, ...)
-{
+static int env_fail(char *err, size_t errlen, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
-    if (err && errlen)
-        vsnprintf(err, errlen, fmt, ap);
+    if (err && errlen) vsnprintf(err, errlen, fmt, ap);
     va_end(ap);
     return -1;
 }
 
 /* 1: set and valid; 0: unset or empty; -1: set but not an integer in [lo, hi]. */
-static int env_int(perf_getenv_fn get, const char *name, long lo, long hi, int *out_p)
-{
+static int env_int(perf_getenv_fn get, const char *name, long lo, long hi, int *out_p) {
     const char *s = get(name);
     char *end = NULL;
-    if (s == NULL || *s == '\0')
-        return 0;
+    if (s == NULL || *s == '\0') return 0;
     errno = 0;
     long v = strtol(s, &end, 10);
-    if (end == s || *end != '\0' || errno != 0 || v < lo || v > hi)
-        return -1;
+    if (end == s || *end != '\0' || errno != 0 || v < lo || v > hi) return -1;
     *out_p = (int)v;
     return 1;
 }
@@ -52,8 +47,7 @@ static const env_scheme_t env_schemes[] = {
     {"Slurm", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"},
 };
 
-int perf_env_read(perf_getenv_fn get, perf_env_t *out_p, char *err, size_t errlen)
-{
+int perf_env_read(perf_getenv_fn get, perf_env_t *out_p, char *err, size_t errlen) {
     perf_env_t e;
     memset(&e, 0, sizeof(e));
     e.nprocs = 1;
@@ -64,19 +58,15 @@ int perf_env_read(perf_getenv_fn get, perf_env_t *out_p, char *err, size_t errle
         int rank = 0, size = 0, local = 0;
         int hr = env_int(get, s->rank, 0, INT_MAX, &rank);
         int hs = env_int(get, s->size, 1, INT_MAX, &size);
-        if (hr == 0 && hs == 0)
-            continue;
-        if (hr < 0)
-            return env_fail(err, errlen, "%s='%s' is not a rank", s->rank, get(s->rank));
+        if (hr == 0 && hs == 0) continue;
+        if (hr < 0) return env_fail(err, errlen, "%s='%s' is not a rank", s->rank, get(s->rank));
         if (hs < 0)
-            return env_fail(err, errlen, "%s='%s' is not a process count", s->size,
-                            get(s->size));
+            return env_fail(err, errlen, "%s='%s' is not a process count", s->size, get(s->size));
         if (hr == 0 || hs == 0)
             return env_fail(err, errlen, "%s is set but %s is not", hr ? s->rank : s->size,
                             hr ? s->size : s->rank);
         if (rank >= size)
-            return env_fail(err, errlen, "%s=%d is not below %s=%d", s->rank, rank, s->size,
-                            size);
+            return env_fail(err, errlen, "%s=%d is not below %s=%d", s->rank, rank, s->size, size);
         int hl = env_int(get, s->local_rank, 0, INT_MAX, &local);
         if (hl < 0)
             return env_fail(err, errlen, "%s='%s' is not a local rank", s->local_rank,
@@ -89,12 +79,10 @@ int perf_env_read(perf_getenv_fn get, perf_env_t *out_p, char *err, size_t errle
     }
 
     const char *addr = get("MASTER_ADDR");
-    if (addr && *addr)
-        snprintf(e.master_addr, sizeof(e.master_addr), "%s", addr);
+    if (addr && *addr) snprintf(e.master_addr, sizeof(e.master_addr), "%s", addr);
     int port = 0;
     if (env_int(get, "MASTER_PORT", 1, 65535, &port) < 0)
-        return env_fail(err, errlen, "MASTER_PORT='%s' is not a port number",
-                        get("MASTER_PORT"));
+        return env_fail(err, errlen, "MASTER_PORT='%s' is not a port number", get("MASTER_PORT"));
     e.master_port = port;
 
     const char *comm_id = get("NCCL_COMM_ID");

@@ -5,7 +5,8 @@
  * scripts that parse its output by whitespace-separated column position keep working; the columns
  * that Chorus adds (-I: median and 99th-percentile iteration time, the spread of per-rank times,
  * busbw at the median) go after nccl-tests' last column. The JSON report holds every row with all
- * statistics, for plots; it is written as rows arrive, so an interrupted run leaves the rows so far.
+ * statistics, for plots; it is written as rows arrive, so an interrupted run leaves the rows
+ * measured so far.
  */
 #include <math.h>
 #include <stdint.h>
@@ -14,8 +15,7 @@
 
 #include "perf.h"
 
-void perf_float_str(double value, int width, char *out, size_t outlen)
-{
+void perf_float_str(double value, int width, char *out, size_t outlen) {
     /* Digits before the decimal point decide how many decimals fit in the width. */
     int digits = 0;
     double bound = 1.0;
@@ -40,23 +40,23 @@ void perf_float_str(double value, int width, char *out, size_t outlen)
     do {                                                                                           \
         if ((size_t)(pos) < (len)) {                                                               \
             int n_ = snprintf((buf) + (pos), (len) - (size_t)(pos), __VA_ARGS__);                  \
-            if (n_ > 0)                                                                            \
-                (pos) += n_;                                                                       \
+            if (n_ > 0) (pos) += n_;                                                               \
         }                                                                                          \
     } while (0)
 
 static const char extra_fmt[] = "  %7s  %7s  %7s  %6s";
 
-int perf_fmt_table_header(char *buf, size_t len, int report_cputime, int extra)
-{
+int perf_fmt_table_header(char *buf, size_t len, int report_cputime, int extra) {
     const char *t = report_cputime ? "cputime" : "time";
     int pos = 0;
-    APPEND(buf, len, pos, "# %10s  %12s  %8s  %6s  %6s           out-of-place"
-                          "                       in-place",
+    APPEND(buf, len, pos,
+           "# %10s  %12s  %8s  %6s  %6s           out-of-place"
+           "                       in-place",
            "", "", "", "", "");
     if (extra)
-        APPEND(buf, len, pos, "                    out-of-place per-iteration"
-                              "         in-place per-iteration");
+        APPEND(buf, len, pos,
+               "                    out-of-place per-iteration"
+               "         in-place per-iteration");
     APPEND(buf, len, pos, "\n");
     APPEND(buf, len, pos, "# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s  %6s  %7s  %6s  %6s  %6s",
            "size", "count", "type", "redop", "root", t, "algbw", "busbw", "#wrong", t, "algbw",
@@ -66,9 +66,8 @@ int perf_fmt_table_header(char *buf, size_t len, int report_cputime, int extra)
         APPEND(buf, len, pos, extra_fmt, "p50", "p99", "skew", "busbw");
     }
     APPEND(buf, len, pos, "\n");
-    APPEND(buf, len, pos, "# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s  %6s  %7s  %6s  %6s",
-           "(B)", "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)",
-           "(GB/s)");
+    APPEND(buf, len, pos, "# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s  %6s  %7s  %6s  %6s", "(B)",
+           "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)", "(GB/s)");
     if (extra) {
         APPEND(buf, len, pos, "  %6s", "");
         APPEND(buf, len, pos, extra_fmt, "(us)", "(us)", "(us)", "@p50");
@@ -79,16 +78,14 @@ int perf_fmt_table_header(char *buf, size_t len, int report_cputime, int extra)
 }
 
 int perf_fmt_row_prefix(char *buf, size_t len, size_t bytes, size_t count, const char *type,
-                        const char *redop, int root)
-{
+                        const char *redop, int root) {
     int pos = 0;
     APPEND(buf, len, pos, "%12zu  %12zu  %8s  %6s  %6d", bytes, count, type, redop, root);
     return pos;
 }
 
 int perf_fmt_row_body(char *buf, size_t len, double time_us, double algbw, double busbw,
-                      int64_t wrong)
-{
+                      int64_t wrong) {
     char ts[32], as[32], bs[32];
     int pos = 0;
     perf_float_str(time_us, 7, ts, sizeof(ts));
@@ -102,8 +99,7 @@ int perf_fmt_row_body(char *buf, size_t len, double time_us, double algbw, doubl
 }
 
 int perf_fmt_row_extra(char *buf, size_t len, double p50_us, double p99_us, double skew_us,
-                       double busbw_p50)
-{
+                       double busbw_p50) {
     char a[32], b[32], c[32], d[32];
     int pos = 0;
     if (isnan(p50_us)) {
@@ -118,8 +114,7 @@ int perf_fmt_row_extra(char *buf, size_t len, double p50_us, double p99_us, doub
     return pos;
 }
 
-int perf_fmt_params_line(char *buf, size_t len, const perf_args_t *a)
-{
+int perf_fmt_params_line(char *buf, size_t len, const perf_args_t *a) {
     int pos = 0;
     APPEND(buf, len, pos,
            "# nThread %d nGpus %d minBytes %zu maxBytes %zu step: %zu(%s) warmup iters: %d "
@@ -132,11 +127,9 @@ int perf_fmt_params_line(char *buf, size_t len, const perf_args_t *a)
 }
 
 /* ---- JSON ----------------------------------------------------------------------------------- */
-void perf_json_escape(const char *in, char *out, size_t outlen)
-{
+void perf_json_escape(const char *in, char *out, size_t outlen) {
     size_t o = 0;
-    if (outlen == 0)
-        return;
+    if (outlen == 0) return;
     for (; in && *in && o + 7 < outlen; in++) {
         unsigned char ch = (unsigned char)*in;
         if (ch == '"' || ch == '\\') {
@@ -157,15 +150,13 @@ void perf_json_escape(const char *in, char *out, size_t outlen)
     out[o] = '\0';
 }
 
-static void json_str(FILE *f, const char *s)
-{
+static void json_str(FILE *f, const char *s) {
     char buf[2048];
     perf_json_escape(s ? s : "", buf, sizeof(buf));
     fprintf(f, "\"%s\"", buf);
 }
 
-static void json_num(FILE *f, double v)
-{
+static void json_num(FILE *f, double v) {
     if (isnan(v) || isinf(v))
         fputs("null", f);
     else
@@ -173,15 +164,13 @@ static void json_num(FILE *f, double v)
 }
 
 int perf_json_open(perf_json_t *j, const char *path, const char *prog, int argc, char **argv,
-                   const perf_args_t *a, int nranks, int nccl_version, const char *memory)
-{
+                   const perf_args_t *a, int nranks, int nccl_version, const char *memory) {
     char when[64];
     time_t now = time(NULL);
     struct tm tm;
     j->nrows = 0;
     j->f = fopen(path, "w");
-    if (j->f == NULL)
-        return -1;
+    if (j->f == NULL) return -1;
     strftime(when, sizeof(when), "%Y-%m-%dT%H:%M:%S%z", localtime_r(&now, &tm));
     fprintf(j->f, "{\n  \"format\": \"chorus-perf\",\n  \"version\": 1,\n  \"program\": ");
     json_str(j->f, prog);
@@ -189,8 +178,7 @@ int perf_json_open(perf_json_t *j, const char *path, const char *prog, int argc,
     json_str(j->f, when);
     fprintf(j->f, ",\n  \"args\": [");
     for (int i = 0; i < argc; i++) {
-        if (i)
-            fputs(", ", j->f);
+        if (i) fputs(", ", j->f);
         json_str(j->f, argv[i]);
     }
     fprintf(j->f, "],\n  \"nccl_version\": %d,\n  \"nranks\": %d,\n  \"memory\": ", nccl_version,
@@ -209,10 +197,8 @@ int perf_json_open(perf_json_t *j, const char *path, const char *prog, int argc,
     return 0;
 }
 
-void perf_json_rank(perf_json_t *j, int rank, const char *host, int pid, const char *device)
-{
-    if (j->f == NULL)
-        return;
+void perf_json_rank(perf_json_t *j, int rank, const char *host, int pid, const char *device) {
+    if (j->f == NULL) return;
     fprintf(j->f, "%s\n    {\"rank\": %d, \"pid\": %d, \"host\": ", rank ? "," : "", rank, pid);
     json_str(j->f, host);
     fprintf(j->f, ", \"device\": ");
@@ -220,16 +206,13 @@ void perf_json_rank(perf_json_t *j, int rank, const char *host, int pid, const c
     fputs("}", j->f);
 }
 
-void perf_json_ranks_done(perf_json_t *j)
-{
-    if (j->f == NULL)
-        return;
+void perf_json_ranks_done(perf_json_t *j) {
+    if (j->f == NULL) return;
     fprintf(j->f, "\n  ],\n  \"results\": [");
     fflush(j->f);
 }
 
-static void json_result(FILE *f, const char *key, const perf_result_t *r)
-{
+static void json_result(FILE *f, const char *key, const perf_result_t *r) {
     fprintf(f, "\"%s\": ", key);
     if (r == NULL) {
         fputs("null", f);
@@ -246,10 +229,10 @@ static void json_result(FILE *f, const char *key, const perf_result_t *r)
         fputs("null", f);
     else
         fprintf(f, "%lld", (long long)r->wrong);
-    const char *keys[] = {"p50_us", "p99_us", "min_us", "max_us", "skew_us", "rank_time_min_us",
-                          "rank_time_max_us"};
-    double vals[] = {r->p50_us, r->p99_us, r->min_us, r->max_us, r->skew_us,
-                     r->rank_time_min_us, r->rank_time_max_us};
+    const char *keys[] = {"p50_us",  "p99_us",           "min_us",          "max_us",
+                          "skew_us", "rank_time_min_us", "rank_time_max_us"};
+    double vals[] = {r->p50_us,  r->p99_us,           r->min_us,          r->max_us,
+                     r->skew_us, r->rank_time_min_us, r->rank_time_max_us};
     for (size_t i = 0; i < sizeof(vals) / sizeof(vals[0]); i++) {
         fprintf(f, ", \"%s\": ", keys[i]);
         json_num(f, vals[i]);
@@ -257,13 +240,11 @@ static void json_result(FILE *f, const char *key, const perf_result_t *r)
     fputs("}", f);
 }
 
-void perf_json_row(perf_json_t *j, size_t bytes, size_t count, const char *type,
-                   const char *redop, int root, const perf_result_t *oop, const perf_result_t *ip)
-{
-    if (j->f == NULL)
-        return;
-    fprintf(j->f, "%s\n    {\"size\": %zu, \"count\": %zu, \"type\": ", j->nrows ? "," : "",
-            bytes, count);
+void perf_json_row(perf_json_t *j, size_t bytes, size_t count, const char *type, const char *redop,
+                   int root, const perf_result_t *oop, const perf_result_t *ip) {
+    if (j->f == NULL) return;
+    fprintf(j->f, "%s\n    {\"size\": %zu, \"count\": %zu, \"type\": ", j->nrows ? "," : "", bytes,
+            count);
     json_str(j->f, type);
     fputs(", \"redop\": ", j->f);
     json_str(j->f, redop);
@@ -276,10 +257,8 @@ void perf_json_row(perf_json_t *j, size_t bytes, size_t count, const char *type,
     j->nrows++;
 }
 
-void perf_json_close(perf_json_t *j, int errors, double avg_busbw)
-{
-    if (j->f == NULL)
-        return;
+void perf_json_close(perf_json_t *j, int errors, double avg_busbw) {
+    if (j->f == NULL) return;
     fprintf(j->f, "\n  ],\n  \"errors\": %d,\n  \"avg_busbw\": ", errors);
     json_num(j->f, avg_busbw);
     fputs("\n}\n", j->f);

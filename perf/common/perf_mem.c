@@ -20,34 +20,38 @@
 static int g_device_mem;
 static __thread char g_err[256];
 
-void pm_set_device_mode(int device_mem) { g_device_mem = device_mem; }
-int pm_device_mode(void) { return g_device_mem; }
-const char *pm_error(void) { return g_err; }
+void pm_set_device_mode(int device_mem) {
+    g_device_mem = device_mem;
+}
+int pm_device_mode(void) {
+    return g_device_mem;
+}
+const char *pm_error(void) {
+    return g_err;
+}
 
 #if PERF_HAVE_CUDA
-static int cuda_fail(const char *what, cudaError_t e)
-{
+static int cuda_fail(const char *what, cudaError_t e) {
     snprintf(g_err, sizeof(g_err), "%s: %s", what, cudaGetErrorString(e));
     return -1;
 }
 #define CU(call)                                                                                   \
     do {                                                                                           \
         cudaError_t e_ = (call);                                                                   \
-        if (e_ != cudaSuccess)                                                                     \
-            return cuda_fail(#call, e_);                                                           \
+        if (e_ != cudaSuccess) return cuda_fail(#call, e_);                                        \
     } while (0)
 #else
-static int no_cuda(void)
-{
+static int no_cuda(void) {
     snprintf(g_err, sizeof(g_err), "this perf binary was built without CUDA");
     return -1;
 }
 #endif
 
-int pm_cuda_built(void) { return PERF_HAVE_CUDA; }
+int pm_cuda_built(void) {
+    return PERF_HAVE_CUDA;
+}
 
-int pm_device_count(void)
-{
+int pm_device_count(void) {
 #if PERF_HAVE_CUDA
     int n = 0;
     if (cudaGetDeviceCount(&n) != cudaSuccess) {
@@ -60,11 +64,9 @@ int pm_device_count(void)
 #endif
 }
 
-int pm_set_device(int dev)
-{
+int pm_set_device(int dev) {
 #if PERF_HAVE_CUDA
-    if (!g_device_mem)
-        return 0;
+    if (!g_device_mem) return 0;
     CU(cudaSetDevice(dev));
     return 0;
 #else
@@ -73,12 +75,10 @@ int pm_set_device(int dev)
 #endif
 }
 
-int pm_host_alloc(size_t bytes, void **ptr_p)
-{
+int pm_host_alloc(size_t bytes, void **ptr_p) {
     long page = sysconf(_SC_PAGESIZE);
     void *p = NULL;
-    if (bytes == 0)
-        bytes = 1;
+    if (bytes == 0) bytes = 1;
     if (posix_memalign(&p, page > 0 ? (size_t)page : 4096, bytes) != 0) {
         snprintf(g_err, sizeof(g_err), "cannot allocate %zu bytes of host memory", bytes);
         return -1;
@@ -88,12 +88,12 @@ int pm_host_alloc(size_t bytes, void **ptr_p)
     return 0;
 }
 
-void pm_host_free(void *ptr) { free(ptr); }
+void pm_host_free(void *ptr) {
+    free(ptr);
+}
 
-int pm_alloc(size_t bytes, void **ptr_p)
-{
-    if (!g_device_mem)
-        return pm_host_alloc(bytes, ptr_p);
+int pm_alloc(size_t bytes, void **ptr_p) {
+    if (!g_device_mem) return pm_host_alloc(bytes, ptr_p);
 #if PERF_HAVE_CUDA
     CU(cudaMalloc(ptr_p, bytes ? bytes : 1));
     CU(cudaMemset(*ptr_p, 0, bytes ? bytes : 1));
@@ -103,10 +103,8 @@ int pm_alloc(size_t bytes, void **ptr_p)
 #endif
 }
 
-void pm_free(void *ptr)
-{
-    if (ptr == NULL)
-        return;
+void pm_free(void *ptr) {
+    if (ptr == NULL) return;
     if (!g_device_mem) {
         free(ptr);
         return;
@@ -116,36 +114,39 @@ void pm_free(void *ptr)
 #endif
 }
 
-int pm_to_buf(void *dst, const void *host_src, size_t bytes)
-{
+/* cudaMemcpy from pageable memory may return before the DMA lands, and it is ordered on the
+ * legacy stream, not on the rank's non-blocking stream: copy on the rank's stream and wait. */
+int pm_to_buf(void *dst, const void *host_src, size_t bytes, cudaStream_t s) {
     if (!g_device_mem) {
         memcpy(dst, host_src, bytes);
         return 0;
     }
 #if PERF_HAVE_CUDA
-    CU(cudaMemcpy(dst, host_src, bytes, cudaMemcpyHostToDevice));
+    CU(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyDefault, s));
+    CU(cudaStreamSynchronize(s));
     return 0;
 #else
+    (void)s;
     return no_cuda();
 #endif
 }
 
-int pm_from_buf(void *host_dst, const void *src, size_t bytes)
-{
+int pm_from_buf(void *host_dst, const void *src, size_t bytes, cudaStream_t s) {
     if (!g_device_mem) {
         memcpy(host_dst, src, bytes);
         return 0;
     }
 #if PERF_HAVE_CUDA
-    CU(cudaMemcpy(host_dst, src, bytes, cudaMemcpyDeviceToHost));
+    CU(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDefault, s));
+    CU(cudaStreamSynchronize(s));
     return 0;
 #else
+    (void)s;
     return no_cuda();
 #endif
 }
 
-int pm_copy_async(void *dst, const void *src, size_t bytes, cudaStream_t s)
-{
+int pm_copy_async(void *dst, const void *src, size_t bytes, cudaStream_t s) {
     if (!g_device_mem) {
         memmove(dst, src, bytes);
         return 0;
@@ -159,11 +160,9 @@ int pm_copy_async(void *dst, const void *src, size_t bytes, cudaStream_t s)
 #endif
 }
 
-int pm_stream_create(int null_stream, cudaStream_t *s_p)
-{
+int pm_stream_create(int null_stream, cudaStream_t *s_p) {
     *s_p = NULL;
-    if (!g_device_mem || null_stream)
-        return 0;
+    if (!g_device_mem || null_stream) return 0;
 #if PERF_HAVE_CUDA
     CU(cudaStreamCreateWithFlags(s_p, cudaStreamNonBlocking));
     return 0;
@@ -172,26 +171,20 @@ int pm_stream_create(int null_stream, cudaStream_t *s_p)
 #endif
 }
 
-void pm_stream_destroy(cudaStream_t s)
-{
+void pm_stream_destroy(cudaStream_t s) {
 #if PERF_HAVE_CUDA
-    if (g_device_mem && s)
-        cudaStreamDestroy(s);
+    if (g_device_mem && s) cudaStreamDestroy(s);
 #else
     (void)s;
 #endif
 }
 
-int pm_stream_query(cudaStream_t s)
-{
-    if (!g_device_mem)
-        return 1;
+int pm_stream_query(cudaStream_t s) {
+    if (!g_device_mem) return 1;
 #if PERF_HAVE_CUDA
     cudaError_t e = cudaStreamQuery(s);
-    if (e == cudaSuccess)
-        return 1;
-    if (e == cudaErrorNotReady)
-        return 0;
+    if (e == cudaSuccess) return 1;
+    if (e == cudaErrorNotReady) return 0;
     return cuda_fail("cudaStreamQuery", e);
 #else
     (void)s;
@@ -207,12 +200,10 @@ struct pm_event {
 #endif
 };
 
-int pm_event_create(pm_event_t **e_p)
-{
+int pm_event_create(pm_event_t **e_p) {
 #if PERF_HAVE_CUDA
     pm_event_t *e = calloc(1, sizeof(*e));
-    if (e == NULL)
-        return -1;
+    if (e == NULL) return -1;
     cudaError_t r = cudaEventCreate(&e->ev);
     if (r != cudaSuccess) {
         free(e);
@@ -226,18 +217,15 @@ int pm_event_create(pm_event_t **e_p)
 #endif
 }
 
-void pm_event_destroy(pm_event_t *e)
-{
-    if (e == NULL)
-        return;
+void pm_event_destroy(pm_event_t *e) {
+    if (e == NULL) return;
 #if PERF_HAVE_CUDA
     cudaEventDestroy(e->ev);
 #endif
     free(e);
 }
 
-int pm_event_record(pm_event_t *e, cudaStream_t s)
-{
+int pm_event_record(pm_event_t *e, cudaStream_t s) {
 #if PERF_HAVE_CUDA
     CU(cudaEventRecord(e->ev, s));
     return 0;
@@ -248,8 +236,7 @@ int pm_event_record(pm_event_t *e, cudaStream_t s)
 #endif
 }
 
-int pm_event_elapsed_s(pm_event_t *start, pm_event_t *end, double *sec_p)
-{
+int pm_event_elapsed_s(pm_event_t *start, pm_event_t *end, double *sec_p) {
 #if PERF_HAVE_CUDA
     float ms = 0;
     CU(cudaEventElapsedTime(&ms, start->ev, end->ev));
@@ -272,8 +259,7 @@ struct pm_graph {
 #endif
 };
 
-int pm_graph_begin(cudaStream_t s)
-{
+int pm_graph_begin(cudaStream_t s) {
 #if PERF_HAVE_CUDA
     CU(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
     return 0;
@@ -283,15 +269,12 @@ int pm_graph_begin(cudaStream_t s)
 #endif
 }
 
-int pm_graph_end(cudaStream_t s, pm_graph_t **g_p)
-{
+int pm_graph_end(cudaStream_t s, pm_graph_t **g_p) {
 #if PERF_HAVE_CUDA
     pm_graph_t *g = calloc(1, sizeof(*g));
-    if (g == NULL)
-        return -1;
+    if (g == NULL) return -1;
     cudaError_t r = cudaStreamEndCapture(s, &g->graph);
-    if (r == cudaSuccess)
-        r = cudaGraphInstantiate(&g->exec, g->graph, 0);
+    if (r == cudaSuccess) r = cudaGraphInstantiate(&g->exec, g->graph, 0);
     if (r != cudaSuccess) {
         free(g);
         return cuda_fail("graph capture", r);
@@ -305,8 +288,7 @@ int pm_graph_end(cudaStream_t s, pm_graph_t **g_p)
 #endif
 }
 
-int pm_graph_launch(pm_graph_t *g, cudaStream_t s)
-{
+int pm_graph_launch(pm_graph_t *g, cudaStream_t s) {
 #if PERF_HAVE_CUDA
     CU(cudaGraphLaunch(g->exec, s));
     return 0;
@@ -317,10 +299,8 @@ int pm_graph_launch(pm_graph_t *g, cudaStream_t s)
 #endif
 }
 
-void pm_graph_destroy(pm_graph_t *g)
-{
-    if (g == NULL)
-        return;
+void pm_graph_destroy(pm_graph_t *g) {
+    if (g == NULL) return;
 #if PERF_HAVE_CUDA
     cudaGraphExecDestroy(g->exec);
     cudaGraphDestroy(g->graph);
@@ -328,13 +308,12 @@ void pm_graph_destroy(pm_graph_t *g)
     free(g);
 }
 
-void pm_device_desc(int dev, char *buf, size_t len)
-{
+void pm_device_desc(int dev, char *buf, size_t len) {
 #if PERF_HAVE_CUDA
     struct cudaDeviceProp prop;
     if (cudaGetDeviceProperties(&prop, dev) == cudaSuccess) {
-        snprintf(buf, len, "[%04x:%02x:%02x] %s", prop.pciDomainID, prop.pciBusID,
-                 prop.pciDeviceID, prop.name);
+        snprintf(buf, len, "[%04x:%02x:%02x] %s", prop.pciDomainID, prop.pciBusID, prop.pciDeviceID,
+                 prop.name);
         return;
     }
 #else
@@ -343,8 +322,18 @@ void pm_device_desc(int dev, char *buf, size_t len)
     snprintf(buf, len, "[unknown] device");
 }
 
-int pm_mem_info(size_t *free_p, size_t *total_p)
-{
+int pm_device_cc_major(int dev) {
+#if PERF_HAVE_CUDA
+    int major = 0;
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess)
+        return major;
+#else
+    (void)dev;
+#endif
+    return 0;
+}
+
+int pm_mem_info(size_t *free_p, size_t *total_p) {
 #if PERF_HAVE_CUDA
     if (g_device_mem) {
         CU(cudaMemGetInfo(free_p, total_p));

@@ -26,8 +26,10 @@ int pm_alloc(size_t bytes, void **ptr_p); /* page-aligned host memory or device 
 void pm_free(void *ptr);
 int pm_host_alloc(size_t bytes, void **ptr_p); /* always host (staging) */
 void pm_host_free(void *ptr);
-int pm_to_buf(void *dst, const void *host_src, size_t bytes);   /* blocking */
-int pm_from_buf(void *host_dst, const void *src, size_t bytes); /* blocking */
+/* Blocking copies between a buffer and host memory, ordered on the rank's stream (so they also
+ * order against the rank's earlier and later NCCL calls) and complete on return. */
+int pm_to_buf(void *dst, const void *host_src, size_t bytes, cudaStream_t s);
+int pm_from_buf(void *host_dst, const void *src, size_t bytes, cudaStream_t s);
 int pm_copy_async(void *dst, const void *src, size_t bytes, cudaStream_t s);
 
 int pm_stream_create(int null_stream, cudaStream_t *s_p);
@@ -50,5 +52,6 @@ void pm_graph_destroy(pm_graph_t *g);
 /* "[0000:18:00] NVIDIA H100 80GB HBM3" for a device. */
 void pm_device_desc(int dev, char *buf, size_t len);
 int pm_mem_info(size_t *free_p, size_t *total_p);
+int pm_device_cc_major(int dev); /* compute capability major, 0 when unknown */
 
 #endif

@@ -33,21 +33,21 @@
 #include "perf_mem.h"
 
 #define MAX_SIZES 4096
-#define STATS_N 8   /* doubles per rank in the result exchange */
+#define STATS_N 8 /* doubles per rank in the result exchange */
 #define INFO_BYTES 256
 
 typedef struct {
     int rank, dev;
     ncclComm_t comm;
     cudaStream_t stream;
-    char *send, *recv;       /* usable bases (after -u misalignment) */
+    char *send, *recv; /* usable bases (after -u misalignment) */
     void *send_alloc, *recv_alloc;
-    void *xbuf;              /* exchange buffer: nranks * max(INFO_BYTES, STATS_N doubles) */
-    void *xhost;             /* its host copy */
-    void *staging;           /* device mode: host copy of a buffer for fill and check */
+    void *xbuf;    /* exchange buffer: nranks * max(INFO_BYTES, STATS_N doubles) */
+    void *xhost;   /* its host copy */
+    void *staging; /* device mode: host copy of a buffer for fill and check */
     void *reg_send, *reg_recv;
     ncclWindow_t win_send, win_recv;
-    pm_event_t **ev;         /* device mode with -I: iters+1 events */
+    pm_event_t **ev; /* device mode with -I: iters+1 events */
 } prank_t;
 
 typedef struct {
@@ -67,6 +67,7 @@ static struct {
     perf_run_fn run;
     perf_env_t env;
     int nranks, device_mem, ndev;
+    int fp8_ok;       /* -d all includes float8 */
     size_t buf_bytes; /* usable bytes of each send/recv buffer */
     ncclUniqueId id;
     char host[64];
@@ -75,8 +76,7 @@ static struct {
     pthread_barrier_t init_barrier;
 } G;
 
-static double now_s(void)
-{
+static double now_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
@@ -84,8 +84,7 @@ static double now_s(void)
 
 /* Fatal errors end the process, as nccl-tests does: the other ranks see a dead peer (Chorus
  * reports it; they do not hang). Message formats follow nccl-tests so log scrapers match. */
-static void fatal(const char *fmt, ...)
-{
+static void fatal(const char *fmt, ...) {
     va_list ap;
     char msg[1024];
     va_start(ap, fmt);
@@ -95,8 +94,7 @@ static void fatal(const char *fmt, ...)
     fprintf(stderr, "%s: %s\n", G.host, msg);
     printf("%s: %s\n", G.host, msg);
     fflush(stdout);
-    if (G.json.f)
-        fflush(G.json.f);
+    if (G.json.f) fflush(G.json.f);
     _exit(1);
 }
 
@@ -104,39 +102,36 @@ static void fatal(const char *fmt, ...)
     do {                                                                                           \
         ncclResult_t r_ = (call);                                                                  \
         if (r_ != ncclSuccess)                                                                     \
-            fatal("Test NCCL failure %s:%d '%s / %s'", __FILE__, __LINE__,                         \
-                  ncclGetErrorString(r_), ncclGetLastError(NULL));                                 \
+            fatal("Test NCCL failure %s:%d '%s / %s'", __FILE__, __LINE__, ncclGetErrorString(r_), \
+                  ncclGetLastError(NULL));                                                         \
     } while (0)
 #define MEMCHECK(call)                                                                             \
     do {                                                                                           \
-        if ((call) != 0)                                                                           \
-            fatal("Test CUDA failure %s:%d '%s'", __FILE__, __LINE__, pm_error());                 \
+        if ((call) != 0) fatal("Test CUDA failure %s:%d '%s'", __FILE__, __LINE__, pm_error());    \
     } while (0)
 
-static int is_printer(const pthread_ctx_t *t) { return G.env.proc == 0 && t->index == 0; }
+static int is_printer(const pthread_ctx_t *t) {
+    return G.env.proc == 0 && t->index == 0;
+}
 
-int perf_local_copy(void *dst, const void *src, size_t bytes, cudaStream_t stream)
-{
+int perf_local_copy(void *dst, const void *src, size_t bytes, cudaStream_t stream) {
     return pm_copy_async(dst, src, bytes, stream);
 }
 
 /* ---- completion, barrier, exchange ----------------------------------------------------------- */
-static void complete(pthread_ctx_t *t)
-{
+static void complete(pthread_ctx_t *t) {
     int ng = G.a.ngpus;
     for (int i = 0; i < ng; i++) {
         prank_t *r = &t->ranks[i];
         for (;;) {
             int q = pm_stream_query(r->stream);
-            if (q < 0)
-                fatal("Test CUDA failure %s:%d '%s'", __FILE__, __LINE__, pm_error());
+            if (q < 0) fatal("Test CUDA failure %s:%d '%s'", __FILE__, __LINE__, pm_error());
             ncclResult_t aerr = ncclSuccess;
             NCCLCHECK(ncclCommGetAsyncError(r->comm, &aerr));
             if (aerr != ncclSuccess && aerr != ncclInProgress)
                 fatal("Test NCCL failure %s:%d 'asynchronous error %s / %s'", __FILE__, __LINE__,
                       ncclGetErrorString(aerr), ncclGetLastError(r->comm));
-            if (q == 1)
-                break;
+            if (q == 1) break;
             sched_yield();
         }
     }
@@ -144,49 +139,43 @@ static void complete(pthread_ctx_t *t)
 }
 
 /* Everyone's `bytes` bytes (from local rank i's src[i]) into each rank's xhost. */
-static void exchange(pthread_ctx_t *t, void **src, size_t bytes)
-{
+static void exchange(pthread_ctx_t *t, void **src, size_t bytes) {
     int ng = G.a.ngpus;
     for (int i = 0; i < ng; i++) {
         prank_t *r = &t->ranks[i];
-        MEMCHECK(pm_to_buf((char *)r->xbuf + (size_t)r->rank * bytes, src[i], bytes));
+        char *slot = (char *)r->xbuf + (size_t)r->rank * bytes;
+        MEMCHECK(pm_to_buf(slot, src[i], bytes, r->stream));
     }
-    if (ng > 1)
-        NCCLCHECK(ncclGroupStart());
+    if (ng > 1) NCCLCHECK(ncclGroupStart());
     for (int i = 0; i < ng; i++) {
         prank_t *r = &t->ranks[i];
-        NCCLCHECK(ncclAllGather((char *)r->xbuf + (size_t)r->rank * bytes, r->xbuf, bytes,
-                                ncclInt8, r->comm, r->stream));
+        NCCLCHECK(ncclAllGather((char *)r->xbuf + (size_t)r->rank * bytes, r->xbuf, bytes, ncclInt8,
+                                r->comm, r->stream));
     }
-    if (ng > 1)
-        NCCLCHECK(ncclGroupEnd());
+    if (ng > 1) NCCLCHECK(ncclGroupEnd());
     complete(t);
     for (int i = 0; i < ng; i++) {
         prank_t *r = &t->ranks[i];
-        MEMCHECK(pm_from_buf(r->xhost, r->xbuf, bytes * (size_t)G.nranks));
+        MEMCHECK(pm_from_buf(r->xhost, r->xbuf, bytes * (size_t)G.nranks, r->stream));
     }
 }
 
-static void barrier(pthread_ctx_t *t)
-{
+static void barrier(pthread_ctx_t *t) {
     int ng = G.a.ngpus;
-    if (ng > 1)
-        NCCLCHECK(ncclGroupStart());
+    if (ng > 1) NCCLCHECK(ncclGroupStart());
     for (int i = 0; i < ng; i++) {
         prank_t *r = &t->ranks[i];
-        NCCLCHECK(ncclAllReduce(r->xbuf, r->xbuf, 1, ncclInt32, ncclSum, r->comm, r->stream));
+        /* Unsigned: whatever the buffer holds, the sum wraps without undefined behaviour. */
+        NCCLCHECK(ncclAllReduce(r->xbuf, r->xbuf, 1, ncclUint32, ncclSum, r->comm, r->stream));
     }
-    if (ng > 1)
-        NCCLCHECK(ncclGroupEnd());
+    if (ng > 1) NCCLCHECK(ncclGroupEnd());
     complete(t);
 }
 
 /* ---- one collective call per local rank ------------------------------------------------------ */
-static void sync_after_op(pthread_ctx_t *t)
-{
+static void sync_after_op(pthread_ctx_t *t) {
     complete(t);
-    if (G.a.blocking == 1)
-        barrier(t);
+    if (G.a.blocking == 1) barrier(t);
 }
 
 typedef struct {
@@ -197,14 +186,12 @@ typedef struct {
     size_t shift_span; /* bytes one call touches; calls walk through the buffer by this much */
 } step_t;
 
-static void start_coll(pthread_ctx_t *t, const step_t *s, int in_place, int iter)
-{
+static void start_coll(pthread_ctx_t *t, const step_t *s, int in_place, int iter) {
     size_t steps = s->shift_span ? G.buf_bytes / s->shift_span : 1;
     size_t shift = steps ? s->shift_span * ((size_t)iter % steps) : 0;
     int ng = G.a.ngpus;
 
-    if (ng > 1)
-        NCCLCHECK(ncclGroupStart());
+    if (ng > 1) NCCLCHECK(ncclGroupStart());
     for (int i = 0; i < ng; i++) {
         prank_t *r = &t->ranks[i];
         char *recv = r->recv + shift, *send = r->send + shift;
@@ -212,40 +199,36 @@ static void start_coll(pthread_ctx_t *t, const step_t *s, int in_place, int iter
         if (s->op == PERF_OP_MULSUM) {
             uint64_t scalar;
             perf_data_mulsum_scalar(s->dt, &scalar);
-            NCCLCHECK(ncclRedOpCreatePreMulSum(&op, &scalar, s->dt, ncclScalarHostImmediate,
-                                               r->comm));
+            NCCLCHECK(
+                ncclRedOpCreatePreMulSum(&op, &scalar, s->dt, ncclScalarHostImmediate, r->comm));
         }
         char *sp = in_place ? recv + s->c.send_inplace_off * (size_t)r->rank * s->elt : send;
         char *rp = in_place ? recv + s->c.recv_inplace_off * (size_t)r->rank * s->elt : recv;
         NCCLCHECK(G.run(sp, rp, s->c.paramcount, s->dt, op, s->root, r->comm, r->stream));
-        if (s->op == PERF_OP_MULSUM)
-            NCCLCHECK(ncclRedOpDestroy(op, r->comm));
+        if (s->op == PERF_OP_MULSUM) NCCLCHECK(ncclRedOpDestroy(op, r->comm));
     }
-    if (ng > 1)
-        NCCLCHECK(ncclGroupEnd());
+    if (ng > 1) NCCLCHECK(ncclGroupEnd());
     /* -z 1/2: wait (and synchronise ranks) after each op; inside an -m group the ops have not
      * run yet, so the caller does it after ncclGroupEnd instead. */
-    if ((G.a.blocking == 1 || G.a.blocking == 2) && G.a.agg == 1)
-        sync_after_op(t);
+    if ((G.a.blocking == 1 || G.a.blocking == 2) && G.a.agg == 1) sync_after_op(t);
 }
 
 /* ---- correctness ----------------------------------------------------------------------------- */
 static int64_t check_step(pthread_ctx_t *t, const step_t *s, perf_data_t *d, int in_place,
-                          uint64_t seed)
-{
+                          uint64_t seed) {
     int ng = G.a.ngpus;
     int64_t wrong = 0;
     for (int i = 0; i < ng; i++) {
         prank_t *r = &t->ranks[i];
         char *sp = in_place ? r->recv + s->c.send_inplace_off * (size_t)r->rank * s->elt : r->send;
-        size_t rbytes = (s->c.recvcount > s->c.sendcount ? s->c.recvcount : s->c.sendcount) *
-                        s->elt;
+        size_t rbytes =
+            (s->c.recvcount > s->c.sendcount ? s->c.recvcount : s->c.sendcount) * s->elt;
         /* Poison the whole output region first: unwritten elements must not pass. */
         if (G.device_mem) {
             perf_data_poison(r->staging, rbytes);
-            MEMCHECK(pm_to_buf(r->recv, r->staging, rbytes));
+            MEMCHECK(pm_to_buf(r->recv, r->staging, rbytes, r->stream));
             perf_data_fill(d, G.coll, r->rank, seed, r->staging, &s->c);
-            MEMCHECK(pm_to_buf(sp, r->staging, s->c.sendcount * s->elt));
+            MEMCHECK(pm_to_buf(sp, r->staging, s->c.sendcount * s->elt, r->stream));
         } else {
             perf_data_poison(r->recv, rbytes);
             perf_data_fill(d, G.coll, r->rank, seed, sp, &s->c);
@@ -258,7 +241,7 @@ static int64_t check_step(pthread_ctx_t *t, const step_t *s, perf_data_t *d, int
         char *rp = in_place ? r->recv + s->c.recv_inplace_off * (size_t)r->rank * s->elt : r->recv;
         const void *out = rp;
         if (G.device_mem) {
-            MEMCHECK(pm_from_buf(r->staging, rp, s->c.recvcount * s->elt));
+            MEMCHECK(pm_from_buf(r->staging, rp, s->c.recvcount * s->elt, r->stream));
             out = r->staging;
         }
         wrong += perf_data_check(d, G.coll, r->rank, s->root, seed, out, &s->c);
@@ -268,8 +251,7 @@ static int64_t check_step(pthread_ctx_t *t, const step_t *s, perf_data_t *d, int
 
 /* ---- timing ---------------------------------------------------------------------------------- */
 static void bench(pthread_ctx_t *t, const step_t *s, perf_data_t *d, int in_place,
-                  perf_result_t *res)
-{
+                  perf_result_t *res) {
     const perf_args_t *a = &G.a;
     int ng = a->ngpus, iters = a->iters, agg = a->agg;
     double *iter_s = calloc((size_t)iters, sizeof(double));
@@ -278,8 +260,7 @@ static void bench(pthread_ctx_t *t, const step_t *s, perf_data_t *d, int in_plac
     int per_iter_host = !G.device_mem || a->blocking == 1 || a->blocking == 2;
     int use_events = G.device_mem && a->per_iter && !a->cudagraph;
 
-    if (iter_s == NULL)
-        fatal("out of memory");
+    if (iter_s == NULL) fatal("out of memory");
     t->progress = now_s();
     barrier(t);
 
@@ -291,19 +272,15 @@ static void bench(pthread_ctx_t *t, const step_t *s, perf_data_t *d, int in_plac
     double t0 = now_s();
     for (int it = 0; it < iters; it++) {
         double ti = now_s();
-        if (use_events)
-            MEMCHECK(pm_event_record(t->ranks[0].ev[it], t->ranks[0].stream));
-        if (agg > 1)
-            NCCLCHECK(ncclGroupStart());
+        if (use_events) MEMCHECK(pm_event_record(t->ranks[0].ev[it], t->ranks[0].stream));
+        if (agg > 1) NCCLCHECK(ncclGroupStart());
         for (int k = 0; k < agg; k++)
             start_coll(t, s, in_place, it * agg + k);
         if (agg > 1) {
             NCCLCHECK(ncclGroupEnd());
-            if (a->blocking == 1 || a->blocking == 2)
-                sync_after_op(t);
+            if (a->blocking == 1 || a->blocking == 2) sync_after_op(t);
         }
-        if (use_events)
-            MEMCHECK(pm_event_record(t->ranks[0].ev[it + 1], t->ranks[0].stream));
+        if (use_events) MEMCHECK(pm_event_record(t->ranks[0].ev[it + 1], t->ranks[0].stream));
         iter_s[it] = now_s() - ti;
         if (a->blocking == 3) {
             complete(t);
@@ -340,8 +317,8 @@ static void bench(pthread_ctx_t *t, const step_t *s, perf_data_t *d, int in_plac
     if (have_iter) {
         if (use_events)
             for (int it = 0; it < iters; it++)
-                MEMCHECK(pm_event_elapsed_s(t->ranks[0].ev[it], t->ranks[0].ev[it + 1],
-                                            &iter_s[it]));
+                MEMCHECK(
+                    pm_event_elapsed_s(t->ranks[0].ev[it], t->ranks[0].ev[it + 1], &iter_s[it]));
         int n = iters - a->per_iter_skip;
         double *v = iter_s + a->per_iter_skip;
         for (int k = 0; k < n; k++)
@@ -409,43 +386,36 @@ static void bench(pthread_ctx_t *t, const step_t *s, perf_data_t *d, int in_plac
     res->max_us = isnan(p50v[0]) ? NAN : gmax * 1e6;
     res->wrong = unchecked ? -1 : wsum;
     free(tv);
-    perf_coll_bw(G.coll, s->c.paramcount, s->elt, res->time_us * 1e-6, n, &res->algbw,
-                 &res->busbw);
-    if (res->wrong > 0)
-        t->errors++;
+    perf_coll_bw(G.coll, s->c.paramcount, s->elt, res->time_us * 1e-6, n, &res->algbw, &res->busbw);
+    if (res->wrong > 0) t->errors++;
     t->bw_sum += res->busbw;
     t->bw_count++;
 }
 
-/* ---- one (dtype, op, root) sweep -------------------------------------------------------------- */
-static void print_result(pthread_ctx_t *t, const step_t *s, const perf_result_t *res)
-{
+/* ---- one (dtype, op, root) sweep ------------------------------------------------------------ */
+static void print_result(pthread_ctx_t *t, const step_t *s, const perf_result_t *res) {
     char buf[256];
-    if (!is_printer(t))
-        return;
+    if (!is_printer(t)) return;
     perf_fmt_row_body(buf, sizeof(buf), res->time_us, res->algbw, res->busbw, res->wrong);
     fputs(buf, stdout);
     (void)s;
 }
 
-static void extra_str(const step_t *s, const perf_result_t *res, char *buf, size_t len)
-{
+static void extra_str(const step_t *s, const perf_result_t *res, char *buf, size_t len) {
     double algbw = 0, busbw = 0;
     if (!isnan(res->p50_us))
-        perf_coll_bw(G.coll, s->c.paramcount, s->elt, res->p50_us * 1e-6, G.nranks, &algbw,
-                     &busbw);
+        perf_coll_bw(G.coll, s->c.paramcount, s->elt, res->p50_us * 1e-6, G.nranks, &algbw, &busbw);
     perf_fmt_row_extra(buf, len, res->p50_us, res->p99_us, res->skew_us, busbw);
 }
 
-static void fill_whole(pthread_ctx_t *t, perf_data_t *d, size_t elt)
-{
+static void fill_whole(pthread_ctx_t *t, perf_data_t *d, size_t elt) {
     perf_counts_t c = {G.buf_bytes / elt, G.buf_bytes / elt, 0, 0, 0};
     for (int i = 0; i < G.a.ngpus; i++) {
         prank_t *r = &t->ranks[i];
         if (G.device_mem) {
             perf_data_fill(d, PERF_ALL_REDUCE, r->rank, 1, r->staging, &c);
-            MEMCHECK(pm_to_buf(r->send, r->staging, c.sendcount * elt));
-            MEMCHECK(pm_to_buf(r->recv, r->staging, c.sendcount * elt));
+            MEMCHECK(pm_to_buf(r->send, r->staging, c.sendcount * elt, r->stream));
+            MEMCHECK(pm_to_buf(r->recv, r->staging, c.sendcount * elt, r->stream));
         } else {
             perf_data_fill(d, PERF_ALL_REDUCE, r->rank, 1, r->send, &c);
             perf_data_fill(d, PERF_ALL_REDUCE, r->rank, 1, r->recv, &c);
@@ -453,8 +423,7 @@ static void fill_whole(pthread_ctx_t *t, perf_data_t *d, size_t elt)
     }
 }
 
-static void setup_step(step_t *s, ncclDataType_t dt, int op, int root, size_t bytes)
-{
+static void setup_step(step_t *s, ncclDataType_t dt, int op, int root, size_t bytes) {
     s->dt = dt;
     s->op = op;
     s->root = root;
@@ -464,8 +433,7 @@ static void setup_step(step_t *s, ncclDataType_t dt, int op, int root, size_t by
     s->shift_span = big * s->elt;
 }
 
-static void time_test(pthread_ctx_t *t, ncclDataType_t dt, int op, int root)
-{
+static void time_test(pthread_ctx_t *t, ncclDataType_t dt, int op, int root) {
     const perf_args_t *a = &G.a;
     size_t sizes[MAX_SIZES];
     int nsizes = perf_args_sizes(a, sizes, MAX_SIZES);
@@ -473,8 +441,7 @@ static void time_test(pthread_ctx_t *t, ncclDataType_t dt, int op, int root)
     perf_data_t *d = perf_data_create(dt, has_op ? op : -1, G.nranks);
     step_t s;
 
-    if (d == NULL)
-        fatal("out of memory for reference data");
+    if (d == NULL) fatal("out of memory for reference data");
     fill_whole(t, d, perf_dtype_size(dt));
     barrier(t);
 
@@ -484,8 +451,7 @@ static void time_test(pthread_ctx_t *t, ncclDataType_t dt, int op, int root)
         for (int it = 0; it < a->warmup; it++)
             start_coll(t, &s, 0, it);
         complete(t);
-        if (size > a->max_bytes / 2)
-            break;
+        if (size > a->max_bytes / 2) break;
     }
 
     for (int k = 0; k < nsizes; k++) {
@@ -496,8 +462,8 @@ static void time_test(pthread_ctx_t *t, ncclDataType_t dt, int op, int root)
         const char *opname = has_op ? perf_op_name(op) : "none";
         int rootcol = perf_coll_has_root(G.coll) ? root : -1;
         if (is_printer(t)) {
-            perf_fmt_row_prefix(buf, sizeof(buf), big * s.elt, s.c.paramcount,
-                                perf_dtype_name(dt), opname, rootcol);
+            perf_fmt_row_prefix(buf, sizeof(buf), big * s.elt, s.c.paramcount, perf_dtype_name(dt),
+                                opname, rootcol);
             fputs(buf, stdout);
             fflush(stdout);
         }
@@ -520,31 +486,25 @@ static void time_test(pthread_ctx_t *t, ncclDataType_t dt, int op, int root)
 }
 
 /* ---- setup and teardown ---------------------------------------------------------------------- */
-static void rank_device(pthread_ctx_t *t, int i, prank_t *r)
-{
+static void rank_device(pthread_ctx_t *t, int i, prank_t *r) {
     r->rank = (G.env.proc * G.a.nthreads + t->index) * G.a.ngpus + i;
     r->dev = -1;
     if (G.device_mem)
-        r->dev = (G.env.local_rank * G.a.nthreads * G.a.ngpus + t->index * G.a.ngpus + i) %
-                 G.ndev;
+        r->dev = (G.env.local_rank * G.a.nthreads * G.a.ngpus + t->index * G.a.ngpus + i) % G.ndev;
 }
 
-static void init_comms(pthread_ctx_t *t)
-{
+static void init_comms(pthread_ctx_t *t) {
     int ng = G.a.ngpus;
-    if (ng > 1)
-        NCCLCHECK(ncclGroupStart());
+    if (ng > 1) NCCLCHECK(ncclGroupStart());
     for (int i = 0; i < ng; i++) {
         prank_t *r = &t->ranks[i];
         MEMCHECK(pm_set_device(r->dev));
         NCCLCHECK(ncclCommInitRank(&r->comm, G.nranks, G.id, r->rank));
     }
-    if (ng > 1)
-        NCCLCHECK(ncclGroupEnd());
+    if (ng > 1) NCCLCHECK(ncclGroupEnd());
 }
 
-static void setup_buffers(pthread_ctx_t *t)
-{
+static void setup_buffers(pthread_ctx_t *t) {
     size_t pad = (size_t)G.a.unalign * 8; /* -u elements of the widest type */
     size_t xbytes = (size_t)G.nranks * (INFO_BYTES > STATS_N * 8 ? INFO_BYTES : STATS_N * 8);
     for (int i = 0; i < G.a.ngpus; i++) {
@@ -557,8 +517,7 @@ static void setup_buffers(pthread_ctx_t *t)
         MEMCHECK(pm_host_alloc(xbytes, &r->xhost));
         r->send = (char *)r->send_alloc + pad;
         r->recv = (char *)r->recv_alloc + pad;
-        if (G.device_mem)
-            MEMCHECK(pm_host_alloc(G.buf_bytes, &r->staging));
+        if (G.device_mem) MEMCHECK(pm_host_alloc(G.buf_bytes, &r->staging));
         if (G.device_mem && G.a.per_iter) {
             r->ev = calloc((size_t)G.a.iters + 1, sizeof(*r->ev));
             for (int k = 0; k <= G.a.iters; k++)
@@ -580,18 +539,13 @@ static void setup_buffers(pthread_ctx_t *t)
     }
 }
 
-static void teardown(pthread_ctx_t *t)
-{
+static void teardown(pthread_ctx_t *t) {
     for (int i = 0; i < G.a.ngpus; i++) {
         prank_t *r = &t->ranks[i];
-        if (r->win_send)
-            NCCLCHECK(ncclCommWindowDeregister(r->comm, r->win_send));
-        if (r->win_recv)
-            NCCLCHECK(ncclCommWindowDeregister(r->comm, r->win_recv));
-        if (r->reg_send)
-            NCCLCHECK(ncclCommDeregister(r->comm, r->reg_send));
-        if (r->reg_recv)
-            NCCLCHECK(ncclCommDeregister(r->comm, r->reg_recv));
+        if (r->win_send) NCCLCHECK(ncclCommWindowDeregister(r->comm, r->win_send));
+        if (r->win_recv) NCCLCHECK(ncclCommWindowDeregister(r->comm, r->win_recv));
+        if (r->reg_send) NCCLCHECK(ncclCommDeregister(r->comm, r->reg_send));
+        if (r->reg_recv) NCCLCHECK(ncclCommDeregister(r->comm, r->reg_recv));
         NCCLCHECK(ncclCommDestroy(r->comm));
         if (r->ev) {
             for (int k = 0; k <= G.a.iters; k++)
@@ -607,13 +561,11 @@ static void teardown(pthread_ctx_t *t)
     }
 }
 
-static void cpu_model(char *buf, size_t len)
-{
+static void cpu_model(char *buf, size_t len) {
     FILE *f = fopen("/proc/cpuinfo", "r");
     char line[512];
     snprintf(buf, len, "CPU");
-    if (f == NULL)
-        return;
+    if (f == NULL) return;
     while (fgets(line, sizeof(line), f)) {
         if (strncmp(line, "model name", 10) == 0) {
             char *p = strchr(line, ':');
@@ -629,13 +581,11 @@ static void cpu_model(char *buf, size_t len)
 }
 
 /* The "#  Rank .." lines, gathered to the printer. */
-static void print_ranks(pthread_ctx_t *t)
-{
+static void print_ranks(pthread_ctx_t *t) {
     char info[64][INFO_BYTES];
     void *srcs[64];
     char desc[160];
-    if (!G.device_mem)
-        cpu_model(desc, sizeof(desc));
+    if (!G.device_mem) cpu_model(desc, sizeof(desc));
     for (int i = 0; i < G.a.ngpus; i++) {
         prank_t *r = &t->ranks[i];
         char hdesc[200];
@@ -652,8 +602,7 @@ static void print_ranks(pthread_ctx_t *t)
         srcs[i] = info[i];
     }
     exchange(t, srcs, INFO_BYTES);
-    if (!is_printer(t))
-        return;
+    if (!is_printer(t)) return;
     const char *all = t->ranks[0].xhost;
     for (int r = 0; r < G.nranks; r++) {
         const char *line = all + (size_t)r * INFO_BYTES;
@@ -679,12 +628,10 @@ static void print_ranks(pthread_ctx_t *t)
     fflush(stdout);
 }
 
-static void *thread_main(void *arg)
-{
+static void *thread_main(void *arg) {
     pthread_ctx_t *t = arg;
     const perf_args_t *a = &G.a;
-    if (a->parallel_init)
-        init_comms(t);
+    if (a->parallel_init) init_comms(t);
     pthread_barrier_wait(&G.init_barrier);
     setup_buffers(t);
     print_ranks(t);
@@ -697,6 +644,8 @@ static void *thread_main(void *arg)
     for (int cyc = 0; a->run_cycles == 0 || cyc < a->run_cycles; cyc++) {
         for (int di = 0; di < ndt; di++) {
             ncclDataType_t dt = (ncclDataType_t)(a->dtype >= 0 ? a->dtype : di);
+            if (a->dtype < 0 && !G.fp8_ok && (dt == ncclFloat8e4m3 || dt == ncclFloat8e5m2))
+                continue; /* -d all: float8 needs NCCL >= 2.24 and sm90 on GPUs (as nccl-tests) */
             for (int oi = 0; oi < nop; oi++) {
                 int op = !has_op ? ncclSum : (a->op >= 0 ? a->op : oi);
                 for (int ri = 0; ri < nroot; ri++) {
@@ -711,8 +660,7 @@ static void *thread_main(void *arg)
 }
 
 /* -T: a step that takes longer than the timeout aborts the communicators and ends the process. */
-static void *watchdog_main(void *arg)
-{
+static void *watchdog_main(void *arg) {
     (void)arg;
     for (;;) {
         sleep(1);
@@ -725,8 +673,7 @@ static void *watchdog_main(void *arg)
                 alarm(10); /* if an abort hangs, SIGALRM ends the process */
                 for (int k = 0; k < G.a.nthreads; k++)
                     for (int g = 0; g < G.a.ngpus; g++)
-                        if (G.threads[k].ranks[g].comm)
-                            ncclCommAbort(G.threads[k].ranks[g].comm);
+                        if (G.threads[k].ranks[g].comm) ncclCommAbort(G.threads[k].ranks[g].comm);
                 _exit(1);
             }
         }
@@ -734,19 +681,18 @@ static void *watchdog_main(void *arg)
     return NULL;
 }
 
-static const char *self_getenv(const char *name) { return getenv(name); }
+static const char *self_getenv(const char *name) {
+    return getenv(name);
+}
 
-static const char *library_path(void)
-{
+static const char *library_path(void) {
     Dl_info info;
-    if (dladdr((void *)ncclGetVersion, &info) && info.dli_fname)
-        return info.dli_fname;
+    if (dladdr((void *)ncclGetVersion, &info) && info.dli_fname) return info.dli_fname;
     return "unknown";
 }
 
 /* Flags that cannot apply with this build, this machine or this memory kind. */
-static void check_applicable(void)
-{
+static void check_applicable(void) {
     const perf_args_t *a = &G.a;
     const char *why = NULL;
     if (a->memory == PERF_MEM_DEVICE && !pm_cuda_built())
@@ -774,8 +720,7 @@ static void check_applicable(void)
     }
 }
 
-int perf_main(int argc, char **argv, perf_coll_t coll, perf_run_fn run)
-{
+int perf_main(int argc, char **argv, perf_coll_t coll, perf_run_fn run) {
     char err[512];
     perf_args_t *a = &G.a;
     const char *prog = perf_coll_prog(coll);
@@ -818,8 +763,7 @@ int perf_main(int argc, char **argv, perf_coll_t coll, perf_run_fn run)
         return 1;
     }
     G.buf_bytes = (a->max_bytes + 4095) / 4096 * 4096;
-    if (G.buf_bytes == 0)
-        G.buf_bytes = 4096;
+    if (G.buf_bytes == 0) G.buf_bytes = 4096;
     if (G.env.comm_id[0] && setenv("NCCL_COMM_ID", G.env.comm_id, 1) != 0) {
         fprintf(stderr, "%s: setenv NCCL_COMM_ID: %s\n", prog, strerror(errno));
         return 1;
@@ -827,6 +771,7 @@ int perf_main(int argc, char **argv, perf_coll_t coll, perf_run_fn run)
 
     int version = 0;
     NCCLCHECK(ncclGetVersion(&version));
+    G.fp8_ok = version >= 22400 && (!G.device_mem || pm_device_cc_major(0) >= 9);
     if (G.env.proc == 0) {
         printf("# nccl-tests version 2.19.6 (chorus perf) nccl-headers=%d nccl-library=%d\n",
                NCCL_VERSION_CODE, version);
@@ -868,16 +813,14 @@ int perf_main(int argc, char **argv, perf_coll_t coll, perf_run_fn run)
     if (!a->parallel_init) {
         /* The main thread creates every local communicator in one group (nccl-tests' -p 0). */
         int many = a->nthreads * a->ngpus > 1;
-        if (many)
-            NCCLCHECK(ncclGroupStart());
+        if (many) NCCLCHECK(ncclGroupStart());
         for (int i = 0; i < a->nthreads; i++)
             for (int g = 0; g < a->ngpus; g++) {
                 prank_t *r = &G.threads[i].ranks[g];
                 MEMCHECK(pm_set_device(r->dev));
                 NCCLCHECK(ncclCommInitRank(&r->comm, G.nranks, G.id, r->rank));
             }
-        if (many)
-            NCCLCHECK(ncclGroupEnd());
+        if (many) NCCLCHECK(ncclGroupEnd());
     }
     pthread_barrier_init(&G.init_barrier, NULL, (unsigned)a->nthreads);
     for (int i = 0; i < a->nthreads; i++)

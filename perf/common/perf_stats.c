@@ -12,57 +12,51 @@
 
 #include "perf.h"
 
-static int cmp_double(const void *a, const void *b)
-{
+static int cmp_double(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
     return (x > y) - (x < y);
 }
 
-double perf_stat_median(double *v, int n)
-{
-    if (n <= 0)
-        return NAN;
+double perf_stat_median(double *v, int n) {
+    if (n <= 0) return NAN;
     qsort(v, (size_t)n, sizeof(double), cmp_double);
-    if (n % 2)
-        return v[n / 2];
+    if (n % 2) return v[n / 2];
     return 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-double perf_stat_percentile(double *v, int n, int pct)
-{
-    if (n <= 0)
-        return NAN;
+double perf_stat_percentile(double *v, int n, int pct) {
+    if (n <= 0) return NAN;
     qsort(v, (size_t)n, sizeof(double), cmp_double);
     int idx = (n * pct + 99) / 100 - 1;
-    if (idx < 0)
-        idx = 0;
-    if (idx > n - 1)
-        idx = n - 1;
+    if (idx < 0) idx = 0;
+    if (idx > n - 1) idx = n - 1;
     return v[idx];
 }
 
-double perf_stat_reduce(const double *v, int n, int average)
-{
-    if (n <= 0)
-        return NAN;
+double perf_stat_reduce(const double *v, int n, int average) {
+    if (n <= 0) return NAN;
     double acc = v[0];
     for (int i = 1; i < n; i++) {
         switch (average) {
-        case 0: break;
-        case 2: acc = v[i] < acc ? v[i] : acc; break;
-        case 3: acc = v[i] > acc ? v[i] : acc; break;
-        default: acc += v[i]; break;
+        case 0:
+            break;
+        case 2:
+            acc = v[i] < acc ? v[i] : acc;
+            break;
+        case 3:
+            acc = v[i] > acc ? v[i] : acc;
+            break;
+        default:
+            acc += v[i];
+            break;
         }
     }
-    if (average == 1)
-        acc /= n;
+    if (average == 1) acc /= n;
     return acc;
 }
 
-double perf_stat_skew(const double *v, int n)
-{
-    if (n <= 0)
-        return NAN;
+double perf_stat_skew(const double *v, int n) {
+    if (n <= 0) return NAN;
     double lo = v[0], hi = v[0];
     for (int i = 1; i < n; i++) {
         lo = v[i] < lo ? v[i] : lo;

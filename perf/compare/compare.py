@@ -12,8 +12,11 @@ What runs (host memory, float32 sum, np ranks as processes on this machine):
   mpi-tcp      the same with --mca btl tcp,self
   gloo         perf/compare/gloo_bench.py, torch.distributed's gloo backend (/usr/bin/python3)
 Every library measures alike: per size, warmup calls, then `repeats` repetitions of (barrier,
-`iters` timed calls); a repetition's time is the wall time per call averaged over ranks. The
-tables report the median over repetitions of that time, busbw from it with nccl-tests' factors
+`iters` timed calls). A repetition yields the mean time per call (nccl-tests' time) and the median
+of the per-call times, each averaged over ranks; `--stat` picks which one the tables use (default
+p50: on a busy machine one descheduled call moves the mean of a few calls by milliseconds; both
+are kept in latest.json). The tables report the median over repetitions of that time, busbw from it
+with nccl-tests' factors
 (2(n-1)/n all-reduce, (n-1)/n all-gather and reduce-scatter), and the ratio of Chorus's busbw to
 each peer's (>1: Chorus is faster). Chorus's numbers are its out-of-place column; every Chorus,
 MPI and Gloo result is checked for correctness on the way (a wrong result is reported as such).
@@ -79,12 +82,14 @@ def tail(text, n=4):
 
 class Results:
     def __init__(self):
-        self.samples = {}  # lib -> coll -> size -> [time_us]
+        self.samples = {}  # lib -> coll -> size -> [time_us] (the --stat statistic)
+        self.means = {}    # the same for the mean time per call
         self.status = {}   # lib -> coll -> "ok" | message
         self.version = {}
 
-    def add(self, lib, coll, size, t):
+    def add(self, lib, coll, size, t, mean):
         self.samples.setdefault(lib, {}).setdefault(coll, {}).setdefault(size, []).append(t)
+        self.means.setdefault(lib, {}).setdefault(coll, {}).setdefault(size, []).append(mean)
 
     def set_status(self, lib, coll, msg):
         self.status.setdefault(lib, {})[coll] = msg
@@ -113,7 +118,9 @@ def run_chorus(a, res, lib, transport):
                                           str(a.maxbytes), "-f", str(a.factor), "-n",
                                           str(a.iters), "-w", str(a.warmup), "-c", "1", "-N",
                                           str(a.repeats), "-m", "host", "-J", jpath]
-        rc, out, err = run(cmd, env={"CHORUS_TRANSPORT": transport}, timeout=a.timeout)
+        env = dict(kv.split("=", 1) for kv in a.chorus_env)
+        env["CHORUS_TRANSPORT"] = transport
+        rc, out, err = run(cmd, env=env, timeout=a.timeout)
         for line in out.splitlines():
             if "nccl-library=" in line:
                 res.version["chorus"] = line.split("nccl-library=")[1].split()[0]
@@ -132,7 +139,9 @@ def run_chorus(a, res, lib, transport):
         for row in doc.get("results", []):
             oop = row.get("out_of_place") or {}
             if row["size"] > 0 and oop.get("time_us") is not None:
-                res.add(lib, coll, row["size"], oop["time_us"])
+                stat = oop["time_us"] if a.stat == "mean" or oop.get("p50_us") is None \
+                    else oop["p50_us"]
+                res.add(lib, coll, row["size"], stat, oop["time_us"])
             wrong += oop.get("nwrong") or 0
         if rc != 0 or wrong:
             res.set_status(lib, coll, f"exit {rc}, {wrong} wrong elements: {tail(out + err, 2)}")
@@ -140,8 +149,8 @@ def run_chorus(a, res, lib, transport):
             res.set_status(lib, coll, "ok")
 
 
-def parse_lines(res, lib, coll_default, text):
-    """Lines `[coll] size count time_us rep` from mpi_bench / gloo_bench."""
+def parse_lines(a, res, lib, coll_default, text):
+    """Lines `[coll] size count mean_us rep median_us` from mpi_bench / gloo_bench."""
     seen = set()
     for line in text.splitlines():
         f = line.split()
@@ -154,8 +163,9 @@ def parse_lines(res, lib, coll_default, text):
             coll, f = f[0], f[1:]
         else:
             coll = coll_default
-        if len(f) == 4:
-            res.add(lib, coll, int(f[0]), float(f[2]))
+        if len(f) == 5:
+            mean, med = float(f[2]), float(f[4])
+            res.add(lib, coll, int(f[0]), med if a.stat == "p50" else mean, mean)
             seen.add(coll)
     return seen
 
@@ -167,7 +177,7 @@ def run_mpi(a, res, exe):
                    "--mca", "btl", btl, exe, coll, str(a.minbytes), str(a.maxbytes),
                    str(a.factor), str(a.iters), str(a.warmup), str(a.repeats)]
             rc, out, err = run(cmd, timeout=a.timeout)
-            parse_lines(res, lib, coll, out)
+            parse_lines(a, res, lib, coll, out)
             res.set_status(lib, coll, "ok" if rc == 0 else f"exit {rc}: {tail(err)}")
 
 
@@ -177,7 +187,7 @@ def run_gloo(a, res):
            "--factor", str(a.factor), "--iters", str(a.iters), "--warmup", str(a.warmup),
            "--reps", str(a.repeats)]
     rc, out, err = run(cmd, timeout=a.timeout)
-    seen = parse_lines(res, "gloo", "allreduce", out)
+    seen = parse_lines(a, res, "gloo", "allreduce", out)
     for coll in a.colls:
         if coll in seen and res.status.get("gloo", {}).get(coll) is None:
             res.set_status("gloo", coll, "ok" if rc == 0 else f"exit {rc}: {tail(err)}")
@@ -285,12 +295,16 @@ def main():
     p.add_argument("--minbytes", default="8")
     p.add_argument("--maxbytes", default="16M")
     p.add_argument("--factor", type=int, default=4)
-    p.add_argument("--iters", type=int, default=10)
+    p.add_argument("--iters", type=int, default=20)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--stat", choices=["p50", "mean"], default="p50",
+                   help="per repetition: median per-call time (p50) or mean (nccl-tests' time)")
     p.add_argument("--build", default=os.path.join(REPO, "build"))
     p.add_argument("--out", default=os.path.join(HERE, "results"))
     p.add_argument("--timeout", type=int, default=600, help="seconds per library run")
+    p.add_argument("--chorus-env", action="append", default=[], metavar="NAME=VALUE",
+                   help="extra environment for the Chorus runs (repeatable), e.g. CHORUS_SPIN=200000")
     p.add_argument("--no-mpi", action="store_true")
     p.add_argument("--no-gloo", action="store_true")
     p.add_argument("--no-chorus-tcp", action="store_true")
@@ -302,12 +316,16 @@ def main():
     a.minbytes, a.maxbytes = parse_size(a.minbytes), parse_size(a.maxbytes)
     if a.factor < 2 or a.minbytes > a.maxbytes or a.np < 2 or a.repeats < 1:
         p.error("need --factor >= 2, --minbytes <= --maxbytes, --np >= 2, --repeats >= 1")
+    for kv in a.chorus_env:
+        if "=" not in kv:
+            p.error(f"--chorus-env wants NAME=VALUE, not {kv}")
     a.build = os.path.abspath(a.build)
     os.makedirs(a.out, exist_ok=True)
 
     res = Results()
     skipped = []
     started = datetime.datetime.now(datetime.timezone.utc)
+    load0 = os.getloadavg()[0]
     run_chorus(a, res, "chorus-shm", "shm")
     if not a.no_chorus_tcp:
         run_chorus(a, res, "chorus-tcp", "tcp")
@@ -347,10 +365,14 @@ def main():
           f"Machine: {machine()}. Versions: Chorus libnccl {res.version.get('chorus', '?')}, "
           f"{res.version.get('openmpi', 'Open MPI not run')}, "
           f"torch {res.version.get('torch', 'not run')} (Gloo).", "",
-          f"Each cell: median over {a.repeats} repetitions of the mean time per call over "
-          f"{a.iters} calls (after {a.warmup} warmup calls), averaged across ranks; busbw in "
-          "GB/s with nccl-tests' factors; ratio = Chorus busbw / peer busbw (>1: Chorus "
-          "faster). Chorus: out-of-place, results checked.", ""]
+          f"Each cell: median over {a.repeats} repetitions of "
+          + ("the median per-call time" if a.stat == "p50" else "the mean time per call")
+          + f" in {a.iters} calls (after {a.warmup} warmup calls), averaged across ranks, in "
+          "microseconds; busbw in GB/s with nccl-tests' factors; ratio = Chorus busbw / peer "
+          "busbw (>1: Chorus faster). Chorus: out-of-place, results checked. "
+          f"Load average when it started: {load0:.1f} on {os.cpu_count()} CPUs."
+          + (f" Chorus environment: {' '.join(a.chorus_env)}." if a.chorus_env else ""),
+          ""]
     md += [f"- skipped {s}" for s in skipped]
     md += ["", make_tables(a, res, libs), f"![busbw vs size](latest.png)" if plot_status == "ok"
            else f"(plot: {plot_status})", ""]
@@ -359,8 +381,12 @@ def main():
     with open(os.path.join(a.out, "latest.json"), "w") as f:
         json.dump({"command": cmd, "started": started.isoformat(), "np": a.np,
                    "iters": a.iters, "warmup": a.warmup, "repeats": a.repeats,
-                   "versions": res.version, "status": res.status, "skipped": skipped,
-                   "samples_us": {lib: {c: {str(s): v for s, v in d.items()}
+                   "stat": a.stat, "versions": res.version, "status": res.status,
+                   "skipped": skipped,
+                   "mean_us": {lib: {c: {str(s): v for s, v in d.items()}
+                                     for c, d in cs.items()}
+                               for lib, cs in res.means.items()},
+                   "stat_us": {lib: {c: {str(s): v for s, v in d.items()}
                                         for c, d in cs.items()}
                                   for lib, cs in res.samples.items()}}, f, indent=1)
     print("\n".join(md))

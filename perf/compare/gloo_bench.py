@@ -9,13 +9,15 @@ Sizes follow nccl-tests (the larger buffer in bytes, float32; all-gather and red
 it over ranks with a per-rank count rounded down to 16 bytes, sizes with a per-rank count of 0 are
 skipped). Per size: one checked call (small-integer inputs, exact float sums), WARMUP untimed calls,
 then REPS repetitions of (barrier, ITERS timed calls), each repetition's time being the wall time
-per call averaged over ranks. Rank 0 prints `<coll> <size> <count> <time_us> <rep>` per
-repetition, and `# unsupported: <coll>: <reason>` for a collective this torch/Gloo build lacks
+per call averaged over ranks, and the median of the per-call times averaged over ranks. Rank 0
+prints `<coll> <size> <count> <mean_us> <rep> <median_us>` per repetition, and
+`# unsupported: <coll>: <reason>` for a collective this torch/Gloo build lacks
 (torch 1.13's Gloo has no reduce_scatter). Several collectives run in one launch because starting
 torch costs seconds. Exit status 1 means a wrong result.
 """
 import argparse
 import os
+import statistics
 import sys
 import time
 
@@ -99,13 +101,19 @@ def run_coll(rank, a, coll):
             call()
         for rep in range(a.reps):
             dist.barrier()
-            t0 = time.perf_counter()
+            t0 = prev = time.perf_counter()
+            per_call = []
             for _ in range(a.iters):
                 call()
-            t = torch.tensor([(time.perf_counter() - t0) / a.iters], dtype=torch.float64)
+                now = time.perf_counter()
+                per_call.append(now - prev)
+                prev = now
+            med = statistics.median(per_call)
+            t = torch.tensor([(prev - t0) / a.iters, med], dtype=torch.float64)
             dist.all_reduce(t)
             if rank == 0:
-                print(f"{coll} {shown} {param} {t.item() / np_ * 1e6:.3f} {rep}", flush=True)
+                print(f"{coll} {shown} {param} {t[0].item() / np_ * 1e6:.3f} {rep} "
+                      f"{t[1].item() / np_ * 1e6:.3f}", flush=True)
         size = nxt
     return status
 

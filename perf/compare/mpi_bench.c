@@ -9,9 +9,11 @@
  * and reduce-scatter split it over ranks with a per-rank count rounded down to 16 bytes, and sizes
  * whose per-rank count is 0 are skipped. Per size: WARMUP untimed calls, then REPS repetitions of
  * (barrier, ITERS timed calls); a repetition's time is the wall time per call averaged over ranks
- * (nccl-tests' default -a 1). Each size is checked once (inputs are small integers, so float sums
- * are exact); a wrong result makes the program exit 1. Rank 0 prints one line per repetition:
- *   <size> <count> <time_us> <rep>
+ * (nccl-tests' default -a 1), and the median of the per-call times (each call timed alone),
+ * averaged over ranks, which one descheduled call on a busy machine does not move. Each size is
+ * checked once (inputs are small integers, so float sums are exact); a wrong result makes the
+ * program exit 1. Rank 0 prints one line per repetition:
+ *   <size> <count> <mean_us> <rep> <median_us>
  */
 #include <mpi.h>
 #include <stdint.h>
@@ -21,8 +23,12 @@
 
 enum { ALLREDUCE, ALLGATHER, REDUCESCATTER };
 
-static void run_once(int coll, float *send, float *recv, size_t per, size_t count)
-{
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static void run_once(int coll, float *send, float *recv, size_t per, size_t count) {
     switch (coll) {
     case ALLREDUCE:
         MPI_Allreduce(send, recv, (int)count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
@@ -37,10 +43,11 @@ static void run_once(int coll, float *send, float *recv, size_t per, size_t coun
 }
 
 /* Input of rank r at element i, and the expected output element i of rank `me`. */
-static float input_value(int r, size_t i) { return (float)((r + 1) + (int)(i % 13)); }
+static float input_value(int r, size_t i) {
+    return (float)((r + 1) + (int)(i % 13));
+}
 
-static long check(int coll, const float *recv, size_t per, size_t count, int me, int np)
-{
+static long check(int coll, const float *recv, size_t per, size_t count, int me, int np) {
     long wrong = 0;
     size_t n = coll == ALLREDUCE ? count : (coll == ALLGATHER ? per * (size_t)np : per);
     for (size_t i = 0; i < n; i++) {
@@ -52,41 +59,41 @@ static long check(int coll, const float *recv, size_t per, size_t count, int me,
             for (int r = 0; r < np; r++)
                 want += input_value(r, g);
         }
-        if (recv[i] != want)
-            wrong++;
+        if (recv[i] != want) wrong++;
     }
     return wrong;
 }
 
-int main(int argc, char **argv)
-{
+int main(int argc, char **argv) {
     int me, np;
     MPI_Init(&argc, &argv);
     MPI_Comm_rank(MPI_COMM_WORLD, &me);
     MPI_Comm_size(MPI_COMM_WORLD, &np);
     if (argc != 8) {
         if (me == 0)
-            fprintf(stderr, "usage: %s allreduce|allgather|reducescatter MIN MAX FACTOR ITERS "
-                            "WARMUP REPS\n", argv[0]);
+            fprintf(stderr,
+                    "usage: %s allreduce|allgather|reducescatter MIN MAX FACTOR ITERS "
+                    "WARMUP REPS\n",
+                    argv[0]);
         MPI_Finalize();
         return 2;
     }
-    int coll = strcmp(argv[1], "allreduce") == 0   ? ALLREDUCE
-               : strcmp(argv[1], "allgather") == 0 ? ALLGATHER
+    int coll = strcmp(argv[1], "allreduce") == 0       ? ALLREDUCE
+               : strcmp(argv[1], "allgather") == 0     ? ALLGATHER
                : strcmp(argv[1], "reducescatter") == 0 ? REDUCESCATTER
-                                                        : -1;
+                                                       : -1;
     size_t minb = strtoull(argv[2], NULL, 0), maxb = strtoull(argv[3], NULL, 0);
     size_t factor = strtoull(argv[4], NULL, 0);
     int iters = atoi(argv[5]), warmup = atoi(argv[6]), reps = atoi(argv[7]);
     if (coll < 0 || factor < 2 || iters < 1 || reps < 1 || minb > maxb) {
-        if (me == 0)
-            fprintf(stderr, "mpi_bench: bad arguments\n");
+        if (me == 0) fprintf(stderr, "mpi_bench: bad arguments\n");
         MPI_Finalize();
         return 2;
     }
     size_t maxcount = maxb / sizeof(float) + 4;
     float *send = malloc(maxcount * sizeof(float)), *recv = malloc(maxcount * sizeof(float));
-    if (!send || !recv) {
+    double *times = malloc(sizeof(double) * (size_t)iters);
+    if (!send || !recv || !times) {
         fprintf(stderr, "mpi_bench: out of memory\n");
         MPI_Abort(MPI_COMM_WORLD, 1);
     }
@@ -97,8 +104,7 @@ int main(int argc, char **argv)
         size_t nsend = coll == ALLGATHER ? per : (coll == ALLREDUCE ? count : per * (size_t)np);
         size_t shown = coll == ALLREDUCE ? count : per * (size_t)np;
         size_t param = coll == ALLREDUCE ? count : per;
-        if (param == 0)
-            continue;
+        if (param == 0) continue;
         for (size_t i = 0; i < nsend; i++)
             send[i] = input_value(me, i);
         memset(recv, 0, maxcount * sizeof(float));
@@ -115,18 +121,28 @@ int main(int argc, char **argv)
             run_once(coll, send, recv, per, count);
         for (int rep = 0; rep < reps; rep++) {
             MPI_Barrier(MPI_COMM_WORLD);
-            double t0 = MPI_Wtime();
-            for (int it = 0; it < iters; it++)
+            double t0 = MPI_Wtime(), prev = t0;
+            for (int it = 0; it < iters; it++) {
                 run_once(coll, send, recv, per, count);
-            double t = (MPI_Wtime() - t0) / iters, sum = 0;
-            MPI_Allreduce(&t, &sum, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+                double now = MPI_Wtime();
+                times[it] = now - prev;
+                prev = now;
+            }
+            qsort(times, (size_t)iters, sizeof(double), cmp_double);
+            double mine[2] = {(prev - t0) / iters,
+                              iters % 2 ? times[iters / 2]
+                                        : 0.5 * (times[iters / 2 - 1] + times[iters / 2])};
+            double sum[2] = {0, 0};
+            MPI_Allreduce(mine, sum, 2, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
             if (me == 0)
-                printf("%zu %zu %.3f %d\n", shown * sizeof(float), param, sum / np * 1e6, rep);
+                printf("%zu %zu %.3f %d %.3f\n", shown * sizeof(float), param, sum[0] / np * 1e6,
+                       rep, sum[1] / np * 1e6);
         }
         fflush(stdout);
     }
     free(send);
     free(recv);
+    free(times);
     MPI_Finalize();
     return failed;
 }

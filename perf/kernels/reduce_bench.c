@@ -43,8 +43,12 @@ typedef struct {
 static void run_once(bench_kind_t kind, const bufs_t *b, const chorus_redop_t *op) {
     size_t count = b->bytes / chorus_dtype_size(op->dtype);
     switch (kind) {
-    case B_MEMCPY: memcpy(b->y, b->x, b->bytes); break;
-    case B_COPY: rk_copy(b->y, b->x, b->bytes); break;
+    case B_MEMCPY:
+        memcpy(b->y, b->x, b->bytes);
+        break;
+    case B_COPY:
+        rk_copy(b->y, b->x, b->bytes);
+        break;
     case B_COPY_NT: { /* rk_copy with streaming stores forced, whatever the threshold */
         size_t saved = rk_nt_threshold;
         rk_nt_threshold = 0;
@@ -52,8 +56,12 @@ static void run_once(bench_kind_t kind, const bufs_t *b, const chorus_redop_t *o
         rk_nt_threshold = saved;
         break;
     }
-    case B_INPLACE: rk_reduce(b->y, b->x, b->y, count, op); break;
-    case B_OUTOFPLACE: rk_reduce(b->z, b->x, b->y, count, op); break;
+    case B_INPLACE:
+        rk_reduce(b->y, b->x, b->y, count, op);
+        break;
+    case B_OUTOFPLACE:
+        rk_reduce(b->z, b->x, b->y, count, op);
+        break;
     }
 }
 
@@ -65,11 +73,10 @@ typedef struct {
 
 static const column_t columns[] = {
     {"memcpy", B_MEMCPY, ncclUint8},          {"rk_copy", B_COPY, ncclUint8},
-    {"copy nt", B_COPY_NT, ncclUint8},
-    {"f32 y+=x", B_INPLACE, ncclFloat32},     {"f32 z=x+y", B_OUTOFPLACE, ncclFloat32},
-    {"bf16 y+=x", B_INPLACE, ncclBfloat16},   {"f16 y+=x", B_INPLACE, ncclFloat16},
-    {"f64 y+=x", B_INPLACE, ncclFloat64},     {"e4m3 y+=x", B_INPLACE, ncclFloat8e4m3},
-    {"e5m2 y+=x", B_INPLACE, ncclFloat8e5m2},
+    {"copy nt", B_COPY_NT, ncclUint8},        {"f32 y+=x", B_INPLACE, ncclFloat32},
+    {"f32 z=x+y", B_OUTOFPLACE, ncclFloat32}, {"bf16 y+=x", B_INPLACE, ncclBfloat16},
+    {"f16 y+=x", B_INPLACE, ncclFloat16},     {"f64 y+=x", B_INPLACE, ncclFloat64},
+    {"e4m3 y+=x", B_INPLACE, ncclFloat8e4m3}, {"e5m2 y+=x", B_INPLACE, ncclFloat8e5m2},
 };
 #define NCOLUMNS (int)(sizeof(columns) / sizeof(columns[0]))
 
@@ -77,7 +84,8 @@ static const column_t columns[] = {
 static double time_batch(const column_t *c, const bufs_t *b, long batch) {
     chorus_redop_t op = {.kind = RK_SUM, .dtype = c->dtype, .nranks = 1};
     double s = now_s();
-    for (long i = 0; i < batch; i++) run_once(c->kind, b, &op);
+    for (long i = 0; i < batch; i++)
+        run_once(c->kind, b, &op);
     return (now_s() - s) / (double)batch;
 }
 
@@ -99,17 +107,28 @@ static void measure_all(const bufs_t *b, double min_ms, double *gbs) {
             double t = time_batch(&columns[c], b, batch[c]);
             if (t < best[c]) best[c] = t;
         }
-    for (int c = 0; c < NCOLUMNS; c++) gbs[c] = (double)b->bytes / best[c] / 1e9;
+    for (int c = 0; c < NCOLUMNS; c++)
+        gbs[c] = (double)b->bytes / best[c] / 1e9;
 }
 
 static size_t parse_size(const char *s) {
     char *end;
     double v = strtod(s, &end);
     switch (*end) {
-    case 'k': case 'K': v *= 1024; break;
-    case 'm': case 'M': v *= 1024 * 1024; break;
-    case 'g': case 'G': v *= 1024.0 * 1024 * 1024; break;
-    default: break;
+    case 'k':
+    case 'K':
+        v *= 1024;
+        break;
+    case 'm':
+    case 'M':
+        v *= 1024 * 1024;
+        break;
+    case 'g':
+    case 'G':
+        v *= 1024.0 * 1024 * 1024;
+        break;
+    default:
+        break;
     }
     return (size_t)v;
 }
@@ -125,10 +144,14 @@ int main(int argc, char **argv) {
     const char *isa = NULL, *sizes = "64K,1M,16M,256M";
     double min_ms = 150;
     for (int i = 1; i + 1 < argc; i += 2) {
-        if (strcmp(argv[i], "-i") == 0) isa = argv[i + 1];
-        else if (strcmp(argv[i], "-t") == 0) rk_nt_threshold = parse_size(argv[i + 1]);
-        else if (strcmp(argv[i], "-s") == 0) sizes = argv[i + 1];
-        else if (strcmp(argv[i], "-m") == 0) min_ms = atof(argv[i + 1]);
+        if (strcmp(argv[i], "-i") == 0)
+            isa = argv[i + 1];
+        else if (strcmp(argv[i], "-t") == 0)
+            rk_nt_threshold = parse_size(argv[i + 1]);
+        else if (strcmp(argv[i], "-s") == 0)
+            sizes = argv[i + 1];
+        else if (strcmp(argv[i], "-m") == 0)
+            min_ms = atof(argv[i + 1]);
         else {
             fprintf(stderr, "usage: %s [-i isa] [-t nt_bytes] [-s sizes] [-m ms]\n", argv[0]);
             return 2;
@@ -145,7 +168,8 @@ int main(int argc, char **argv) {
         printf("from %zu bytes\n", rk_nt_threshold);
     printf("# GB/s of n, n = bytes of one buffer (y+=x reads 2n and writes n)\n");
     printf("%10s", "bytes");
-    for (int c = 0; c < NCOLUMNS; c++) printf(" %10s", columns[c].title);
+    for (int c = 0; c < NCOLUMNS; c++)
+        printf(" %10s", columns[c].title);
     printf("\n");
     char *list = strdup(sizes);
     for (char *tok = strtok(list, ","); tok; tok = strtok(NULL, ",")) {
@@ -159,7 +183,8 @@ int main(int argc, char **argv) {
         double gbs[NCOLUMNS];
         measure_all(&b, min_ms, gbs);
         printf("%10zu", bytes);
-        for (int c = 0; c < NCOLUMNS; c++) printf(" %10.1f", gbs[c]);
+        for (int c = 0; c < NCOLUMNS; c++)
+            printf(" %10.1f", gbs[c]);
         printf("\n");
         fflush(stdout);
         free(b.x);

@@ -7,11 +7,17 @@
  *   bandwidth  rank 0 streams messages of `size` bytes (cut into slot-sized chunks) to rank 1,
  *              which acknowledges the last one with 1 byte; bytes / time. By default the ranks
  *              fill and read the slots in place, as iperf3 sends one buffer over and over, so the
- *              figure is the transport's own; -c adds the copies from and to user buffers.
+ *              figure is the transport's own; -c moves user buffers as the library does: copies
+ *              into and out of the slots, or from CHORUS_SOCKET_DIRECT_THRESHOLD bytes the
+ *              single-copy path (send_commit_direct / recv_copy: the kernel reads and writes the
+ *              user buffers).
  *   baseline   one plain blocking TCP socket between the same two processes over the same
  *              interface, 128 KiB writes (iperf3's default), measured right before the sweep:
  *              the "single iperf3-style stream" the transport is compared with.
  *
+ * A rank waits for its sends to drain (send_drained) before it waits for the other direction, as
+ * the collective engine does at the end of an op; this also lets SOCKET_NTHREADS=0 (no helper
+ * threads, the caller moves all data) run here.
  * Then `-r` rounds (default 3) alternate the plain stream and the transport at MAX bytes, so both
  * see the same load on a noisy machine; the best of each is compared.
  *
@@ -39,13 +45,14 @@
 #include "waiter.h"
 
 #define MAX_POINTS 48
+#define BASE_PINGS 2000
 
 typedef struct {
     int npoints;
     size_t sizes[MAX_POINTS];
     double lat_us[MAX_POINTS];
     double bw_gbs[MAX_POINTS];
-    double base_gbs;
+    double base_gbs, base_lat_us;
     int nrounds;
     double round_base[16], round_bw[16];
     char desc[32];
@@ -81,6 +88,8 @@ static ncclResult_t wait_step(rank_t *r, chorus_waiter_t *w) {
     return res;
 }
 
+static ncclResult_t drain(rank_t *r);
+
 static ncclResult_t msg_send(rank_t *r, size_t bytes) {
     chorus_conn_t *c = &r->out;
     chorus_waiter_t w;
@@ -94,6 +103,11 @@ static ncclResult_t msg_send(rank_t *r, size_t bytes) {
         if (!ready) {
             if ((res = wait_step(r, &w)) != ncclSuccess) return res;
             continue;
+        }
+        if (r->o->copy && c->direct && off == 0 && bytes >= c->direct_threshold) {
+            /* Single copy: the transport sends from the user buffer (kept until drained). */
+            if ((res = c->ops->send_commit_direct(c, r->ubuf, bytes)) != ncclSuccess) return res;
+            return drain(r);
         }
         size_t n = bytes - off < c->slot_bytes ? bytes - off : c->slot_bytes;
         if (r->o->copy) memcpy(slot, r->ubuf + off, n);
@@ -119,7 +133,11 @@ static ncclResult_t msg_recv(rank_t *r, size_t bytes) {
             if ((res = wait_step(r, &w)) != ncclSuccess) return res;
             continue;
         }
-        if (r->o->copy) memcpy(r->ubuf + off, data, n);
+        if (data == NULL) {
+            if ((res = c->ops->recv_copy(c, r->ubuf + off, n)) != ncclSuccess) return res;
+        } else if (r->o->copy) {
+            memcpy(r->ubuf + off, data, n);
+        }
         if ((res = c->ops->recv_release(c)) != ncclSuccess) return res;
         chorus_waiter_progress(&w);
         off += n;
@@ -139,7 +157,7 @@ static ncclResult_t drain(rank_t *r) {
 }
 
 /* One blocking TCP socket, 128 KiB writes, `total` bytes from rank 0 to rank 1. */
-static double baseline_stream(rank_t *r, size_t total) {
+static double baseline_stream(rank_t *r, size_t total, double *lat_us_p) {
     bootstrap_t *bs = r->comm->bs;
     chorus_sockaddr_t addr = r->comm->peers[1].net_addr;
     const size_t blk = 128 * 1024;
@@ -164,6 +182,13 @@ static double baseline_stream(rank_t *r, size_t total) {
         }
         char ack = 1;
         if (fd >= 0) (void)!send(fd, &ack, 1, MSG_NOSIGNAL);
+        /* ping-pong of 8 bytes: echo */
+        int one = 1;
+        if (fd >= 0) setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+        for (int i = 0; fd >= 0 && i < BASE_PINGS; i++) {
+            char m[8];
+            if (recv(fd, m, 8, MSG_WAITALL) != 8 || send(fd, m, 8, MSG_NOSIGNAL) != 8) break;
+        }
         if (fd >= 0) close(fd);
         if (lfd >= 0) close(lfd);
     } else {
@@ -181,6 +206,15 @@ static double baseline_stream(rank_t *r, size_t total) {
             char ack;
             if (sent >= total && recv(fd, &ack, 1, 0) == 1)
                 gbs = (double)total / ((double)(chorus_now_ns() - t0) * 1e-9) / 1e9;
+            int one = 1;
+            setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+            char m[8] = {0};
+            t0 = chorus_now_ns();
+            int i = 0;
+            for (; i < BASE_PINGS; i++)
+                if (send(fd, m, 8, MSG_NOSIGNAL) != 8 || recv(fd, m, 8, MSG_WAITALL) != 8) break;
+            if (i == BASE_PINGS && lat_us_p)
+                *lat_us_p = (double)(chorus_now_ns() - t0) / 1e3 / BASE_PINGS / 2;
         }
         if (fd >= 0) close(fd);
     }
@@ -214,7 +248,7 @@ static int rank_main(const chorus_unique_id_t *id, int rank, const opts_t *o, re
     }
     if (rank == 0) snprintf(out->desc, sizeof(out->desc), "%s", r.out.desc);
 
-    double base = baseline_stream(&r, o->total);
+    double base = baseline_stream(&r, o->total, &out->base_lat_us);
     if (rank == 0) out->base_gbs = base;
     bootstrap_barrier(comm->bs);
 
@@ -225,9 +259,9 @@ static int rank_main(const chorus_unique_id_t *id, int rank, const opts_t *o, re
         uint64_t t0 = chorus_now_ns();
         for (int i = 0; i < lat_iters; i++) {
             if (rank == 0) {
-                if (msg_send(&r, s) || msg_recv(&r, s)) return 1;
+                if (msg_send(&r, s) || drain(&r) || msg_recv(&r, s)) return 1;
             } else {
-                if (msg_recv(&r, s) || msg_send(&r, s)) return 1;
+                if (msg_recv(&r, s) || msg_send(&r, s) || drain(&r)) return 1;
             }
         }
         double lat = (double)(chorus_now_ns() - t0) / 1e3 / lat_iters / 2;
@@ -240,7 +274,7 @@ static int rank_main(const chorus_unique_id_t *id, int rank, const opts_t *o, re
         for (size_t i = 0; i < iters; i++) {
             if (rank == 0 ? msg_send(&r, s) : msg_recv(&r, s)) return 1;
         }
-        if (rank == 0 ? msg_recv(&r, 1) : msg_send(&r, 1)) return 1;
+        if (rank == 0 ? drain(&r) || msg_recv(&r, 1) : msg_send(&r, 1)) return 1;
         double secs = (double)(chorus_now_ns() - t0) * 1e-9;
         if (rank == 0) {
             out->sizes[np] = s;
@@ -253,13 +287,13 @@ static int rank_main(const chorus_unique_id_t *id, int rank, const opts_t *o, re
      * both see the same machine load. */
     for (int k = 0; k < o->rounds && k < 16; k++) {
         bootstrap_barrier(comm->bs);
-        double b = baseline_stream(&r, o->total);
+        double b = baseline_stream(&r, o->total, NULL);
         bootstrap_barrier(comm->bs);
         size_t s = o->max_bytes, iters = o->total / s < 2 ? 2 : o->total / s;
         uint64_t t0 = chorus_now_ns();
         for (size_t i = 0; i < iters; i++)
             if (rank == 0 ? msg_send(&r, s) : msg_recv(&r, s)) return 1;
-        if (rank == 0 ? msg_recv(&r, 1) : msg_send(&r, 1)) return 1;
+        if (rank == 0 ? drain(&r) || msg_recv(&r, 1) : msg_send(&r, 1)) return 1;
         double secs = (double)(chorus_now_ns() - t0) * 1e-9;
         if (rank == 0) {
             out->round_base[k] = b;
@@ -326,8 +360,9 @@ int main(int argc, char **argv) {
            (long long)chorus_param_int(PARAM_SOCKET_MIN_SPLIT),
            (long long)chorus_param_int(PARAM_BUFFSIZE), (long long)chorus_param_int(PARAM_NSLOTS),
            o.copy ? "with user-buffer copies" : "slots filled in place");
-    printf("# plain TCP stream (1 socket, 128 KiB writes, %zu MiB): %.2f GB/s\n", o.total >> 20,
-           res->base_gbs);
+    printf("# plain TCP stream (1 socket, 128 KiB writes, %zu MiB): %.2f GB/s; plain 8-byte "
+           "ping-pong: %.1f us one-way\n",
+           o.total >> 20, res->base_gbs, res->base_lat_us);
     printf("%12s %12s %12s %10s\n", "size(B)", "lat(us)", "bw(GB/s)", "bw/stream");
     for (int i = 0; i < res->npoints; i++)
         printf("%12zu %12.2f %12.3f %9.0f%%\n", res->sizes[i], res->lat_us[i], res->bw_gbs[i],

@@ -15,7 +15,6 @@
  *   transport_bench [-b MIN] [-e MAX] [-f FACTOR] [-m shm,cma,tcp] [-s SECONDS_PER_POINT] [-v]
  */
 #include <getopt.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -37,7 +36,7 @@
 typedef struct {
     const char *label; /* column title */
     const char *transport;
-    const char *cma;   /* CHORUS_SHM_CMA value, or NULL to leave it */
+    const char *cma; /* CHORUS_SHM_CMA value, or NULL to leave it */
 } bench_mode_t;
 
 static const bench_mode_t modes[NMODES] = {
@@ -62,7 +61,7 @@ typedef struct {
     double bw_gbs[NMODES][MAX_POINTS];
     char desc[NMODES][32];
     int ran[NMODES];
-    double memcpy_gbs;             /* at start-up */
+    double memcpy_gbs;              /* at start-up */
     double memcpy_near_gbs[NMODES]; /* right before each mode's 64 MiB point */
 } bench_results_t;
 
@@ -77,11 +76,22 @@ static int parse_size(const char *s, size_t *out) {
     double v = strtod(s, &end);
     if (end == s || v < 0) return -1;
     switch (*end) {
-    case 'G': case 'g': v *= 1024.0 * 1024 * 1024; break;
-    case 'M': case 'm': v *= 1024.0 * 1024; break;
-    case 'K': case 'k': v *= 1024.0; break;
-    case '\0': break;
-    default: return -1;
+    case 'G':
+    case 'g':
+        v *= 1024.0 * 1024 * 1024;
+        break;
+    case 'M':
+    case 'm':
+        v *= 1024.0 * 1024;
+        break;
+    case 'K':
+    case 'k':
+        v *= 1024.0;
+        break;
+    case '\0':
+        break;
+    default:
+        return -1;
     }
     *out = (size_t)v;
     return 0;
@@ -98,7 +108,8 @@ static ncclResult_t wait_step(chorus_waiter_t *w, chorus_conn_t *c, int progress
         return ncclSuccess;
     }
     for (int i = 0; i < 2; i++)
-        if (bench_conns[i] && bench_conns[i]->ops) CHECK(bench_conns[i]->ops->progress(bench_conns[i]));
+        if (bench_conns[i] && bench_conns[i]->ops)
+            CHECK(bench_conns[i]->ops->progress(bench_conns[i]));
     if (!bench_conns[0]) CHECK(c->ops->progress(c));
     ncclResult_t res = chorus_waiter_step(w);
     if (res != ncclSuccess)
@@ -143,8 +154,10 @@ static ncclResult_t msg_recv(chorus_conn_t *c, char *dst, size_t bytes) {
         int ready;
         CHECK(c->ops->recv_peek(c, &data, &n, &ready));
         if (ready) {
-            if (data) memcpy(dst + off, data, n);
-            else CHECK(c->ops->recv_copy(c, dst + off, n));
+            if (data)
+                memcpy(dst + off, data, n);
+            else
+                CHECK(c->ops->recv_copy(c, dst + off, n));
             CHECK(c->ops->recv_release(c));
             off += n;
         }
@@ -198,11 +211,13 @@ static ncclResult_t bench_bandwidth(bench_rank_t *br, size_t bytes, int iters, d
         int n = pass == 0 ? 1 : iters;
         uint64_t t0 = chorus_now_ns();
         if (rank == 0) {
-            for (int i = 0; i < n; i++) CHECK(msg_send(&br->out, br->src, bytes));
+            for (int i = 0; i < n; i++)
+                CHECK(msg_send(&br->out, br->src, bytes));
             CHECK(msg_recv(&br->in, &ack, 1));
             CHECK(drain(&br->out));
         } else {
-            for (int i = 0; i < n; i++) CHECK(msg_recv(&br->in, br->dst, bytes));
+            for (int i = 0; i < n; i++)
+                CHECK(msg_recv(&br->in, br->dst, bytes));
             CHECK(msg_send(&br->out, &ack, 1));
             CHECK(drain(&br->out));
         }
@@ -224,7 +239,8 @@ static double bench_memcpy(char *dst, const char *src, size_t bytes) {
 
 /* ---- one rank -------------------------------------------------------------------------------- */
 
-static ncclResult_t rank_comm_init(const chorus_unique_id_t *id, int rank, struct ncclComm **comm_p) {
+static ncclResult_t rank_comm_init(const chorus_unique_id_t *id, int rank,
+                                   struct ncclComm **comm_p) {
     struct ncclComm *comm = calloc(1, sizeof(*comm));
     comm->rank = rank;
     comm->nranks = 2;
@@ -238,7 +254,8 @@ static ncclResult_t rank_comm_init(const chorus_unique_id_t *id, int rank, struc
     return ncclSuccess;
 }
 
-static ncclResult_t rank_mode(bench_rank_t *br, int m, const bench_opts_t *o, bench_results_t *res) {
+static ncclResult_t rank_mode(bench_rank_t *br, int m, const bench_opts_t *o,
+                              bench_results_t *res) {
     struct ncclComm *comm = br->comm;
     int rank = comm->rank, peer = 1 - rank;
     setenv("CHORUS_TRANSPORT", modes[m].transport, 1);
@@ -269,13 +286,15 @@ static ncclResult_t rank_mode(bench_rank_t *br, int m, const bench_opts_t *o, be
         CHECK(bench_bandwidth(br, bytes, 3, &bw));
         int iters[2] = {iters_for(o->seconds / 2, 2 * lat * 1e-6),
                         iters_for(o->seconds / 2, (double)bytes / (bw * 1e9))};
-        if (rank == 0) CHECK(bootstrap_send(comm->bs, 1, 7000 + p, iters, sizeof(iters)));
-        else CHECK(bootstrap_recv(comm->bs, 0, 7000 + p, iters, sizeof(iters)));
+        if (rank == 0)
+            CHECK(bootstrap_send(comm->bs, 1, 7000 + p, iters, sizeof(iters)));
+        else
+            CHECK(bootstrap_recv(comm->bs, 0, 7000 + p, iters, sizeof(iters)));
         CHECK(bench_latency(br, bytes, iters[0], &lat));
         CHECK(bench_bandwidth(br, bytes, iters[1], &bw));
         if (rank == 0 && o->verbose)
-            fprintf(stderr, "# %s %zu B: %.2f us, %.2f GB/s (%d + %d iterations)\n",
-                    modes[m].label, bytes, lat, bw, iters[0], iters[1]);
+            fprintf(stderr, "# %s %zu B: %.2f us, %.2f GB/s (%d + %d iterations)\n", modes[m].label,
+                    bytes, lat, bw, iters[0], iters[1]);
         if (rank == 0) {
             res->lat_us[m][p] = lat;
             res->bw_gbs[m][p] = bw;
@@ -319,7 +338,8 @@ static void print_results(const bench_results_t *r) {
     char host[64] = "";
     gethostname(host, sizeof(host) - 1);
     printf("# transport_bench: 2 processes on %s; one-way latency = ping-pong / 2; "
-           "bandwidth = streamed bytes / time\n", host);
+           "bandwidth = streamed bytes / time\n",
+           host);
     printf("# memcpy 64 MiB (1 thread, same run): %.2f GB/s\n", r->memcpy_gbs);
     printf("#%13s", "size (B)");
     for (int m = 0; m < NMODES; m++)
@@ -351,32 +371,47 @@ static void print_results(const bench_results_t *r) {
 }
 
 int main(int argc, char **argv) {
-    bench_opts_t o = {.min_bytes = 1, .max_bytes = 256u << 20, .factor = 2, .seconds = 0.15,
+    bench_opts_t o = {.min_bytes = 1,
+                      .max_bytes = 256u << 20,
+                      .factor = 2,
+                      .seconds = 0.15,
                       .enabled = {1, 1, 1}};
     int c;
     while ((c = getopt(argc, argv, "b:e:f:m:s:vh")) != -1) {
         switch (c) {
-        case 'b': if (parse_size(optarg, &o.min_bytes)) goto usage; break;
-        case 'e': if (parse_size(optarg, &o.max_bytes)) goto usage; break;
-        case 'f': o.factor = atoi(optarg); break;
-        case 's': o.seconds = atof(optarg); break;
-        case 'v': o.verbose = 1; break;
+        case 'b':
+            if (parse_size(optarg, &o.min_bytes)) goto usage;
+            break;
+        case 'e':
+            if (parse_size(optarg, &o.max_bytes)) goto usage;
+            break;
+        case 'f':
+            o.factor = atoi(optarg);
+            break;
+        case 's':
+            o.seconds = atof(optarg);
+            break;
+        case 'v':
+            o.verbose = 1;
+            break;
         case 'm':
             for (int m = 0; m < NMODES; m++) {
                 const char *name = m == 0 ? "shm" : m == 1 ? "cma" : "tcp";
                 o.enabled[m] = strstr(optarg, name) != NULL;
             }
             break;
-        default: goto usage;
+        default:
+            goto usage;
         }
     }
     if (o.factor < 2 || o.min_bytes < 1 || o.max_bytes < o.min_bytes || o.seconds <= 0) goto usage;
 
-    bench_results_t *res = mmap(NULL, sizeof(*res), PROT_READ | PROT_WRITE,
-                                MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    bench_results_t *res =
+        mmap(NULL, sizeof(*res), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     if (res == MAP_FAILED) return 1;
     memset(res, 0, sizeof(*res));
-    for (size_t s = o.min_bytes; s <= o.max_bytes && res->npoints < MAX_POINTS; s *= (size_t)o.factor)
+    for (size_t s = o.min_bytes; s <= o.max_bytes && res->npoints < MAX_POINTS;
+         s *= (size_t)o.factor)
         res->sizes[res->npoints++] = s;
 
     chorus_unique_id_t id;
@@ -399,12 +434,9 @@ int main(int argc, char **argv) {
             fprintf(stderr, "transport_bench: rank %d failed\n", r);
         }
     }
-    if (failed) {
-        for (int r = 0; r < 2; r++) kill(pids[r], SIGKILL);
-        return 1;
-    }
+    /* Modes that completed are worth printing even when a later one failed. */
     print_results(res);
-    return 0;
+    return failed;
 
 usage:
     fprintf(stderr, "usage: %s [-b MIN] [-e MAX] [-f FACTOR] [-m shm,cma,tcp] [-s SECONDS] [-v]\n",

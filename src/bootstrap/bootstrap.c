@@ -11,12 +11,13 @@
  * rank 0 first starts the root thread on that address.
  *
  * allgather is Bruck's algorithm: ceil(log2 nranks) rounds; in the round of distance k, each rank
- * sends the min(k, nranks-k) blocks it holds (its own and those of the ranks after it) to rank-k and
- * receives as many from rank+k, so latency grows with log2 nranks and every block crosses the
+ * sends the min(k, nranks-k) blocks it holds (its own and those of the ranks after it) to rank-k
+ * and receives as many from rank+k, so latency grows with log2 nranks and every block crosses the
  * network once. The blocks arrive rotated (this rank's first) in a scratch buffer and are put in
  * rank order at the end. Sends never block on the matching recv, so no pairing is needed, and
  * within one (peer, tag) messages stay in order, so consecutive allgathers cannot mix. barrier is
  * a dissemination barrier: ceil(log2 nranks) rounds of one empty message each. */
+#include <arpa/inet.h>
 #include <errno.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -111,7 +112,16 @@ static ncclResult_t start_fixed_root(const chorus_unique_id_t *id, bs_deadline_t
     chorus_sockaddr_str(&id->root, abuf, sizeof(abuf));
     for (int attempt = 0;; attempt++) {
         int fd;
-        if (bs_listen(&id->root, 1, &fd, NULL) == 0)
+        /* A root given by host name listens on every address of this host: the name may resolve
+         * here to an address the other hosts do not use (127.0.1.1 in Debian's /etc/hosts). */
+        chorus_sockaddr_t bind_addr = id->root;
+        if (id->flags & CHORUS_ID_FLAG_BIND_ANY) {
+            if (bind_addr.sa.sa_family == AF_INET6)
+                bind_addr.sin6.sin6_addr = in6addr_any;
+            else
+                bind_addr.sin.sin_addr.s_addr = htonl(INADDR_ANY);
+        }
+        if (bs_listen(&bind_addr, 1, &fd, NULL) == 0)
             return bs_root_start(fd, id->secret, &id->root);
         int e = errno;
         if (e != EADDRINUSE) {
@@ -132,9 +142,15 @@ static ncclResult_t start_fixed_root(const chorus_unique_id_t *id, bs_deadline_t
     }
 }
 
+/* The address this rank listens on: the one the kernel would use to reach the root, so peers on
+ * the root's network reach it. When that is loopback (a single-host job, or a host name that
+ * resolves to 127.0.1.1 on this host only), peers on other hosts could not reach it: take the
+ * interface chorus_find_interface prefers instead (which is loopback only when nothing else is
+ * up). NCCL_SOCKET_IFNAME overrides both. */
 static ncclResult_t pick_listen_addr(const chorus_unique_id_t *id, chorus_sockaddr_t *addr_p) {
     const char *spec = chorus_param_str(PARAM_SOCKET_IFNAME);
-    if ((spec == NULL || *spec == '\0') && bs_local_addr_towards(&id->root, addr_p) == 0)
+    if ((spec == NULL || *spec == '\0') && bs_local_addr_towards(&id->root, addr_p) == 0 &&
+        !bs_sockaddr_is_loopback(addr_p))
         return ncclSuccess;
     return chorus_find_interface(addr_p, NULL, 0);
 }
@@ -356,9 +372,9 @@ ncclResult_t bootstrap_allgather(bootstrap_t *bs, void *data, size_t size) {
         int cnt = k < n - k ? k : n - k;
         int dst = (r - k + n) % n, src = (r + k) % n;
         CHECK_GOTO(bs_peer_send(bs, dst, BS_TAG_ALLGATHER, tmp, (size_t)cnt * size), res, out);
-        CHECK_GOTO(bs_peer_recv(bs, src, BS_TAG_ALLGATHER, tmp + (size_t)k * size,
-                                (size_t)cnt * size),
-                   res, out);
+        CHECK_GOTO(
+            bs_peer_recv(bs, src, BS_TAG_ALLGATHER, tmp + (size_t)k * size, (size_t)cnt * size),
+            res, out);
     }
     for (int i = 1; i < n; i++)
         memcpy(base + (size_t)((r + i) % n) * size, tmp + (size_t)i * size, size);

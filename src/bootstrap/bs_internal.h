@@ -62,6 +62,10 @@ int bs_sockaddr_is_loopback(const chorus_sockaddr_t *a);
 /* Parse "host:port", "[v6]:port" or "v6addr" with port; hostnames are resolved. WARNs naming
  * `what` (the variable it came from) when malformed. */
 ncclResult_t bs_parse_hostport(const char *text, const char *what, chorus_sockaddr_t *addr_p);
+/* Same; *is_name_p (may be NULL) tells whether the host was a name rather than a numeric address.
+ */
+ncclResult_t bs_parse_hostport_ex(const char *text, const char *what, chorus_sockaddr_t *addr_p,
+                                  int *is_name_p);
 /* The local address the kernel would use to reach `remote` (UDP connect, no packet sent). */
 int bs_local_addr_towards(const chorus_sockaddr_t *remote, chorus_sockaddr_t *local_p);
 /* Nonblocking, close-on-exec listening socket bound to *addr (port 0: ephemeral). The bound

@@ -125,6 +125,11 @@ const char *chorus_sockaddr_str(const chorus_sockaddr_t *a, char *buf, int len) 
 }
 
 ncclResult_t bs_parse_hostport(const char *text, const char *what, chorus_sockaddr_t *addr_p) {
+    return bs_parse_hostport_ex(text, what, addr_p, NULL);
+}
+
+ncclResult_t bs_parse_hostport_ex(const char *text, const char *what, chorus_sockaddr_t *addr_p,
+                                  int *is_name_p) {
     char host[256];
     const char *port_s;
     if (text == NULL || *text == '\0') {
@@ -160,6 +165,11 @@ ncclResult_t bs_parse_hostport(const char *text, const char *what, chorus_sockad
     if (*port_s == '\0' || *end != '\0' || errno != 0 || port < 1 || port > 65535) {
         WARN("%s='%s' has an invalid port '%s': expected 1..65535", what, text, port_s);
         return ncclInvalidArgument;
+    }
+    if (is_name_p) {
+        struct in6_addr probe;
+        *is_name_p =
+            inet_pton(AF_INET, host, &probe) != 1 && inet_pton(AF_INET6, host, &probe) != 1;
     }
     struct addrinfo hints, *res = NULL;
     memset(&hints, 0, sizeof(hints));

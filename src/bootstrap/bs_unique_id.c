@@ -50,7 +50,8 @@ ncclResult_t bootstrap_id_from_string(const char *hostport, const char *what,
                                       chorus_unique_id_t *id) {
     if (id == NULL) return ncclInvalidArgument;
     chorus_sockaddr_t addr;
-    CHECK(bs_parse_hostport(hostport, what ? what : "root address", &addr));
+    int is_name = 0;
+    CHECK(bs_parse_hostport_ex(hostport, what ? what : "root address", &addr, &is_name));
     memset(id, 0, sizeof(*id));
     id->magic = CHORUS_ID_MAGIC;
     /* FNV-1a over the text, then a mixer: deterministic, so all ranks agree. */
@@ -62,7 +63,7 @@ ncclResult_t bootstrap_id_from_string(const char *hostport, const char *what,
         h = (h ^ (unsigned char)*p) * 0x100000001b3ull;
     id->secret = mix64(h) | 1;
     id->root = addr;
-    id->flags = CHORUS_ID_FLAG_RANK0_ROOT;
+    id->flags = CHORUS_ID_FLAG_RANK0_ROOT | (is_name ? CHORUS_ID_FLAG_BIND_ANY : 0);
     char buf[64];
     INFO(SUB_BOOTSTRAP | SUB_INIT, "unique id from %s=%s: root %s (rank 0 will listen there)",
          what ? what : "address", hostport, chorus_sockaddr_str(&addr, buf, sizeof(buf)));

@@ -23,8 +23,12 @@
 #include "log.h"
 #include "param.h"
 
-/* Crossover between recursive doubling and the ring for all-reduce (bytes), measured with the
- * coll driver on 2 cores: shared memory, and TCP loopback. */
+/* Crossover between recursive doubling and the ring for all-reduce (bytes). Recursive doubling
+ * moves log2(n) full messages per rank in log2(n) hops, the ring 2(n-1)/n messages in 2(n-1)
+ * hops: up to 4 ranks it wins up to its one-chunk limit (measured with all_reduce_perf, 2 ranks
+ * over shm: 256 KiB in ~0.1-0.9 ms against 1.9-2.1 ms for the ring on the loaded 2-core VM);
+ * beyond 4 ranks its extra traffic makes 64 KiB the default. */
+#define DEFAULT_LL_SHM_SMALL (256 * 1024)
 #define DEFAULT_LL_SHM (64 * 1024)
 #define DEFAULT_LL_TCP (128 * 1024)
 
@@ -45,10 +49,9 @@ static const char *tuner_forced(int coll, char *buf, size_t len) {
     if (spec == NULL || spec[0] == 0) return NULL;
     const char *name = coll_kind_name(coll);
     const char *generic = NULL;
-    char tmp[256];
+    char tmp[256], generic_buf[64];
     snprintf(tmp, sizeof(tmp), "%s", spec);
     char *save = NULL;
-    static __thread char generic_buf[64];
     for (char *tok = strtok_r(tmp, ",;", &save); tok; tok = strtok_r(NULL, ",;", &save)) {
         while (*tok == ' ') tok++;
         char *colon = strchr(tok, ':');
@@ -77,7 +80,8 @@ static int tuner_edge_is_tcp(struct ncclComm *comm) {
 static size_t tuner_ll_threshold(struct ncclComm *comm) {
     int64_t t = chorus_param_int(PARAM_LL_THRESHOLD);
     if (t >= 0) return (size_t)t;
-    return tuner_edge_is_tcp(comm) ? DEFAULT_LL_TCP : DEFAULT_LL_SHM;
+    if (tuner_edge_is_tcp(comm)) return DEFAULT_LL_TCP;
+    return comm->nranks <= 4 ? DEFAULT_LL_SHM_SMALL : DEFAULT_LL_SHM;
 }
 
 ncclResult_t coll_tuner_pick(coll_op_t *op) {

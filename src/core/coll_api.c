@@ -7,7 +7,9 @@
  * ncclGroupStart and ncclGroupEnd) or runs it: connect what it needs, enqueue, and drive progress
  * in this thread until it retires. Count 0 is a no-op once the arguments are checked. A CUDA
  * stream, when given, is synchronised first so earlier GPU work into a host buffer is ordered.
- * Device buffers are not handled yet: ncclInvalidUsage with a WARN.
+ * Device buffers go to the CUDA path first (cuda_enqueue_hook, src/core/cuda_enqueue.c: ordered
+ * on the user's stream, run by the communicator's CUDA worker on pinned staging copies, which
+ * come back here with a->staged set); without a GPU they cannot occur.
  */
 #include <stdio.h>
 
@@ -16,6 +18,7 @@
 #include "coll_engine.h"
 #include "comm.h"
 #include "core.h"
+#include "cuda_enqueue.h"
 #include "log.h"
 
 #if CHORUS_HAVE_CUDA
@@ -85,7 +88,8 @@ ncclResult_t coll_api_prepare(const coll_args_t *a, coll_op_t **op_p) {
     if (need_recv) CHECK(api_check_ptr(api, "recvbuff", a->recvbuff, rcount));
     if (a->count == 0) return ncclSuccess;
 #if CHORUS_HAVE_CUDA
-    if (a->stream != NULL || comm->cuda_dev >= 0) {
+    /* Staged device ops: the CUDA worker runs them and the user's stream waits on the worker. */
+    if (!a->staged && (a->stream != NULL || comm->cuda_dev >= 0)) {
         cudaError_t err = cudaStreamSynchronize((cudaStream_t)a->stream);
         if (err != cudaSuccess) {
             WARN("%s: cudaStreamSynchronize failed: %s", api, cudaGetErrorString(err));
@@ -117,6 +121,9 @@ ncclResult_t coll_api_prepare(const coll_args_t *a, coll_op_t **op_p) {
 }
 
 ncclResult_t coll_api_run(const coll_args_t *a) {
+    int cuda_handled = 0; /* the CUDA path's hook: device buffers */
+    ncclResult_t cuda_res = cuda_enqueue_hook(a, &cuda_handled);
+    if (cuda_handled) return cuda_res;
     coll_op_t *op;
     ncclResult_t res = coll_api_prepare(a, &op);
     if (res != ncclSuccess || op == NULL) {
@@ -130,6 +137,10 @@ ncclResult_t coll_api_run(const coll_args_t *a) {
         return res;
     }
     res = coll_engine_connect(op->comm, &op, 1);
+    if (res != ncclSuccess)
+        WARN("%s: rank %d could not set up the connections this op needs (%s); the "
+             "communicator cannot run collectives",
+             a->api, op->comm->rank, ncclGetErrorString(res));
     if (res == ncclSuccess) res = coll_engine_enqueue(op);
     if (res == ncclSuccess) res = coll_engine_wait(&op, 1);
     coll_op_release(op);

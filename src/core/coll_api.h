@@ -18,6 +18,9 @@ typedef struct {
     int root; /* root, or peer for send/recv; -1 when unused */
     struct ncclComm *comm;
     void *stream;
+    /* Added by the CUDA path: the buffers are pinned staging copies of device buffers, run by the
+     * communicator's CUDA worker; the stream is ordered by the worker, so no stream sync here. */
+    int staged;
 } coll_args_t;
 
 /* Validate and build the op (*op_p NULL for a valid count-0 call: nothing to run). */

@@ -10,10 +10,12 @@
  * environment overrides the config for these two knobs: that is what users of NCCL expect when
  * they set NCCL_COMM_BLOCKING to debug a program.
  *
- * What the fields mean to Chorus: blocking as in NCCL; minCTAs/maxCTAs bound the number of
- * channels (rings), the analogue of NCCL's CTAs; commName and netName are copied into the comm;
+ * What the fields mean to Chorus: blocking as in NCCL; maxCTAs caps the number of channels
+ * (rings), the analogue of NCCL's CTAs (minCTAs is validated; the topology picks the channel count
+ * at or above CHORUS_MIN_NCHANNELS); commName and netName are copied into the comm;
  * the GPU-kernel knobs (cgaClusterSize, CTAPolicy, nvlsCTAs, collnetEnable, nvlinkCentricSched,
- * nChannelsPerNetPeer, trafficClass) are validated and kept, and have no effect.
+ * nChannelsPerNetPeer, trafficClass) and splitShare/shrinkShare are validated and kept, and have
+ * no effect (a Chorus child communicator never shares resources with its parent).
  */
 #include <stddef.h>
 #include <string.h>

@@ -16,6 +16,7 @@
 #include "coll.h"
 #include "comm_impl.h"
 #include "core.h"
+#include "waiter.h"
 
 static ncclResult_t check_init_done(struct ncclComm *comm, const char *api) {
     int st = __atomic_load_n(&comm->init_state, __ATOMIC_ACQUIRE);
@@ -26,6 +27,22 @@ static ncclResult_t check_init_done(struct ncclComm *comm, const char *api) {
         return ncclInvalidUsage;
     }
     return ncclSuccess;
+}
+
+/* Wait until no other thread is inside an API call on this comm (comm_api_enter). Returns 0 if
+ * one still is at the deadline: the comm must then be leaked rather than freed under it. */
+static int wait_api_quiet(struct ncclComm *comm, const char *api) {
+    chorus_waiter_t w;
+    chorus_waiter_init(&w, NULL);
+    while (__atomic_load_n(&comm->api_refs, __ATOMIC_ACQUIRE) > 0) {
+        if (chorus_waiter_step(&w) != ncclSuccess) {
+            WARN("%s: rank %d: %d call(s) on comm %p did not return within CHORUS_TIMEOUT; the "
+                 "comm is left allocated",
+                 api, comm->rank, comm->api_refs, (void *)comm);
+            return 0;
+        }
+    }
+    return 1;
 }
 
 /* Drain (or, with the abort flag set, drop) the engine's ops once. */
@@ -74,7 +91,10 @@ ncclResult_t ncclCommDestroy(ncclComm_t comm) {
                  ncclGetErrorString(res));
     }
     comm->destroyed = 1;
-    comm_free(comm);
+    if (wait_api_quiet(comm, "ncclCommDestroy"))
+        comm_free(comm);
+    else
+        comm_registry_remove(comm);
     INFO(SUB_INIT, "comm %p rank %d nranks %d - Destroy COMPLETE", (void *)comm, rank, nranks);
     return res;
 }
@@ -92,7 +112,10 @@ ncclResult_t ncclCommAbort(ncclComm_t comm) {
     if (comm->bs && comm->bs != bs) bootstrap_abort(comm->bs); /* set by init meanwhile */
     (void)engine_finalize_once(comm); /* drops outstanding ops: the abort flag is set */
     comm->destroyed = 1;
-    comm_free(comm);
+    if (wait_api_quiet(comm, "ncclCommAbort"))
+        comm_free(comm);
+    else
+        comm_registry_remove(comm);
     INFO(SUB_INIT, "comm %p rank %d nranks %d - Abort COMPLETE", (void *)comm, rank, nranks);
     return ncclSuccess;
 }

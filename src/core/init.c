@@ -120,6 +120,13 @@ ncclResult_t comm_init_run(struct ncclComm *comm, const ncclUniqueId *id) {
     }
 
     CHECK_GOTO(topo_build(comm), res, fail);
+    /* config.maxCTAs caps the channel count (NCCL's CTAs are Chorus's channels); every rank gets
+     * the same config, so every rank drops the same channels. */
+    if (comm->nchannels > comm->config.maxCTAs) {
+        INFO(SUB_INIT, "config.maxCTAs %d: using %d of %d channels", comm->config.maxCTAs,
+             comm->config.maxCTAs, comm->nchannels);
+        comm->nchannels = comm->config.maxCTAs;
+    }
     if (comm->connect_eager) CHECK_GOTO(connect_rings(comm), res, fail);
     CHECK_GOTO(coll_engine_create(comm), res, fail);
 

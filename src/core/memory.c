@@ -95,8 +95,8 @@ ncclResult_t ncclMemAlloc(void **ptr, size_t size) {
         return ncclSystemError;
     }
     void *p = NULL;
-    int dev = comm_cuda_current_device();
 #if CHORUS_HAVE_CUDA
+    int dev = comm_cuda_current_device();
     if (dev >= 0) {
         cudaError_t e = cudaMalloc(&p, size);
         if (e != cudaSuccess) {

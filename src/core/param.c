@@ -4,8 +4,8 @@
  * The table in param_table.h is expanded here into descriptors. chorus_param_init() parses every
  * parameter once (thread-safe), CHORUS_<NAME> first, then NCCL_<NAME> where NCCL has the knob, then
  * the default. INT values accept K/M/G suffixes; anything else that is not a number fails init and
- * names the variable. Values are copied, so a later setenv cannot pull a string from under a
- * reader; chorus_param_reset (ncclResetDebugInit) makes the next access parse again. Parsing never
+ * names the variable. Values are copied (and never freed), so neither a later setenv nor a
+ * reset can pull a string from under a reader; chorus_param_reset (ncclResetDebugInit) makes the next access parse again. Parsing never
  * logs while it holds its lock, because logging reads NCCL_DEBUG & co. through this table.
  */
 #include <ctype.h>
@@ -76,7 +76,8 @@ static ncclResult_t parse_all(void) {
     for (int i = 0; i < PARAM_COUNT; i++) {
         const param_desc_t *d = &g_desc[i];
         const char *val = NULL;
-        free(g_str[i]);
+        /* The previous copy is not freed: a thread may still hold the pointer it got before a
+         * reset (ncclResetDebugInit). Each reset leaks a few short strings, which is harmless. */
         g_str[i] = NULL;
         snprintf(var, sizeof(var), "CHORUS_%s", d->name);
         if ((val = getenv(var)) != NULL) {

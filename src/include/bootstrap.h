@@ -37,6 +37,9 @@ typedef struct {
  * yet; rank 0 listens on `root` inside bootstrap_init. The secret is then derived from the address
  * text, so it only tells jobs apart: it gives no secrecy. */
 #define CHORUS_ID_FLAG_RANK0_ROOT 0x1u
+/* With RANK0_ROOT: the address was given as a host name; rank 0 listens on every local address
+ * (that port), since the name may resolve differently on rank 0's own host. */
+#define CHORUS_ID_FLAG_BIND_ANY 0x2u
 
 typedef struct bootstrap bootstrap_t;
 

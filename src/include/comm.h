@@ -99,7 +99,22 @@ struct ncclComm {
     int engine_finalized;      /* coll_engine_finalize already ran (Finalize, Revoke, Shrink+ABORT) */
     uint64_t unique_id_hash;   /* hash of the ncclUniqueId the comm was made from */
     struct comm_reg *regs;     /* ncclCommRegister / ncclCommWindowRegister records (under lock) */
+    volatile int api_refs;     /* API calls inside this comm now (comm_api_enter/leave) */
+    /* Added by the CUDA path (src/core/cuda_enqueue.c): the device-buffer worker and its
+     * staging memory; NULL until the first collective on device buffers. */
+    struct cuda_comm_state *cuda_state;
 };
+
+/* A thread that calls ncclCommAbort (a watchdog) may race with another thread blocked in a
+ * collective on the same comm. Entry points that can block bracket their work with these; abort
+ * and destroy raise the abort flag, then wait (bounded by CHORUS_TIMEOUT) until no call is inside
+ * before freeing the comm. */
+static inline void comm_api_enter(struct ncclComm *comm) {
+    __atomic_add_fetch(&comm->api_refs, 1, __ATOMIC_ACQ_REL);
+}
+static inline void comm_api_leave(struct ncclComm *comm) {
+    __atomic_sub_fetch(&comm->api_refs, 1, __ATOMIC_ACQ_REL);
+}
 
 /* A registered range (ncclCommRegister, ncclCommWindowRegister). Registration is a hint: Chorus
  * works on unregistered buffers too; the engine may use comm_reg_find to learn that a range is

@@ -98,6 +98,8 @@ ncclResult_t transport_select(struct ncclComm *comm, int peer, const chorus_tran
  * with a WARN naming the peer. A rank never connects to itself. */
 ncclResult_t transport_connect(struct ncclComm *comm, chorus_conn_t *conn, int peer, int is_send,
                                int channel, int tag);
+/* Close one end (a sender first waits for send_drained). Leaves ops == NULL; closing twice is
+ * harmless. On failure transport_connect also leaves ops == NULL. */
 void transport_close(chorus_conn_t *conn);
 
 /* Shared stubs for optional ops. */

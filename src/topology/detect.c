@@ -8,6 +8,8 @@
  * nearest NIC); NICs are hwloc's network and OpenFabrics OS devices, with the link speed from sysfs.
  * The machine's topology is loaded once per process and kept (hwloc loads take milliseconds).
  */
+#include <ifaddrs.h>
+#include <net/if.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -123,6 +125,25 @@ ncclResult_t topo_place(hwloc_topology_t topo, hwloc_const_cpuset_t cpus, const 
     return ncclSuccess;
 }
 
+/* Name of the interface that carries `addr` (the address peers reach this rank by). */
+static void ifname_of(const chorus_sockaddr_t *addr, char *name, size_t len) {
+    struct ifaddrs *ifs = NULL;
+    name[0] = '\0';
+    if (getifaddrs(&ifs) != 0) return;
+    for (struct ifaddrs *i = ifs; i; i = i->ifa_next) {
+        if (!i->ifa_addr || i->ifa_addr->sa_family != addr->sa.sa_family) continue;
+        int same = addr->sa.sa_family == AF_INET
+                       ? ((struct sockaddr_in *)i->ifa_addr)->sin_addr.s_addr == addr->sin.sin_addr.s_addr
+                       : memcmp(&((struct sockaddr_in6 *)i->ifa_addr)->sin6_addr, &addr->sin6.sin6_addr,
+                                sizeof(struct in6_addr)) == 0;
+        if (same) {
+            snprintf(name, len, "%s", i->ifa_name);
+            break;
+        }
+    }
+    freeifaddrs(ifs);
+}
+
 static pthread_mutex_t g_topo_lock = PTHREAD_MUTEX_INITIALIZER;
 static hwloc_topology_t g_topo;
 
@@ -206,6 +227,7 @@ ncclResult_t topo_fill_locality(int rank, int cuda_dev, const chorus_sockaddr_t 
         loc->net_addr = *bs_addr;
         if (loc->net_addr.sa.sa_family == AF_INET6) loc->net_addr.sin6.sin6_port = 0;
         else loc->net_addr.sin.sin_port = 0;
+        ifname_of(&loc->net_addr, loc->net_ifname, sizeof(loc->net_ifname));
     }
 #if CHORUS_HAVE_CUDA
     if (cuda_dev >= 0 &&

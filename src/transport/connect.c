@@ -21,7 +21,7 @@
 #include "transport.h"
 
 #define SETUP_MSG_MAGIC 0x43535550u /* "CSUP" */
-#define SETUP_TAG_BASE 0x20000000 /* 0x20000000..0x3fffffff */
+#define SETUP_TAG_BASE 0x20000000   /* 0x20000000..0x3fffffff */
 
 typedef struct {
     uint32_t magic;
@@ -75,10 +75,14 @@ static void transport_log_connected(struct ncclComm *comm, chorus_conn_t *conn) 
     }
     char sdev[16], ddev[16];
     int sd = comm->peers[src].cuda_dev, dd = comm->peers[dst].cuda_dev;
-    if (sd >= 0) snprintf(sdev, sizeof(sdev), "%d", sd);
-    else snprintf(sdev, sizeof(sdev), "cpu");
-    if (dd >= 0) snprintf(ddev, sizeof(ddev), "%d", dd);
-    else snprintf(ddev, sizeof(ddev), "cpu");
+    if (sd >= 0)
+        snprintf(sdev, sizeof(sdev), "%d", sd);
+    else
+        snprintf(sdev, sizeof(sdev), "cpu");
+    if (dd >= 0)
+        snprintf(ddev, sizeof(ddev), "%d", dd);
+    else
+        snprintf(ddev, sizeof(ddev), "cpu");
     INFO(SUB_INIT, "Channel %02d : %d[%s] -> %d[%s]%s via %s", conn->channel, src, sdev, dst, ddev,
          conn->is_send ? "" : " [receive]", conn->desc);
 }
@@ -180,6 +184,9 @@ err_exchange:
     if (res == ncclSuccess) res = xres;
 err_close:
     if (conn->ops) conn->ops->close(conn);
+    /* Leave the connection visibly unconnected: callers test ops == NULL to connect again. */
+    conn->ops = NULL;
+    conn->priv = NULL;
     conn->connected = 0;
     return res;
 }
@@ -187,6 +194,7 @@ err_close:
 void transport_close(chorus_conn_t *conn) {
     if (!conn) return;
     if (conn->ops) conn->ops->close(conn);
+    conn->ops = NULL;
     conn->priv = NULL;
     conn->connected = 0;
 }

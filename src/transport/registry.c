@@ -19,10 +19,16 @@
 /* Strong references on purpose: they also make a static link pull each transport in. */
 extern const chorus_transport_ops_t shm_transport_ops;
 extern const chorus_transport_ops_t tcp_transport_ops;
+#if CHORUS_HAVE_CUDA
+extern const chorus_transport_ops_t cuda_ipc_transport_ops; /* src/transport/cuda_ipc */
+#endif
 
 /* Preference order. cuda_ipc (GPU peers on one host) goes before shm and ib before tcp when they
  * exist; tcp stays last, as the transport that reaches everything. */
 static const chorus_transport_ops_t *const transport_table[] = {
+#if CHORUS_HAVE_CUDA
+    &cuda_ipc_transport_ops, /* refuses host-only ranks (cuda_dev -1); see cuda_ipc_conn.c */
+#endif
     &shm_transport_ops,
     &tcp_transport_ops,
 };
@@ -30,7 +36,8 @@ static const chorus_transport_ops_t *const transport_table[] = {
 
 int transport_count(void) {
     int n = 0;
-    for (int i = 0; i < TRANSPORT_TABLE_SIZE; i++) n += transport_table[i] != NULL;
+    for (int i = 0; i < TRANSPORT_TABLE_SIZE; i++)
+        n += transport_table[i] != NULL;
     return n;
 }
 
@@ -57,7 +64,8 @@ const chorus_transport_ops_t *transport_find(const char *name) {
 
 /* Whether an NCCL_*_DISABLE knob removes this transport from the automatic choice. */
 static const char *transport_disabled_by(const chorus_transport_ops_t *t) {
-    if (strcmp(t->name, "shm") == 0 && chorus_param_int(PARAM_SHM_DISABLE)) return "NCCL_SHM_DISABLE";
+    if (strcmp(t->name, "shm") == 0 && chorus_param_int(PARAM_SHM_DISABLE))
+        return "NCCL_SHM_DISABLE";
     if (strcmp(t->name, "cuda_ipc") == 0 && chorus_param_int(PARAM_P2P_DISABLE))
         return "NCCL_P2P_DISABLE";
     if (strcmp(t->name, "ib") == 0 && chorus_param_int(PARAM_IB_DISABLE)) return "NCCL_IB_DISABLE";
@@ -72,7 +80,8 @@ static ncclResult_t transport_try(struct ncclComm *comm, const chorus_transport_
     return ncclSuccess;
 }
 
-ncclResult_t transport_select(struct ncclComm *comm, int peer, const chorus_transport_ops_t **ops_p) {
+ncclResult_t transport_select(struct ncclComm *comm, int peer,
+                              const chorus_transport_ops_t **ops_p) {
     *ops_p = NULL;
     if (peer < 0 || peer >= comm->nranks) {
         WARN("transport_select: peer %d out of range (%d ranks)", peer, comm->nranks);

@@ -429,6 +429,36 @@ TEST(Bootstrap, FixedCommIdTwice) {
     }
 }
 
+// A root given by host name: rank 0 listens on every address; ranks do not advertise loopback
+// when another interface is up (peers on other hosts could not reach it).
+TEST(Bootstrap, FixedCommIdHostName) {
+    std::string addr = "localhost:" + std::to_string(free_port());
+    ScopedEnv e("CHORUS_COMM_ID", addr.c_str());
+    chorus_sockaddr_t pref;
+    ASSERT_EQ(chorus_find_interface(&pref, nullptr, 0), ncclSuccess);
+    bool pref_loop = pref.sa.sa_family == AF_INET ? (ntohl(pref.sin.sin_addr.s_addr) >> 24) == 127
+                                                  : IN6_IS_ADDR_LOOPBACK(&pref.sin6.sin6_addr);
+    auto res = chorus_test::run_threads(
+        3,
+        [&](int rank, int n) {
+            chorus_unique_id_t id;
+            RANK_NCCL(bootstrap_get_unique_id(&id));
+            RANK_CHECK(id.flags & CHORUS_ID_FLAG_BIND_ANY, "host name: bind any");
+            bootstrap_t *bs = nullptr;
+            RANK_NCCL(bootstrap_init(&id, rank, n, nullptr, &bs));
+            const chorus_sockaddr_t *a = bootstrap_addr(bs, rank);
+            bool loop = a->sa.sa_family == AF_INET ? (ntohl(a->sin.sin_addr.s_addr) >> 24) == 127
+                                                   : IN6_IS_ADDR_LOOPBACK(&a->sin6.sin6_addr);
+            RANK_CHECK(loop == pref_loop, "listen address loopback=%d, preferred loopback=%d", loop,
+                       pref_loop);
+            int rc = exercise_bs(bs, rank, n);
+            bootstrap_close(bs);
+            return rc;
+        },
+        60);
+    EXPECT_TRUE(res.ok()) << res.detail;
+}
+
 // An IPv6 fixed root address.
 TEST(Bootstrap, FixedCommIdIpv6) {
     int fd = socket(AF_INET6, SOCK_STREAM, 0);
@@ -680,6 +710,7 @@ TEST(Bootstrap, IdFromStringParsesAndRejects) {
     ASSERT_EQ(bootstrap_id_from_string("127.0.0.1:29500", "TEST", &a), ncclSuccess);
     ASSERT_EQ(bootstrap_id_from_string("127.0.0.1:29500", "TEST", &b), ncclSuccess);
     EXPECT_EQ(memcmp(&a, &b, sizeof(a)), 0) << "deterministic";
+    EXPECT_EQ(a.flags, CHORUS_ID_FLAG_RANK0_ROOT) << "numeric address: bind that address only";
     EXPECT_EQ(a.root.sa.sa_family, AF_INET);
     EXPECT_EQ(ntohs(a.root.sin.sin_port), 29500);
     ASSERT_EQ(bootstrap_id_from_string("127.0.0.1:29501", "TEST", &b), ncclSuccess);

@@ -149,6 +149,16 @@ TEST(ChorusRun, RankIgnoringSigtermIsKilledAfterGrace) {
     EXPECT_EQ(c.exit_code(), 5) << c.out;
 }
 
+// A stopped rank (SIGSTOP) still gets the SIGTERM when another rank fails (SIGCONT follows it).
+TEST(ChorusRun, StoppedRankGetsSigterm) {
+    NEED_BINARIES();
+    Cmd c = run(kRun + " -n 2 --grace 30 sh -c 'if [ $RANK = 0 ]; then sleep 0.5; exit 4; fi; "
+                       "trap \"echo term$RANK; exit 0\" TERM; kill -STOP $$; "
+                       "while :; do sleep 0.1; done'");
+    EXPECT_EQ(c.exit_code(), 4) << c.out;
+    EXPECT_NE(c.out.find("term1"), std::string::npos) << c.out;
+}
+
 TEST(ChorusRun, AllZeroMeansZero) {
     NEED_BINARIES();
     EXPECT_EQ(run(kRun + " -n 5 true").exit_code(), 0);
@@ -260,20 +270,25 @@ TEST(ChorusRun, TwoNodesOnLoopback) {
     EXPECT_NE(out[1].find("rank 3 of 4"), std::string::npos) << out[1];
 }
 
-// Two hosts as network namespaces (root only; skipped otherwise).
+// Two hosts as network namespaces (root only; skipped otherwise). With -N the master address is a
+// host name that resolves to 127.0.1.1 on host0 itself and to the veth address on host1.
 TEST(ChorusRun, TwoHostsNetns) {
     NEED_BINARIES();
     ASSERT_TRUE(have(kProg)) << kProg << " was not built";
-    for (const char *mode : {"bootstrap", "comm", "env", "allreduce"}) {
-        Cmd c = run(kScript + " -b " + kBin + " -t 60 -- " + kProg + " " + mode);
+    struct Case {
+        const char *flags, *mode;
+    } cases[] = {{"", "bootstrap"}, {"", "comm"},        {"", "env"},
+                 {"", "allreduce"}, {"-N", "bootstrap"}, {"-N", "allreduce"}};
+    for (const Case &k : cases) {
+        Cmd c = run(kScript + " " + k.flags + " -b " + kBin + " -t 60 -- " + kProg + " " + k.mode);
         if (c.exit_code() == 77) GTEST_SKIP() << c.out;
-        EXPECT_EQ(c.exit_code(), 0) << mode << ":\n" << c.out;
+        EXPECT_EQ(c.exit_code(), 0) << k.flags << " " << k.mode << ":\n" << c.out;
         auto v = lines(c.out);
         int ok = 0;
         for (auto &l : v)
             ok += l.find(" ok") != std::string::npos;
-        EXPECT_EQ(ok, 4) << mode << ":\n" << c.out;
-        if (std::string(mode) == "bootstrap")
+        EXPECT_EQ(ok, 4) << k.flags << " " << k.mode << ":\n" << c.out;
+        if (std::string(k.mode) == "bootstrap")
             EXPECT_NE(c.out.find("hosts: chorus-host0 chorus-host0 chorus-host1 chorus-host1"),
                       std::string::npos)
                 << c.out;

@@ -5,6 +5,8 @@
 
 #include <cfloat>
 #include <cstdio>
+#include <map>
+#include <utility>
 
 namespace coll_test {
 
@@ -49,7 +51,20 @@ static double mini_decode(uint32_t bits, int ebits, int mbits, int bias) {
     return sign ? -v : v;
 }
 
+static uint32_t mini_encode_slow(double v, int ebits, int mbits, int bias);
+
+// The brute-force encoder is slow; the tests encode a handful of distinct values, so memoise.
 static uint32_t mini_encode(double v, int ebits, int mbits, int bias) {
+    static thread_local std::map<std::pair<double, int>, uint32_t> memo;
+    auto key = std::make_pair(v, ebits);
+    auto it = memo.find(key);
+    if (it != memo.end()) return it->second;
+    uint32_t c = mini_encode_slow(v, ebits, mbits, bias);
+    memo[key] = c;
+    return c;
+}
+
+static uint32_t mini_encode_slow(double v, int ebits, int mbits, int bias) {
     uint32_t sign = v < 0 ? 1 : 0;
     double a = std::fabs(v);
     uint32_t best = 0;

@@ -154,13 +154,15 @@ TEST_P(CollKill, SurvivorsError) {
         RANK_NCCL(ncclCommInitRank(&comm, nr, id, rank));
         const size_t count = 4 << 20;
         std::vector<float> a(count, 1.0f), b(count);
-        if (rank == victim) {
-            std::thread([] {
-                usleep(300 * 1000);
-                kill(getpid(), SIGKILL);
-            }).detach();
-        }
         for (int it = 0; it < 100000; it++) {
+            // The victim dies a little into its third all-reduce: connections are up and every
+            // rank is inside the op.
+            if (rank == victim && it == 2) {
+                std::thread([] {
+                    usleep(2 * 1000);
+                    kill(getpid(), SIGKILL);
+                }).detach();
+            }
             ncclResult_t r = ncclAllReduce(a.data(), b.data(), count, ncclFloat32, ncclSum, comm, nullptr);
             if (r != ncclSuccess) {
                 const char *msg = ncclGetLastError(comm);

@@ -101,8 +101,17 @@ TEST_P(CollNightly, Full) {
     Env env;
     env.algo = std::get<1>(GetParam())[0] ? std::get<1>(GetParam()) : nullptr;
     env.transport = std::get<2>(GetParam())[0] ? std::get<2>(GetParam()) : nullptr;
-    auto cases = cross(kAllColls, all_types(), kAllOps,
-                       {0, 1, 7, 1023, 65537, 4 * 1024 * 1024 + 3});
+    auto cases = cross(kAllColls, all_types(), kAllOps, {0, 1, 7, 1023, 65537});
+    // 4Mi+3 elements for the full-buffer collectives; reduce-scatter and all-gather hold n times
+    // their count, so they get (4Mi+3)/n (still odd, still many chunks) to bound memory.
+    // At that size every dtype runs sum, and float32/int32 run every op (the references are
+    // computed element by element here, which dominates the run time).
+    const size_t big_n = 4 * 1024 * 1024 + 3, big_rs_n = (4 * 1024 * 1024 + 3) / (size_t)n | 1;
+    for (auto &part : {cross({C_ALLREDUCE, C_BROADCAST, C_REDUCE}, all_types(), {T_SUM}, {big_n}),
+                       cross({C_ALLREDUCE, C_REDUCE}, {ncclFloat32, ncclInt32}, kAllOps, {big_n}),
+                       cross({C_REDUCESCATTER, C_ALLGATHER}, all_types(), {T_SUM}, {big_rs_n}),
+                       cross({C_REDUCESCATTER}, {ncclFloat32, ncclInt32}, kAllOps, {big_rs_n})})
+        cases.insert(cases.end(), part.begin(), part.end());
     EXPECT_RUN_OK(run_cases(std::get<3>(GetParam()), n, cases, env, 3600));
 }
 INSTANTIATE_TEST_SUITE_P(Coll, CollNightly,

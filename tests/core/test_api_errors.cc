@@ -217,6 +217,30 @@ TEST_F(ApiErrors, Handles) {
     EXPECT_EQ(x, 1);
 }
 
+// After ncclCommFinalize or ncclCommRevoke a comm takes no new work (ncclInvalidUsage, with a
+// WARN saying why), but it can still be destroyed.
+TEST_F(ApiErrors, FinalizedAndRevokedRejectWork) {
+    float x[4] = {1, 2, 3, 4};
+    for (int revoke = 0; revoke < 2; revoke++) {
+        ncclUniqueId id;
+        ncclComm_t c, nc;
+        ASSERT_EQ(ncclGetUniqueId(&id), ncclSuccess);
+        ASSERT_EQ(ncclCommInitRank(&c, 1, id, 0), ncclSuccess);
+        ASSERT_EQ(ncclAllReduce(x, x, 4, ncclFloat32, ncclSum, c, nullptr), ncclSuccess);
+        if (revoke) {
+            ASSERT_EQ(ncclCommRevoke(c, 0), ncclSuccess);
+            EXPECT_EQ(ncclCommRevoke(c, 0), ncclSuccess); // idempotent
+        } else {
+            ASSERT_EQ(ncclCommFinalize(c), ncclSuccess);
+            EXPECT_EQ(ncclCommFinalize(c), ncclInvalidUsage);
+        }
+        EXPECT_EQ(ncclAllReduce(x, x, 4, ncclFloat32, ncclSum, c, nullptr), ncclInvalidUsage);
+        EXPECT_TRUE(warned(revoke ? "revoked" : "finalized"));
+        EXPECT_EQ(ncclCommSplit(c, 0, 0, &nc, nullptr), ncclInvalidUsage);
+        EXPECT_EQ(ncclCommDestroy(c), ncclSuccess);
+    }
+}
+
 TEST_F(ApiErrors, SplitShrinkRevokeArguments) {
     ncclComm_t nc;
     EXPECT_EQ(ncclCommSplit(comm_, 0, 0, nullptr, nullptr), ncclInvalidArgument);

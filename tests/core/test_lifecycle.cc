@@ -189,22 +189,25 @@ TEST(Shrink, AroundStoppedRanks) {
                                 MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     ASSERT_NE(pids, MAP_FAILED);
     ncclUniqueId id = chorus_test::make_unique_id();
-    auto res = chorus_test::run_forked(n, [&](int rank, int nr) {
-        pids[rank] = getpid();
-        ncclComm_t comm, small;
-        RANK_NCCL(ncclCommInitRank(&comm, nr, id, rank));
-        if (rank == 1 || rank == 3) raise(SIGSTOP);
-        RANK_NCCL(ncclCommShrink(comm, excl.data(), 2, &small, nullptr, NCCL_SHRINK_ABORT));
-        int expect = rank == 0 ? 0 : rank == 2 ? 1 : 2;
-        if (check_comm(small, expect, 3)) return 1;
-        RANK_NCCL(ncclCommDestroy(small));
-        RANK_NCCL(ncclCommAbort(comm));
-        if (rank == 0) {
-            kill(pids[1], SIGKILL);
-            kill(pids[3], SIGKILL);
-        }
-        return 0;
-    }, 60);
+    auto res = chorus_test::run_forked(
+        n,
+        [&](int rank, int nr) {
+            pids[rank] = getpid();
+            ncclComm_t comm, small;
+            RANK_NCCL(ncclCommInitRank(&comm, nr, id, rank));
+            if (rank == 1 || rank == 3) raise(SIGSTOP);
+            RANK_NCCL(ncclCommShrink(comm, excl.data(), 2, &small, nullptr, NCCL_SHRINK_ABORT));
+            int expect = rank == 0 ? 0 : rank == 2 ? 1 : 2;
+            if (check_comm(small, expect, 3)) return 1;
+            RANK_NCCL(ncclCommDestroy(small));
+            RANK_NCCL(ncclCommAbort(comm));
+            if (rank == 0) {
+                kill(pids[1], SIGKILL);
+                kill(pids[3], SIGKILL);
+            }
+            return 0;
+        },
+        60);
     munmap(pids, sizeof(pid_t) * n);
     // Exactly the two frozen ranks ended by signal 9; nobody timed out.
     EXPECT_FALSE(res.timed_out) << res.detail;
@@ -219,30 +222,34 @@ TEST(Shrink, AfterPeerDeathCollectiveWorks) {
     ScopedTimeout t("5");
     const int n = 3;
     ncclUniqueId id = chorus_test::make_unique_id();
-    auto res = chorus_test::run_forked(n, [&](int rank, int nr) {
-        ncclComm_t comm, small;
-        RANK_NCCL(ncclCommInitRank(&comm, nr, id, rank));
-        std::vector<float> buf(1024, 1.0f);
-        RANK_NCCL(ncclAllReduce(buf.data(), buf.data(), buf.size(), ncclFloat32, ncclSum, comm,
-                                nullptr));
-        RANK_CHECK(buf[0] == 3.0f, "all-reduce of 3 ranks gave %f", buf[0]);
-        if (rank == 2) _exit(0); // dies
-        ncclResult_t r = ncclAllReduce(buf.data(), buf.data(), buf.size(), ncclFloat32, ncclSum,
-                                       comm, nullptr);
-        ncclResult_t st = ncclSuccess;
-        ncclCommGetAsyncError(comm, &st);
-        RANK_CHECK(r != ncclSuccess || st != ncclSuccess, "all-reduce with a dead rank succeeded");
-        int dead = 2;
-        RANK_NCCL(ncclCommShrink(comm, &dead, 1, &small, nullptr, NCCL_SHRINK_ABORT));
-        if (check_comm(small, rank, 2)) return 1;
-        std::fill(buf.begin(), buf.end(), (float)(rank + 1));
-        RANK_NCCL(ncclAllReduce(buf.data(), buf.data(), buf.size(), ncclFloat32, ncclSum, small,
-                                nullptr));
-        RANK_CHECK(buf[0] == 3.0f && buf[1023] == 3.0f, "shrunk all-reduce gave %f", buf[0]);
-        RANK_NCCL(ncclCommDestroy(small));
-        RANK_NCCL(ncclCommAbort(comm));
-        return 0;
-    }, 90);
+    auto res = chorus_test::run_forked(
+        n,
+        [&](int rank, int nr) {
+            ncclComm_t comm, small;
+            RANK_NCCL(ncclCommInitRank(&comm, nr, id, rank));
+            std::vector<float> buf(1024, 1.0f);
+            RANK_NCCL(ncclAllReduce(buf.data(), buf.data(), buf.size(), ncclFloat32, ncclSum, comm,
+                                    nullptr));
+            RANK_CHECK(buf[0] == 3.0f, "all-reduce of 3 ranks gave %f", buf[0]);
+            if (rank == 2) _exit(0); // dies
+            ncclResult_t r = ncclAllReduce(buf.data(), buf.data(), buf.size(), ncclFloat32, ncclSum,
+                                           comm, nullptr);
+            ncclResult_t st = ncclSuccess;
+            ncclCommGetAsyncError(comm, &st);
+            RANK_CHECK(r != ncclSuccess || st != ncclSuccess,
+                       "all-reduce with a dead rank succeeded");
+            int dead = 2;
+            RANK_NCCL(ncclCommShrink(comm, &dead, 1, &small, nullptr, NCCL_SHRINK_ABORT));
+            if (check_comm(small, rank, 2)) return 1;
+            std::fill(buf.begin(), buf.end(), (float)(rank + 1));
+            RANK_NCCL(ncclAllReduce(buf.data(), buf.data(), buf.size(), ncclFloat32, ncclSum, small,
+                                    nullptr));
+            RANK_CHECK(buf[0] == 3.0f && buf[1023] == 3.0f, "shrunk all-reduce gave %f", buf[0]);
+            RANK_NCCL(ncclCommDestroy(small));
+            RANK_NCCL(ncclCommAbort(comm));
+            return 0;
+        },
+        90);
     EXPECT_TRUE(res.ok()) << res.detail;
 }
 
@@ -362,7 +369,9 @@ TEST_P(EagerConnect, InitConnectsRings) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Launch, EagerConnect, ::testing::Values(Launch::Threads, Launch::Forked),
-                         [](const auto &info) { return std::string(chorus_test::launch_name(info.param)); });
+                         [](const auto &info) {
+                             return std::string(chorus_test::launch_name(info.param));
+                         });
 
 // ncclCommInitRankScalable: every rank passes the same array of ids (Chorus rendezvouses through
 // the first one).

@@ -40,7 +40,8 @@ std::string gpu_absent_reason() {
         if (!why_.empty()) GTEST_SKIP() << why_ << " (GPU kernels not exercised)";                 \
     } while (0)
 
-#define CUDA_OK(x) ASSERT_EQ((x), cudaSuccess) << #x << ": " << cudaGetErrorString(cudaGetLastError())
+#define CUDA_OK(x)                                                                                 \
+    ASSERT_EQ((x), cudaSuccess) << #x << ": " << cudaGetErrorString(cudaGetLastError())
 
 // Random bits for integers; for floating types a mix of random bit patterns and ordinary values.
 void fill_random(ncclDataType_t t, unsigned char *p, size_t count, std::mt19937_64 &rng) {
@@ -51,11 +52,21 @@ void fill_random(ncclDataType_t t, unsigned char *p, size_t count, std::mt19937_
             float v = std::ldexp(1.0f + (float)(rng() % 1024) / 1024.0f, (int)(rng() % 17) - 8);
             if (rng() & 1) v = -v;
             switch (t) {
-            case ncclFloat16: bits = chorus_float_to_half(v); break;
-            case ncclBfloat16: bits = chorus_float_to_bf16(v); break;
-            case ncclFloat8e4m3: bits = chorus_float_to_fp8e4m3(v); break;
-            case ncclFloat8e5m2: bits = chorus_float_to_fp8e5m2(v); break;
-            case ncclFloat32: memcpy(&bits, &v, 4); break;
+            case ncclFloat16:
+                bits = chorus_float_to_half(v);
+                break;
+            case ncclBfloat16:
+                bits = chorus_float_to_bf16(v);
+                break;
+            case ncclFloat8e4m3:
+                bits = chorus_float_to_fp8e4m3(v);
+                break;
+            case ncclFloat8e5m2:
+                bits = chorus_float_to_fp8e5m2(v);
+                break;
+            case ncclFloat32:
+                memcpy(&bits, &v, 4);
+                break;
             default: {
                 double d = v;
                 memcpy(&bits, &d, 8);
@@ -70,10 +81,14 @@ bool is_nan_raw(ncclDataType_t t, const unsigned char *p) {
     uint64_t raw = 0;
     memcpy(&raw, p, chorus_dtype_size(t));
     switch (t) {
-    case ncclFloat16: return std::isnan(chorus_half_to_float((uint16_t)raw));
-    case ncclBfloat16: return std::isnan(chorus_bf16_to_float((uint16_t)raw));
-    case ncclFloat8e4m3: return std::isnan(chorus_fp8e4m3_to_float((uint8_t)raw));
-    case ncclFloat8e5m2: return std::isnan(chorus_fp8e5m2_to_float((uint8_t)raw));
+    case ncclFloat16:
+        return std::isnan(chorus_half_to_float((uint16_t)raw));
+    case ncclBfloat16:
+        return std::isnan(chorus_bf16_to_float((uint16_t)raw));
+    case ncclFloat8e4m3:
+        return std::isnan(chorus_fp8e4m3_to_float((uint8_t)raw));
+    case ncclFloat8e5m2:
+        return std::isnan(chorus_fp8e5m2_to_float((uint8_t)raw));
     case ncclFloat32: {
         float f;
         memcpy(&f, p, 4);
@@ -84,7 +99,8 @@ bool is_nan_raw(ncclDataType_t t, const unsigned char *p) {
         memcpy(&d, p, 8);
         return std::isnan(d);
     }
-    default: return false;
+    default:
+        return false;
     }
 }
 
@@ -115,7 +131,9 @@ struct DevBuf {
     ~DevBuf() {
         if (base) cudaFree(base);
     }
-    unsigned char *p() { return base + off; }
+    unsigned char *p() {
+        return base + off;
+    }
 };
 
 class DevKernels : public ::testing::TestWithParam<int> {
@@ -163,10 +181,12 @@ TEST_P(DevKernels, MatchHostKernels) {
                     CUDA_OK(cudaMemcpy(din.p(), hin.data(), bytes, cudaMemcpyHostToDevice));
                     CUDA_OK(cudaMemcpy(dacc.p(), hacc.data(), bytes, cudaMemcpyHostToDevice));
                     rk_reduce(want.data(), hin.data(), hacc.data(), count, &op);
-                    ASSERT_EQ(rk_dev_reduce(ddst, din.p(), dacc.p(), count, &op, stream), ncclSuccess);
+                    ASSERT_EQ(rk_dev_reduce(ddst, din.p(), dacc.p(), count, &op, stream),
+                              ncclSuccess);
                     CUDA_OK(cudaStreamSynchronize(stream));
                     CUDA_OK(cudaMemcpy(got.data(), ddst, bytes, cudaMemcpyDeviceToHost));
-                    ASSERT_EQ(first_mismatch(t, got, want, count), "") << "rk_dev_reduce " << what.str();
+                    ASSERT_EQ(first_mismatch(t, got, want, count), "")
+                        << "rk_dev_reduce " << what.str();
 
                     // rk_dev_prepare vs rk_prepare
                     CUDA_OK(cudaMemcpy(din.p(), hin.data(), bytes, cudaMemcpyHostToDevice));
@@ -175,7 +195,8 @@ TEST_P(DevKernels, MatchHostKernels) {
                     ASSERT_EQ(rk_dev_prepare(pdst, din.p(), count, &op, stream), ncclSuccess);
                     CUDA_OK(cudaStreamSynchronize(stream));
                     CUDA_OK(cudaMemcpy(got.data(), pdst, bytes, cudaMemcpyDeviceToHost));
-                    ASSERT_EQ(first_mismatch(t, got, want, count), "") << "rk_dev_prepare " << what.str();
+                    ASSERT_EQ(first_mismatch(t, got, want, count), "")
+                        << "rk_dev_prepare " << what.str();
 
                     // rk_dev_finish vs rk_finish
                     CUDA_OK(cudaMemcpy(din.p(), hacc.data(), bytes, cudaMemcpyHostToDevice));
@@ -183,7 +204,8 @@ TEST_P(DevKernels, MatchHostKernels) {
                     ASSERT_EQ(rk_dev_finish(pdst, din.p(), count, &op, stream), ncclSuccess);
                     CUDA_OK(cudaStreamSynchronize(stream));
                     CUDA_OK(cudaMemcpy(got.data(), pdst, bytes, cudaMemcpyDeviceToHost));
-                    ASSERT_EQ(first_mismatch(t, got, want, count), "") << "rk_dev_finish " << what.str();
+                    ASSERT_EQ(first_mismatch(t, got, want, count), "")
+                        << "rk_dev_finish " << what.str();
                 }
             }
         }
@@ -212,7 +234,8 @@ TEST_P(DevKernels, ReduceNMatchesHost) {
                     else
                         op.scalar.u = 3;
                     size_t bytes = count * es;
-                    std::vector<std::vector<unsigned char>> hins(n, std::vector<unsigned char>(bytes));
+                    std::vector<std::vector<unsigned char>> hins(n,
+                                                                 std::vector<unsigned char>(bytes));
                     std::vector<const void *> hptrs, dptrs;
                     std::vector<DevBuf *> dbufs;
                     for (int k = 0; k < n; k++) {
@@ -227,13 +250,15 @@ TEST_P(DevKernels, ReduceNMatchesHost) {
                     std::vector<unsigned char> want(bytes), got(bytes);
                     rk_reduce_n(want.data(), hptrs.data(), n, count, &op);
                     DevBuf out(bytes, 0);
-                    ASSERT_EQ(rk_dev_reduce_n(out.p(), dptrs.data(), n, count, &op, stream), ncclSuccess);
+                    ASSERT_EQ(rk_dev_reduce_n(out.p(), dptrs.data(), n, count, &op, stream),
+                              ncclSuccess);
                     CUDA_OK(cudaStreamSynchronize(stream));
                     CUDA_OK(cudaMemcpy(got.data(), out.p(), bytes, cudaMemcpyDeviceToHost));
-                    for (DevBuf *b : dbufs) delete b;
+                    for (DevBuf *b : dbufs)
+                        delete b;
                     ASSERT_EQ(first_mismatch(t, got, want, count), "")
-                        << "rk_dev_reduce_n " << chorus_dtype_name(t) << " kind " << kind << " n " << n
-                        << " count " << count << (misalign ? " misaligned" : "");
+                        << "rk_dev_reduce_n " << chorus_dtype_name(t) << " kind " << kind << " n "
+                        << n << " count " << count << (misalign ? " misaligned" : "");
                 }
             }
         }
@@ -251,7 +276,8 @@ TEST(DevCopy, SizesAndOffsets) {
     for (size_t bytes : {0, 1, 15, 16, 17, 4096, 1000003}) {
         for (size_t off : {0, 1, 7}) {
             std::vector<unsigned char> h(bytes), back(bytes);
-            for (auto &c : h) c = (unsigned char)rng();
+            for (auto &c : h)
+                c = (unsigned char)rng();
             DevBuf a(bytes, off), b(bytes, 16 - off);
             ASSERT_TRUE(a.base && b.base);
             CUDA_OK(cudaMemcpy(a.p(), h.data(), bytes, cudaMemcpyHostToDevice));
@@ -274,6 +300,18 @@ TEST(DevErrors, BadDtypeIsInvalidArgument) {
     EXPECT_EQ(rk_dev_reduce(a.p(), a.p(), a.p(), 4, &op, nullptr), ncclInvalidArgument);
     const void *ins[1] = {a.p()};
     EXPECT_EQ(rk_dev_reduce_n(a.p(), ins, 1, 4, &op, nullptr), ncclInvalidArgument);
+    // past one launch's pointer list, dst may not alias a later input (it would be overwritten
+    // before being read): refused, not corrupted
+    op.dtype = ncclFloat32;
+    DevBuf b(64, 0);
+    ASSERT_TRUE(b.base);
+    std::vector<const void *> many(70, b.p());
+    many[69] = a.p();
+    EXPECT_EQ(rk_dev_reduce_n(a.p(), many.data(), 70, 4, &op, nullptr), ncclInvalidUsage);
+    many[69] = b.p();
+    many[0] = a.p();
+    EXPECT_EQ(rk_dev_reduce_n(a.p(), many.data(), 70, 4, &op, nullptr), ncclSuccess);
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
 }
 
 } // namespace

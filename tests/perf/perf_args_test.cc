@@ -15,8 +15,7 @@ struct Parsed {
     std::string err;
 };
 
-Parsed parse(std::vector<std::string> args)
-{
+Parsed parse(std::vector<std::string> args) {
     args.insert(args.begin(), "all_reduce_perf");
     std::vector<char *> argv;
     for (auto &s : args)
@@ -28,13 +27,11 @@ Parsed parse(std::vector<std::string> args)
     p.rc = perf_args_parse((int)args.size(), argv.data(), &p.a, err, sizeof(err));
     p.err = err;
     // json_path points into args, which dies here: keep only whether it was set.
-    if (p.a.json_path)
-        p.a.json_path = "set";
+    if (p.a.json_path) p.a.json_path = "set";
     return p;
 }
 
-TEST(PerfArgs, DefaultsMatchNcclTests)
-{
+TEST(PerfArgs, DefaultsMatchNcclTests) {
     Parsed p = parse({});
     ASSERT_EQ(p.rc, 0) << p.err;
     EXPECT_EQ(p.a.nthreads, 1);
@@ -56,13 +53,13 @@ TEST(PerfArgs, DefaultsMatchNcclTests)
     EXPECT_EQ(p.a.json_path, nullptr);
 }
 
-TEST(PerfArgs, EveryShortFlag)
-{
-    Parsed p = parse({"-t", "3", "-g", "2", "-b", "8", "-e", "128M", "-i", "64K", "-f", "2",
-                      "-n", "7", "-w", "4", "-m", "5", "-N", "2", "-p", "1", "-c", "3", "-o",
-                      "max", "-d", "bfloat16", "-r", "1", "-z", "3", "-y", "1", "-T", "30", "-G",
-                      "4", "-C", "1", "-a", "3", "-u", "1", "-J", "out.json", "-R", "2", "-M",
-                      "1", "-I", "1", "-K", "2"});
+TEST(PerfArgs, EveryShortFlag) {
+    Parsed p =
+        parse({"-t", "3",        "-g", "2",   "-b", "8",        "-e", "128M", "-i", "64K", "-f",
+               "2",  "-n",       "7",  "-w",  "4",  "-m",       "5",  "-N",   "2",  "-p",  "1",
+               "-c", "3",        "-o", "max", "-d", "bfloat16", "-r", "1",    "-z", "3",   "-y",
+               "1",  "-T",       "30", "-G",  "4",  "-C",       "1",  "-a",   "3",  "-u",  "1",
+               "-J", "out.json", "-R", "2",   "-M", "1",        "-I", "1",    "-K", "2"});
     ASSERT_EQ(p.rc, 0) << p.err;
     EXPECT_EQ(p.a.nthreads, 3);
     EXPECT_EQ(p.a.ngpus, 2);
@@ -93,12 +90,36 @@ TEST(PerfArgs, EveryShortFlag)
     EXPECT_EQ(p.a.per_iter_skip, 2);
 }
 
-TEST(PerfArgs, LongFlags)
-{
-    Parsed p = parse({"--nthreads", "2", "--minbytes", "1K", "--maxbytes", "1G", "--stepfactor",
-                      "4", "--iters", "3", "--warmup_iters", "0", "--agg_iters", "2", "--op",
-                      "avg", "--datatype", "int64", "--root=-1", "--blocking", "1", "--average",
-                      "0", "--check", "0", "--memory", "host", "--output_file", "x.json"});
+TEST(PerfArgs, LongFlags) {
+    Parsed p = parse({"--nthreads",
+                      "2",
+                      "--minbytes",
+                      "1K",
+                      "--maxbytes",
+                      "1G",
+                      "--stepfactor",
+                      "4",
+                      "--iters",
+                      "3",
+                      "--warmup_iters",
+                      "0",
+                      "--agg_iters",
+                      "2",
+                      "--op",
+                      "avg",
+                      "--datatype",
+                      "int64",
+                      "--root=-1",
+                      "--blocking",
+                      "1",
+                      "--average",
+                      "0",
+                      "--check",
+                      "0",
+                      "--memory",
+                      "host",
+                      "--output_file",
+                      "x.json"});
     ASSERT_EQ(p.rc, 0) << p.err;
     EXPECT_EQ(p.a.nthreads, 2);
     EXPECT_EQ(p.a.min_bytes, 1024u);
@@ -116,8 +137,7 @@ TEST(PerfArgs, LongFlags)
     EXPECT_EQ(p.a.memory, PERF_MEM_HOST);
 }
 
-TEST(PerfArgs, MemoryFlagForms)
-{
+TEST(PerfArgs, MemoryFlagForms) {
     EXPECT_EQ(parse({"-m", "host"}).a.memory, PERF_MEM_HOST);
     EXPECT_EQ(parse({"-m", "device"}).a.memory, PERF_MEM_DEVICE);
     EXPECT_EQ(parse({"-m", "DEVICE"}).a.memory, PERF_MEM_DEVICE);
@@ -133,8 +153,7 @@ TEST(PerfArgs, MemoryFlagForms)
     EXPECT_EQ(parse({"--memory", "2"}).rc, -1);
 }
 
-TEST(PerfArgs, AllLoops)
-{
+TEST(PerfArgs, AllLoops) {
     EXPECT_EQ(parse({"-o", "all"}).a.op, -1);
     EXPECT_EQ(parse({"-d", "all"}).a.dtype, -1);
     EXPECT_EQ(parse({"-o", "mulsum"}).a.op, PERF_OP_MULSUM);
@@ -144,8 +163,7 @@ TEST(PerfArgs, AllLoops)
     EXPECT_EQ(parse({"-d", "char"}).a.dtype, (int)ncclInt8);
 }
 
-TEST(PerfArgs, Sizes)
-{
+TEST(PerfArgs, Sizes) {
     size_t v = 0;
     EXPECT_EQ(perf_parse_size("8", &v), 0);
     EXPECT_EQ(v, 8u);
@@ -169,22 +187,41 @@ TEST(PerfArgs, Sizes)
         EXPECT_EQ(perf_parse_size(bad, &v), -1) << bad;
 }
 
-TEST(PerfArgs, BadValuesAreErrorsNamingTheFlag)
-{
+TEST(PerfArgs, BadValuesAreErrorsNamingTheFlag) {
     struct Case {
         std::vector<std::string> args;
         const char *needle;
     } cases[] = {
-        {{"-n", "abc"}, "-n"},        {{"-n", "0"}, "-n"},         {{"-n", "5x"}, "-n"},
-        {{"-t", "0"}, "-t"},          {{"-g", "-1"}, "-g"},        {{"-b", "huge"}, "-b"},
-        {{"-e", "12Q"}, "-e"},        {{"-i", "x"}, "-i"},         {{"-f", "0"}, "-f"},
-        {{"-w", "-1"}, "-w"},         {{"-c", "-2"}, "-c"},        {{"-o", "xor"}, "-o"},
-        {{"-d", "float128"}, "-d"},   {{"-r", "-2"}, "-r"},        {{"-z", "4"}, "-z"},
-        {{"-y", "2"}, "-y"},          {{"-a", "4"}, "-a"},         {{"-p", "2"}, "-p"},
-        {{"-C", "7"}, "-C"},          {{"-R", "3"}, "-R"},         {{"-M", "5"}, "-M"},
-        {{"-I", "2"}, "-I"},          {{"-T", "-5"}, "-T"},        {{"-G", "x"}, "-G"},
-        {{"-u", "-1"}, "-u"},         {{"-N", "-1"}, "-N"},        {{"-x"}, "-x"},
-        {{"--bogus"}, "--bogus"},     {{"-n"}, "-n"},              {{"stray"}, "stray"},
+        {{"-n", "abc"}, "-n"},
+        {{"-n", "0"}, "-n"},
+        {{"-n", "5x"}, "-n"},
+        {{"-t", "0"}, "-t"},
+        {{"-g", "-1"}, "-g"},
+        {{"-b", "huge"}, "-b"},
+        {{"-e", "12Q"}, "-e"},
+        {{"-i", "x"}, "-i"},
+        {{"-f", "0"}, "-f"},
+        {{"-w", "-1"}, "-w"},
+        {{"-c", "-2"}, "-c"},
+        {{"-o", "xor"}, "-o"},
+        {{"-d", "float128"}, "-d"},
+        {{"-r", "-2"}, "-r"},
+        {{"-z", "4"}, "-z"},
+        {{"-y", "2"}, "-y"},
+        {{"-a", "4"}, "-a"},
+        {{"-p", "2"}, "-p"},
+        {{"-C", "7"}, "-C"},
+        {{"-R", "3"}, "-R"},
+        {{"-M", "5"}, "-M"},
+        {{"-I", "2"}, "-I"},
+        {{"-T", "-5"}, "-T"},
+        {{"-G", "x"}, "-G"},
+        {{"-u", "-1"}, "-u"},
+        {{"-N", "-1"}, "-N"},
+        {{"-x"}, "-x"},
+        {{"--bogus"}, "--bogus"},
+        {{"-n"}, "-n"},
+        {{"stray"}, "stray"},
         {{"-b", "2M", "-e", "1M"}, "minbytes"},
         {{"-b", "1M", "-e", "2M", "-i", "0"}, "stepbytes"},
         {{"-n", "5", "-K", "5"}, "-K"},
@@ -199,8 +236,7 @@ TEST(PerfArgs, BadValuesAreErrorsNamingTheFlag)
     }
 }
 
-TEST(PerfArgs, HelpAndReparse)
-{
+TEST(PerfArgs, HelpAndReparse) {
     EXPECT_EQ(parse({"-h"}).rc, 1);
     EXPECT_EQ(parse({"--help"}).rc, 1);
     // getopt state is reset on each call: a second parse sees its own flags from the start.
@@ -208,8 +244,7 @@ TEST(PerfArgs, HelpAndReparse)
     EXPECT_EQ(parse({"-n", "4"}).a.iters, 4);
 }
 
-TEST(PerfArgs, SweepSizes)
-{
+TEST(PerfArgs, SweepSizes) {
     size_t sizes[64];
     Parsed p = parse({"-b", "8", "-e", "1M", "-f", "4"});
     int n = perf_args_sizes(&p.a, sizes, 64);

@@ -6,8 +6,7 @@
 
 namespace {
 
-TEST(PerfColl, Names)
-{
+TEST(PerfColl, Names) {
     EXPECT_STREQ(perf_coll_prog(PERF_ALL_REDUCE), "all_reduce_perf");
     EXPECT_STREQ(perf_coll_prog(PERF_HYPERCUBE), "hypercube_perf");
     EXPECT_TRUE(perf_coll_has_op(PERF_REDUCE_SCATTER));
@@ -19,8 +18,7 @@ TEST(PerfColl, Names)
     EXPECT_TRUE(perf_coll_checks_inplace(PERF_ALL_GATHER));
 }
 
-TEST(PerfColl, CountsAllReduce)
-{
+TEST(PerfColl, CountsAllReduce) {
     perf_counts_t c;
     perf_coll_counts(PERF_ALL_REDUCE, 1 << 20, 4, 3, &c);
     EXPECT_EQ(c.sendcount, 262144u);
@@ -30,8 +28,7 @@ TEST(PerfColl, CountsAllReduce)
     EXPECT_EQ(c.recv_inplace_off, 0u);
 }
 
-TEST(PerfColl, CountsSplitCollectivesRoundTo16Bytes)
-{
+TEST(PerfColl, CountsSplitCollectivesRoundTo16Bytes) {
     perf_counts_t c;
     // 1000 floats over 3 ranks: 333 per rank, rounded down to a multiple of 4 floats -> 332.
     perf_coll_counts(PERF_ALL_GATHER, 4000, 4, 3, &c);
@@ -72,29 +69,26 @@ TEST(PerfColl, CountsSplitCollectivesRoundTo16Bytes)
     EXPECT_EQ(c.paramcount, 2u);
 }
 
-TEST(PerfColl, CountsHypercube)
-{
+TEST(PerfColl, CountsHypercube) {
     perf_counts_t c;
     perf_coll_counts(PERF_HYPERCUBE, 4000, 4, 4, &c); // 1000 elements, 4 per rank multiple
-    EXPECT_EQ(c.paramcount, 248u);                   // 1000/16*4
+    EXPECT_EQ(c.paramcount, 248u);                    // 1000/16*4
     EXPECT_EQ(c.recvcount, 992u);
     EXPECT_EQ(c.send_inplace_off, 248u);
 }
 
-TEST(PerfColl, BusFactors)
-{
+TEST(PerfColl, BusFactors) {
     EXPECT_DOUBLE_EQ(perf_coll_bus_factor(PERF_ALL_REDUCE, 4), 1.5);
     EXPECT_DOUBLE_EQ(perf_coll_bus_factor(PERF_ALL_REDUCE, 2), 1.0);
     EXPECT_DOUBLE_EQ(perf_coll_bus_factor(PERF_ALL_REDUCE, 1), 0.0);
-    for (perf_coll_t c : {PERF_ALL_GATHER, PERF_REDUCE_SCATTER, PERF_ALLTOALL, PERF_GATHER,
-                          PERF_SCATTER})
+    for (perf_coll_t c :
+         {PERF_ALL_GATHER, PERF_REDUCE_SCATTER, PERF_ALLTOALL, PERF_GATHER, PERF_SCATTER})
         EXPECT_DOUBLE_EQ(perf_coll_bus_factor(c, 8), 7.0 / 8.0) << perf_coll_prog(c);
     for (perf_coll_t c : {PERF_BROADCAST, PERF_REDUCE, PERF_SENDRECV, PERF_HYPERCUBE})
         EXPECT_DOUBLE_EQ(perf_coll_bus_factor(c, 8), 1.0) << perf_coll_prog(c);
 }
 
-TEST(PerfColl, Bandwidth)
-{
+TEST(PerfColl, Bandwidth) {
     double alg, bus;
     // all-reduce of 1e6 floats in 1 ms over 4 ranks: 4 GB/s algbw, busbw x 1.5.
     perf_coll_bw(PERF_ALL_REDUCE, 1000000, 4, 1e-3, 4, &alg, &bus);
@@ -119,8 +113,7 @@ TEST(PerfColl, Bandwidth)
     EXPECT_EQ(alg, 0.0);
 }
 
-TEST(PerfStats, MedianPercentileReduce)
-{
+TEST(PerfStats, MedianPercentileReduce) {
     double v[] = {5, 1, 4, 2, 3};
     EXPECT_DOUBLE_EQ(perf_stat_median(v, 5), 3.0);
     double w[] = {4, 1, 3, 2};

@@ -19,23 +19,20 @@
 
 namespace {
 
-double round_to(ncclDataType_t dt, double v)
-{
+double round_to(ncclDataType_t dt, double v) {
     unsigned char b[8];
     perf_elem_set(dt, b, v);
     return perf_elem_get(dt, b);
 }
 
-double get(ncclDataType_t dt, const std::vector<unsigned char> &buf, size_t i)
-{
+double get(ncclDataType_t dt, const std::vector<unsigned char> &buf, size_t i) {
     return perf_elem_get(dt, buf.data() + i * perf_dtype_size(dt));
 }
 
 // Reduce inputs[r][e] over ranks in the order `order`, rounding after every step.
 std::vector<unsigned char> reduce_ref(ncclDataType_t dt, int op, int n,
                                       const std::vector<std::vector<unsigned char>> &in,
-                                      size_t count, const std::vector<int> &order)
-{
+                                      size_t count, const std::vector<int> &order) {
     size_t elt = perf_dtype_size(dt);
     std::vector<unsigned char> out(count * elt);
     bool fl = perf_dtype_is_float(dt);
@@ -53,26 +50,32 @@ std::vector<unsigned char> reduce_ref(ncclDataType_t dt, int op, int n,
                 continue;
             }
             switch (op) {
-            case ncclProd: acc = acc * x; break;
-            case ncclMax: acc = std::max(acc, x); break;
-            case ncclMin: acc = std::min(acc, x); break;
-            default: acc = acc + x; break;
+            case ncclProd:
+                acc = acc * x;
+                break;
+            case ncclMax:
+                acc = std::max(acc, x);
+                break;
+            case ncclMin:
+                acc = std::min(acc, x);
+                break;
+            default:
+                acc = acc + x;
+                break;
             }
             acc = round_to(dt, acc);
         }
-        if (op == ncclAvg && !fl)
-            acc = std::trunc(acc / n);
+        if (op == ncclAvg && !fl) acc = std::trunc(acc / n);
         perf_elem_set(dt, out.data() + e * elt, acc);
     }
     return out;
 }
 
-const ncclDataType_t kTypes[] = {ncclInt8,    ncclUint8,   ncclInt32,    ncclUint32,
-                                 ncclInt64,   ncclUint64,  ncclFloat16,  ncclFloat32,
+const ncclDataType_t kTypes[] = {ncclInt8,    ncclUint8,    ncclInt32,      ncclUint32,
+                                 ncclInt64,   ncclUint64,   ncclFloat16,    ncclFloat32,
                                  ncclFloat64, ncclBfloat16, ncclFloat8e4m3, ncclFloat8e5m2};
 
-TEST(PerfData, AllReduceExactInAnyOrder)
-{
+TEST(PerfData, AllReduceExactInAnyOrder) {
     const size_t count = 3000; // spans the period (1021) and wraps
     for (ncclDataType_t dt : kTypes) {
         for (int op = 0; op < PERF_NOPS; op++) {
@@ -93,8 +96,7 @@ TEST(PerfData, AllReduceExactInAnyOrder)
                 rev.assign(fwd.rbegin(), fwd.rend());
                 for (int i = 0; i < n; i++)
                     odd[i] = (i * 5 + 3) % n; // another order (a permutation when gcd(5,n)=1)
-                if (n % 5 == 0)
-                    odd = fwd;
+                if (n % 5 == 0) odd = fwd;
                 for (const auto &order : {fwd, rev, odd}) {
                     auto out = reduce_ref(dt, op, n, in, count, order);
                     EXPECT_EQ(perf_data_check(d, PERF_ALL_REDUCE, 0, 0, seed, out.data(), &c), 0)
@@ -126,8 +128,7 @@ TEST(PerfData, AllReduceExactInAnyOrder)
     }
 }
 
-TEST(PerfData, InputsAreNotTrivial)
-{
+TEST(PerfData, InputsAreNotTrivial) {
     // Enough distinct values, and ranks differ, so misplaced data is caught.
     for (ncclDataType_t dt : kTypes) {
         perf_data_t *d = perf_data_create(dt, ncclSum, 4);
@@ -153,8 +154,7 @@ TEST(PerfData, InputsAreNotTrivial)
 
 // Simulate the data-movement collectives and the splitting reductions on n ranks and check every
 // rank's output; then shift one rank's output by one block and expect errors.
-TEST(PerfData, EveryCollectiveLayout)
-{
+TEST(PerfData, EveryCollectiveLayout) {
     const int n = 3;
     const ncclDataType_t dt = ncclFloat32;
     const size_t elt = 4, bytes = 4096 * 3;
@@ -226,10 +226,9 @@ TEST(PerfData, EveryCollectiveLayout)
     }
 }
 
-TEST(PerfData, PoisonIsNeverAnExpectedFloat)
-{
-    for (ncclDataType_t dt : {ncclFloat16, ncclFloat32, ncclFloat64, ncclBfloat16,
-                              ncclFloat8e4m3, ncclFloat8e5m2}) {
+TEST(PerfData, PoisonIsNeverAnExpectedFloat) {
+    for (ncclDataType_t dt :
+         {ncclFloat16, ncclFloat32, ncclFloat64, ncclBfloat16, ncclFloat8e4m3, ncclFloat8e5m2}) {
         unsigned char b[8];
         perf_data_poison(b, sizeof(b));
         double v = perf_elem_get(dt, b);
@@ -237,31 +236,26 @@ TEST(PerfData, PoisonIsNeverAnExpectedFloat)
     }
 }
 
-TEST(PerfDtype, SmallFloatsRoundTripEveryPattern)
-{
+TEST(PerfDtype, SmallFloatsRoundTripEveryPattern) {
     for (uint32_t b = 0; b < 65536; b++) {
         double h = perf_half_to_float((uint16_t)b);
-        if (!std::isnan(h))
-            EXPECT_EQ(perf_float_to_half(h), b) << b;
+        if (!std::isnan(h)) EXPECT_EQ(perf_float_to_half(h), b) << b;
         double f = perf_bf16_to_float((uint16_t)b);
-        if (!std::isnan(f))
-            EXPECT_EQ(perf_float_to_bf16(f), b) << b;
+        if (!std::isnan(f)) EXPECT_EQ(perf_float_to_bf16(f), b) << b;
     }
     for (uint32_t b = 0; b < 256; b++) {
         for (int e5 = 0; e5 < 2; e5++) {
             double v = perf_fp8_to_float((uint8_t)b, e5);
-            if (!std::isnan(v))
-                EXPECT_EQ(perf_float_to_fp8(v, e5), b) << b << " e5m2=" << e5;
+            if (!std::isnan(v)) EXPECT_EQ(perf_float_to_fp8(v, e5), b) << b << " e5m2=" << e5;
         }
     }
 }
 
-TEST(PerfDtype, KnownEncodings)
-{
+TEST(PerfDtype, KnownEncodings) {
     EXPECT_EQ(perf_float_to_half(1.0), 0x3c00);
     EXPECT_EQ(perf_float_to_half(-2.0), 0xc000);
     EXPECT_EQ(perf_float_to_half(65504.0), 0x7bff);
-    EXPECT_EQ(perf_float_to_half(1e6), 0x7c00); // overflow -> inf
+    EXPECT_EQ(perf_float_to_half(1e6), 0x7c00);              // overflow -> inf
     EXPECT_EQ(perf_float_to_half(1.0 + 1.0 / 2048), 0x3c00); // tie -> even
     EXPECT_DOUBLE_EQ(perf_half_to_float(0x0001), std::ldexp(1.0, -24));
     EXPECT_EQ(perf_float_to_bf16(1.0), 0x3f80);

@@ -11,23 +11,19 @@ namespace {
 
 std::map<std::string, std::string> g_env;
 
-const char *fake_getenv(const char *name)
-{
+const char *fake_getenv(const char *name) {
     auto it = g_env.find(name);
     return it == g_env.end() ? nullptr : it->second.c_str();
 }
 
-int read(perf_env_t *e, std::string *err = nullptr)
-{
+int read(perf_env_t *e, std::string *err = nullptr) {
     char buf[512] = "";
     int rc = perf_env_read(fake_getenv, e, buf, sizeof(buf));
-    if (err)
-        *err = buf;
+    if (err) *err = buf;
     return rc;
 }
 
-TEST(PerfEnv, NoLauncherIsOneProcess)
-{
+TEST(PerfEnv, NoLauncherIsOneProcess) {
     g_env = {};
     perf_env_t e;
     ASSERT_EQ(read(&e), 0);
@@ -36,10 +32,12 @@ TEST(PerfEnv, NoLauncherIsOneProcess)
     EXPECT_STREQ(e.comm_id, "");
 }
 
-TEST(PerfEnv, Torchrun)
-{
-    g_env = {{"RANK", "3"}, {"WORLD_SIZE", "4"}, {"LOCAL_RANK", "1"},
-             {"MASTER_ADDR", "10.0.0.7"}, {"MASTER_PORT", "29500"}};
+TEST(PerfEnv, Torchrun) {
+    g_env = {{"RANK", "3"},
+             {"WORLD_SIZE", "4"},
+             {"LOCAL_RANK", "1"},
+             {"MASTER_ADDR", "10.0.0.7"},
+             {"MASTER_PORT", "29500"}};
     perf_env_t e;
     ASSERT_EQ(read(&e), 0);
     EXPECT_EQ(e.proc, 3);
@@ -48,18 +46,18 @@ TEST(PerfEnv, Torchrun)
     EXPECT_STREQ(e.comm_id, "10.0.0.7:29500");
 }
 
-TEST(PerfEnv, ExistingCommIdWins)
-{
+TEST(PerfEnv, ExistingCommIdWins) {
     g_env = {{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"NCCL_COMM_ID", "h:1"}};
     perf_env_t e;
     ASSERT_EQ(read(&e), 0);
     EXPECT_STREQ(e.comm_id, ""); // nothing to set
 }
 
-TEST(PerfEnv, OpenMpiAndSlurm)
-{
-    g_env = {{"OMPI_COMM_WORLD_RANK", "1"}, {"OMPI_COMM_WORLD_SIZE", "2"},
-             {"OMPI_COMM_WORLD_LOCAL_RANK", "1"}, {"MASTER_ADDR", "fe80::1"},
+TEST(PerfEnv, OpenMpiAndSlurm) {
+    g_env = {{"OMPI_COMM_WORLD_RANK", "1"},
+             {"OMPI_COMM_WORLD_SIZE", "2"},
+             {"OMPI_COMM_WORLD_LOCAL_RANK", "1"},
+             {"MASTER_ADDR", "fe80::1"},
              {"MASTER_PORT", "1234"}};
     perf_env_t e;
     ASSERT_EQ(read(&e), 0);
@@ -67,7 +65,9 @@ TEST(PerfEnv, OpenMpiAndSlurm)
     EXPECT_STREQ(e.source, "Open MPI");
     EXPECT_STREQ(e.comm_id, "[fe80::1]:1234");
 
-    g_env = {{"SLURM_PROCID", "5"}, {"SLURM_NTASKS", "8"}, {"SLURM_LOCALID", "1"},
+    g_env = {{"SLURM_PROCID", "5"},
+             {"SLURM_NTASKS", "8"},
+             {"SLURM_LOCALID", "1"},
              {"NCCL_COMM_ID", "node0:5000"}};
     ASSERT_EQ(read(&e), 0);
     EXPECT_EQ(e.proc, 5);
@@ -76,8 +76,7 @@ TEST(PerfEnv, OpenMpiAndSlurm)
     EXPECT_STREQ(e.source, "Slurm");
 }
 
-TEST(PerfEnv, Errors)
-{
+TEST(PerfEnv, Errors) {
     std::string err;
     perf_env_t e;
     g_env = {{"RANK", "0"}, {"WORLD_SIZE", "2"}};

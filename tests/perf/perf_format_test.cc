@@ -14,15 +14,13 @@
 
 namespace {
 
-std::string fstr(double v, int w)
-{
+std::string fstr(double v, int w) {
     char buf[64];
     perf_float_str(v, w, buf, sizeof(buf));
     return buf;
 }
 
-TEST(PerfFormat, AdaptiveNumbers)
-{
+TEST(PerfFormat, AdaptiveNumbers) {
     EXPECT_EQ(fstr(0.5, 6), "  0.50");
     EXPECT_EQ(fstr(123.456, 6), "123.46");
     EXPECT_EQ(fstr(1234.5, 6), "1234.5");
@@ -37,8 +35,7 @@ TEST(PerfFormat, AdaptiveNumbers)
     EXPECT_EQ(fstr(0.0, 6), "  0.00");
 }
 
-TEST(PerfFormat, HeaderIsNcclTests)
-{
+TEST(PerfFormat, HeaderIsNcclTests) {
     char buf[2048];
     perf_fmt_table_header(buf, sizeof(buf), 0, 0);
     const std::string golden =
@@ -53,8 +50,7 @@ TEST(PerfFormat, HeaderIsNcclTests)
     EXPECT_NE(std::string(buf).find("  cputime   algbw"), std::string::npos);
 }
 
-TEST(PerfFormat, ExtraColumnsComeLast)
-{
+TEST(PerfFormat, ExtraColumnsComeLast) {
     char plain[2048], extra[2048];
     perf_fmt_table_header(plain, sizeof(plain), 0, 0);
     perf_fmt_table_header(extra, sizeof(extra), 0, 1);
@@ -71,8 +67,7 @@ TEST(PerfFormat, ExtraColumnsComeLast)
     EXPECT_NE(std::string(extra).find("p50"), std::string::npos);
 }
 
-TEST(PerfFormat, Rows)
-{
+TEST(PerfFormat, Rows) {
     char a[256], b[256], c[256];
     perf_fmt_row_prefix(a, sizeof(a), 8, 2, "float", "sum", -1);
     perf_fmt_row_body(b, sizeof(b), 0.79, 0.01, 0.01, 0);
@@ -91,8 +86,7 @@ TEST(PerfFormat, Rows)
     EXPECT_EQ(std::string(c), "        -        -        -       -");
 }
 
-TEST(PerfFormat, ParamsLine)
-{
+TEST(PerfFormat, ParamsLine) {
     perf_args_t a;
     perf_args_default(&a);
     a.min_bytes = 8;
@@ -108,8 +102,7 @@ TEST(PerfFormat, ParamsLine)
     EXPECT_NE(std::string(buf).find("step: 1048576(bytes)"), std::string::npos);
 }
 
-TEST(PerfFormat, JsonReport)
-{
+TEST(PerfFormat, JsonReport) {
     char path[] = "/tmp/perf_json_testXXXXXX";
     int fd = mkstemp(path);
     ASSERT_GE(fd, 0);
@@ -154,8 +147,7 @@ TEST(PerfFormat, JsonReport)
     EXPECT_EQ(s.find("[,"), std::string::npos);
 }
 
-TEST(PerfFormat, JsonEscape)
-{
+TEST(PerfFormat, JsonEscape) {
     char out[64];
     perf_json_escape("a\"b\\c\nd\x01", out, sizeof(out));
     EXPECT_STREQ(out, "a\\\"b\\\\c\\nd\\u0001");

@@ -41,20 +41,49 @@ struct Stream {
     int src = 0, dst = 0;
     size_t msg = 0, off = 0;
     uint64_t chunks = 0;
+    bool direct = false;        // sender: whole messages from a user buffer when the conn allows
+    bool draining = false;      // a direct message is out; its buffer must stay until drained
+    std::vector<uint8_t> buf;   // user buffer of direct sends and receives
+    uint64_t direct_chunks = 0;
     bool done() const { return msg >= sizes.size(); }
 };
 
 // Try to move one chunk. 1: moved, 0: not ready, -1: error (logged to stderr).
 int send_step(Stream &s, ncclResult_t *res_p) {
     if (s.done()) return 0;
+    ncclResult_t r;
+    if (s.draining) {
+        int drained = 0;
+        if ((r = s.conn->ops->send_drained(s.conn, &drained)) != ncclSuccess) {
+            *res_p = r;
+            return -1;
+        }
+        if (!drained) return 0;
+        s.draining = false;
+        s.msg++;
+        return 1;
+    }
     void *slot = nullptr;
     int ready = 0;
-    ncclResult_t r = s.conn->ops->send_acquire(s.conn, &slot, &ready);
+    r = s.conn->ops->send_acquire(s.conn, &slot, &ready);
     if (r != ncclSuccess) {
         *res_p = r;
         return -1;
     }
     if (!ready) return 0;
+    size_t m = s.sizes[s.msg];
+    if (s.direct && s.conn->direct && s.off == 0 && m >= s.conn->direct_threshold) {
+        if (s.buf.size() < m) s.buf.resize(m);
+        pattern_fill(s.buf.data(), pattern_seed(s.src, s.dst, s.msg), 0, m);
+        if ((r = s.conn->ops->send_commit_direct(s.conn, s.buf.data(), m)) != ncclSuccess) {
+            *res_p = r;
+            return -1;
+        }
+        s.chunks++;
+        s.direct_chunks++;
+        s.draining = true;
+        return 1;
+    }
     size_t n = s.sizes[s.msg] - s.off;
     if (n > s.conn->slot_bytes) n = s.conn->slot_bytes;
     pattern_fill(slot, pattern_seed(s.src, s.dst, s.msg), s.off, n);
@@ -85,6 +114,17 @@ int recv_step(Stream &s, ncclResult_t *res_p) {
     if (!ready) return 0;
     size_t n = s.sizes[s.msg] - s.off;
     if (n > s.conn->slot_bytes) n = s.conn->slot_bytes;
+    if (data == nullptr && s.off == 0 && bytes == s.sizes[s.msg]) {
+        // A direct chunk: the whole message, read from the socket into our buffer.
+        n = bytes;
+        if (s.buf.size() < n) s.buf.resize(n);
+        if ((r = s.conn->ops->recv_copy(s.conn, s.buf.data(), n)) != ncclSuccess) {
+            *res_p = r;
+            return -1;
+        }
+        data = s.buf.data();
+        s.direct_chunks++;
+    }
     if (bytes != n || data == nullptr) {
         fprintf(stderr, "rank %d: chunk %llu of message %zu from %d has %zu bytes, expected %zu\n",
                 s.dst, (unsigned long long)s.chunks, s.msg, s.src, bytes, n);
@@ -150,12 +190,14 @@ struct TcpCase {
     const char *min_split; // CHORUS_SOCKET_MIN_SPLIT
     const char *buffsize;  // NCCL_BUFFSIZE
     size_t max_bytes;      // largest message
+    bool direct;           // large messages by send_commit_direct / recv_copy
 };
 
 std::string case_name(const testing::TestParamInfo<TcpCase> &info) {
     const TcpCase &c = info.param;
     std::string n = std::string(launch_name(c.how)) + "_" + std::to_string(c.nranks) + "ranks_t" +
-                    c.nthreads + "x" + c.per + "_split" + c.min_split + "_buf" + c.buffsize;
+                    c.nthreads + "x" + c.per + "_split" + c.min_split + "_buf" + c.buffsize +
+                    (c.direct ? "_direct" : "");
     return n;
 }
 
@@ -169,7 +211,7 @@ std::vector<size_t> message_sizes(size_t max_bytes) {
 
 // Ring: every rank sends to rank+1 and receives from rank-1 at the same time (for 2 ranks this is
 // both directions between the same pair).
-int ring_rank(const chorus_unique_id_t &id, int rank, int nranks, size_t max_bytes) {
+int ring_rank(const chorus_unique_id_t &id, int rank, int nranks, size_t max_bytes, bool direct) {
     ncclComm *comm = nullptr;
     RANK_NCCL(transport_comm_init(id, rank, nranks, &comm));
     int next = (rank + 1) % nranks, prev = (rank + nranks - 1) % nranks;
@@ -190,6 +232,7 @@ int ring_rank(const chorus_unique_id_t &id, int rank, int nranks, size_t max_byt
     tx.src = rank;
     tx.dst = next;
     tx.sizes = message_sizes(max_bytes);
+    tx.direct = direct;
     rx.conn = &rc;
     rx.src = prev;
     rx.dst = rank;
@@ -202,6 +245,13 @@ int ring_rank(const chorus_unique_id_t &id, int rank, int nranks, size_t max_byt
     }
     RANK_CHECK(tx.chunks == rx.chunks, "sent %llu chunks, received %llu",
                (unsigned long long)tx.chunks, (unsigned long long)rx.chunks);
+    // Direct chunks went exactly for the messages from the threshold up, when asked for.
+    uint64_t want_direct = 0;
+    for (size_t m : tx.sizes) want_direct += direct && sc.direct && m >= sc.direct_threshold;
+    RANK_CHECK(tx.direct_chunks == want_direct && rx.direct_chunks == want_direct,
+               "direct chunks: %llu sent, %llu received, %llu expected",
+               (unsigned long long)tx.direct_chunks, (unsigned long long)rx.direct_chunks,
+               (unsigned long long)want_direct);
     RANK_NCCL(bootstrap_barrier(comm->bs));
     transport_close(&sc);
     transport_close(&rc);
@@ -222,23 +272,27 @@ TEST_P(TcpP2P, RingEveryByteChecked) {
     env.set("CHORUS_TIMEOUT", "60");
     chorus_unique_id_t id = transport_make_id();
     size_t max_bytes = c.max_bytes;
+    bool direct = c.direct;
     RunResult res = run_ranks(
-        c.how, c.nranks, [&](int rank, int n) { return ring_rank(id, rank, n, max_bytes); }, 180);
+        c.how, c.nranks,
+        [&](int rank, int n) { return ring_rank(id, rank, n, max_bytes, direct); }, 180);
     EXPECT_TRUE(res.ok()) << res.detail;
 }
 
 INSTANTIATE_TEST_SUITE_P(
     Tcp, TcpP2P,
     testing::Values(
-        TcpCase{Launch::Threads, 2, "2", "1", "65536", "4194304", 64u << 20},
-        TcpCase{Launch::Forked, 2, "2", "1", "65536", "4194304", 64u << 20},
-        TcpCase{Launch::Threads, 2, "0", "2", "65536", "4194304", 64u << 20},
-        TcpCase{Launch::Forked, 2, "1", "4", "4096", "1048576", 16u << 20},
-        TcpCase{Launch::Forked, 2, "2", "1", "65536", "65536", 4u << 20},
-        TcpCase{Launch::Threads, 3, "1", "3", "4096", "4194304", 4u << 20},
-        TcpCase{Launch::Forked, 5, "2", "2", "16384", "2097152", 4u << 20},
-        TcpCase{Launch::Threads, 8, "1", "1", "65536", "4194304", 1u << 20},
-        TcpCase{Launch::Forked, 8, "2", "1", "65536", "4194304", 4u << 20}),
+        TcpCase{Launch::Threads, 2, "1", "1", "65536", "4194304", 64u << 20, false},
+        TcpCase{Launch::Forked, 2, "1", "1", "65536", "4194304", 64u << 20, false},
+        TcpCase{Launch::Threads, 2, "2", "1", "65536", "4194304", 64u << 20, true},
+        TcpCase{Launch::Forked, 2, "1", "1", "65536", "4194304", 64u << 20, true},
+        TcpCase{Launch::Threads, 2, "0", "2", "65536", "4194304", 64u << 20, false},
+        TcpCase{Launch::Forked, 2, "1", "4", "4096", "1048576", 16u << 20, false},
+        TcpCase{Launch::Forked, 2, "2", "1", "65536", "65536", 4u << 20, true},
+        TcpCase{Launch::Threads, 3, "1", "3", "4096", "4194304", 4u << 20, true},
+        TcpCase{Launch::Forked, 5, "2", "2", "16384", "2097152", 4u << 20, false},
+        TcpCase{Launch::Threads, 8, "1", "1", "65536", "4194304", 1u << 20, true},
+        TcpCase{Launch::Forked, 8, "2", "1", "65536", "4194304", 4u << 20, false}),
     case_name);
 
 TEST(TcpUnit, SplitCoversChunk) {

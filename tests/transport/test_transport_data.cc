@@ -28,13 +28,12 @@ class TransportData : public ::testing::TestWithParam<Param> {
         if (!transport_find(name_.c_str()))
             GTEST_SKIP() << "transport " << name_ << " is not in this build";
         env_.set("CHORUS_TRANSPORT", name_.c_str());
-        auto before = shm_leftovers();
-        before_.insert(before.begin(), before.end());
+        before_ = shm_leftovers();
     }
     void TearDown() override {
         if (IsSkipped()) return;
-        for (const auto &f : shm_leftovers())
-            if (!before_.count(f)) ADD_FAILURE() << "left in /dev/shm: " << f;
+        for (const auto &f : shm_leaks_since(before_))
+            ADD_FAILURE() << "left in /dev/shm: " << f;
     }
     void run(int nranks, const TransferPlan &plan, double timeout_s = 120) {
         chorus_unique_id_t id = transport_make_id();
@@ -43,18 +42,20 @@ class TransportData : public ::testing::TestWithParam<Param> {
             timeout_s);
         EXPECT_TRUE(res.ok()) << res.detail;
     }
-    bool is_shm() const { return name_ == "shm"; }
+    bool is_shm() const {
+        return name_ == "shm";
+    }
 
     std::string name_;
     Launch launch_ = Launch::Threads;
     ScopedEnv env_;
-    std::set<std::string> before_;
+    std::vector<std::string> before_;
 };
 
 std::vector<size_t> all_sizes(size_t slot) {
-    return {1,        2,        3,        7,        8,         63,          64,
-            4095,     4096,     4097,     65537,    slot - 1,  slot,        slot + 1,
-            2 * slot, 1 << 20,  (1 << 20) + 3, 4u << 20, (64u << 20)};
+    return {1,          2,     3,        7,    8,        63,       64,      4095,          4096,
+            4097,       65537, slot - 1, slot, slot + 1, 2 * slot, 1 << 20, (1 << 20) + 3, 4u << 20,
+            (64u << 20)};
 }
 
 bool yama_restricts() {
@@ -83,7 +84,8 @@ TEST_P(TransportData, ManyChunksInFlight) {
     env_.set("NCCL_BUFFSIZE", "16384");
     TransferPlan plan;
     plan.edges = both_ways_edges(0, 1);
-    for (size_t i = 0; i < 600; i++) plan.sizes.push_back(1 + (i * 7919) % (3 * 4096));
+    for (size_t i = 0; i < 600; i++)
+        plan.sizes.push_back(1 + (i * 7919) % (3 * 4096));
     plan.copy_out = true;
     run(2, plan);
 }

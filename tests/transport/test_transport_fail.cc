@@ -31,13 +31,12 @@ class TransportFail : public ::testing::TestWithParam<Param> {
             GTEST_SKIP() << "transport " << name_ << " is not in this build";
         env_.set("CHORUS_TRANSPORT", name_.c_str());
         env_.set("CHORUS_TIMEOUT", "5");
-        auto before = shm_leftovers();
-        before_.insert(before.begin(), before.end());
+        before_ = shm_leftovers();
     }
     void TearDown() override {
         if (IsSkipped()) return;
-        for (const auto &f : shm_leftovers())
-            if (!before_.count(f)) ADD_FAILURE() << "left in /dev/shm: " << f;
+        for (const auto &f : shm_leaks_since(before_))
+            ADD_FAILURE() << "left in /dev/shm: " << f;
     }
     RunResult run(const TransferPlan &plan) {
         chorus_unique_id_t id = transport_make_id();
@@ -56,14 +55,15 @@ class TransportFail : public ::testing::TestWithParam<Param> {
     std::string name_;
     Launch launch_ = Launch::Threads;
     ScopedEnv env_;
-    std::set<std::string> before_;
+    std::vector<std::string> before_;
 };
 
 TransferPlan big_plan(std::vector<std::pair<int, int>> edges, int victim, size_t after,
                       TransferPlan::Fail how) {
     TransferPlan plan;
     plan.edges = std::move(edges);
-    for (int i = 0; i < 200; i++) plan.sizes.push_back(1 << 20);
+    for (int i = 0; i < 200; i++)
+        plan.sizes.push_back(1 << 20);
     plan.fail = how;
     plan.fail_rank = victim;
     plan.fail_after = after;
@@ -168,9 +168,9 @@ TEST(TransportRegistry, OrderAndLookup) {
         EXPECT_TRUE(names.insert(t->name).second) << "duplicate " << t->name;
         EXPECT_EQ(transport_find(t->name), t);
         // No op may be NULL: the hot path calls them without testing.
-        EXPECT_TRUE(t->can_connect && t->setup && t->connect && t->send_acquire &&
-                    t->send_commit && t->send_commit_direct && t->send_drained && t->recv_peek &&
-                    t->recv_copy && t->recv_release && t->progress && t->close)
+        EXPECT_TRUE(t->can_connect && t->setup && t->connect && t->send_acquire && t->send_commit &&
+                    t->send_commit_direct && t->send_drained && t->recv_peek && t->recv_copy &&
+                    t->recv_release && t->progress && t->close)
             << t->name;
     }
     if (const chorus_transport_ops_t *tcp = transport_find("tcp")) {
@@ -229,6 +229,20 @@ TEST(TransportRegistry, RemotePeerIsNotShm) {
     std::string last = chorus_log_last_error();
     EXPECT_NE(last.find("CHORUS_TRANSPORT=shm"), std::string::npos) << last;
     EXPECT_NE(last.find("rank 1"), std::string::npos) << last;
+}
+
+TEST(TransportRegistry, ShmDisabledLocalRanksUseTcp) {
+    if (!transport_find("tcp")) GTEST_SKIP() << "no tcp transport in this build";
+    ScopedEnv env("CHORUS_TRANSPORT", nullptr);
+    env.set("NCCL_SHM_DISABLE", "1");
+    TransferPlan plan;
+    plan.edges = both_ways_edges(0, 1);
+    plan.sizes = {1, 70000, 1 << 20};
+    plan.expect_desc_prefix = "TCP";
+    chorus_unique_id_t id = transport_make_id();
+    RunResult res = run_threads(
+        2, [&](int r, int n) { return transfer_rank(id, r, n, plan); }, 60);
+    EXPECT_TRUE(res.ok()) << res.detail;
 }
 
 TEST(TransportRegistry, UnknownForcedName) {

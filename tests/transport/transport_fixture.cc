@@ -1,7 +1,13 @@
 // transport_fixture.cc: see transport_fixture.h.
 #include "transport_fixture.h"
 
+#include <signal.h>
 #include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+
+#include "launch.h"
 
 #include <cstdio>
 #include <cstdlib>
@@ -39,8 +45,7 @@ ncclResult_t transport_comm_init(const chorus_unique_id_t &id, int rank, int nra
     r = bootstrap_init(&id, rank, nranks, &comm->bs_abort_flag, &comm->bs);
     if (r == ncclSuccess)
         r = topo_fill_locality(rank, -1, bootstrap_addr(comm->bs, rank), &comm->peers[rank]);
-    if (r == ncclSuccess)
-        r = bootstrap_allgather(comm->bs, comm->peers, sizeof(chorus_locality_t));
+    if (r == ncclSuccess) r = bootstrap_allgather(comm->bs, comm->peers, sizeof(chorus_locality_t));
     if (r != ncclSuccess) {
         fprintf(stderr, "rank %d: transport test comm init failed: %s\n", rank,
                 chorus_log_last_error());
@@ -59,19 +64,36 @@ void transport_comm_free(ncclComm *comm) {
     free(comm);
 }
 
+std::vector<std::string> shm_leaks_since(const std::vector<std::string> &before) {
+    std::vector<std::string> leaks;
+    const std::string prefix = "chorus-shm-";
+    for (const auto &f : shm_leftovers()) {
+        if (std::find(before.begin(), before.end(), f) != before.end()) continue;
+        if (f.compare(0, prefix.size(), prefix) != 0) continue;
+        int pid = atoi(f.c_str() + prefix.size());
+        bool gone = pid > 0 && kill(pid, 0) != 0 && errno == ESRCH;
+        if (pid == (int)getpid() || gone) leaks.push_back(f);
+    }
+    return leaks;
+}
+
 void ScopedEnv::set(const char *name, const char *value) {
     const char *old = getenv(name);
     saved_.push_back(Saved{name, old != nullptr, old ? old : ""});
-    if (value) setenv(name, value, 1);
-    else unsetenv(name);
+    if (value)
+        setenv(name, value, 1);
+    else
+        unsetenv(name);
     chorus_param_reset();
     chorus_log_reset();
 }
 
 ScopedEnv::~ScopedEnv() {
     for (auto it = saved_.rbegin(); it != saved_.rend(); ++it) {
-        if (it->had) setenv(it->name.c_str(), it->value.c_str(), 1);
-        else unsetenv(it->name.c_str());
+        if (it->had)
+            setenv(it->name.c_str(), it->value.c_str(), 1);
+        else
+            unsetenv(it->name.c_str());
     }
     chorus_param_reset();
     chorus_log_reset();
@@ -108,7 +130,8 @@ void pattern_fill(void *buf, uint64_t seed, size_t offset, size_t bytes) {
         uint64_t w = mix64(seed + (offset + i) / 8);
         memcpy(p + i, &w, 8); // little-endian: byte k of w is offset+i+k
     }
-    for (; i < bytes; i++) p[i] = pattern_byte(seed, offset + i);
+    for (; i < bytes; i++)
+        p[i] = pattern_byte(seed, offset + i);
 }
 
 long long pattern_check(const void *buf, uint64_t seed, size_t offset, size_t bytes) {

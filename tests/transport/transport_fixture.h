@@ -36,7 +36,9 @@ void transport_comm_free(ncclComm *comm);
 class ScopedEnv {
   public:
     ScopedEnv() = default;
-    ScopedEnv(const char *name, const char *value) { set(name, value); }
+    ScopedEnv(const char *name, const char *value) {
+        set(name, value);
+    }
     ~ScopedEnv();
     void set(const char *name, const char *value);
     ScopedEnv(const ScopedEnv &) = delete;
@@ -50,6 +52,11 @@ class ScopedEnv {
     };
     std::vector<Saved> saved_;
 };
+
+// /dev/shm entries made by this transport ("chorus-shm-<pid>-...") that appeared since `before`
+// and belong to this process or to a process that is gone (a real leak). Other processes' live
+// segments (other tests running at the same time) are not counted.
+std::vector<std::string> shm_leaks_since(const std::vector<std::string> &before);
 
 // The test pattern: byte `offset` of message `msg` from rank src to rank dst.
 uint64_t pattern_seed(int src, int dst, uint64_t msg);

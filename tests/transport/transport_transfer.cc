@@ -21,7 +21,8 @@ namespace chorus_test {
 
 std::vector<std::pair<int, int>> ring_edges(int nranks) {
     std::vector<std::pair<int, int>> e;
-    for (int r = 0; r < nranks; r++) e.emplace_back(r, (r + 1) % nranks);
+    for (int r = 0; r < nranks; r++)
+        e.emplace_back(r, (r + 1) % nranks);
     return e;
 }
 
@@ -33,7 +34,9 @@ std::vector<std::pair<int, int>> all_pair_edges(int nranks) {
     return e;
 }
 
-std::vector<std::pair<int, int>> both_ways_edges(int a, int b) { return {{a, b}, {b, a}}; }
+std::vector<std::pair<int, int>> both_ways_edges(int a, int b) {
+    return {{a, b}, {b, a}};
+}
 
 namespace {
 
@@ -42,8 +45,8 @@ struct Link {
     bool open = false;
     int peer = -1;
     bool is_send = false;
-    size_t msg = 0;       // message in progress
-    size_t off = 0;       // bytes of it done
+    size_t msg = 0;        // message in progress
+    size_t off = 0;        // bytes of it done
     bool draining = false; // sender: a direct chunk is out; its buffer must stay until drained
     bool finished = false;
     std::vector<uint8_t> buf;
@@ -150,8 +153,7 @@ bool recv_step(Rank &r, Link &l, bool *progress, ncclResult_t *res_p) {
     if (bad >= 0) {
         *res_p = ncclInternalError;
         return fail(r, "wrong byte from rank %d: message %zu (%zu bytes), offset %llu, %s chunk",
-                    l.peer, l.msg, m, (unsigned long long)(l.off + bad),
-                    data ? "slot" : "direct");
+                    l.peer, l.msg, m, (unsigned long long)(l.off + bad), data ? "slot" : "direct");
     }
     *res_p = c->ops->recv_release(c);
     if (*res_p != ncclSuccess) return fail(r, "recv_release -> %d", *res_p);
@@ -210,6 +212,13 @@ int transfer_rank(const chorus_unique_id_t &id, int rank, int nranks, const Tran
             rc = 1;
             goto out;
         }
+        if (!plan.expect_desc_prefix.empty() &&
+            std::string(desc).compare(0, plan.expect_desc_prefix.size(), plan.expect_desc_prefix)) {
+            fprintf(stderr, "rank %d: connection %d -> %d is '%s', expected '%s...'\n", rank, src,
+                    dst, desc, plan.expect_desc_prefix.c_str());
+            rc = 1;
+            goto out;
+        }
         r.links.push_back(std::move(l));
     }
 
@@ -217,6 +226,8 @@ int transfer_rank(const chorus_unique_id_t &id, int rank, int nranks, const Tran
     // from here on must leave nothing in /dev/shm.
     if (!injected) {
         if (bootstrap_barrier(comm->bs) != ncclSuccess) {
+            fprintf(stderr, "rank %d: barrier after connect failed: %s\n", rank,
+                    chorus_log_last_error());
             rc = 1;
             goto out;
         }
@@ -242,7 +253,8 @@ int transfer_rank(const chorus_unique_id_t &id, int rank, int nranks, const Tran
             }
             bool progress = false, all_done = true, ok = true;
             for (auto &l : r.links) {
-                ok = l->is_send ? send_step(r, *l, &progress, &res) : recv_step(r, *l, &progress, &res);
+                ok = l->is_send ? send_step(r, *l, &progress, &res)
+                                : recv_step(r, *l, &progress, &res);
                 if (!ok) break;
                 all_done = all_done && l->finished;
             }
@@ -288,7 +300,11 @@ int transfer_rank(const chorus_unique_id_t &id, int rank, int nranks, const Tran
 
 out:
     close_all(r);
-    if (!injected && rc == 0 && bootstrap_barrier(comm->bs) != ncclSuccess) rc = 1;
+    if (!injected && rc == 0 && bootstrap_barrier(comm->bs) != ncclSuccess) {
+        fprintf(stderr, "rank %d: final barrier failed (another rank failed?): %s\n", rank,
+                chorus_log_last_error());
+        rc = 1;
+    }
     transport_comm_free(comm);
     return rc;
 }
@@ -341,8 +357,10 @@ ncclResult_t blocking_recv(ncclComm *comm, chorus_conn_t *c, uint8_t *dst, size_
         }
         chorus_waiter_progress(&w);
         if (n > bytes - off) return ncclInternalError;
-        if (data) memcpy(dst + off, data, n);
-        else if ((r = c->ops->recv_copy(c, dst + off, n)) != ncclSuccess) return r;
+        if (data)
+            memcpy(dst + off, data, n);
+        else if ((r = c->ops->recv_copy(c, dst + off, n)) != ncclSuccess)
+            return r;
         if ((r = c->ops->recv_release(c)) != ncclSuccess) return r;
         off += n;
     }
@@ -368,7 +386,8 @@ int pingpong_rank(const chorus_unique_id_t &id, int rank, int nranks,
         if (r == ncclSuccess) (rank == 0 ? in_open : out_open) = true;
     }
     if (r != ncclSuccess) {
-        fprintf(stderr, "rank %d: connect failed: %d (%s)\n", rank, (int)r, chorus_log_last_error());
+        fprintf(stderr, "rank %d: connect failed: %d (%s)\n", rank, (int)r,
+                chorus_log_last_error());
         rc = 1;
     }
     for (size_t si = 0; rc == 0 && si < sizes.size(); si++) {
@@ -398,8 +417,10 @@ int pingpong_rank(const chorus_unique_id_t &id, int rank, int nranks,
         chorus_waiter_init(&w, &comm->abort_flag);
         int done = 0;
         while (rc == 0 && !done) {
-            if (out.ops->send_drained(&out, &done) != ncclSuccess) rc = 1;
-            else if (!done && wait_idle(&out, &w) != ncclSuccess) rc = 1;
+            if (out.ops->send_drained(&out, &done) != ncclSuccess)
+                rc = 1;
+            else if (!done && wait_idle(&out, &w) != ncclSuccess)
+                rc = 1;
         }
     }
     if (rc == 0 && bootstrap_barrier(comm->bs) != ncclSuccess) rc = 1;

@@ -29,6 +29,7 @@ struct TransferPlan {
                                             // the slot in place
     std::string expect_desc;                // when set, every connection's desc must equal it
     std::string expect_desc_alt;            // ... or this one
+    std::string expect_desc_prefix;         // when set, every connection's desc must start so
     // Failure injection.
     enum class Fail { None, Kill, Close };
     Fail fail = Fail::None;
@@ -37,9 +38,9 @@ struct TransferPlan {
 };
 
 // Edges of common shapes.
-std::vector<std::pair<int, int>> ring_edges(int nranks);         // r -> r+1
-std::vector<std::pair<int, int>> all_pair_edges(int nranks);     // every ordered pair
-std::vector<std::pair<int, int>> both_ways_edges(int a, int b);  // a -> b and b -> a
+std::vector<std::pair<int, int>> ring_edges(int nranks);        // r -> r+1
+std::vector<std::pair<int, int>> all_pair_edges(int nranks);    // every ordered pair
+std::vector<std::pair<int, int>> both_ways_edges(int a, int b); // a -> b and b -> a
 
 // The rank function: 0 on success (and, for survivors of an injected failure, when the expected
 // ncclRemoteError naming the failed rank arrived), else 1 with a message on stderr.

@@ -8,7 +8,10 @@
 #include <gtest/gtest.h>
 
 #include <cstddef>
+#include <cstdio>
 #include <cstring>
+#include <string>
+#include <unistd.h>
 #include <type_traits>
 
 #include "nccl.h"
@@ -169,4 +172,40 @@ TEST(Abi, ProfilingAliases) {
     EXPECT_EQ((void *)&pncclCommDestroy, (void *)&ncclCommDestroy);
     EXPECT_EQ((void *)&pncclGetErrorString, (void *)&ncclGetErrorString);
     EXPECT_EQ((void *)&pncclMemAlloc, (void *)&ncclMemAlloc);
+}
+
+// The same facts from the toolkit's own nccl.h: tests/core/abi_consumer is compiled against it
+// (when the toolkit is there) and prints them; they must equal what Chorus's header says.
+static std::string abi_layout_line() {
+#define OFF(f) (int)offsetof(ncclConfig_t, f)
+    char buf[512];
+    ncclConfig_t c = NCCL_CONFIG_INITIALIZER;
+    snprintf(buf, sizeof(buf),
+             "config %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d init %u %u %d uid %d "
+             "sim %d %d enums %d %d %d %d %d %d %d %d version %d",
+             (int)sizeof(ncclConfig_t), OFF(size), OFF(magic), OFF(version), OFF(blocking),
+             OFF(cgaClusterSize), OFF(minCTAs), OFF(maxCTAs), OFF(netName), OFF(splitShare),
+             OFF(trafficClass), OFF(commName), OFF(collnetEnable), OFF(CTAPolicy), OFF(shrinkShare),
+             OFF(nvlsCTAs), OFF(nChannelsPerNetPeer), OFF(nvlinkCentricSched), c.magic, c.version,
+             c.blocking, (int)sizeof(ncclUniqueId), (int)sizeof(ncclSimInfo_t),
+             (int)offsetof(ncclSimInfo_t, estimatedTime), (int)ncclNumResults, (int)ncclInProgress,
+             (int)ncclNumTypes, (int)ncclBfloat16, (int)ncclFloat8e5m2, (int)ncclNumOps,
+             (int)ncclAvg, (int)ncclScalarHostImmediate, NCCL_VERSION_CODE);
+#undef OFF
+    return buf;
+}
+
+TEST(Abi, SameAsToolkitHeader) {
+    std::string exe = std::string(CHORUS_BINARY_DIR) + "/tests/abi_consumer";
+    if (access(exe.c_str(), X_OK) != 0)
+        GTEST_SKIP() << "no toolkit nccl.h at configure time (" << exe << " not built)";
+    FILE *p = popen((exe + " --layout").c_str(), "r");
+    ASSERT_NE(p, nullptr);
+    char line[512] = "";
+    ASSERT_NE(fgets(line, sizeof(line), p), nullptr);
+    pclose(p);
+    std::string theirs(line);
+    while (!theirs.empty() && theirs.back() == '\n')
+        theirs.pop_back();
+    EXPECT_EQ(theirs, abi_layout_line());
 }

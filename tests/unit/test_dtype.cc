@@ -54,10 +54,14 @@ const Conv &conv(ncclDataType_t t) {
                          [](uint32_t c) { return chorus_fp8e5m2_to_float((uint8_t)c); },
                          [](float f) { return (uint32_t)chorus_float_to_fp8e5m2(f); }};
     switch (t) {
-    case ncclFloat16: return half;
-    case ncclBfloat16: return bf;
-    case ncclFloat8e4m3: return e4;
-    default: return e5;
+    case ncclFloat16:
+        return half;
+    case ncclBfloat16:
+        return bf;
+    case ncclFloat8e4m3:
+        return e4;
+    default:
+        return e5;
     }
 }
 
@@ -65,10 +69,14 @@ const Conv &conv(ncclDataType_t t) {
 uint32_t documented_nan(ncclDataType_t t, float f) {
     uint32_t u = f_bits(f), s = u >> 31;
     switch (t) {
-    case ncclFloat16: return (s << 15) | 0x7E00u | ((u >> 13) & 0x3FFu);
-    case ncclBfloat16: return (u >> 16) | 0x40u;
-    case ncclFloat8e4m3: return (s << 7) | 0x7Fu;
-    default: return (s << 7) | 0x7Eu | ((u >> 21) & 1u);
+    case ncclFloat16:
+        return (s << 15) | 0x7E00u | ((u >> 13) & 0x3FFu);
+    case ncclBfloat16:
+        return (u >> 16) | 0x40u;
+    case ncclFloat8e4m3:
+        return (s << 7) | 0x7Fu;
+    default:
+        return (s << 7) | 0x7Eu | ((u >> 21) & 1u);
     }
 }
 
@@ -161,7 +169,8 @@ TEST_P(LowpConv, RoundTripEveryCode) {
         if (cv.fmt.is_nan(c))
             ASSERT_EQ(back, documented_nan(GetParam(), f)) << cv.fmt.name << " code " << c;
         else if (cv.fmt.is_inf(c) && cv.fmt.satfinite) // e5m2's Inf saturates, as in CUDA
-            ASSERT_EQ(back, (c & cv.fmt.sign_bit()) | cv.fmt.max_code) << cv.fmt.name << " code " << c;
+            ASSERT_EQ(back, (c & cv.fmt.sign_bit()) | cv.fmt.max_code)
+                << cv.fmt.name << " code " << c;
         else
             ASSERT_EQ(back, c) << cv.fmt.name << " code " << c;
     }
@@ -170,7 +179,8 @@ TEST_P(LowpConv, RoundTripEveryCode) {
 void check_encode(const Conv &cv, float f) {
     uint32_t got = cv.enc(f);
     uint32_t want = std::isnan(f) ? documented_nan(cv.t, f) : cv.fmt.encode((double)f);
-    if (std::isinf(f) && cv.fmt.satfinite) want = (std::signbit(f) ? cv.fmt.sign_bit() : 0) | cv.fmt.max_code;
+    if (std::isinf(f) && cv.fmt.satfinite)
+        want = (std::signbit(f) ? cv.fmt.sign_bit() : 0) | cv.fmt.max_code;
     ASSERT_EQ(got, want) << cv.fmt.name << " value " << f << " (bits 0x" << std::hex << f_bits(f)
                          << ")";
 }
@@ -185,7 +195,8 @@ TEST_P(LowpConv, EncodeNeighboursAndMidpoints) {
             check_encode(cv, std::nextafter(v, 0.0f));
             check_encode(cv, std::nextafter(v, sign * INFINITY));
             // midpoint to the next value up (and past the largest: the overflow threshold)
-            double next = c < fmt.max_code ? fmt.pos[c + 1] : fmt.pos[c] + (fmt.pos[c] - fmt.pos[c - 1]);
+            double next =
+                c < fmt.max_code ? fmt.pos[c + 1] : fmt.pos[c] + (fmt.pos[c] - fmt.pos[c - 1]);
             float mid = sign * (float)((fmt.pos[c] + next) / 2); // exact in float for every format
             check_encode(cv, mid);
             check_encode(cv, std::nextafter(mid, 0.0f));
@@ -196,14 +207,38 @@ TEST_P(LowpConv, EncodeNeighboursAndMidpoints) {
 
 TEST_P(LowpConv, EncodeSpecialsAndRandom) {
     const Conv &cv = conv(GetParam());
-    const float specials[] = {0.0f, -0.0f, INFINITY, -INFINITY, NAN, -NAN,
-                              f_from_bits(0x7F800001u), f_from_bits(0xFFBFFFFFu),
-                              f_from_bits(0x7FE00000u), f_from_bits(0x7FA00000u),
-                              f_from_bits(1), f_from_bits(0x80000001u), f_from_bits(0x007FFFFFu),
-                              FLT_MAX, -FLT_MAX, FLT_MIN, 1e-30f, 65504.0f, 65519.99f, 65520.0f,
-                              448.0f, 463.99f, 464.0f, 464.01f, 480.0f, 57344.0f, 61439.99f,
-                              61440.0f, 1e10f, -1e10f};
-    for (float f : specials) check_encode(cv, f);
+    const float specials[] = {0.0f,
+                              -0.0f,
+                              INFINITY,
+                              -INFINITY,
+                              NAN,
+                              -NAN,
+                              f_from_bits(0x7F800001u),
+                              f_from_bits(0xFFBFFFFFu),
+                              f_from_bits(0x7FE00000u),
+                              f_from_bits(0x7FA00000u),
+                              f_from_bits(1),
+                              f_from_bits(0x80000001u),
+                              f_from_bits(0x007FFFFFu),
+                              FLT_MAX,
+                              -FLT_MAX,
+                              FLT_MIN,
+                              1e-30f,
+                              65504.0f,
+                              65519.99f,
+                              65520.0f,
+                              448.0f,
+                              463.99f,
+                              464.0f,
+                              464.01f,
+                              480.0f,
+                              57344.0f,
+                              61439.99f,
+                              61440.0f,
+                              1e10f,
+                              -1e10f};
+    for (float f : specials)
+        check_encode(cv, f);
     std::mt19937 rng(1234);
     for (int i = 0; i < 300000; i++) {
         uint32_t u = rng();
@@ -229,7 +264,8 @@ TEST_P(KernelConv, EveryCodeMatchesScalar) {
         uint32_t ncodes = 1u << cv.fmt.bits;
         size_t es = chorus_dtype_size(t);
         std::vector<unsigned char> in(ncodes * es), out(ncodes * es + 1);
-        for (uint32_t c = 0; c < ncodes; c++) memcpy(&in[c * es], &c, es);
+        for (uint32_t c = 0; c < ncodes; c++)
+            memcpy(&in[c * es], &c, es);
         for (double s : {1.0, 3.0, 0.1, -1e-3, 1e5, 0.0}) {
             chorus_redop_t op;
             memset(&op, 0, sizeof op);
@@ -242,8 +278,8 @@ TEST_P(KernelConv, EveryCodeMatchesScalar) {
                 uint32_t got = 0;
                 memcpy(&got, &out[1 + c * es], es);
                 uint32_t want = cv.enc(cv.dec(c) * (float)s);
-                ASSERT_EQ(got, want) << GetParam() << " " << cv.fmt.name << " code " << c
-                                     << " scalar " << s;
+                ASSERT_EQ(got, want)
+                    << GetParam() << " " << cv.fmt.name << " code " << c << " scalar " << s;
             }
         }
     }

@@ -58,8 +58,11 @@ struct Buf {
     std::vector<unsigned char> mem;
     size_t off;
     size_t bytes;
-    Buf(size_t bytes_, size_t off_) : mem(bytes_ + off_ + 2 * kGuard, kPoison), off(off_), bytes(bytes_) {}
-    unsigned char *p() { return mem.data() + kGuard + off; }
+    Buf(size_t bytes_, size_t off_)
+        : mem(bytes_ + off_ + 2 * kGuard, kPoison), off(off_), bytes(bytes_) {}
+    unsigned char *p() {
+        return mem.data() + kGuard + off;
+    }
     bool guards_intact() const {
         for (size_t i = 0; i < kGuard + off; i++)
             if (mem[i] != kPoison) return false;
@@ -70,15 +73,22 @@ struct Buf {
 };
 
 void fill(ncclDataType_t t, unsigned char *p, size_t count, std::mt19937_64 &rng) {
-    for (size_t i = 0; i < count; i++) rkref::store_raw(t, p, i, gen_raw(t, rng));
+    for (size_t i = 0; i < count; i++)
+        rkref::store_raw(t, p, i, gen_raw(t, rng));
 }
 
 std::string describe(const Op &op, size_t count, int alias, int misalign, const char *fn) {
     std::ostringstream s;
     s << fn << " " << chorus_dtype_name(op.t) << " " << kind_name(op.kind) << " count " << count
-      << " alias " << (alias == 0 ? "none" : alias == 1 ? "dst==in" : "dst==acc") << " offsets "
-      << (misalign == 0 ? "aligned" : misalign == 1 ? "elements" : "bytes") << " scalar "
-      << op.sf << "/" << op.su << " nranks " << op.nranks;
+      << " alias "
+      << (alias == 0   ? "none"
+          : alias == 1 ? "dst==in"
+                       : "dst==acc")
+      << " offsets "
+      << (misalign == 0   ? "aligned"
+          : misalign == 1 ? "elements"
+                          : "bytes")
+      << " scalar " << op.sf << "/" << op.su << " nranks " << op.nranks;
     return s.str();
 }
 
@@ -106,7 +116,9 @@ class HostKernels : public ::testing::TestWithParam<std::tuple<const char *, int
         if (!rk_isa_supported(isa)) GTEST_SKIP() << "this CPU cannot run the " << isa << " kernels";
         ASSERT_EQ(rk_isa_select(isa), ncclSuccess);
     }
-    void TearDown() override { rk_isa_select(nullptr); }
+    void TearDown() override {
+        rk_isa_select(nullptr);
+    }
     const char *isa = nullptr;
     ncclDataType_t t = ncclInt8;
 };
@@ -135,7 +147,8 @@ TEST_P(HostKernels, PrepareReduceFinish) {
                     chorus_redop_t rop = op.redop();
 
                     size_t bytes = count * es;
-                    Buf in(bytes, offset_of(misalign, 0, es)), acc(bytes, offset_of(misalign, 1, es)),
+                    Buf in(bytes, offset_of(misalign, 0, es)),
+                        acc(bytes, offset_of(misalign, 1, es)),
                         out(bytes, offset_of(misalign, 2, es));
                     fill(t, in.p(), count, rng);
                     fill(t, acc.p(), count, rng);
@@ -147,24 +160,30 @@ TEST_P(HostKernels, PrepareReduceFinish) {
                     unsigned char *dst = alias == 1 ? in.p() : alias == 2 ? acc.p() : out.p();
 
                     // rk_reduce: dst = pre(in) (+) acc
-                    for (size_t i = 0; i < count; i++) want[i] = rkref::ref_reduce(op, xin[i], xacc[i]);
+                    for (size_t i = 0; i < count; i++)
+                        want[i] = rkref::ref_reduce(op, xin[i], xacc[i]);
                     rk_reduce(dst, in.p(), acc.p(), count, &rop);
                     std::string miss = compare(t, dst, want);
                     ASSERT_EQ(miss, "") << describe(op, count, alias, misalign, "rk_reduce");
                     ASSERT_TRUE(in.guards_intact() && acc.guards_intact() && out.guards_intact())
-                        << describe(op, count, alias, misalign, "rk_reduce") << ": wrote out of bounds";
+                        << describe(op, count, alias, misalign, "rk_reduce")
+                        << ": wrote out of bounds";
 
                     // rk_prepare: dst = pre(in), from a fresh input (alias 2 reuses acc as dst)
-                    for (size_t i = 0; i < count; i++) rkref::store_raw(t, in.p(), i, xin[i]);
+                    for (size_t i = 0; i < count; i++)
+                        rkref::store_raw(t, in.p(), i, xin[i]);
                     unsigned char *pdst = alias == 1 ? in.p() : alias == 2 ? acc.p() : out.p();
-                    for (size_t i = 0; i < count; i++) want[i] = rkref::ref_prepare(op, xin[i]);
+                    for (size_t i = 0; i < count; i++)
+                        want[i] = rkref::ref_prepare(op, xin[i]);
                     rk_prepare(pdst, in.p(), count, &rop);
                     miss = compare(t, pdst, want);
                     ASSERT_EQ(miss, "") << describe(op, count, alias, misalign, "rk_prepare");
 
                     // rk_finish: dst = post(src)
-                    for (size_t i = 0; i < count; i++) rkref::store_raw(t, in.p(), i, xacc[i]);
-                    for (size_t i = 0; i < count; i++) want[i] = rkref::ref_finish(op, xacc[i]);
+                    for (size_t i = 0; i < count; i++)
+                        rkref::store_raw(t, in.p(), i, xacc[i]);
+                    for (size_t i = 0; i < count; i++)
+                        want[i] = rkref::ref_finish(op, xacc[i]);
                     rk_finish(pdst, in.p(), count, &rop);
                     miss = compare(t, pdst, want);
                     ASSERT_EQ(miss, "") << describe(op, count, alias, misalign, "rk_finish");
@@ -182,12 +201,15 @@ TEST_P(HostKernels, ReduceN) {
     const size_t es = dsize(t);
     for (chorus_rk_kind_t kind : kKinds) {
         for (size_t count : {(size_t)0, (size_t)1, (size_t)17, (size_t)1023, (size_t)4099}) {
-            for (int n : {1, 2, 3, 8}) {
-                for (int alias = 0; alias < 3; alias++) { // separate, dst == ins[0], dst == ins[n-1]
+            for (int n : {1, 2, 3, 8, 70}) {
+                if (n == 70 && count > 1023) continue;
+                for (int alias = 0; alias < 3;
+                     alias++) { // separate, dst == ins[0], dst == ins[n-1]
                     Op op{kind, t, 4, -1.5, rng()};
                     chorus_redop_t rop = op.redop();
                     std::vector<Buf> ins;
-                    for (int k = 0; k < n; k++) ins.emplace_back(count * es, (size_t)(k % 3) * (es + 1));
+                    for (int k = 0; k < n; k++)
+                        ins.emplace_back(count * es, (size_t)(k % 3) * (es + 1));
                     Buf out(count * es, 3);
                     std::vector<const void *> ptrs;
                     for (int k = 0; k < n; k++) {
@@ -197,14 +219,19 @@ TEST_P(HostKernels, ReduceN) {
                     std::vector<uint64_t> want(count);
                     for (size_t i = 0; i < count; i++) {
                         std::vector<uint64_t> xs;
-                        for (int k = 0; k < n; k++) xs.push_back(rkref::load_raw(t, ins[k].p(), i));
+                        for (int k = 0; k < n; k++)
+                            xs.push_back(rkref::load_raw(t, ins[k].p(), i));
                         want[i] = rkref::ref_reduce_n(op, xs);
                     }
-                    unsigned char *dst = alias == 0 ? out.p() : alias == 1 ? ins[0].p() : ins[n - 1].p();
+                    unsigned char *dst = alias == 0   ? out.p()
+                                         : alias == 1 ? ins[0].p()
+                                                      : ins[n - 1].p();
                     rk_reduce_n(dst, ptrs.data(), n, count, &rop);
                     std::string miss = compare(t, dst, want);
-                    ASSERT_EQ(miss, "") << describe(op, count, alias, 1, "rk_reduce_n") << " n " << n;
-                    for (auto &b : ins) ASSERT_TRUE(b.guards_intact()) << "rk_reduce_n wrote out of bounds";
+                    ASSERT_EQ(miss, "")
+                        << describe(op, count, alias, 1, "rk_reduce_n") << " n " << n;
+                    for (auto &b : ins)
+                        ASSERT_TRUE(b.guards_intact()) << "rk_reduce_n wrote out of bounds";
                     ASSERT_TRUE(out.guards_intact()) << "rk_reduce_n wrote out of bounds";
                 }
             }
@@ -218,7 +245,8 @@ std::string param_name(const ::testing::TestParamInfo<std::tuple<const char *, i
 }
 
 INSTANTIATE_TEST_SUITE_P(All, HostKernels,
-                         ::testing::Combine(::testing::ValuesIn(kIsas), ::testing::Range(0, (int)ncclNumTypes)),
+                         ::testing::Combine(::testing::ValuesIn(kIsas),
+                                            ::testing::Range(0, (int)ncclNumTypes)),
                          param_name);
 
 // rk_copy, including the non-temporal path forced on for small sizes.
@@ -235,7 +263,8 @@ TEST_P(HostCopy, SizesOffsetsAndStreaming) {
             for (size_t soff : {0, 1, 31}) {
                 for (size_t doff : {0, 5, 32}) {
                     Buf src(bytes, soff), dst(bytes, doff);
-                    for (size_t i = 0; i < bytes; i++) src.p()[i] = (unsigned char)rng();
+                    for (size_t i = 0; i < bytes; i++)
+                        src.p()[i] = (unsigned char)rng();
                     rk_copy(dst.p(), src.p(), bytes);
                     ASSERT_EQ(memcmp(dst.p(), src.p(), bytes), 0)
                         << "nt " << nt << " bytes " << bytes << " offsets " << soff << "/" << doff;
@@ -245,9 +274,11 @@ TEST_P(HostCopy, SizesOffsetsAndStreaming) {
         }
         // dst == src is a no-op
         Buf same(257, 3);
-        for (size_t i = 0; i < 257; i++) same.p()[i] = (unsigned char)i;
+        for (size_t i = 0; i < 257; i++)
+            same.p()[i] = (unsigned char)i;
         rk_copy(same.p(), same.p(), 257);
-        for (size_t i = 0; i < 257; i++) ASSERT_EQ(same.p()[i], (unsigned char)i);
+        for (size_t i = 0; i < 257; i++)
+            ASSERT_EQ(same.p()[i], (unsigned char)i);
     }
     rk_nt_threshold = saved;
     rk_isa_select(nullptr);
@@ -288,9 +319,11 @@ TEST(HostKernelsFixed, ConcurrentUseAndSelection) {
             }
         });
     }
-    for (auto &th : threads) th.join();
+    for (auto &th : threads)
+        th.join();
     rk_isa_select(nullptr);
-    for (int t = 0; t < 8; t++) EXPECT_EQ(bad[t], 0) << "thread " << t;
+    for (int t = 0; t < 8; t++)
+        EXPECT_EQ(bad[t], 0) << "thread " << t;
 }
 
 // Integer wrap-around and SUMDIV's truncation toward zero, with hand-computed values (a check of

@@ -22,13 +22,17 @@ namespace rkref {
 struct Format {
     const char *name;
     int bits, ebits, mbits, bias;
-    bool has_inf;    // IEEE-style: all-ones exponent is Inf/NaN; overflow rounds to Inf
-    bool satfinite;  // overflow (and Inf) saturate to the largest finite value
+    bool has_inf;            // IEEE-style: all-ones exponent is Inf/NaN; overflow rounds to Inf
+    bool satfinite;          // overflow (and Inf) saturate to the largest finite value
     std::vector<double> pos; // value of every non-negative finite code, indexed by code
     uint32_t max_code;       // largest finite positive code
 
-    uint32_t sign_bit() const { return 1u << (bits - 1); }
-    uint32_t emax() const { return (1u << ebits) - 1; }
+    uint32_t sign_bit() const {
+        return 1u << (bits - 1);
+    }
+    uint32_t emax() const {
+        return (1u << ebits) - 1;
+    }
 
     bool is_nan(uint32_t c) const {
         uint32_t e = (c >> mbits) & emax(), m = c & ((1u << mbits) - 1);
@@ -122,24 +126,41 @@ inline const Format &e5m2() {
 
 inline const Format *lowp_format(ncclDataType_t t) {
     switch (t) {
-    case ncclFloat16: return &fp16();
-    case ncclBfloat16: return &bf16();
-    case ncclFloat8e4m3: return &e4m3();
-    case ncclFloat8e5m2: return &e5m2();
-    default: return nullptr;
+    case ncclFloat16:
+        return &fp16();
+    case ncclBfloat16:
+        return &bf16();
+    case ncclFloat8e4m3:
+        return &e4m3();
+    case ncclFloat8e5m2:
+        return &e5m2();
+    default:
+        return nullptr;
     }
 }
 
 inline size_t dsize(ncclDataType_t t) {
     switch (t) {
-    case ncclInt8: case ncclUint8: case ncclFloat8e4m3: case ncclFloat8e5m2: return 1;
-    case ncclFloat16: case ncclBfloat16: return 2;
-    case ncclInt32: case ncclUint32: case ncclFloat32: return 4;
-    default: return 8;
+    case ncclInt8:
+    case ncclUint8:
+    case ncclFloat8e4m3:
+    case ncclFloat8e5m2:
+        return 1;
+    case ncclFloat16:
+    case ncclBfloat16:
+        return 2;
+    case ncclInt32:
+    case ncclUint32:
+    case ncclFloat32:
+        return 4;
+    default:
+        return 8;
     }
 }
 
-inline bool is_int(ncclDataType_t t) { return t <= ncclUint64; }
+inline bool is_int(ncclDataType_t t) {
+    return t <= ncclUint64;
+}
 inline bool is_signed_int(ncclDataType_t t) {
     return t == ncclInt8 || t == ncclInt32 || t == ncclInt64;
 }
@@ -196,25 +217,33 @@ inline bool raw_is_nan(ncclDataType_t t, uint64_t raw) {
 // ---- the reductions, element by element -------------------------------------------------------
 
 // One operation "in float32": done in double, rounded to float.
-inline double f32op(double v) { return (double)(float)v; }
+inline double f32op(double v) {
+    return (double)(float)v;
+}
 
 struct Op {
     chorus_rk_kind_t kind;
     ncclDataType_t t;
     int nranks;
-    double sf;  // PREMULSUM scalar, floating types
+    double sf;   // PREMULSUM scalar, floating types
     uint64_t su; // PREMULSUM scalar, integers
 
-    uint64_t mask() const { return dsize(t) == 8 ? ~0ull : ((1ull << (8 * dsize(t))) - 1); }
+    uint64_t mask() const {
+        return dsize(t) == 8 ? ~0ull : ((1ull << (8 * dsize(t))) - 1);
+    }
     int64_t sext(uint64_t v) const {
         int sh = 64 - 8 * (int)dsize(t);
         return (int64_t)(v << sh) >> sh;
     }
-    bool in_f32() const { return t != ncclFloat64; } // float32 and every lowp type
+    bool in_f32() const {
+        return t != ncclFloat64;
+    } // float32 and every lowp type
 
     // pre(): scalar multiply for PREMULSUM, identity otherwise. Values are raw for integers and
     // doubles (holding float32 values where in_f32) for floating types.
-    uint64_t ipre(uint64_t a) const { return kind == RK_PREMULSUM ? (a * su) & mask() : a; }
+    uint64_t ipre(uint64_t a) const {
+        return kind == RK_PREMULSUM ? (a * su) & mask() : a;
+    }
     double fpre(double a) const {
         if (kind != RK_PREMULSUM) return a;
         if (in_f32()) return f32op(a * (double)(float)sf);
@@ -224,20 +253,24 @@ struct Op {
 
     uint64_t icombine(uint64_t a, uint64_t b) const {
         switch (kind) {
-        case RK_PROD: return (a * b) & mask();
+        case RK_PROD:
+            return (a * b) & mask();
         case RK_MAX:
         case RK_MIN: {
             bool a_gt = is_signed_int(t) ? sext(a) > sext(b) : a > b;
             bool a_lt = is_signed_int(t) ? sext(a) < sext(b) : a < b;
             return kind == RK_MAX ? (a_gt ? a : b) : (a_lt ? a : b);
         }
-        default: return (a + b) & mask();
+        default:
+            return (a + b) & mask();
         }
     }
     double fcombine(double a, double b) const {
         double r;
         switch (kind) {
-        case RK_PROD: r = a * b; break;
+        case RK_PROD:
+            r = a * b;
+            break;
         case RK_MAX:
             if (std::isnan(b)) return a;
             if (std::isnan(a)) return b;
@@ -300,11 +333,13 @@ inline uint64_t ref_finish(const Op &op, uint64_t x) {
 inline uint64_t ref_reduce_n(const Op &op, const std::vector<uint64_t> &xs) {
     if (is_int(op.t)) {
         uint64_t acc = op.ipre(xs[0]);
-        for (size_t k = 1; k < xs.size(); k++) acc = op.icombine(acc, op.ipre(xs[k]));
+        for (size_t k = 1; k < xs.size(); k++)
+            acc = op.icombine(acc, op.ipre(xs[k]));
         return acc;
     }
     double acc = op.fpre(to_double(op.t, xs[0]));
-    for (size_t k = 1; k < xs.size(); k++) acc = op.fcombine(acc, op.fpre(to_double(op.t, xs[k])));
+    for (size_t k = 1; k < xs.size(); k++)
+        acc = op.fcombine(acc, op.fpre(to_double(op.t, xs[k])));
     return from_double(op.t, acc);
 }
 

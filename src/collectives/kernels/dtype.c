@@ -28,11 +28,11 @@ static const struct {
     size_t size;
     int is_float;
 } dtype_info[ncclNumTypes] = {
-    [ncclInt8] = {"int8", 1, 0},        [ncclUint8] = {"uint8", 1, 0},
-    [ncclInt32] = {"int32", 4, 0},      [ncclUint32] = {"uint32", 4, 0},
-    [ncclInt64] = {"int64", 8, 0},      [ncclUint64] = {"uint64", 8, 0},
-    [ncclFloat16] = {"half", 2, 1},     [ncclFloat32] = {"float", 4, 1},
-    [ncclFloat64] = {"double", 8, 1},   [ncclBfloat16] = {"bfloat16", 2, 1},
+    [ncclInt8] = {"int8", 1, 0},         [ncclUint8] = {"uint8", 1, 0},
+    [ncclInt32] = {"int32", 4, 0},       [ncclUint32] = {"uint32", 4, 0},
+    [ncclInt64] = {"int64", 8, 0},       [ncclUint64] = {"uint64", 8, 0},
+    [ncclFloat16] = {"half", 2, 1},      [ncclFloat32] = {"float", 4, 1},
+    [ncclFloat64] = {"double", 8, 1},    [ncclBfloat16] = {"bfloat16", 2, 1},
     [ncclFloat8e4m3] = {"f8e4m3", 1, 1}, [ncclFloat8e5m2] = {"f8e5m2", 1, 1},
 };
 
@@ -116,7 +116,9 @@ uint16_t chorus_float_to_half(float f) {
 
 /* ---- bfloat16 ----------------------------------------------------------------------------- */
 
-float chorus_bf16_to_float(uint16_t h) { return f32_from_bits((uint32_t)h << 16); }
+float chorus_bf16_to_float(uint16_t h) {
+    return f32_from_bits((uint32_t)h << 16);
+}
 
 uint16_t chorus_float_to_bf16(float f) {
     uint32_t u = f32_bits(f);

@@ -55,8 +55,12 @@ typedef uint8_t rk_vq __attribute__((vector_size(RK_VB / 4)));  /* RK_W32 8-bit 
 /* ---- integer and float lane arithmetic ----------------------------------------------------- */
 
 #define RK_INT_FAMILY(F, VT, VU, UT)                                                               \
-    static inline VT F##_add(VT a, VT b) { return (VT)((VU)a + (VU)b); }                           \
-    static inline VT F##_mul(VT a, VT b) { return (VT)((VU)a * (VU)b); }                           \
+    static inline VT F##_add(VT a, VT b) {                                                         \
+        return (VT)((VU)a + (VU)b);                                                                \
+    }                                                                                              \
+    static inline VT F##_mul(VT a, VT b) {                                                         \
+        return (VT)((VU)a * (VU)b);                                                                \
+    }                                                                                              \
     static inline VT F##_max(VT a, VT b) {                                                         \
         VT m = (VT)(a > b);                                                                        \
         return (a & m) | (b & ~m);                                                                 \
@@ -65,7 +69,9 @@ typedef uint8_t rk_vq __attribute__((vector_size(RK_VB / 4)));  /* RK_W32 8-bit 
         VT m = (VT)(a < b);                                                                        \
         return (a & m) | (b & ~m);                                                                 \
     }                                                                                              \
-    static inline VT F##_scale(VT a, UT s) { return (VT)((VU)a * s); }
+    static inline VT F##_scale(VT a, UT s) {                                                       \
+        return (VT)((VU)a * s);                                                                    \
+    }
 
 RK_INT_FAMILY(i8, rk_vi8, rk_vu8, uint8_t)
 RK_INT_FAMILY(u8, rk_vu8, rk_vu8, uint8_t)
@@ -76,8 +82,12 @@ RK_INT_FAMILY(u64, rk_vu64, rk_vu64, uint64_t)
 
 /* fmax/fmin: take a where it wins or where b is NaN, else b. */
 #define RK_FLOAT_FAMILY(F, VT, VI, ST)                                                             \
-    static inline VT F##_add(VT a, VT b) { return a + b; }                                         \
-    static inline VT F##_mul(VT a, VT b) { return a * b; }                                         \
+    static inline VT F##_add(VT a, VT b) {                                                         \
+        return a + b;                                                                              \
+    }                                                                                              \
+    static inline VT F##_mul(VT a, VT b) {                                                         \
+        return a * b;                                                                              \
+    }                                                                                              \
     static inline VT F##_max(VT a, VT b) {                                                         \
         VI m = (VI)(a > b) | (VI)(b != b);                                                         \
         return (VT)(((VI)a & m) | ((VI)b & ~m));                                                   \
@@ -86,8 +96,12 @@ RK_INT_FAMILY(u64, rk_vu64, rk_vu64, uint64_t)
         VI m = (VI)(a < b) | (VI)(b != b);                                                         \
         return (VT)(((VI)a & m) | ((VI)b & ~m));                                                   \
     }                                                                                              \
-    static inline VT F##_scale(VT a, ST s) { return a * s; }                                       \
-    static inline VT F##_div(VT a, ST s) { return a / s; }
+    static inline VT F##_scale(VT a, ST s) {                                                       \
+        return a * s;                                                                              \
+    }                                                                                              \
+    static inline VT F##_div(VT a, ST s) {                                                         \
+        return a / s;                                                                              \
+    }
 
 RK_FLOAT_FAMILY(f32, rk_vf32, rk_vi32, float)
 RK_FLOAT_FAMILY(f64, rk_vf64, rk_vi64, double)
@@ -100,7 +114,9 @@ RK_FLOAT_FAMILY(f64, rk_vf64, rk_vi64, double)
         memcpy(&v, p, sizeof v);                                                                   \
         return v;                                                                                  \
     }                                                                                              \
-    static inline void X##_store(void *p, VT v) { memcpy(p, &v, sizeof v); }
+    static inline void X##_store(void *p, VT v) {                                                  \
+        memcpy(p, &v, sizeof v);                                                                   \
+    }
 
 RK_NATIVE_LS(i8, rk_vi8)
 RK_NATIVE_LS(u8, rk_vu8)
@@ -113,7 +129,9 @@ RK_NATIVE_LS(f64, rk_vf64)
 
 /* m ? a : b per lane, m all-ones or all-zeros; a target may bring a one-instruction select. */
 #if !RK_SEL
-static inline rk_vu32 rk_sel(rk_vu32 m, rk_vu32 a, rk_vu32 b) { return (a & m) | (b & ~m); }
+static inline rk_vu32 rk_sel(rk_vu32 m, rk_vu32 a, rk_vu32 b) {
+    return (a & m) | (b & ~m);
+}
 #endif
 #define RK_MASK(cond) ((rk_vu32)(cond))
 /* Comparisons of magnitudes (bits of |f|, below 2^31) against constants: signed compares are
@@ -230,9 +248,13 @@ static inline rk_vu32 rk_f32_to_half_bits(rk_vf32 f) {
 #define f16_load rk_f16c_load
 #define f16_store rk_f16c_store
 #else
-static inline rk_vf32 f16_load(const void *p) { return rk_half_bits_to_f32(rk_widen16(p)); }
+static inline rk_vf32 f16_load(const void *p) {
+    return rk_half_bits_to_f32(rk_widen16(p));
+}
 
-static inline void f16_store(void *p, rk_vf32 f) { rk_narrow16(p, rk_f32_to_half_bits(f)); }
+static inline void f16_store(void *p, rk_vf32 f) {
+    rk_narrow16(p, rk_f32_to_half_bits(f));
+}
 #endif
 
 static inline rk_vf32 e4m3_load(const void *p) {
@@ -260,7 +282,9 @@ static inline void e4m3_store(void *p, rk_vf32 f) {
 #if RK_F16C
 #define e5m2_load rk_f16c_e5m2_load
 #else
-static inline rk_vf32 e5m2_load(const void *p) { return rk_half_bits_to_f32(rk_widen8(p) << 8); }
+static inline rk_vf32 e5m2_load(const void *p) {
+    return rk_half_bits_to_f32(rk_widen8(p) << 8);
+}
 #endif
 
 static inline void e5m2_store(void *p, rk_vf32 f) {
@@ -366,7 +390,7 @@ static void rk_body_copy(void *dst, const void *src, size_t bytes) {
 /* X: dtype tag; ST: storage element; CV/W: compute vector and its element count; F: arithmetic
  * family; SCT/SCALAR: PREMULSUM scalar type and how to read it from op. */
 #define RK_DEFINE(X, ST, CV, W, F, SCT, SCALAR)                                                    \
-    static void X##_prepare(void *d, const void *x, size_t n, const chorus_redop_t *op) {         \
+    static void X##_prepare(void *d, const void *x, size_t n, const chorus_redop_t *op) {          \
         if (op->kind != RK_PREMULSUM) {                                                            \
             rk_body_copy(d, x, n * sizeof(ST));                                                    \
             return;                                                                                \
@@ -374,7 +398,7 @@ static void rk_body_copy(void *dst, const void *src, size_t bytes) {
         SCT s = SCALAR;                                                                            \
         RK_LOOP1(ST, CV, W, X##_load, X##_store, d, x, n, F##_scale(a, s));                        \
     }                                                                                              \
-    static void X##_reduce(void *d, const void *x, const void *y, size_t n,                       \
+    static void X##_reduce(void *d, const void *x, const void *y, size_t n,                        \
                            const chorus_redop_t *op) {                                             \
         switch (op->kind) {                                                                        \
         case RK_SUM:                                                                               \
@@ -397,7 +421,7 @@ static void rk_body_copy(void *dst, const void *src, size_t bytes) {
         }                                                                                          \
         }                                                                                          \
     }                                                                                              \
-    static void X##_reduce_n(void *d, const void *const *ins, int nin, size_t n,                  \
+    static void X##_reduce_n(void *d, const void *const *ins, int nin, size_t n,                   \
                              const chorus_redop_t *op) {                                           \
         switch (op->kind) {                                                                        \
         case RK_SUM:                                                                               \
@@ -468,19 +492,44 @@ RK_DIV_FLOAT(e5m2, uint8_t, rk_vf32, RK_W32, f32, float)
 
 #define RK_DTYPE_SWITCH(CALL_SUFFIX, ...)                                                          \
     switch (op->dtype) {                                                                           \
-    case ncclInt8: i8_##CALL_SUFFIX(__VA_ARGS__); break;                                           \
-    case ncclUint8: u8_##CALL_SUFFIX(__VA_ARGS__); break;                                          \
-    case ncclInt32: i32_##CALL_SUFFIX(__VA_ARGS__); break;                                         \
-    case ncclUint32: u32_##CALL_SUFFIX(__VA_ARGS__); break;                                        \
-    case ncclInt64: i64_##CALL_SUFFIX(__VA_ARGS__); break;                                         \
-    case ncclUint64: u64_##CALL_SUFFIX(__VA_ARGS__); break;                                        \
-    case ncclFloat16: f16_##CALL_SUFFIX(__VA_ARGS__); break;                                       \
-    case ncclFloat32: f32_##CALL_SUFFIX(__VA_ARGS__); break;                                       \
-    case ncclFloat64: f64_##CALL_SUFFIX(__VA_ARGS__); break;                                       \
-    case ncclBfloat16: bf16_##CALL_SUFFIX(__VA_ARGS__); break;                                     \
-    case ncclFloat8e4m3: e4m3_##CALL_SUFFIX(__VA_ARGS__); break;                                   \
-    case ncclFloat8e5m2: e5m2_##CALL_SUFFIX(__VA_ARGS__); break;                                   \
-    default: break;                                                                                \
+    case ncclInt8:                                                                                 \
+        i8_##CALL_SUFFIX(__VA_ARGS__);                                                             \
+        break;                                                                                     \
+    case ncclUint8:                                                                                \
+        u8_##CALL_SUFFIX(__VA_ARGS__);                                                             \
+        break;                                                                                     \
+    case ncclInt32:                                                                                \
+        i32_##CALL_SUFFIX(__VA_ARGS__);                                                            \
+        break;                                                                                     \
+    case ncclUint32:                                                                               \
+        u32_##CALL_SUFFIX(__VA_ARGS__);                                                            \
+        break;                                                                                     \
+    case ncclInt64:                                                                                \
+        i64_##CALL_SUFFIX(__VA_ARGS__);                                                            \
+        break;                                                                                     \
+    case ncclUint64:                                                                               \
+        u64_##CALL_SUFFIX(__VA_ARGS__);                                                            \
+        break;                                                                                     \
+    case ncclFloat16:                                                                              \
+        f16_##CALL_SUFFIX(__VA_ARGS__);                                                            \
+        break;                                                                                     \
+    case ncclFloat32:                                                                              \
+        f32_##CALL_SUFFIX(__VA_ARGS__);                                                            \
+        break;                                                                                     \
+    case ncclFloat64:                                                                              \
+        f64_##CALL_SUFFIX(__VA_ARGS__);                                                            \
+        break;                                                                                     \
+    case ncclBfloat16:                                                                             \
+        bf16_##CALL_SUFFIX(__VA_ARGS__);                                                           \
+        break;                                                                                     \
+    case ncclFloat8e4m3:                                                                           \
+        e4m3_##CALL_SUFFIX(__VA_ARGS__);                                                           \
+        break;                                                                                     \
+    case ncclFloat8e5m2:                                                                           \
+        e5m2_##CALL_SUFFIX(__VA_ARGS__);                                                           \
+        break;                                                                                     \
+    default:                                                                                       \
+        break;                                                                                     \
     }
 
 static void rk_body_prepare(void *d, const void *x, size_t n, const chorus_redop_t *op) {

@@ -18,7 +18,8 @@
  * rk_dev_reduce_n takes a host array of device pointers and passes up to RK_DEV_MAXN of them by
  * value in the kernel parameters (no allocation, no copy). Larger n folds RK_DEV_MAXN inputs per
  * launch, the later launches taking dst as their first input, so low-precision types then round
- * once per RK_DEV_MAXN inputs instead of once.
+ * once per RK_DEV_MAXN inputs instead of once, and dst may then alias only one of the first
+ * RK_DEV_MAXN inputs (ncclInvalidUsage otherwise).
  */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -43,52 +44,94 @@ namespace {
 template <typename S_, typename U> struct IntT {
     using S = S_;
     using C = S_;
-    __device__ static C load(S x) { return x; }
-    __device__ static S store(C x) { return x; }
-    __device__ static C add(C a, C b) { return (C)(U)((U)a + (U)b); }
-    __device__ static C mul(C a, C b) { return (C)(U)((U)a * (U)b); }
+    __device__ static C load(S x) {
+        return x;
+    }
+    __device__ static S store(C x) {
+        return x;
+    }
+    __device__ static C add(C a, C b) {
+        return (C)(U)((U)a + (U)b);
+    }
+    __device__ static C mul(C a, C b) {
+        return (C)(U)((U)a * (U)b);
+    }
     __device__ static C divide(C a, int n) {
         if (S_(-1) < S_(0)) return (C)((int64_t)a / (int64_t)n); /* truncates toward zero */
         return (C)((uint64_t)a / (uint64_t)n);
     }
-    static C scalar(const chorus_redop_t *op) { return (C)(U)op->scalar.u; }
+    static C scalar(const chorus_redop_t *op) {
+        return (C)(U)op->scalar.u;
+    }
 };
 
 struct F32Math {
     using C = float;
-    __device__ static C add(C a, C b) { return __fadd_rn(a, b); }
-    __device__ static C mul(C a, C b) { return __fmul_rn(a, b); }
-    __device__ static C divide(C a, int n) { return __fdiv_rn(a, (float)n); }
-    static C scalar(const chorus_redop_t *op) { return (float)op->scalar.f; }
+    __device__ static C add(C a, C b) {
+        return __fadd_rn(a, b);
+    }
+    __device__ static C mul(C a, C b) {
+        return __fmul_rn(a, b);
+    }
+    __device__ static C divide(C a, int n) {
+        return __fdiv_rn(a, (float)n);
+    }
+    static C scalar(const chorus_redop_t *op) {
+        return (float)op->scalar.f;
+    }
 };
 
 struct F32T : F32Math {
     using S = float;
-    __device__ static C load(S x) { return x; }
-    __device__ static S store(C x) { return x; }
+    __device__ static C load(S x) {
+        return x;
+    }
+    __device__ static S store(C x) {
+        return x;
+    }
 };
 
 struct F64T {
     using S = double;
     using C = double;
-    __device__ static C load(S x) { return x; }
-    __device__ static S store(C x) { return x; }
-    __device__ static C add(C a, C b) { return __dadd_rn(a, b); }
-    __device__ static C mul(C a, C b) { return __dmul_rn(a, b); }
-    __device__ static C divide(C a, int n) { return __ddiv_rn(a, (double)n); }
-    static C scalar(const chorus_redop_t *op) { return op->scalar.f; }
+    __device__ static C load(S x) {
+        return x;
+    }
+    __device__ static S store(C x) {
+        return x;
+    }
+    __device__ static C add(C a, C b) {
+        return __dadd_rn(a, b);
+    }
+    __device__ static C mul(C a, C b) {
+        return __dmul_rn(a, b);
+    }
+    __device__ static C divide(C a, int n) {
+        return __ddiv_rn(a, (double)n);
+    }
+    static C scalar(const chorus_redop_t *op) {
+        return op->scalar.f;
+    }
 };
 
 struct F16T : F32Math {
     using S = uint16_t;
-    __device__ static C load(S x) { return __half2float(__ushort_as_half(x)); }
-    __device__ static S store(C x) { return __half_as_ushort(__float2half_rn(x)); }
+    __device__ static C load(S x) {
+        return __half2float(__ushort_as_half(x));
+    }
+    __device__ static S store(C x) {
+        return __half_as_ushort(__float2half_rn(x));
+    }
 };
 
 struct BF16T : F32Math {
     using S = uint16_t;
-    __device__ static C load(S x) { return __bfloat162float(__ushort_as_bfloat16(x)); }
-    __device__ static S store(C x) { return __bfloat16_as_ushort(__float2bfloat16_rn(x)); }
+    __device__ static C load(S x) {
+        return __bfloat162float(__ushort_as_bfloat16(x));
+    }
+    __device__ static S store(C x) {
+        return __bfloat16_as_ushort(__float2bfloat16_rn(x));
+    }
 };
 
 template <__nv_fp8_interpretation_t I> struct F8T : F32Math {
@@ -105,19 +148,31 @@ template <__nv_fp8_interpretation_t I> struct F8T : F32Math {
 };
 
 /* The host's MAX/MIN rule: a when it wins or when b is NaN, else b. */
-template <typename C> __device__ inline bool rk_isnan(C x) { return false; }
-template <> __device__ inline bool rk_isnan<float>(float x) { return x != x; }
-template <> __device__ inline bool rk_isnan<double>(double x) { return x != x; }
+template <typename C> __device__ inline bool rk_isnan(C x) {
+    return false;
+}
+template <> __device__ inline bool rk_isnan<float>(float x) {
+    return x != x;
+}
+template <> __device__ inline bool rk_isnan<double>(double x) {
+    return x != x;
+}
 
 template <typename D, int K> struct Fn {
     using C = typename D::C;
-    __device__ static C pre(C a, C s) { return K == RK_PREMULSUM ? D::mul(a, s) : a; }
+    __device__ static C pre(C a, C s) {
+        return K == RK_PREMULSUM ? D::mul(a, s) : a;
+    }
     __device__ static C combine(C a, C b) {
         switch (K) {
-        case RK_PROD: return D::mul(a, b);
-        case RK_MAX: return (a > b || rk_isnan(b)) ? a : b;
-        case RK_MIN: return (a < b || rk_isnan(b)) ? a : b;
-        default: return D::add(a, b);
+        case RK_PROD:
+            return D::mul(a, b);
+        case RK_MAX:
+            return (a > b || rk_isnan(b)) ? a : b;
+        case RK_MIN:
+            return (a < b || rk_isnan(b)) ? a : b;
+        default:
+            return D::add(a, b);
         }
     }
 };
@@ -130,10 +185,15 @@ template <typename S> struct Vec {
     };
 };
 
-/* ---- kernels ------------------------------------------------------------------------------------ */
+/* ---- kernels ------------------------------------------------------------------------------------
+ */
 
-__device__ inline size_t rk_tid() { return (size_t)blockIdx.x * blockDim.x + threadIdx.x; }
-__device__ inline size_t rk_stride() { return (size_t)gridDim.x * blockDim.x; }
+__device__ inline size_t rk_tid() {
+    return (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+}
+__device__ inline size_t rk_stride() {
+    return (size_t)gridDim.x * blockDim.x;
+}
 
 /* dst = combine(pre(in), acc); also prepare (acc == nullptr: dst = pre(in)). */
 template <typename D, int K>
@@ -166,7 +226,8 @@ __global__ void rk_k_reduce(typename D::S *dst, const typename D::S *in, const t
 
 template <typename D>
 __global__ void rk_k_divide(typename D::S *dst, const typename D::S *src, size_t count, int n) {
-    for (size_t i = rk_tid(); i < count; i += rk_stride()) dst[i] = D::store(D::divide(D::load(src[i]), n));
+    for (size_t i = rk_tid(); i < count; i += rk_stride())
+        dst[i] = D::store(D::divide(D::load(src[i]), n));
 }
 
 struct rk_dev_ptrs_t {
@@ -189,14 +250,17 @@ __global__ void rk_k_reduce_n(typename D::S *dst, rk_dev_ptrs_t ins, int n, size
             typename Vec<S>::U a;
             a.v = reinterpret_cast<const uint4 *>(ins.p[0])[v];
 #pragma unroll
-            for (int j = 0; j < N; j++) accv[j] = F::pre(D::load(a.e[j]), s);
+            for (int j = 0; j < N; j++)
+                accv[j] = F::pre(D::load(a.e[j]), s);
             for (int k = 1; k < n; k++) {
                 a.v = reinterpret_cast<const uint4 *>(ins.p[k])[v];
 #pragma unroll
-                for (int j = 0; j < N; j++) accv[j] = F::combine(accv[j], F::pre(D::load(a.e[j]), s));
+                for (int j = 0; j < N; j++)
+                    accv[j] = F::combine(accv[j], F::pre(D::load(a.e[j]), s));
             }
 #pragma unroll
-            for (int j = 0; j < N; j++) a.e[j] = D::store(accv[j]);
+            for (int j = 0; j < N; j++)
+                a.e[j] = D::store(accv[j]);
             reinterpret_cast<uint4 *>(dst)[v] = a.v;
         }
         done = nvec * N;
@@ -209,9 +273,12 @@ __global__ void rk_k_reduce_n(typename D::S *dst, rk_dev_ptrs_t ins, int n, size
     }
 }
 
-/* ---- launch helpers ------------------------------------------------------------------------------ */
+/* ---- launch helpers
+ * ------------------------------------------------------------------------------ */
 
-inline bool rk_aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
+inline bool rk_aligned16(const void *p) {
+    return ((uintptr_t)p & 15) == 0;
+}
 
 inline unsigned rk_blocks(size_t work) {
     size_t b = (work + RK_DEV_THREADS - 1) / RK_DEV_THREADS;
@@ -236,7 +303,8 @@ ncclResult_t rk_launch_reduce(void *dst, const void *in, const void *acc, size_t
     size_t work = vec ? count / Vec<S>::N + count % Vec<S>::N : count;
     typename D::C s = K == RK_PREMULSUM ? D::scalar(op) : typename D::C(0);
     rk_k_reduce<D, K><<<rk_blocks(work), RK_DEV_THREADS, 0, st>>>(
-        static_cast<S *>(dst), static_cast<const S *>(in), static_cast<const S *>(acc), count, s, vec);
+        static_cast<S *>(dst), static_cast<const S *>(in), static_cast<const S *>(acc), count, s,
+        vec);
     return rk_dev_check(what);
 }
 
@@ -244,11 +312,16 @@ template <typename D>
 ncclResult_t rk_dispatch_reduce(void *dst, const void *in, const void *acc, size_t count,
                                 const chorus_redop_t *op, cudaStream_t st, const char *what) {
     switch (op->kind) {
-    case RK_PROD: return rk_launch_reduce<D, RK_PROD>(dst, in, acc, count, op, st, what);
-    case RK_MAX: return rk_launch_reduce<D, RK_MAX>(dst, in, acc, count, op, st, what);
-    case RK_MIN: return rk_launch_reduce<D, RK_MIN>(dst, in, acc, count, op, st, what);
-    case RK_PREMULSUM: return rk_launch_reduce<D, RK_PREMULSUM>(dst, in, acc, count, op, st, what);
-    default: return rk_launch_reduce<D, RK_SUM>(dst, in, acc, count, op, st, what);
+    case RK_PROD:
+        return rk_launch_reduce<D, RK_PROD>(dst, in, acc, count, op, st, what);
+    case RK_MAX:
+        return rk_launch_reduce<D, RK_MAX>(dst, in, acc, count, op, st, what);
+    case RK_MIN:
+        return rk_launch_reduce<D, RK_MIN>(dst, in, acc, count, op, st, what);
+    case RK_PREMULSUM:
+        return rk_launch_reduce<D, RK_PREMULSUM>(dst, in, acc, count, op, st, what);
+    default:
+        return rk_launch_reduce<D, RK_SUM>(dst, in, acc, count, op, st, what);
     }
 }
 
@@ -257,10 +330,11 @@ ncclResult_t rk_launch_reduce_n_round(void *dst, const rk_dev_ptrs_t &p, int m, 
                                       typename D::C s, cudaStream_t st) {
     using S = typename D::S;
     bool vec = rk_aligned16(dst);
-    for (int k = 0; k < m; k++) vec = vec && rk_aligned16(p.p[k]);
+    for (int k = 0; k < m; k++)
+        vec = vec && rk_aligned16(p.p[k]);
     size_t work = vec ? count / Vec<S>::N + count % Vec<S>::N : count;
-    rk_k_reduce_n<D, K><<<rk_blocks(work), RK_DEV_THREADS, 0, st>>>(static_cast<S *>(dst), p, m,
-                                                                     count, s, vec);
+    rk_k_reduce_n<D, K>
+        <<<rk_blocks(work), RK_DEV_THREADS, 0, st>>>(static_cast<S *>(dst), p, m, count, s, vec);
     return rk_dev_check("rk_dev_reduce_n");
 }
 
@@ -270,7 +344,8 @@ ncclResult_t rk_launch_reduce_n(void *dst, const void *const *ins, int n, size_t
     typename D::C s = K == RK_PREMULSUM ? D::scalar(op) : typename D::C(0);
     rk_dev_ptrs_t p;
     int k = 0, m = 0;
-    while (m < RK_DEV_MAXN && k < n) p.p[m++] = ins[k++];
+    while (m < RK_DEV_MAXN && k < n)
+        p.p[m++] = ins[k++];
     CHECK((rk_launch_reduce_n_round<D, K>(dst, p, m, count, s, st)));
     while (k < n) {
         if (K == RK_PREMULSUM) { /* dst is already scaled: fold one scaled input at a time */
@@ -279,7 +354,8 @@ ncclResult_t rk_launch_reduce_n(void *dst, const void *const *ins, int n, size_t
         }
         m = 0; /* pre() is the identity: the partial result is just one more input */
         p.p[m++] = dst;
-        while (m < RK_DEV_MAXN && k < n) p.p[m++] = ins[k++];
+        while (m < RK_DEV_MAXN && k < n)
+            p.p[m++] = ins[k++];
         CHECK((rk_launch_reduce_n_round<D, K>(dst, p, m, count, s, st)));
     }
     return ncclSuccess;
@@ -289,11 +365,16 @@ template <typename D>
 ncclResult_t rk_dispatch_reduce_n(void *dst, const void *const *ins, int n, size_t count,
                                   const chorus_redop_t *op, cudaStream_t st) {
     switch (op->kind) {
-    case RK_PROD: return rk_launch_reduce_n<D, RK_PROD>(dst, ins, n, count, op, st);
-    case RK_MAX: return rk_launch_reduce_n<D, RK_MAX>(dst, ins, n, count, op, st);
-    case RK_MIN: return rk_launch_reduce_n<D, RK_MIN>(dst, ins, n, count, op, st);
-    case RK_PREMULSUM: return rk_launch_reduce_n<D, RK_PREMULSUM>(dst, ins, n, count, op, st);
-    default: return rk_launch_reduce_n<D, RK_SUM>(dst, ins, n, count, op, st);
+    case RK_PROD:
+        return rk_launch_reduce_n<D, RK_PROD>(dst, ins, n, count, op, st);
+    case RK_MAX:
+        return rk_launch_reduce_n<D, RK_MAX>(dst, ins, n, count, op, st);
+    case RK_MIN:
+        return rk_launch_reduce_n<D, RK_MIN>(dst, ins, n, count, op, st);
+    case RK_PREMULSUM:
+        return rk_launch_reduce_n<D, RK_PREMULSUM>(dst, ins, n, count, op, st);
+    default:
+        return rk_launch_reduce_n<D, RK_SUM>(dst, ins, n, count, op, st);
     }
 }
 
@@ -306,26 +387,39 @@ ncclResult_t rk_launch_reduce_pre(void *dst, const void *in, size_t count, const
 template <typename D>
 ncclResult_t rk_launch_divide(void *dst, const void *src, size_t count, int n, cudaStream_t st) {
     using S = typename D::S;
-    rk_k_divide<D><<<rk_blocks(count), RK_DEV_THREADS, 0, st>>>(static_cast<S *>(dst),
-                                                                static_cast<const S *>(src), count, n);
+    rk_k_divide<D><<<rk_blocks(count), RK_DEV_THREADS, 0, st>>>(
+        static_cast<S *>(dst), static_cast<const S *>(src), count, n);
     return rk_dev_check("rk_dev_finish");
 }
 
 #define RK_DEV_DTYPE_SWITCH(FN, ...)                                                               \
     switch (op->dtype) {                                                                           \
-    case ncclInt8: return FN<IntT<int8_t, uint8_t>>(__VA_ARGS__);                                  \
-    case ncclUint8: return FN<IntT<uint8_t, uint8_t>>(__VA_ARGS__);                                \
-    case ncclInt32: return FN<IntT<int32_t, uint32_t>>(__VA_ARGS__);                               \
-    case ncclUint32: return FN<IntT<uint32_t, uint32_t>>(__VA_ARGS__);                             \
-    case ncclInt64: return FN<IntT<int64_t, uint64_t>>(__VA_ARGS__);                               \
-    case ncclUint64: return FN<IntT<uint64_t, uint64_t>>(__VA_ARGS__);                             \
-    case ncclFloat16: return FN<F16T>(__VA_ARGS__);                                                \
-    case ncclFloat32: return FN<F32T>(__VA_ARGS__);                                                \
-    case ncclFloat64: return FN<F64T>(__VA_ARGS__);                                                \
-    case ncclBfloat16: return FN<BF16T>(__VA_ARGS__);                                              \
-    case ncclFloat8e4m3: return FN<F8T<__NV_E4M3>>(__VA_ARGS__);                                   \
-    case ncclFloat8e5m2: return FN<F8T<__NV_E5M2>>(__VA_ARGS__);                                   \
-    default: break;                                                                                \
+    case ncclInt8:                                                                                 \
+        return FN<IntT<int8_t, uint8_t>>(__VA_ARGS__);                                             \
+    case ncclUint8:                                                                                \
+        return FN<IntT<uint8_t, uint8_t>>(__VA_ARGS__);                                            \
+    case ncclInt32:                                                                                \
+        return FN<IntT<int32_t, uint32_t>>(__VA_ARGS__);                                           \
+    case ncclUint32:                                                                               \
+        return FN<IntT<uint32_t, uint32_t>>(__VA_ARGS__);                                          \
+    case ncclInt64:                                                                                \
+        return FN<IntT<int64_t, uint64_t>>(__VA_ARGS__);                                           \
+    case ncclUint64:                                                                               \
+        return FN<IntT<uint64_t, uint64_t>>(__VA_ARGS__);                                          \
+    case ncclFloat16:                                                                              \
+        return FN<F16T>(__VA_ARGS__);                                                              \
+    case ncclFloat32:                                                                              \
+        return FN<F32T>(__VA_ARGS__);                                                              \
+    case ncclFloat64:                                                                              \
+        return FN<F64T>(__VA_ARGS__);                                                              \
+    case ncclBfloat16:                                                                             \
+        return FN<BF16T>(__VA_ARGS__);                                                             \
+    case ncclFloat8e4m3:                                                                           \
+        return FN<F8T<__NV_E4M3>>(__VA_ARGS__);                                                    \
+    case ncclFloat8e5m2:                                                                           \
+        return FN<F8T<__NV_E5M2>>(__VA_ARGS__);                                                    \
+    default:                                                                                       \
+        break;                                                                                     \
     }
 
 ncclResult_t rk_dev_bad_dtype(const char *what, int dtype) {
@@ -335,7 +429,8 @@ ncclResult_t rk_dev_bad_dtype(const char *what, int dtype) {
 
 } // namespace
 
-/* ---- entry points (reduce.h) --------------------------------------------------------------------- */
+/* ---- entry points (reduce.h)
+ * --------------------------------------------------------------------- */
 
 ncclResult_t rk_dev_copy(void *dst, const void *src, size_t bytes, void *stream) {
     if (bytes == 0 || dst == src) return ncclSuccess;
@@ -350,7 +445,8 @@ ncclResult_t rk_dev_copy(void *dst, const void *src, size_t bytes, void *stream)
 ncclResult_t rk_dev_prepare(void *dst, const void *in, size_t count, const chorus_redop_t *op,
                             void *stream) {
     if (count == 0) return ncclSuccess;
-    if (op->kind != RK_PREMULSUM) return rk_dev_copy(dst, in, count * chorus_dtype_size(op->dtype), stream);
+    if (op->kind != RK_PREMULSUM)
+        return rk_dev_copy(dst, in, count * chorus_dtype_size(op->dtype), stream);
     RK_DEV_DTYPE_SWITCH(rk_launch_reduce_pre, dst, in, count, op, (cudaStream_t)stream)
     return rk_dev_bad_dtype("rk_dev_prepare", (int)op->dtype);
 }
@@ -375,6 +471,14 @@ ncclResult_t rk_dev_finish(void *dst, const void *src, size_t count, const choru
 ncclResult_t rk_dev_reduce_n(void *dst, const void *const *ins, int n, size_t count,
                              const chorus_redop_t *op, void *stream) {
     if (count == 0 || n <= 0) return ncclSuccess;
+    for (int k = RK_DEV_MAXN; k < n; k++) {
+        if (ins[k] == dst) { /* the first launch would overwrite it before a later one reads it */
+            WARN("rk_dev_reduce_n: dst may alias only one of the first %d of %d inputs (it is "
+                 "input %d)",
+                 RK_DEV_MAXN, n, k);
+            return ncclInvalidUsage;
+        }
+    }
     RK_DEV_DTYPE_SWITCH(rk_dispatch_reduce_n, dst, ins, n, count, op, (cudaStream_t)stream)
     return rk_dev_bad_dtype("rk_dev_reduce_n", (int)op->dtype);
 }

@@ -22,7 +22,8 @@
 typedef uint32_t rk_widen_vu __attribute__((vector_size(16)));
 
 static inline rk_widen_vu rk_widen16(const void *p) {
-    return (rk_widen_vu)_mm_unpacklo_epi16(_mm_loadl_epi64((const __m128i *)p), _mm_setzero_si128());
+    return (rk_widen_vu)_mm_unpacklo_epi16(_mm_loadl_epi64((const __m128i *)p),
+                                           _mm_setzero_si128());
 }
 
 /* SSE2 has only the signed 32->16 pack: sign-extend the low 16 bits first so that it keeps them. */
@@ -31,7 +32,9 @@ static inline __m128i rk_pack16(rk_widen_vu v) {
     return _mm_packs_epi32(x, x);
 }
 
-static inline void rk_narrow16(void *p, rk_widen_vu v) { _mm_storel_epi64((__m128i *)p, rk_pack16(v)); }
+static inline void rk_narrow16(void *p, rk_widen_vu v) {
+    _mm_storel_epi64((__m128i *)p, rk_pack16(v));
+}
 
 static inline rk_widen_vu rk_widen8(const void *p) {
     int32_t w;

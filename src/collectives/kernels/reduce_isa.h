@@ -22,9 +22,11 @@ typedef struct {
     const char *name;
     void (*copy)(void *dst, const void *src, size_t bytes);
     void (*prepare)(void *dst, const void *in, size_t count, const chorus_redop_t *op);
-    void (*reduce)(void *dst, const void *in, const void *acc, size_t count, const chorus_redop_t *op);
+    void (*reduce)(void *dst, const void *in, const void *acc, size_t count,
+                   const chorus_redop_t *op);
     void (*finish)(void *dst, const void *src, size_t count, const chorus_redop_t *op);
-    void (*reduce_n)(void *dst, const void *const *ins, int n, size_t count, const chorus_redop_t *op);
+    void (*reduce_n)(void *dst, const void *const *ins, int n, size_t count,
+                     const chorus_redop_t *op);
 } rk_isa_ops_t;
 
 extern const rk_isa_ops_t rk_isa_generic;
@@ -36,7 +38,8 @@ extern const rk_isa_ops_t rk_isa_avx512;
 #define RK_HAVE_X86 0
 #endif
 
-/* Copies of at least this many bytes use non-temporal stores (x86 variants); see reduce_body.h. */
+/* Copies of at least this many bytes use non-temporal stores (x86 variants): half the L3 cache,
+ * at least 16 MiB, decided at the first kernel call (reduce_dispatch.c); callers may change it. */
 extern size_t rk_nt_threshold;
 
 #ifdef __cplusplus

@@ -55,7 +55,7 @@ typedef struct {
     uint32_t nslots;
     uint32_t recv_pid;
     uint64_t slot_bytes;
-    uint64_t data_offset;  /* from the start of the segment to slot 0 */
+    uint64_t data_offset;         /* from the start of the segment to slot 0 */
     _Atomic uint32_t send_mapped; /* the sender has mapped (and unlinked) the segment */
     _Atomic uint32_t cma_state;   /* SHM_CMA_*: the receiver's probe result */
     _Atomic uint32_t send_closed;
@@ -83,12 +83,12 @@ typedef struct {
 typedef struct {
     int is_send;
     int fd;
-    int locked;       /* we hold our liveness lock, so the peer's can be probed */
+    int locked; /* we hold our liveness lock, so the peer's can be probed */
     shm_ctrl_t *ctrl;
-    char *data;       /* slot 0 */
+    char *data; /* slot 0 */
     size_t map_bytes;
     char name[SHM_NAME_LEN];
-    int name_linked;  /* receiver: the name may still exist in /dev/shm */
+    int name_linked; /* receiver: the name may still exist in /dev/shm */
     int peer_pid;
     int peer_pid_ok;  /* peer_pid is valid in our pid namespace (kill(pid, 0) means something) */
     int same_process; /* both ends are threads of one process */
@@ -97,7 +97,7 @@ typedef struct {
     /* Liveness: not-ready polls since the last clock read, and when to probe the peer next. */
     uint32_t idle_polls;
     uint64_t next_check_ns;
-    int failed;       /* sticky: the peer died or closed; every later call fails */
+    int failed;                   /* sticky: the peer died or closed; every later call fails */
     volatile uint64_t probe_word; /* sender: read by the receiver's CMA probe */
 } shm_conn_t;
 

@@ -85,10 +85,12 @@ ncclResult_t shm_cma_read(chorus_conn_t *conn, shm_conn_t *sc, void *dst, uint64
             continue;
         }
         if (n < 0 && errno == EINTR) continue;
-        if (n < 0 && errno == ESRCH) return shm_peer_failed(conn, sc, "died: it exited during a single-copy read");
+        if (n < 0 && errno == ESRCH)
+            return shm_peer_failed(conn, sc, "died: it exited during a single-copy read");
         char why[128];
         snprintf(why, sizeof(why), "failed: single-copy read of %zu bytes at 0x%llx failed: %s",
-                 bytes - done, (unsigned long long)(src + done), n < 0 ? strerror(errno) : "no data");
+                 bytes - done, (unsigned long long)(src + done),
+                 n < 0 ? strerror(errno) : "no data");
         return shm_peer_failed(conn, sc, why);
     }
     return ncclSuccess;

@@ -99,8 +99,7 @@ static ncclResult_t shm_connect_recv(chorus_conn_t *conn, shm_conn_t *sc, const 
     sc->peer_pid = (int)sb->pid;
     sc->peer_pid_ok = shm_peer_pid_ok(conn);
     CHECK(shm_cma_probe(conn, sc, sb));
-    if (atomic_load_explicit(&sc->ctrl->send_mapped, memory_order_acquire))
-        shm_segment_unlink(sc);
+    if (atomic_load_explicit(&sc->ctrl->send_mapped, memory_order_acquire)) shm_segment_unlink(sc);
     shm_set_desc(conn, sc);
     return ncclSuccess;
 }
@@ -149,8 +148,10 @@ static ncclResult_t shm_connect_send(chorus_conn_t *conn, shm_conn_t *sc, const 
 
 ncclResult_t shm_connect(chorus_conn_t *conn, const void *peer_blob, size_t peer_blob_bytes) {
     shm_conn_t *sc = conn->priv;
-    if (conn->is_send) CHECK(shm_connect_send(conn, sc, peer_blob, peer_blob_bytes));
-    else CHECK(shm_connect_recv(conn, sc, peer_blob, peer_blob_bytes));
+    if (conn->is_send)
+        CHECK(shm_connect_send(conn, sc, peer_blob, peer_blob_bytes));
+    else
+        CHECK(shm_connect_recv(conn, sc, peer_blob, peer_blob_bytes));
     sc->cached = 0;
     conn->step = 0;
     return ncclSuccess;

@@ -41,6 +41,15 @@ ncclResult_t shm_peer_failed(chorus_conn_t *conn, shm_conn_t *sc, const char *wh
     return ncclRemoteError;
 }
 
+/* Whether the peer has moved its counter past what we last saw: data or credit we have not
+ * looked at yet. Called before declaring a peer gone: a peer that released (or committed) its last
+ * step and then closed or exited is not a failure. */
+static int shm_peer_moved(chorus_conn_t *conn, shm_conn_t *sc) {
+    if (sc->is_send)
+        return atomic_load_explicit(&sc->ctrl->head, memory_order_acquire) != sc->cached;
+    return atomic_load_explicit(&sc->ctrl->tail, memory_order_acquire) > conn->step;
+}
+
 ncclResult_t shm_idle_check(chorus_conn_t *conn, shm_conn_t *sc) {
     if (++sc->idle_polls < SHM_IDLE_POLLS_PER_CLOCK) return ncclSuccess;
     sc->idle_polls = 0;
@@ -49,12 +58,16 @@ ncclResult_t shm_idle_check(chorus_conn_t *conn, shm_conn_t *sc) {
     sc->next_check_ns = now + SHM_LIVENESS_PERIOD_NS;
     shm_ctrl_t *c = sc->ctrl;
     _Atomic uint32_t *peer_closed = sc->is_send ? &c->recv_closed : &c->send_closed;
-    if (atomic_load_explicit(peer_closed, memory_order_acquire))
+    int closed = atomic_load_explicit(peer_closed, memory_order_acquire);
+    if (!closed && shm_segment_peer_alive(sc)) return ncclSuccess;
+    /* The peer is gone. Its last counter update came before that (it closes or dies after it
+     * stores), so one more look tells whether it left anything for us. */
+    if (shm_peer_moved(conn, sc)) return ncclSuccess;
+    if (closed || atomic_load_explicit(peer_closed, memory_order_acquire))
         return shm_peer_failed(conn, sc, "closed the connection while data was still expected");
-    if (!shm_segment_peer_alive(sc))
-        return shm_peer_failed(conn, sc, "died: it no longer holds its end of the connection "
-                                         "(process exited or was killed)");
-    return ncclSuccess;
+    return shm_peer_failed(conn, sc,
+                           "died: it no longer holds its end of the connection "
+                           "(process exited or was killed)");
 }
 
 static ncclResult_t shm_send_acquire(chorus_conn_t *conn, void **slot_p, int *ready_p) {

@@ -192,8 +192,8 @@ int shm_segment_peer_alive(shm_conn_t *sc) {
     fl.l_len = 1;
     /* The receiver can only trust the sender's lock once the sender says it has mapped (and
      * locked) the segment: its connect may still be on the way. */
-    int peer_locked = sc->is_send || atomic_load_explicit(&sc->ctrl->send_mapped,
-                                                          memory_order_acquire);
+    int peer_locked =
+        sc->is_send || atomic_load_explicit(&sc->ctrl->send_mapped, memory_order_acquire);
     if (sc->locked && peer_locked && fcntl(sc->fd, F_OFD_GETLK, &fl) == 0)
         return fl.l_type != F_UNLCK;
     /* No OFD locks here (or not yet): fall back to the pid, meaningful in the same pid namespace

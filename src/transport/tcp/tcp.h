@@ -9,12 +9,24 @@
  * Data path. Both ends keep nslots slots of slot_bytes in local memory. The sender commits step s
  * into slot s % nslots; its chunk is cut into up to nsocks pieces (each >= SOCKET_MIN_SPLIT) that
  * go, each behind a small header (step, total, offset, len), on sockets (s + j) % nsocks. A socket
- * is driven by exactly one thread (a helper thread, or with SOCKET_NTHREADS=0 the caller inside the
- * data-path calls), so per-socket state needs no lock. The receiver reads a header, waits until
+ * is driven by one thread at a time, whoever holds its try-lock: the caller inside the data-path
+ * calls (a commit writes its pieces at once, a peek that finds nothing reads) or the socket's
+ * helper thread, which carries what the kernel could not take at once and keeps data moving while
+ * the caller is elsewhere; it naps while the caller polls the connection, so the two do not fight
+ * over the socket and the CPU. (Measured on 2 cores: helpers that did all the I/O, with the caller
+ * only polling memory, reached about half of a plain TCP stream; inline I/O reaches about all of
+ * it.) With SOCKET_NTHREADS=0 there are no helpers and data moves only inside the caller's calls.
+ * The receiver reads a header, waits until
  * slot step % nslots is released by the consumer (leaving the bytes in the kernel, so TCP flow
  * control holds the sender back), reads the payload straight into the slot and, when the last piece
  * of a step lands, publishes the step. The sender reuses a slot only once every piece of its previous
- * step was handed to the kernel. Files:
+ * step was handed to the kernel.
+ *
+ * Direct chunks (TRANSPORT_CAP_DIRECT, from SOCKET_DIRECT_THRESHOLD bytes, only with helper
+ * threads): send_commit_direct sends one piece straight from the user's buffer; the receiver
+ * publishes the step when its header arrives (recv_peek gives data_p NULL) and leaves the payload
+ * in the kernel until recv_copy reads it straight into the destination. One copy per side
+ * instead of two. Files:
  *   tcp_socket.c   socket helpers: options, listen, connect, exact reads/writes with a deadline
  *   tcp_setup.c    can_connect, setup, connect (handshake, accept loop), close
  *   tcp_conn.c     the data-path ops (acquire/commit/drained, peek/release, progress), ops table
@@ -48,6 +60,7 @@
 #define TCP_ACK_MAGIC 0x4143484f52555321ull
 #define TCP_HDR_DATA 0x44415441u  /* "DATA" */
 #define TCP_HDR_CLOSE 0x434c4f53u /* "CLOS": the sender closes cleanly */
+#define TCP_HDR_DIRECT 0x44495243u /* "DIRC": a direct chunk, read into the user buffer */
 
 /* What the receiver's setup() publishes. */
 typedef struct {
@@ -78,7 +91,7 @@ typedef struct {
     uint32_t total;  /* bytes of the whole chunk */
     uint32_t offset; /* of this piece inside the chunk */
     uint32_t len;
-    uint32_t kind; /* TCP_HDR_DATA or TCP_HDR_CLOSE */
+    uint32_t kind; /* TCP_HDR_DATA, TCP_HDR_DIRECT or TCP_HDR_CLOSE */
 } tcp_hdr_t;
 
 /* A futex-backed event count: a waker bumps seq and makes a syscall only when someone sleeps. */
@@ -87,7 +100,9 @@ typedef struct {
     uint32_t waiters;
 } tcp_event_t;
 
-enum { TCP_RX_HDR = 0, TCP_RX_SLOT, TCP_RX_DATA, TCP_RX_DONE };
+/* Receive states. RX_DIRECT: a direct chunk's header was read and published; its payload waits in
+ * the kernel for the caller's recv_copy, which reads it straight into the user buffer. */
+enum { TCP_RX_HDR = 0, TCP_RX_SLOT, TCP_RX_DATA, TCP_RX_DIRECT, TCP_RX_DONE };
 
 /* Result bits of one pass of a socket state machine. */
 enum {
@@ -150,11 +165,14 @@ typedef struct tcp_conn {
     /* sender: head is written by the caller and read by the threads; sent is the caller's */
     uint64_t head, sent;
     uint32_t *slot_size, *slot_npieces, *slot_done;
+    const char **slot_src; /* user buffer of a direct chunk, NULL for a chunk in the slot */
     /* receiver: released is written by the caller; the rest by the threads */
     uint64_t released;
     uint64_t *slot_ready; /* step + 1 once the step is complete */
     uint64_t *slot_recvd; /* bytes landed for the step in the slot */
     uint32_t *slot_rsize;
+    uint8_t *slot_direct; /* the step in the slot is a direct chunk ... */
+    int *slot_dsock;      /* ... waiting on this socket */
     tcp_event_t release_ev;
     int closed_socks;
 
@@ -193,6 +211,8 @@ void tcp_event_wait(tcp_event_t *ev, uint32_t seen, int timeout_ms);
 uint32_t tcp_split(const tcp_conn_t *tc, size_t bytes, size_t *piece_p);
 int tcp_sock_send_pass(tcp_conn_t *tc, tcp_sock_t *s);
 int tcp_sock_recv_pass(tcp_conn_t *tc, tcp_sock_t *s);
+/* Read a published direct chunk from its socket into dst (blocking, with the deadline). */
+ncclResult_t tcp_recv_direct(tcp_conn_t *tc, int slot, void *dst, size_t bytes);
 /* One pass over a socket if nobody else drives it (TCP_SOCK_BUSY otherwise). */
 int tcp_sock_try(tcp_conn_t *tc, tcp_sock_t *s);
 /* One pass over every socket in the caller's thread; returns the OR of the results. */

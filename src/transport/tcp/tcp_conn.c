@@ -89,6 +89,7 @@ static ncclResult_t tcp_send_commit(chorus_conn_t *conn, size_t bytes) {
     uint32_t k = tcp_split(tc, bytes, &piece);
     tc->slot_size[slot] = (uint32_t)bytes;
     tc->slot_npieces[slot] = k;
+    tc->slot_src[slot] = NULL;
     STORE_REL(&tc->head, step + 1);
     conn->step = step + 1;
     /* Write the pieces inline, so a small chunk leaves with no thread hand-off; whatever the
@@ -101,6 +102,31 @@ static ncclResult_t tcp_send_commit(chorus_conn_t *conn, size_t bytes) {
         if ((r & (TCP_SOCK_BLOCKED | TCP_SOCK_BUSY)) && tc->nthreads > 0)
             tcp_event_signal(&tc->threads[i % tc->nthreads].ev);
     }
+    return ncclSuccess;
+}
+
+/* One piece straight from the user's buffer, on one socket; the buffer must stay valid until
+ * send_drained reports done. */
+static ncclResult_t tcp_send_commit_direct(chorus_conn_t *conn, const void *src, size_t bytes) {
+    tcp_conn_t *tc = conn->priv;
+    CHECK(tcp_check_error(tc));
+    if (bytes > UINT32_MAX || tc->head - tc->sent >= (uint64_t)tc->nslots) {
+        WARN("tcp: direct commit of %zu bytes to rank %d does not fit (%llu in flight)", bytes,
+             tc->peer, (unsigned long long)(tc->head - tc->sent));
+        return ncclInternalError;
+    }
+    uint64_t step = tc->head;
+    int slot = (int)(step % (uint64_t)tc->nslots);
+    tc->slot_size[slot] = (uint32_t)bytes;
+    tc->slot_npieces[slot] = 1;
+    tc->slot_src[slot] = src;
+    STORE_REL(&tc->head, step + 1);
+    conn->step = step + 1;
+    int i = (int)(step % (uint64_t)tc->nsocks);
+    int r = tcp_sock_try(tc, &tc->socks[i]);
+    if (r & TCP_SOCK_FAIL) return tcp_check_error(tc);
+    if ((r & (TCP_SOCK_BLOCKED | TCP_SOCK_BUSY)) && tc->nthreads > 0)
+        tcp_event_signal(&tc->threads[i % tc->nthreads].ev);
     return ncclSuccess;
 }
 
@@ -142,9 +168,23 @@ static ncclResult_t tcp_recv_peek(chorus_conn_t *conn, const void **data_p, size
         }
     }
     /* A complete step is delivered even if the connection failed after it arrived. */
-    *data_p = tc->slots + (size_t)slot * tc->slot_bytes;
+    *data_p = tc->slot_direct[slot] ? NULL : tc->slots + (size_t)slot * tc->slot_bytes;
     *bytes_p = tc->slot_rsize[slot];
     *ready_p = 1;
+    return ncclSuccess;
+}
+
+static ncclResult_t tcp_recv_copy(chorus_conn_t *conn, void *dst, size_t bytes) {
+    tcp_conn_t *tc = conn->priv;
+    uint64_t step = tc->released;
+    int slot = (int)(step % (uint64_t)tc->nslots);
+    if (LOAD_ACQ(&tc->slot_ready[slot]) != step + 1 || bytes > tc->slot_rsize[slot] ||
+        tc->slot_direct[slot] == 2) {
+        WARN("tcp: recv_copy of %zu bytes from rank %d without a ready chunk", bytes, tc->peer);
+        return ncclInternalError;
+    }
+    if (tc->slot_direct[slot]) return tcp_recv_direct(tc, slot, dst, bytes);
+    memcpy(dst, tc->slots + (size_t)slot * tc->slot_bytes, bytes);
     return ncclSuccess;
 }
 
@@ -157,6 +197,13 @@ static ncclResult_t tcp_recv_release(chorus_conn_t *conn) {
              (unsigned long long)step, tc->peer);
         return ncclInternalError;
     }
+    if (tc->slot_direct[slot] == 1) {
+        /* Its payload is still in the socket, ahead of every later chunk. */
+        WARN("tcp: direct chunk %llu from rank %d released without recv_copy",
+             (unsigned long long)step, tc->peer);
+        return ncclInternalError;
+    }
+    tc->slot_direct[slot] = 0;
     __atomic_store_n(&tc->slot_recvd[slot], 0, __ATOMIC_RELAXED);
     STORE_REL(&tc->released, step + 1);
     conn->step = step + 1;
@@ -175,16 +222,17 @@ static ncclResult_t tcp_progress(chorus_conn_t *conn) {
 const chorus_transport_ops_t tcp_transport_ops = {
     .name = "tcp",
     .abi_version = TRANSPORT_ABI_VERSION,
-    .caps = TRANSPORT_CAP_HOST_MEM | TRANSPORT_CAP_INTER_HOST | TRANSPORT_CAP_PROXY,
+    .caps = TRANSPORT_CAP_HOST_MEM | TRANSPORT_CAP_DIRECT | TRANSPORT_CAP_INTER_HOST |
+            TRANSPORT_CAP_PROXY,
     .can_connect = tcp_can_connect,
     .setup = tcp_setup,
     .connect = tcp_connect,
     .send_acquire = tcp_send_acquire,
     .send_commit = tcp_send_commit,
-    .send_commit_direct = transport_stub_commit_direct,
+    .send_commit_direct = tcp_send_commit_direct,
     .send_drained = tcp_send_drained,
     .recv_peek = tcp_recv_peek,
-    .recv_copy = transport_stub_recv_copy,
+    .recv_copy = tcp_recv_copy,
     .recv_release = tcp_recv_release,
     .progress = tcp_progress,
     .close = tcp_close,

@@ -92,13 +92,17 @@ static ncclResult_t tcp_conn_alloc_data(tcp_conn_t *tc) {
     tc->slot_ready = calloc(n, sizeof(uint64_t));
     tc->slot_recvd = calloc(n, sizeof(uint64_t));
     tc->slot_rsize = calloc(n, sizeof(uint32_t));
+    tc->slot_src = calloc(n, sizeof(*tc->slot_src));
+    tc->slot_direct = calloc(n, sizeof(uint8_t));
+    tc->slot_dsock = calloc(n, sizeof(int));
     if (posix_memalign((void **)&tc->socks, 64, (size_t)tc->nsocks * sizeof(tcp_sock_t)) != 0)
         tc->socks = NULL;
     if (tc->nthreads > 0 &&
         posix_memalign((void **)&tc->threads, 64, (size_t)tc->nthreads * sizeof(tcp_thread_t)) != 0)
         tc->threads = NULL;
     if (!tc->slots || !tc->slot_size || !tc->slot_npieces || !tc->slot_done || !tc->slot_ready ||
-        !tc->slot_recvd || !tc->slot_rsize || !tc->socks || (tc->nthreads > 0 && !tc->threads)) {
+        !tc->slot_recvd || !tc->slot_rsize || !tc->slot_src || !tc->slot_direct ||
+        !tc->slot_dsock || !tc->socks || (tc->nthreads > 0 && !tc->threads)) {
         WARN("tcp: out of memory for %d slots of %zu bytes", tc->nslots, tc->slot_bytes);
         return ncclSystemError;
     }
@@ -360,6 +364,11 @@ ncclResult_t tcp_connect(chorus_conn_t *conn, const void *peer_blob, size_t peer
     else
         CHECK(tcp_connect_recv(tc, &b));
     CHECK(tcp_threads_start(tc));
+    /* Direct chunks need the helper threads: a receiver blocked in recv_copy must not stall our
+     * own sends, which only the helpers then move. */
+    int64_t direct = chorus_param_int(PARAM_SOCKET_DIRECT_THRESHOLD);
+    conn->direct = tc->nthreads > 0 && direct > 0;
+    conn->direct_threshold = direct > 0 ? (size_t)direct : 0;
     conn->connected = 1;
     INFO(SUB_NET | SUB_INIT, "tcp: %s rank %d (%s) via %s: %d sockets, %d threads, %d slots of %zu",
          conn->is_send ? "send to" : "receive from", tc->peer, tc->peer_str, conn->desc,
@@ -393,6 +402,9 @@ void tcp_close(chorus_conn_t *conn) {
     free(tc->slot_ready);
     free(tc->slot_recvd);
     free(tc->slot_rsize);
+    free(tc->slot_src);
+    free(tc->slot_direct);
+    free(tc->slot_dsock);
     free(tc->socks);
     free(tc->threads);
     free(tc);

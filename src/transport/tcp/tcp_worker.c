@@ -101,8 +101,9 @@ int tcp_sock_send_pass(tcp_conn_t *tc, tcp_sock_t *s) {
                 uint64_t step = s->cursor;
                 int slot = (int)(step % (uint64_t)tc->nslots);
                 uint32_t total = tc->slot_size[slot];
-                size_t piece;
-                uint32_t k = tcp_split(tc, total, &piece);
+                const char *src = tc->slot_src[slot];
+                size_t piece = total;
+                uint32_t k = src ? 1 : tcp_split(tc, total, &piece);
                 uint32_t j = (uint32_t)((s->index + tc->nsocks - (int)(step % (uint64_t)tc->nsocks)) %
                                         tc->nsocks);
                 if (j < k) {
@@ -112,8 +113,8 @@ int tcp_sock_send_pass(tcp_conn_t *tc, tcp_sock_t *s) {
                     s->hdr.total = total;
                     s->hdr.offset = (uint32_t)off;
                     s->hdr.len = (uint32_t)len;
-                    s->hdr.kind = TCP_HDR_DATA;
-                    s->data = tc->slots + (size_t)slot * tc->slot_bytes + off;
+                    s->hdr.kind = src ? TCP_HDR_DIRECT : TCP_HDR_DATA;
+                    s->data = src ? src : tc->slots + (size_t)slot * tc->slot_bytes + off;
                     s->hdr_done = s->data_done = 0;
                     s->busy = 1;
                     break;
@@ -198,8 +199,11 @@ int tcp_sock_recv_pass(tcp_conn_t *tc, tcp_sock_t *s) {
                     __atomic_add_fetch(&tc->closed_socks, 1, __ATOMIC_ACQ_REL);
                     return did | TCP_SOCK_CLOSED;
                 }
-                if (h->kind != TCP_HDR_DATA || h->total > tc->slot_bytes || h->len > h->total ||
-                    (uint64_t)h->offset + h->len > h->total || h->step < s->rlast_step) {
+                int bad = h->kind == TCP_HDR_DIRECT
+                              ? h->len != h->total || h->offset != 0
+                              : h->kind != TCP_HDR_DATA || h->total > tc->slot_bytes ||
+                                    h->len > h->total || (uint64_t)h->offset + h->len > h->total;
+                if (bad || h->step < s->rlast_step) {
                     tcp_conn_fail(tc, ncclRemoteError,
                                   "malformed chunk header on socket %d (step %llu, %u bytes at "
                                   "%u of %u)",
@@ -234,8 +238,19 @@ int tcp_sock_recv_pass(tcp_conn_t *tc, tcp_sock_t *s) {
             /* The slot still holds step - nslots until the consumer releases it. */
             if (s->rhdr.step >= LOAD_ACQ(&tc->released) + (uint64_t)tc->nslots)
                 return did | TCP_SOCK_IDLE;
+            if (s->rhdr.kind == TCP_HDR_DIRECT) {
+                /* Publish the step; the payload stays in the kernel until recv_copy. */
+                int slot = (int)(s->rhdr.step % (uint64_t)tc->nslots);
+                tc->slot_direct[slot] = 1;
+                tc->slot_dsock[slot] = s->index;
+                tc->slot_rsize[slot] = s->rhdr.total;
+                s->rstate = TCP_RX_DIRECT;
+                STORE_REL(&tc->slot_ready[slot], s->rhdr.step + 1);
+                return TCP_SOCK_DID | TCP_SOCK_IDLE;
+            }
             s->rstate = TCP_RX_DATA;
         }
+        if (s->rstate == TCP_RX_DIRECT) return did | TCP_SOCK_IDLE;
         /* TCP_RX_DATA */
         int slot = (int)(s->rhdr.step % (uint64_t)tc->nslots);
         char *dst = tc->slots + (size_t)slot * tc->slot_bytes + s->rhdr.offset;
@@ -262,6 +277,63 @@ int tcp_sock_recv_pass(tcp_conn_t *tc, tcp_sock_t *s) {
         tcp_recv_piece_done(tc, s);
         did = TCP_SOCK_DID;
     }
+}
+
+ncclResult_t tcp_recv_direct(tcp_conn_t *tc, int slot, void *dst, size_t bytes) {
+    tcp_sock_t *s = &tc->socks[tc->slot_dsock[slot]];
+    chorus_waiter_t w;
+    chorus_waiter_init(&w, &tc->comm->abort_flag);
+    ncclResult_t res;
+    /* The socket's helper holds the lock for one pass at most. */
+    while (__atomic_load_n(&s->lock, __ATOMIC_RELAXED) ||
+           __atomic_exchange_n(&s->lock, 1, __ATOMIC_ACQUIRE)) {
+        if ((res = chorus_waiter_step(&w)) != ncclSuccess) goto err_timeout;
+    }
+    if (s->rstate != TCP_RX_DIRECT || s->rhdr.len != bytes) {
+        __atomic_store_n(&s->lock, 0, __ATOMIC_RELEASE);
+        WARN("tcp: recv_copy of %zu bytes from rank %d, but the direct chunk has %u", bytes,
+             tc->peer, s->rhdr.len);
+        return ncclInternalError;
+    }
+    char *out = dst;
+    size_t got = s->stage_len - s->stage_pos;
+    if (got > bytes) got = bytes;
+    memcpy(out, s->stage + s->stage_pos, got);
+    s->stage_pos += got;
+    res = ncclSuccess;
+    while (got < bytes) {
+        ssize_t r = recv(s->fd, out + got, bytes - got, MSG_DONTWAIT);
+        if (r > 0) {
+            got += (size_t)r;
+            continue;
+        }
+        if (r == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
+            tcp_recv_eof(tc, s, r == 0 ? 0 : errno);
+            res = ncclRemoteError;
+            break;
+        }
+        /* Block in the kernel until data comes: cheaper than spinning on 2 cores. */
+        struct pollfd p = {.fd = s->fd, .events = POLLIN};
+        (void)poll(&p, 1, 100);
+        if (w.abort_flag && __atomic_load_n(w.abort_flag, __ATOMIC_ACQUIRE)) {
+            res = ncclRemoteError;
+            break;
+        }
+        if (chorus_now_ns() > w.deadline_ns) {
+            res = ncclSystemError;
+            break;
+        }
+    }
+    if (res == ncclSuccess) s->rstate = TCP_RX_HDR;
+    __atomic_store_n(&s->lock, 0, __ATOMIC_RELEASE);
+    if (res == ncclSuccess) {
+        tc->slot_direct[slot] = 2; /* read */
+        return ncclSuccess;
+    }
+err_timeout:
+    if (res == ncclSystemError)
+        tcp_conn_fail(tc, ncclSystemError, "timed out reading a direct chunk of %zu bytes", bytes);
+    return LOAD_ACQ(&tc->error) ? (ncclResult_t)LOAD_ACQ(&tc->error) : res;
 }
 
 int tcp_sock_try(tcp_conn_t *tc, tcp_sock_t *s) {

@@ -2,6 +2,8 @@
  * abi_consumer.c: a program built against the CUDA toolkit's own nccl.h (NCCL 2.28.9), not
  * Chorus's, and linked against Chorus's libnccl.so.2: the drop-in check of issue 2.
  *
+ *   abi_consumer --layout   print the toolkit header's struct layout and enum values (one line,
+ *                           compared with Chorus's nccl.h by tests/unit/test_abi.cc)
  *   abi_consumer N          fork N ranks; each makes, queries, splits and destroys a communicator
  *   under a launcher        (chorusrun, torchrun: RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT set)
  *                           every rank derives the id from NCCL_COMM_ID=MASTER_ADDR:MASTER_PORT
@@ -10,6 +12,7 @@
  */
 #include <nccl.h>
 
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -55,8 +58,31 @@ static int run_rank(ncclUniqueId id, int rank, int nranks) {
     return 0;
 }
 
+/* Keep in step with abi_layout_line() in tests/unit/test_abi.cc. */
+static void print_layout(void) {
+#define OFF(f) (int)offsetof(ncclConfig_t, f)
+    printf("config %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d",
+           (int)sizeof(ncclConfig_t), OFF(size), OFF(magic), OFF(version), OFF(blocking),
+           OFF(cgaClusterSize), OFF(minCTAs), OFF(maxCTAs), OFF(netName), OFF(splitShare),
+           OFF(trafficClass), OFF(commName), OFF(collnetEnable), OFF(CTAPolicy), OFF(shrinkShare),
+           OFF(nvlsCTAs), OFF(nChannelsPerNetPeer), OFF(nvlinkCentricSched));
+#undef OFF
+    ncclConfig_t c = NCCL_CONFIG_INITIALIZER;
+    printf(" init %u %u %d", c.magic, c.version, c.blocking);
+    printf(" uid %d sim %d %d", (int)sizeof(ncclUniqueId), (int)sizeof(ncclSimInfo_t),
+           (int)offsetof(ncclSimInfo_t, estimatedTime));
+    printf(" enums %d %d %d %d %d %d %d %d", (int)ncclNumResults, (int)ncclInProgress,
+           (int)ncclNumTypes, (int)ncclBfloat16, (int)ncclFloat8e5m2, (int)ncclNumOps, (int)ncclAvg,
+           (int)ncclScalarHostImmediate);
+    printf(" version %d\n", NCCL_VERSION_CODE);
+}
+
 int main(int argc, char **argv) {
     int rank = -1, version = 0;
+    if (argc > 1 && strcmp(argv[1], "--layout") == 0) {
+        print_layout();
+        return 0;
+    }
     TRY(ncclGetVersion(&version));
     if (version != NCCL_VERSION_CODE) {
         fprintf(stderr, "library version %d, header %d\n", version, NCCL_VERSION_CODE);

@@ -1,0 +1,422 @@
+/*
+ * cuda_enqueue.c: the caller's side of collectives on device buffers (design in cuda_enqueue.h).
+ *
+ * For each call: check the arguments (same rules as host buffers), refuse a stream that is being
+ * captured into a CUDA graph, take a pinned staging block from the communicator's pool, and queue
+ * on the user's stream: the device-to-host copy of the input, event E_in, a wait for the worker's
+ * completion word, the host-to-device copy of the output and event E_out. Then the batch goes to
+ * the communicator's worker thread and the call returns.
+ *
+ * Why this ordering is safe:
+ *   - the worker reads staging only after E_in completed, i.e. after the D2H copy landed;
+ *   - the worker stores done_seq with release semantics after its last write to staging (x86 keeps
+ *     stores in order and DMA reads of pinned memory are coherent), and the stream's H2D copy is
+ *     queued behind the wait on done_seq, so it reads the finished result;
+ *   - a block is handed to a new op only after its E_out completed, i.e. after the H2D copy read it;
+ *   - inside a group every op's D2H and E_in are queued before any op's wait, so one stream carrying
+ *     several ops of the group (or of several communicators) cannot wait on itself.
+ * In-place calls keep their aliasing in staging: when sendbuff lies inside recvbuff (all-gather) or
+ * recvbuff inside sendbuff (reduce-scatter), the staged pointers keep the same offset.
+ *
+ * Reductions on device buffers therefore run on the host (the host kernels of reduce.h) over any
+ * transport (shm, tcp); the device kernels and the cuda_ipc transport are the faster path, not yet
+ * wired into the schedules.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "coll.h"
+#include "comm.h"
+#include "cuda_enqueue.h"
+#include "cuda_util.h"
+#include "log.h"
+
+#if CHORUS_HAVE_CUDA
+#include <cuda_runtime.h>
+
+#define CUDA_BLOCK_MIN (64u << 10)
+#define CUDA_BLOCKS_MAX 64 /* blocks per communicator before a caller waits for one to free up */
+
+/* Elements in each buffer and whether this rank uses it (the rules of coll_api_prepare). */
+static void cuda_op_shape(const coll_args_t *a, int nranks, int rank, size_t *scount_p,
+                          size_t *rcount_p, int *need_send_p, int *need_recv_p) {
+    size_t scount = a->count, rcount = a->count;
+    int need_send = 1, need_recv = 1;
+    switch (a->coll) {
+    case COLL_REDUCESCATTER: scount = a->count * nranks; break;
+    case COLL_ALLGATHER: rcount = a->count * nranks; break;
+    case COLL_ALLTOALL: scount = rcount = a->count * nranks; break;
+    case COLL_SEND: need_recv = 0; break;
+    case COLL_RECV: need_send = 0; break;
+    case COLL_BROADCAST: need_send = rank == a->root; break;
+    case COLL_REDUCE: need_recv = rank == a->root; break;
+    case COLL_GATHER:
+        rcount = a->count * nranks;
+        need_recv = rank == a->root;
+        break;
+    case COLL_SCATTER:
+        scount = a->count * nranks;
+        need_send = rank == a->root;
+        break;
+    default: break;
+    }
+    *scount_p = scount;
+    *rcount_p = rcount;
+    *need_send_p = need_send;
+    *need_recv_p = need_recv;
+}
+
+int cuda_enqueue_wants(const coll_args_t *a) {
+    if (a->staged || !chorus_cuda_available()) return 0;
+    return chorus_mem_kind(a->sendbuff) == CHORUS_MEM_DEVICE ||
+           chorus_mem_kind(a->recvbuff) == CHORUS_MEM_DEVICE;
+}
+
+/* The arguments checks that must fail the call itself (the worker's run repeats all of them). */
+static ncclResult_t cuda_op_check(const coll_args_t *a) {
+    struct ncclComm *comm = a->comm;
+    CHECK(comm_check_usable(comm, a->api));
+    if (comm->abort_flag) {
+        WARN("%s: communicator %p was aborted", a->api, (void *)comm);
+        return ncclInvalidUsage;
+    }
+    ARGCHECK(chorus_dtype_size(a->dtype) != 0, "%s: invalid datatype %d", a->api, (int)a->dtype);
+    const int n = comm->nranks;
+    if (a->coll == COLL_ALLREDUCE || a->coll == COLL_REDUCESCATTER || a->coll == COLL_REDUCE) {
+        chorus_redop_t r;
+        CHECK(comm_resolve_redop(comm, a->op, a->dtype, &r));
+    }
+    if (a->coll == COLL_SEND || a->coll == COLL_RECV)
+        ARGCHECK(a->root >= 0 && a->root < n, "%s: peer %d is out of range (0..%d)", a->api,
+                 a->root, n - 1);
+    else if (a->coll == COLL_BROADCAST || a->coll == COLL_REDUCE || a->coll == COLL_GATHER ||
+             a->coll == COLL_SCATTER)
+        ARGCHECK(a->root >= 0 && a->root < n, "%s: root %d is out of range (0..%d)", a->api,
+                 a->root, n - 1);
+    size_t sc, rc;
+    int ns, nr;
+    cuda_op_shape(a, n, comm->rank, &sc, &rc, &ns, &nr);
+    ARGCHECK(!(ns && sc > 0 && a->sendbuff == NULL), "%s: sendbuff is NULL with count %zu",
+             a->api, sc);
+    ARGCHECK(!(nr && rc > 0 && a->recvbuff == NULL), "%s: recvbuff is NULL with count %zu",
+             a->api, rc);
+    int capturing = 0;
+    CHECK(chorus_cuda_stream_capturing((cudaStream_t)a->stream, &capturing));
+    if (capturing) {
+        WARN("%s: rank %d: the stream is being captured into a CUDA graph; CUDA graph capture of "
+             "Chorus collectives is not supported yet",
+             a->api, comm->rank);
+        return ncclInvalidUsage;
+    }
+    return ncclSuccess;
+}
+
+static ncclResult_t cuda_state_get(struct ncclComm *comm, int dev, cuda_comm_state_t **st_p) {
+    pthread_mutex_lock(&comm->lock);
+    cuda_comm_state_t *st = comm->cuda_state;
+    ncclResult_t res = ncclSuccess;
+    if (st == NULL) {
+        st = calloc(1, sizeof(*st));
+        if (st == NULL) {
+            WARN("out of memory for the CUDA state of rank %d", comm->rank);
+            res = ncclSystemError;
+            goto out;
+        }
+        st->comm = comm;
+        st->dev = dev;
+        pthread_mutex_init(&st->lock, NULL);
+        pthread_cond_init(&st->cond, NULL);
+        void *h = NULL;
+        res = chorus_cuda_host_alloc(&h, &st->done_dev, sizeof(uint32_t));
+        if (res != ncclSuccess) {
+            free(st);
+            goto out;
+        }
+        st->done_host = h;
+        *st->done_host = 0;
+        res = cuda_worker_start(st);
+        if (res != ncclSuccess) {
+            chorus_cuda_host_free(h);
+            free(st);
+            goto out;
+        }
+        comm->cuda_state = st;
+    }
+out:
+    pthread_mutex_unlock(&comm->lock);
+    *st_p = st;
+    return res;
+}
+
+/* A free block of at least `bytes`, or a new one (caller holds st->lock). */
+static ncclResult_t cuda_block_take(cuda_comm_state_t *st, size_t bytes, cuda_block_t **b_p) {
+    for (int attempt = 0;; attempt++) {
+        cuda_block_t *best = NULL;
+        for (cuda_block_t *b = st->blocks; b; b = b->next) {
+            if (b->in_flight && b->out_recorded) {
+                cudaError_t e = cudaEventQuery(b->ev_out);
+                if (e == cudaSuccess) b->in_flight = b->out_recorded = 0;
+                else if (e != cudaErrorNotReady) {
+                    (void)cudaGetLastError();
+                    WARN("staging block of rank %d: cudaEventQuery failed: %s", st->comm->rank,
+                         cudaGetErrorString(e));
+                    return ncclUnhandledCudaError;
+                }
+            }
+            if (!b->in_flight && b->cap >= bytes && (!best || b->cap < best->cap)) best = b;
+        }
+        if (best) {
+            best->in_flight = 1;
+            best->out_recorded = 0;
+            *b_p = best;
+            return ncclSuccess;
+        }
+        if (st->blocks_live < CUDA_BLOCKS_MAX || attempt > 0) break;
+        /* Too many blocks in flight: wait for the oldest (the list head is the newest). */
+        cuda_block_t *oldest = NULL;
+        for (cuda_block_t *b = st->blocks; b; b = b->next)
+            if (b->in_flight && b->out_recorded) oldest = b;
+        if (oldest == NULL) break;
+        CHECK(chorus_cuda_event_wait(oldest->ev_out, &st->comm->abort_flag,
+                                     "waiting for a staging block"));
+    }
+    size_t cap = CUDA_BLOCK_MIN;
+    while (cap < bytes) cap *= 2;
+    cuda_block_t *b = calloc(1, sizeof(*b));
+    if (b == NULL) {
+        WARN("out of memory for a staging block");
+        return ncclSystemError;
+    }
+    ncclResult_t res = chorus_cuda_host_alloc(&b->host, NULL, cap);
+    if (res != ncclSuccess) goto fail;
+    CUDACHECK_GOTO(cudaEventCreateWithFlags(&b->ev_in, cudaEventDisableTiming), res, fail);
+    CUDACHECK_GOTO(cudaEventCreateWithFlags(&b->ev_out, cudaEventDisableTiming), res, fail);
+    b->cap = cap;
+    b->in_flight = 1;
+    b->next = st->blocks;
+    st->blocks = b;
+    st->blocks_live++;
+    INFO(SUB_ALLOC, "rank %d: CUDA staging block of %zu bytes (%d blocks)", st->comm->rank, cap,
+         st->blocks_live);
+    *b_p = b;
+    return ncclSuccess;
+fail:
+    if (b->ev_in) (void)cudaEventDestroy(b->ev_in);
+    chorus_cuda_host_free(b->host);
+    free(b);
+    return res;
+}
+
+/* Choose staging pointers for one op and queue its input copy and E_in on the user's stream. */
+static ncclResult_t cuda_op_stage_in(cuda_comm_state_t *st, cuda_op_t *op) {
+    coll_args_t *a = &op->args;
+    struct ncclComm *comm = a->comm;
+    size_t esize = chorus_dtype_size(a->dtype);
+    size_t sc, rc;
+    int ns, nr;
+    cuda_op_shape(a, comm->nranks, comm->rank, &sc, &rc, &ns, &nr);
+    size_t sbytes = sc * esize, rbytes = rc * esize;
+    const char *us = a->sendbuff;
+    char *ur = a->recvbuff;
+    int sdev = ns && chorus_mem_kind(us) == CHORUS_MEM_DEVICE;
+    int rdev = nr && chorus_mem_kind(ur) == CHORUS_MEM_DEVICE;
+    size_t roff = CHORUS_ALIGN_UP(sdev ? sbytes : 0, 256);
+    size_t need = roff + (rdev ? rbytes : 0);
+    /* Aliasing between the two user buffers is kept in staging (in-place calls). */
+    int send_in_recv = sdev && rdev && us >= ur && us + sbytes <= ur + rbytes;
+    int recv_in_send = sdev && rdev && !send_in_recv && ur >= us && ur + rbytes <= us + sbytes;
+    if (send_in_recv) need = rbytes;
+    if (recv_in_send) need = sbytes;
+    pthread_mutex_lock(&st->lock);
+    ncclResult_t res = cuda_block_take(st, need ? need : 1, &op->block);
+    pthread_mutex_unlock(&st->lock);
+    CHECK(res);
+    char *base = op->block->host;
+    char *ss = NULL, *sr = NULL;
+    if (send_in_recv) {
+        sr = base;
+        ss = base + (us - ur);
+    } else if (recv_in_send) {
+        ss = base;
+        sr = base + (ur - us);
+    } else {
+        if (sdev) ss = base;
+        if (rdev) sr = base + roff;
+    }
+    /* Buffers this rank does not use: keep an alias of the other one (ncclBcast), else NULL. */
+    if (!ns && us && chorus_mem_kind(us) == CHORUS_MEM_DEVICE) ss = (us == ur && rdev) ? sr : NULL;
+    if (!nr && ur && chorus_mem_kind(ur) == CHORUS_MEM_DEVICE) sr = (us == ur && sdev) ? ss : NULL;
+    cudaStream_t s = (cudaStream_t)a->stream;
+    op->stream = a->stream;
+    a->stream = NULL; /* the worker must never wait on the user's stream: it waits on us */
+    if (sdev && sbytes) CUDACHECK(cudaMemcpyAsync(ss, us, sbytes, cudaMemcpyDeviceToHost, s));
+    CUDACHECK(cudaEventRecord(op->block->ev_in, s));
+    /* What the worker runs, and what stage_out copies back. */
+    a->sendbuff = sdev ? ss : (ns ? us : ss);
+    a->recvbuff = rdev ? sr : (nr ? ur : sr);
+    op->user_recv = rdev ? ur : NULL;
+    op->recv_bytes = rdev ? rbytes : 0;
+    op->stage_recv = sr;
+    return ncclSuccess;
+}
+
+static ncclResult_t cuda_op_stage_out(cuda_comm_state_t *st, cuda_op_t *op, uint32_t seq) {
+    cudaStream_t s = (cudaStream_t)op->stream;
+    CHECK(cuda_stream_wait_flag(s, st->done_dev, seq));
+    if (op->recv_bytes)
+        CUDACHECK(cudaMemcpyAsync(op->user_recv, op->stage_recv, op->recv_bytes,
+                                  cudaMemcpyHostToDevice, s));
+    CUDACHECK(cudaEventRecord(op->block->ev_out, s));
+    pthread_mutex_lock(&st->lock);
+    op->block->out_recorded = 1;
+    pthread_mutex_unlock(&st->lock);
+    return ncclSuccess;
+}
+
+/* Per-thread ops kept between ncclGroupStart and the outermost ncclGroupEnd. */
+typedef struct {
+    coll_args_t *args;
+    int n, cap;
+} cuda_pending_t;
+static __thread cuda_pending_t cuda_pending;
+
+/* Submit n ops (one call, or one group): stage in all of them, then wait + stage out, then hand
+ * each communicator's share to its worker. */
+static ncclResult_t cuda_submit(const coll_args_t *args, int n) {
+    ncclResult_t res = ncclSuccess;
+    int prev_dev = -1;
+    CUDACHECK(cudaGetDevice(&prev_dev));
+    cuda_op_t *ops = calloc((size_t)n, sizeof(*ops));
+    cuda_comm_state_t **states = calloc((size_t)n, sizeof(*states));
+    if (ops == NULL || states == NULL) {
+        WARN("out of memory submitting %d device ops", n);
+        res = ncclSystemError;
+        goto out;
+    }
+    for (int i = 0; i < n; i++) {
+        ops[i].args = args[i];
+        ops[i].args.staged = 1;
+        struct ncclComm *comm = args[i].comm;
+        int dev = comm->cuda_dev;
+        if (dev < 0) (void)chorus_mem_kind_dev(args[i].recvbuff ? args[i].recvbuff
+                                                                : args[i].sendbuff, &dev);
+        CHECK_GOTO(chorus_cuda_set_device(dev), res, out);
+        CHECK_GOTO(cuda_state_get(comm, dev, &states[i]), res, out);
+        CHECK_GOTO(cuda_op_stage_in(states[i], &ops[i]), res, out);
+    }
+    /* One seq per communicator for this submission; then every op's wait and output copy. */
+    for (int i = 0; i < n; i++) {
+        cuda_comm_state_t *st = states[i];
+        int first = 1;
+        for (int j = 0; j < i; j++) first &= states[j] != st;
+        if (!first) continue;
+        int cnt = 0;
+        for (int j = i; j < n; j++) cnt += states[j] == st;
+        cuda_batch_t *b = calloc(1, sizeof(*b));
+        cuda_op_t *bops = b ? calloc((size_t)cnt, sizeof(*bops)) : NULL;
+        if (bops == NULL) {
+            free(b);
+            WARN("out of memory submitting device ops");
+            res = ncclSystemError;
+            goto out;
+        }
+        pthread_mutex_lock(&st->lock);
+        b->seq = ++st->submit_seq;
+        pthread_mutex_unlock(&st->lock);
+        b->ops = bops;
+        for (int j = i; j < n; j++) {
+            if (states[j] != st) continue;
+            CHECK_GOTO(chorus_cuda_set_device(st->dev), res, fail_batch);
+            CHECK_GOTO(cuda_op_stage_out(st, &ops[j], b->seq), res, fail_batch);
+            b->ops[b->nops++] = ops[j];
+        }
+        cuda_worker_push(st, b);
+        continue;
+    fail_batch:
+        /* The stream may already wait on b->seq: still hand the batch over (the worker runs what
+         * it got; a partial batch fails its group, and the seq is published either way). */
+        cuda_worker_push(st, b);
+        goto out;
+    }
+out:
+    if (prev_dev >= 0) (void)cudaSetDevice(prev_dev);
+    free(states);
+    free(ops);
+    return res;
+}
+
+ncclResult_t cuda_enqueue_call(const coll_args_t *a) {
+    ncclResult_t res = cuda_op_check(a);
+    if (res == ncclSuccess && a->count == 0) return ncclSuccess;
+    if (res == ncclSuccess && group_depth() > 0) {
+        cuda_pending_t *p = &cuda_pending;
+        if (p->n == p->cap) {
+            int cap = p->cap ? p->cap * 2 : 16;
+            coll_args_t *na = realloc(p->args, (size_t)cap * sizeof(*na));
+            if (na == NULL) {
+                WARN("%s: out of memory queuing a grouped device op", a->api);
+                res = ncclSystemError;
+            } else {
+                p->args = na;
+                p->cap = cap;
+            }
+        }
+        if (res == ncclSuccess) p->args[p->n++] = *a;
+        group_note_error(res);
+        return res;
+    }
+    if (res == ncclSuccess) res = cuda_submit(a, 1);
+    if (group_depth() > 0) group_note_error(res);
+    return res;
+}
+
+ncclResult_t cuda_enqueue_hook(const coll_args_t *a, int *handled_p) {
+    *handled_p = 0;
+    if (a->staged || !chorus_cuda_available()) return ncclSuccess;
+    if (cuda_enqueue_wants(a)) {
+        *handled_p = 1;
+        return cuda_enqueue_call(a);
+    }
+    /* Host buffers: let this communicator's device ops finish first (only if it has any). */
+    if (comm_check(a->comm, a->api) != ncclSuccess || a->comm->cuda_state == NULL)
+        return ncclSuccess; /* coll_api_prepare reports a bad comm */
+    ncclResult_t res = cuda_enqueue_drain(a->comm);
+    if (res != ncclSuccess) {
+        *handled_p = 1;
+        if (group_depth() > 0) group_note_error(res);
+    }
+    return res;
+}
+
+ncclResult_t cuda_enqueue_group_end(void) {
+    cuda_pending_t *p = &cuda_pending;
+    if (p->n == 0) return ncclSuccess;
+    int n = p->n;
+    p->n = 0;
+    return cuda_submit(p->args, n);
+}
+
+#else /* !CHORUS_HAVE_CUDA */
+
+int cuda_enqueue_wants(const coll_args_t *a) {
+    (void)a;
+    return 0;
+}
+ncclResult_t cuda_enqueue_call(const coll_args_t *a) {
+    WARN("%s: device buffers need a Chorus built with CUDA", a->api);
+    return ncclInvalidUsage;
+}
+ncclResult_t cuda_enqueue_hook(const coll_args_t *a, int *handled_p) {
+    (void)a;
+    *handled_p = 0;
+    return ncclSuccess;
+}
+ncclResult_t cuda_enqueue_group_end(void) { return ncclSuccess; }
+ncclResult_t cuda_enqueue_drain(struct ncclComm *comm) {
+    (void)comm;
+    return ncclSuccess;
+}
+void cuda_enqueue_comm_free(struct ncclComm *comm) { (void)comm; }
+
+#endif

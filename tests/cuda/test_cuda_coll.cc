@@ -1,0 +1,314 @@
+// test_cuda_coll.cc: every collective on DEVICE buffers, compared with host-computed references.
+//
+// Ranks share GPU 0 (several ranks per GPU is a headline feature), as threads of this process and
+// as forked processes, with 2 and 4 ranks. Each rank runs the whole sweep on one communicator:
+// reducing collectives x every dtype x sum/prod/max/min/avg x in-place and out-of-place, the
+// non-reducing ones x every dtype x in/out-of-place, point-to-point in a group, alltoall, and a
+// larger all-reduce that needs many chunks. Values are small integers (or quarters, for avg) so
+// that every dtype, float8 included, holds every partial result exactly: the reference is exact
+// and the comparison is equality. Each case is issued on a non-blocking stream and read back after
+// synchronising that stream only, which is what NCCL's stream semantics promise.
+//
+// Also here: one thread driving all ranks through ncclCommInitAll with a repeated device list and
+// a group, and the refusal of CUDA graph capture. Without a GPU every test skips and says so.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "cuda_test_util.h"
+#include "launch.h"
+
+#if CHORUS_HAVE_CUDA
+#include <cuda_runtime.h>
+
+using namespace chorus_test;
+using namespace chorus_cuda_test;
+
+namespace {
+
+enum Coll { C_ALLREDUCE, C_REDUCE, C_REDUCESCATTER, C_ALLGATHER, C_BROADCAST, C_SENDRECV,
+            C_ALLTOALL };
+const char *coll_name(Coll c) {
+    static const char *names[] = {"allreduce", "reduce", "reducescatter", "allgather",
+                                  "broadcast", "sendrecv", "alltoall"};
+    return names[c];
+}
+
+const ncclDataType_t kTypes[] = {ncclInt8,    ncclUint8,    ncclInt32,    ncclUint32,
+                                 ncclInt64,   ncclUint64,   ncclFloat16,  ncclFloat32,
+                                 ncclFloat64, ncclBfloat16, ncclFloat8e4m3, ncclFloat8e5m2};
+const ncclRedOp_t kOps[] = {ncclSum, ncclProd, ncclMax, ncclMin, ncclAvg};
+
+// The input of rank r at element i for a given op: small values every dtype holds exactly.
+double input_value(ncclRedOp_t op, int r, size_t i) {
+    switch (op) {
+    case ncclProd: return 1 + (double)((r * 3 + i) % 2);
+    case ncclMax:
+    case ncclMin: return (double)((r * 7 + i * 13) % 9);
+    default: return (double)((r + i) % 2);
+    }
+}
+
+double reference(ncclRedOp_t op, ncclDataType_t t, int n, size_t i) {
+    double acc = input_value(op, 0, i);
+    for (int r = 1; r < n; r++) {
+        double v = input_value(op, r, i);
+        switch (op) {
+        case ncclProd: acc *= v; break;
+        case ncclMax: acc = std::max(acc, v); break;
+        case ncclMin: acc = std::min(acc, v); break;
+        default: acc += v; break;
+        }
+    }
+    if (op == ncclAvg) {
+        bool is_float = chorus_dtype_is_float(t);
+        acc = is_float ? acc / n : std::trunc(acc / n);
+    }
+    return acc;
+}
+
+struct Bufs {
+    void *send = nullptr, *recv = nullptr, *base = nullptr;
+};
+
+#define RC(x)                                                                                      \
+    do {                                                                                           \
+        cudaError_t e_ = (x);                                                                      \
+        RANK_CHECK(e_ == cudaSuccess, "%s: %s", #x, cudaGetErrorString(e_));                       \
+    } while (0)
+
+// One case on one rank. Returns 0 when the output matches the reference.
+int run_case(ncclComm_t comm, cudaStream_t s, int rank, int n, Coll c, ncclDataType_t t,
+             ncclRedOp_t op, bool inplace, size_t count) {
+    const size_t es = chorus_dtype_size(t);
+    size_t scount = count, rcount = count;
+    if (c == C_REDUCESCATTER) scount = count * n;
+    if (c == C_ALLGATHER) rcount = count * n;
+    if (c == C_ALLTOALL) scount = rcount = count * n;
+    const int root = n - 1, bcast_root = 1 % n;
+    const int next = (rank + 1) % n, prev = (rank + n - 1) % n;
+    // Non-reducing collectives use the "max" values (0..8) as their payload.
+    ncclRedOp_t vop = (c == C_ALLREDUCE || c == C_REDUCE || c == C_REDUCESCATTER) ? op : ncclMax;
+
+    std::vector<unsigned char> hin(scount * es), hout(rcount * es);
+    for (size_t i = 0; i < scount; i++) put_value(t, hin.data(), i, input_value(vop, rank, i));
+
+    Bufs b;
+    size_t big = std::max(scount, rcount) * es;
+    RC(cudaMalloc(&b.base, big + 256));
+    RC(cudaMemsetAsync(b.base, 0xAB, big + 256, s));
+    if (inplace) {
+        if (c == C_REDUCESCATTER) {
+            b.send = b.base;
+            b.recv = (char *)b.base + (size_t)rank * count * es;
+        } else if (c == C_ALLGATHER) {
+            b.recv = b.base;
+            b.send = (char *)b.base + (size_t)rank * count * es;
+        } else {
+            b.send = b.recv = b.base;
+        }
+    } else {
+        RC(cudaMalloc(&b.recv, rcount * es + 256));
+        RC(cudaMemsetAsync(b.recv, 0xCD, rcount * es + 256, s));
+        b.send = b.base;
+    }
+    RC(cudaMemcpyAsync(b.send, hin.data(), scount * es, cudaMemcpyHostToDevice, s));
+
+    switch (c) {
+    case C_ALLREDUCE: RANK_NCCL(ncclAllReduce(b.send, b.recv, count, t, op, comm, s)); break;
+    case C_REDUCE: RANK_NCCL(ncclReduce(b.send, b.recv, count, t, op, root, comm, s)); break;
+    case C_REDUCESCATTER:
+        RANK_NCCL(ncclReduceScatter(b.send, b.recv, count, t, op, comm, s));
+        break;
+    case C_ALLGATHER: RANK_NCCL(ncclAllGather(b.send, b.recv, count, t, comm, s)); break;
+    case C_BROADCAST:
+        RANK_NCCL(ncclBroadcast(b.send, b.recv, count, t, bcast_root, comm, s));
+        break;
+    case C_SENDRECV:
+        RANK_NCCL(ncclGroupStart());
+        RANK_NCCL(ncclSend(b.send, count, t, next, comm, s));
+        RANK_NCCL(ncclRecv(b.recv, count, t, prev, comm, s));
+        RANK_NCCL(ncclGroupEnd());
+        break;
+    case C_ALLTOALL: RANK_NCCL(ncclAlltoAll(b.send, b.recv, count, t, comm, s)); break;
+    }
+    // Only this stream is synchronised: the collective must be ordered on it.
+    RC(cudaMemcpyAsync(hout.data(), b.recv, rcount * es, cudaMemcpyDeviceToHost, s));
+    RC(cudaStreamSynchronize(s));
+    ncclResult_t async = ncclSuccess;
+    RANK_NCCL(ncclCommGetAsyncError(comm, &async));
+    RANK_CHECK(async == ncclSuccess, "async error %s", ncclGetErrorString(async));
+
+    int bad = 0;
+    bool checks = !(c == C_REDUCE && rank != root);
+    for (size_t i = 0; checks && i < rcount && bad < 3; i++) {
+        double want;
+        switch (c) {
+        case C_ALLREDUCE:
+        case C_REDUCE: want = reference(op, t, n, i); break;
+        case C_REDUCESCATTER: want = reference(op, t, n, (size_t)rank * count + i); break;
+        case C_ALLGATHER: want = input_value(vop, (int)(i / count), i % count); break;
+        case C_BROADCAST: want = input_value(vop, bcast_root, i); break;
+        case C_SENDRECV: want = input_value(vop, prev, i); break;
+        case C_ALLTOALL:
+            want = input_value(vop, (int)(i / count), (size_t)rank * count + i % count);
+            break;
+        default: want = 0;
+        }
+        double got = get_value(t, hout.data(), i);
+        if (!(got == want)) {
+            fprintf(stderr,
+                    "rank %d/%d %s %s op %d %s count %zu: element %zu is %g, expected %g\n", rank,
+                    n, coll_name(c), dtype_label(t), (int)op, inplace ? "in-place" : "out-of-place",
+                    count, i, got, want);
+            bad++;
+        }
+    }
+    RC(cudaFree(b.base));
+    if (!inplace) RC(cudaFree(b.recv));
+    return bad ? 1 : 0;
+}
+
+int sweep_rank(const ncclUniqueId &id, int rank, int n) {
+    RC(cudaSetDevice(0));
+    ncclComm_t comm;
+    RANK_NCCL(ncclCommInitRank(&comm, n, id, rank));
+    int dev = -1;
+    RANK_NCCL(ncclCommCuDevice(comm, &dev));
+    RANK_CHECK(dev == 0, "ncclCommCuDevice gave %d, expected 0", dev);
+    cudaStream_t s;
+    RC(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    int failed = 0;
+    const size_t count = 1031; // odd: no dtype gets a whole number of 16-byte vectors
+    for (Coll c : {C_ALLREDUCE, C_REDUCE, C_REDUCESCATTER}) {
+        for (ncclDataType_t t : kTypes)
+            for (ncclRedOp_t op : kOps)
+                for (bool inplace : {false, true})
+                    failed += run_case(comm, s, rank, n, c, t, op, inplace, count);
+    }
+    for (Coll c : {C_ALLGATHER, C_BROADCAST, C_SENDRECV, C_ALLTOALL}) {
+        for (ncclDataType_t t : kTypes)
+            for (bool inplace : {false, true}) {
+                if (inplace && (c == C_SENDRECV || c == C_ALLTOALL)) continue;
+                failed += run_case(comm, s, rank, n, c, t, ncclSum, inplace, count);
+            }
+    }
+    // Many chunks, several slots in flight.
+    failed += run_case(comm, s, rank, n, C_ALLREDUCE, ncclFloat32, ncclSum, false, (3u << 20) + 7);
+    failed += run_case(comm, s, rank, n, C_ALLGATHER, ncclBfloat16, ncclSum, true, (1u << 20) + 3);
+    RC(cudaStreamDestroy(s));
+    RANK_NCCL(ncclCommDestroy(comm));
+    RANK_CHECK(failed == 0, "%d cases failed on rank %d", failed, rank);
+    return 0;
+}
+
+void run_sweep(Launch how, int n) {
+    if (how == Launch::Forked && cuda_loaded_here())
+        GTEST_SKIP() << "SKIPPED, NOT RUN: CUDA is already initialised in this test process, so "
+                        "forked ranks cannot use it; run this test alone (ctest runs each test in "
+                        "its own process)";
+    ncclUniqueId id = make_unique_id();
+    RunResult r = run_ranks(how, n, [&](int rank, int nranks) { return sweep_rank(id, rank, nranks); },
+                            600);
+    EXPECT_TRUE(r.ok()) << r.detail;
+}
+
+} // namespace
+
+TEST(CudaColl, TwoRanksOneGpuThreads) {
+    SKIP_WITHOUT_GPU_PATH();
+    run_sweep(Launch::Threads, 2);
+}
+TEST(CudaColl, FourRanksOneGpuThreads) {
+    SKIP_WITHOUT_GPU_PATH();
+    run_sweep(Launch::Threads, 4);
+}
+TEST(CudaColl, TwoRanksOneGpuForked) {
+    SKIP_WITHOUT_GPU_PATH();
+    run_sweep(Launch::Forked, 2);
+}
+TEST(CudaColl, FourRanksOneGpuForked) {
+    SKIP_WITHOUT_GPU_PATH();
+    run_sweep(Launch::Forked, 4);
+}
+
+// One thread drives 3 ranks that share GPU 0 (ncclCommInitAll with a repeated device list): the
+// device calls return at once, so a group over the three communicators completes.
+TEST(CudaColl, InitAllOneThreadGroup) {
+    SKIP_WITHOUT_GPU_PATH();
+    const int n = 3;
+    const size_t count = 4099;
+    ncclComm_t comms[n];
+    int devs[n] = {0, 0, 0};
+    ASSERT_EQ(ncclCommInitAll(comms, n, devs), ncclSuccess) << ncclGetLastError(nullptr);
+    ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+    cudaStream_t s[n];
+    float *buf[n];
+    std::vector<float> host(count);
+    for (int r = 0; r < n; r++) {
+        int d = -1;
+        ASSERT_EQ(ncclCommCuDevice(comms[r], &d), ncclSuccess);
+        EXPECT_EQ(d, 0);
+        ASSERT_EQ(cudaStreamCreateWithFlags(&s[r], cudaStreamNonBlocking), cudaSuccess);
+        ASSERT_EQ(cudaMalloc(&buf[r], count * sizeof(float)), cudaSuccess);
+        for (size_t i = 0; i < count; i++) host[i] = (float)(r + 1) * (float)(i % 7);
+        ASSERT_EQ(cudaMemcpy(buf[r], host.data(), count * sizeof(float), cudaMemcpyHostToDevice),
+                  cudaSuccess);
+    }
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    ASSERT_EQ(ncclGroupStart(), ncclSuccess);
+    for (int r = 0; r < n; r++)
+        ASSERT_EQ(ncclAllReduce(buf[r], buf[r], count, ncclFloat32, ncclSum, comms[r], s[r]),
+                  ncclSuccess);
+    ASSERT_EQ(ncclGroupEnd(), ncclSuccess);
+    for (int r = 0; r < n; r++) {
+        ASSERT_EQ(cudaStreamSynchronize(s[r]), cudaSuccess);
+        ASSERT_EQ(cudaMemcpy(host.data(), buf[r], count * sizeof(float), cudaMemcpyDeviceToHost),
+                  cudaSuccess);
+        for (size_t i = 0; i < count; i++)
+            ASSERT_EQ(host[i], 6.0f * (float)(i % 7)) << "rank " << r << " element " << i;
+        ncclResult_t async;
+        ASSERT_EQ(ncclCommGetAsyncError(comms[r], &async), ncclSuccess);
+        EXPECT_EQ(async, ncclSuccess);
+        EXPECT_EQ(cudaFree(buf[r]), cudaSuccess);
+        EXPECT_EQ(cudaStreamDestroy(s[r]), cudaSuccess);
+    }
+    for (int r = 0; r < n; r++) EXPECT_EQ(ncclCommDestroy(comms[r]), ncclSuccess);
+}
+
+// A collective on a stream that is being captured must be refused with ncclInvalidUsage and a
+// message, and leave the communicator usable.
+TEST(CudaColl, GraphCaptureRefused) {
+    SKIP_WITHOUT_GPU_PATH();
+    ncclComm_t comm;
+    int dev0 = 0;
+    ASSERT_EQ(ncclCommInitAll(&comm, 1, &dev0), ncclSuccess) << ncclGetLastError(nullptr);
+    ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+    cudaStream_t s;
+    ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+    float *buf;
+    ASSERT_EQ(cudaMalloc(&buf, 1024 * sizeof(float)), cudaSuccess);
+    ASSERT_EQ(cudaMemset(buf, 0, 1024 * sizeof(float)), cudaSuccess);
+    ASSERT_EQ(cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed), cudaSuccess);
+    ncclResult_t res = ncclAllReduce(buf, buf, 1024, ncclFloat32, ncclSum, comm, s);
+    cudaGraph_t graph = nullptr;
+    EXPECT_EQ(cudaStreamEndCapture(s, &graph), cudaSuccess);
+    if (graph) cudaGraphDestroy(graph);
+    EXPECT_EQ(res, ncclInvalidUsage);
+    std::string last = ncclGetLastError(comm);
+    EXPECT_NE(last.find("graph capture"), std::string::npos) << last;
+    // Still usable outside capture.
+    EXPECT_EQ(ncclAllReduce(buf, buf, 1024, ncclFloat32, ncclSum, comm, s), ncclSuccess);
+    EXPECT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+    EXPECT_EQ(cudaFree(buf), cudaSuccess);
+    EXPECT_EQ(cudaStreamDestroy(s), cudaSuccess);
+    EXPECT_EQ(ncclCommDestroy(comm), ncclSuccess);
+}
+
+#else
+TEST(CudaColl, NeedsCudaBuild) {
+    GTEST_SKIP() << "SKIPPED, NOT RUN: this build has no CUDA (CHORUS_HAVE_CUDA=0)";
+}
+#endif
