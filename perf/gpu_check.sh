@@ -98,7 +98,7 @@ if out=$("$bin/cuda_copy_bw" 2>&1); then
     gpu=$(printf '%s\n' "$out" | sed -n 's/^gpu=//p')
     echo "copy bandwidth on $gpu: d2d $d2d GB/s, h2d $h2d GB/s, d2h $d2h GB/s"
 else
-    echo "gpu_check: cuda_copy_bw failed: $out" >&2; status=1
+    echo "gpu_check: cuda_copy_bw failed: $out" >&2; status=1; d2d=0
 fi
 
 # ---- 3. perf runs ---------------------------------------------------------------------------
@@ -115,15 +115,21 @@ rows=()
 for coll in all_reduce all_gather reduce_scatter; do
     for n in $rank_counts; do
         p="$bin/${coll}_perf"
+        echo "running $coll with $n rank(s) on GPU 0 ..." >&2
         lat=$(launch "$n" "$p" -b 8 -e 8 -n 100 -w 10 -m device 2>"$log/${coll}_${n}_lat.err")
         rc1=$?
         bw=$(launch "$n" "$p" -b "$max_bytes" -e "$max_bytes" -n 10 -w 3 -m device 2>"$log/${coll}_${n}_bw.err")
         rc2=$?
         printf '%s\n' "$lat" > "$log/${coll}_${n}_lat.out"; printf '%s\n' "$bw" > "$log/${coll}_${n}_bw.out"
+        lat_us=; lw1=; lw2=; size=; busbw=; bw1=; bw2=
         read -r _ lat_us _ lw1 lw2 <<< "$(printf '%s\n' "$lat" | last_row)"
         read -r size _ busbw bw1 bw2 <<< "$(printf '%s\n' "$bw" | last_row)"
-        wrong=$(( ${lw1:-1} + ${lw2:-1} + ${bw1:-1} + ${bw2:-1} ))
-        [ $rc1 -ne 0 ] || [ $rc2 -ne 0 ] || [ "$wrong" -ne 0 ] && status=1
+        if [ -n "${lw2:-}" ] && [ -n "${bw2:-}" ]; then
+            wrong=$(( lw1 + lw2 + bw1 + bw2 ))
+        else
+            wrong="?" # no result row: the run failed (see the logs)
+        fi
+        if [ $rc1 -ne 0 ] || [ $rc2 -ne 0 ] || [ "$wrong" != 0 ]; then status=1; fi
         frac=$(awk -v b="${busbw:-0}" -v d="$d2d" -v n="$n" 'BEGIN {
             if (n <= 1 || d <= 0) print "n/a"; else printf "%.0f%%", 100 * b / (d / n) }')
         rows+=("$(printf '%-15s %5s %11s %10s %12s %10s %7s %5s' "$coll" "$n" "${lat_us:-?}" \

@@ -75,9 +75,12 @@ static int parse_size(const char *s, size_t *out) {
     char *end;
     double v = strtod(s, &end);
     if (end == s || v < 0) return -1;
-    if (*end == 'G' || *end == 'g') v *= 1024.0 * 1024 * 1024;
-    else if (*end == 'M' || *end == 'm') v *= 1024.0 * 1024;
-    else if (*end == 'K' || *end == 'k') v *= 1024.0;
+    if (*end == 'G' || *end == 'g')
+        v *= 1024.0 * 1024 * 1024;
+    else if (*end == 'M' || *end == 'm')
+        v *= 1024.0 * 1024;
+    else if (*end == 'K' || *end == 'k')
+        v *= 1024.0;
     *out = (size_t)v;
     return 0;
 }
@@ -193,7 +196,8 @@ static double baseline_stream(rank_t *r, size_t total, double *lat_us_p) {
         if (lfd >= 0) close(lfd);
     } else {
         bootstrap_recv(bs, 1, 900, &addr, sizeof(addr));
-        int fd = socket(addr.sa.sa_family == AF_UNSPEC ? AF_INET : addr.sa.sa_family, SOCK_STREAM, 0);
+        int fd =
+            socket(addr.sa.sa_family == AF_UNSPEC ? AF_INET : addr.sa.sa_family, SOCK_STREAM, 0);
         socklen_t len = addr.sa.sa_family == AF_INET6 ? sizeof(addr.sin6) : sizeof(addr.sin);
         if (fd >= 0 && addr.sa.sa_family != AF_UNSPEC && connect(fd, &addr.sa, len) == 0) {
             uint64_t t0 = chorus_now_ns();
@@ -315,24 +319,37 @@ static int rank_main(const chorus_unique_id_t *id, int rank, const opts_t *o, re
 }
 
 int main(int argc, char **argv) {
-    opts_t o = {.min_bytes = 8, .max_bytes = 64u << 20, .total = 512u << 20, .factor = 8,
-                .rounds = 3};
+    opts_t o = {
+        .min_bytes = 8, .max_bytes = 64u << 20, .total = 512u << 20, .factor = 8, .rounds = 3};
     int c;
     while ((c = getopt(argc, argv, "b:e:f:t:r:c")) != -1) {
         switch (c) {
-        case 'b': if (parse_size(optarg, &o.min_bytes)) goto usage; break;
-        case 'e': if (parse_size(optarg, &o.max_bytes)) goto usage; break;
-        case 't': if (parse_size(optarg, &o.total)) goto usage; break;
-        case 'f': o.factor = atoi(optarg); break;
-        case 'c': o.copy = 1; break;
-        case 'r': o.rounds = atoi(optarg); break;
-        default: goto usage;
+        case 'b':
+            if (parse_size(optarg, &o.min_bytes)) goto usage;
+            break;
+        case 'e':
+            if (parse_size(optarg, &o.max_bytes)) goto usage;
+            break;
+        case 't':
+            if (parse_size(optarg, &o.total)) goto usage;
+            break;
+        case 'f':
+            o.factor = atoi(optarg);
+            break;
+        case 'c':
+            o.copy = 1;
+            break;
+        case 'r':
+            o.rounds = atoi(optarg);
+            break;
+        default:
+            goto usage;
         }
     }
     if (o.factor < 2 || o.min_bytes < 1 || o.max_bytes < o.min_bytes || o.total < 1) goto usage;
     setenv("CHORUS_TRANSPORT", "tcp", 1);
-    results_t *res = mmap(NULL, sizeof(results_t), PROT_READ | PROT_WRITE,
-                          MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    results_t *res =
+        mmap(NULL, sizeof(results_t), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     if (res == MAP_FAILED) return 1;
     memset(res, 0, sizeof(*res));
     chorus_unique_id_t id;
@@ -380,6 +397,7 @@ int main(int argc, char **argv) {
                res->nrounds, best_b, best_t, best_b > 0 ? 100.0 * best_t / best_b : 0.0);
     return 0;
 usage:
-    fprintf(stderr, "usage: %s [-b MIN] [-e MAX] [-f FACTOR] [-t TOTAL_BYTES] [-r ROUNDS] [-c]\n", argv[0]);
+    fprintf(stderr, "usage: %s [-b MIN] [-e MAX] [-f FACTOR] [-t TOTAL_BYTES] [-r ROUNDS] [-c]\n",
+            argv[0]);
     return 2;
 }

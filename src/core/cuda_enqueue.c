@@ -35,8 +35,11 @@
 #if CHORUS_HAVE_CUDA
 #include <cuda_runtime.h>
 
-#define CUDA_BLOCK_MIN (64u << 10)
-#define CUDA_BLOCKS_MAX 64 /* blocks per communicator before a caller waits for one to free up */
+#define CUDA_BLOCK_MIN (1u << 20)
+#define CUDA_BLOCKS_PREALLOC 4         /* of CUDA_BLOCK_PREALLOC_BYTES, at comm init */
+#define CUDA_BLOCK_PREALLOC_BYTES (4u << 20)
+#define CUDA_BLOCKS_MAX 64               /* staging blocks per communicator ... */
+#define CUDA_STAGING_CAP ((size_t)2 << 30) /* ... and pinned bytes, before a caller waits */
 
 /* Elements in each buffer and whether this rank uses it (the rules of coll_api_prepare). */
 static void cuda_op_shape(const coll_args_t *a, int nranks, int rank, size_t *scount_p,
@@ -149,19 +152,30 @@ out:
     return res;
 }
 
-/* A free block of at least `bytes`, or a new one (caller holds st->lock). */
+/* A free block of at least `bytes`, or a new one. Takes st->lock itself and never holds it while
+ * waiting (the worker needs it to take the next batch). Pinned staging per communicator is
+ * bounded by CUDA_STAGING_CAP bytes and CUDA_BLOCKS_MAX blocks: beyond that the caller waits for
+ * its oldest fully submitted op to leave its block (that op needs nothing more from this thread),
+ * and allocates past the bound only when nothing it could wait for is left. */
 static ncclResult_t cuda_block_take(cuda_comm_state_t *st, size_t bytes, cuda_block_t **b_p) {
-    for (int attempt = 0;; attempt++) {
-        cuda_block_t *best = NULL;
+    size_t cap = CUDA_BLOCK_MIN;
+    while (cap < bytes) cap *= 2;
+    pthread_mutex_lock(&st->lock);
+    for (;;) {
+        cuda_block_t *best = NULL, *oldest = NULL;
         for (cuda_block_t *b = st->blocks; b; b = b->next) {
             if (b->in_flight && b->out_recorded) {
                 cudaError_t e = cudaEventQuery(b->ev_out);
-                if (e == cudaSuccess) b->in_flight = b->out_recorded = 0;
-                else if (e != cudaErrorNotReady) {
+                if (e == cudaSuccess) {
+                    b->in_flight = b->out_recorded = 0;
+                } else if (e != cudaErrorNotReady) {
                     (void)cudaGetLastError();
+                    pthread_mutex_unlock(&st->lock);
                     WARN("staging block of rank %d: cudaEventQuery failed: %s", st->comm->rank,
                          cudaGetErrorString(e));
                     return ncclUnhandledCudaError;
+                } else {
+                    oldest = b; /* the list runs newest to oldest */
                 }
             }
             if (!b->in_flight && b->cap >= bytes && (!best || b->cap < best->cap)) best = b;
@@ -169,20 +183,20 @@ static ncclResult_t cuda_block_take(cuda_comm_state_t *st, size_t bytes, cuda_bl
         if (best) {
             best->in_flight = 1;
             best->out_recorded = 0;
+            pthread_mutex_unlock(&st->lock);
             *b_p = best;
             return ncclSuccess;
         }
-        if (st->blocks_live < CUDA_BLOCKS_MAX || attempt > 0) break;
-        /* Too many blocks in flight: wait for the oldest (the list head is the newest). */
-        cuda_block_t *oldest = NULL;
-        for (cuda_block_t *b = st->blocks; b; b = b->next)
-            if (b->in_flight && b->out_recorded) oldest = b;
-        if (oldest == NULL) break;
-        CHECK(chorus_cuda_event_wait(oldest->ev_out, &st->comm->abort_flag,
-                                     "waiting for a staging block"));
+        if ((st->blocks_live < CUDA_BLOCKS_MAX && st->bytes_live + cap <= CUDA_STAGING_CAP) ||
+            oldest == NULL)
+            break;
+        cudaEvent_t ev = oldest->ev_out;
+        pthread_mutex_unlock(&st->lock);
+        CHECK(chorus_cuda_event_wait(ev, &st->comm->abort_flag, "waiting for a staging block"));
+        pthread_mutex_lock(&st->lock);
     }
-    size_t cap = CUDA_BLOCK_MIN;
-    while (cap < bytes) cap *= 2;
+    pthread_mutex_unlock(&st->lock);
+    /* Allocate without the lock: cudaHostAlloc can take milliseconds. */
     cuda_block_t *b = calloc(1, sizeof(*b));
     if (b == NULL) {
         WARN("out of memory for a staging block");
@@ -194,11 +208,14 @@ static ncclResult_t cuda_block_take(cuda_comm_state_t *st, size_t bytes, cuda_bl
     CUDACHECK_GOTO(cudaEventCreateWithFlags(&b->ev_out, cudaEventDisableTiming), res, fail);
     b->cap = cap;
     b->in_flight = 1;
+    pthread_mutex_lock(&st->lock);
     b->next = st->blocks;
     st->blocks = b;
     st->blocks_live++;
-    INFO(SUB_ALLOC, "rank %d: CUDA staging block of %zu bytes (%d blocks)", st->comm->rank, cap,
-         st->blocks_live);
+    st->bytes_live += cap;
+    pthread_mutex_unlock(&st->lock);
+    INFO(SUB_ALLOC, "rank %d: CUDA staging block of %zu bytes (%d blocks, %zu bytes)",
+         st->comm->rank, cap, st->blocks_live, st->bytes_live);
     *b_p = b;
     return ncclSuccess;
 fail:
@@ -206,6 +223,26 @@ fail:
     chorus_cuda_host_free(b->host);
     free(b);
     return res;
+}
+
+void cuda_enqueue_comm_init(struct ncclComm *comm) {
+    if (comm->cuda_dev < 0 || !chorus_cuda_available()) return;
+    int prev = -1;
+    if (cudaGetDevice(&prev) != cudaSuccess) (void)cudaGetLastError();
+    cuda_comm_state_t *st;
+    if (chorus_cuda_set_device(comm->cuda_dev) != ncclSuccess ||
+        cuda_state_get(comm, comm->cuda_dev, &st) != ncclSuccess)
+        goto out;
+    cuda_block_t *taken[CUDA_BLOCKS_PREALLOC];
+    int n = 0;
+    while (n < CUDA_BLOCKS_PREALLOC &&
+           cuda_block_take(st, CUDA_BLOCK_PREALLOC_BYTES, &taken[n]) == ncclSuccess)
+        n++;
+    pthread_mutex_lock(&st->lock);
+    for (int i = 0; i < n; i++) taken[i]->in_flight = 0; /* never used: free at once */
+    pthread_mutex_unlock(&st->lock);
+out:
+    if (prev >= 0 && cudaSetDevice(prev) != cudaSuccess) (void)cudaGetLastError();
 }
 
 /* Choose staging pointers for one op and queue its input copy and E_in on the user's stream. */
@@ -228,10 +265,7 @@ static ncclResult_t cuda_op_stage_in(cuda_comm_state_t *st, cuda_op_t *op) {
     int recv_in_send = sdev && rdev && !send_in_recv && ur >= us && ur + rbytes <= us + sbytes;
     if (send_in_recv) need = rbytes;
     if (recv_in_send) need = sbytes;
-    pthread_mutex_lock(&st->lock);
-    ncclResult_t res = cuda_block_take(st, need ? need : 1, &op->block);
-    pthread_mutex_unlock(&st->lock);
-    CHECK(res);
+    CHECK(cuda_block_take(st, need ? need : 1, &op->block));
     char *base = op->block->host;
     char *ss = NULL, *sr = NULL;
     if (send_in_recv) {
@@ -389,6 +423,8 @@ ncclResult_t cuda_enqueue_hook(const coll_args_t *a, int *handled_p) {
     return res;
 }
 
+void cuda_enqueue_group_discard(void) { cuda_pending.n = 0; }
+
 ncclResult_t cuda_enqueue_group_end(void) {
     cuda_pending_t *p = &cuda_pending;
     if (p->n == 0) return ncclSuccess;
@@ -413,6 +449,8 @@ ncclResult_t cuda_enqueue_hook(const coll_args_t *a, int *handled_p) {
     return ncclSuccess;
 }
 ncclResult_t cuda_enqueue_group_end(void) { return ncclSuccess; }
+void cuda_enqueue_group_discard(void) {}
+void cuda_enqueue_comm_init(struct ncclComm *comm) { (void)comm; }
 ncclResult_t cuda_enqueue_drain(struct ncclComm *comm) {
     (void)comm;
     return ncclSuccess;

@@ -36,9 +36,20 @@ int cuda_enqueue_wants(const coll_args_t *a);
 ncclResult_t cuda_enqueue_call(const coll_args_t *a);
 /* The outermost ncclGroupEnd of this thread: submit the device ops kept since ncclGroupStart. */
 ncclResult_t cuda_enqueue_group_end(void);
+/* ncclGroupSimulateEnd: drop the device ops kept since ncclGroupStart (nothing was queued on
+ * their streams yet). */
+void cuda_enqueue_group_discard(void);
 /* ncclCommFinalize / ncclCommDestroy: wait until every device op submitted on comm has run (or,
  * with the abort flag set, has been released). */
 ncclResult_t cuda_enqueue_drain(struct ncclComm *comm);
+/* End of a successful communicator init (GPU communicators only): start the worker and
+ * allocate the completion word and the first staging blocks now, while no collective of this
+ * communicator can be in flight. Pinned-memory allocation may serialise the device's work (CUDA's
+ * "implicit synchronization" rules), and an allocation made while another rank of this process
+ * has a stream waiting on this rank's next call could stall until CHORUS_TIMEOUT; doing it here
+ * leaves only ops larger than the preallocated blocks (or more of them in flight) to allocate
+ * later. Failure is not fatal: the first device op tries again. */
+void cuda_enqueue_comm_init(struct ncclComm *comm);
 /* comm_free: stop the worker, wait for the streams to leave the staging memory, free it all. */
 void cuda_enqueue_comm_free(struct ncclComm *comm);
 
@@ -86,6 +97,7 @@ typedef struct cuda_comm_state {
     volatile uint32_t *done_host; /* last seq the worker completed (pinned, mapped) */
     void *done_dev;               /* same word, device address */
     int blocks_live;
+    size_t bytes_live;
     cuda_block_t *blocks;
 } cuda_comm_state_t;
 
@@ -94,7 +106,7 @@ ncclResult_t cuda_worker_start(cuda_comm_state_t *st);
 void cuda_worker_push(cuda_comm_state_t *st, cuda_batch_t *b);
 void cuda_batch_free(cuda_batch_t *b);
 
-/* cuda_streamwait.c: make `stream` wait until (int32_t)(*flag - value) >= 0. */
+/* cuda_stream.c: make `stream` wait until (int32_t)(*flag - value) >= 0. */
 ncclResult_t cuda_stream_wait_flag(cudaStream_t stream, void *flag_dev, uint32_t value);
 #endif
 

@@ -1,7 +1,7 @@
 /*
  * cuda_wait_kernel.cu: the fallback way to make a stream wait for a host-written word.
  *
- * The preferred way is a stream memory operation (cuStreamWaitValue32, see cuda_streamwait.c),
+ * The preferred way is a stream memory operation (cuStreamWaitValue32, see cuda_stream.c),
  * which waits in the GPU's front end without occupying an SM. Where the driver does not offer
  * stream memory operations, this one-thread kernel polls the pinned, mapped completion word with
  * volatile (uncached, system-scope) loads and sleeps between polls. It holds one block slot on one

@@ -123,10 +123,9 @@ typedef struct coll_op {
     int uses_ring;
     uint64_t ring_ticket;
 
-    /* ring/chain algorithms */
+    /* ring/chain algorithms (ch[] is last: see coll_op_alloc) */
     int nch;
     size_t chunk_elems;
-    coll_chan_t ch[CHORUS_MAXCHANNELS];
 
     /* point-to-point transfers */
     int nxfer;
@@ -147,6 +146,8 @@ typedef struct coll_op {
     int refs;               /* queue + request */
     int is_async;
     struct coll_op *next;
+    /* Last, and not zeroed at allocation: the ring plan initialises the channels it uses. */
+    coll_chan_t ch[CHORUS_MAXCHANNELS];
 } coll_op_t;
 
 /* An algorithm: one row per (collective, schedule). */
@@ -176,6 +177,7 @@ struct coll_engine {
     uint64_t *p2p_send_issued, *p2p_send_served; /* [nranks] */
     uint64_t *p2p_recv_issued, *p2p_recv_served;
     int rings_connected;
+    int oversubscribed;   /* more ranks on this host than online CPUs: waits yield at once */
     volatile int broken;  /* ncclResult_t of the failure that broke the connections, 0 if none */
     char broken_text[COLL_ERR_TEXT];
     /* progress thread */

@@ -25,6 +25,9 @@ TEST(CollArgs, InvalidArgumentsLeaveCommUsable) {
         ncclComm_t comm;
         RANK_NCCL(ncclCommInitRank(&comm, n, id, rank));
         std::vector<float> a(16, 1.0f), b(16 * n, 0.0f);
+        // Only rank 0 makes the bad calls: ncclGetLastError is per process, and the other
+        // thread's WARN lines would race with the message checks.
+        if (rank == 0) {
         RANK_CHECK(ncclAllReduce(a.data(), b.data(), 16, ncclFloat32, ncclSum, nullptr, nullptr) ==
                        ncclInvalidArgument, "NULL comm");
         RANK_CHECK(ncclAllReduce(a.data(), b.data(), 16, (ncclDataType_t)42, ncclSum, comm, nullptr) ==
@@ -55,6 +58,7 @@ TEST(CollArgs, InvalidArgumentsLeaveCommUsable) {
         ncclResult_t r1 = ncclAllReduce(a.data(), b.data(), 16, ncclFloat32, (ncclRedOp_t)99, comm, nullptr);
         ncclResult_t r2 = ncclGroupEnd();
         RANK_CHECK(r1 == ncclInvalidArgument && r2 == ncclInvalidArgument, "group: %d %d", r1, r2);
+        }
         // Still usable.
         RANK_NCCL(ncclAllReduce(a.data(), b.data(), 16, ncclFloat32, ncclSum, comm, nullptr));
         RANK_CHECK(b[0] == (float)n, "sum after errors: %f", b[0]);
@@ -72,6 +76,10 @@ struct MismatchCase {
     int odd_rank;
     int kind; // 0: different count, 1: allgather instead of allreduce, 2: different dtype, 3: root
 };
+
+static std::string mismatch_kind(int k) {
+    return k == 0 ? "count" : k == 1 ? "collective" : k == 2 ? "dtype" : "root";
+}
 
 class CollMismatch : public ::testing::TestWithParam<std::tuple<int, int, Launch, const char *>> {};
 TEST_P(CollMismatch, EveryRankErrors) {
@@ -136,7 +144,13 @@ INSTANTIATE_TEST_SUITE_P(
                       std::make_tuple(4, 1, Launch::Threads, ""), std::make_tuple(5, 2, Launch::Threads, ""),
                       std::make_tuple(4, 3, Launch::Threads, ""), std::make_tuple(3, 0, Launch::Forked, ""),
                       std::make_tuple(5, 0, Launch::Forked, ""),
-                      std::make_tuple(4, 0, Launch::Threads, "ll")));
+                      std::make_tuple(4, 0, Launch::Threads, "ll")),
+    [](const auto &info) {
+        const char *algo = std::get<3>(info.param);
+        return std::to_string(std::get<0>(info.param)) + "ranks_" + mismatch_kind(std::get<1>(info.param)) +
+               "_" + (std::get<2>(info.param) == Launch::Threads ? "threads" : "forked") +
+               (algo[0] ? std::string("_") + algo : std::string());
+    });
 
 // A rank is SIGKILLed while the others are inside all-reduces: every survivor gets an error that
 // names the op, within the deadline (CHORUS_TIMEOUT=20 here), and nobody hangs.
@@ -185,4 +199,9 @@ TEST_P(CollKill, SurvivorsError) {
 }
 INSTANTIATE_TEST_SUITE_P(Coll, CollKill,
                          ::testing::Values(std::make_tuple(3, ""), std::make_tuple(4, ""),
-                                           std::make_tuple(3, "tcp")));
+                                           std::make_tuple(3, "tcp")),
+                         [](const auto &info) {
+                             const char *t = std::get<1>(info.param);
+                             return std::to_string(std::get<0>(info.param)) + "ranks_" +
+                                    (t[0] ? t : "shm");
+                         });

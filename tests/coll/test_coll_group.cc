@@ -285,4 +285,9 @@ TEST_P(Async, RequestsCompleteInOrder) {
 INSTANTIATE_TEST_SUITE_P(Coll, Async,
                          ::testing::Values(std::make_tuple("1", Launch::Threads),
                                            std::make_tuple("0", Launch::Threads),
-                                           std::make_tuple("1", Launch::Forked)));
+                                           std::make_tuple("1", Launch::Forked)),
+                         [](const auto &info) {
+                             return std::string(std::get<0>(info.param)[0] == '1' ? "thread_"
+                                                                                   : "nothread_") +
+                                    (std::get<1>(info.param) == Launch::Threads ? "threads" : "forked");
+                         });

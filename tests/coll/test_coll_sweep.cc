@@ -20,6 +20,10 @@ static std::vector<ncclDataType_t> all_types() {
     return std::vector<ncclDataType_t>(kAllTypes, kAllTypes + 12);
 }
 
+// Stable test names (the default would print the const char* parameters as addresses).
+static std::string word(const char *s, const char *dflt) { return s[0] ? s : dflt; }
+static std::string launch_word(Launch l) { return l == Launch::Threads ? "threads" : "forked"; }
+
 static bool nightly() {
     const char *v = getenv("CHORUS_TEST_NIGHTLY");
     return v && v[0] == '1';
@@ -44,7 +48,11 @@ TEST_P(CollTypesOps, SmallCounts) {
 }
 INSTANTIATE_TEST_SUITE_P(Coll, CollTypesOps,
                          ::testing::Combine(::testing::Values(2, 3),
-                                            ::testing::Values("", "ring", "ll")));
+                                            ::testing::Values("", "ring", "ll")),
+                         [](const auto &info) {
+                             return std::to_string(std::get<0>(info.param)) + "ranks_" +
+                                    word(std::get<1>(info.param), "tuner");
+                         });
 
 // Every rank count for float32 sum (and int32 max) through all collectives.
 class CollRanks : public ::testing::TestWithParam<std::tuple<int, const char *>> {};
@@ -60,7 +68,11 @@ TEST_P(CollRanks, Float32Sum) {
 }
 INSTANTIATE_TEST_SUITE_P(Coll, CollRanks,
                          ::testing::Combine(::testing::Values(1, 2, 3, 4, 5, 6, 7, 8),
-                                            ::testing::Values("ring", "ll")));
+                                            ::testing::Values("ring", "ll")),
+                         [](const auto &info) {
+                             return std::to_string(std::get<0>(info.param)) + "ranks_" +
+                                    word(std::get<1>(info.param), "tuner");
+                         });
 
 // Large counts (4Mi+3 elements): a few dtypes, forked processes over shared memory.
 class CollLarge : public ::testing::TestWithParam<int> {};
@@ -118,4 +130,10 @@ INSTANTIATE_TEST_SUITE_P(Coll, CollNightly,
                          ::testing::Combine(::testing::Values(1, 2, 3, 4, 5, 6, 7, 8),
                                             ::testing::Values("ring", "ll"),
                                             ::testing::Values("", "tcp"),
-                                            ::testing::Values(Launch::Threads, Launch::Forked)));
+                                            ::testing::Values(Launch::Threads, Launch::Forked)),
+                         [](const auto &info) {
+                             return std::to_string(std::get<0>(info.param)) + "ranks_" +
+                                    word(std::get<1>(info.param), "tuner") + "_" +
+                                    word(std::get<2>(info.param), "shm") + "_" +
+                                    launch_word(std::get<3>(info.param));
+                         });

@@ -13,12 +13,19 @@
 // a group, and the refusal of CUDA graph capture. Without a GPU every test skips and says so.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <cmath>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
 #include "cuda_test_util.h"
 #include "launch.h"
+
+extern "C" {
+#include "param.h"
+}
 
 #if CHORUS_HAVE_CUDA
 #include <cuda_runtime.h>
@@ -69,8 +76,12 @@ double reference(ncclRedOp_t op, ncclDataType_t t, int n, size_t i) {
     return acc;
 }
 
+// Device buffers are allocated once per rank: cudaMalloc/cudaFree between collectives would
+// synchronise the whole device, and with several ranks of one process on one GPU that waits for
+// another rank's stream, which waits for this rank's next call (the same holds for NCCL).
+const size_t kBufBytes = 16u << 20;
 struct Bufs {
-    void *send = nullptr, *recv = nullptr, *base = nullptr;
+    void *send = nullptr, *recv = nullptr, *base = nullptr, *other = nullptr;
 };
 
 #define RC(x)                                                                                      \
@@ -80,8 +91,8 @@ struct Bufs {
     } while (0)
 
 // One case on one rank. Returns 0 when the output matches the reference.
-int run_case(ncclComm_t comm, cudaStream_t s, int rank, int n, Coll c, ncclDataType_t t,
-             ncclRedOp_t op, bool inplace, size_t count) {
+int run_case(ncclComm_t comm, cudaStream_t s, const Bufs &mem, int rank, int n, Coll c,
+             ncclDataType_t t, ncclRedOp_t op, bool inplace, size_t count) {
     const size_t es = chorus_dtype_size(t);
     size_t scount = count, rcount = count;
     if (c == C_REDUCESCATTER) scount = count * n;
@@ -95,9 +106,9 @@ int run_case(ncclComm_t comm, cudaStream_t s, int rank, int n, Coll c, ncclDataT
     std::vector<unsigned char> hin(scount * es), hout(rcount * es);
     for (size_t i = 0; i < scount; i++) put_value(t, hin.data(), i, input_value(vop, rank, i));
 
-    Bufs b;
+    Bufs b = mem;
     size_t big = std::max(scount, rcount) * es;
-    RC(cudaMalloc(&b.base, big + 256));
+    RANK_CHECK(big + 256 <= kBufBytes, "case too big for the test buffers");
     RC(cudaMemsetAsync(b.base, 0xAB, big + 256, s));
     if (inplace) {
         if (c == C_REDUCESCATTER) {
@@ -110,7 +121,7 @@ int run_case(ncclComm_t comm, cudaStream_t s, int rank, int n, Coll c, ncclDataT
             b.send = b.recv = b.base;
         }
     } else {
-        RC(cudaMalloc(&b.recv, rcount * es + 256));
+        b.recv = b.other;
         RC(cudaMemsetAsync(b.recv, 0xCD, rcount * es + 256, s));
         b.send = b.base;
     }
@@ -166,8 +177,6 @@ int run_case(ncclComm_t comm, cudaStream_t s, int rank, int n, Coll c, ncclDataT
             bad++;
         }
     }
-    RC(cudaFree(b.base));
-    if (!inplace) RC(cudaFree(b.recv));
     return bad ? 1 : 0;
 }
 
@@ -180,26 +189,33 @@ int sweep_rank(const ncclUniqueId &id, int rank, int n) {
     RANK_CHECK(dev == 0, "ncclCommCuDevice gave %d, expected 0", dev);
     cudaStream_t s;
     RC(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    Bufs mem;
+    RC(cudaMalloc(&mem.base, kBufBytes));
+    RC(cudaMalloc(&mem.other, kBufBytes));
     int failed = 0;
     const size_t count = 1031; // odd: no dtype gets a whole number of 16-byte vectors
     for (Coll c : {C_ALLREDUCE, C_REDUCE, C_REDUCESCATTER}) {
         for (ncclDataType_t t : kTypes)
             for (ncclRedOp_t op : kOps)
                 for (bool inplace : {false, true})
-                    failed += run_case(comm, s, rank, n, c, t, op, inplace, count);
+                    failed += run_case(comm, s, mem, rank, n, c, t, op, inplace, count);
     }
     for (Coll c : {C_ALLGATHER, C_BROADCAST, C_SENDRECV, C_ALLTOALL}) {
         for (ncclDataType_t t : kTypes)
             for (bool inplace : {false, true}) {
                 if (inplace && (c == C_SENDRECV || c == C_ALLTOALL)) continue;
-                failed += run_case(comm, s, rank, n, c, t, ncclSum, inplace, count);
+                failed += run_case(comm, s, mem, rank, n, c, t, ncclSum, inplace, count);
             }
     }
     // Many chunks, several slots in flight.
-    failed += run_case(comm, s, rank, n, C_ALLREDUCE, ncclFloat32, ncclSum, false, (3u << 20) + 7);
-    failed += run_case(comm, s, rank, n, C_ALLGATHER, ncclBfloat16, ncclSum, true, (1u << 20) + 3);
-    RC(cudaStreamDestroy(s));
+    failed += run_case(comm, s, mem, rank, n, C_ALLREDUCE, ncclFloat32, ncclSum, false, (3u << 20) + 7);
+    failed += run_case(comm, s, mem, rank, n, C_ALLGATHER, ncclBfloat16, ncclSum, true, (1u << 20) + 3);
+    // Destroy first (it waits for this comm's device ops), then free: see kBufBytes.
     RANK_NCCL(ncclCommDestroy(comm));
+    RC(cudaStreamSynchronize(s));
+    RC(cudaFree(mem.base));
+    RC(cudaFree(mem.other));
+    RC(cudaStreamDestroy(s));
     RANK_CHECK(failed == 0, "%d cases failed on rank %d", failed, rank);
     return 0;
 }
@@ -232,6 +248,53 @@ TEST(CudaColl, TwoRanksOneGpuForked) {
 TEST(CudaColl, FourRanksOneGpuForked) {
     SKIP_WITHOUT_GPU_PATH();
     run_sweep(Launch::Forked, 4);
+}
+
+// A peer that is gone must not leave the GPU stream waiting for ever: the device op fails, the
+// stream is released, and ncclCommGetAsyncError reports the failure (NCCL's way for work that has
+// already left the call).
+int peer_death_rank(const ncclUniqueId &id, int rank, int n) {
+    RC(cudaSetDevice(0));
+    ncclComm_t comm;
+    RANK_NCCL(ncclCommInitRank(&comm, n, id, rank));
+    if (rank == 1) return 0; // leaves without taking part (the process exits)
+    cudaStream_t s;
+    RC(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    float *buf;
+    RC(cudaMalloc(&buf, (1 << 20) * sizeof(float)));
+    RC(cudaMemsetAsync(buf, 0, (1 << 20) * sizeof(float), s));
+    RANK_NCCL(ncclAllReduce(buf, buf, 1 << 20, ncclFloat32, ncclSum, comm, s));
+    cudaError_t q = cudaErrorNotReady;
+    for (int i = 0; i < 1200 && q == cudaErrorNotReady; i++) { // 120 s at most
+        q = cudaStreamQuery(s);
+        if (q == cudaErrorNotReady) usleep(100000);
+    }
+    RANK_CHECK(q == cudaSuccess, "the stream was not released: %s", cudaGetErrorString(q));
+    ncclResult_t async = ncclSuccess;
+    RANK_NCCL(ncclCommGetAsyncError(comm, &async));
+    RANK_CHECK(async != ncclSuccess, "the failed device op reported no asynchronous error");
+    RANK_NCCL(ncclCommAbort(comm));
+    RC(cudaFree(buf));
+    RC(cudaStreamDestroy(s));
+    return 0;
+}
+
+TEST(CudaColl, PeerDeathReleasesStream) {
+    SKIP_WITHOUT_GPU_PATH();
+    if (cuda_loaded_here())
+        GTEST_SKIP() << "SKIPPED, NOT RUN: CUDA is already initialised in this test process, so "
+                        "forked ranks cannot use it; run this test alone (ctest does)";
+    const char *old_env = getenv("CHORUS_TIMEOUT");
+    std::string old_timeout = old_env ? old_env : "";
+    setenv("CHORUS_TIMEOUT", "20", 1); // the survivor's waits end within 20 s
+    chorus_param_reset();
+    ncclUniqueId id = make_unique_id();
+    RunResult r = run_ranks(Launch::Forked, 2,
+                            [&](int rank, int n) { return peer_death_rank(id, rank, n); }, 180);
+    if (old_env) setenv("CHORUS_TIMEOUT", old_timeout.c_str(), 1);
+    else unsetenv("CHORUS_TIMEOUT");
+    chorus_param_reset();
+    EXPECT_TRUE(r.ok()) << r.detail;
 }
 
 // One thread drives 3 ranks that share GPU 0 (ncclCommInitAll with a repeated device list): the

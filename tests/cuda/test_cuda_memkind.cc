@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <cstring>
 #include <vector>
 
 #include "cuda_test_util.h"
@@ -55,5 +56,59 @@ TEST(CudaMemKind, DeviceManagedPinned) {
     EXPECT_EQ(cudaFree(d), cudaSuccess);
     EXPECT_EQ(cudaFree(m), cudaSuccess);
     EXPECT_EQ(cudaFreeHost(h), cudaSuccess);
+}
+#endif
+
+// The hook at the top of coll_api_run must leave host-buffer calls to the host path (it runs in
+// every build and without a GPU; with a GPU a device buffer must be taken).
+#include <pthread.h>
+#if CHORUS_HAVE_CUDA
+#include <cuda_runtime.h> // C++ headers stay outside extern "C"
+#endif
+extern "C" {
+#include "core/cuda_enqueue.h"
+}
+
+TEST(CudaEnqueue, HostBuffersStayOnHostPath) {
+    std::vector<float> a(64), b(64);
+    coll_args_t args;
+    memset(&args, 0, sizeof(args));
+    args.api = "test";
+    args.coll = COLL_ALLREDUCE;
+    args.sendbuff = a.data();
+    args.recvbuff = b.data();
+    args.count = 64;
+    args.dtype = ncclFloat32;
+    args.op = ncclSum;
+    args.root = -1;
+    EXPECT_EQ(cuda_enqueue_wants(&args), 0);
+    if (chorus_cuda_available()) return; // the hook would look at the (absent) comm
+    int handled = 1;
+    EXPECT_EQ(cuda_enqueue_hook(&args, &handled), ncclSuccess);
+    EXPECT_EQ(handled, 0);
+    args.staged = 1;
+    handled = 1;
+    EXPECT_EQ(cuda_enqueue_hook(&args, &handled), ncclSuccess);
+    EXPECT_EQ(handled, 0);
+}
+
+#if CHORUS_HAVE_CUDA
+TEST(CudaEnqueue, DeviceBufferTakesDevicePath) {
+    SKIP_WITHOUT_GPU_PATH();
+    ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+    void *d = nullptr;
+    ASSERT_EQ(cudaMalloc(&d, 4096), cudaSuccess);
+    std::vector<float> h(64);
+    coll_args_t args;
+    memset(&args, 0, sizeof(args));
+    args.coll = COLL_ALLREDUCE;
+    args.sendbuff = h.data();
+    args.recvbuff = d; // one device buffer is enough
+    args.count = 64;
+    args.dtype = ncclFloat32;
+    EXPECT_EQ(cuda_enqueue_wants(&args), 1);
+    args.staged = 1; // the worker's own calls never come back to the device path
+    EXPECT_EQ(cuda_enqueue_wants(&args), 0);
+    EXPECT_EQ(cudaFree(d), cudaSuccess);
 }
 #endif

@@ -42,14 +42,15 @@ TEST(IbUnit, OpsTable) {
     EXPECT_STREQ(ib_transport_ops.name, "ib");
     EXPECT_EQ(ib_transport_ops.abi_version, TRANSPORT_ABI_VERSION);
     EXPECT_TRUE(ib_transport_ops.caps & TRANSPORT_CAP_INTER_HOST);
-    const void *ops[] = {(void *)ib_transport_ops.can_connect, (void *)ib_transport_ops.setup,
-                         (void *)ib_transport_ops.connect, (void *)ib_transport_ops.send_acquire,
-                         (void *)ib_transport_ops.send_commit,
-                         (void *)ib_transport_ops.send_commit_direct,
-                         (void *)ib_transport_ops.send_drained, (void *)ib_transport_ops.recv_peek,
-                         (void *)ib_transport_ops.recv_copy, (void *)ib_transport_ops.recv_release,
-                         (void *)ib_transport_ops.progress, (void *)ib_transport_ops.close};
-    for (const void *op : ops) EXPECT_NE(op, nullptr);
+    const void *ops[] = {
+        (void *)ib_transport_ops.can_connect,  (void *)ib_transport_ops.setup,
+        (void *)ib_transport_ops.connect,      (void *)ib_transport_ops.send_acquire,
+        (void *)ib_transport_ops.send_commit,  (void *)ib_transport_ops.send_commit_direct,
+        (void *)ib_transport_ops.send_drained, (void *)ib_transport_ops.recv_peek,
+        (void *)ib_transport_ops.recv_copy,    (void *)ib_transport_ops.recv_release,
+        (void *)ib_transport_ops.progress,     (void *)ib_transport_ops.close};
+    for (const void *op : ops)
+        EXPECT_NE(op, nullptr);
 }
 
 TEST(IbUnit, CanConnectNeedsDevicesOnBothSides) {

@@ -41,11 +41,13 @@ struct Stream {
     int src = 0, dst = 0;
     size_t msg = 0, off = 0;
     uint64_t chunks = 0;
-    bool direct = false;        // sender: whole messages from a user buffer when the conn allows
-    bool draining = false;      // a direct message is out; its buffer must stay until drained
-    std::vector<uint8_t> buf;   // user buffer of direct sends and receives
+    bool direct = false;      // sender: whole messages from a user buffer when the conn allows
+    bool draining = false;    // a direct message is out; its buffer must stay until drained
+    std::vector<uint8_t> buf; // user buffer of direct sends and receives
     uint64_t direct_chunks = 0;
-    bool done() const { return msg >= sizes.size(); }
+    bool done() const {
+        return msg >= sizes.size();
+    }
 };
 
 // Try to move one chunk. 1: moved, 0: not ready, -1: error (logged to stderr).
@@ -247,7 +249,8 @@ int ring_rank(const chorus_unique_id_t &id, int rank, int nranks, size_t max_byt
                (unsigned long long)tx.chunks, (unsigned long long)rx.chunks);
     // Direct chunks went exactly for the messages from the threshold up, when asked for.
     uint64_t want_direct = 0;
-    for (size_t m : tx.sizes) want_direct += direct && sc.direct && m >= sc.direct_threshold;
+    for (size_t m : tx.sizes)
+        want_direct += direct && sc.direct && m >= sc.direct_threshold;
     RANK_CHECK(tx.direct_chunks == want_direct && rx.direct_chunks == want_direct,
                "direct chunks: %llu sent, %llu received, %llu expected",
                (unsigned long long)tx.direct_chunks, (unsigned long long)rx.direct_chunks,
@@ -274,25 +277,24 @@ TEST_P(TcpP2P, RingEveryByteChecked) {
     size_t max_bytes = c.max_bytes;
     bool direct = c.direct;
     RunResult res = run_ranks(
-        c.how, c.nranks,
-        [&](int rank, int n) { return ring_rank(id, rank, n, max_bytes, direct); }, 180);
+        c.how, c.nranks, [&](int rank, int n) { return ring_rank(id, rank, n, max_bytes, direct); },
+        180);
     EXPECT_TRUE(res.ok()) << res.detail;
 }
 
 INSTANTIATE_TEST_SUITE_P(
     Tcp, TcpP2P,
-    testing::Values(
-        TcpCase{Launch::Threads, 2, "1", "1", "65536", "4194304", 64u << 20, false},
-        TcpCase{Launch::Forked, 2, "1", "1", "65536", "4194304", 64u << 20, false},
-        TcpCase{Launch::Threads, 2, "2", "1", "65536", "4194304", 64u << 20, true},
-        TcpCase{Launch::Forked, 2, "1", "1", "65536", "4194304", 64u << 20, true},
-        TcpCase{Launch::Threads, 2, "0", "2", "65536", "4194304", 64u << 20, false},
-        TcpCase{Launch::Forked, 2, "1", "4", "4096", "1048576", 16u << 20, false},
-        TcpCase{Launch::Forked, 2, "2", "1", "65536", "65536", 4u << 20, true},
-        TcpCase{Launch::Threads, 3, "1", "3", "4096", "4194304", 4u << 20, true},
-        TcpCase{Launch::Forked, 5, "2", "2", "16384", "2097152", 4u << 20, false},
-        TcpCase{Launch::Threads, 8, "1", "1", "65536", "4194304", 1u << 20, true},
-        TcpCase{Launch::Forked, 8, "2", "1", "65536", "4194304", 4u << 20, false}),
+    testing::Values(TcpCase{Launch::Threads, 2, "1", "1", "65536", "4194304", 64u << 20, false},
+                    TcpCase{Launch::Forked, 2, "1", "1", "65536", "4194304", 64u << 20, false},
+                    TcpCase{Launch::Threads, 2, "2", "1", "65536", "4194304", 64u << 20, true},
+                    TcpCase{Launch::Forked, 2, "1", "1", "65536", "4194304", 64u << 20, true},
+                    TcpCase{Launch::Threads, 2, "0", "2", "65536", "4194304", 64u << 20, false},
+                    TcpCase{Launch::Forked, 2, "1", "4", "4096", "1048576", 16u << 20, false},
+                    TcpCase{Launch::Forked, 2, "2", "1", "65536", "65536", 4u << 20, true},
+                    TcpCase{Launch::Threads, 3, "1", "3", "4096", "4194304", 4u << 20, true},
+                    TcpCase{Launch::Forked, 5, "2", "2", "16384", "2097152", 4u << 20, false},
+                    TcpCase{Launch::Threads, 8, "1", "1", "65536", "4194304", 1u << 20, true},
+                    TcpCase{Launch::Forked, 8, "2", "1", "65536", "4194304", 4u << 20, false}),
     case_name);
 
 TEST(TcpUnit, SplitCoversChunk) {
@@ -367,14 +369,15 @@ int stray_rank(const chorus_unique_id_t &id, int rank, int nranks) {
         // Three strays reach the listening port before the real sender knows it.
         tcp_blob_t b;
         memcpy(&b, blob, sizeof(b));
-        tcp_handshake_t hs = {TCP_HANDSHAKE_MAGIC, bootstrap_secret(comm->bs) ^ 0x1, b.conn_id,
-                              0, 0, 2, 0};
+        tcp_handshake_t hs = {
+            TCP_HANDSHAKE_MAGIC, bootstrap_secret(comm->bs) ^ 0x1, b.conn_id, 0, 0, 2, 0};
         strays.push_back(stray_client(b.addr, &hs, sizeof(hs))); // wrong secret
         hs.secret ^= 0x1;
         hs.conn_id ^= 0x5;
         strays.push_back(stray_client(b.addr, &hs, sizeof(hs))); // right secret, wrong id
         strays.push_back(stray_client(b.addr, &hs, 3));          // never finishes a handshake
-        for (int fd : strays) RANK_CHECK(fd >= 0, "stray client could not connect");
+        for (int fd : strays)
+            RANK_CHECK(fd >= 0, "stray client could not connect");
         RANK_NCCL(bootstrap_send(comm->bs, 0, 7, blob, bytes));
         RANK_NCCL(bootstrap_recv(comm->bs, 0, 8, peer_blob, sizeof(tcp_blob_t)));
     } else {
@@ -402,8 +405,8 @@ int stray_rank(const chorus_unique_id_t &id, int rank, int nranks) {
 TEST(TcpSetup, StrayConnectionsRefused) {
     ScopedEnv env("CHORUS_TIMEOUT", "60");
     chorus_unique_id_t id = transport_make_id();
-    RunResult res =
-        run_threads(2, [&](int rank, int n) { return stray_rank(id, rank, n); }, 120);
+    RunResult res = run_threads(
+        2, [&](int rank, int n) { return stray_rank(id, rank, n); }, 120);
     EXPECT_TRUE(res.ok()) << res.detail;
 }
 
@@ -427,8 +430,8 @@ int fault_rank(const chorus_unique_id_t &id, int rank, int nranks, Fault fault) 
     chorus_waiter_t w;
     chorus_waiter_init(&w, &comm->abort_flag);
     ncclResult_t res = ncclSuccess;
-    bool victim = (fault == Fault::KillReceiver && rank == 1) ||
-                  (fault == Fault::KillSender && rank == 0);
+    bool victim =
+        (fault == Fault::KillReceiver && rank == 1) || (fault == Fault::KillSender && rank == 0);
     bool struck = false;
     for (;;) {
         int moved = rank == 0 ? send_step(s, &res) : recv_step(s, &res);
@@ -452,8 +455,9 @@ int fault_rank(const chorus_unique_id_t &id, int rank, int nranks, Fault fault) 
         res = chorus_waiter_step(&w);
         if (res != ncclSuccess) break;
     }
-    RANK_CHECK(res == ncclRemoteError, "rank %d: expected ncclRemoteError, got %s after %llu chunks",
-               rank, ncclGetErrorString(res), (unsigned long long)s.chunks);
+    RANK_CHECK(res == ncclRemoteError,
+               "rank %d: expected ncclRemoteError, got %s after %llu chunks", rank,
+               ncclGetErrorString(res), (unsigned long long)s.chunks);
     std::string last = chorus_log_last_error();
     std::string who = "rank " + std::to_string(1 - rank) + " (";
     RANK_CHECK(last.find(who) != std::string::npos, "error does not name %s: %s", who.c_str(),
@@ -508,24 +512,26 @@ INSTANTIATE_TEST_SUITE_P(Tcp, TcpFault,
 // Skipped (exit 77 from the script) where namespaces cannot be created.
 TEST(TcpTwoHosts, RingAcrossNetworkNamespaces) {
     const std::string bin = std::string(CHORUS_BINARY_DIR) + "/bin/";
-    const std::string script =
-        std::string(CHORUS_SOURCE_DIR) + "/tests/scripts/netns_two_hosts.sh";
+    const std::string script = std::string(CHORUS_SOURCE_DIR) + "/tests/scripts/netns_two_hosts.sh";
     if (access((bin + "chorusrun").c_str(), X_OK) != 0 ||
         access((bin + "tcp_rank_main").c_str(), X_OK) != 0)
         GTEST_SKIP() << "chorusrun or tcp_rank_main not built";
-    std::string cmd = script + " -n 2 -p 29611 -b " + bin + " -t 60 -- " + bin + "tcp_rank_main 2>&1";
+    std::string cmd =
+        script + " -n 2 -p 29611 -b " + bin + " -t 60 -- " + bin + "tcp_rank_main 2>&1";
     FILE *f = popen(cmd.c_str(), "r");
     ASSERT_NE(f, nullptr);
     std::string out;
     char buf[4096];
     size_t n;
-    while ((n = fread(buf, 1, sizeof(buf), f)) > 0) out.append(buf, n);
+    while ((n = fread(buf, 1, sizeof(buf), f)) > 0)
+        out.append(buf, n);
     int st = pclose(f);
     int code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
     if (code == 77) GTEST_SKIP() << out;
     EXPECT_EQ(code, 0) << out;
     int ok = 0;
-    for (size_t p = out.find(" ok: "); p != std::string::npos; p = out.find(" ok: ", p + 1)) ok++;
+    for (size_t p = out.find(" ok: "); p != std::string::npos; p = out.find(" ok: ", p + 1))
+        ok++;
     EXPECT_EQ(ok, 4) << out;
     // Rank 1 (host0) sends to rank 2 (host1), rank 3 (host1) to rank 0 (host0): both over TCP.
     EXPECT_NE(out.find("rank 1 on chorus-host0 ok: to rank 2 on chorus-host1 via TCP/"),

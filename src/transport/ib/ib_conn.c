@@ -126,7 +126,8 @@ static ncclResult_t ib_setup(chorus_conn_t *conn, void *blob, size_t *blob_bytes
     int access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE;
     ic->slots_mr = ibv->reg_mr(ic->dev->pd, ic->slots, (size_t)ic->nslots * ic->slot_bytes,
                                conn->is_send ? IBV_ACCESS_LOCAL_WRITE : access);
-    ic->word_mr = ibv->reg_mr(ic->dev->pd, ic->word, 64, conn->is_send ? access : IBV_ACCESS_LOCAL_WRITE);
+    ic->word_mr =
+        ibv->reg_mr(ic->dev->pd, ic->word, 64, conn->is_send ? access : IBV_ACCESS_LOCAL_WRITE);
     if (!ic->slots_mr || !ic->word_mr) {
         WARN("ib: cannot register %zu bytes on %s", (size_t)ic->nslots * ic->slot_bytes,
              ic->dev->name);
@@ -209,13 +210,14 @@ static ncclResult_t ib_connect(chorus_conn_t *conn, const void *peer_blob, size_
     ic->remote_addr = b.addr;
     ic->remote_rkey = b.rkey;
     if (!conn->is_send)
-        for (int i = 0; i < ic->nslots; i++) CHECK(ib_post_recv(ic));
+        for (int i = 0; i < ic->nslots; i++)
+            CHECK(ib_post_recv(ic));
 
     struct ibv_qp_attr at;
     memset(&at, 0, sizeof(at));
     at.qp_state = IBV_QPS_RTR;
-    at.path_mtu = b.mtu < ic->dev->port_attr.active_mtu ? (enum ibv_mtu)b.mtu
-                                                        : ic->dev->port_attr.active_mtu;
+    at.path_mtu =
+        b.mtu < ic->dev->port_attr.active_mtu ? (enum ibv_mtu)b.mtu : ic->dev->port_attr.active_mtu;
     at.dest_qp_num = b.qpn;
     at.rq_psn = b.psn;
     at.max_dest_rd_atomic = 1;
@@ -249,8 +251,8 @@ static ncclResult_t ib_connect(chorus_conn_t *conn, const void *peer_blob, size_
         return ncclSystemError;
     }
     conn->connected = 1;
-    INFO(SUB_NET | SUB_INIT, "ib: %s rank %d via %s, qpn %u -> %u", conn->is_send ? "send to" : "receive from",
-         conn->peer, conn->desc, ic->qp->qp_num, b.qpn);
+    INFO(SUB_NET | SUB_INIT, "ib: %s rank %d via %s, qpn %u -> %u",
+         conn->is_send ? "send to" : "receive from", conn->peer, conn->desc, ic->qp->qp_num, b.qpn);
     return ncclSuccess;
 }
 
@@ -334,7 +336,8 @@ static ncclResult_t ib_post_credit(chorus_conn_t *conn, ib_conn_t *ic) {
     if (ic->credit_posted == ic->released || ic->credit_writes >= IB_MAX_CREDIT_WRITES)
         return ncclSuccess;
     __atomic_store_n(ic->word, ic->released, __ATOMIC_RELEASE);
-    struct ibv_sge sge = {.addr = (uint64_t)(uintptr_t)ic->word, .length = 8, .lkey = ic->word_mr->lkey};
+    struct ibv_sge sge = {
+        .addr = (uint64_t)(uintptr_t)ic->word, .length = 8, .lkey = ic->word_mr->lkey};
     struct ibv_send_wr wr, *bad;
     memset(&wr, 0, sizeof(wr));
     wr.wr_id = IB_WR_CREDIT;

@@ -21,7 +21,8 @@ static int g_ndevs;
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 
 /* One comma-separated entry "name[:port]" against (name, port). */
-static int ib_hca_entry_match(const char *entry, size_t len, int exact, const char *name, int port) {
+static int ib_hca_entry_match(const char *entry, size_t len, int exact, const char *name,
+                              int port) {
     char buf[96];
     if (len >= sizeof(buf)) len = sizeof(buf) - 1;
     memcpy(buf, entry, len);
@@ -127,8 +128,8 @@ static void ib_scan(void) {
             d->pd = pd;
             d->max_qp_wr = dattr.max_qp_wr;
             INFO(SUB_INIT | SUB_NET, "ib: using %s:%d (%s, lid %u, gid index %d)", d->name, port,
-                 d->link_layer == IBV_LINK_LAYER_ETHERNET ? "RoCE" : "InfiniBand",
-                 d->port_attr.lid, d->gid_index);
+                 d->link_layer == IBV_LINK_LAYER_ETHERNET ? "RoCE" : "InfiniBand", d->port_attr.lid,
+                 d->gid_index);
             g_ndevs++;
         }
         if (!pd) ibv->close_device(ctx);

@@ -8,9 +8,14 @@
  * unlinks it right away; the receiver unlinks it again at connect and at close (ENOENT is fine),
  * so once both ends have mapped it nothing is left in /dev/shm even if both then crash.
  *
+ * A process killed between the receiver's setup and the sender's mapping leaves the name behind;
+ * the next process to create a segment removes names whose creator (same pid namespace, pid in
+ * the name) no longer exists.
+ *
  * Each end keeps the fd open and holds an open-file-description write lock on its own byte (see
  * shm.h): shm_segment_peer_alive() asks the kernel whether the peer's lock still exists.
  */
+#include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
@@ -52,6 +57,13 @@ static ncclResult_t shm_lock_byte(shm_conn_t *sc, int byte) {
     return ncclSuccess;
 }
 
+/* Our pid namespace (inode of /proc/self/ns/pid), 0 when unknown. Part of every segment name, so
+ * that the janitor below only judges segments whose pid means something here. */
+static uint64_t shm_pid_ns(void) {
+    struct stat st;
+    return stat("/proc/self/ns/pid", &st) == 0 ? (uint64_t)st.st_ino : 0;
+}
+
 static void shm_make_name(char *name, size_t len) {
     uint64_t rnd = 0;
     if (getrandom(&rnd, sizeof(rnd), GRND_NONBLOCK) != (ssize_t)sizeof(rnd)) {
@@ -60,7 +72,34 @@ static void shm_make_name(char *name, size_t len) {
         clock_gettime(CLOCK_MONOTONIC, &ts);
         rnd = (uint64_t)ts.tv_nsec * 0x9e3779b97f4a7c15ull ^ (uint64_t)(uintptr_t)name;
     }
-    snprintf(name, len, "/chorus-shm-%d-%016llx", (int)getpid(), (unsigned long long)rnd);
+    snprintf(name, len, "/chorus-shm-%d-%016llx-n%llx", (int)getpid(), (unsigned long long)rnd,
+             (unsigned long long)shm_pid_ns());
+}
+
+/* A segment has a name only between the receiver's setup and the sender's mapping; a process
+ * killed inside that window leaves the name behind. Once per process, before creating its first
+ * segment, remove such names: made in our pid namespace by a process that no longer exists. Live
+ * processes' segments and other namespaces' are never touched. */
+static void shm_janitor(void) {
+    static int done;
+    if (__atomic_exchange_n(&done, 1, __ATOMIC_ACQ_REL)) return;
+    uint64_t ns = shm_pid_ns();
+    if (ns == 0) return;
+    DIR *d = opendir("/dev/shm");
+    if (!d) return;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        int pid = 0;
+        unsigned long long rnd = 0, seg_ns = 0;
+        if (sscanf(e->d_name, "chorus-shm-%d-%16llx-n%llx", &pid, &rnd, &seg_ns) != 3) continue;
+        if (seg_ns != ns || pid <= 0 || kill(pid, 0) == 0 || errno != ESRCH) continue;
+        char path[sizeof(e->d_name) + 1];
+        snprintf(path, sizeof(path), "/%s", e->d_name);
+        if (shm_unlink(path) == 0)
+            INFO(SUB_SHM | SUB_INIT, "shm: removed %s, left by pid %d which no longer exists", path,
+                 pid);
+    }
+    closedir(d);
 }
 
 static void shm_bind_numa(void *addr, size_t bytes, int numa_node) {
@@ -76,6 +115,7 @@ ncclResult_t shm_segment_create(shm_conn_t *sc, int nslots, size_t slot_bytes, i
     size_t ctrl_bytes = shm_ctrl_bytes(nslots);
     size_t map_bytes = ctrl_bytes + (size_t)nslots * slot_bytes;
     int fd = -1;
+    shm_janitor();
     for (int attempt = 0; attempt < 8 && fd < 0; attempt++) {
         shm_make_name(sc->name, sizeof(sc->name));
         fd = shm_open(sc->name, O_RDWR | O_CREAT | O_EXCL, 0600);

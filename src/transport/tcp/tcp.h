@@ -19,8 +19,8 @@
  * The receiver reads a header, waits until
  * slot step % nslots is released by the consumer (leaving the bytes in the kernel, so TCP flow
  * control holds the sender back), reads the payload straight into the slot and, when the last piece
- * of a step lands, publishes the step. The sender reuses a slot only once every piece of its previous
- * step was handed to the kernel.
+ * of a step lands, publishes the step. The sender reuses a slot only once every piece of its
+ * previous step was handed to the kernel.
  *
  * Direct chunks (TRANSPORT_CAP_DIRECT, from SOCKET_DIRECT_THRESHOLD bytes, only with helper
  * threads): send_commit_direct sends one piece straight from the user's buffer; the receiver
@@ -55,11 +55,11 @@
 #define TCP_CALLER_BACKOFF_MAX 64
 #endif
 
-#define TCP_BLOB_MAGIC 0x54435042u      /* "TCPB" */
+#define TCP_BLOB_MAGIC 0x54435042u                /* "TCPB" */
 #define TCP_HANDSHAKE_MAGIC 0x43484f5255535443ull /* "CHORUSTC" */
 #define TCP_ACK_MAGIC 0x4143484f52555321ull
-#define TCP_HDR_DATA 0x44415441u  /* "DATA" */
-#define TCP_HDR_CLOSE 0x434c4f53u /* "CLOS": the sender closes cleanly */
+#define TCP_HDR_DATA 0x44415441u   /* "DATA" */
+#define TCP_HDR_CLOSE 0x434c4f53u  /* "CLOS": the sender closes cleanly */
 #define TCP_HDR_DIRECT 0x44495243u /* "DIRC": a direct chunk, read into the user buffer */
 
 /* What the receiver's setup() publishes. */
@@ -181,9 +181,10 @@ typedef struct tcp_conn {
     int stop_fd; /* eventfd: wakes threads blocked in poll() at close */
     int stop;
 
-    uint64_t caller_ns; /* when the caller last drove the sockets (waiting for them) */
+    uint64_t caller_ns;              /* when the caller last drove the sockets (waiting for them) */
     int caller_backoff, caller_skip; /* polls without inline I/O after fruitless ones */
-    int error;          /* ncclResult_t, first failure wins */
+    int fail_claimed;                /* the first failure takes it, WARNs, then sets error */
+    int error;                       /* ncclResult_t, first failure wins */
     int warned;
 } tcp_conn_t;
 

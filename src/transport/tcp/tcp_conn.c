@@ -43,7 +43,8 @@ static inline void tcp_caller_drive(tcp_conn_t *tc) {
         tc->caller_backoff = 0;
     } else if (tc->nthreads > 0) {
         tc->caller_backoff = tc->caller_backoff ? tc->caller_backoff * 2 : 1;
-        if (tc->caller_backoff > TCP_CALLER_BACKOFF_MAX) tc->caller_backoff = TCP_CALLER_BACKOFF_MAX;
+        if (tc->caller_backoff > TCP_CALLER_BACKOFF_MAX)
+            tc->caller_backoff = TCP_CALLER_BACKOFF_MAX;
         tc->caller_skip = tc->caller_backoff;
     }
 }

@@ -141,9 +141,9 @@ ncclResult_t tcp_setup(chorus_conn_t *conn, void *blob, size_t *blob_bytes_p) {
         b.nsocks = (uint32_t)nsocks;
     } else {
         const chorus_locality_t *self = &conn->comm->peers[conn->comm->rank];
-        CHECK_GOTO(tcp_socket_listen(&self->net_addr, TCP_MAX_SOCKS, &tc->listen_fd,
-                                     &tc->listen_addr),
-                   res, err_free);
+        CHECK_GOTO(
+            tcp_socket_listen(&self->net_addr, TCP_MAX_SOCKS, &tc->listen_fd, &tc->listen_addr),
+            res, err_free);
         tc->conn_id = tcp_random_u64();
         b.addr = tc->listen_addr;
         b.conn_id = tc->conn_id;
@@ -177,7 +177,8 @@ static ncclResult_t tcp_connect_send(tcp_conn_t *tc, const tcp_blob_t *b) {
     CHECK(tcp_conn_alloc_data(tc));
     uint64_t secret = bootstrap_secret(tc->comm->bs);
     for (int i = 0; i < tc->nsocks; i++) {
-        ncclResult_t res = tcp_socket_connect(&b->addr, w.deadline_ns, abort_flag, &tc->socks[i].fd);
+        ncclResult_t res =
+            tcp_socket_connect(&b->addr, w.deadline_ns, abort_flag, &tc->socks[i].fd);
         if (res != ncclSuccess) {
             WARN("tcp: connect to rank %d (%s) failed (socket %d of %d)", tc->peer, tc->peer_str, i,
                  tc->nsocks);
@@ -201,10 +202,10 @@ static ncclResult_t tcp_connect_send(tcp_conn_t *tc, const tcp_blob_t *b) {
             tcp_socket_read_all(tc->socks[i].fd, &ack, sizeof(ack), w.deadline_ns, abort_flag);
         if (res != ncclSuccess || ack != TCP_ACK_MAGIC) {
             WARN("tcp: rank %d (%s) did not accept socket %d: %s", tc->peer, tc->peer_str, i,
-                 res == ncclSystemError   ? "timed out"
-                 : res == ncclSuccess     ? "bad acknowledgement"
+                 res == ncclSystemError                          ? "timed out"
+                 : res == ncclSuccess                            ? "bad acknowledgement"
                  : __atomic_load_n(abort_flag, __ATOMIC_ACQUIRE) ? "aborted"
-                                                                  : "connection closed");
+                                                                 : "connection closed");
             return res != ncclSuccess ? res : ncclRemoteError;
         }
     }
@@ -298,7 +299,8 @@ static ncclResult_t tcp_connect_recv(tcp_conn_t *tc, const tcp_blob_t *b) {
         }
         struct pollfd pfd[TCP_MAX_PENDING + 1];
         pfd[0] = (struct pollfd){.fd = tc->listen_fd, .events = POLLIN};
-        for (int i = 0; i < npend; i++) pfd[i + 1] = (struct pollfd){.fd = pend[i].fd, .events = POLLIN};
+        for (int i = 0; i < npend; i++)
+            pfd[i + 1] = (struct pollfd){.fd = pend[i].fd, .events = POLLIN};
         int r = poll(pfd, (nfds_t)npend + 1, 100);
         if (r <= 0) continue;
         for (int i = 0; i < npend; i++) {
@@ -334,7 +336,8 @@ static ncclResult_t tcp_connect_recv(tcp_conn_t *tc, const tcp_blob_t *b) {
             }
         }
     }
-    for (int i = 0; i < npend; i++) close(pend[i].fd);
+    for (int i = 0; i < npend; i++)
+        close(pend[i].fd);
     if (res != ncclSuccess) {
         WARN("tcp: waiting for rank %d to connect to %s %s (%d of %d sockets)", tc->peer,
              tcp_addr_str(&tc->listen_addr, str, sizeof(str)),
@@ -371,8 +374,8 @@ ncclResult_t tcp_connect(chorus_conn_t *conn, const void *peer_blob, size_t peer
     conn->direct_threshold = direct > 0 ? (size_t)direct : 0;
     conn->connected = 1;
     INFO(SUB_NET | SUB_INIT, "tcp: %s rank %d (%s) via %s: %d sockets, %d threads, %d slots of %zu",
-         conn->is_send ? "send to" : "receive from", tc->peer, tc->peer_str, conn->desc,
-         tc->nsocks, tc->nthreads, tc->nslots, tc->slot_bytes);
+         conn->is_send ? "send to" : "receive from", tc->peer, tc->peer_str, conn->desc, tc->nsocks,
+         tc->nthreads, tc->nslots, tc->slot_bytes);
     return ncclSuccess;
 }
 

@@ -76,7 +76,8 @@ uint64_t tcp_random_u64(void) {
  * kernel's autotuning off, and autotuning usually does better on loopback and LANs. */
 ncclResult_t tcp_socket_tune(int fd) {
     int one = 1;
-    SYSCHECK(setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one)), "setsockopt(TCP_NODELAY)");
+    SYSCHECK(setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one)),
+             "setsockopt(TCP_NODELAY)");
     int64_t buf = chorus_param_int(PARAM_SOCKET_BUFFSIZE);
     if (buf > 0) {
         int v = buf > (1 << 30) ? (1 << 30) : (int)buf;

@@ -3,9 +3,10 @@
  *
  * A send pass walks the steps the caller committed, writes this socket's piece of each (header and
  * payload in one sendmsg) until the kernel says EAGAIN, and counts finished pieces per slot. A
- * receive pass reads headers through a small staging buffer (so a small chunk costs one recv), waits
- * for the target slot to be free without reading further (TCP flow control then holds the sender),
- * reads the payload straight into the slot, and publishes the step when its last piece has landed.
+ * receive pass reads headers through a small staging buffer (so a small chunk costs one recv),
+ * waits for the target slot to be free without reading further (TCP flow control then holds the
+ * sender), reads the payload straight into the slot, and publishes the step when its last piece has
+ * landed.
  *
  * Socket i belongs to helper thread i % nthreads. A thread runs passes over its sockets while they
  * make progress; when they are blocked on the kernel it sleeps in poll() (with the stop eventfd),
@@ -60,19 +61,23 @@ static inline uint32_t tcp_event_seq(tcp_event_t *ev) {
 
 /* ---- errors --------------------------------------------------------------------------------- */
 
+/* The first failure claims the connection, WARNs, and only then publishes the error: a caller
+ * that sees the error finds the WARN already in place (ncclGetLastError). */
 void tcp_conn_fail(tcp_conn_t *tc, ncclResult_t res, const char *fmt, ...) {
-    int expected = ncclSuccess;
-    if (!__atomic_compare_exchange_n(&tc->error, &expected, (int)res, 0, __ATOMIC_ACQ_REL,
+    int expected = 0;
+    if (!__atomic_compare_exchange_n(&tc->fail_claimed, &expected, 1, 0, __ATOMIC_ACQ_REL,
                                      __ATOMIC_ACQUIRE))
         return; /* the first failure was already reported */
-    if (__atomic_load_n(&tc->stop, __ATOMIC_ACQUIRE)) return; /* closing: not news */
-    char msg[256];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof(msg), fmt, ap);
-    va_end(ap);
-    WARN("tcp %s rank %d (%s): %s", tc->is_send ? "send to" : "receive from", tc->peer,
-         tc->peer_str, msg);
+    if (!__atomic_load_n(&tc->stop, __ATOMIC_ACQUIRE)) { /* closing: not news */
+        char msg[256];
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(msg, sizeof(msg), fmt, ap);
+        va_end(ap);
+        WARN("tcp %s rank %d (%s): %s", tc->is_send ? "send to" : "receive from", tc->peer,
+             tc->peer_str, msg);
+    }
+    __atomic_store_n(&tc->error, (int)res, __ATOMIC_RELEASE);
 }
 
 /* ---- chunk split ---------------------------------------------------------------------------- */
@@ -104,8 +109,9 @@ int tcp_sock_send_pass(tcp_conn_t *tc, tcp_sock_t *s) {
                 const char *src = tc->slot_src[slot];
                 size_t piece = total;
                 uint32_t k = src ? 1 : tcp_split(tc, total, &piece);
-                uint32_t j = (uint32_t)((s->index + tc->nsocks - (int)(step % (uint64_t)tc->nsocks)) %
-                                        tc->nsocks);
+                uint32_t j =
+                    (uint32_t)((s->index + tc->nsocks - (int)(step % (uint64_t)tc->nsocks)) %
+                               tc->nsocks);
                 if (j < k) {
                     size_t off = (size_t)j * piece;
                     size_t len = total - off < piece ? total - off : piece;
@@ -136,8 +142,7 @@ int tcp_sock_send_pass(tcp_conn_t *tc, tcp_sock_t *s) {
             if (errno == EAGAIN || errno == EWOULDBLOCK) return did | TCP_SOCK_BLOCKED;
             int e = errno;
             tcp_conn_fail(tc, ncclRemoteError, "%s during transfer (socket %d, step %llu)",
-                          e == EPIPE || e == ECONNRESET ? "connection closed by peer"
-                                                        : strerror(e),
+                          e == EPIPE || e == ECONNRESET ? "connection closed by peer" : strerror(e),
                           s->index, (unsigned long long)s->hdr.step);
             return did | TCP_SOCK_FAIL;
         }
@@ -222,8 +227,8 @@ int tcp_sock_recv_pass(tcp_conn_t *tc, tcp_sock_t *s) {
                 s->stage_pos = 0;
                 s->stage_len = avail;
             }
-            ssize_t r = recv(s->fd, s->stage + s->stage_len, TCP_STAGE_BYTES - s->stage_len,
-                             MSG_DONTWAIT);
+            ssize_t r =
+                recv(s->fd, s->stage + s->stage_len, TCP_STAGE_BYTES - s->stage_len, MSG_DONTWAIT);
             if (r > 0) {
                 s->stage_len += (size_t)r;
                 did = TCP_SOCK_DID;
@@ -347,7 +352,8 @@ int tcp_sock_try(tcp_conn_t *tc, tcp_sock_t *s) {
 
 int tcp_drive_all(tcp_conn_t *tc) {
     int r = 0;
-    for (int i = 0; i < tc->nsocks; i++) r |= tcp_sock_try(tc, &tc->socks[i]);
+    for (int i = 0; i < tc->nsocks; i++)
+        r |= tcp_sock_try(tc, &tc->socks[i]);
     return r;
 }
 
@@ -360,7 +366,8 @@ static void *tcp_thread_main(void *arg) {
     struct pollfd pfd[TCP_MAX_SOCKS + 1];
     tcp_sock_t *mine[TCP_MAX_SOCKS];
     int nmine = 0;
-    for (int i = th->index; i < tc->nsocks; i += tc->nthreads) mine[nmine++] = &tc->socks[i];
+    for (int i = th->index; i < tc->nsocks; i += tc->nthreads)
+        mine[nmine++] = &tc->socks[i];
     tcp_event_t *ev = tc->is_send ? &th->ev : &tc->release_ev;
     int spins = 0;
 
@@ -371,8 +378,8 @@ static void *tcp_thread_main(void *arg) {
             int r = tcp_sock_try(tc, mine[i]);
             any |= r;
             if (r & TCP_SOCK_BLOCKED)
-                pfd[npoll++] = (struct pollfd){.fd = mine[i]->fd,
-                                               .events = tc->is_send ? POLLOUT : POLLIN};
+                pfd[npoll++] =
+                    (struct pollfd){.fd = mine[i]->fd, .events = tc->is_send ? POLLOUT : POLLIN};
             if (r & TCP_SOCK_CLOSED) nclosed++;
         }
         if (any & TCP_SOCK_FAIL) break; /* the connection is dead; close() joins us */

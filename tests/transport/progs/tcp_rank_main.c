@@ -94,7 +94,8 @@ int main(void) {
             if (sc.ops->send_acquire(&sc, &slot, &ready) != ncclSuccess) FAIL("send_acquire");
             if (ready) {
                 size_t n = sizes[smsg] - soff < sc.slot_bytes ? sizes[smsg] - soff : sc.slot_bytes;
-                for (size_t i = 0; i < n; i++) ((uint8_t *)slot)[i] = pat(rank, smsg, soff + i);
+                for (size_t i = 0; i < n; i++)
+                    ((uint8_t *)slot)[i] = pat(rank, smsg, soff + i);
                 if (sc.ops->send_commit(&sc, n) != ncclSuccess) FAIL("send_commit");
                 soff += n;
                 if (soff == sizes[smsg]) smsg++, soff = 0;
