@@ -123,10 +123,13 @@ TEST_P(CollMismatch, EveryRankErrors) {
             r = ncclAllReduce(a.data(), b.data(), count, ncclFloat32, ncclSum, comm, nullptr);
         }
         RANK_CHECK(r == ncclInvalidUsage, "rank %d: mismatched op returned %s", rank, ncclGetErrorString(r));
-        const char *msg = ncclGetLastError(comm);
-        RANK_CHECK(strstr(msg, "#3") != nullptr || strstr(msg, "#4") != nullptr ||
-                       strstr(msg, "earlier failure") != nullptr,
-                   "rank %d: message lacks the op number: %s", rank, msg);
+        // ncclGetLastError is per process: with thread ranks the others keep rewriting it.
+        if (std::get<2>(GetParam()) == Launch::Forked) {
+            const char *msg = ncclGetLastError(comm);
+            RANK_CHECK(strstr(msg, "#3") != nullptr || strstr(msg, "#4") != nullptr ||
+                           strstr(msg, "earlier failure") != nullptr,
+                       "rank %d: message lacks the op number: %s", rank, msg);
+        }
         ncclResult_t async;
         RANK_NCCL(ncclCommGetAsyncError(comm, &async));
         RANK_CHECK(async == ncclInvalidUsage, "async error %d", async);
