@@ -70,11 +70,21 @@ static const char *tuner_forced(int coll, char *buf, size_t len) {
     return generic ? buf : NULL;
 }
 
+/* Whether the communicator spans a network link. Every rank must pick the same algorithm for the same
+ * op, so this looks at all of this rank's peers, not at its own ring neighbour: in a job over two
+ * hosts each rank has some peer behind TCP even when its neighbour is local (shm), while a rank that
+ * looked only at its neighbour would choose differently from the others and the op would never meet. */
 static int tuner_edge_is_tcp(struct ncclComm *comm) {
     if (comm->nranks < 2 || comm->edge_transport == NULL) return 0;
-    int peer = comm->channels[0].next >= 0 ? comm->channels[0].next : (comm->rank + 1) % comm->nranks;
-    const chorus_transport_ops_t *t = comm->edge_transport[peer];
-    return t && strcmp(t->name, "tcp") == 0;
+    if (comm->net_class < 0) {
+        int net = 0;
+        for (int p = 0; p < comm->nranks; p++) {
+            const chorus_transport_ops_t *t = comm->edge_transport[p];
+            if (p != comm->rank && t && (t->caps & TRANSPORT_CAP_INTER_HOST)) net = 1;
+        }
+        comm->net_class = net;
+    }
+    return comm->net_class;
 }
 
 static size_t tuner_ll_threshold(struct ncclComm *comm) {

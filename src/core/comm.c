@@ -139,6 +139,7 @@ ncclResult_t comm_alloc(int rank, int nranks, int cuda_dev, const ncclConfig_t *
     comm->rank = rank;
     comm->nranks = nranks;
     comm->cuda_dev = cuda_dev;
+    comm->net_class = -1;
     comm->config = *cfg;
     if (cfg->commName) snprintf(comm->comm_name, sizeof(comm->comm_name), "%s", cfg->commName);
     comm->config.commName = cfg->commName ? comm->comm_name : NULL;

@@ -66,6 +66,8 @@ struct ncclComm {
     int nchannels;
     chorus_channel_t channels[CHORUS_MAXCHANNELS];
     const chorus_transport_ops_t **edge_transport; /* [nranks]: transport chosen for each peer */
+    int net_class; /* tuner: 1 when any peer is reached over a network transport (same on every
+                      rank, so every rank picks the same algorithm); -1 until computed */
     /* [nranks], entries NULL until first use. The arrays are allocated at init; an entry is a
      * calloc'd connection made by whoever connects it first (the collective engine); the core
      * closes (transport_close) and frees every entry, and the ring connections, in comm_free,
