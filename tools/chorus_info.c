@@ -7,6 +7,7 @@
  *                                   built from defaults only, so it does not depend on the caller's
  *                                   environment; scripts/gen_param_table.sh uses it
  *   chorus_info --topo [--xml F]    topology discovery (topo_print), optionally the hwloc XML to F
+ *   chorus_info --topo-dump F       only write the hwloc XML to F (load it elsewhere: CHORUS_TOPO_FILE)
  *   chorus_info --version           library and NCCL API versions
  *
  * With no option it prints the version, the parameters and the topology. Exit status 1 when a
@@ -21,7 +22,7 @@
 #include "topo.h"
 
 static void usage(FILE *out) {
-    fprintf(out, "usage: chorus_info [--version] [--params [--markdown]] [--topo [--xml FILE]]\n");
+    fprintf(out, "usage: chorus_info [--version] [--params [--markdown]] [--topo [--xml FILE]] [--topo-dump FILE]\n");
 }
 
 static void print_version(void) {
@@ -115,6 +116,14 @@ int main(int argc, char **argv) {
             markdown = 1;
         } else if (strcmp(argv[i], "--topo") == 0) {
             want_topo = 1;
+        } else if (strcmp(argv[i], "--topo-dump") == 0 && i + 1 < argc) {
+            ncclResult_t res = topo_dump_xml(argv[++i]);
+            if (res != ncclSuccess) {
+                fprintf(stderr, "chorus_info: writing %s failed: %s\n", argv[i], ncclGetLastError(NULL));
+                return 1;
+            }
+            printf("hwloc XML written to %s\n", argv[i]);
+            return 0;
         } else if (strcmp(argv[i], "--xml") == 0 && i + 1 < argc) {
             xml = argv[++i];
             want_topo = 1;

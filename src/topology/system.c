@@ -25,12 +25,24 @@ static int file_is_hwloc_xml(const char *path) {
 
 const char *topo_system_source(void) {
     const char *file = chorus_param_str(PARAM_TOPO_FILE);
+    if (file && chorus_param_source(PARAM_TOPO_FILE) == PARAM_SRC_ENV_NCCL && !file_is_hwloc_xml(file))
+        file = NULL;
     return file ? file : "machine";
 }
 
 ncclResult_t topo_system_load(const char *spec, hwloc_topology_t *topo_p) {
     hwloc_topology_t topo;
-    if (spec == NULL) spec = chorus_param_str(PARAM_TOPO_FILE);
+    if (spec == NULL) {
+        spec = chorus_param_str(PARAM_TOPO_FILE);
+        /* NCCL_TOPO_FILE usually names NCCL's own XML format, which hwloc cannot read: a program
+         * written for NCCL must still start, so that file is ignored (CHORUS_TOPO_FILE is strict). */
+        if (spec && chorus_param_source(PARAM_TOPO_FILE) == PARAM_SRC_ENV_NCCL &&
+            !file_is_hwloc_xml(spec)) {
+            INFO(SUB_GRAPH | SUB_INIT, "NCCL_TOPO_FILE=%s is not an hwloc XML file; discovering the "
+                 "machine instead", spec);
+            spec = NULL;
+        }
+    }
     if (hwloc_topology_init(&topo) != 0) {
         WARN("hwloc_topology_init failed: %s", strerror(errno));
         return ncclSystemError;

@@ -2,6 +2,9 @@
 // number of slow-boundary crossings, channel counts and CHORUS_RING_ORDER parsing.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
+#include <cstdio>
 #include <cstdlib>
 #include <string>
 #include <vector>
@@ -10,6 +13,7 @@
 
 #include "nccl.h"
 extern "C" {
+#include "param.h"
 #include "topology/topo_internal.h"
 }
 
@@ -174,4 +178,25 @@ TEST(Topo, BadFilesAreRejected) {
     hwloc_topology_t t;
     EXPECT_EQ(topo_system_load("/nonexistent/topo.xml", &t), ncclInvalidArgument);
     EXPECT_EQ(topo_system_load("synthetic:nonsense:zz", &t), ncclInvalidArgument);
+}
+
+TEST(Topo, NcclTopoFileInNcclFormatIsIgnoredButChorusTopoFileIsStrict) {
+    std::string path = "/tmp/chorus_test_nccl_topo_" + std::to_string(getpid()) + ".xml";
+    FILE *f = fopen(path.c_str(), "w");
+    ASSERT_NE(f, nullptr);
+    fputs("<system version=\"1\"><cpu numaid=\"0\"/></system>\n", f);
+    fclose(f);
+    hwloc_topology_t t = nullptr;
+    setenv("NCCL_TOPO_FILE", path.c_str(), 1);
+    chorus_param_reset();
+    EXPECT_EQ(topo_system_load(nullptr, &t), ncclSuccess) << "NCCL's XML must not stop a program";
+    if (t) hwloc_topology_destroy(t);
+    unsetenv("NCCL_TOPO_FILE");
+    setenv("CHORUS_TOPO_FILE", path.c_str(), 1);
+    chorus_param_reset();
+    t = nullptr;
+    EXPECT_EQ(topo_system_load(nullptr, &t), ncclInvalidArgument);
+    unsetenv("CHORUS_TOPO_FILE");
+    chorus_param_reset();
+    unlink(path.c_str());
 }
