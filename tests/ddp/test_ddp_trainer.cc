@@ -21,14 +21,17 @@ int run(const std::string &cmd, std::string *out) {
     if (!f) return -1;
     char buf[4096];
     size_t n;
-    while ((n = fread(buf, 1, sizeof(buf), f)) > 0) out->append(buf, n);
+    while ((n = fread(buf, 1, sizeof(buf), f)) > 0)
+        out->append(buf, n);
     int st = pclose(f);
     return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
 
 const std::string kBin = std::string(CHORUS_BINARY_DIR) + "/bin/";
 
-bool have_data() { return access(IDX_DEFAULT_DIR "/train-images-idx3-ubyte.gz", R_OK) == 0; }
+bool have_data() {
+    return access(IDX_DEFAULT_DIR "/train-images-idx3-ubyte.gz", R_OK) == 0;
+}
 
 TEST(DdpTrainer, MissingDataNamesTheDebianPackage) {
     std::string out;
@@ -54,8 +57,8 @@ TEST(DdpTrainer, TwoRanksUnderChorusrunShardedAndBf16) {
     if (access((kBin + "chorusrun").c_str(), X_OK) != 0) GTEST_SKIP() << "chorusrun not built";
     for (std::string opt : {"", " --sharded --bf16-grads --accumulate 2"}) {
         std::string out;
-        int rc = run(kBin + "chorusrun -n 2 " + kBin + "ddp_mnist --epochs 1 --limit 2000" + opt,
-                     &out);
+        int rc =
+            run(kBin + "chorusrun -n 2 " + kBin + "ddp_mnist --epochs 1 --limit 2000" + opt, &out);
         ASSERT_EQ(rc, 0) << out;
         std::smatch m;
         std::regex re("result: ranks=2 epochs=1 test_acc=([0-9.]+) samples_per_s=[0-9]+ "
