@@ -21,11 +21,11 @@ static ncclResult_t ddp_cuda_check(chorusDdp_t ddp, cudaError_t e, const char *w
     return ddp_err(ddp, ncclUnhandledCudaError, "%s of %zu bytes failed: %s", what, bytes,
                    cudaGetErrorString(e));
 }
-#endif
 
 static int ddp_on_device(chorusDdp_t ddp) {
     return ddp && ddp->cfg.memory == CHORUS_DDP_MEM_DEVICE;
 }
+#endif
 
 ncclResult_t ddp_mem_alloc(chorusDdp_t ddp, size_t bytes, void **ptr_p) {
     *ptr_p = NULL;
