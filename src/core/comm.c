@@ -16,6 +16,7 @@
 #include "coll.h"
 #include "comm_impl.h"
 #include "core.h"
+#include "cuda_enqueue.h"
 #include "topo.h"
 
 #define REG_SLOTS 4096 /* live communicators per process (a power of two) */
@@ -160,6 +161,7 @@ static void close_conn(chorus_conn_t *conn) {
 void comm_free(struct ncclComm *comm) {
     if (comm == NULL) return;
     comm_registry_remove(comm);
+    cuda_enqueue_comm_free(comm); /* CUDA path: its worker uses the comm; stop it first */
     if (comm->engine) {
         if (!comm->engine_finalized) {
             ncclResult_t r = coll_engine_finalize(comm);

@@ -16,6 +16,7 @@
 #include "coll.h"
 #include "comm_impl.h"
 #include "core.h"
+#include "cuda_enqueue.h"
 #include "waiter.h"
 
 static ncclResult_t check_init_done(struct ncclComm *comm, const char *api) {
@@ -47,12 +48,16 @@ static int wait_api_quiet(struct ncclComm *comm, const char *api) {
 
 /* Drain (or, with the abort flag set, drop) the engine's ops once. */
 static ncclResult_t engine_finalize_once(struct ncclComm *comm) {
-    ncclResult_t res = ncclSuccess;
+    /* CUDA path: ops on device buffers already handed to the comm's worker run first. */
+    ncclResult_t res = cuda_enqueue_drain(comm);
     pthread_mutex_lock(&comm->lock);
     int todo = comm->engine != NULL && !comm->engine_finalized;
     comm->engine_finalized = 1;
     pthread_mutex_unlock(&comm->lock);
-    if (todo) res = coll_engine_finalize(comm);
+    if (todo) {
+        ncclResult_t r = coll_engine_finalize(comm);
+        if (res == ncclSuccess) res = r;
+    }
     return res;
 }
 

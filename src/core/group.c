@@ -21,6 +21,7 @@
 #include "coll_engine.h"
 #include "comm.h"
 #include "core.h"
+#include "cuda_enqueue.h"
 #include "log.h"
 
 typedef struct group_job {
@@ -194,6 +195,9 @@ ncclResult_t ncclGroupEnd(void) {
 
     ncclResult_t r = group_run_jobs(jobs);
     if (r != ncclSuccess && res == ncclSuccess) res = r;
+    /* CUDA path: device-buffer calls of this group are queued on their streams now. */
+    r = cuda_enqueue_group_end();
+    if (r != ncclSuccess && res == ncclSuccess) res = r;
     if (nops > 0) {
         r = group_run_ops(ops, nops);
         if (r != ncclSuccess && res == ncclSuccess) res = r;
@@ -227,6 +231,7 @@ ncclResult_t ncclGroupSimulateEnd(ncclSimInfo_t *simInfo) {
         us += coll_tuner_estimate_us(op->comm, op->coll, bytes);
         coll_op_release(op);
     }
+    cuda_enqueue_group_discard(); /* CUDA path: device-buffer calls are not simulated */
     /* Deferred communicator creation is not simulated: it runs. */
     ncclResult_t res = group_run_jobs(g->jobs);
     if (g->error != ncclSuccess) res = g->error;

@@ -26,6 +26,7 @@
 #include "coll.h"
 #include "comm_impl.h"
 #include "core.h"
+#include "cuda_enqueue.h"
 #include "param.h"
 #include "topo.h"
 
@@ -129,6 +130,7 @@ ncclResult_t comm_init_run(struct ncclComm *comm, const ncclUniqueId *id) {
     }
     if (comm->connect_eager) CHECK_GOTO(connect_rings(comm), res, fail);
     CHECK_GOTO(coll_engine_create(comm), res, fail);
+    cuda_enqueue_comm_init(comm); /* CUDA path: worker and staging before any op (GPU comms) */
 
     INFO(SUB_INIT,
          "comm %p rank %d nranks %d cudaDev %d host %s pid %d nchannels %d commId 0x%llx "

@@ -23,6 +23,7 @@ PARAM(SOCKET_FAMILY, STR, NULL, 1, "AF_INET or AF_INET6 to force an address fami
 PARAM(TRANSPORT, STR, NULL, 0, "force one transport for every peer (shm, tcp, cuda_ipc, ib)")
 PARAM(SHM_DISABLE, INT, 0, 1, "1: never use shared memory between local processes")
 PARAM(P2P_DISABLE, INT, 0, 1, "1: never use CUDA IPC")
+PARAM(CUDA_IPC_DEVICE_SLOTS, INT, 0, 0, "1: let a forced cuda_ipc transport carry chunks in GPU-memory slots (device-aware callers and tests; the collective engine drives host-memory slots only)")
 PARAM(IB_DISABLE, INT, 0, 1, "1: never use RDMA verbs")
 PARAM(IB_HCA, STR, NULL, 1, "RDMA devices to use (same syntax as SOCKET_IFNAME)")
 PARAM(IB_GID_INDEX, INT, -1, 1, "RoCE GID index (-1: the first RoCE v2 GID of the port)")

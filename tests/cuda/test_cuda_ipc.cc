@@ -5,8 +5,9 @@
 // the device slot with a synchronous copy from pinned memory and commits; the receiver checks the
 // chunk both through the slot pointer and through recv_copy. Messages of many sizes go through
 // all slots several times, so credit wrap-around is covered. The transport fixture of
-// tests/transport builds the minimal communicator; CHORUS_TRANSPORT=cuda_ipc forces the transport
-// (the automatic choice does not take it while the engine drives host slots only).
+// tests/transport builds the minimal communicator; CHORUS_TRANSPORT=cuda_ipc with
+// CHORUS_CUDA_IPC_DEVICE_SLOTS=1 forces the transport (the automatic choice does not take it
+// while the engine drives host slots only).
 //
 // Runs everywhere: the registry entry exists in CUDA builds and host-only ranks (cuda_dev -1)
 // are never given cuda_ipc.
@@ -39,6 +40,7 @@ TEST(CudaIpc, RegisteredButNeverForHostOnlyRanks) {
     a.host_hash = b.host_hash = 42;
     a.cuda_dev = b.cuda_dev = -1;
     ScopedEnv env("CHORUS_TRANSPORT", "cuda_ipc");
+    env.set("CHORUS_CUDA_IPC_DEVICE_SLOTS", "1");
     int ok = 1;
     ASSERT_EQ(t->can_connect(nullptr, &a, &b, &ok), ncclSuccess);
     EXPECT_EQ(ok, 0) << "cuda_ipc accepted two host-only ranks";
@@ -133,6 +135,7 @@ void run_ipc(Launch how) {
                         "forked ranks cannot use it; run this test alone (ctest does)";
     ScopedEnv env;
     env.set("CHORUS_TRANSPORT", "cuda_ipc");
+    env.set("CHORUS_CUDA_IPC_DEVICE_SLOTS", "1");
     env.set("CHORUS_NSLOTS", "4");
     env.set("NCCL_BUFFSIZE", "262144");
     chorus_unique_id_t id = transport_make_id();

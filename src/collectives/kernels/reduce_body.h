@@ -307,6 +307,10 @@ static void rk_body_copy(void *dst, const void *src, size_t bytes) {
         rk_nt_copy(dst, src, bytes);
         return;
     }
+    if (bytes >= RK_VEC_COPY_MIN) {
+        rk_vec_copy(dst, src, bytes);
+        return;
+    }
 #endif
     memcpy(dst, src, bytes);
 }

@@ -14,8 +14,9 @@
  * can_connect: both ranks on one host (same /dev/shm), both using a GPU, NCCL_P2P_DISABLE unset,
  * and the two GPUs either the same one or able to reach each other (cudaDeviceCanAccessPeer). The
  * collective engine drives host-memory slots only so far, so the automatic choice does not take
- * cuda_ipc yet: it is used when CHORUS_TRANSPORT=cuda_ipc (or p2p) forces it, which is what the
- * transport tests and a device-aware engine do. Host-only communicators (cuda_dev -1) never get it.
+ * cuda_ipc yet: it is used when CHORUS_TRANSPORT=cuda_ipc (or p2p) forces it AND
+ * CHORUS_CUDA_IPC_DEVICE_SLOTS=1 says the caller handles device slots (the transport tests; a
+ * device-aware engine later). Host-only communicators (cuda_dev -1) never get it.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -68,7 +69,10 @@ ncclResult_t cuda_ipc_can_connect(struct ncclComm *comm, const chorus_locality_t
     if (self->cuda_dev < 0 || peer->cuda_dev < 0) return ncclSuccess;
     if (!chorus_cuda_available() || chorus_param_int(PARAM_P2P_DISABLE)) return ncclSuccess;
     if (!locality_same_host(self, peer) || self->shm_ns != peer->shm_ns) return ncclSuccess;
-    if (!cuda_ipc_forced()) return ncclSuccess; /* engine has no device-slot path yet */
+    /* The engine writes slots with host code: only a caller that says it handles device slots
+     * (CHORUS_CUDA_IPC_DEVICE_SLOTS=1) and forces the transport gets it, so forcing it for the
+     * collectives fails cleanly in transport_select instead of faulting in the data path. */
+    if (!cuda_ipc_forced() || !chorus_param_int(PARAM_CUDA_IPC_DEVICE_SLOTS)) return ncclSuccess;
     *ok_p = cuda_ipc_devices_ok(self, peer);
     return ncclSuccess;
 }

@@ -21,6 +21,7 @@
 
 #include "check.h"
 #include "comm.h"
+#include "reduce.h"
 #include "param.h"
 #include "shm.h"
 
@@ -72,7 +73,7 @@ ncclResult_t shm_cma_probe(chorus_conn_t *conn, shm_conn_t *sc, const shm_send_b
 ncclResult_t shm_cma_read(chorus_conn_t *conn, shm_conn_t *sc, void *dst, uint64_t src,
                           size_t bytes) {
     if (sc->cma == SHM_CMA_SAME_PROCESS) {
-        memcpy(dst, (const void *)(uintptr_t)src, bytes);
+        rk_copy(dst, (const void *)(uintptr_t)src, bytes); /* not glibc memcpy: see rk_copy */
         return ncclSuccess;
     }
     size_t done = 0;

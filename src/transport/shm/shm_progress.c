@@ -17,6 +17,7 @@
 
 #include "check.h"
 #include "comm.h"
+#include "reduce.h"
 #include "shm.h"
 #include "waiter.h"
 
@@ -123,7 +124,8 @@ static ncclResult_t shm_send_commit_direct(chorus_conn_t *conn, const void *src,
              bytes, conn->peer);
         return ncclInternalError;
     }
-    memcpy(sc->data + (size_t)(conn->step % (uint32_t)conn->nslots) * conn->slot_bytes, src, bytes);
+    rk_copy(sc->data + (size_t)(conn->step % (uint32_t)conn->nslots) * conn->slot_bytes, src,
+            bytes);
     shm_publish(conn, sc, 0, bytes, 0);
     return ncclSuccess;
 }
@@ -171,7 +173,7 @@ static ncclResult_t shm_recv_copy(chorus_conn_t *conn, void *dst, size_t bytes) 
         return ncclInternalError;
     }
     if (h->flags & SHM_SLOT_DIRECT) return shm_cma_read(conn, sc, dst, h->src, bytes);
-    memcpy(dst, sc->data + (size_t)slot * conn->slot_bytes, bytes);
+    rk_copy(dst, sc->data + (size_t)slot * conn->slot_bytes, bytes);
     return ncclSuccess;
 }
 
