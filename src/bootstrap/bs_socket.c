@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include "bs_internal.h"
@@ -366,6 +367,16 @@ int bs_accept(int listen_fd, chorus_sockaddr_t *from_p) {
     return fd;
 }
 
+/* Whether a connected socket's local and peer addresses are the same (a TCP self-connect). */
+static int is_self_connected(int fd) {
+    struct sockaddr_storage local, peer;
+    socklen_t ll = sizeof(local), pl = sizeof(peer);
+    if (getsockname(fd, (struct sockaddr *)&local, &ll) != 0 ||
+        getpeername(fd, (struct sockaddr *)&peer, &pl) != 0)
+        return 0;
+    return ll == pl && memcmp(&local, &peer, ll) == 0;
+}
+
 int bs_connect(const chorus_sockaddr_t *addr, int retry_refused, const bs_deadline_t *d, int *fd_p,
                int *errno_p) {
     uint32_t backoff_ms = 1;
@@ -401,6 +412,12 @@ int bs_connect(const chorus_sockaddr_t *addr, int retry_refused, const bs_deadli
                     }
                 }
             }
+        }
+        if (err == 0 && is_self_connected(fd)) {
+            /* Nobody listens on a port of the ephemeral range and the kernel picked that very port
+             * for this socket: TCP simultaneous open connected the socket to itself. It would
+             * also hold the port, so the root could never bind it. Same as a refusal. */
+            err = ECONNREFUSED;
         }
         if (err == 0) {
             set_nodelay(fd);

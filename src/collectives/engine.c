@@ -396,33 +396,21 @@ static const char *op_where(const coll_op_t *op, char *buf, size_t len) {
     return buf;
 }
 
-/* Polls (progress passes) before the first yield: CHORUS_SPIN, capped at 16. Measured on the
- * shared 2-core KVM guest: with other processes competing for the cores, spinning 2000 polls
- * made an 8-byte all-reduce cost ~110 us while yielding at once cost 4-15 us (Open MPI also
- * yields on every poll when oversubscribed); with idle cores a yield returns at once anyway.
- * The polls do not execute PAUSE: PAUSE loops trigger KVM pause-loop exits. */
-static uint32_t coll_wait_spin(void) {
-    static int64_t spin = -1;
-    if (spin < 0) spin = chorus_param_int(PARAM_SPIN);
-    return (uint32_t)(spin < 16 ? spin : 16);
-}
-#define COLL_WAIT_SPIN coll_wait_spin()
-#define COLL_WAIT_YIELD_NS 50000000ull /* 50 ms */
-
 static int op_retired(const coll_op_t *op) {
     return __atomic_load_n(&op->done, __ATOMIC_ACQUIRE) == 2;
 }
 
 ncclResult_t coll_engine_wait(coll_op_t **ops, int nops) {
     if (nops == 0) return ncclSuccess;
+    /* The one wait policy (waiter.c): poll CHORUS_SPIN passes, yield, then sleep. Oversubscribed
+     * hosts (more local ranks than CPUs) yield at once: a polling rank holds the core its peer
+     * needs. The abort flags of all the ops' communicators are checked here, not by the waiter. */
     chorus_waiter_t w;
     chorus_waiter_init(&w, NULL);
     ncclResult_t res = ncclSuccess;
-    uint32_t idle = 0;
-    uint64_t yield_until = 0;
-    uint32_t spin = COLL_WAIT_SPIN;
     for (int i = 0; i < nops; i++)
-        if (ops[i]->engine->oversubscribed) spin = 0;
+        if (ops[i]->engine->oversubscribed) w.spin = 0;
+    const uint32_t spin = w.spin;
     while (1) {
         int all = 1, progressed = 0;
         for (int i = 0; i < nops; i++) {
@@ -439,24 +427,10 @@ ncclResult_t coll_engine_wait(coll_op_t **ops, int nops) {
         if (all) break;
         if (progressed) {
             chorus_waiter_progress(&w);
-            idle = 0;
             continue;
         }
         int aborted = 0;
         for (int i = 0; i < nops; i++) aborted |= ops[i]->comm->abort_flag;
-        /* A collective waits on peers that are usually a few microseconds away, often on the
-         * same oversubscribed cores: spin a little, then yield (which hands the core straight
-         * to a peer that has work) for up to COLL_WAIT_YIELD_NS before the waiter's sleeping
-         * backoff. Sleeping early costs the sleep quantum on every hop. */
-        if (!aborted) {
-            /* Poll without PAUSE: on KVM guests a run of PAUSEs triggers pause-loop exits. */
-            if (++idle <= spin) continue;
-            if (idle == spin + 1) yield_until = chorus_now_ns() + COLL_WAIT_YIELD_NS;
-            if ((idle & 15) != 0 || chorus_now_ns() < yield_until) {
-                sched_yield();
-                continue;
-            }
-        }
         ncclResult_t r = aborted ? ncclRemoteError : chorus_waiter_step(&w);
         if (r == ncclSuccess) continue;
         /* Deadline or abort: fail every op still running, naming what it waited for. */
@@ -481,6 +455,7 @@ ncclResult_t coll_engine_wait(coll_op_t **ops, int nops) {
             pthread_mutex_unlock(&e->lock);
         }
         chorus_waiter_init_timeout(&w, NULL, 5);
+        w.spin = spin;
     }
     for (int i = 0; i < nops; i++) {
         if (ops[i]->result == ncclSuccess) continue;
@@ -501,9 +476,13 @@ ncclResult_t coll_engine_wait(coll_op_t **ops, int nops) {
 static void *engine_thread_main(void *arg) {
     struct coll_engine *e = arg;
     chorus_log_set_rank(e->comm->rank);
-    uint32_t idle = 0;
+    /* The shared wait policy without a deadline that matters (the ops' waiters own deadlines). */
+    chorus_waiter_t w;
+    chorus_waiter_init_timeout(&w, NULL, 1e9);
+    if (e->oversubscribed) w.spin = 0;
     while (1) {
         pthread_mutex_lock(&e->lock);
+        if (!e->thread_stop && e->nasync == 0) chorus_waiter_progress(&w); /* a fresh wait next */
         while (!e->thread_stop && e->nasync == 0) pthread_cond_wait(&e->cond, &e->lock);
         int stop = e->thread_stop;
         pthread_mutex_unlock(&e->lock);
@@ -511,22 +490,10 @@ static void *engine_thread_main(void *arg) {
         int progressed = 0;
         coll_engine_progress(e, &progressed);
         if (progressed) {
-            idle = 0;
+            chorus_waiter_progress(&w);
             continue;
         }
-        /* Back off like a waiter, but without a deadline: the ops' waiters own deadlines. */
-        idle++;
-        if (idle < 256) {
-#if defined(__x86_64__)
-            __builtin_ia32_pause();
-#endif
-        } else if (idle < 512) {
-            sched_yield();
-        } else {
-            uint32_t us = idle - 512 < 6 ? 1u << (idle - 512) : 64;
-            struct timespec ts = {0, (long)us * 1000};
-            nanosleep(&ts, NULL);
-        }
+        if (chorus_waiter_step(&w) != ncclSuccess) chorus_waiter_init_timeout(&w, NULL, 1e9);
     }
     return NULL;
 }

@@ -49,7 +49,7 @@ PARAM(MAX_NCHANNELS, INT, 16, 1, "most rings")
 /* collectives and tuning */
 PARAM(ALGO, STR, NULL, 1, "force an algorithm (ring, ll, ...); per-collective syntax allreduce:ring")
 PARAM(LL_THRESHOLD, INT, -1, 0, "bytes below which the low-latency algorithm runs (-1: tuner decides)")
-PARAM(SPIN, INT, 2000, 0, "polls before a waiter yields; then it sleeps with backoff")
+PARAM(SPIN, INT, 16, 0, "polls before a wait yields (50 ms), then sleeps 1 us..1 ms")
 PARAM(PROGRESS_THREAD, INT, 1, 0, "1: a progress thread drives async ops while the caller computes")
 /* communicator config overrides (NCCL's names) */
 PARAM(COMM_BLOCKING, INT, -1, 1, "override ncclConfig_t.blocking (0 or 1)")

@@ -1,8 +1,10 @@
 /*
  * waiter.h: the one way Chorus waits.
  *
- * Spin briefly, then yield, then sleep with exponential backoff (capped at 1 ms), so 8 ranks on 2
- * cores make progress without livelock. Every wait has a deadline (CHORUS_TIMEOUT) and checks an
+ * Poll CHORUS_SPIN times (no PAUSE), then yield for up to 50 ms, then sleep with exponential
+ * backoff (1 us to 1 ms, timer slack lowered to 1 us), so short waits stay short and 8 ranks on 2
+ * cores make progress without livelock (src/core/waiter.c has the measurements). Callers that
+ * know the host is oversubscribed set w.spin = 0 after init to yield at once. Every wait has a deadline (CHORUS_TIMEOUT) and checks an
  * abort flag. Usage:
  *
  *   chorus_waiter_t w; chorus_waiter_init(&w, comm->abort_flag);
@@ -21,6 +23,8 @@ typedef struct {
     uint32_t polls;
     uint32_t sleep_ns;
     volatile int *abort_flag; /* may be NULL */
+    uint32_t spin;            /* polls before yielding: CHORUS_SPIN; a caller may lower it */
+    uint64_t yield_until_ns;  /* end of the yield phase */
 } chorus_waiter_t;
 
 uint64_t chorus_now_ns(void);

@@ -5,19 +5,49 @@
 // forwarding of SIGTERM, two "nodes" on loopback, and the program bs_rank_main under it
 // (bootstrap, communicator, host all-reduce). The two-host test runs
 // tests/scripts/netns_two_hosts.sh and is skipped when network namespaces cannot be created.
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <random>
 #include <sstream>
 #include <string>
 #include <vector>
 
 namespace {
+
+// A free TCP port for the master address, below the kernel's ephemeral range: a port in that range
+// can be taken at any moment as the local port of an outgoing connection of a test running beside
+// this one (ctest -j2), and the master could then not bind it.
+int free_port() {
+    int lo = 32768, hi = 60999;
+    if (FILE *f = fopen("/proc/sys/net/ipv4/ip_local_port_range", "r")) {
+        if (fscanf(f, "%d %d", &lo, &hi) != 2) lo = 32768, hi = 60999;
+        fclose(f);
+    }
+    int base = 10000, top = lo - 1;
+    if (top - base < 1000) base = hi + 1, top = 65535; // a range set low: look above it
+    std::mt19937 rng(std::random_device{}() ^ (unsigned)getpid());
+    for (int attempt = 0; attempt < 1000 && top > base; attempt++) {
+        int port = base + (int)(rng() % (unsigned)(top - base + 1));
+        int fd = socket(AF_INET, SOCK_STREAM, 0);
+        sockaddr_in a{};
+        a.sin_family = AF_INET;
+        a.sin_addr.s_addr = htonl(INADDR_ANY);
+        a.sin_port = htons((uint16_t)port);
+        bool ok = fd >= 0 && bind(fd, (sockaddr *)&a, sizeof(a)) == 0;
+        if (fd >= 0) close(fd);
+        if (ok) return port;
+    }
+    return 0;
+}
 
 const std::string kBin = std::string(CHORUS_BINARY_DIR) + "/bin/";
 const std::string kRun = kBin + "chorusrun";
@@ -248,8 +278,8 @@ TEST(ChorusRun, BootstrapAndCommUnderChorusrun) {
 TEST(ChorusRun, TwoNodesOnLoopback) {
     NEED_BINARIES();
     ASSERT_TRUE(have(kProg)) << kProg << " was not built";
-    // A port unlikely to be in use: derived from our pid.
-    int port = 20000 + getpid() % 20000;
+    int port = free_port();
+    ASSERT_NE(port, 0);
     std::string common = "env -u NCCL_COMM_ID -u CHORUS_COMM_ID " + kRun +
                          " -n 2 --nnodes 2 --master-addr 127.0.0.1 --master-port " +
                          std::to_string(port) + " --node-rank ";

@@ -13,6 +13,7 @@
 #include <set>
 #include <string>
 #include <tuple>
+#include <vector>
 
 #include "launch.h"
 #include "transport_transfer.h"
@@ -158,7 +159,17 @@ const char *selected(FakeComm &fc, ncclResult_t *res_p) {
 
 TEST(TransportRegistry, OrderAndLookup) {
     ASSERT_GE(transport_count(), 1);
-    EXPECT_STREQ(transport_get(0)->name, "shm");
+    // The table is the preference order (registry.c): cuda_ipc (GPU peers on one host, only in
+    // CUDA builds) before shm, ib (when built) before tcp, tcp last. shm and tcp are always
+    // built. A host-only pair still gets shm: cuda_ipc refuses it (SelectLocalPeer checks that).
+    std::vector<std::string> want;
+    for (const char *n : {"cuda_ipc", "shm", "ib", "tcp"})
+        if (transport_find(n)) want.push_back(n);
+    ASSERT_NE(transport_find("shm"), nullptr);
+    ASSERT_NE(transport_find("tcp"), nullptr);
+    ASSERT_EQ(transport_count(), (int)want.size()) << "a transport outside the known order";
+    for (int i = 0; i < transport_count(); i++)
+        EXPECT_EQ(transport_get(i)->name, want[i]) << "position " << i;
     EXPECT_EQ(transport_get(transport_count()), nullptr);
     std::set<std::string> names;
     for (int i = 0; i < transport_count(); i++) {
