@@ -85,7 +85,11 @@ static void engine_stop_thread(struct coll_engine *e) {
 static void op_free(coll_op_t *op) {
     if (op->xfer && op->xfer != op->xfer_inline) free(op->xfer);
     free(op->scratch);
-    free(op);
+    coll_op_t *none = NULL;
+    if (op->engine == NULL ||
+        !__atomic_compare_exchange_n(&op->engine->spare_op, &none, op, 0, __ATOMIC_RELEASE,
+                                     __ATOMIC_RELAXED))
+        free(op);
 }
 
 /* Drop one reference; the engine lock must be held. */
@@ -182,6 +186,7 @@ void coll_engine_destroy(struct ncclComm *comm) {
     pthread_mutex_unlock(&e->lock);
     pthread_mutex_destroy(&e->lock);
     pthread_cond_destroy(&e->cond);
+    free(e->spare_op);
     free(e->p2p_send_issued);
     free(e);
     comm->engine = NULL;
@@ -189,7 +194,10 @@ void coll_engine_destroy(struct ncclComm *comm) {
 
 ncclResult_t coll_op_alloc(struct ncclComm *comm, coll_kind_t coll, coll_op_t **op_p) {
     /* ch[] (3.5 KiB) is left uninitialised: zeroing it dominated small ops. */
-    coll_op_t *op = malloc(sizeof(*op));
+    coll_op_t *op = comm->engine ? __atomic_exchange_n(&comm->engine->spare_op, NULL,
+                                                       __ATOMIC_ACQUIRE)
+                                 : NULL;
+    if (op == NULL) op = malloc(sizeof(*op));
     if (op != NULL) memset(op, 0, offsetof(coll_op_t, ch));
     if (op == NULL) {
         WARN("%s: out of memory allocating an op", coll_kind_name(coll));

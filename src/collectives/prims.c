@@ -21,6 +21,7 @@
  * the error chunk too: the failure travels around every ring to every rank.
  */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "check.h"
@@ -321,8 +322,20 @@ ncclResult_t prim_fail_recv(coll_op_t *op, coll_use_t *recv, int *ok_p) {
         if (!ready) break;
         const coll_err_chunk_t *ec = data;
         int is_err = data && bytes == sizeof(*ec) && ec->magic == COLL_ERR_MAGIC;
-        rc->ops->recv_release(rc);
-        if (is_err) {
+        if (data == NULL) {
+            /* A direct chunk must be read before it is released (TCP keeps its payload in the
+             * socket, ahead of the error chunk): read it into scratch. Failure path only. */
+            void *scratch = malloc(bytes ? bytes : 1);
+            ncclResult_t cr = scratch ? rc->ops->recv_copy(rc, scratch, bytes) : ncclSystemError;
+            free(scratch);
+            if (cr != ncclSuccess) {
+                recv->err_done = 1;
+                return ncclSuccess;
+            }
+        }
+        /* A connection that refuses the release cannot advance to the error chunk: stop
+         * draining it rather than peek the same chunk until the deadline. */
+        if (rc->ops->recv_release(rc) != ncclSuccess || is_err) {
             recv->err_done = 1;
             return ncclSuccess;
         }

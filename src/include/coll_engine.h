@@ -185,6 +185,10 @@ struct coll_engine {
     int thread_started;
     volatile int thread_stop;
     int nasync; /* async ops queued and not yet retired */
+    /* One freed op kept for the next coll_op_alloc (swapped atomically, no lock): malloc and
+     * free of an op (~4 KiB, beyond glibc's per-thread cache) were a third of the instructions
+     * of a small blocking all-reduce. */
+    coll_op_t *spare_op;
 };
 
 /* engine.c */

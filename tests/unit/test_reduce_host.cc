@@ -259,7 +259,9 @@ TEST_P(HostCopy, SizesOffsetsAndStreaming) {
     std::mt19937_64 rng(99);
     for (size_t nt : {(size_t)SIZE_MAX, (size_t)0, (size_t)100}) {
         rk_nt_threshold = nt;
-        for (size_t bytes : {0, 1, 31, 32, 33, 127, 128, 129, 1000, 4096, 70001}) {
+        // 1023..1184 and 4127 cross rk_vec_copy's lower bound and its head/tail cases.
+        for (size_t bytes : {0, 1, 31, 32, 33, 127, 128, 129, 1000, 1023, 1024, 1025, 1055, 1151,
+                             1184, 4096, 4127, 70001}) {
             for (size_t soff : {0, 1, 31}) {
                 for (size_t doff : {0, 5, 32}) {
                     Buf src(bytes, soff), dst(bytes, doff);

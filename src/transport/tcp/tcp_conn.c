@@ -55,7 +55,8 @@ static inline void tcp_send_reclaim(tcp_conn_t *tc) {
         int slot = (int)(tc->sent % (uint64_t)tc->nslots);
         if (LOAD_ACQ(&tc->slot_done[slot]) < tc->slot_npieces[slot]) break;
         tc->slot_done[slot] = 0;
-        tc->sent++;
+        /* Atomic: a helper's send pass reads it to tell a reused slot (tcp_sock_send_pass). */
+        __atomic_store_n(&tc->sent, tc->sent + 1, __ATOMIC_RELAXED);
     }
 }
 
@@ -88,9 +89,12 @@ static ncclResult_t tcp_send_commit(chorus_conn_t *conn, size_t bytes) {
     int slot = (int)(step % (uint64_t)tc->nslots);
     size_t piece;
     uint32_t k = tcp_split(tc, bytes, &piece);
-    tc->slot_size[slot] = (uint32_t)bytes;
+    /* Orders the reclaim of the slot's previous step (sent) before the new contents, for a
+     * helper that still looks at that step (tcp_sock_send_pass). */
+    __atomic_thread_fence(__ATOMIC_RELEASE);
+    __atomic_store_n(&tc->slot_size[slot], (uint32_t)bytes, __ATOMIC_RELAXED);
     tc->slot_npieces[slot] = k;
-    tc->slot_src[slot] = NULL;
+    __atomic_store_n(&tc->slot_src[slot], NULL, __ATOMIC_RELAXED);
     STORE_REL(&tc->head, step + 1);
     conn->step = step + 1;
     /* Write the pieces inline, so a small chunk leaves with no thread hand-off; whatever the
@@ -118,9 +122,10 @@ static ncclResult_t tcp_send_commit_direct(chorus_conn_t *conn, const void *src,
     }
     uint64_t step = tc->head;
     int slot = (int)(step % (uint64_t)tc->nslots);
-    tc->slot_size[slot] = (uint32_t)bytes;
+    __atomic_thread_fence(__ATOMIC_RELEASE); /* as in tcp_send_commit */
+    __atomic_store_n(&tc->slot_size[slot], (uint32_t)bytes, __ATOMIC_RELAXED);
     tc->slot_npieces[slot] = 1;
-    tc->slot_src[slot] = src;
+    __atomic_store_n(&tc->slot_src[slot], (const char *)src, __ATOMIC_RELAXED);
     STORE_REL(&tc->head, step + 1);
     conn->step = step + 1;
     int i = (int)(step % (uint64_t)tc->nsocks);

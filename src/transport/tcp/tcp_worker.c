@@ -105,8 +105,19 @@ int tcp_sock_send_pass(tcp_conn_t *tc, tcp_sock_t *s) {
             while (s->cursor < head) {
                 uint64_t step = s->cursor;
                 int slot = (int)(step % (uint64_t)tc->nslots);
-                uint32_t total = tc->slot_size[slot];
-                const char *src = tc->slot_src[slot];
+                uint32_t total = __atomic_load_n(&tc->slot_size[slot], __ATOMIC_RELAXED);
+                const char *src = __atomic_load_n(&tc->slot_src[slot], __ATOMIC_RELAXED);
+                /* A socket that carries no piece of this step may look at it late (its pass was
+                 * preempted, or nobody drove it): the step may be complete and reclaimed, and its
+                 * slot already hold step + nslots, whose size we may just have read. Such a step
+                 * has nothing for us (a piece of ours would have held the reclaim back): skip it.
+                 * The commit writes the slot after `sent` passed the step (release fence there),
+                 * so seeing a newer size means seeing the newer `sent` here. */
+                __atomic_thread_fence(__ATOMIC_ACQUIRE);
+                if (step < __atomic_load_n(&tc->sent, __ATOMIC_RELAXED)) {
+                    s->cursor++;
+                    continue;
+                }
                 size_t piece = total;
                 uint32_t k = src ? 1 : tcp_split(tc, total, &piece);
                 uint32_t j =
