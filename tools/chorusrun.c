@@ -19,7 +19,8 @@
  * A second SIGINT/SIGTERM kills the ranks at once (SIGKILL).
  * --tag-output pipes the ranks' stdout and stderr through chorusrun and prefixes every line with
  * "[rank] ". --bind auto gives each local rank an equal, contiguous share of the CPUs chorusrun may
- * use.
+ * use; it is the default when the local ranks do not outnumber those CPUs (as mpirun binds by
+ * default), because on a busy machine unbound ranks get packed onto one core. --bind none turns it off.
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
@@ -89,7 +90,8 @@ static void usage(FILE *f) {
         "  --master-port P          port of the rendezvous (default: a free port on one node,\n"
         "                           29500 on several)\n"
         "  --tag-output             prefix every output line with [rank]\n"
-        "  --bind auto|none         auto: give each local rank its own share of the CPUs\n"
+        "  --bind auto|none         auto: give each local rank its own share of the CPUs (default\n"
+        "                           when the local ranks do not outnumber the CPUs)\n"
         "  --grace S                seconds between SIGTERM and SIGKILL when stopping (default 5)\n"
         "  -h, --help               this text\n"
         "\n"
@@ -154,6 +156,13 @@ static void describe(int status, char *buf, size_t len) {
                  WCOREDUMP(status) ? " (core dumped)" : "");
     else
         snprintf(buf, len, "status 0x%x", status);
+}
+
+/* How many CPUs this process may run on. */
+static int allowed_cpus(void) {
+    cpu_set_t all;
+    if (sched_getaffinity(0, sizeof(all), &all) != 0) return 1;
+    return CPU_COUNT(&all);
 }
 
 /* CPUs of this process, split into nlocal contiguous shares; share `local` goes to the caller. */
@@ -227,7 +236,7 @@ static void signal_all(rank_proc_t *p, int n, int sig) {
 }
 
 int main(int argc, char **argv) {
-    int nlocal = -1, nnodes = 1, node_rank = 0, master_port = -1, tag = 0, bind = 0;
+    int nlocal = -1, nnodes = 1, node_rank = 0, master_port = -1, tag = 0, bind = -1;
     double grace = 5.0;
     const char *master_addr = NULL;
     enum { O_NNODES = 256, O_NODE_RANK, O_ADDR, O_PORT, O_TAG, O_BIND, O_GRACE };
@@ -400,7 +409,7 @@ int main(int argc, char **argv) {
             }
             setenv_int("RANK", p[i].rank);
             setenv_int("LOCAL_RANK", i);
-            if (bind) bind_auto(i, nlocal);
+            if (bind == 1 || (bind == -1 && nlocal <= allowed_cpus())) bind_auto(i, nlocal);
             execvp(argv[optind], argv + optind);
             fprintf(stderr, "chorusrun: rank %d: cannot run '%s': %s\n", p[i].rank, argv[optind],
                     strerror(errno));
