@@ -136,14 +136,19 @@ ncclResult_t coll_api_run(const coll_args_t *a) {
         group_note_error(res);
         return res;
     }
-    res = coll_engine_connect(op->comm, &op, 1);
+    /* Mark the comm busy while this call blocks, so that ncclCommAbort from another thread (a
+     * watchdog) raises the abort flag, lets this wait return, and only then frees the comm. */
+    struct ncclComm *comm = op->comm;
+    comm_api_enter(comm);
+    res = coll_engine_connect(comm, &op, 1);
     if (res != ncclSuccess)
         WARN("%s: rank %d could not set up the connections this op needs (%s); the "
              "communicator cannot run collectives",
-             a->api, op->comm->rank, ncclGetErrorString(res));
+             a->api, comm->rank, ncclGetErrorString(res));
     if (res == ncclSuccess) res = coll_engine_enqueue(op);
     if (res == ncclSuccess) res = coll_engine_wait(&op, 1);
     coll_op_release(op);
+    comm_api_leave(comm);
     return res;
 }
 

@@ -199,9 +199,16 @@ ncclResult_t ncclGroupEnd(void) {
     r = cuda_enqueue_group_end();
     if (r != ncclSuccess && res == ncclSuccess) res = r;
     if (nops > 0) {
+        /* Every comm involved is marked busy (one reference per op) until its op is released, so
+         * that ncclCommAbort from a watchdog thread waits for this call before freeing a comm. */
+        for (int i = 0; i < nops; i++) comm_api_enter(ops[i]->comm);
         r = group_run_ops(ops, nops);
         if (r != ncclSuccess && res == ncclSuccess) res = r;
-        for (int i = 0; i < nops; i++) coll_op_release(ops[i]);
+        for (int i = 0; i < nops; i++) {
+            struct ncclComm *comm = ops[i]->comm;
+            coll_op_release(ops[i]);
+            comm_api_leave(comm);
+        }
     }
     free(ops);
     return res;
