@@ -10,13 +10,6 @@
 #include "check.h"
 #include "coll_ring.h"
 
-static int ag_ring_supports(const coll_op_t *op) { return 1; }
-
-static ncclResult_t ag_ring_setup(coll_op_t *op) {
-    if (op->comm->nranks > 1) coll_ring_plan(op, op->count, 1);
-    return ncclSuccess;
-}
-
 static ncclResult_t ag_ring_progress(coll_op_t *op, int *done_p) {
     struct ncclComm *comm = op->comm;
     const long n = comm->nranks;
@@ -62,10 +55,7 @@ static ncclResult_t ag_ring_progress(coll_op_t *op, int *done_p) {
             if (!ok) break;
             if (k == 0 && in != mine) rk_copy(mine + ch->base * es, cc.in, len * es);
             moved = 1;
-            if (++ch->step == n) {
-                ch->step = 0;
-                ch->base += len;
-            }
+            coll_ring_next_step(ch, n, len);
         }
     }
     *done_p = coll_ring_answer(op, moved);
@@ -76,7 +66,7 @@ const coll_algo_t coll_algo_allgather_ring = {
     .name = "ring",
     .coll = COLL_ALLGATHER,
     .id = COLL_ALGO_RING,
-    .supports = ag_ring_supports,
-    .setup = ag_ring_setup,
+    .supports = coll_algo_supports_all,
+    .setup = coll_ring_setup_single,
     .progress = ag_ring_progress,
 };

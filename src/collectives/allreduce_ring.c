@@ -16,8 +16,6 @@
 #include "check.h"
 #include "coll_ring.h"
 
-static int ar_ring_supports(const coll_op_t *op) { return 1; }
-
 static ncclResult_t ar_ring_setup(coll_op_t *op) {
     if (op->comm->nranks > 1) coll_ring_plan(op, op->count, (size_t)op->comm->nranks);
     return ncclSuccess;
@@ -96,7 +94,7 @@ const coll_algo_t coll_algo_allreduce_ring = {
     .name = "ring",
     .coll = COLL_ALLREDUCE,
     .id = COLL_ALGO_RING,
-    .supports = ar_ring_supports,
+    .supports = coll_algo_supports_all,
     .setup = ar_ring_setup,
     .progress = ar_ring_progress,
 };

@@ -13,6 +13,8 @@
 
 /* Plan channels over `total` elements; a loop moves up to loop_chunks chunks of a channel. */
 void coll_ring_plan(coll_op_t *op, size_t total, size_t loop_chunks);
+/* The setup of every ring/chain schedule whose loop moves one chunk per block. */
+ncclResult_t coll_ring_setup_single(coll_op_t *op);
 /* The ring position of `rank` on channel c. */
 int coll_ring_pos(const struct ncclComm *comm, int c, int rank);
 /* Single-rank reductions: out = post(pre(in)). */
@@ -24,5 +26,13 @@ ncclResult_t coll_ring_channel_end(coll_op_t *op, coll_chan_t *ch, int *done_p);
 int coll_ring_answer(const coll_op_t *op, int moved);
 
 static inline size_t coll_mod(long a, long n) { return (size_t)(((a % n) + n) % n); }
+
+/* After one step of an n-step loop over `len` elements: the next step, or the next loop. */
+static inline void coll_ring_next_step(coll_chan_t *ch, long n, size_t len) {
+    if (++ch->step == n) {
+        ch->step = 0;
+        ch->base += len;
+    }
+}
 
 #endif

@@ -9,13 +9,6 @@
 #include "check.h"
 #include "coll_ring.h"
 
-static int rd_chain_supports(const coll_op_t *op) { return 1; }
-
-static ncclResult_t rd_chain_setup(coll_op_t *op) {
-    if (op->comm->nranks > 1) coll_ring_plan(op, op->count, 1);
-    return ncclSuccess;
-}
-
 static ncclResult_t rd_chain_progress(coll_op_t *op, int *done_p) {
     struct ncclComm *comm = op->comm;
     const long n = comm->nranks;
@@ -68,7 +61,7 @@ const coll_algo_t coll_algo_reduce_chain = {
     .name = "ring",
     .coll = COLL_REDUCE,
     .id = COLL_ALGO_RING,
-    .supports = rd_chain_supports,
-    .setup = rd_chain_setup,
+    .supports = coll_algo_supports_all,
+    .setup = coll_ring_setup_single,
     .progress = rd_chain_progress,
 };

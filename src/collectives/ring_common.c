@@ -37,6 +37,11 @@ void coll_ring_plan(coll_op_t *op, size_t total, size_t loop_chunks) {
     }
 }
 
+ncclResult_t coll_ring_setup_single(coll_op_t *op) {
+    if (op->comm->nranks > 1) coll_ring_plan(op, op->count, 1);
+    return ncclSuccess;
+}
+
 int coll_ring_pos(const struct ncclComm *comm, int c, int rank) {
     const chorus_channel_t *ch = &comm->channels[c];
     for (int i = 0; i < comm->nranks; i++)

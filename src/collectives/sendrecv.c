@@ -22,8 +22,6 @@
 #include "comm.h"
 #include "core.h"
 
-static int p2p_supports(const coll_op_t *op) { return 1; }
-
 static void xfer_add(coll_op_t *op, int peer, int is_send, const void *buf, size_t bytes) {
     coll_xfer_t *x = &op->xfer[op->nxfer++];
     memset(x, 0, sizeof(*x));
@@ -196,7 +194,7 @@ const coll_algo_t coll_algo_p2p = {
     .name = "p2p",
     .coll = -1,
     .id = COLL_ALGO_P2P,
-    .supports = p2p_supports,
+    .supports = coll_algo_supports_all,
     .setup = p2p_setup,
     .progress = p2p_progress,
 };

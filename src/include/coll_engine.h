@@ -163,6 +163,12 @@ typedef struct coll_algo {
     ncclResult_t (*progress)(coll_op_t *op, int *done_p);
 } coll_algo_t;
 
+/* supports() of a schedule that handles every op of its collective. */
+static inline int coll_algo_supports_all(const coll_op_t *op) {
+    (void)op;
+    return 1;
+}
+
 enum { COLL_ALGO_RING = 0, COLL_ALGO_LL = 1, COLL_ALGO_P2P = 2, COLL_ALGO_NIDS };
 
 /* The engine of one communicator. */
