@@ -132,18 +132,8 @@ int pm_to_buf(void *dst, const void *host_src, size_t bytes, cudaStream_t s) {
 }
 
 int pm_from_buf(void *host_dst, const void *src, size_t bytes, cudaStream_t s) {
-    if (!g_device_mem) {
-        memcpy(host_dst, src, bytes);
-        return 0;
-    }
-#if PERF_HAVE_CUDA
-    CU(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDefault, s));
-    CU(cudaStreamSynchronize(s));
-    return 0;
-#else
-    (void)s;
-    return no_cuda();
-#endif
+    /* The same stream-ordered, waited copy (cudaMemcpyDefault works in either direction). */
+    return pm_to_buf(host_dst, src, bytes, s);
 }
 
 int pm_copy_async(void *dst, const void *src, size_t bytes, cudaStream_t s) {
