@@ -12,7 +12,11 @@
  * from the sender's buffer (process_vm_readv). memcpy bandwidth of the same 64 MiB buffers is
  * measured in the same run, so ratios are meaningful on a noisy machine.
  *
- *   transport_bench [-b MIN] [-e MAX] [-f FACTOR] [-m shm,cma,tcp] [-s SECONDS_PER_POINT] [-v]
+ * In single-copy mode large chunks are copied cooperatively by default (CHORUS_SHM_CMA_COOP: the
+ * sender writes part of the chunk with process_vm_writev while the receiver reads the rest); mode
+ * "solo" is the same with CHORUS_SHM_CMA_COOP=0, for a side-by-side comparison.
+ *
+ *   transport_bench [-b MIN] [-e MAX] [-f FACTOR] [-m shm,cma,solo,tcp] [-s SECONDS_PER_POINT] [-v]
  */
 #include <getopt.h>
 #include <stdio.h>
@@ -31,18 +35,24 @@
 #include "waiter.h"
 
 #define MAX_POINTS 64
-#define NMODES 3
+#define NMODES 4
+#define MODE_SOLO 3
 
 typedef struct {
-    const char *label; /* column title */
+    const char *label;  /* column title */
+    const char *option; /* its name in -m */
     const char *transport;
-    const char *cma; /* CHORUS_SHM_CMA value, or NULL to leave it */
+    const char *cma;  /* CHORUS_SHM_CMA value, or NULL to leave it */
+    const char *coop; /* CHORUS_SHM_CMA_COOP value, or NULL to leave it */
 } bench_mode_t;
 
+/* "solo" is single copy with the receiver copying alone (no cooperative copy): run it next to
+ * "cma" to compare the two in the same run. */
 static const bench_mode_t modes[NMODES] = {
-    {"shm", "shm", "0"},
-    {"shm/cma", "shm", "-1"},
-    {"tcp", "tcp", NULL},
+    {"shm", "shm", "shm", "0", NULL},
+    {"shm/cma", "cma", "shm", "-1", NULL},
+    {"tcp", "tcp", "tcp", NULL, NULL},
+    {"cma/solo", "solo", "shm", "-1", "0"},
 };
 
 typedef struct {
@@ -254,12 +264,20 @@ static ncclResult_t rank_comm_init(const chorus_unique_id_t *id, int rank,
     return ncclSuccess;
 }
 
+static const char *saved_coop; /* the user's CHORUS_SHM_CMA_COOP, for the modes that leave it */
+
 static ncclResult_t rank_mode(bench_rank_t *br, int m, const bench_opts_t *o,
                               bench_results_t *res) {
     struct ncclComm *comm = br->comm;
     int rank = comm->rank, peer = 1 - rank;
     setenv("CHORUS_TRANSPORT", modes[m].transport, 1);
     if (modes[m].cma) setenv("CHORUS_SHM_CMA", modes[m].cma, 1);
+    if (modes[m].coop)
+        setenv("CHORUS_SHM_CMA_COOP", modes[m].coop, 1);
+    else if (saved_coop)
+        setenv("CHORUS_SHM_CMA_COOP", saved_coop, 1);
+    else
+        unsetenv("CHORUS_SHM_CMA_COOP");
     chorus_param_reset();
     /* Both ranks connect 0 -> 1 first, then 1 -> 0. */
     if (rank == 0) {
@@ -362,6 +380,12 @@ static void print_results(const bench_results_t *r) {
                    "(%.2f GB/s) (target >= 70%%)\n",
                    r->desc[1], r->bw_gbs[1][p], 100.0 * r->bw_gbs[1][p] / r->memcpy_near_gbs[1],
                    r->memcpy_near_gbs[1]);
+        if (r->sizes[p] == (64u << 20) && r->ran[MODE_SOLO])
+            printf("# %s without cooperative copy 64 MiB: %.2f GB/s = %.0f%% of memcpy 64 MiB "
+                   "measured just before (%.2f GB/s)\n",
+                   r->desc[MODE_SOLO], r->bw_gbs[MODE_SOLO][p],
+                   100.0 * r->bw_gbs[MODE_SOLO][p] / r->memcpy_near_gbs[MODE_SOLO],
+                   r->memcpy_near_gbs[MODE_SOLO]);
         if (r->sizes[p] == (64u << 20) && r->ran[0])
             printf("# %s 64 MiB: %.2f GB/s = %.0f%% of memcpy 64 MiB measured just before "
                    "(%.2f GB/s)\n",
@@ -375,7 +399,8 @@ int main(int argc, char **argv) {
                       .max_bytes = 256u << 20,
                       .factor = 2,
                       .seconds = 0.15,
-                      .enabled = {1, 1, 1}};
+                      .enabled = {1, 1, 1, 0}};
+    saved_coop = getenv("CHORUS_SHM_CMA_COOP");
     int c;
     while ((c = getopt(argc, argv, "b:e:f:m:s:vh")) != -1) {
         switch (c) {
@@ -395,10 +420,8 @@ int main(int argc, char **argv) {
             o.verbose = 1;
             break;
         case 'm':
-            for (int m = 0; m < NMODES; m++) {
-                const char *name = m == 0 ? "shm" : m == 1 ? "cma" : "tcp";
-                o.enabled[m] = strstr(optarg, name) != NULL;
-            }
+            for (int m = 0; m < NMODES; m++)
+                o.enabled[m] = strstr(optarg, modes[m].option) != NULL;
             break;
         default:
             goto usage;
@@ -439,7 +462,8 @@ int main(int argc, char **argv) {
     return failed;
 
 usage:
-    fprintf(stderr, "usage: %s [-b MIN] [-e MAX] [-f FACTOR] [-m shm,cma,tcp] [-s SECONDS] [-v]\n",
+    fprintf(stderr,
+            "usage: %s [-b MIN] [-e MAX] [-f FACTOR] [-m shm,cma,solo,tcp] [-s SECONDS] [-v]\n",
             argv[0]);
     return 2;
 }

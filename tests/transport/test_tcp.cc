@@ -6,10 +6,12 @@
 // the fixture's pattern. Variants cover threads and forked ranks, 2 to 8 ranks in a ring (both
 // directions at once for 2), helper threads or caller-driven sockets, several sockets per thread
 // and small split sizes (so chunks are cut into many pieces), and small slots (many chunks in
-// flight). Failure cases: stray clients with a wrong secret, a wrong connection id or no handshake
-// at all are refused while the real sender connects; a socket shut down mid-transfer and a peer
-// killed with SIGKILL become ncclRemoteError on the survivor, naming the peer, before the deadline
-// (a deadline would give ncclSystemError).
+// flight); receivers with helper threads (the default) or reading inline
+// (CHORUS_SOCKET_RECV_NTHREADS=0), and every case checks the helper counts it asked for. Failure
+// cases: stray clients with a wrong secret, a wrong connection id or no handshake at all are
+// refused while the real sender connects; a socket shut down mid-transfer and a peer killed with
+// SIGKILL become ncclRemoteError on the survivor, naming the peer, before the deadline (a deadline
+// would give ncclSystemError), with and without receive helpers.
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <poll.h>
@@ -229,6 +231,20 @@ int ring_rank(const chorus_unique_id_t &id, int rank, int nranks, size_t max_byt
     RANK_CHECK(sc.ops == &tcp_transport_ops && rc.ops == &tcp_transport_ops,
                "transport is %s/%s, expected tcp", sc.ops->name, rc.ops->name);
     RANK_CHECK(strncmp(sc.desc, "TCP/", 4) == 0, "desc %s", sc.desc);
+    {
+        // The helper threads each end runs: the sender's from SOCKET_NTHREADS, the receiver's
+        // from SOCKET_RECV_NTHREADS (-1, the default: as SOCKET_NTHREADS; 0: the caller reads
+        // inline); neither beyond nsocks.
+        const tcp_conn_t *st = (const tcp_conn_t *)sc.priv, *rt = (const tcp_conn_t *)rc.priv;
+        int want_s = (int)chorus_param_int(PARAM_SOCKET_NTHREADS);
+        int want_r = (int)chorus_param_int(PARAM_SOCKET_RECV_NTHREADS);
+        if (want_r < 0) want_r = want_s;
+        want_s = want_s < 0 ? 0 : want_s > st->nsocks ? st->nsocks : want_s;
+        want_r = want_r < 0 ? 0 : want_r > rt->nsocks ? rt->nsocks : want_r;
+        RANK_CHECK(st->nthreads == want_s && rt->nthreads == want_r,
+                   "helper threads: send %d (want %d), receive %d (want %d)", st->nthreads,
+                   want_s, rt->nthreads, want_r);
+    }
     Stream tx, rx;
     tx.conn = &sc;
     tx.src = rank;
@@ -263,23 +279,31 @@ int ring_rank(const chorus_unique_id_t &id, int rank, int nranks, size_t max_byt
     return 0;
 }
 
+// One ring of point-to-point transfers over TCP with these socket knobs; every byte checked.
+// recv_threads null: CHORUS_SOCKET_RECV_NTHREADS left at its default.
+void expect_tcp_ring(Launch how, int nranks, const char *nthreads, const char *per,
+                     const char *recv_threads, const char *min_split, const char *buffsize,
+                     size_t max_bytes, bool direct) {
+    ScopedEnv env("CHORUS_TRANSPORT", "tcp");
+    env.set("NCCL_SOCKET_NTHREADS", nthreads);
+    env.set("NCCL_NSOCKS_PERTHREAD", per);
+    if (recv_threads) env.set("CHORUS_SOCKET_RECV_NTHREADS", recv_threads);
+    if (min_split) env.set("CHORUS_SOCKET_MIN_SPLIT", min_split);
+    env.set("NCCL_BUFFSIZE", buffsize);
+    env.set("CHORUS_TIMEOUT", "60");
+    chorus_unique_id_t id = transport_make_id();
+    RunResult res = run_ranks(
+        how, nranks, [&](int rank, int n) { return ring_rank(id, rank, n, max_bytes, direct); },
+        180);
+    EXPECT_TRUE(res.ok()) << res.detail;
+}
+
 class TcpP2P : public testing::TestWithParam<TcpCase> {};
 
 TEST_P(TcpP2P, RingEveryByteChecked) {
     const TcpCase &c = GetParam();
-    ScopedEnv env("CHORUS_TRANSPORT", "tcp");
-    env.set("NCCL_SOCKET_NTHREADS", c.nthreads);
-    env.set("NCCL_NSOCKS_PERTHREAD", c.per);
-    env.set("CHORUS_SOCKET_MIN_SPLIT", c.min_split);
-    env.set("NCCL_BUFFSIZE", c.buffsize);
-    env.set("CHORUS_TIMEOUT", "60");
-    chorus_unique_id_t id = transport_make_id();
-    size_t max_bytes = c.max_bytes;
-    bool direct = c.direct;
-    RunResult res = run_ranks(
-        c.how, c.nranks, [&](int rank, int n) { return ring_rank(id, rank, n, max_bytes, direct); },
-        180);
-    EXPECT_TRUE(res.ok()) << res.detail;
+    expect_tcp_ring(c.how, c.nranks, c.nthreads, c.per, nullptr, c.min_split, c.buffsize,
+                    c.max_bytes, c.direct);
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -296,6 +320,41 @@ INSTANTIATE_TEST_SUITE_P(
                     TcpCase{Launch::Threads, 8, "1", "1", "65536", "4194304", 1u << 20, true},
                     TcpCase{Launch::Forked, 8, "2", "1", "65536", "4194304", 4u << 20, false}),
     case_name);
+
+// CHORUS_SOCKET_RECV_NTHREADS apart from the sender's count: 0 (the receiver's caller reads
+// everything inline, direct chunks included, while the sender has helpers) and explicit counts.
+// The default (-1: as many as the sender) is covered by every TcpP2P case above.
+struct TcpRecvCase {
+    Launch how;
+    int nranks;
+    const char *send_threads, *per, *recv_threads, *buffsize;
+    size_t max_bytes;
+    bool direct;
+};
+
+class TcpRecvHelpers : public testing::TestWithParam<TcpRecvCase> {};
+
+TEST_P(TcpRecvHelpers, RingEveryByteChecked) {
+    const TcpRecvCase &c = GetParam();
+    expect_tcp_ring(c.how, c.nranks, c.send_threads, c.per, c.recv_threads, nullptr, c.buffsize,
+                    c.max_bytes, c.direct);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Tcp, TcpRecvHelpers,
+    testing::Values(TcpRecvCase{Launch::Threads, 2, "1", "1", "0", "4194304", 64u << 20, true},
+                    TcpRecvCase{Launch::Forked, 2, "1", "1", "0", "4194304", 64u << 20, true},
+                    TcpRecvCase{Launch::Forked, 2, "1", "1", "0", "4194304", 64u << 20, false},
+                    TcpRecvCase{Launch::Forked, 2, "2", "2", "0", "1048576", 16u << 20, true},
+                    TcpRecvCase{Launch::Threads, 3, "1", "3", "0", "65536", 4u << 20, true},
+                    TcpRecvCase{Launch::Forked, 2, "2", "2", "1", "1048576", 16u << 20, true},
+                    TcpRecvCase{Launch::Threads, 3, "0", "2", "1", "2097152", 4u << 20, false}),
+    [](const testing::TestParamInfo<TcpRecvCase> &i) {
+        const TcpRecvCase &c = i.param;
+        return std::string(launch_name(c.how)) + "_" + std::to_string(c.nranks) + "ranks_send" +
+               c.send_threads + "x" + c.per + "_recv" + c.recv_threads + "_buf" + c.buffsize +
+               (c.direct ? "_direct" : "");
+    });
 
 TEST(TcpUnit, SplitCoversChunk) {
     tcp_conn_t tc;
@@ -473,9 +532,9 @@ int fault_rank(const chorus_unique_id_t &id, int rank, int nranks, Fault fault) 
 
 class TcpFault : public testing::TestWithParam<Fault> {};
 
-TEST_P(TcpFault, SurvivorGetsRemoteError) {
-    Fault fault = GetParam();
+void run_fault(Fault fault, const char *recv_threads) {
     ScopedEnv env("CHORUS_TRANSPORT", "tcp");
+    env.set("CHORUS_SOCKET_RECV_NTHREADS", recv_threads);
     env.set("CHORUS_TIMEOUT", "30");
     env.set("NCCL_BUFFSIZE", "1048576");
     chorus_unique_id_t id = transport_make_id();
@@ -492,6 +551,14 @@ TEST_P(TcpFault, SurvivorGetsRemoteError) {
             << res.detail;
     }
 }
+
+// Default (a receive helper): the helper finds the failure first and records it; the caller
+// reports it.
+TEST_P(TcpFault, SurvivorGetsRemoteError) { run_fault(GetParam(), "-1"); }
+
+// No receive helper: the receiver's caller reads inline, so it finds the shut-down socket or the
+// dead peer itself.
+TEST_P(TcpFault, SurvivorGetsRemoteErrorInlineRecv) { run_fault(GetParam(), "0"); }
 
 INSTANTIATE_TEST_SUITE_P(Tcp, TcpFault,
                          testing::Values(Fault::ShutdownSenderSocket, Fault::KillReceiver,

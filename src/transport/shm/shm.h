@@ -16,6 +16,13 @@
  * in the slot header; the receiver copies it with process_vm_readv (CMA), or with memcpy when both
  * ranks are threads of one process.
  *
+ * Cooperative single copy (shm_coop.c): a direct chunk of at least two blocks is cut into blocks
+ * (CHORUS_SHM_CMA_BLOCK bytes) that both ends claim from one counter in the control area
+ * (shm_coop_t).
+ * The receiver publishes the request (its destination, the source, the sizes) and pulls blocks
+ * with process_vm_readv; the sender, while it polls this connection for credits or for the drain,
+ * pushes blocks with process_vm_writev. Every byte is still copied once, but two cores copy.
+ *
  * Liveness: each end holds an open-file-description lock on one byte of the segment (receiver byte
  * 0, sender byte 1). The kernel drops it when the process dies, whatever pid namespace it is in,
  * and even while it is a zombie, so a failed F_OFD_GETLK probe means the peer is gone. A clean
@@ -48,6 +55,28 @@ typedef struct {
     uint32_t flags;
 } shm_slot_hdr_t;
 
+/* Values of shm_coop_t.helper, written by the sender at connect. */
+enum { SHM_COOP_OFF = 0, SHM_COOP_ON = 1 };
+
+/* One cooperative copy request (at most one per connection: the receiver's recv_copy). claim packs
+ * (generation << 32) | next block to claim; the request fields are written before the release
+ * store that opens a generation and read only between an acquire load of claim and the CAS that
+ * claims a block, so a successful CAS proves they belonged to that generation. helped counts the
+ * blocks the sender finished in the current generation (the receiver waits for it); redo names a
+ * block the sender claimed but could not write, (generation << 32) | (block + 1). */
+typedef struct {
+    _Alignas(SHM_CACHE_LINE) _Atomic uint64_t claim;
+    _Atomic uint64_t src;   /* address in the sender's address space */
+    _Atomic uint64_t dst;   /* address in the receiver's address space */
+    _Atomic uint64_t bytes; /* of the whole chunk */
+    _Atomic uint64_t block; /* bytes per block (the last one may be shorter) */
+    _Atomic uint32_t nblocks;
+    _Alignas(SHM_CACHE_LINE) _Atomic uint64_t helped;
+    _Atomic uint64_t redo;
+    _Atomic uint64_t probe_addr; /* receiver: a word the sender's process_vm_writev probe writes */
+    _Atomic uint32_t helper;     /* SHM_COOP_*: whether the sender helps on this connection */
+} shm_coop_t;
+
 typedef struct {
     _Alignas(SHM_CACHE_LINE) _Atomic uint64_t tail; /* sender: steps committed */
     _Alignas(SHM_CACHE_LINE) _Atomic uint64_t head; /* receiver: steps released */
@@ -60,6 +89,7 @@ typedef struct {
     _Atomic uint32_t cma_state;   /* SHM_CMA_*: the receiver's probe result */
     _Atomic uint32_t send_closed;
     _Atomic uint32_t recv_closed;
+    shm_coop_t coop;
     shm_slot_hdr_t slots[]; /* nslots */
 } shm_ctrl_t;
 
@@ -99,6 +129,19 @@ typedef struct {
     uint64_t next_check_ns;
     int failed;                   /* sticky: the peer died or closed; every later call fails */
     volatile uint64_t probe_word; /* sender: read by the receiver's CMA probe */
+    /* Cooperative copy (shm_coop.c). Receiver: coop_block is 0 when it never opens requests.
+     * Sender: coop says it helps. */
+    int coop;
+    size_t coop_block;
+    uint32_t coop_gen;                 /* receiver: generation of the last request */
+    uint32_t coop_nblocks;             /* receiver: blocks of the open request */
+    uint32_t coop_own;                 /* receiver: blocks of it that it claimed itself */
+    uint32_t coop_claimed;             /* receiver: blocks claimed by anyone once it stopped */
+    int coop_open;                     /* receiver: a request is open (finish not yet done) */
+    volatile uint64_t coop_probe_word; /* receiver: written by the sender's writev probe */
+    volatile int coop_busy;            /* sender: inside a block copy (tests watch it) */
+    uint64_t coop_helped_blocks;       /* sender: blocks copied for the receiver (statistics) */
+    uint64_t coop_own_blocks;          /* receiver: blocks it copied in cooperative requests */
 } shm_conn_t;
 
 extern const chorus_transport_ops_t shm_transport_ops;
@@ -125,6 +168,33 @@ ncclResult_t shm_cma_probe(chorus_conn_t *conn, shm_conn_t *sc, const shm_send_b
 /* Copy `bytes` from the sender's address `src` into dst (receiver side). */
 ncclResult_t shm_cma_read(chorus_conn_t *conn, shm_conn_t *sc, void *dst, uint64_t src,
                           size_t bytes);
+/* Copy `bytes` from our src into the receiver's address `dst` (sender side, process_vm_writev or
+ * a plain copy in one process). Returns 0, or the errno of the failure (nothing logged). */
+int shm_cma_write(shm_conn_t *sc, uint64_t dst, const void *src, size_t bytes);
+
+/* shm_coop.c */
+/* Receiver, at connect: publish the probe word and read the block size (0: never cooperate). */
+void shm_coop_recv_init(shm_conn_t *sc);
+/* Sender, at connect (after cma_state is known): probe process_vm_writev into the receiver and
+ * publish whether it will help. */
+void shm_coop_send_init(chorus_conn_t *conn, shm_conn_t *sc);
+/* Whether a direct chunk of `bytes` goes through shm_coop_read. */
+static inline int shm_coop_wanted(const shm_conn_t *sc, size_t bytes) {
+    return sc->coop_block && bytes >= 2 * sc->coop_block &&
+           atomic_load_explicit(&sc->ctrl->coop.helper, memory_order_relaxed) == SHM_COOP_ON;
+}
+/* Receiver: the whole cooperative copy of one direct chunk (open, claim and copy, wait for the
+ * sender's blocks). Returns only when no block of it is still being written. */
+ncclResult_t shm_coop_read(chorus_conn_t *conn, shm_conn_t *sc, void *dst, uint64_t src,
+                           size_t bytes);
+/* The same in three parts, for tests that drive both ends from one thread. max_blocks bounds the
+ * blocks shm_coop_work claims (UINT32_MAX: all that are left). */
+void shm_coop_open(shm_conn_t *sc, void *dst, uint64_t src, size_t bytes);
+ncclResult_t shm_coop_work(chorus_conn_t *conn, shm_conn_t *sc, uint32_t max_blocks);
+ncclResult_t shm_coop_finish(chorus_conn_t *conn, shm_conn_t *sc);
+/* Sender: claim and copy blocks of the receiver's open request, at most max_blocks. Cheap (one
+ * load) when there is nothing to do. */
+ncclResult_t shm_coop_help(chorus_conn_t *conn, shm_conn_t *sc, uint32_t max_blocks);
 
 /* shm_progress.c */
 /* Called when a poll found nothing to do: rarely checks that the peer is still there. */

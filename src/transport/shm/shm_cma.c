@@ -11,6 +11,9 @@
  * Ranks that are threads of one process share the address space: the "direct" read is then a
  * plain memcpy from the sender's pointer.
  *
+ * The other direction (process_vm_writev, sender into the receiver's buffer) serves the
+ * cooperative copy (shm_coop.c), where the sender copies part of a direct chunk itself.
+ *
  * CHORUS_SHM_CMA: -1 probe and fall back to the slots quietly (INFO), 0 never, 1 required (a
  * failed probe fails the connection).
  */
@@ -95,4 +98,24 @@ ncclResult_t shm_cma_read(chorus_conn_t *conn, shm_conn_t *sc, void *dst, uint64
         return shm_peer_failed(conn, sc, why);
     }
     return ncclSuccess;
+}
+
+int shm_cma_write(shm_conn_t *sc, uint64_t dst, const void *src, size_t bytes) {
+    if (sc->cma == SHM_CMA_SAME_PROCESS) {
+        rk_copy((void *)(uintptr_t)dst, src, bytes);
+        return 0;
+    }
+    size_t done = 0;
+    while (done < bytes) {
+        struct iovec local = {(char *)src + done, bytes - done};
+        struct iovec remote = {(void *)(uintptr_t)(dst + done), bytes - done};
+        ssize_t n = process_vm_writev((pid_t)sc->peer_pid, &local, 1, &remote, 1, 0);
+        if (n > 0) {
+            done += (size_t)n;
+            continue;
+        }
+        if (n < 0 && errno == EINTR) continue;
+        return n < 0 ? errno : EIO;
+    }
+    return 0;
 }

@@ -9,7 +9,8 @@
  *                     the control area (cma_state), unlink the name if the sender has mapped it.
  *   sender connect:   map the segment, unlink the name, lock its byte, say so (send_mapped), then
  *                     wait for cma_state: it needs the result to tell the caller whether
- *                     send_commit_direct may be used (conn->direct).
+ *                     send_commit_direct may be used (conn->direct); then probe the other
+ *                     direction (process_vm_writev) for the cooperative copy (shm_coop.c).
  * Only the sender waits, and only for the receiver's connect of this same connection, which never
  * waits itself, so the handshake cannot deadlock.
  */
@@ -98,6 +99,7 @@ static ncclResult_t shm_connect_recv(chorus_conn_t *conn, shm_conn_t *sc, const 
     const shm_send_blob_t *sb = peer_blob;
     sc->peer_pid = (int)sb->pid;
     sc->peer_pid_ok = shm_peer_pid_ok(conn);
+    shm_coop_recv_init(sc); /* before the probe result releases the waiting sender */
     CHECK(shm_cma_probe(conn, sc, sb));
     if (atomic_load_explicit(&sc->ctrl->send_mapped, memory_order_acquire)) shm_segment_unlink(sc);
     shm_set_desc(conn, sc);
@@ -140,6 +142,7 @@ static ncclResult_t shm_connect_send(chorus_conn_t *conn, shm_conn_t *sc, const 
         }
     }
     sc->cma = (int)state;
+    shm_coop_send_init(conn, sc);
     sc->idle_polls = 0;
     sc->next_check_ns = 0;
     shm_set_desc(conn, sc);

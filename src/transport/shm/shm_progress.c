@@ -7,6 +7,9 @@
  * the other's counter and reloads it only when the cached value says "not ready", so a free slot
  * costs no access to the shared cache line the peer is writing.
  *
+ * A sender that polls without finding credit (send_acquire, send_drained, progress) first helps
+ * the receiver with the direct chunk it is copying, if any (shm_coop.c).
+ *
  * No call here blocks, allocates or takes a lock; the caller waits. While it keeps finding nothing
  * to do, shm_idle_check looks at the peer every few milliseconds (the "closed" word, then the
  * peer's lock on the segment) and turns a vanished peer into ncclRemoteError with a WARN naming the
@@ -80,6 +83,8 @@ static ncclResult_t shm_send_acquire(chorus_conn_t *conn, void **slot_p, int *re
         sc->cached = atomic_load_explicit(&sc->ctrl->head, memory_order_acquire);
         if (step - sc->cached >= nslots) {
             *ready_p = 0;
+            /* No credit: the receiver may be inside a direct chunk we can help with. */
+            CHECK(shm_coop_help(conn, sc, UINT32_MAX));
             return shm_idle_check(conn, sc);
         }
     }
@@ -134,6 +139,10 @@ static ncclResult_t shm_send_drained(chorus_conn_t *conn, int *done_p) {
     shm_conn_t *sc = conn->priv;
     if (__builtin_expect(sc->failed, 0)) return ncclRemoteError;
     sc->cached = atomic_load_explicit(&sc->ctrl->head, memory_order_acquire);
+    if (sc->cached != conn->step && sc->coop) {
+        CHECK(shm_coop_help(conn, sc, UINT32_MAX));
+        sc->cached = atomic_load_explicit(&sc->ctrl->head, memory_order_acquire);
+    }
     *done_p = sc->cached == conn->step;
     if (*done_p) {
         sc->idle_polls = 0;
@@ -172,9 +181,19 @@ static ncclResult_t shm_recv_copy(chorus_conn_t *conn, void *dst, size_t bytes) 
              (unsigned long long)h->bytes);
         return ncclInternalError;
     }
-    if (h->flags & SHM_SLOT_DIRECT) return shm_cma_read(conn, sc, dst, h->src, bytes);
+    if (h->flags & SHM_SLOT_DIRECT) {
+        if (shm_coop_wanted(sc, bytes)) return shm_coop_read(conn, sc, dst, h->src, bytes);
+        return shm_cma_read(conn, sc, dst, h->src, bytes);
+    }
     rk_copy(dst, sc->data + (size_t)slot * conn->slot_bytes, bytes);
     return ncclSuccess;
+}
+
+/* Only the sender has background work: helping the receiver with a direct chunk. */
+static ncclResult_t shm_progress(chorus_conn_t *conn) {
+    shm_conn_t *sc = conn->priv;
+    if (!sc->coop || __builtin_expect(sc->failed, 0)) return ncclSuccess;
+    return shm_coop_help(conn, sc, UINT32_MAX);
 }
 
 static ncclResult_t shm_recv_release(chorus_conn_t *conn) {
@@ -198,6 +217,6 @@ const chorus_transport_ops_t shm_transport_ops = {
     .recv_peek = shm_recv_peek,
     .recv_copy = shm_recv_copy,
     .recv_release = shm_recv_release,
-    .progress = transport_stub_progress,
+    .progress = shm_progress,
     .close = shm_close,
 };

@@ -16,6 +16,9 @@
  * over the socket and the CPU. (Measured on 2 cores: helpers that did all the I/O, with the caller
  * only polling memory, reached about half of a plain TCP stream; inline I/O reaches about all of
  * it.) With SOCKET_NTHREADS=0 there are no helpers and data moves only inside the caller's calls.
+ * A receiving end may run without helpers (SOCKET_RECV_NTHREADS=0): its caller reads when it
+ * polls, and the kernel's receive buffer holds what arrives meanwhile; that is faster on a quiet
+ * machine and slower on a loaded one (tcp_setup.c), so by default it has as many as the sender.
  * The receiver reads a header, waits until
  * slot step % nslots is released by the consumer (leaving the bytes in the kernel, so TCP flow
  * control holds the sender back), reads the payload straight into the slot and, when the last piece

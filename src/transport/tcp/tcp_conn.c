@@ -11,7 +11,9 @@
  * the thread hand-off that would otherwise sit on every chunk; the helper threads only carry what
  * the kernel could not take at once, and keep data moving while the caller is busy elsewhere.
  * With SOCKET_NTHREADS=0 there are no helpers, and data moves only inside these calls, so the
- * caller must keep calling progress() (or acquire/peek/drained) on every active connection.
+ * caller must keep calling progress() (or acquire/peek/drained) on every active connection. A
+ * receiving end without helpers (SOCKET_RECV_NTHREADS=0) reads on every peek, without the backoff
+ * that only serves to leave the sockets to a helper.
  */
 #include <string.h>
 
