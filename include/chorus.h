@@ -8,6 +8,17 @@
  *
  * A request is released by the call that reports it complete: chorusTest with *done = 1,
  * chorusWait, or chorusWaitAll. Using it afterwards is undefined.
+ *
+ * Inside ncclGroupStart/ncclGroupEnd the async calls are deferred like the NCCL calls: each one
+ * checks its arguments and returns its request at once, but the op is issued (connected and
+ * queued, in call order with the group's other ops) only at the outermost ncclGroupEnd, which
+ * does not wait for it. Before that End, chorusTest reports *done = 0, and chorusWait or
+ * chorusWaitAll called by the thread that holds the open group return ncclInvalidUsage without
+ * releasing the request (the op could never start). An invalid call inside the group returns its
+ * error and no request, and ncclGroupEnd returns that error too; if the group cannot be issued
+ * (a connection setup fails), ncclGroupEnd returns the error and every request of the group
+ * completes with it. A group ended by ncclGroupSimulateEnd runs nothing: its requests complete
+ * with ncclInvalidUsage.
  */
 #ifndef CHORUS_H_
 #define CHORUS_H_

@@ -27,6 +27,7 @@ static ncclResult_t ag_ring_progress(coll_op_t *op, int *done_p) {
         coll_chan_t *ch = &op->ch[c];
         const int *ring = comm->channels[c].ring;
         const long p = comm->channels[c].index;
+        const int direct = coll_ring_direct(op, c); /* see coll_ring.h */
         while (!ch->done) {
             if (ch->base >= ch->end) {
                 int d;
@@ -38,8 +39,9 @@ static ncclResult_t ag_ring_progress(coll_op_t *op, int *done_p) {
             coll_chunk_t cc = {0};
             coll_use_t *rx = &ch->recv, *tx = &ch->send;
             cc.count = len;
-            cc.direct_ok = 1;
+            cc.direct_ok = direct;
             cc.recv_direct_ok = 1;
+            cc.stream = op->stream;
             if (k == 0) {
                 cc.kind = PRIM_SEND;
                 cc.in = in + ch->base * es;
@@ -53,7 +55,10 @@ static ncclResult_t ag_ring_progress(coll_op_t *op, int *done_p) {
             int ok;
             CHECK(prim_step(op, rx, tx, &cc, &ok));
             if (!ok) break;
-            if (k == 0 && in != mine) rk_copy(mine + ch->base * es, cc.in, len * es);
+            if (k == 0 && in != mine) {
+                if (op->stream) rk_copy_nt(mine + ch->base * es, cc.in, len * es);
+                else rk_copy(mine + ch->base * es, cc.in, len * es);
+            }
             moved = 1;
             coll_ring_next_step(ch, n, len);
         }

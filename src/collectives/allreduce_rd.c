@@ -59,7 +59,8 @@ static ncclResult_t rd_setup(coll_op_t *op) {
     const int rounds = rd_rounds(n);
     const int m = 1 << rounds;
     const int r = n - m;
-    op->xfer = calloc((size_t)(2 * rounds + 2), sizeof(coll_xfer_t));
+    const size_t nmax = (size_t)(2 * rounds + 2);
+    op->xfer = nmax <= COLL_XFER_INLINE ? op->xfer_inline : calloc(nmax, sizeof(coll_xfer_t));
     if (op->xfer == NULL) return ncclSystemError;
     op->nxfer = 0;
     int newrank;

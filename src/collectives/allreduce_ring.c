@@ -12,6 +12,9 @@
  * (indices mod n). The block a rank receives at step k is the one its prev sent at step k-1. Each
  * input block is read before its output is written, so in-place works. All-gather chunks are
  * final output that stays put, so they may go direct (single copy) where the transport allows.
+ * Reduce-scatter chunks may go direct as well (prims.c): step 0 sends the input block itself,
+ * and steps 1..n-2 write their partial sum into the output block (its final value arrives in
+ * the all-gather phase, after every rank downstream has read the partial) and send it from there.
  */
 #include "check.h"
 #include "coll_ring.h"
@@ -33,10 +36,12 @@ static ncclResult_t ar_ring_progress(coll_op_t *op, int *done_p) {
         return ncclSuccess;
     }
     const size_t align = 64 / es;
+    const int stream = op->stream;
     int moved = 0;
     for (int c = 0; c < op->nch; c++) {
         coll_chan_t *ch = &op->ch[c];
         const long p = comm->channels[c].index;
+        const int direct = coll_ring_direct(op, c); /* see coll_ring.h */
         while (!ch->done) {
             if (ch->base >= ch->end) {
                 int d;
@@ -52,23 +57,30 @@ static ncclResult_t ar_ring_progress(coll_op_t *op, int *done_p) {
             if (k == 0) {
                 b = (size_t)p;
                 cc.kind = PRIM_PREP_SEND;
+                cc.direct_reduce_ok = direct;
                 rx = NULL;
             } else if (k <= n - 2) {
                 b = coll_mod(p - k, n);
                 cc.kind = PRIM_RECV_REDUCE_SEND;
+                cc.direct_reduce_ok = direct;
+                cc.recv_direct_ok = 1;
             } else if (k == n - 1) {
                 b = coll_mod(p + 1, n);
                 cc.kind = PRIM_RECV_REDUCE_COPY_SEND;
-                cc.direct_ok = 1;
+                cc.direct_ok = direct;
+                cc.recv_direct_ok = 1;
+                cc.stream = stream;
             } else if (k <= 2 * n - 3) {
                 b = coll_mod(p - k + n, n);
                 cc.kind = PRIM_RECV_COPY_SEND;
-                cc.direct_ok = 1;
+                cc.direct_ok = direct;
                 cc.recv_direct_ok = 1;
+                cc.stream = stream;
             } else {
                 b = coll_mod(p + 2, n);
                 cc.kind = PRIM_RECV;
                 cc.recv_direct_ok = 1;
+                cc.stream = stream;
                 tx = NULL;
             }
             size_t bo = CHORUS_MIN(len, b * blk), be = CHORUS_MIN(len, bo + blk);

@@ -5,6 +5,19 @@
  * into loops. A loop is what one pass of the schedule moves: for all-reduce nranks blocks of up to
  * one chunk each, for the others one chunk per block. Every rank computes the same plan from the
  * op's arguments, so sender and receiver agree on every chunk's size without talking.
+ *
+ * Two ways to move large data, chosen per op by its output size (coll_ring_plan, op->stream):
+ *  - up to CHORUS_STREAM_THRESHOLD (half the last-level cache): everything fits in cache, so the
+ *    fewest passes over memory win: pure copies (and, with CHORUS_DIRECT_REDUCE=1, reduce inputs)
+ *    go direct (single copy) where the transport allows and CHORUS_RING_DIRECT says it pays
+ *    (coll_ring_direct: always between threads, between processes from 4 MiB);
+ *  - above it, DRAM traffic decides. Every chunk then goes through the slots in chunks of
+ *    CHORUS_STREAM_CHUNK, so the slots of a connection (nslots x chunk) stay in cache and the
+ *    copies into and out of them cost no DRAM traffic, and the final output is written with
+ *    streaming stores (no read-for-ownership). Each rank then reads its input once and writes
+ *    its output once, the minimum. A direct chunk (CMA) would be read from the peer's DRAM and
+ *    written with ordinary stores by the kernel's copy, which costs more on the project's
+ *    2-core machine (see the closing notes for the measurements).
  */
 #ifndef CHORUS_COLL_RING_H_
 #define CHORUS_COLL_RING_H_
@@ -22,6 +35,12 @@ void coll_local_reduce(coll_op_t *op, void *out, const void *in, size_t count);
 /* Finish the channel once its loops are done: wait for direct chunks to be consumed. Returns 1
  * when the channel is done. */
 ncclResult_t coll_ring_channel_end(coll_op_t *op, coll_chan_t *ch, int *done_p);
+/* Whether an op moving `bytes` should write its final output with streaming stores
+ * (CHORUS_STREAM_THRESHOLD; chunk.stream). */
+int coll_ring_stream(size_t bytes);
+/* Whether channel c's chunks may go direct (single copy) at all (CHORUS_RING_DIRECT); streamed
+ * ops never do. */
+int coll_ring_direct(const coll_op_t *op, int c);
 /* Fold channel states into the algorithm's progress answer (see coll_algo_t.progress). */
 int coll_ring_answer(const coll_op_t *op, int moved);
 

@@ -94,7 +94,7 @@ static void op_free(coll_op_t *op) {
 
 /* Drop one reference; the engine lock must be held. */
 static void op_unref_locked(coll_op_t *op) {
-    if (--op->refs == 0) op_free(op);
+    if (__atomic_sub_fetch(&op->refs, 1, __ATOMIC_ACQ_REL) == 0) op_free(op);
 }
 
 static void op_retire_locked(struct coll_engine *e) {
@@ -103,8 +103,11 @@ static void op_retire_locked(struct coll_engine *e) {
     if (e->head == NULL) e->tail = NULL;
     e->nqueued--;
     if (op->is_async) e->nasync--;
+    /* Drop the queue's reference before publishing the retirement: a holder that sees done == 2
+     * and refs == 1 owns the op alone and may free it without the lock (coll_op_release). */
+    int last = __atomic_sub_fetch(&op->refs, 1, __ATOMIC_ACQ_REL) == 0;
     __atomic_store_n(&op->done, 2, __ATOMIC_RELEASE); /* 2: retired, visible to waiters */
-    op_unref_locked(op);
+    if (last) op_free(op);
 }
 
 /* Before the transports close: wait until every chunk this rank committed has been consumed, so
@@ -187,18 +190,25 @@ void coll_engine_destroy(struct ncclComm *comm) {
     pthread_mutex_destroy(&e->lock);
     pthread_cond_destroy(&e->cond);
     free(e->spare_op);
+    free(e->oneshot_scratch);
+    free(e->err_posted);
     free(e->p2p_send_issued);
     free(e);
     comm->engine = NULL;
 }
 
 ncclResult_t coll_op_alloc(struct ncclComm *comm, coll_kind_t coll, coll_op_t **op_p) {
-    /* ch[] (3.5 KiB) is left uninitialised: zeroing it dominated small ops. */
+    /* The texts, xfer_inline[] and ch[] (5 KiB) are left uninitialised: zeroing them dominated
+     * small ops; the algorithms initialise the entries they use. */
     coll_op_t *op = comm->engine ? __atomic_exchange_n(&comm->engine->spare_op, NULL,
                                                        __ATOMIC_ACQUIRE)
                                  : NULL;
     if (op == NULL) op = malloc(sizeof(*op));
-    if (op != NULL) memset(op, 0, offsetof(coll_op_t, ch));
+    if (op != NULL) {
+        memset(op, 0, offsetof(coll_op_t, fail_text));
+        op->fail_text[0] = 0;
+        op->cause_text[0] = 0;
+    }
     if (op == NULL) {
         WARN("%s: out of memory allocating an op", coll_kind_name(coll));
         return ncclSystemError;
@@ -215,6 +225,14 @@ ncclResult_t coll_op_alloc(struct ncclComm *comm, coll_kind_t coll, coll_op_t **
 
 void coll_op_release(coll_op_t *op) {
     struct coll_engine *e = op->engine;
+    /* Retired with only the caller's reference left (a blocking call's op): nobody else can
+     * reach it any more, so no lock round trip on the small-op path. */
+    if (__atomic_load_n(&op->done, __ATOMIC_ACQUIRE) == 2 &&
+        __atomic_load_n(&op->refs, __ATOMIC_RELAXED) == 1) {
+        op->refs = 0;
+        op_free(op);
+        return;
+    }
     pthread_mutex_lock(&e->lock);
     op_unref_locked(op);
     pthread_mutex_unlock(&e->lock);
@@ -413,12 +431,12 @@ ncclResult_t coll_engine_wait(coll_op_t **ops, int nops) {
     /* The one wait policy (waiter.c): poll CHORUS_SPIN passes, yield, then sleep. Oversubscribed
      * hosts (more local ranks than CPUs) yield at once: a polling rank holds the core its peer
      * needs. The abort flags of all the ops' communicators are checked here, not by the waiter. */
+    /* The waiter starts at the first pass that finds nothing to do: a small op that completes
+     * in its first passes never reads the clock. */
     chorus_waiter_t w;
-    chorus_waiter_init(&w, NULL);
+    int waiting = 0;
+    uint32_t spin = 0;
     ncclResult_t res = ncclSuccess;
-    for (int i = 0; i < nops; i++)
-        if (ops[i]->engine->oversubscribed) w.spin = 0;
-    const uint32_t spin = w.spin;
     while (1) {
         int all = 1, progressed = 0;
         for (int i = 0; i < nops; i++) {
@@ -434,13 +452,24 @@ ncclResult_t coll_engine_wait(coll_op_t **ops, int nops) {
         }
         if (all) break;
         if (progressed) {
-            chorus_waiter_progress(&w);
+            if (waiting) chorus_waiter_progress(&w);
             continue;
+        }
+        if (!waiting) {
+            chorus_waiter_init(&w, NULL);
+            for (int i = 0; i < nops; i++)
+                if (ops[i]->engine->oversubscribed) w.spin = 0;
+            spin = w.spin;
+            waiting = 1;
         }
         int aborted = 0;
         for (int i = 0; i < nops; i++) aborted |= ops[i]->comm->abort_flag;
         ncclResult_t r = aborted ? ncclRemoteError : chorus_waiter_step(&w);
-        if (r == ncclSuccess) continue;
+        if (r == ncclSuccess) {
+            /* Stalled: now and then look for a peer that runs another op (mismatch.c). */
+            if ((w.polls & 63) == 0) coll_mismatch_stalled(ops, nops, w.polls);
+            continue;
+        }
         /* Deadline or abort: fail every op still running, naming what it waited for. */
         char where[160];
         for (int i = 0; i < nops; i++) {
@@ -464,6 +493,13 @@ ncclResult_t coll_engine_wait(coll_op_t **ops, int nops) {
         }
         chorus_waiter_init_timeout(&w, NULL, 5);
         w.spin = spin;
+    }
+    /* Peers may wait on other connections than the failed op's: tell them all (mismatch.c),
+     * before the WARN below (a transport's WARN about a dead peer must not be the last error). */
+    for (int i = 0; i < nops; i++) {
+        if (ops[i]->result == ncclSuccess) continue;
+        coll_mismatch_spread(ops, nops);
+        break;
     }
     for (int i = 0; i < nops; i++) {
         if (ops[i]->result == ncclSuccess) continue;

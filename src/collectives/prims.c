@@ -10,6 +10,20 @@
  * (single copy) and the sender waits send_drained before the op completes. Which kernel runs
  * (host rk_* here; device rk_dev_* later) is the only thing that depends on the memory kind.
  *
+ * Reduce steps of large chunks may go direct too (chunk.direct_reduce_ok, CHORUS_DIRECT_REDUCE):
+ * the sender publishes its input (PREP_SEND) or the partial result it wrote into the output
+ * buffer (RECV_REDUCE_SEND) instead of writing the slot, and the receiver pulls the chunk with
+ * recv_copy into a per-thread bounce buffer of one chunk (cache-sized, so the pulled bytes are
+ * still in L2 when the reduce reads them) and reduces from there. The sender's copy into the slot
+ * disappears; the receiver's pull is the only copy left. It is off by default: between
+ * processes the pull is process_vm_readv, whose kernel copy and page pinning measured slower
+ * than the sender's vector copy into a cache-resident slot on the project's machine; between
+ * threads it is a plain copy, and it measured about even (closing notes, issue 4).
+ *
+ * Streamed chunks (chunk.stream, see coll_ring.h) write their final output with streaming stores:
+ * a reduce goes into the send slot (cache) and is streamed from there into dst, a copy streams
+ * from the received slot (or from the bounce buffer for a direct chunk).
+ *
  * The first chunk of an op on each connection starts with a 64-byte header (coll_hdr_t). The
  * receiver knows the exact size of every chunk it expects (both ends compute the same schedule
  * once the headers agree); a chunk of any other size is either an error chunk (a failed upstream
@@ -20,6 +34,8 @@
  * upstream rank's error chunk. Draining unblocks upstream ranks stuck on credits, so they reach
  * the error chunk too: the failure travels around every ring to every rank.
  */
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -43,11 +59,68 @@ size_t prim_chunk_elems(const chorus_conn_t *conn, size_t esize) {
     return elems ? elems : 1;
 }
 
+/* ---- direct reduce: bounce buffer and counters ------------------------------------------- */
+
+static _Atomic uint64_t prim_stat_reduce_sent, prim_stat_reduce_recv, prim_stat_streamed;
+
+void prim_path_stats(uint64_t *reduce_sent_p, uint64_t *reduce_recv_p, uint64_t *streamed_p) {
+    *reduce_sent_p = atomic_load_explicit(&prim_stat_reduce_sent, memory_order_relaxed);
+    *reduce_recv_p = atomic_load_explicit(&prim_stat_reduce_recv, memory_order_relaxed);
+    *streamed_p = atomic_load_explicit(&prim_stat_streamed, memory_order_relaxed);
+}
+
+/* One bounce buffer per thread (whichever thread drives progress: the caller or the comm's
+ * progress thread), grown to the largest chunk seen and freed at thread exit through the key's
+ * destructor. A chunk is pulled and reduced within one prim_step call, so several comms driven
+ * by one thread can share it. */
+static pthread_key_t prim_bounce_key;
+static int prim_bounce_key_ok;
+static pthread_once_t prim_bounce_once = PTHREAD_ONCE_INIT;
+static _Thread_local char *prim_bounce;
+static _Thread_local size_t prim_bounce_bytes;
+
+static void prim_bounce_key_init(void) {
+    prim_bounce_key_ok = pthread_key_create(&prim_bounce_key, free) == 0;
+}
+
+/* Called once per thread and size (the first large reduce chunk), not per chunk. */
+static void *prim_bounce_grow(size_t bytes) {
+    pthread_once(&prim_bounce_once, prim_bounce_key_init);
+    size_t want = CHORUS_ALIGN_UP(bytes, (size_t)1 << 16);
+    void *p = NULL;
+    if (posix_memalign(&p, 4096, want) != 0) return NULL;
+    memset(p, 0, want); /* fault the pages in now, not inside the first copy */
+    free(prim_bounce);
+    prim_bounce = p;
+    prim_bounce_bytes = want;
+    if (prim_bounce_key_ok) pthread_setspecific(prim_bounce_key, p);
+    return p;
+}
+
+static inline void *prim_bounce_get(size_t bytes) {
+    if (__builtin_expect(bytes <= prim_bounce_bytes, 1)) return prim_bounce;
+    return prim_bounce_grow(bytes);
+}
+
+static inline int prim_kind_reads_recv_data(coll_prim_t kind) {
+    return kind == PRIM_RECV_FINISH || kind == PRIM_RECV_REDUCE_SEND ||
+           kind == PRIM_RECV_REDUCE_COPY || kind == PRIM_RECV_REDUCE_COPY_SEND ||
+           kind == PRIM_RECV_COMBINE;
+}
+
+/* Sender side: whether this reduce-kind chunk may go direct (the transport's own conditions,
+ * direct and the size threshold, are checked by the caller). */
+static inline int prim_direct_reduce_ok(const coll_op_t *op, const coll_chunk_t *c) {
+    if (!c->direct_reduce_ok || chorus_param_int(PARAM_DIRECT_REDUCE) == 0) return 0;
+    if (c->kind == PRIM_PREP_SEND) return op->redop.kind != RK_PREMULSUM; /* pre() is a copy */
+    return c->kind == PRIM_RECV_REDUCE_SEND && c->dst != NULL;
+}
+
 static const char *peer_host(const struct ncclComm *comm, int peer) {
     return comm->peers && peer >= 0 && peer < comm->nranks ? comm->peers[peer].hostname : "?";
 }
 
-static void hdr_describe(const coll_hdr_t *h, char *buf, size_t len) {
+void coll_hdr_describe(const coll_hdr_t *h, char *buf, size_t len) {
     if (h->coll == COLL_SEND || h->coll == COLL_RECV) {
         snprintf(buf, len, "%s bytes=%llu", coll_kind_name(h->coll), (unsigned long long)h->count);
         return;
@@ -63,7 +136,7 @@ static void hdr_describe(const coll_hdr_t *h, char *buf, size_t len) {
              has_op ? " " : "", has_op ? chorus_redop_name(h->op) : "", root);
 }
 
-static void hdr_fill(const coll_op_t *op, coll_hdr_t *h) {
+void coll_hdr_fill(const coll_op_t *op, coll_hdr_t *h) {
     memset(h, 0, sizeof(*h));
     h->magic = COLL_HDR_MAGIC;
     h->seq = op->seq;
@@ -85,7 +158,7 @@ static void hdr_fill(const coll_op_t *op, coll_hdr_t *h) {
 /* The receive side's header check; fails the op with both sides' arguments on a mismatch. */
 static int hdr_check(coll_op_t *op, const coll_use_t *u, const coll_hdr_t *theirs) {
     coll_hdr_t mine;
-    hdr_fill(op, &mine);
+    coll_hdr_fill(op, &mine);
     if (theirs->magic != COLL_HDR_MAGIC) {
         coll_op_fail(op, ncclInvalidUsage,
                      "%s #%llu: rank %d (%s) sent a chunk without an op header: the ranks called "
@@ -97,8 +170,8 @@ static int hdr_check(coll_op_t *op, const coll_use_t *u, const coll_hdr_t *their
     mine.rank = theirs->rank; /* not compared */
     if (memcmp(&mine, theirs, sizeof(mine)) == 0) return 1;
     char a[96], b[96];
-    hdr_describe(&mine, a, sizeof(a));
-    hdr_describe(theirs, b, sizeof(b));
+    coll_hdr_describe(&mine, a, sizeof(a));
+    coll_hdr_describe(theirs, b, sizeof(b));
     if (theirs->seq != mine.seq)
         coll_op_fail(op, ncclInvalidUsage,
                      "%s #%llu mismatch: rank %d called %s as op #%llu, rank %d (%s) called %s as "
@@ -199,11 +272,30 @@ ncclResult_t prim_step(coll_op_t *op, coll_use_t *recv, coll_use_t *send, const 
         if (!ready) return ncclSuccess;
         sdata = slot;
         if (send->hdr_pending) {
-            hdr_fill(op, (coll_hdr_t *)slot);
+            coll_hdr_fill(op, (coll_hdr_t *)slot);
             sdata += COLL_HDR_BYTES;
-        } else if (c->direct_ok && sc->direct && dbytes >= sc->direct_threshold && dbytes > 0) {
+        } else if (sc->direct && dbytes >= sc->direct_threshold && dbytes > 0 &&
+                   (c->direct_ok || prim_direct_reduce_ok(op, c))) {
             direct_out = 1;
         }
+    }
+
+    /* A direct chunk on a reduce step: pull it next to the core before reducing (see the top);
+     * and on a streamed copy step, so that the final stores into dst can be streaming ones. */
+    if (direct_in && (prim_kind_reads_recv_data(c->kind) || c->stream)) {
+        void *b = prim_bounce_get(dbytes);
+        if (b == NULL) {
+            coll_op_fail(op, ncclSystemError, "%s #%llu: rank %d cannot allocate %zu bytes",
+                         coll_kind_name(op->coll), (unsigned long long)op->seq, op->comm->rank,
+                         dbytes);
+            return ncclSystemError;
+        }
+        res = recv->conn->ops->recv_copy(recv->conn, b, dbytes);
+        if (res != ncclSuccess) return prim_conn_error(op, recv, res);
+        if (prim_kind_reads_recv_data(c->kind))
+            atomic_fetch_add_explicit(&prim_stat_reduce_recv, 1, memory_order_relaxed);
+        rdata = b;
+        direct_in = 0;
     }
 
     /* The kernels. `out` is what gets sent for the *_SEND kinds. */
@@ -214,25 +306,43 @@ ncclResult_t prim_step(coll_op_t *op, coll_use_t *recv, coll_use_t *send, const 
         out = c->in;
         break;
     case PRIM_PREP_SEND:
-        rk_prepare(sdata, c->in, c->count, rop);
+        if (direct_out) out = c->in; /* pre() is the identity (prim_direct_reduce_ok) */
+        else rk_prepare(sdata, c->in, c->count, rop);
         break;
     case PRIM_RECV:
         if (direct_in) res = recv->conn->ops->recv_copy(recv->conn, c->dst, dbytes);
+        else if (c->stream) rk_copy_nt(c->dst, rdata, dbytes);
         else rk_copy(c->dst, rdata, dbytes);
         break;
     case PRIM_RECV_FINISH:
-        if (direct_in) return prim_bad_chunk(op, recv, NULL, dbytes, dbytes);
         rk_finish(c->dst, rdata, c->count, rop);
         break;
     case PRIM_RECV_REDUCE_SEND:
-        if (direct_in) return prim_bad_chunk(op, recv, NULL, dbytes, dbytes);
-        rk_reduce(sdata, c->in, rdata, c->count, rop);
+        if (direct_out) {
+            /* The partial goes to this rank's output block, which the all-gather phase
+             * overwrites later; the receiver reads it from there. */
+            rk_reduce(c->dst, c->in, rdata, c->count, rop);
+            out = c->dst;
+        } else {
+            rk_reduce(sdata, c->in, rdata, c->count, rop);
+        }
         break;
     case PRIM_RECV_REDUCE_COPY:
     case PRIM_RECV_REDUCE_COPY_SEND:
-        if (direct_in) return prim_bad_chunk(op, recv, NULL, dbytes, dbytes);
-        rk_reduce(c->dst, c->in, rdata, c->count, rop);
-        if (rop->kind == RK_SUMDIV) rk_finish(c->dst, c->dst, c->count, rop);
+        if (rop->kind == RK_SUMDIV) {
+            rk_reduce(c->dst, c->in, rdata, c->count, rop);
+            rk_finish(c->dst, c->dst, c->count, rop);
+        } else if (c->stream && sdata && !direct_out) {
+            /* Reduce into the send slot (cache), stream the result out of it: dst is not
+             * read back. */
+            rk_reduce_copy_nt(sdata, c->dst, c->in, rdata, c->count, rop);
+            out = NULL;
+            break;
+        } else if (c->stream) {
+            rk_reduce_nt(c->dst, c->in, rdata, c->count, rop);
+        } else {
+            rk_reduce(c->dst, c->in, rdata, c->count, rop);
+        }
         out = c->dst;
         break;
     case PRIM_RECV_COPY_SEND:
@@ -240,22 +350,25 @@ ncclResult_t prim_step(coll_op_t *op, coll_use_t *recv, coll_use_t *send, const 
             res = recv->conn->ops->recv_copy(recv->conn, c->dst, dbytes);
             out = c->dst;
         } else {
-            rk_copy(c->dst, rdata, dbytes);
+            if (c->stream) rk_copy_nt(c->dst, rdata, dbytes);
+            else rk_copy(c->dst, rdata, dbytes);
             out = rdata; /* still hot in cache, and the same bytes */
         }
         break;
     case PRIM_RECV_COMBINE:
-        if (direct_in) return prim_bad_chunk(op, recv, NULL, dbytes, dbytes);
         rk_reduce(c->dst, rdata, c->in, c->count, &op->combine);
         break;
     }
     if (direct_in && res != ncclSuccess) return prim_conn_error(op, recv, res);
+    if (c->stream && recv) atomic_fetch_add_explicit(&prim_stat_streamed, 1, memory_order_relaxed);
     if (send) {
         chorus_conn_t *sc = send->conn;
         if (direct_out) {
             if (out == rdata && !direct_in) out = c->dst;
             res = sc->ops->send_commit_direct(sc, out, dbytes);
             send->used_direct = 1;
+            if (!c->direct_ok)
+                atomic_fetch_add_explicit(&prim_stat_reduce_sent, 1, memory_order_relaxed);
         } else {
             if (out) rk_copy(sdata, out, dbytes);
             res = sc->ops->send_commit(sc, dbytes + (send->hdr_pending ? COLL_HDR_BYTES : 0));

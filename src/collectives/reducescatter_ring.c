@@ -26,6 +26,7 @@ static ncclResult_t rs_ring_progress(coll_op_t *op, int *done_p) {
         coll_chan_t *ch = &op->ch[c];
         const int *ring = comm->channels[c].ring;
         const long p = comm->channels[c].index;
+        const int direct = coll_ring_direct(op, c); /* see coll_ring.h */
         while (!ch->done) {
             if (ch->base >= ch->end) {
                 int d;
@@ -41,11 +42,16 @@ static ncclResult_t rs_ring_progress(coll_op_t *op, int *done_p) {
             cc.count = len;
             if (k == 0) {
                 cc.kind = PRIM_PREP_SEND;
+                cc.direct_reduce_ok = direct; /* the input itself, if pre() is identity */
                 rx = NULL;
             } else if (k <= n - 2) {
+                /* No room for partials (recvbuff holds one segment): through the slots. */
                 cc.kind = PRIM_RECV_REDUCE_SEND;
+                cc.recv_direct_ok = 1;
             } else {
                 cc.kind = PRIM_RECV_REDUCE_COPY;
+                cc.recv_direct_ok = 1;
+                cc.stream = op->stream;
                 cc.dst = out + ch->base * es;
                 tx = NULL;
             }

@@ -1,13 +1,16 @@
 /*
  * tuner.c: which algorithm runs an op, and the cost model behind it.
  *
- * Candidates per collective: all-reduce has the ring and the low-latency recursive doubling
- * ("ll"); the others have one schedule each (ring/chain, or p2p for the transfer-based ones).
- * The choice for all-reduce is by size: below LL_THRESHOLD bytes (default from measurements on
- * this machine class: see DEFAULT_LL_*), recursive doubling; above it, the ring. NCCL_ALGO /
- * CHORUS_ALGO override it: "ring", "ll" (also accepted: NCCL's "Tree"/"CollNet*" map to the
- * default choice), optionally per collective: "allreduce:ll,broadcast:ring". A forced algorithm
- * that cannot run the op (ll on a message larger than one chunk) falls back with an INFO line.
+ * Candidates per collective: all-reduce has the ring, the low-latency recursive doubling ("ll")
+ * and, between ranks of one host, the one-shot all-reduce ("oneshot": one message latency instead
+ * of log2(n)); the others have one schedule each (ring/chain, or p2p for the transfer-based ones).
+ * The choice for all-reduce is by size: up to ONESHOT_THRESHOLD bytes one-shot (shared memory
+ * only, see DEFAULT_ONESHOT_*), below LL_THRESHOLD bytes (default from measurements on this
+ * machine class: see DEFAULT_LL_*) recursive doubling, above it the ring. NCCL_ALGO /
+ * CHORUS_ALGO override it: "ring", "ll", "oneshot" (also accepted: NCCL's "Tree"/"CollNet*" map
+ * to the default choice), optionally per collective: "allreduce:ll,broadcast:ring". A forced
+ * algorithm that cannot run the op (ll on a message larger than one chunk) falls back with an
+ * INFO line.
  * INFO TUNING/COLL says what was chosen and why.
  *
  * The model (for ncclGroupSimulateEnd): time = steps * latency + traffic / bandwidth with
@@ -31,6 +34,17 @@
 #define DEFAULT_LL_SHM_SMALL (256 * 1024)
 #define DEFAULT_LL_SHM (64 * 1024)
 #define DEFAULT_LL_TCP (128 * 1024)
+/* Up to these sizes the one-shot all-reduce (every rank sends its input to every rank, one
+ * message latency) replaces recursive doubling between ranks of one host. With 2 ranks the two
+ * move the same bytes, so one-shot takes the whole low-latency range; with more ranks it sends
+ * n-1 copies instead of log2(n) and wins while latency dominates. Measured on the 2-core VM
+ * (oversubscribed from 3 ranks; p50 per call, CHORUS_ALGO=ll vs oneshot alternated): 3 ranks
+ * 512 B 4.0-6.6 us vs 7.4-9.0, 4 KiB 5.7-10.0 vs 8.4-9.9, 32 KiB 18-20 vs 17-19; 4 ranks 8 B
+ * ~9.2 vs ~9.7, 2-8 KiB even, 32 KiB ~33 vs ~26; 8 ranks 8-256 B 28-31 vs 29-36, 8 KiB 53-62
+ * vs 41-50. */
+#define DEFAULT_ONESHOT_SHM_3 (8 * 1024)
+#define DEFAULT_ONESHOT_SHM_4 (4 * 1024)
+#define DEFAULT_ONESHOT_SHM (1024) /* 5..COLL_ONESHOT_MAX_RANKS ranks */
 
 static const coll_algo_t *tuner_ring_algo(int coll) {
     switch (coll) {
@@ -94,6 +108,20 @@ static size_t tuner_ll_threshold(struct ncclComm *comm) {
     return comm->nranks <= 4 ? DEFAULT_LL_SHM_SMALL : DEFAULT_LL_SHM;
 }
 
+/* Bytes up to which all-reduce runs one-shot (0: never): shared memory only. */
+static size_t tuner_oneshot_threshold(struct ncclComm *comm) {
+    if (comm->nranks > COLL_ONESHOT_MAX_RANKS || tuner_edge_is_tcp(comm)) return 0;
+    int64_t t = chorus_param_int(PARAM_ONESHOT_THRESHOLD);
+    if (t >= 0) return (size_t)t;
+    /* Within the low-latency range only: LL_THRESHOLD=0 still means "always the ring". */
+    size_t ll = tuner_ll_threshold(comm);
+    size_t def = comm->nranks <= 2   ? ll
+                 : comm->nranks == 3 ? DEFAULT_ONESHOT_SHM_3
+                 : comm->nranks == 4 ? DEFAULT_ONESHOT_SHM_4
+                                     : DEFAULT_ONESHOT_SHM;
+    return def < ll ? def : ll;
+}
+
 ncclResult_t coll_tuner_pick(coll_op_t *op) {
     struct ncclComm *comm = op->comm;
     const coll_algo_t *ring = tuner_ring_algo(op->coll);
@@ -104,25 +132,36 @@ ncclResult_t coll_tuner_pick(coll_op_t *op) {
     const char *forced = tuner_forced(op->coll, buf, sizeof(buf));
     if (op->coll == COLL_ALLREDUCE) {
         size_t thr = tuner_ll_threshold(comm);
-        int ll_ok = coll_algo_allreduce_rd.supports(op);
         if (forced && strcasecmp(forced, "ll") == 0) {
-            if (ll_ok) {
+            if (coll_algo_allreduce_rd.supports(op)) {
                 pick = &coll_algo_allreduce_rd;
                 why = "forced by NCCL_ALGO/CHORUS_ALGO";
             } else {
                 why = "ll forced but the message is larger than one chunk";
             }
+        } else if (forced && strcasecmp(forced, "oneshot") == 0) {
+            if (coll_algo_allreduce_oneshot.supports(op)) {
+                pick = &coll_algo_allreduce_oneshot;
+                why = "forced by NCCL_ALGO/CHORUS_ALGO";
+            } else {
+                why = "oneshot forced but the message is larger than one chunk or too many ranks";
+            }
         } else if (forced && strcasecmp(forced, "ring") == 0) {
             why = "forced by NCCL_ALGO/CHORUS_ALGO";
         } else {
-            if (ll_ok && bytes <= thr) {
+            if (bytes <= tuner_oneshot_threshold(comm) &&
+                coll_algo_allreduce_oneshot.supports(op)) {
+                pick = &coll_algo_allreduce_oneshot;
+                why = "size below ONESHOT_THRESHOLD";
+            } else if (bytes <= thr && coll_algo_allreduce_rd.supports(op)) {
                 pick = &coll_algo_allreduce_rd;
                 why = "size below LL_THRESHOLD";
             } else {
                 why = "size above LL_THRESHOLD";
             }
         }
-    } else if (forced && strcasecmp(forced, "ring") != 0 && strcasecmp(forced, "ll") != 0) {
+    } else if (forced && strcasecmp(forced, "ring") != 0 && strcasecmp(forced, "ll") != 0 &&
+               strcasecmp(forced, "oneshot") != 0) {
         why = "NCCL_ALGO value not known here: default";
     }
     op->algo = pick;
@@ -142,7 +181,10 @@ double coll_tuner_estimate_us(struct ncclComm *comm, int coll, size_t bytes) {
     double steps, traffic;
     switch (coll) {
     case COLL_ALLREDUCE:
-        if (bytes <= tuner_ll_threshold(comm)) {
+        if (bytes <= tuner_oneshot_threshold(comm)) {
+            steps = 1;
+            traffic = (double)bytes * (n - 1);
+        } else if (bytes <= tuner_ll_threshold(comm)) {
             int r = 0;
             while ((2 << r) <= n) r++;
             steps = r + ((n & (n - 1)) ? 2 : 0);

@@ -7,7 +7,15 @@
  * thread, which drives it while the caller computes. chorusTest runs one progress pass itself and
  * chorusWait drives progress until the op retires, so async ops also work with
  * CHORUS_PROGRESS_THREAD=0. Ops retire in issue order. A count-0 call returns a request that is
- * already complete. Inside ncclGroupStart/End the async calls are not deferred: they start at once.
+ * already complete.
+ *
+ * Inside ncclGroupStart/End an async call is deferred like every other call of the group (NCCL's
+ * rule): it validates, returns its request at once, and hands the op to the group, which connects
+ * and queues it at the outermost ncclGroupEnd without waiting for it (group.c). Until then the
+ * request is not done: chorusTest says so, and chorusWait/chorusWaitAll from the thread that
+ * holds the open group return ncclInvalidUsage (the op cannot start before that thread ends the
+ * group) and leave the request valid. An error of a call inside the group is also what
+ * ncclGroupEnd returns; a group that cannot be issued completes its requests with its error.
  */
 #include <stdlib.h>
 
@@ -25,16 +33,38 @@ static struct chorusRequest {
 #define ASYNC_NOOP ((chorusRequest_t)&async_noop_request)
 
 static ncclResult_t async_issue(const coll_args_t *a, chorusRequest_t *request) {
-    ARGCHECK(request != NULL, "%s: request is NULL", a->api);
+    if (request == NULL) {
+        WARN("%s: request is NULL", a->api);
+        group_note_error(ncclInvalidArgument);
+        return ncclInvalidArgument;
+    }
     *request = NULL;
     coll_op_t *op;
-    CHECK(coll_api_prepare(a, &op));
+    ncclResult_t res = coll_api_prepare(a, &op);
+    if (res != ncclSuccess) {
+        group_note_error(res);
+        return res;
+    }
     if (op == NULL) {
         *request = ASYNC_NOOP;
         return ncclSuccess;
     }
     op->is_async = 1;
-    ncclResult_t res = coll_engine_connect(op->comm, &op, 1);
+    if (group_depth() > 0) {
+        /* Deferred to the outermost ncclGroupEnd; the group keeps the creator's reference and
+         * the request gets its own (released by the call that reports it complete). */
+        op->refs++;
+        res = group_add_op(op);
+        if (res != ncclSuccess) {
+            op->refs--;
+            coll_op_release(op);
+            group_note_error(res);
+            return res;
+        }
+        *request = (chorusRequest_t)op;
+        return ncclSuccess;
+    }
+    res = coll_engine_connect(op->comm, &op, 1);
     if (res == ncclSuccess) res = coll_engine_enqueue(op);
     if (res != ncclSuccess) {
         coll_op_release(op);
@@ -168,6 +198,11 @@ ncclResult_t chorusWait(chorusRequest_t request) {
     ARGCHECK(request != NULL, "chorusWait: request is NULL");
     if (request == ASYNC_NOOP) return ncclSuccess;
     coll_op_t *op = (coll_op_t *)request;
+    if (group_holds_op(op)) {
+        WARN("chorusWait: the request was issued inside a group this thread has not ended yet: "
+             "call ncclGroupEnd first (the op starts there)");
+        return ncclInvalidUsage;
+    }
     ncclResult_t res = coll_engine_wait(&op, 1);
     coll_op_release(op);
     return res;
@@ -177,6 +212,14 @@ CHORUS_API(ncclResult_t, chorusWaitAll, int n, chorusRequest_t *requests);
 ncclResult_t chorusWaitAll(int n, chorusRequest_t *requests) {
     ARGCHECK(n >= 0, "chorusWaitAll: n is %d", n);
     ARGCHECK(n == 0 || requests != NULL, "chorusWaitAll: requests is NULL");
+    for (int i = 0; i < n; i++) {
+        if (requests[i] && requests[i] != ASYNC_NOOP && group_holds_op((coll_op_t *)requests[i])) {
+            WARN("chorusWaitAll: request %d was issued inside a group this thread has not ended "
+                 "yet: call ncclGroupEnd first (the op starts there)",
+                 i);
+            return ncclInvalidUsage;
+        }
+    }
     coll_op_t **ops = calloc(n > 0 ? n : 1, sizeof(*ops));
     if (ops == NULL) return ncclSystemError;
     int k = 0;

@@ -12,8 +12,19 @@
  *   3. every op is queued and all of them are progressed together by this thread until they
  *      retire, so matched send/recv pairs and several collectives move at once.
  * The first error of a call inside the group, of a job, or of an op is what End returns.
+ *
+ * Native async calls (chorus*Async, coll_async.c) made inside a group are deferred like the
+ * others: the call returns its request at once, and the op is connected and queued with the rest
+ * of the group at the outermost End (NCCL's rule: nothing inside a group is issued before End).
+ * End does not wait for them: it starts the progress thread and returns, and the request
+ * completes later (chorusTest/chorusWait). End waits only for the blocking calls of the group;
+ * since ops retire in issue order, a blocking op queued after an async one covers it too. When
+ * the group cannot be issued (a connection setup failed), End returns the error and every async
+ * request of the group completes at once with it. A simulated group (ncclGroupSimulateEnd) runs
+ * nothing: its requests complete with ncclInvalidUsage.
  */
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -75,6 +86,25 @@ ncclResult_t group_add_op(coll_op_t *op) {
     }
     g->ops[g->nops++] = op;
     return ncclSuccess;
+}
+
+int group_holds_op(const coll_op_t *op) {
+    for (int i = 0; i < group_tls.nops; i++)
+        if (group_tls.ops[i] == op) return 1;
+    return 0;
+}
+
+/* Complete the async requests of a group that was not issued (their ops were never queued, so
+ * only the request holder can see them). */
+static void group_fail_requests(coll_op_t **ops, int nops, ncclResult_t res, const char *why) {
+    for (int i = 0; i < nops; i++) {
+        coll_op_t *op = ops[i];
+        if (!op->is_async || op->done) continue;
+        op->result = res;
+        snprintf(op->fail_text, sizeof(op->fail_text), "%s: %s (%s)", coll_kind_name(op->coll),
+                 why, ncclGetErrorString(res));
+        __atomic_store_n(&op->done, 2, __ATOMIC_RELEASE);
+    }
 }
 
 /* Record an error from a call made inside the group; ncclGroupEnd returns the first one. */
@@ -171,9 +201,28 @@ static ncclResult_t group_run_ops(coll_op_t **ops, int nops) {
         if (cs[k].result != ncclSuccess && res == ncclSuccess) res = cs[k].result;
     }
     free(cs);
-    if (res != ncclSuccess) return res;
-    for (int i = 0; i < nops; i++) CHECK(coll_engine_enqueue(ops[i]));
-    return coll_engine_wait(ops, nops);
+    if (res != ncclSuccess) {
+        group_fail_requests(ops, nops, res, "its group could not be issued");
+        return res;
+    }
+    int nasync = 0;
+    for (int i = 0; i < nops; i++) {
+        CHECK(coll_engine_enqueue(ops[i]));
+        nasync += ops[i]->is_async;
+    }
+    if (nasync == 0) return coll_engine_wait(ops, nops);
+    /* Async requests run on: start their progress threads (without one, chorusTest/chorusWait
+     * drive them) and wait only for the blocking calls, kept in issue order at the front. */
+    coll_op_t **blocking = malloc((size_t)nops * sizeof(*blocking));
+    if (blocking == NULL) return coll_engine_wait(ops, nops); /* waits for all: still correct */
+    int nblocking = 0;
+    for (int i = 0; i < nops; i++) {
+        if (ops[i]->is_async) coll_engine_start_thread(ops[i]->engine);
+        else blocking[nblocking++] = ops[i];
+    }
+    res = coll_engine_wait(blocking, nblocking);
+    free(blocking);
+    return res;
 }
 
 NCCL_API(ncclResult_t, ncclGroupEnd);
@@ -229,6 +278,8 @@ ncclResult_t ncclGroupSimulateEnd(ncclSimInfo_t *simInfo) {
     if (--g->depth > 0) return ncclSuccess;
     /* Estimate from the tuner's model without running anything, then drop the group. */
     double us = 0;
+    group_fail_requests(g->ops, g->nops, ncclInvalidUsage,
+                        "issued in a group that ended with ncclGroupSimulateEnd: not run");
     for (int i = 0; i < g->nops; i++) {
         coll_op_t *op = g->ops[i];
         size_t bytes = op->count * op->esize;

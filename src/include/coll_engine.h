@@ -105,6 +105,10 @@ typedef struct {
 
 struct coll_algo;
 
+/* One-shot all-reduce (allreduce_oneshot.c): largest rank count, and inline transfers per op. */
+#define COLL_ONESHOT_MAX_RANKS 8
+#define COLL_XFER_INLINE (2 * (COLL_ONESHOT_MAX_RANKS - 1))
+
 typedef struct coll_op {
     struct ncclComm *comm;
     struct coll_engine *engine;
@@ -126,11 +130,12 @@ typedef struct coll_op {
     /* ring/chain algorithms (ch[] is last: see coll_op_alloc) */
     int nch;
     size_t chunk_elems;
+    int stream; /* output far larger than the cache: streaming stores, chunks through the slots
+                 * (coll_ring_plan) */
 
     /* point-to-point transfers */
     int nxfer;
     coll_xfer_t *xfer;
-    coll_xfer_t xfer_inline[2];
     int round; /* current round of a multi-round algorithm */
     void *scratch;
     size_t scratch_bytes;
@@ -140,12 +145,17 @@ typedef struct coll_op {
     ncclResult_t result;
     int failing;            /* the op failed: posting error chunks and draining (prims.c) */
     uint64_t fail_deadline;
-    char fail_text[COLL_ERR_TEXT];
-    char cause_text[COLL_ERR_TEXT]; /* what error chunks carry on: the first rank's reason */
     int cause_rank;
     int refs;               /* queue + request */
     int is_async;
     struct coll_op *next;
+    /* From here on not zeroed at allocation (coll_op_alloc zeroes up to fail_text and sets both
+     * texts to ""): 4.7 KiB that small ops never touch. */
+    char fail_text[COLL_ERR_TEXT];
+    char cause_text[COLL_ERR_TEXT]; /* what error chunks carry on: the first rank's reason */
+    /* Whoever points xfer at it initialises the entries it uses. Room for recursive doubling
+     * and for the one-shot all-reduce up to COLL_ONESHOT_MAX_RANKS without a malloc per op. */
+    coll_xfer_t xfer_inline[COLL_XFER_INLINE];
     /* Last, and not zeroed at allocation: the ring plan initialises the channels it uses. */
     coll_chan_t ch[CHORUS_MAXCHANNELS];
 } coll_op_t;
@@ -169,7 +179,13 @@ static inline int coll_algo_supports_all(const coll_op_t *op) {
     return 1;
 }
 
-enum { COLL_ALGO_RING = 0, COLL_ALGO_LL = 1, COLL_ALGO_P2P = 2, COLL_ALGO_NIDS };
+enum {
+    COLL_ALGO_RING = 0,
+    COLL_ALGO_LL = 1,
+    COLL_ALGO_P2P = 2,
+    COLL_ALGO_ONESHOT = 3,
+    COLL_ALGO_NIDS
+};
 
 /* The engine of one communicator. */
 struct coll_engine {
@@ -195,6 +211,14 @@ struct coll_engine {
      * free of an op (~4 KiB, beyond glibc's per-thread cache) were a third of the instructions
      * of a small blocking all-reduce. */
     coll_op_t *spare_op;
+    /* mismatch.c: send connections (channels, then p2p peers) that got this rank's failure
+     * notice, then the peers known to have failed; allocated at the first failure, freed with
+     * the engine. */
+    uint8_t *err_posted;
+    /* allreduce_oneshot.c: a copy of this rank's input for in-place ops, used only by the op at
+     * the head of the queue (one at a time); grown at setup, freed with the engine. */
+    void *oneshot_scratch;
+    size_t oneshot_scratch_bytes;
 };
 
 /* engine.c */
@@ -230,7 +254,17 @@ typedef struct {
     void *dst;        /* output for the chunk */
     size_t count;     /* elements */
     int direct_ok;    /* the receiver does a pure copy and the source stays valid (sender side) */
-    int recv_direct_ok; /* the sender may have used direct (receiver side: copy kind) */
+    int recv_direct_ok; /* the sender may have used direct (receiver side: any kind; a reduce
+                         * kind pulls a direct chunk into a cache-sized bounce buffer first) */
+    /* Sender side, reduce kinds: the receiver reduces from this chunk and the source stays valid
+     * until the op completes, so it may go direct: PREP_SEND sends `in` itself (when pre() is
+     * the identity), RECV_REDUCE_SEND writes its partial result to `dst` (which the schedule
+     * overwrites later) and sends that. CHORUS_DIRECT_REDUCE turns it off. */
+    int direct_reduce_ok;
+    /* dst is final output of an op far larger than the cache (coll_ring_stream): write it with
+     * streaming stores (rk_reduce_nt/rk_copy_nt), pulling a direct chunk through the bounce
+     * buffer first. */
+    int stream;
 } coll_chunk_t;
 
 ncclResult_t prim_step(coll_op_t *op, coll_use_t *recv, coll_use_t *send, const coll_chunk_t *c,
@@ -240,6 +274,12 @@ ncclResult_t prim_send_drained(coll_op_t *op, coll_use_t *send, int *ok_p);
 /* Failure handling: post error chunks, drain; *ok_p = 1 when finished with the connection. */
 ncclResult_t prim_fail_send(coll_op_t *op, coll_use_t *send, int *ok_p);
 ncclResult_t prim_fail_recv(coll_op_t *op, coll_use_t *recv, int *ok_p);
+/* Chunks per path, counted per process since it started (tests check that a path ran; relaxed
+ * atomics, one add per chunk): reduce-step chunks sent direct (PREP_SEND/RECV_REDUCE_SEND),
+ * direct chunks received on a reduce step (pulled into the bounce buffer and reduced), and
+ * chunks whose output was written with streaming stores (chunk.stream). Plain arguments, so
+ * that C++ tests can declare it. */
+void prim_path_stats(uint64_t *reduce_sent_p, uint64_t *reduce_recv_p, uint64_t *streamed_p);
 /* Capacity of one chunk in elements for a connection (header room included). */
 size_t prim_chunk_elems(const chorus_conn_t *conn, size_t esize);
 void coll_op_fail(coll_op_t *op, ncclResult_t res, const char *fmt, ...)
@@ -259,6 +299,7 @@ static inline int coll_use_ready(const coll_use_t *u, const uint64_t *served) {
 /* Algorithms (one file each) and the tuner. */
 extern const coll_algo_t coll_algo_allreduce_ring;
 extern const coll_algo_t coll_algo_allreduce_rd;
+extern const coll_algo_t coll_algo_allreduce_oneshot;
 extern const coll_algo_t coll_algo_reducescatter_ring;
 extern const coll_algo_t coll_algo_allgather_ring;
 extern const coll_algo_t coll_algo_broadcast_chain;
@@ -272,8 +313,24 @@ double coll_tuner_estimate_us(struct ncclComm *comm, int coll, size_t bytes);
 /* Ticket helpers shared by the algorithms. */
 uint64_t *coll_served_line(coll_op_t *op, const coll_use_t *u);
 
+/* prims.c: the op header this rank sends for op (what the first chunk carries), and a readable
+ * form of a header for error messages ("all-reduce count=100 float32 sum"). */
+void coll_hdr_fill(const coll_op_t *op, coll_hdr_t *h);
+void coll_hdr_describe(const coll_hdr_t *h, char *buf, size_t len);
+
+/* mismatch.c: ranks whose headers never meet (they chose different connection sets). Called by
+ * coll_engine_wait every 64 empty polls (polls: the waiter's count since the last progress);
+ * after a few ms without progress it peeks the other receive connections for a peer's header of
+ * the same op (-> ncclInvalidUsage naming both sides) or a peer's error chunk. */
+void coll_mismatch_stalled(coll_op_t **ops, int nops, uint32_t polls);
+/* After a failure: post one error chunk on every send connection of the ops' communicators, so
+ * peers that wait on other connections than the failed op's fail too instead of timing out. */
+void coll_mismatch_spread(coll_op_t **ops, int nops);
+
 /* Group (group.c) integration: queue an op for the outermost ncclGroupEnd. */
 ncclResult_t group_add_op(coll_op_t *op);
+/* Whether op is queued in this thread's open group (not issued before the outermost End). */
+int group_holds_op(const coll_op_t *op);
 /* Record the error of a call made inside a group: ncclGroupEnd returns the first one. */
 void group_note_error(ncclResult_t res);
 

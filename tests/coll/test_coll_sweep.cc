@@ -48,7 +48,7 @@ TEST_P(CollTypesOps, SmallCounts) {
 }
 INSTANTIATE_TEST_SUITE_P(Coll, CollTypesOps,
                          ::testing::Combine(::testing::Values(2, 3),
-                                            ::testing::Values("", "ring", "ll")),
+                                            ::testing::Values("", "ring", "ll", "oneshot")),
                          [](const auto &info) {
                              return std::to_string(std::get<0>(info.param)) + "ranks_" +
                                     word(std::get<1>(info.param), "tuner");
@@ -68,7 +68,7 @@ TEST_P(CollRanks, Float32Sum) {
 }
 INSTANTIATE_TEST_SUITE_P(Coll, CollRanks,
                          ::testing::Combine(::testing::Values(1, 2, 3, 4, 5, 6, 7, 8),
-                                            ::testing::Values("ring", "ll")),
+                                            ::testing::Values("ring", "ll", "oneshot")),
                          [](const auto &info) {
                              return std::to_string(std::get<0>(info.param)) + "ranks_" +
                                     word(std::get<1>(info.param), "tuner");
@@ -128,7 +128,7 @@ TEST_P(CollNightly, Full) {
 }
 INSTANTIATE_TEST_SUITE_P(Coll, CollNightly,
                          ::testing::Combine(::testing::Values(1, 2, 3, 4, 5, 6, 7, 8),
-                                            ::testing::Values("ring", "ll"),
+                                            ::testing::Values("ring", "ll", "oneshot"),
                                             ::testing::Values("", "tcp"),
                                             ::testing::Values(Launch::Threads, Launch::Forked)),
                          [](const auto &info) {

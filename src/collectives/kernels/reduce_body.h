@@ -14,7 +14,8 @@
  *                  16 or 8 bits to and from 32-bit lanes with the target's zero-extending moves
  *                  and packs (GCC lowers __builtin_convertvector on these narrow vectors to
  *                  lane-by-lane inserts, several times slower); otherwise that builtin is used
- *   RK_NT          1 when rk_nt_copy (non-temporal stores) is defined
+ *   RK_NT          1 when rk_nt_copy, rk_nt_copy_nofence and rk_nt_fence (non-temporal stores)
+ *                  are defined
  * and puts its target pragma in force. Everything here is static, so each variant is a separate
  * copy that the compiler vectorises for its own target.
  *
@@ -566,4 +567,8 @@ const rk_isa_ops_t RK_TABLE = {
     .reduce = rk_body_reduce,
     .finish = rk_body_finish,
     .reduce_n = rk_body_reduce_n,
+#if RK_NT
+    .copy_nt = rk_nt_copy_nofence,
+    .nt_fence = rk_nt_fence,
+#endif
 };

@@ -157,3 +157,70 @@ void rk_reduce_n(void *dst, const void *const *ins, int n, size_t count, const c
     if (count == 0 || n <= 0) return;
     rk_get()->reduce_n(dst, ins, n, count, op);
 }
+
+/* Streaming variants: the work goes in pieces that stay in L1 (a reduce into a stack buffer,
+ * then a streaming copy out of it), so every dtype and op gets streaming stores without a
+ * second copy of each kernel; the extra pass runs in L1 and costs little next to the DRAM
+ * traffic it saves (the read-for-ownership of every destination line). */
+#define RK_NT_PIECE 8192
+
+size_t rk_stream_threshold(void) {
+    rk_get();
+    return rk_nt_threshold;
+}
+
+int rk_has_stream(void) {
+    return rk_get()->copy_nt != NULL;
+}
+
+void rk_copy_nt(void *dst, const void *src, size_t bytes) {
+    const rk_isa_ops_t *ops = rk_get();
+    if (ops->copy_nt == NULL || bytes < 4096) {
+        ops->copy(dst, src, bytes);
+        return;
+    }
+    ops->copy_nt(dst, src, bytes);
+    ops->nt_fence();
+}
+
+void rk_reduce_copy_nt(void *dst, void *dst_nt, const void *in, const void *acc, size_t count,
+                       const chorus_redop_t *op) {
+    if (count == 0) return;
+    const rk_isa_ops_t *ops = rk_get();
+    size_t es = chorus_dtype_size(op->dtype);
+    if (ops->copy_nt == NULL || es == 0) {
+        ops->reduce(dst, in, acc, count, op);
+        ops->copy(dst_nt, dst, count * es);
+        return;
+    }
+    const size_t per = RK_NT_PIECE / es;
+    char *d = dst, *dn = dst_nt;
+    const char *x = in, *y = acc;
+    for (size_t i = 0; i < count; i += per) {
+        size_t n = count - i < per ? count - i : per;
+        ops->reduce(d + i * es, x + i * es, y + i * es, n, op);
+        ops->copy_nt(dn + i * es, d + i * es, n * es); /* still in L1 */
+    }
+    ops->nt_fence();
+}
+
+void rk_reduce_nt(void *dst, const void *in, const void *acc, size_t count,
+                  const chorus_redop_t *op) {
+    if (count == 0) return;
+    const rk_isa_ops_t *ops = rk_get();
+    size_t es = chorus_dtype_size(op->dtype);
+    if (ops->copy_nt == NULL || es == 0 || count * es < 4096) {
+        ops->reduce(dst, in, acc, count, op);
+        return;
+    }
+    _Alignas(64) unsigned char tmp[RK_NT_PIECE];
+    const size_t per = RK_NT_PIECE / es;
+    char *d = dst;
+    const char *x = in, *y = acc;
+    for (size_t i = 0; i < count; i += per) {
+        size_t n = count - i < per ? count - i : per;
+        ops->reduce(tmp, x + i * es, y + i * es, n, op);
+        ops->copy_nt(d + i * es, tmp, n * es);
+    }
+    ops->nt_fence();
+}

@@ -27,6 +27,10 @@ typedef struct {
     void (*finish)(void *dst, const void *src, size_t count, const chorus_redop_t *op);
     void (*reduce_n)(void *dst, const void *const *ins, int n, size_t count,
                      const chorus_redop_t *op);
+    /* Streaming (non-temporal) stores, no fence; NULL when the variant has none. nt_fence orders
+     * them before later stores (the flag that publishes the data). */
+    void (*copy_nt)(void *dst, const void *src, size_t bytes);
+    void (*nt_fence)(void);
 } rk_isa_ops_t;
 
 extern const rk_isa_ops_t rk_isa_generic;

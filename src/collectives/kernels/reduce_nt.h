@@ -16,7 +16,10 @@
  * moves itself and its size dispatch beats a loop.
  */
 #define RK_VEC_COPY_MIN 1024
-static void rk_nt_copy(void *dst, const void *src, size_t bytes) {
+/* The streaming copy without its closing fence: rk_reduce_nt/rk_copy_nt call it once per
+ * cache-sized piece and fence once at the end (a fence per piece would wait for every piece's
+ * write-combining buffers to drain). */
+static void rk_nt_copy_nofence(void *dst, const void *src, size_t bytes) {
     unsigned char *d = (unsigned char *)dst;
     const unsigned char *s = (const unsigned char *)src;
     size_t head = (32 - ((uintptr_t)d & 31)) & 31;
@@ -38,8 +41,16 @@ static void rk_nt_copy(void *dst, const void *src, size_t bytes) {
         s += 128;
         d += 128;
     }
-    _mm_sfence();
     memcpy(d, s, bytes % 128);
+}
+
+static void rk_nt_copy(void *dst, const void *src, size_t bytes) {
+    rk_nt_copy_nofence(dst, src, bytes);
+    _mm_sfence();
+}
+
+static void rk_nt_fence(void) {
+    _mm_sfence();
 }
 
 static void rk_vec_copy(void *dst, const void *src, size_t bytes) {

@@ -1,0 +1,185 @@
+/*
+ * allreduce_oneshot.c: one-shot all-reduce for small messages between ranks of one host.
+ *
+ * Every rank sends pre(its input) to every other rank over the point-to-point connections, then
+ * folds the n contributions in rank order as they arrive: acc = p0, acc = p1 (+) acc, ...,
+ * acc = p(n-1) (+) acc, and applies post() (integer average's divide). One message latency per op
+ * instead of recursive doubling's log2(n) (+2 when n is not a power of two), at the price of n-1
+ * sends per rank: it pays where messages are cheap (shared memory) and few ranks share the data.
+ * On an oversubscribed host it also needs each peer to run only once per op: a rank posts all its
+ * sends at its first chance, while recursive doubling needs its partners scheduled once per round.
+ *
+ * Every rank runs the same sequence of kernel calls on the same values (the fold's order does not
+ * depend on the rank or on arrival order), so all ranks end with bitwise identical results. Each
+ * chunk goes through prim_step, so the first (and only) chunk on each connection carries the op
+ * header (mismatches fail with ncclInvalidUsage naming both sides), error chunks and dead peers
+ * are reported naming the rank, and the engine's waiter owns deadlines and aborts.
+ *
+ * Own contribution: rank 0 starts the fold with rk_prepare(out, in). A rank r > 0 adds pre(in) at
+ * position r with rk_reduce(out, in, out); in place, the fold has overwritten `in` by then, so the
+ * input is first copied into the engine's scratch buffer (one op at a time uses it: the queue
+ * head; another op gets its own). In place, the fold also waits until every send has copied the
+ * input out. Supported when the message fits one chunk and n <= COLL_ONESHOT_MAX_RANKS.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "coll_engine.h"
+#include "comm.h"
+#include "core.h"
+#include "log.h"
+
+static int oneshot_supports(const coll_op_t *op) {
+    if (op->comm->nranks < 2) return 1;
+    if (op->comm->nranks > COLL_ONESHOT_MAX_RANKS) return 0;
+    return op->count <= prim_chunk_elems(NULL, op->esize);
+}
+
+/* Transfers: [0, n-1) sends (to r+1, r+2, ... so that ranks do not all write to rank 0 first),
+ * then [n-1, 2n-2) receives in ascending peer order. */
+static ncclResult_t oneshot_setup(coll_op_t *op) {
+    struct ncclComm *comm = op->comm;
+    const int n = comm->nranks, me = comm->rank;
+    if (n == 1) return ncclSuccess;
+    const size_t bytes = op->count * op->esize;
+    op->xfer = op->xfer_inline;
+    op->nxfer = 2 * (n - 1);
+    memset(op->xfer, 0, (size_t)op->nxfer * sizeof(coll_xfer_t));
+    for (int i = 0; i < n - 1; i++) {
+        coll_xfer_t *s = &op->xfer[i];
+        s->peer = (me + 1 + i) % n;
+        s->is_send = 1;
+        s->bytes = bytes;
+        coll_xfer_t *r = &op->xfer[n - 1 + i];
+        r->peer = i < me ? i : i + 1;
+        r->bytes = bytes;
+        r->buf = op->recvbuff;
+    }
+    /* In place, a rank > 0 needs a copy of its input (see the file comment): make sure the
+     * engine's buffer is large enough now, not on the progress path. */
+    struct coll_engine *e = op->engine;
+    if (me > 0 && op->sendbuff == op->recvbuff && e->oneshot_scratch_bytes < bytes) {
+        void *p = realloc(e->oneshot_scratch, bytes);
+        if (p == NULL) {
+            WARN("allreduce: out of memory for a %zu-byte one-shot buffer", bytes);
+            return ncclSystemError;
+        }
+        e->oneshot_scratch = p;
+        e->oneshot_scratch_bytes = bytes;
+    }
+    return ncclSuccess;
+}
+
+/* Start: find this rank's input copy (in place, r > 0) and remember it in the sends' buf. */
+static ncclResult_t oneshot_start(coll_op_t *op) {
+    struct coll_engine *e = op->engine;
+    const int n = op->comm->nranks, me = op->comm->rank;
+    const size_t bytes = op->count * op->esize;
+    const char *in = op->sendbuff;
+    if (me > 0 && op->sendbuff == op->recvbuff) {
+        void *copy;
+        if (e->head == op && e->oneshot_scratch_bytes >= bytes) {
+            copy = e->oneshot_scratch;
+        } else {
+            /* Not the only one-shot op in flight (group, async): a buffer of its own. */
+            op->scratch = malloc(bytes);
+            if (op->scratch == NULL) {
+                WARN("allreduce #%llu: out of memory for a %zu-byte one-shot buffer",
+                     (unsigned long long)op->seq, bytes);
+                return ncclSystemError;
+            }
+            op->scratch_bytes = bytes;
+            copy = op->scratch;
+        }
+        rk_copy(copy, in, bytes);
+        in = copy;
+    }
+    for (int i = 0; i < n - 1; i++) op->xfer[i].buf = (char *)in;
+    op->round = 1;
+    return ncclSuccess;
+}
+
+static ncclResult_t oneshot_progress(coll_op_t *op, int *done_p) {
+    struct coll_engine *e = op->engine;
+    struct ncclComm *comm = op->comm;
+    const int n = comm->nranks, me = comm->rank;
+    char *out = op->recvbuff;
+    if (n == 1) {
+        rk_prepare(out, op->sendbuff, op->count, &op->redop);
+        if (op->redop.kind == RK_SUMDIV) rk_finish(out, out, op->count, &op->redop);
+        *done_p = 1;
+        return ncclSuccess;
+    }
+    if (op->round == 0) CHECK(oneshot_start(op));
+    int moved = 0, sends_done = 1;
+    for (int i = 0; i < n - 1; i++) {
+        coll_xfer_t *x = &op->xfer[i];
+        if (x->done) continue;
+        uint64_t *served = &e->p2p_send_served[x->peer];
+        if (*served != x->use.ticket) {
+            sends_done = 0;
+            continue;
+        }
+        x->started = 1;
+        coll_chunk_t cc = {0};
+        cc.kind = PRIM_PREP_SEND;
+        cc.in = x->buf;
+        cc.count = op->count;
+        int ok;
+        CHECK(prim_step(op, NULL, &x->use, &cc, &ok));
+        if (!ok) {
+            sends_done = 0;
+            continue;
+        }
+        x->done = 1;
+        (*served)++;
+        moved = 1;
+    }
+    /* The fold, in rank order. op->round - 1 is the next rank whose contribution to add. In
+     * place, `out` is the input the sends read: wait for them before writing it. */
+    const int in_place = op->sendbuff == op->recvbuff;
+    while (op->round <= n && (sends_done || !in_place)) {
+        const int k = op->round - 1;
+        if (k == me) {
+            const void *mine = op->xfer[0].buf;
+            if (k == 0) rk_prepare(out, mine, op->count, &op->redop);
+            else rk_reduce(out, mine, out, op->count, &op->redop);
+            op->round++;
+            moved = 1;
+            continue;
+        }
+        coll_xfer_t *x = &op->xfer[n - 1 + (k < me ? k : k - 1)];
+        uint64_t *served = &e->p2p_recv_served[x->peer];
+        if (*served != x->use.ticket) break;
+        x->started = 1;
+        coll_chunk_t cc = {0};
+        cc.kind = k == 0 ? PRIM_RECV : PRIM_RECV_COMBINE;
+        cc.in = out;
+        cc.dst = out;
+        cc.count = op->count;
+        int ok;
+        CHECK(prim_step(op, &x->use, NULL, &cc, &ok));
+        if (!ok) break;
+        x->done = 1;
+        (*served)++;
+        op->round++;
+        moved = 1;
+    }
+    if (op->round > n && sends_done) {
+        if (op->redop.kind == RK_SUMDIV) rk_finish(out, out, op->count, &op->redop);
+        *done_p = 1;
+        return ncclSuccess;
+    }
+    *done_p = moved ? 2 : 0;
+    return ncclSuccess;
+}
+
+const coll_algo_t coll_algo_allreduce_oneshot = {
+    .name = "oneshot",
+    .coll = COLL_ALLREDUCE,
+    .id = COLL_ALGO_ONESHOT,
+    .supports = oneshot_supports,
+    .setup = oneshot_setup,
+    .progress = oneshot_progress,
+};

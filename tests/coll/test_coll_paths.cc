@@ -1,0 +1,179 @@
+// test_coll_paths.cc: the large-message data paths of the ring collectives (prims.c), each checked
+// against the independent references of coll_util.h, and checked to have really run:
+//  - direct reduce: reduce-step chunks at or above the single-copy threshold go direct and the
+//    receiver reduces from a bounce buffer (CHORUS_DIRECT_REDUCE=1 and CHORUS_RING_DIRECT=1, both
+//    off by default between processes; counted by prim_path_stats);
+//  - streamed output: collectives above CHORUS_STREAM_THRESHOLD copy through the slots in
+//    CHORUS_STREAM_CHUNK chunks and write their output with streaming stores.
+// Both for 2..8 ranks, threads and forked processes, single copy on (auto) and off, in place and
+// out of place, every op (PreMulSum keeps the first step in the slots, integer average divides at
+// the end), and a tail that is not a multiple of the vector width.
+#include <gtest/gtest.h>
+#include <sys/uio.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <string>
+
+#include "coll_cases.h"
+
+extern "C" void prim_path_stats(uint64_t *reduce_sent_p, uint64_t *reduce_recv_p,
+                                uint64_t *streamed_p);
+
+using namespace coll_test;
+using chorus_test::Launch;
+
+namespace {
+
+// Whether a forked child can read its parent with process_vm_readv (ptrace rules of this
+// machine); when it cannot, the transport has no single copy between processes and the direct
+// path legitimately does not run.
+bool cma_between_processes() {
+    static int cached = -1;
+    if (cached >= 0) return cached == 1;
+    static volatile uint64_t word = 0x5eed1234abcdULL;
+    pid_t parent = getpid();
+    pid_t pid = fork();
+    if (pid == 0) {
+        uint64_t v = 0;
+        struct iovec local = {&v, sizeof(v)};
+        struct iovec remote = {(void *)&word, sizeof(v)};
+        ssize_t n = process_vm_readv(parent, &local, 1, &remote, 1, 0);
+        _exit(n == (ssize_t)sizeof(v) && v == word ? 0 : 1);
+    }
+    int status = 0;
+    waitpid(pid, &status, 0);
+    cached = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+    return cached == 1;
+}
+
+struct PathEnv {
+    const char *cma;              // CHORUS_SHM_CMA
+    const char *stream_threshold; // CHORUS_STREAM_THRESHOLD (nullptr: default)
+};
+
+enum Expect { EXPECT_DIRECT_REDUCE, EXPECT_STREAMED, EXPECT_NOTHING };
+
+// Runs the cases on nranks ranks; each rank then checks the path counters of its process.
+chorus_test::RunResult run_path_cases(Launch how, int nranks, const std::vector<Case> &cases,
+                                      const PathEnv &pe, Expect expect) {
+    setenv("CHORUS_SHM_CMA", pe.cma, 1);
+    if (pe.stream_threshold) setenv("CHORUS_STREAM_THRESHOLD", pe.stream_threshold, 1);
+    else unsetenv("CHORUS_STREAM_THRESHOLD");
+    setenv("CHORUS_ALGO", "ring", 1);
+    // Single copy wherever the transport allows (between processes too: the default uses it only
+    // between threads) and on reduce steps too (off by default).
+    setenv("CHORUS_RING_DIRECT", "1", 1);
+    setenv("CHORUS_DIRECT_REDUCE", "1", 1);
+    ncclResetDebugInit();
+    ncclUniqueId id = chorus_test::make_unique_id();
+    auto res = chorus_test::run_ranks(
+        how, nranks,
+        [&](int rank, int n) -> int {
+            uint64_t s0, r0, t0, s1, r1, t1;
+            prim_path_stats(&s0, &r0, &t0);
+            ncclComm_t comm;
+            RANK_NCCL(init_comm(&comm, n, id, rank));
+            int failed = 0;
+            for (const Case &c : cases) {
+                if (run_case(comm, rank, n, c)) {
+                    failed = 1;
+                    break;
+                }
+            }
+            RANK_NCCL(ncclCommDestroy(comm));
+            prim_path_stats(&s1, &r1, &t1);
+            if (!failed && expect == EXPECT_DIRECT_REDUCE && (s1 == s0 || r1 == r0)) {
+                fprintf(stderr, "rank %d: no reduce chunk went direct (sent %llu, received %llu)\n",
+                        rank, (unsigned long long)(s1 - s0), (unsigned long long)(r1 - r0));
+                failed = 1;
+            }
+            if (!failed && expect == EXPECT_STREAMED && t1 == t0) {
+                fprintf(stderr, "rank %d: no chunk was streamed\n", rank);
+                failed = 1;
+            }
+            if (!failed && expect != EXPECT_DIRECT_REDUCE && (s1 != s0 || r1 != r0) &&
+                how == Launch::Forked) {
+                fprintf(stderr, "rank %d: %llu reduce chunks went direct, expected none\n", rank,
+                        (unsigned long long)(s1 - s0));
+                failed = 1;
+            }
+            return failed;
+        },
+        240);
+    unsetenv("CHORUS_SHM_CMA");
+    unsetenv("CHORUS_STREAM_THRESHOLD");
+    unsetenv("CHORUS_ALGO");
+    unsetenv("CHORUS_RING_DIRECT");
+    unsetenv("CHORUS_DIRECT_REDUCE");
+    ncclResetDebugInit();
+    return res;
+}
+
+// 1Mi+5 elements (4 MiB of float32): chunks of up to a slot (512 KiB) are far above the
+// single-copy threshold (256 KiB), the 5 leave a ragged tail.
+const size_t kBig = 1024 * 1024 + 5;
+
+// Every op on float32 and a few on other types for small rank counts; fewer cases for many
+// ranks (the references are computed element by element on a 2-core machine).
+std::vector<Case> big_cases(int nranks) {
+    const size_t per = kBig / (size_t)nranks;
+    auto cases = cross({C_ALLREDUCE}, {ncclFloat32}, {T_SUM, T_AVG, T_PREMUL}, {kBig});
+    for (auto &part : {cross({C_REDUCESCATTER}, {ncclFloat32}, {T_SUM, T_PREMUL}, {per}),
+                       cross({C_ALLGATHER}, {ncclFloat32}, {T_SUM}, {per})})
+        cases.insert(cases.end(), part.begin(), part.end());
+    if (nranks > 3) return cases;
+    for (auto &part : {cross({C_ALLREDUCE}, {ncclFloat32}, {T_MAX}, {kBig}),
+                       cross({C_ALLREDUCE}, {ncclInt32}, {T_AVG, T_PROD}, {kBig}),
+                       cross({C_ALLREDUCE}, {ncclBfloat16, ncclFloat64}, {T_SUM}, {kBig})})
+        cases.insert(cases.end(), part.begin(), part.end());
+    return cases;
+}
+
+std::string launch_word(Launch l) { return l == Launch::Threads ? "threads" : "forked"; }
+
+} // namespace
+
+#define EXPECT_RUN_OK(res) EXPECT_TRUE((res).ok()) << (res).detail
+
+// Direct reduce: below the streaming threshold, with single copy on (auto) and off.
+class CollDirectReduce : public ::testing::TestWithParam<std::tuple<int, Launch, bool>> {};
+TEST_P(CollDirectReduce, MatchesReference) {
+    int n = std::get<0>(GetParam());
+    Launch how = std::get<1>(GetParam());
+    bool cma = std::get<2>(GetParam());
+    Expect expect = EXPECT_NOTHING;
+    if (cma && (how == Launch::Threads || cma_between_processes())) expect = EXPECT_DIRECT_REDUCE;
+    EXPECT_RUN_OK(run_path_cases(how, n, big_cases(n), {cma ? "-1" : "0", nullptr}, expect));
+}
+INSTANTIATE_TEST_SUITE_P(Coll, CollDirectReduce,
+                         ::testing::Combine(::testing::Values(2, 3, 8),
+                                            ::testing::Values(Launch::Threads, Launch::Forked),
+                                            ::testing::Bool()),
+                         [](const auto &info) {
+                             return std::to_string(std::get<0>(info.param)) + "ranks_" +
+                                    launch_word(std::get<1>(info.param)) +
+                                    (std::get<2>(info.param) ? "_cma" : "_nocma");
+                         });
+
+// Streamed output: the threshold lowered to 512 KiB so that every case streams (the smallest,
+// reduce-scatter on 5 ranks, writes 800 KiB); nothing may go direct on a reduce step then.
+class CollStreamed : public ::testing::TestWithParam<std::tuple<int, Launch, bool>> {};
+TEST_P(CollStreamed, MatchesReference) {
+    int n = std::get<0>(GetParam());
+    Launch how = std::get<1>(GetParam());
+    bool cma = std::get<2>(GetParam());
+    EXPECT_RUN_OK(
+        run_path_cases(how, n, big_cases(n), {cma ? "-1" : "0", "524288"}, EXPECT_STREAMED));
+}
+INSTANTIATE_TEST_SUITE_P(Coll, CollStreamed,
+                         ::testing::Combine(::testing::Values(2, 5),
+                                            ::testing::Values(Launch::Threads, Launch::Forked),
+                                            ::testing::Bool()),
+                         [](const auto &info) {
+                             return std::to_string(std::get<0>(info.param)) + "ranks_" +
+                                    launch_word(std::get<1>(info.param)) +
+                                    (std::get<2>(info.param) ? "_cma" : "_nocma");
+                         });
