@@ -17,9 +17,9 @@
  *
  * Own contribution: rank 0 starts the fold with rk_prepare(out, in). A rank r > 0 adds pre(in) at
  * position r with rk_reduce(out, in, out); in place, the fold has overwritten `in` by then, so the
- * input is first copied into the engine's scratch buffer (one op at a time uses it: the queue
- * head; another op gets its own). In place, the fold also waits until every send has copied the
- * input out. Supported when the message fits one chunk and n <= COLL_ONESHOT_MAX_RANKS.
+ * input is first copied into the engine's scratch buffer (one op at a time uses it: the queue head,
+ * which also grows it; another op gets its own). In place, the fold also waits until every send has
+ * copied the input out. Supported when the message fits one chunk and n <= COLL_ONESHOT_MAX_RANKS.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -56,18 +56,6 @@ static ncclResult_t oneshot_setup(coll_op_t *op) {
         r->bytes = bytes;
         r->buf = op->recvbuff;
     }
-    /* In place, a rank > 0 needs a copy of its input (see the file comment): make sure the
-     * engine's buffer is large enough now, not on the progress path. */
-    struct coll_engine *e = op->engine;
-    if (me > 0 && op->sendbuff == op->recvbuff && e->oneshot_scratch_bytes < bytes) {
-        void *p = realloc(e->oneshot_scratch, bytes);
-        if (p == NULL) {
-            WARN("allreduce: out of memory for a %zu-byte one-shot buffer", bytes);
-            return ncclSystemError;
-        }
-        e->oneshot_scratch = p;
-        e->oneshot_scratch_bytes = bytes;
-    }
     return ncclSuccess;
 }
 
@@ -79,7 +67,21 @@ static ncclResult_t oneshot_start(coll_op_t *op) {
     const char *in = op->sendbuff;
     if (me > 0 && op->sendbuff == op->recvbuff) {
         void *copy;
-        if (e->head == op && e->oneshot_scratch_bytes >= bytes) {
+        if (e->head == op) {
+            /* Only the queue head uses the engine's buffer, and only from here on the progress
+             * path: growing it at setup instead would move it under a head op still folding
+             * from it (an async op enqueued behind a running one). Grows once, to the largest
+             * one-shot size seen. */
+            if (e->oneshot_scratch_bytes < bytes) {
+                void *p = realloc(e->oneshot_scratch, bytes);
+                if (p == NULL) {
+                    WARN("allreduce #%llu: out of memory for a %zu-byte one-shot buffer",
+                         (unsigned long long)op->seq, bytes);
+                    return ncclSystemError;
+                }
+                e->oneshot_scratch = p;
+                e->oneshot_scratch_bytes = bytes;
+            }
             copy = e->oneshot_scratch;
         } else {
             /* Not the only one-shot op in flight (group, async): a buffer of its own. */

@@ -3,7 +3,8 @@
 // checks against the reference:
 //   - every rank ends with bitwise identical results (the fold runs in rank order on every
 //     rank), on inputs whose float sum depends on the order of the additions;
-//   - several one-shot ops in flight at once (a group, in place) each keep their own input copy;
+//   - several one-shot ops in flight at once (a group, in place; async ops queued behind a running
+//     one) each keep their own input copy;
 //   - a rank that dies while its peers wait in small all-reduces gives each survivor an error
 //     naming the op and the dead rank, before the deadline.
 #include <gtest/gtest.h>
@@ -18,6 +19,7 @@
 #include <thread>
 #include <vector>
 
+#include "chorus.h"
 #include "launch.h"
 #include "nccl.h"
 
@@ -119,6 +121,57 @@ TEST(CollOneshot, GroupInPlace) {
     oneshot_env_clear();
     EXPECT_TRUE(res.ok()) << res.detail;
 }
+
+// Async in-place one-shot all-reduces of growing sizes, issued back to back while the first is
+// still waiting for a slow rank 0: the later ops are queued behind a running head op that folds
+// from the engine's input copy, so queuing them must not move that copy (a regression: growing it
+// at enqueue freed the buffer under the running op, and replicas in the DDP layer diverged).
+class CollOneshotAsync : public ::testing::TestWithParam<int> {};
+TEST_P(CollOneshotAsync, GrowingInPlaceBehindARunningOp) {
+    const int n = GetParam(), nops = 8, rounds = 30;
+    oneshot_env("oneshot");
+    ncclUniqueId id = chorus_test::make_unique_id();
+    auto res = chorus_test::run_forked(n, [&](int rank, int nr) -> int {
+        ncclComm_t comm;
+        RANK_NCCL(ncclCommInitRank(&comm, nr, id, rank));
+        for (int r = 0; r < rounds; r++) {
+            std::vector<std::vector<int32_t>> bufs(nops);
+            for (int o = 0; o < nops; o++) {
+                bufs[o].resize((size_t)4 << o); // 16 B .. 2 KiB
+                for (size_t i = 0; i < bufs[o].size(); i++)
+                    bufs[o][i] = (int32_t)(rank * 1000003 + r * 10007 + o * 101 + (int)i);
+            }
+            if (rank == 0) usleep(2000); // the others' first op waits for rank 0
+            std::vector<chorusRequest_t> reqs;
+            int first_done = 0;
+            for (int o = 0; o < nops; o++) {
+                chorusRequest_t req;
+                RANK_NCCL(chorusAllReduceAsync(bufs[o].data(), bufs[o].data(), bufs[o].size(),
+                                               ncclInt32, ncclSum, comm, &req));
+                // Drive the first op once, so it is running (its input copied, its sends out)
+                // before the larger ones are queued behind it.
+                if (o == 0) RANK_NCCL(chorusTest(req, &first_done));
+                if (o > 0 || !first_done) reqs.push_back(req);
+            }
+            // Allocations after the enqueues reuse whatever memory was freed meanwhile.
+            std::vector<std::vector<int32_t>> noise(nops, std::vector<int32_t>(1024, -1));
+            RANK_NCCL(chorusWaitAll((int)reqs.size(), reqs.data()));
+            for (int o = 0; o < nops; o++)
+                for (size_t i = 0; i < bufs[o].size(); i++) {
+                    int32_t want = 0;
+                    for (int q = 0; q < nr; q++)
+                        want += (int32_t)(q * 1000003 + r * 10007 + o * 101 + (int)i);
+                    RANK_CHECK(bufs[o][i] == want, "rank %d round %d op %d element %zu: %d, want %d",
+                               rank, r, o, i, bufs[o][i], want);
+                }
+        }
+        RANK_NCCL(ncclCommDestroy(comm));
+        return 0;
+    });
+    oneshot_env_clear();
+    EXPECT_TRUE(res.ok()) << res.detail;
+}
+INSTANTIATE_TEST_SUITE_P(Coll, CollOneshotAsync, ::testing::Values(2, 3));
 
 // Forked ranks: the same checks as the sweep at a rank count it does not fork (5), in place and
 // out of place, with the tuner's own choice (one-shot at this size).
