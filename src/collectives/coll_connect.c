@@ -11,10 +11,20 @@
  * connection is named by its pair (lo, hi) and its direction; each rank sets its connections up in
  * increasing (lo, hi, direction) order. Both ends of a connection use the same key, and the keys
  * are totally ordered, so the smallest pending connection always has both ends ready: no deadlock.
+ *
+ * Which connections a collective uses depends on the algorithm, and the algorithm on the op's
+ * size: ranks that disagree on the very first op (one calls a small all-reduce, the other a large
+ * one) would each wait in setup for a connection the other never makes, until the deadline. So on
+ * communicators of up to COLL_CONNECT_ALL_MAX_RANKS ranks, the first collective connects the whole
+ * set any collective may use (the rings and every point-to-point pair, both directions): every
+ * rank makes the same connections whatever op it called, and a disagreement then meets the data
+ * path's header checks (ncclInvalidUsage naming both sides). Larger communicators connect what
+ * each op needs (n - 1 pairs per rank would cost a segment or socket each).
  */
 #include <stdlib.h>
 #include <string.h>
 
+#include "bootstrap.h"
 #include "check.h"
 #include "coll_engine.h"
 #include "comm.h"
@@ -23,6 +33,7 @@
 
 #define COLL_TAG_RING 0x52490000 /* same as the core's CORE_TAG_RING (eager connect) */
 #define COLL_TAG_P2P 0x50320000  /* + lo * nranks + hi, direction from the transport's role */
+#define COLL_CONNECT_ALL_MAX_RANKS COLL_ONESHOT_MAX_RANKS
 
 ncclResult_t coll_connect_rings(struct ncclComm *comm) {
     if (comm->nranks == 1) return ncclSuccess;
@@ -91,13 +102,32 @@ ncclResult_t coll_connect_p2p(struct ncclComm *comm, const uint8_t *send_peers,
 /* Set up everything the ops need, then compute their schedules. Runs in the thread that owns
  * the communicator's bootstrap for the moment (the caller, or a group connect thread). */
 ncclResult_t coll_engine_connect(struct ncclComm *comm, coll_op_t **ops, int nops) {
-    int need_ring = 0;
-    for (int i = 0; i < nops; i++) need_ring |= ops[i]->uses_ring;
-    if (need_ring && !comm->engine->rings_connected) {
-        CHECK(coll_connect_rings(comm));
-        comm->engine->rings_connected = 1;
-    }
+    struct coll_engine *e = comm->engine;
     int n = comm->nranks;
+    int need_ring = 0, any_coll = 0;
+    for (int i = 0; i < nops; i++) {
+        need_ring |= ops[i]->uses_ring;
+        any_coll |= ops[i]->coll != COLL_SEND && ops[i]->coll != COLL_RECV;
+    }
+    if (any_coll && !e->coll_set_connected && n > 1 && n <= COLL_CONNECT_ALL_MAX_RANKS) {
+        /* The whole collective set at once (see the file comment). */
+        uint8_t all[2 * COLL_CONNECT_ALL_MAX_RANKS];
+        memset(all, 1, sizeof(all));
+        if (!e->rings_connected) CHECK(coll_connect_rings(comm));
+        e->rings_connected = 1;
+        CHECK(coll_connect_p2p(comm, all, all));
+        /* Nobody starts moving data before every rank has its connections: a rank that finished
+         * early and then failed the op (a mismatch) would abort under peers still connecting,
+         * which would then report a setup failure instead of the mismatch. Once per comm. */
+        CHECK(bootstrap_barrier(comm->bs));
+        e->coll_set_connected = 1;
+        INFO(SUB_COLL, "rank %d: rings and all %d point-to-point pairs connected", comm->rank,
+             n - 1);
+    }
+    if (need_ring && !e->rings_connected) {
+        CHECK(coll_connect_rings(comm));
+        e->rings_connected = 1;
+    }
     uint8_t *want = NULL;
     for (int i = 0; i < nops; i++) {
         CHECK(ops[i]->algo->setup(ops[i]));

@@ -121,7 +121,11 @@ static void engine_drain_sends(struct ncclComm *comm) {
     for (int i = 0; i < comm->nchannels + n; i++) {
         chorus_conn_t *conn = i < comm->nchannels ? &comm->channels[i].send
                                                   : (comm->p2p_send ? comm->p2p_send[i - comm->nchannels] : NULL);
-        if (conn == NULL || conn->ops == NULL) continue;
+        /* Not connected: nothing was committed on it, and a connection another thread is still
+         * setting up (ncclCommAbort runs this while a blocked call may be inside its setup) must
+         * not be touched. Aborting: nothing waits for peers. */
+        if (conn == NULL || !__atomic_load_n(&conn->connected, __ATOMIC_ACQUIRE)) continue;
+        if (__atomic_load_n(&comm->abort_flag, __ATOMIC_ACQUIRE)) return;
         while (1) {
             int done = 0;
             if (conn->ops->progress(conn) != ncclSuccess) break;

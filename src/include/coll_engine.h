@@ -199,6 +199,7 @@ struct coll_engine {
     uint64_t *p2p_send_issued, *p2p_send_served; /* [nranks] */
     uint64_t *p2p_recv_issued, *p2p_recv_served;
     int rings_connected;
+    int coll_set_connected; /* coll_connect.c: every connection a collective may use is up */
     int oversubscribed;   /* more ranks on this host than online CPUs: waits yield at once */
     volatile int broken;  /* ncclResult_t of the failure that broke the connections, 0 if none */
     char broken_text[COLL_ERR_TEXT];

@@ -176,7 +176,7 @@ ncclResult_t transport_connect(struct ncclComm *comm, chorus_conn_t *conn, int p
         goto err_close;
     }
     CHECK_GOTO(ops->connect(conn, theirs.blob, theirs.bytes), res, err_close);
-    conn->connected = 1;
+    __atomic_store_n(&conn->connected, 1, __ATOMIC_RELEASE); /* engine_drain_sends may look */
     transport_log_connected(comm, conn);
     return ncclSuccess;
 

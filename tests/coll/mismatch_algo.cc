@@ -61,11 +61,11 @@ std::string side_text(int kind, bool odd, size_t small, size_t big) {
 
 } // namespace
 
-class MismatchAlgo : public ::testing::TestWithParam<std::tuple<int, int, Launch>> {};
-TEST_P(MismatchAlgo, EveryRankFailsFast) {
-    const int n = std::get<0>(GetParam());
-    const int kind = std::get<1>(GetParam());
-    const Launch how = std::get<2>(GetParam());
+// n ranks, rank 1 calls the odd side of `kind`. warm: three collectives first, so every connection
+// exists and the ranks meet in the data path; otherwise the mismatched op is the communicator's
+// first and its connection setup must not hang either (src/collectives/coll_connect.c).
+static void expect_mismatch_fails_fast(int n, int kind, Launch how, bool warm) {
+    const std::string opno = warm ? "#3" : "#0";
     setenv("CHORUS_TIMEOUT", "30", 1);
     ncclResetDebugInit();
     ncclUniqueId id = chorus_test::make_unique_id();
@@ -76,15 +76,17 @@ TEST_P(MismatchAlgo, EveryRankFailsFast) {
             RANK_NCCL(ncclCommInitRank(&comm, nr, id, rank));
             const size_t small = 100, big = 1 << 20; // 400 B: recursive doubling; 4 MiB: ring
             std::vector<float> a(big * nr, 1.0f), b(big * nr, 0.0f);
-            // Warm-up (collectives #0..#2): every connection the mismatched ops need exists, so the
-            // ranks meet in the data path (see the report: a mismatch during lazy connection setup
-            // is not covered). All-to-all connects every p2p pair both ways.
-            RANK_NCCL(ncclAlltoAll(a.data(), b.data(), 1, ncclFloat32, comm, nullptr));
-            RANK_NCCL(
-                ncclAllReduce(a.data(), b.data(), small, ncclFloat32, ncclSum, comm, nullptr));
-            RANK_CHECK(b[0] == (float)nr, "warm-up small all-reduce: %f", b[0]);
-            RANK_NCCL(ncclAllReduce(a.data(), b.data(), big, ncclFloat32, ncclSum, comm, nullptr));
-            RANK_CHECK(b[big - 1] == (float)nr, "warm-up large all-reduce: %f", b[big - 1]);
+            if (warm) {
+                // Warm-up (collectives #0..#2): every connection exists. All-to-all connects every
+                // p2p pair both ways.
+                RANK_NCCL(ncclAlltoAll(a.data(), b.data(), 1, ncclFloat32, comm, nullptr));
+                RANK_NCCL(
+                    ncclAllReduce(a.data(), b.data(), small, ncclFloat32, ncclSum, comm, nullptr));
+                RANK_CHECK(b[0] == (float)nr, "warm-up small all-reduce: %f", b[0]);
+                RANK_NCCL(
+                    ncclAllReduce(a.data(), b.data(), big, ncclFloat32, ncclSum, comm, nullptr));
+                RANK_CHECK(b[big - 1] == (float)nr, "warm-up large all-reduce: %f", b[big - 1]);
+            }
 
             const bool odd = rank == 1;
             auto t0 = std::chrono::steady_clock::now();
@@ -143,9 +145,10 @@ TEST_P(MismatchAlgo, EveryRankFailsFast) {
                 std::string msg = ncclGetLastError(comm);
                 std::string odd_side = side_text(kind, true, small, big);
                 std::string even_side = side_text(kind, false, small, big);
-                RANK_CHECK(msg.find("#3") != std::string::npos, "rank %d: no op number in: %s",
-                           rank, msg.c_str());
-                // (The chain head's next op meets rank 0's header of #3 first: a sequence error.)
+                RANK_CHECK(msg.find(opno) != std::string::npos, "rank %d: no op number %s in: %s",
+                           rank, opno.c_str(), msg.c_str());
+                // (The chain head's next op meets rank 0's header of the mismatched op first: a
+                // sequence error.)
                 RANK_CHECK(head || (msg.find(odd_side) != std::string::npos &&
                                     msg.find(even_side) != std::string::npos),
                            "rank %d: message does not name both sides ('%s' and '%s'): %s", rank,
@@ -171,9 +174,34 @@ TEST_P(MismatchAlgo, EveryRankFailsFast) {
     EXPECT_TRUE(res.ok()) << res.detail;
 }
 
+class MismatchAlgo : public ::testing::TestWithParam<std::tuple<int, int, Launch>> {};
+TEST_P(MismatchAlgo, EveryRankFailsFast) {
+    expect_mismatch_fails_fast(std::get<0>(GetParam()), std::get<1>(GetParam()),
+                               std::get<2>(GetParam()), true);
+}
+
 INSTANTIATE_TEST_SUITE_P(Coll, MismatchAlgo,
                          ::testing::Combine(::testing::Values(2, 3, 4, 5),
                                             ::testing::Range(0, (int)K_NKINDS),
+                                            ::testing::Values(Launch::Threads, Launch::Forked)),
+                         [](const auto &info) {
+                             return std::to_string(std::get<0>(info.param)) + "ranks_" +
+                                    kind_name(std::get<1>(info.param)) + "_" +
+                                    chorus_test::launch_name(std::get<2>(info.param));
+                         });
+
+// The mismatched collective is the communicator's first: the ranks would connect different sets
+// (rings against p2p pairs). Collectives only: a send or receive against a collective as the very
+// first op still waits in connection setup until CHORUS_TIMEOUT.
+class MismatchFirstOp : public ::testing::TestWithParam<std::tuple<int, int, Launch>> {};
+TEST_P(MismatchFirstOp, EveryRankFailsFast) {
+    expect_mismatch_fails_fast(std::get<0>(GetParam()), std::get<1>(GetParam()),
+                               std::get<2>(GetParam()), false);
+}
+
+INSTANTIATE_TEST_SUITE_P(Coll, MismatchFirstOp,
+                         ::testing::Combine(::testing::Values(2, 3, 5),
+                                            ::testing::Range(0, (int)K_RECV),
                                             ::testing::Values(Launch::Threads, Launch::Forked)),
                          [](const auto &info) {
                              return std::to_string(std::get<0>(info.param)) + "ranks_" +
