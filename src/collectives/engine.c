@@ -296,8 +296,10 @@ void coll_op_fail(coll_op_t *op, ncclResult_t res, const char *fmt, ...) {
     vsnprintf(op->fail_text, sizeof(op->fail_text), fmt, ap);
     va_end(ap);
     WARN("%s", op->fail_text);
-    memcpy(op->cause_text, op->fail_text, sizeof(op->cause_text));
-    op->cause_rank = comm->rank;
+    if (!op->cause_text[0]) { /* else a peer's reason that this failure passes on */
+        memcpy(op->cause_text, op->fail_text, sizeof(op->cause_text));
+        op->cause_rank = comm->rank;
+    }
     op->failing = 1;
     op->result = res;
     /* Drain for at most 10 s: long enough for the failure to go round, short enough that a
@@ -310,6 +312,8 @@ void coll_op_fail(coll_op_t *op, ncclResult_t res, const char *fmt, ...) {
     if (!e->broken) {
         e->broken = res;
         snprintf(e->broken_text, sizeof(e->broken_text), "%s", op->fail_text);
+        memcpy(e->broken_cause_text, op->cause_text, sizeof(e->broken_cause_text));
+        e->broken_cause_rank = op->cause_rank;
     }
     comm_set_async_error(comm, res);
 }

@@ -205,8 +205,8 @@ static void mm_spread_locked(struct coll_engine *e) {
     }
     /* Carry the first rank's reason on, as the failure protocol does. */
     ncclResult_t res = (ncclResult_t)e->broken;
-    int rank = comm->rank;
-    const char *text = e->broken_text;
+    int rank = e->broken_cause_rank;
+    const char *text = e->broken_cause_text;
     for (coll_op_t *q = e->head; q; q = q->next) {
         if (q->failing && q->cause_text[0]) {
             rank = q->cause_rank;

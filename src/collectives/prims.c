@@ -207,12 +207,15 @@ static ncclResult_t prim_bad_chunk(coll_op_t *op, coll_use_t *u, const void *dat
         text[sizeof(text) - 1] = 0;
         u->err_done = 1;
         u->conn->ops->recv_release(u->conn);
+        /* Pass the first rank's reason on unchanged, not a growing chain of reports (set before
+         * coll_op_fail, which keeps a cause already there and hands it to the engine). */
+        if (!op->failing && !op->done) {
+            memcpy(op->cause_text, text, sizeof(op->cause_text));
+            op->cause_rank = ec->rank;
+        }
         coll_op_fail(op, (ncclResult_t)ec->result, "%s #%llu failed on rank %d: rank %d (%s) reported: %s",
                      coll_kind_name(op->coll), (unsigned long long)op->seq, op->comm->rank,
                      ec->rank, peer_host(op->comm, ec->rank), text);
-        /* Pass the first rank's reason on unchanged, not a growing chain of reports. */
-        memcpy(op->cause_text, text, sizeof(op->cause_text));
-        op->cause_rank = ec->rank;
         return (ncclResult_t)ec->result;
     }
     coll_op_fail(op, ncclInvalidUsage,

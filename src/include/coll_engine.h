@@ -203,6 +203,8 @@ struct coll_engine {
     int oversubscribed;   /* more ranks on this host than online CPUs: waits yield at once */
     volatile int broken;  /* ncclResult_t of the failure that broke the connections, 0 if none */
     char broken_text[COLL_ERR_TEXT];
+    char broken_cause_text[COLL_ERR_TEXT]; /* the first rank's reason, what error chunks carry */
+    int broken_cause_rank;
     /* progress thread */
     pthread_t thread;
     int thread_started;

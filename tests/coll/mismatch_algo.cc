@@ -147,6 +147,14 @@ static void expect_mismatch_fails_fast(int n, int kind, Launch how, bool warm) {
                 std::string even_side = side_text(kind, false, small, big);
                 RANK_CHECK(msg.find(opno) != std::string::npos, "rank %d: no op number %s in: %s",
                            rank, opno.c_str(), msg.c_str());
+                // A forwarded failure names the first rank's reason once, never a chain of
+                // reports (which would cut the reason off at the error chunk's text size).
+                size_t reports = 0;
+                for (size_t at = msg.find("reported:"); at != std::string::npos;
+                     at = msg.find("reported:", at + 1))
+                    reports++;
+                RANK_CHECK(reports <= 1, "rank %d: a chain of %zu reports: %s", rank, reports,
+                           msg.c_str());
                 // (The chain head's next op meets rank 0's header of the mismatched op first: a
                 // sequence error.)
                 RANK_CHECK(head || (msg.find(odd_side) != std::string::npos &&
