@@ -4,10 +4,13 @@
     python3 perf/compare/compare.py [--np 2] [--colls allreduce,allgather,reducescatter]
         [--minbytes 8] [--maxbytes 16M] [--factor 4] [--iters 10] [--warmup 2] [--repeats 5]
         [--build build] [--out perf/compare/results] [--no-mpi] [--no-gloo]
+        [--no-chorus-tcp] [--no-mpi-tcp] [--before OTHER_BUILD]
 
 What runs (host memory, float32 sum, np ranks as processes on this machine):
   chorus-shm   build/bin/<coll>_perf through chorusrun, CHORUS_TRANSPORT=shm
   chorus-tcp   the same with CHORUS_TRANSPORT=tcp (loopback sockets)
+  chorus-shm-before  with --before DIR: chorus-shm from another build (its lib/ first in
+               LD_LIBRARY_PATH), for before/after tables from one run
   mpi-shm      perf/compare/mpi_bench.c (compiled here with mpicc), mpirun --mca btl vader,self
   mpi-tcp      the same with --mca btl tcp,self
   gloo         perf/compare/gloo_bench.py, torch.distributed's gloo backend (/usr/bin/python3)
@@ -39,8 +42,9 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 COLLS = {"allreduce": "all_reduce", "allgather": "all_gather", "reducescatter": "reduce_scatter"}
-LIBS = ["chorus-shm", "chorus-tcp", "mpi-shm", "mpi-tcp", "gloo"]
-RATIOS = [("chorus-shm", "mpi-shm"), ("chorus-tcp", "mpi-tcp"), ("chorus-tcp", "gloo"),
+LIBS = ["chorus-shm", "chorus-shm-before", "chorus-tcp", "mpi-shm", "mpi-tcp", "gloo"]
+RATIOS = [("chorus-shm", "mpi-shm"), ("chorus-shm-before", "mpi-shm"),
+          ("chorus-shm", "chorus-shm-before"), ("chorus-tcp", "mpi-tcp"), ("chorus-tcp", "gloo"),
           ("chorus-shm", "gloo")]
 
 
@@ -106,20 +110,25 @@ def chorus_launcher(build):
     return [os.path.join(REPO, "perf", "launch_local.sh"), "-t", "600"]
 
 
-def run_chorus(a, res, lib, transport):
+def run_chorus(a, res, lib, transport, build=None):
+    """build: another build directory (--before), whose lib/ goes first in LD_LIBRARY_PATH so
+    its binaries load its own libnccl.so.2 rather than the one their RUNPATH names."""
     for coll in a.colls:
-        binary = os.path.join(a.build, "bin", f"{COLLS[coll]}_perf")
+        binary = os.path.join(build or a.build, "bin", f"{COLLS[coll]}_perf")
         if not os.access(binary, os.X_OK):
             res.set_status(lib, coll, f"{binary} not built")
             continue
         with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as tf:
             jpath = tf.name
-        cmd = chorus_launcher(a.build) + [str(a.np), binary, "-b", str(a.minbytes), "-e",
+        cmd = chorus_launcher(build or a.build) + [str(a.np), binary, "-b", str(a.minbytes), "-e",
                                           str(a.maxbytes), "-f", str(a.factor), "-n",
                                           str(a.iters), "-w", str(a.warmup), "-c", "1", "-N",
                                           str(a.repeats), "-m", "host", "-J", jpath]
         env = dict(kv.split("=", 1) for kv in a.chorus_env)
         env["CHORUS_TRANSPORT"] = transport
+        if build:
+            env["LD_LIBRARY_PATH"] = os.path.join(build, "lib") + ":" + \
+                os.environ.get("LD_LIBRARY_PATH", "")
         rc, out, err = run(cmd, env=env, timeout=a.timeout)
         for line in out.splitlines():
             if "nccl-library=" in line:
@@ -172,6 +181,8 @@ def parse_lines(a, res, lib, coll_default, text):
 
 def run_mpi(a, res, exe):
     for lib, btl in (("mpi-shm", "vader,self"), ("mpi-tcp", "tcp,self")):
+        if lib == "mpi-tcp" and a.no_mpi_tcp:
+            continue
         for coll in a.colls:
             cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(a.np),
                    "--mca", "btl", btl, exe, coll, str(a.minbytes), str(a.maxbytes),
@@ -308,6 +319,10 @@ def main():
     p.add_argument("--no-mpi", action="store_true")
     p.add_argument("--no-gloo", action="store_true")
     p.add_argument("--no-chorus-tcp", action="store_true")
+    p.add_argument("--no-mpi-tcp", action="store_true", help="Open MPI over shared memory only")
+    p.add_argument("--before", metavar="BUILD",
+                   help="also run the Chorus shm column from this build (e.g. a copy of the build "
+                        "taken before a change), as chorus-shm-before, in the same run")
     a = p.parse_args()
     a.colls = [c.strip() for c in a.colls.split(",") if c.strip()]
     for c in a.colls:
@@ -327,6 +342,8 @@ def main():
     started = datetime.datetime.now(datetime.timezone.utc)
     load0 = os.getloadavg()[0]
     run_chorus(a, res, "chorus-shm", "shm")
+    if a.before:
+        run_chorus(a, res, "chorus-shm-before", "shm", os.path.abspath(a.before))
     if not a.no_chorus_tcp:
         run_chorus(a, res, "chorus-tcp", "tcp")
     if a.no_mpi:

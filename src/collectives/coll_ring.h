@@ -10,7 +10,10 @@
  *  - up to CHORUS_STREAM_THRESHOLD (half the last-level cache): everything fits in cache, so the
  *    fewest passes over memory win: pure copies (and, with CHORUS_DIRECT_REDUCE=1, reduce inputs)
  *    go direct (single copy) where the transport allows and CHORUS_RING_DIRECT says it pays
- *    (coll_ring_direct: always between threads, between processes from 4 MiB);
+ *    (coll_ring_direct: always between threads, between processes from 4 MiB). Over shared
+ *    memory with up to 4 ranks the tuner gives all-reduce 128 KiB chunks here instead of whole
+ *    slots (op->tune_chunk_bytes, CHORUS_SHM_RING_CHUNK; tuner.c has the measurements): several
+ *    loops pipeline, and such chunks stay below the single-copy threshold, in the slots;
  *  - above it, DRAM traffic decides. Every chunk then goes through the slots in chunks of
  *    CHORUS_STREAM_CHUNK, so the slots of a connection (nslots x chunk) stay in cache and the
  *    copies into and out of them cost no DRAM traffic, and the final output is written with
@@ -41,6 +44,9 @@ int coll_ring_stream(size_t bytes);
 /* Whether channel c's chunks may go direct (single copy) at all (CHORUS_RING_DIRECT); streamed
  * ops never do. */
 int coll_ring_direct(const coll_op_t *op, int c);
+/* How many ops the tuner gave the shared-memory ring chunk (tuner.c, CHORUS_SHM_RING_CHUNK), in
+ * this process since it started; for tests. */
+void coll_tuner_shm_chunk_stats(uint64_t *ops_p);
 /* Fold channel states into the algorithm's progress answer (see coll_algo_t.progress). */
 int coll_ring_answer(const coll_op_t *op, int moved);
 

@@ -11,17 +11,21 @@
  * to the default choice), optionally per collective: "allreduce:ll,broadcast:ring". A forced
  * algorithm that cannot run the op (ll on a message larger than one chunk) falls back with an
  * INFO line.
- * INFO TUNING/COLL says what was chosen and why.
+ * INFO TUNING/COLL says what was chosen and why. Rings whose every edge is TCP also get their
+ * own chunk size and copy choices (the TCP rings section, CHORUS_SOCKET_RING_TUNE).
  *
  * The model (for ncclGroupSimulateEnd): time = steps * latency + traffic / bandwidth with
  * per-transport constants.
  */
+#include <stdatomic.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 #include <strings.h>
 
 #include "check.h"
 #include "coll_engine.h"
+#include "coll_ring.h"
 #include "comm.h"
 #include "log.h"
 #include "param.h"
@@ -101,6 +105,128 @@ static int tuner_edge_is_tcp(struct ncclComm *comm) {
     return comm->net_class;
 }
 
+/* ---- TCP rings ------------------------------------------------------------------------------
+ * Ops whose rings run over TCP only get their own chunk and copy choices (CHORUS_SOCKET_RING_TUNE
+ * bits; measurements in the TUNER_TCP_DEFAULT comment). They apply only where every ring edge of
+ * every rank is TCP, decided alike on every rank (both ends of a connection must agree on every
+ * chunk's size, and only TCP slots have room past a power-of-two payload): this rank reaches every
+ * peer over TCP, and either no two ranks share a host (so nobody has a shared-memory edge) or
+ * CHORUS_TRANSPORT forces tcp for everybody. */
+enum {
+    TUNER_TCP_CHUNK = 1,         /* power-of-two payloads (conn->chunk_room holds the header) */
+    TUNER_TCP_DIRECT = 2,        /* single copy for copy steps at every size */
+    TUNER_TCP_DIRECT_REDUCE = 4, /* ... and for reduce steps */
+    TUNER_TCP_NO_STREAM = 8,     /* never the streamed mode */
+};
+/* Measured with perf/compare/ab_cpu.py (2 ranks over loopback on the loaded 2-core VM, configs
+ * interleaved, 3 rounds, p50 per call min..median, and CPU time per op of both ranks), all bits
+ * off -> the default:
+ *   1 MiB  603-647 -> 395-411 us (CPU 1.06-1.14 -> 0.75-0.96 ms): one loop instead of a 512 KiB
+ *          loop and a 128-byte one, and no copies into or out of the slots but the header chunk;
+ *   4 MiB  2.22-2.24 -> 1.76-1.97 ms;  16 MiB 8.0-8.9 -> 6.2-6.7 ms;  64 MiB 31-37 -> 24-25 ms.
+ * The streamed mode (through the slots, streaming stores) is what single copy beats from 16 MiB:
+ * it measured 8.5-9.1 ms at 16 MiB and 32-36 ms at 64 MiB against 6.7-6.9 and 26 ms single copy.
+ * Chunks starting at multiples of 512 KiB of the buffers measured slower with single copy
+ * (9.1-11.9 ms at 16 MiB, 41 ms at 64 MiB), hence TUNER_TCP_CHUNK_SKEW. */
+#define TUNER_TCP_DEFAULT (TUNER_TCP_CHUNK | TUNER_TCP_DIRECT | TUNER_TCP_DIRECT_REDUCE | \
+                           TUNER_TCP_NO_STREAM)
+/* The other ring schedules (all-gather, reduce-scatter, broadcast, reduce) keep the default
+ * chunk: their loops have one step per block, so a sliver loop costs one small message, and the
+ * power-of-two chunk measured slower for them at 1 MiB (all-gather 2 ranks 626-1053 us against
+ * 243-325, reduce-scatter 679-1001 against 261-288; the cause is not understood yet); single
+ * copy and no streaming pay there too (16 MiB: all-gather 7.6 -> 5.4 ms, reduce-scatter
+ * 6.8 -> 4.6 ms). */
+#define TUNER_TCP_DEFAULT_OTHER (TUNER_TCP_DIRECT | TUNER_TCP_DIRECT_REDUCE | TUNER_TCP_NO_STREAM)
+
+/* Past the power of two: loops of a power-of-two op never leave a sliver (see above), and chunks
+ * do not start at multiples of 512 KiB of the buffers (which measured slower with single copy). */
+#define TUNER_TCP_CHUNK_SKEW 64
+
+static int tuner_tcp_rings(struct ncclComm *comm) {
+    if (comm->tcp_rings) return comm->tcp_rings == 2;
+    int all = comm->nranks > 1 && comm->edge_transport != NULL && comm->peers != NULL;
+    for (int p = 0; all && p < comm->nranks; p++) {
+        const chorus_transport_ops_t *t = comm->edge_transport[p];
+        if (p != comm->rank && (t == NULL || strcmp(t->name, "tcp") != 0)) all = 0;
+    }
+    const char *forced = chorus_param_str(PARAM_TRANSPORT);
+    if (all && !(forced && strcasecmp(forced, "tcp") == 0)) {
+        /* Setup-time and once per communicator: the quadratic scan stays off the op path. */
+        for (int p = 0; all && p < comm->nranks; p++)
+            for (int q = p + 1; all && q < comm->nranks; q++)
+                if (comm->peers[p].host_hash == comm->peers[q].host_hash) all = 0;
+    }
+    comm->tcp_rings = all ? 2 : 1;
+    return all;
+}
+
+static void tuner_tune_tcp(coll_op_t *op) {
+    int64_t bits = chorus_param_int(PARAM_SOCKET_RING_TUNE);
+    if (bits < 0) bits = op->coll == COLL_ALLREDUCE ? TUNER_TCP_DEFAULT : TUNER_TCP_DEFAULT_OTHER;
+    if (bits & TUNER_TCP_CHUNK) {
+        /* The largest power of two that fits a slot, as connect.c sizes the slots. */
+        int64_t nslots = chorus_param_int(PARAM_NSLOTS);
+        int64_t slot = chorus_param_int(PARAM_BUFFSIZE) / (nslots > 0 ? nslots : 1);
+        size_t chunk = 64;
+        while (chunk * 2 <= (size_t)slot) chunk *= 2;
+        op->tune_chunk_bytes = chunk + TUNER_TCP_CHUNK_SKEW;
+    }
+    op->tune_direct = (bits & TUNER_TCP_DIRECT) != 0;
+    op->tune_direct_reduce = (bits & TUNER_TCP_DIRECT_REDUCE) != 0;
+    op->tune_no_stream = (bits & TUNER_TCP_NO_STREAM) != 0;
+}
+
+/* ---- shared-memory rings, large sizes --------------------------------------------------------
+ * A ring all-reduce over shared memory below the streaming threshold (coll_ring.h) moves chunks
+ * of CHORUS_SHM_RING_CHUNK bytes instead of whole slots (512 KiB with the default NCCL_BUFFSIZE):
+ * with 2 ranks an op of a few slots is then a pipeline of several loops, so one rank reduces
+ * chunk k while its peer fills chunk k+1, and a chunk (written by one core, read by the other)
+ * stays in the 512 KiB L2. Measured with perf/compare/ab_cpu.py (2 processes, configs
+ * interleaved, 3 rounds, p50 per call min / median; smaller chunks emulated with NCCL_BUFFSIZE):
+ *   chunk      1 MiB       4 MiB       8 MiB
+ *   512 KiB    114 / 134   500 / 533   1359 / 1364 us  (4 MiB up: single copy, the default)
+ *   256 KiB    102 / 107   390 / 398   1114 / 1185
+ *   128 KiB     98 / 105   366 / 366    965 / 987
+ *    64 KiB    117 / 129   349 / 377    975 / 980
+ * and in a second run 512 KiB -> 128 KiB: 512 KiB 93 -> 85, 2 MiB 318 -> 253, 4 MiB 658 -> 498 us
+ * (threads of one process: even to 2x better). Chunks below CHORUS_SHM_CMA_THRESHOLD go through
+ * the slots, which measured faster than single copy here. With 3 and 4 ranks (oversubscribed on
+ * 2 cores; 5 and 3 rounds, whole slot -> 128 KiB, median): 4 ranks 1 MiB 456 -> 330, 4 MiB
+ * 2531 -> 1469, 8 MiB 5246 -> 3661 us; 3 ranks 4 MiB 2350 -> 1330, 8 MiB 6040 -> 4410 us. With 8
+ * ranks it was mixed (4 MiB 11.8 -> 10.1 ms, 8 MiB 23.9 -> 26.8 ms), so from 5 ranks it stays
+ * with the whole slot. Streamed ops keep their own chunk (CHORUS_STREAM_CHUNK). Every rank
+ * computes the same from the op's size and the communicator, as both ends of a connection must
+ * agree on every chunk. */
+#define TUNER_SHM_RING_CHUNK ((size_t)128 << 10)
+#define TUNER_SHM_RING_CHUNK_MAX_RANKS 4
+
+static _Atomic uint64_t tuner_stat_shm_chunk; /* ops that got the shm ring chunk (tests) */
+
+void coll_tuner_shm_chunk_stats(uint64_t *ops_p) {
+    *ops_p = atomic_load_explicit(&tuner_stat_shm_chunk, memory_order_relaxed);
+}
+
+static void tuner_tune_shm(coll_op_t *op) {
+    if (op->coll != COLL_ALLREDUCE) return;
+    int64_t want = chorus_param_int(PARAM_SHM_RING_CHUNK);
+    /* Single copy asked for explicitly (CHORUS_RING_DIRECT=1, CHORUS_DIRECT_REDUCE=1) wants whole
+     * slots: chunks below the single-copy threshold would never go direct. */
+    if (want < 0 &&
+        (chorus_param_int(PARAM_RING_DIRECT) > 0 || chorus_param_int(PARAM_DIRECT_REDUCE) > 0))
+        return;
+    if (want < 0)
+        want = op->comm->nranks <= TUNER_SHM_RING_CHUNK_MAX_RANKS ? (int64_t)TUNER_SHM_RING_CHUNK
+                                                                  : 0;
+    if (want < 64 || coll_ring_stream(op->count * op->esize)) return;
+    /* It must fit a slot with the op header, as connect.c sizes the slots (shm has no room past
+     * slot_bytes); otherwise the whole slot it is. */
+    int64_t nslots = chorus_param_int(PARAM_NSLOTS);
+    int64_t slot = chorus_param_int(PARAM_BUFFSIZE) / (nslots > 0 ? nslots : 1) / 64 * 64;
+    if (want + COLL_HDR_BYTES > slot) return;
+    op->tune_chunk_bytes = (size_t)want;
+    atomic_fetch_add_explicit(&tuner_stat_shm_chunk, 1, memory_order_relaxed);
+}
+
 static size_t tuner_ll_threshold(struct ncclComm *comm) {
     int64_t t = chorus_param_int(PARAM_LL_THRESHOLD);
     if (t >= 0) return (size_t)t;
@@ -166,9 +292,14 @@ ncclResult_t coll_tuner_pick(coll_op_t *op) {
     }
     op->algo = pick;
     op->uses_ring = pick->id == COLL_ALGO_RING && comm->nranks > 1;
-    INFO(SUB_TUNING | SUB_COLL, "%s: %zu bytes, %d ranks, %s -> algorithm %s (%s)",
+    if (op->uses_ring && tuner_tcp_rings(comm)) tuner_tune_tcp(op);
+    else if (op->uses_ring && !tuner_edge_is_tcp(comm)) tuner_tune_shm(op);
+    INFO(SUB_TUNING | SUB_COLL, "%s: %zu bytes, %d ranks, %s -> algorithm %s (%s)%s",
          coll_kind_name(op->coll), bytes, comm->nranks, tuner_edge_is_tcp(comm) ? "tcp" : "shm",
-         pick->name, why);
+         pick->name, why,
+         op->tune_direct                ? ", tcp ring tuning"
+         : op->tune_chunk_bytes         ? ", shm ring chunk"
+                                        : "");
     return ncclSuccess;
 }
 

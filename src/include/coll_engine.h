@@ -132,6 +132,13 @@ typedef struct coll_op {
     size_t chunk_elems;
     int stream; /* output far larger than the cache: streaming stores, chunks through the slots
                  * (coll_ring_plan) */
+    /* What the tuner chose for this op beyond the algorithm (tuner.c; all zero: the schedule's
+     * defaults). Every rank makes the same choice for the same op, since both ends of a
+     * connection must agree on every chunk's size. */
+    size_t tune_chunk_bytes; /* ring chunk payload (must fit slot_bytes + chunk_room) */
+    int tune_direct;         /* 1: single copy wherever the connection allows (RING_DIRECT=-1) */
+    int tune_direct_reduce;  /* 1: reduce steps go single copy too (as DIRECT_REDUCE=1) */
+    int tune_no_stream;      /* 1: never the streamed mode (coll_ring.h) */
 
     /* point-to-point transfers */
     int nxfer;

@@ -43,6 +43,7 @@ PARAM(SOCKET_RECV_NTHREADS, INT, -1, 0, "TCP helper threads on the receiving end
 PARAM(SOCKET_MIN_SPLIT, INT, 65536, 0, "smallest TCP piece when a chunk is split across sockets")
 PARAM(SOCKET_BUFFSIZE, INT, 0, 0, "TCP data socket SO_SNDBUF/SO_RCVBUF bytes (0: kernel autotuning)")
 PARAM(SOCKET_DIRECT_THRESHOLD, INT, 262144, 0, "bytes from which TCP sends from and receives into user buffers, skipping the slots (0: never)")
+PARAM(SOCKET_RING_TUNE, INT, -1, 0, "choices for rings whose every edge is TCP, a bit mask: 1 power-of-two chunks, 2 single copy for copy steps, 4 single copy for reduce steps too, 8 never the streamed mode (-1: the measured defaults, 15 for all-reduce and 14 for the other ring collectives; 0: as shared memory; tuner.c)")
 /* topology */
 PARAM(TOPO_FILE, STR, NULL, 1, "hwloc XML file to load instead of discovering the machine")
 PARAM(RING_ORDER, STR, NULL, 0, "comma-separated rank order that overrides the ring search")
@@ -57,6 +58,7 @@ PARAM(RING_DIRECT, INT, -1, 0, "single copy (the transport's direct path) in rin
 PARAM(DIRECT_REDUCE, INT, 0, 0, "1: reduce steps of large chunks go single copy too where RING_DIRECT allows (the receiver pulls the data into a cache-sized buffer and reduces from there); 0: through the slots")
 PARAM(STREAM_THRESHOLD, INT, -1, 0, "bytes of a collective from which its final output is written with streaming stores (-1: half the last-level cache, at least 16 MiB; 0: never)")
 PARAM(STREAM_CHUNK, INT, 262144, 0, "bytes per chunk of a ring collective whose output is streamed (see STREAM_THRESHOLD): its chunks go through the slots, and nslots x this many bytes stay in cache")
+PARAM(SHM_RING_CHUNK, INT, -1, 0, "bytes per chunk of ring all-reduce over shared memory below STREAM_THRESHOLD (-1: the tuner's choice, 128 KiB up to 4 ranks, whole slots where RING_DIRECT=1 or DIRECT_REDUCE=1 ask for single copy; 0: a whole slot)")
 PARAM(SPIN, INT, 16, 0, "polls before a wait yields (50 ms), then sleeps 1 us..1 ms")
 PARAM(PROGRESS_THREAD, INT, 1, 0, "1: a progress thread drives async ops while the caller computes")
 /* communicator config overrides (NCCL's names) */

@@ -81,6 +81,10 @@ struct chorus_conn {
      * size from which the direct path pays off (CHORUS_SHM_CMA_THRESHOLD for shm). */
     int direct;
     size_t direct_threshold;
+    /* Set by connect(): bytes a committed chunk may carry beyond slot_bytes (0 for most
+     * transports). TCP keeps room for the collectives' op header past a full power-of-two
+     * payload, so the tuner can give TCP rings power-of-two chunks (tuner.c). */
+    size_t chunk_room;
 };
 
 /* registry.c */

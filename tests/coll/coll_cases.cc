@@ -40,19 +40,7 @@ chorus_test::RunResult run_cases(chorus_test::Launch how, int nranks, const std:
     ncclUniqueId id = chorus_test::make_unique_id();
     auto res = chorus_test::run_ranks(
         how, nranks,
-        [&](int rank, int n) -> int {
-            ncclComm_t comm;
-            RANK_NCCL(init_comm(&comm, n, id, rank));
-            int failed = 0;
-            for (const Case &c : cases) {
-                if (run_case(comm, rank, n, c)) {
-                    failed = 1;
-                    break;
-                }
-            }
-            RANK_NCCL(ncclCommDestroy(comm));
-            return failed;
-        },
+        [&](int rank, int n) -> int { return run_cases_on_new_comm(id, rank, n, cases); },
         timeout_s);
     unsetenv("CHORUS_ALGO");
     unsetenv("CHORUS_TRANSPORT");
@@ -159,6 +147,21 @@ int run_case(ncclComm_t comm, int rank, int n, const Case &c) {
         if (outbuf[i] != 0xa5) return fail_case(rank, n, c, "wrote past the end of the output");
     if (reduces && c.op == T_PREMUL) ncclRedOpDestroy(op, comm);
     return 0;
+}
+
+int run_cases_on_new_comm(const ncclUniqueId &id, int rank, int nranks,
+                          const std::vector<Case> &cases) {
+    ncclComm_t comm;
+    RANK_NCCL(init_comm(&comm, nranks, id, rank));
+    int failed = 0;
+    for (const Case &c : cases) {
+        if (run_case(comm, rank, nranks, c)) {
+            failed = 1;
+            break;
+        }
+    }
+    RANK_NCCL(ncclCommDestroy(comm));
+    return failed;
 }
 
 } // namespace coll_test

@@ -37,4 +37,9 @@ chorus_test::RunResult run_cases(chorus_test::Launch how, int nranks, const std:
 // One case on an existing communicator; returns 0 or prints why and returns 1.
 int run_case(ncclComm_t comm, int rank, int nranks, const Case &c);
 
+// One rank's part of a run: a communicator from id, the cases in order until one fails, destroy.
+// Returns 0 or prints why and returns 1.
+int run_cases_on_new_comm(const ncclUniqueId &id, int rank, int nranks,
+                          const std::vector<Case> &cases);
+
 } // namespace coll_test

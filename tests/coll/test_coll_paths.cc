@@ -74,16 +74,7 @@ chorus_test::RunResult run_path_cases(Launch how, int nranks, const std::vector<
         [&](int rank, int n) -> int {
             uint64_t s0, r0, t0, s1, r1, t1;
             prim_path_stats(&s0, &r0, &t0);
-            ncclComm_t comm;
-            RANK_NCCL(init_comm(&comm, n, id, rank));
-            int failed = 0;
-            for (const Case &c : cases) {
-                if (run_case(comm, rank, n, c)) {
-                    failed = 1;
-                    break;
-                }
-            }
-            RANK_NCCL(ncclCommDestroy(comm));
+            int failed = run_cases_on_new_comm(id, rank, n, cases);
             prim_path_stats(&s1, &r1, &t1);
             if (!failed && expect == EXPECT_DIRECT_REDUCE && (s1 == s0 || r1 == r0)) {
                 fprintf(stderr, "rank %d: no reduce chunk went direct (sent %llu, received %llu)\n",

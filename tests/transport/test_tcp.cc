@@ -6,7 +6,8 @@
 // the fixture's pattern. Variants cover threads and forked ranks, 2 to 8 ranks in a ring (both
 // directions at once for 2), helper threads or caller-driven sockets, several sockets per thread
 // and small split sizes (so chunks are cut into many pieces), and small slots (many chunks in
-// flight); receivers with helper threads (the default) or reading inline
+// flight); chunks that fill the room TCP keeps past slot_bytes (and one past it, refused);
+// receivers with helper threads (the default) or reading inline
 // (CHORUS_SOCKET_RECV_NTHREADS=0), and every case checks the helper counts it asked for. Failure
 // cases: stray clients with a wrong secret, a wrong connection id or no handshake at all are
 // refused while the real sender connects; a socket shut down mid-transfer and a peer killed with
@@ -35,6 +36,14 @@ extern "C" {
 using namespace chorus_test;
 
 namespace {
+
+// Chunks fill slot_bytes + conn->chunk_room (the room TCP keeps past slot_bytes for the
+// collectives' op header after a power-of-two payload) instead of slot_bytes.
+bool g_fill_room = false;
+
+size_t chunk_limit(const chorus_conn_t *conn) {
+    return conn->slot_bytes + (g_fill_room ? conn->chunk_room : 0);
+}
 
 // One direction of traffic: a list of messages, each cut into chunks of at most slot_bytes.
 struct Stream {
@@ -89,7 +98,7 @@ int send_step(Stream &s, ncclResult_t *res_p) {
         return 1;
     }
     size_t n = s.sizes[s.msg] - s.off;
-    if (n > s.conn->slot_bytes) n = s.conn->slot_bytes;
+    if (n > chunk_limit(s.conn)) n = chunk_limit(s.conn);
     pattern_fill(slot, pattern_seed(s.src, s.dst, s.msg), s.off, n);
     r = s.conn->ops->send_commit(s.conn, n);
     if (r != ncclSuccess) {
@@ -117,7 +126,7 @@ int recv_step(Stream &s, ncclResult_t *res_p) {
     }
     if (!ready) return 0;
     size_t n = s.sizes[s.msg] - s.off;
-    if (n > s.conn->slot_bytes) n = s.conn->slot_bytes;
+    if (n > chunk_limit(s.conn)) n = chunk_limit(s.conn);
     if (data == nullptr && s.off == 0 && bytes == s.sizes[s.msg]) {
         // A direct chunk: the whole message, read from the socket into our buffer.
         n = bytes;
@@ -231,6 +240,9 @@ int ring_rank(const chorus_unique_id_t &id, int rank, int nranks, size_t max_byt
     RANK_CHECK(sc.ops == &tcp_transport_ops && rc.ops == &tcp_transport_ops,
                "transport is %s/%s, expected tcp", sc.ops->name, rc.ops->name);
     RANK_CHECK(strncmp(sc.desc, "TCP/", 4) == 0, "desc %s", sc.desc);
+    RANK_CHECK(sc.chunk_room == TCP_SLOT_ROOM && rc.chunk_room == TCP_SLOT_ROOM,
+               "chunk room: send %zu, receive %zu, expected %d", sc.chunk_room, rc.chunk_room,
+               TCP_SLOT_ROOM);
     {
         // The helper threads each end runs: the sender's from SOCKET_NTHREADS, the receiver's
         // from SOCKET_RECV_NTHREADS (-1, the default: as SOCKET_NTHREADS; 0: the caller reads
@@ -379,6 +391,86 @@ TEST(TcpUnit, SplitCoversChunk) {
             }
         }
     }
+}
+
+// ---- slot room -----------------------------------------------------------------------------
+
+// Chunks of slot_bytes + chunk_room (what a collective's first chunk of a power-of-two payload
+// and its 64-byte op header need), every byte checked, through the slots and direct, with and
+// without receive helpers, small and default slots.
+struct RoomCase {
+    Launch how;
+    const char *nthreads, *recv_threads, *buffsize;
+    bool direct;
+};
+
+class TcpSlotRoom : public testing::TestWithParam<RoomCase> {};
+
+TEST_P(TcpSlotRoom, ChunksFillSlotPlusRoom) {
+    const RoomCase &c = GetParam();
+    g_fill_room = true;
+    expect_tcp_ring(c.how, 2, c.nthreads, "1", c.recv_threads, nullptr, c.buffsize, 16u << 20,
+                    c.direct);
+    g_fill_room = false;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Tcp, TcpSlotRoom,
+    testing::Values(RoomCase{Launch::Threads, "1", "-1", "4194304", false},
+                    RoomCase{Launch::Forked, "1", "-1", "4194304", true},
+                    RoomCase{Launch::Forked, "1", "0", "65536", false},
+                    RoomCase{Launch::Threads, "0", "-1", "65536", false}),
+    [](const testing::TestParamInfo<RoomCase> &i) {
+        const RoomCase &c = i.param;
+        return std::string(launch_name(c.how)) + "_t" + c.nthreads + "_recv" +
+               (c.recv_threads[0] == '-' ? "default" : c.recv_threads) + "_buf" + c.buffsize +
+               (c.direct ? "_direct" : "");
+    });
+
+// A commit past slot_bytes + chunk_room is refused (ncclInternalError) without touching the
+// connection, which then carries a full chunk of slot_bytes + chunk_room and a small one.
+int oversize_rank(const chorus_unique_id_t &id, int rank, int nranks) {
+    ncclComm *comm = nullptr;
+    RANK_NCCL(transport_comm_init(id, rank, nranks, &comm));
+    chorus_conn_t conn;
+    RANK_NCCL(transport_connect(comm, &conn, 1 - rank, rank == 0, -1, 300));
+    RANK_CHECK(conn.chunk_room == TCP_SLOT_ROOM, "chunk room %zu", conn.chunk_room);
+    Stream s;
+    s.conn = &conn;
+    s.src = 0;
+    s.dst = 1;
+    s.sizes = {conn.slot_bytes + conn.chunk_room, 3};
+    if (rank == 0) {
+        void *slot = nullptr;
+        int ready = 0;
+        chorus_waiter_t w;
+        chorus_waiter_init(&w, &comm->abort_flag);
+        while (!ready) {
+            RANK_NCCL(conn.ops->send_acquire(&conn, &slot, &ready));
+            if (!ready) RANK_NCCL(chorus_waiter_step(&w));
+        }
+        ncclResult_t r = conn.ops->send_commit(&conn, conn.slot_bytes + conn.chunk_room + 1);
+        RANK_CHECK(r == ncclInternalError, "oversize commit returned %s",
+                   ncclGetErrorString(r));
+    }
+    ncclResult_t r = rank == 0 ? run_streams(comm, &s, nullptr) : run_streams(comm, nullptr, &s);
+    RANK_CHECK(r == ncclSuccess, "transfer failed: %s", chorus_log_last_error());
+    RANK_NCCL(bootstrap_barrier(comm->bs));
+    transport_close(&conn);
+    RANK_NCCL(bootstrap_barrier(comm->bs));
+    transport_comm_free(comm);
+    return 0;
+}
+
+TEST(TcpSlotRoomLimit, OversizeCommitRefused) {
+    ScopedEnv env("CHORUS_TRANSPORT", "tcp");
+    env.set("CHORUS_TIMEOUT", "60");
+    g_fill_room = true;
+    chorus_unique_id_t id = transport_make_id();
+    RunResult res = run_threads(
+        2, [&](int rank, int n) { return oversize_rank(id, rank, n); }, 120);
+    g_fill_room = false;
+    EXPECT_TRUE(res.ok()) << res.detail;
 }
 
 // ---- stray connections ----------------------------------------------------------------------

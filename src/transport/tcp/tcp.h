@@ -6,7 +6,7 @@
  * and presents, on each, a handshake with the communicator's secret, its rank, the connection id
  * and the socket index. Wrong handshakes are closed; the right ones are acknowledged.
  *
- * Data path. Both ends keep nslots slots of slot_bytes in local memory. The sender commits step s
+ * Data path. Both ends keep nslots slots of slot_bytes (+ TCP_SLOT_ROOM) in local memory. The sender commits step s
  * into slot s % nslots; its chunk is cut into up to nsocks pieces (each >= SOCKET_MIN_SPLIT) that
  * go, each behind a small header (step, total, offset, len), on sockets (s + j) % nsocks. A socket
  * is driven by one thread at a time, whoever holds its try-lock: the caller inside the data-path
@@ -50,6 +50,11 @@
 #define TCP_MAX_THREADS 16
 #define TCP_STAGE_BYTES 4096 /* receive staging for headers and small payloads, per socket */
 #define TCP_PIECE_ALIGN 4096 /* piece boundaries inside a chunk */
+/* Room past slot_bytes in every slot: a chunk may carry a full power-of-two payload of slot_bytes
+ * plus the collectives' 64-byte op header (conn->chunk_room), so a 1 MiB all-reduce of 2 ranks
+ * is one loop of 512 KiB blocks instead of a full loop and a 128-byte one (one more round of
+ * message latencies). 4096 keeps every slot page-aligned. */
+#define TCP_SLOT_ROOM 4096
 /* A helper leaves its sockets to the caller while the caller polled them this recently, and
  * naps this long before it looks again. */
 #define TCP_CALLER_ACTIVE_NS 50000
@@ -152,6 +157,7 @@ typedef struct tcp_conn {
     int rank, peer;
     int nslots;
     size_t slot_bytes;
+    size_t slot_cap; /* bytes a chunk may hold: slot_bytes + TCP_SLOT_ROOM; also the stride */
     char *slots;
     size_t min_split;
     char peer_str[80]; /* "10.0.0.2:4711" */
@@ -190,6 +196,10 @@ typedef struct tcp_conn {
     int error;                       /* ncclResult_t, first failure wins */
     int warned;
 } tcp_conn_t;
+
+static inline char *tcp_slot_ptr(const tcp_conn_t *tc, int slot) {
+    return tc->slots + (size_t)slot * tc->slot_cap;
+}
 
 /* tcp_socket.c */
 const char *tcp_addr_str(const chorus_sockaddr_t *a, char *buf, int len);

@@ -74,7 +74,7 @@ static ncclResult_t tcp_send_acquire(chorus_conn_t *conn, void **slot_p, int *re
         tcp_send_reclaim(tc);
         if (tc->head - tc->sent >= (uint64_t)tc->nslots) return ncclSuccess;
     }
-    *slot_p = tc->slots + (size_t)(tc->head % (uint64_t)tc->nslots) * tc->slot_bytes;
+    *slot_p = tcp_slot_ptr(tc, (int)(tc->head % (uint64_t)tc->nslots));
     *ready_p = 1;
     return ncclSuccess;
 }
@@ -82,9 +82,9 @@ static ncclResult_t tcp_send_acquire(chorus_conn_t *conn, void **slot_p, int *re
 static ncclResult_t tcp_send_commit(chorus_conn_t *conn, size_t bytes) {
     tcp_conn_t *tc = conn->priv;
     CHECK(tcp_check_error(tc));
-    if (bytes > tc->slot_bytes || tc->head - tc->sent >= (uint64_t)tc->nslots) {
+    if (bytes > tc->slot_cap || tc->head - tc->sent >= (uint64_t)tc->nslots) {
         WARN("tcp: commit of %zu bytes to rank %d does not fit (slot %zu bytes, %llu in flight)",
-             bytes, tc->peer, tc->slot_bytes, (unsigned long long)(tc->head - tc->sent));
+             bytes, tc->peer, tc->slot_cap, (unsigned long long)(tc->head - tc->sent));
         return ncclInternalError;
     }
     uint64_t step = tc->head;
@@ -176,7 +176,7 @@ static ncclResult_t tcp_recv_peek(chorus_conn_t *conn, const void **data_p, size
         }
     }
     /* A complete step is delivered even if the connection failed after it arrived. */
-    *data_p = tc->slot_direct[slot] ? NULL : tc->slots + (size_t)slot * tc->slot_bytes;
+    *data_p = tc->slot_direct[slot] ? NULL : tcp_slot_ptr(tc, slot);
     *bytes_p = tc->slot_rsize[slot];
     *ready_p = 1;
     return ncclSuccess;
@@ -192,7 +192,7 @@ static ncclResult_t tcp_recv_copy(chorus_conn_t *conn, void *dst, size_t bytes) 
         return ncclInternalError;
     }
     if (tc->slot_direct[slot]) return tcp_recv_direct(tc, slot, dst, bytes);
-    memcpy(dst, tc->slots + (size_t)slot * tc->slot_bytes, bytes);
+    memcpy(dst, tcp_slot_ptr(tc, slot), bytes);
     return ncclSuccess;
 }
 

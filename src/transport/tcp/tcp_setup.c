@@ -56,13 +56,14 @@ static ncclResult_t tcp_conn_alloc(chorus_conn_t *conn, tcp_conn_t **tc_p) {
         conn->slot_bytes &= ~(size_t)63;
         if (conn->slot_bytes == 0) conn->slot_bytes = 64;
     }
-    if (conn->slot_bytes > UINT32_MAX) {
+    if (conn->slot_bytes > UINT32_MAX - TCP_SLOT_ROOM) {
         WARN("tcp: slot of %zu bytes is too large (limit 4 GiB)", conn->slot_bytes);
         free(tc);
         return ncclInvalidArgument;
     }
     tc->nslots = conn->nslots;
     tc->slot_bytes = conn->slot_bytes;
+    tc->slot_cap = conn->slot_bytes + TCP_SLOT_ROOM;
     int64_t split = chorus_param_int(PARAM_SOCKET_MIN_SPLIT);
     tc->min_split = split > 0 ? (size_t)split : 65536;
     /* The sender's helpers push what the kernel could not take while the caller is elsewhere.
@@ -72,7 +73,12 @@ static ncclResult_t tcp_conn_alloc(chorus_conn_t *conn, tcp_conn_t **tc_p) {
      * per rank): on a quiet machine it only adds thread switches (17-22 per op with it, 0.4
      * without, 20-30% less time per op without); with other processes competing for the cores
      * the rank with a helper sleeping in poll() got the CPU back sooner and was 1.5-3x faster.
-     * So SOCKET_RECV_NTHREADS defaults to -1: as many as SOCKET_NTHREADS. */
+     * So SOCKET_RECV_NTHREADS defaults to -1: as many as SOCKET_NTHREADS. Re-measured once TCP
+     * rings sent every chunk direct (tuner.c), 2 ranks, loopback, perf/compare/ab_cpu.py: with
+     * the usual background load of the shared VM (load average 3-7) no receive helper was
+     * faster (1 MiB 263-315 vs 308-382 us, 4 MiB 1.03-1.06 vs 1.59-1.60 ms, 64 MiB 20-21 vs
+     * 23 ms); with two busy loops competing for the two cores the helpers won by 2x (1 MiB
+     * 3.8-4.3 vs 8.1-9.2 ms, 4 MiB 9-12 vs 23 ms). The default stays robust under contention. */
     int64_t nthreads = chorus_param_int(PARAM_SOCKET_NTHREADS);
     if (!tc->is_send) {
         int64_t recv_threads = chorus_param_int(PARAM_SOCKET_RECV_NTHREADS);
@@ -97,7 +103,7 @@ static ncclResult_t tcp_conn_alloc(chorus_conn_t *conn, tcp_conn_t **tc_p) {
 static ncclResult_t tcp_conn_alloc_data(tcp_conn_t *tc) {
     size_t n = (size_t)tc->nslots;
     if (tc->nthreads > tc->nsocks) tc->nthreads = tc->nsocks;
-    if (posix_memalign((void **)&tc->slots, 4096, n * tc->slot_bytes) != 0) tc->slots = NULL;
+    if (posix_memalign((void **)&tc->slots, 4096, n * tc->slot_cap) != 0) tc->slots = NULL;
     tc->slot_size = calloc(n, sizeof(uint32_t));
     tc->slot_npieces = calloc(n, sizeof(uint32_t));
     tc->slot_done = calloc(n, sizeof(uint32_t));
@@ -387,6 +393,7 @@ ncclResult_t tcp_connect(chorus_conn_t *conn, const void *peer_blob, size_t peer
                                      : chorus_param_int(PARAM_SOCKET_NTHREADS) > 0;
     conn->direct = send_helpers && direct > 0;
     conn->direct_threshold = direct > 0 ? (size_t)direct : 0;
+    conn->chunk_room = TCP_SLOT_ROOM;
     conn->connected = 1;
     INFO(SUB_NET | SUB_INIT, "tcp: %s rank %d (%s) via %s: %d sockets, %d threads, %d slots of %zu",
          conn->is_send ? "send to" : "receive from", tc->peer, tc->peer_str, conn->desc, tc->nsocks,

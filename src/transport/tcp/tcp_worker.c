@@ -131,7 +131,7 @@ int tcp_sock_send_pass(tcp_conn_t *tc, tcp_sock_t *s) {
                     s->hdr.offset = (uint32_t)off;
                     s->hdr.len = (uint32_t)len;
                     s->hdr.kind = src ? TCP_HDR_DIRECT : TCP_HDR_DATA;
-                    s->data = src ? src : tc->slots + (size_t)slot * tc->slot_bytes + off;
+                    s->data = src ? src : tcp_slot_ptr(tc, slot) + off;
                     s->hdr_done = s->data_done = 0;
                     s->busy = 1;
                     break;
@@ -217,7 +217,7 @@ int tcp_sock_recv_pass(tcp_conn_t *tc, tcp_sock_t *s) {
                 }
                 int bad = h->kind == TCP_HDR_DIRECT
                               ? h->len != h->total || h->offset != 0
-                              : h->kind != TCP_HDR_DATA || h->total > tc->slot_bytes ||
+                              : h->kind != TCP_HDR_DATA || h->total > tc->slot_cap ||
                                     h->len > h->total || (uint64_t)h->offset + h->len > h->total;
                 if (bad || h->step < s->rlast_step) {
                     tcp_conn_fail(tc, ncclRemoteError,
@@ -269,7 +269,7 @@ int tcp_sock_recv_pass(tcp_conn_t *tc, tcp_sock_t *s) {
         if (s->rstate == TCP_RX_DIRECT) return did | TCP_SOCK_IDLE;
         /* TCP_RX_DATA */
         int slot = (int)(s->rhdr.step % (uint64_t)tc->nslots);
-        char *dst = tc->slots + (size_t)slot * tc->slot_bytes + s->rhdr.offset;
+        char *dst = tcp_slot_ptr(tc, slot) + s->rhdr.offset;
         size_t avail = s->stage_len - s->stage_pos;
         if (avail > 0 && s->rdata_got < s->rhdr.len) {
             size_t n = s->rhdr.len - s->rdata_got;

@@ -1,0 +1,114 @@
+// test_coll_shm_chunk.cc: the shared-memory ring chunk of the tuner (tuner.c,
+// CHORUS_SHM_RING_CHUNK):
+// ring all-reduce over shared memory below the streaming threshold moves chunks smaller than a
+// slot (128 KiB up to 4 ranks by default), so an op runs as several loops, on more channels, and
+// its chunks stay below the single-copy threshold. Checked against the independent references of
+// coll_util.h, and checked to have really run (coll_tuner_shm_chunk_stats counts the ops that got
+// the chunk):
+//  - forced tiny chunks (4 KiB): every dtype x op, counts 1, 7, 1023 and 10007 (many loops and a
+//    ragged tail), in place and out of place, 2..5 ranks, threads and forked processes;
+//  - the default: on 2 and 4 ranks, sizes between the low-latency range and the streaming
+//    threshold get the chunk without any forcing; on 5 ranks they do not.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <string>
+
+#include "coll_cases.h"
+
+extern "C" void coll_tuner_shm_chunk_stats(uint64_t *ops_p);
+
+using namespace coll_test;
+using chorus_test::Launch;
+
+namespace {
+
+enum Expect { EXPECT_TUNED, EXPECT_UNTUNED };
+
+// Runs the cases on nranks ranks over shared memory; each rank then checks the counter of its
+// process (threads share one counter, so there it only has to move).
+chorus_test::RunResult run_chunk_cases(Launch how, int nranks, const std::vector<Case> &cases,
+                                       const char *chunk, const char *algo, Expect expect) {
+    if (chunk) setenv("CHORUS_SHM_RING_CHUNK", chunk, 1);
+    else unsetenv("CHORUS_SHM_RING_CHUNK");
+    if (algo) setenv("CHORUS_ALGO", algo, 1);
+    else unsetenv("CHORUS_ALGO");
+    setenv("CHORUS_TRANSPORT", "shm", 1);
+    ncclResetDebugInit();
+    ncclUniqueId id = chorus_test::make_unique_id();
+    auto res = chorus_test::run_ranks(
+        how, nranks,
+        [&](int rank, int n) -> int {
+            uint64_t t0, t1;
+            coll_tuner_shm_chunk_stats(&t0);
+            int failed = run_cases_on_new_comm(id, rank, n, cases);
+            coll_tuner_shm_chunk_stats(&t1);
+            if (!failed && expect == EXPECT_TUNED && t1 == t0) {
+                fprintf(stderr, "rank %d: no all-reduce got the shm ring chunk\n", rank);
+                failed = 1;
+            }
+            if (!failed && expect == EXPECT_UNTUNED && t1 != t0 && how == Launch::Forked) {
+                fprintf(stderr, "rank %d: %llu all-reduces got the shm ring chunk, expected none\n",
+                        rank, (unsigned long long)(t1 - t0));
+                failed = 1;
+            }
+            return failed;
+        },
+        240);
+    unsetenv("CHORUS_SHM_RING_CHUNK");
+    unsetenv("CHORUS_ALGO");
+    unsetenv("CHORUS_TRANSPORT");
+    ncclResetDebugInit();
+    return res;
+}
+
+std::vector<ncclDataType_t> all_types() {
+    return std::vector<ncclDataType_t>(kAllTypes, kAllTypes + 12);
+}
+
+std::string launch_word(Launch l) { return l == Launch::Threads ? "threads" : "forked"; }
+
+} // namespace
+
+#define EXPECT_RUN_OK(res) EXPECT_TRUE((res).ok()) << (res).detail
+
+// Forced 4 KiB chunks on the ring: every dtype and op, several loops per op.
+class CollShmChunkForced : public ::testing::TestWithParam<std::tuple<int, Launch>> {};
+TEST_P(CollShmChunkForced, MatchesReference) {
+    int n = std::get<0>(GetParam());
+    Launch how = std::get<1>(GetParam());
+    auto cases = cross({C_ALLREDUCE}, all_types(), {T_SUM, T_PROD, T_MAX, T_MIN, T_AVG, T_PREMUL},
+                       {1, 7, 1023, 10007});
+    EXPECT_RUN_OK(run_chunk_cases(how, n, cases, "4096", "ring", EXPECT_TUNED));
+}
+INSTANTIATE_TEST_SUITE_P(Coll, CollShmChunkForced,
+                         ::testing::Combine(::testing::Values(2, 3, 4, 5),
+                                            ::testing::Values(Launch::Threads, Launch::Forked)),
+                         [](const auto &info) {
+                             return std::to_string(std::get<0>(info.param)) + "ranks_" +
+                                    launch_word(std::get<1>(info.param));
+                         });
+
+// The default: up to 4 ranks get the chunk above the low-latency range (the tuner picks the ring)
+// and below the streaming threshold; 5 ranks do not. 300007 float32 elements are 1.2 MB: several
+// 128 KiB chunks per rank and channel, with a ragged tail.
+class CollShmChunkDefault : public ::testing::TestWithParam<std::tuple<int, Launch>> {};
+TEST_P(CollShmChunkDefault, MatchesReference) {
+    int n = std::get<0>(GetParam());
+    Launch how = std::get<1>(GetParam());
+    const size_t big = 300007;
+    auto cases = cross({C_ALLREDUCE}, {ncclFloat32}, {T_SUM, T_MAX, T_AVG, T_PREMUL}, {big});
+    for (auto &part : {cross({C_ALLREDUCE}, {ncclInt32}, {T_AVG, T_PROD}, {big}),
+                       cross({C_ALLREDUCE}, {ncclBfloat16, ncclFloat64, ncclInt8}, {T_SUM}, {big})})
+        cases.insert(cases.end(), part.begin(), part.end());
+    EXPECT_RUN_OK(run_chunk_cases(how, n, cases, nullptr, nullptr,
+                                  n <= 4 ? EXPECT_TUNED : EXPECT_UNTUNED));
+}
+INSTANTIATE_TEST_SUITE_P(Coll, CollShmChunkDefault,
+                         ::testing::Combine(::testing::Values(2, 4, 5),
+                                            ::testing::Values(Launch::Threads, Launch::Forked)),
+                         [](const auto &info) {
+                             return std::to_string(std::get<0>(info.param)) + "ranks_" +
+                                    launch_word(std::get<1>(info.param));
+                         });
