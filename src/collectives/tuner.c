@@ -3,8 +3,9 @@
  *
  * Candidates per collective: all-reduce has the ring, the low-latency recursive doubling ("ll")
  * and, between ranks of one host, the one-shot all-reduce ("oneshot": one message latency instead
- * of log2(n)); the others have one schedule each (ring/chain, or p2p for the transfer-based ones).
- * The choice for all-reduce is by size: up to ONESHOT_THRESHOLD bytes one-shot (shared memory
+ * of log2(n)); reduce-scatter has the ring and the one-shot reduce-scatter (same threshold, on its
+ * total input); the others have one schedule each (ring/chain, or p2p for the transfer-based
+ * ones). The choice for all-reduce is by size: up to ONESHOT_THRESHOLD bytes one-shot (shared memory
  * only, see DEFAULT_ONESHOT_*), below LL_THRESHOLD bytes (default from measurements on this
  * machine class: see DEFAULT_LL_*) recursive doubling, above it the ring. NCCL_ALGO /
  * CHORUS_ALGO override it: "ring", "ll", "oneshot" (also accepted: NCCL's "Tree"/"CollNet*" map
@@ -285,6 +286,25 @@ ncclResult_t coll_tuner_pick(coll_op_t *op) {
             } else {
                 why = "size above LL_THRESHOLD";
             }
+        }
+    } else if (op->coll == COLL_REDUCESCATTER) {
+        /* One-shot by the total input (what each rank reads and sends), like all-reduce's. */
+        size_t total = bytes * (size_t)comm->nranks;
+        if (forced && strcasecmp(forced, "oneshot") == 0) {
+            if (coll_algo_reducescatter_oneshot.supports(op)) {
+                pick = &coll_algo_reducescatter_oneshot;
+                why = "forced by NCCL_ALGO/CHORUS_ALGO";
+            } else {
+                why = "oneshot forced but a block is larger than one chunk or too many ranks";
+            }
+        } else if (forced && strcasecmp(forced, "ring") == 0) {
+            why = "forced by NCCL_ALGO/CHORUS_ALGO";
+        } else if (total <= tuner_oneshot_threshold(comm) &&
+                   coll_algo_reducescatter_oneshot.supports(op)) {
+            pick = &coll_algo_reducescatter_oneshot;
+            why = "input below ONESHOT_THRESHOLD";
+        } else {
+            why = "input above ONESHOT_THRESHOLD";
         }
     } else if (forced && strcasecmp(forced, "ring") != 0 && strcasecmp(forced, "ll") != 0 &&
                strcasecmp(forced, "oneshot") != 0) {

@@ -1,0 +1,136 @@
+/*
+ * reducescatter_oneshot.c: one-shot reduce-scatter for small messages between ranks of one host.
+ *
+ * Rank r sends pre(block p of its input) to every peer p over the point-to-point connections, and
+ * folds the blocks r it receives into recvbuff: acc = pre(own block), then acc = block_q (+) acc
+ * for q = 0, 1, ... n-1 (q != r) in rank order, whatever order they arrive in, then post() (the
+ * integer average's divide). The own block and the first peer's block fold in one pass. One message latency per op instead of the ring's n - 1 steps, and
+ * none of the ring's per-channel bookkeeping: the ring spends most of a small op there.
+ *
+ * In place (recvbuff == sendbuff + r * recvcount) the fold overwrites only this rank's own block,
+ * which no send reads, and the own block is the fold's first term: nothing needs copying. Each
+ * chunk goes through prim_step, so the first (and only) chunk on each connection carries the op
+ * header (mismatches fail with ncclInvalidUsage naming both sides), error chunks and dead peers are
+ * reported naming the rank, and the engine's waiter owns deadlines and aborts. Supported when a
+ * block fits one chunk and n <= COLL_ONESHOT_MAX_RANKS (the op's inline transfer array).
+ */
+#include <string.h>
+
+#include "check.h"
+#include "coll_engine.h"
+#include "comm.h"
+#include "core.h"
+
+static int rs_oneshot_supports(const coll_op_t *op) {
+    if (op->comm->nranks < 2) return 1;
+    if (op->comm->nranks > COLL_ONESHOT_MAX_RANKS) return 0;
+    return op->count <= prim_chunk_elems(NULL, op->esize);
+}
+
+/* Transfers: [0, n-1) sends (to r+1, r+2, ...: ranks do not all write to rank 0 first), then
+ * [n-1, 2n-2) receives in ascending peer order (the fold's order). */
+static ncclResult_t rs_oneshot_setup(coll_op_t *op) {
+    struct ncclComm *comm = op->comm;
+    const int n = comm->nranks, me = comm->rank;
+    if (n == 1) return ncclSuccess;
+    const size_t bytes = op->count * op->esize;
+    op->xfer = op->xfer_inline;
+    op->nxfer = 2 * (n - 1);
+    memset(op->xfer, 0, (size_t)op->nxfer * sizeof(coll_xfer_t));
+    for (int i = 0; i < n - 1; i++) {
+        coll_xfer_t *s = &op->xfer[i];
+        s->peer = (me + 1 + i) % n;
+        s->is_send = 1;
+        s->bytes = bytes;
+        s->buf = (char *)op->sendbuff + (size_t)s->peer * bytes;
+        coll_xfer_t *r = &op->xfer[n - 1 + i];
+        r->peer = i < me ? i : i + 1;
+        r->bytes = bytes;
+        r->buf = op->recvbuff;
+    }
+    return ncclSuccess;
+}
+
+static ncclResult_t rs_oneshot_progress(coll_op_t *op, int *done_p) {
+    struct coll_engine *e = op->engine;
+    struct ncclComm *comm = op->comm;
+    const int n = comm->nranks, me = comm->rank;
+    char *out = op->recvbuff;
+    const char *own = (const char *)op->sendbuff + (size_t)me * op->count * op->esize;
+    if (n == 1) {
+        rk_prepare(out, op->sendbuff, op->count, &op->redop);
+        if (op->redop.kind == RK_SUMDIV) rk_finish(out, out, op->count, &op->redop);
+        *done_p = 1;
+        return ncclSuccess;
+    }
+    int moved = 0, sends_done = 1;
+    for (int i = 0; i < n - 1; i++) {
+        coll_xfer_t *x = &op->xfer[i];
+        if (x->done) continue;
+        uint64_t *served = &e->p2p_send_served[x->peer];
+        if (*served != x->use.ticket) {
+            sends_done = 0;
+            continue;
+        }
+        x->started = 1;
+        coll_chunk_t cc = {0};
+        cc.kind = PRIM_PREP_SEND;
+        cc.in = x->buf;
+        cc.count = op->count;
+        int ok;
+        CHECK(prim_step(op, NULL, &x->use, &cc, &ok));
+        if (!ok) {
+            sends_done = 0;
+            continue;
+        }
+        x->done = 1;
+        (*served)++;
+        moved = 1;
+    }
+    /* op->round: 0 before the own block, then 1 + the number of peers folded in. The own block
+     * and the first peer's fold in one pass (out = pre(own) (+) block) unless the integer average
+     * with more than one peer, whose divide must wait for the last: then own is prepared alone. */
+    const int fuse = n == 2 || op->redop.kind != RK_SUMDIV;
+    while (op->round < n) {
+        const int first = op->round == 0;
+        if (first && !fuse) {
+            rk_prepare(out, own, op->count, &op->redop);
+            op->round = 1;
+            moved = 1;
+            continue;
+        }
+        coll_xfer_t *x = &op->xfer[n - 1 + (first ? 0 : op->round - 1)];
+        uint64_t *served = &e->p2p_recv_served[x->peer];
+        if (*served != x->use.ticket) break;
+        x->started = 1;
+        coll_chunk_t cc = {0};
+        cc.kind = first ? PRIM_RECV_REDUCE_COPY : PRIM_RECV_COMBINE;
+        cc.in = first ? own : out;
+        cc.dst = out;
+        cc.count = op->count;
+        int ok;
+        CHECK(prim_step(op, &x->use, NULL, &cc, &ok));
+        if (!ok) break;
+        x->done = 1;
+        (*served)++;
+        op->round += first ? 2 : 1;
+        moved = 1;
+    }
+    if (op->round == n && sends_done) {
+        /* With 2 ranks the fused fold (PRIM_RECV_REDUCE_COPY) already divided. */
+        if (op->redop.kind == RK_SUMDIV && n > 2) rk_finish(out, out, op->count, &op->redop);
+        *done_p = 1;
+        return ncclSuccess;
+    }
+    *done_p = moved ? 2 : 0;
+    return ncclSuccess;
+}
+
+const coll_algo_t coll_algo_reducescatter_oneshot = {
+    .name = "oneshot",
+    .coll = COLL_REDUCESCATTER,
+    .id = COLL_ALGO_ONESHOT,
+    .supports = rs_oneshot_supports,
+    .setup = rs_oneshot_setup,
+    .progress = rs_oneshot_progress,
+};
