@@ -444,6 +444,7 @@ ncclResult_t coll_engine_wait(coll_op_t **ops, int nops) {
     chorus_waiter_t w;
     int waiting = 0;
     uint32_t spin = 0;
+    uint64_t spin_ns = 0;
     ncclResult_t res = ncclSuccess;
     while (1) {
         int all = 1, progressed = 0;
@@ -466,8 +467,9 @@ ncclResult_t coll_engine_wait(coll_op_t **ops, int nops) {
         if (!waiting) {
             chorus_waiter_init(&w, NULL);
             for (int i = 0; i < nops; i++)
-                if (ops[i]->engine->oversubscribed) w.spin = 0;
+                if (ops[i]->engine->oversubscribed) chorus_waiter_no_spin(&w);
             spin = w.spin;
+            spin_ns = w.spin_ns;
             waiting = 1;
         }
         int aborted = 0;
@@ -501,6 +503,7 @@ ncclResult_t coll_engine_wait(coll_op_t **ops, int nops) {
         }
         chorus_waiter_init_timeout(&w, NULL, 5);
         w.spin = spin;
+        w.spin_ns = spin_ns;
     }
     /* Peers may wait on other connections than the failed op's: tell them all (mismatch.c),
      * before the WARN below (a transport's WARN about a dead peer must not be the last error). */
@@ -531,7 +534,10 @@ static void *engine_thread_main(void *arg) {
     /* The shared wait policy without a deadline that matters (the ops' waiters own deadlines). */
     chorus_waiter_t w;
     chorus_waiter_init_timeout(&w, NULL, 1e9);
-    if (e->oversubscribed) w.spin = 0;
+    /* No timed spin here: the caller computes on these cores meanwhile (DDP's backward), and a
+     * progress thread that polls for long takes the core from it. */
+    w.spin_ns = 0;
+    if (e->oversubscribed) chorus_waiter_no_spin(&w);
     while (1) {
         pthread_mutex_lock(&e->lock);
         if (!e->thread_stop && e->nasync == 0) chorus_waiter_progress(&w); /* a fresh wait next */

@@ -39,7 +39,7 @@ PARAM(SHM_CMA_COOP, INT, 1, 0, "1: the sender copies part of a large single-copy
 PARAM(SHM_CMA_BLOCK, INT, 1048576, 0, "bytes per block of a cooperative single-copy chunk; chunks of at least two blocks are shared")
 PARAM(SOCKET_NTHREADS, INT, 1, 1, "TCP helper threads per connection (0: the caller moves all data and must call progress)")
 PARAM(NSOCKS_PERTHREAD, INT, 1, 1, "TCP sockets per helper thread")
-PARAM(SOCKET_RECV_NTHREADS, INT, -1, 0, "TCP helper threads on the receiving end of a connection (-1: as SOCKET_NTHREADS; 0: the caller reads inline, the kernel buffers meanwhile)")
+PARAM(SOCKET_RECV_NTHREADS, INT, 0, 0, "TCP helper threads on the receiving end of a connection (0: the caller reads inline, the kernel buffers meanwhile; -1: as SOCKET_NTHREADS)")
 PARAM(SOCKET_MIN_SPLIT, INT, 65536, 0, "smallest TCP piece when a chunk is split across sockets")
 PARAM(SOCKET_BUFFSIZE, INT, 0, 0, "TCP data socket SO_SNDBUF/SO_RCVBUF bytes (0: kernel autotuning)")
 PARAM(SOCKET_DIRECT_THRESHOLD, INT, 262144, 0, "bytes from which TCP sends from and receives into user buffers, skipping the slots (0: never)")
@@ -60,6 +60,8 @@ PARAM(STREAM_THRESHOLD, INT, -1, 0, "bytes of a collective from which its final 
 PARAM(STREAM_CHUNK, INT, 262144, 0, "bytes per chunk of a ring collective whose output is streamed (see STREAM_THRESHOLD): its chunks go through the slots, and nslots x this many bytes stay in cache")
 PARAM(SHM_RING_CHUNK, INT, -1, 0, "bytes per chunk of ring all-reduce over shared memory below STREAM_THRESHOLD (-1: the tuner's choice, 128 KiB up to 4 ranks, whole slots where RING_DIRECT=1 or DIRECT_REDUCE=1 ask for single copy; 0: a whole slot)")
 PARAM(SPIN, INT, 16, 0, "polls before a wait yields (50 ms), then sleeps 1 us..1 ms")
+PARAM(YIELD_NS, INT, 50000000, 0, "nanoseconds a wait yields the CPU (sched_yield) after spinning, before it sleeps up to 1 ms; not oversubscribed, a thread whose yield lost the core for 0.5 ms sleeps instead (64 us at most) for 1 s")
+PARAM(SPIN_NS, INT, 50000, 0, "nanoseconds a wait keeps polling after its SPIN polls, before it yields or sleeps (0: none); not on oversubscribed hosts")
 PARAM(PROGRESS_THREAD, INT, 1, 0, "1: a progress thread drives async ops while the caller computes")
 /* communicator config overrides (NCCL's names) */
 PARAM(COMM_BLOCKING, INT, -1, 1, "override ncclConfig_t.blocking (0 or 1)")

@@ -1,11 +1,12 @@
 /*
  * waiter.h: the one way Chorus waits.
  *
- * Poll CHORUS_SPIN times (no PAUSE), then yield for up to 50 ms, then sleep with exponential
- * backoff (1 us to 1 ms, timer slack lowered to 1 us), so short waits stay short and 8 ranks on 2
- * cores make progress without livelock (src/core/waiter.c has the measurements). Callers that
- * know the host is oversubscribed set w.spin = 0 after init to yield at once. Every wait has a deadline (CHORUS_TIMEOUT) and checks an
- * abort flag. Usage:
+ * Poll CHORUS_SPIN times (no PAUSE), keep polling for CHORUS_SPIN_NS, then yield for up to 50 ms,
+ * then sleep with exponential backoff (1 us to 1 ms, timer slack lowered to 1 us), so short waits
+ * stay short and 8 ranks on 2 cores make progress without livelock (src/core/waiter.c has the
+ * measurements). Callers that know the host is oversubscribed call chorus_waiter_no_spin after
+ * init to yield at once. Every wait has a deadline (CHORUS_TIMEOUT) and checks an abort flag.
+ * Usage:
  *
  *   chorus_waiter_t w; chorus_waiter_init(&w, comm->abort_flag);
  *   while (!ready) { CHECK(chorus_waiter_step(&w)); }
@@ -24,7 +25,11 @@ typedef struct {
     uint32_t sleep_ns;
     volatile int *abort_flag; /* may be NULL */
     uint32_t spin;            /* polls before yielding: CHORUS_SPIN; a caller may lower it */
+    uint64_t spin_ns;         /* then polls for this long: CHORUS_SPIN_NS */
+    uint64_t spin_until_ns;   /* end of the timed spin phase (0: not in it) */
+    uint64_t yield_ns;        /* then yields for this long: CHORUS_YIELD_NS */
     uint64_t yield_until_ns;  /* end of the yield phase */
+    int yield_always;         /* 1: yield even when yields are slow (oversubscribed by peers) */
 } chorus_waiter_t;
 
 uint64_t chorus_now_ns(void);
@@ -38,6 +43,15 @@ void chorus_waiter_init_timeout(chorus_waiter_t *w, volatile int *abort_flag, do
  *   ncclSystemError   the deadline passed
  * It logs nothing: the caller knows what it waited for and WARNs with the rank and op. */
 ncclResult_t chorus_waiter_step(chorus_waiter_t *w);
+/* 1 while this thread's waits sleep instead of yielding (a recent yield lost the core for long
+ * to a task that is not a peer); tests and diagnostics. */
+int chorus_waiter_sleeps_instead_of_yield(void);
+/* No spinning at all (oversubscribed hosts): the first empty poll yields. */
+static inline void chorus_waiter_no_spin(chorus_waiter_t *w) {
+    w->spin = 0;
+    w->spin_ns = 0;
+    w->yield_always = 1;
+}
 /* Reset the backoff after progress was made (deadline unchanged). */
 static inline void chorus_waiter_progress(chorus_waiter_t *w) {
     w->polls = 0;

@@ -73,12 +73,16 @@ static ncclResult_t tcp_conn_alloc(chorus_conn_t *conn, tcp_conn_t **tc_p) {
      * per rank): on a quiet machine it only adds thread switches (17-22 per op with it, 0.4
      * without, 20-30% less time per op without); with other processes competing for the cores
      * the rank with a helper sleeping in poll() got the CPU back sooner and was 1.5-3x faster.
-     * So SOCKET_RECV_NTHREADS defaults to -1: as many as SOCKET_NTHREADS. Re-measured once TCP
+     * So SOCKET_RECV_NTHREADS defaulted to -1: as many as SOCKET_NTHREADS. Re-measured once TCP
      * rings sent every chunk direct (tuner.c), 2 ranks, loopback, perf/compare/ab_cpu.py: with
      * the usual background load of the shared VM (load average 3-7) no receive helper was
      * faster (1 MiB 263-315 vs 308-382 us, 4 MiB 1.03-1.06 vs 1.59-1.60 ms, 64 MiB 20-21 vs
      * 23 ms); with two busy loops competing for the two cores the helpers won by 2x (1 MiB
-     * 3.8-4.3 vs 8.1-9.2 ms, 4 MiB 9-12 vs 23 ms). The default stays robust under contention. */
+     * 3.8-4.3 vs 8.1-9.2 ms, 4 MiB 9-12 vs 23 ms). That was the waiter's sched_yield handing each
+ * busy loop its whole slice; since waits that lose the core that way sleep instead (waiter.c),
+ * inline reads were no slower with two busy loops either (1 MiB 0.82-1.03 ms vs 1.01-1.31 ms
+ * with helpers; it was 7.4-7.8 vs 5.8-6.5 before) and faster on a quiet machine (4 MiB
+ * 1.07-1.09 ms vs 1.59-1.62 ms), so the default is 0. */
     int64_t nthreads = chorus_param_int(PARAM_SOCKET_NTHREADS);
     if (!tc->is_send) {
         int64_t recv_threads = chorus_param_int(PARAM_SOCKET_RECV_NTHREADS);
