@@ -4,7 +4,7 @@
     python3 perf/compare/compare.py [--np 2] [--colls allreduce,allgather,reducescatter]
         [--minbytes 8] [--maxbytes 16M] [--factor 4] [--iters 10] [--warmup 2] [--repeats 5]
         [--build build] [--out perf/compare/results] [--no-mpi] [--no-gloo]
-        [--no-chorus-tcp] [--no-mpi-tcp] [--before OTHER_BUILD]
+        [--no-chorus-tcp] [--no-mpi-tcp] [--before OTHER_BUILD] [--busy N]
 
 What runs (host memory, float32 sum, np ranks as processes on this machine):
   chorus-shm   build/bin/<coll>_perf through chorusrun, CHORUS_TRANSPORT=shm
@@ -27,6 +27,10 @@ MPI and Gloo result is checked for correctness on the way (a wrong result is rep
 Writes <out>/latest.md (the tables, the command, the machine), <out>/latest.png (busbw against
 size, log-x, one line per library, one panel per collective; gnuplot) and <out>/latest.json (every
 sample). A peer that is missing (no mpicc, no python3-torch) is skipped and said so.
+
+--busy N runs N busy loops (plain `while :; do :; done` shells, default priority) for the whole
+run, alongside every library: the machine a trainer's data-loader workers or another job keep
+busy. Every library then shares the cores with the same load.
 """
 import argparse
 import datetime
@@ -320,6 +324,8 @@ def main():
     p.add_argument("--no-gloo", action="store_true")
     p.add_argument("--no-chorus-tcp", action="store_true")
     p.add_argument("--no-mpi-tcp", action="store_true", help="Open MPI over shared memory only")
+    p.add_argument("--busy", type=int, default=0, metavar="N",
+                   help="run N busy loops alongside every library (contended machine)")
     p.add_argument("--before", metavar="BUILD",
                    help="also run the Chorus shm column from this build (e.g. a copy of the build "
                         "taken before a change), as chorus-shm-before, in the same run")
@@ -341,6 +347,19 @@ def main():
     skipped = []
     started = datetime.datetime.now(datetime.timezone.utc)
     load0 = os.getloadavg()[0]
+    busy = [subprocess.Popen(["sh", "-c", "while :; do :; done"]) for _ in range(max(a.busy, 0))]
+    try:
+        run_all(a, res, skipped)
+    finally:
+        for b in busy:
+            b.kill()
+            b.wait()
+    for s in skipped:
+        log("skipped: " + s)
+    return write_outputs(a, res, skipped, started, load0)
+
+
+def run_all(a, res, skipped):
     run_chorus(a, res, "chorus-shm", "shm")
     if a.before:
         run_chorus(a, res, "chorus-shm-before", "shm", os.path.abspath(a.before))
@@ -370,9 +389,9 @@ def main():
         rc, out, err = run(["/usr/bin/python3", "-c", "import torch; print(torch.__version__)"])
         res.version["torch"] = out.strip()
         run_gloo(a, res)
-    for s in skipped:
-        log("skipped: " + s)
 
+
+def write_outputs(a, res, skipped, started, load0):
     libs = [lib for lib in LIBS if lib in res.samples or lib in res.status]
     png = os.path.join(a.out, "latest.png")
     plot_status = make_plot(a, res, libs, png)
@@ -388,7 +407,8 @@ def main():
           "microseconds; busbw in GB/s with nccl-tests' factors; ratio = Chorus busbw / peer "
           "busbw (>1: Chorus faster). Chorus: out-of-place, results checked. "
           f"Load average when it started: {load0:.1f} on {os.cpu_count()} CPUs."
-          + (f" Chorus environment: {' '.join(a.chorus_env)}." if a.chorus_env else ""),
+          + (f" Chorus environment: {' '.join(a.chorus_env)}." if a.chorus_env else "")
+          + (f" {a.busy} busy loops ran alongside every library." if a.busy > 0 else ""),
           ""]
     md += [f"- skipped {s}" for s in skipped]
     md += ["", make_tables(a, res, libs), f"![busbw vs size](latest.png)" if plot_status == "ok"
