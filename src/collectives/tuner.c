@@ -3,9 +3,9 @@
  *
  * Candidates per collective: all-reduce has the ring, the low-latency recursive doubling ("ll")
  * and, between ranks of one host, the one-shot all-reduce ("oneshot": one message latency instead
- * of log2(n)); reduce-scatter has the ring and the one-shot reduce-scatter (same threshold, on its
- * total input); the others have one schedule each (ring/chain, or p2p for the transfer-based
- * ones). The choice for all-reduce is by size: up to ONESHOT_THRESHOLD bytes one-shot (shared memory
+ * of log2(n)); reduce-scatter and all-gather have the ring and a one-shot version (same
+ * threshold, on the total size); the others have one schedule each (ring/chain, or p2p for the
+ * transfer-based ones). The choice for all-reduce is by size: up to ONESHOT_THRESHOLD bytes one-shot (shared memory
  * only, see DEFAULT_ONESHOT_*), below LL_THRESHOLD bytes (default from measurements on this
  * machine class: see DEFAULT_LL_*) recursive doubling, above it the ring. NCCL_ALGO /
  * CHORUS_ALGO override it: "ring", "ll", "oneshot" (also accepted: NCCL's "Tree"/"CollNet*" map
@@ -249,6 +249,18 @@ static size_t tuner_oneshot_threshold(struct ncclComm *comm) {
     return def < ll ? def : ll;
 }
 
+/* One-shot all-gather moves the same bytes as the ring (each rank receives every other block
+ * once), in one step over n-1 connections instead of n-1 forwarding steps: between ranks of one
+ * host it runs whenever a block fits one chunk, unless ONESHOT_THRESHOLD is set. Measured with
+ * all_gather_perf, CHORUS_ALGO=ring vs oneshot alternated (2-core VM, load 4-5): 4 ranks 64 B
+ * 8.2-9.0 vs 4.5-5.1 us, 32 KiB 12.1-13.8 vs 8.4-8.6, 256 KiB 41-54 vs 34-35; 2 ranks equal
+ * within noise from 64 B to 256 KiB. */
+static int tuner_ag_oneshot(struct ncclComm *comm, size_t total) {
+    if (comm->nranks > COLL_ONESHOT_MAX_RANKS || tuner_edge_is_tcp(comm)) return 0;
+    int64_t t = chorus_param_int(PARAM_ONESHOT_THRESHOLD);
+    return t < 0 || total <= (size_t)t;
+}
+
 ncclResult_t coll_tuner_pick(coll_op_t *op) {
     struct ncclComm *comm = op->comm;
     const coll_algo_t *ring = tuner_ring_algo(op->coll);
@@ -287,24 +299,29 @@ ncclResult_t coll_tuner_pick(coll_op_t *op) {
                 why = "size above LL_THRESHOLD";
             }
         }
-    } else if (op->coll == COLL_REDUCESCATTER) {
-        /* One-shot by the total input (what each rank reads and sends), like all-reduce's. */
+    } else if (op->coll == COLL_REDUCESCATTER || op->coll == COLL_ALLGATHER) {
+        /* One-shot by the total size (what each rank sends to its peers plus its own block),
+         * like all-reduce's. */
+        const coll_algo_t *oneshot = op->coll == COLL_REDUCESCATTER
+                                         ? &coll_algo_reducescatter_oneshot
+                                         : &coll_algo_allgather_oneshot;
         size_t total = bytes * (size_t)comm->nranks;
         if (forced && strcasecmp(forced, "oneshot") == 0) {
-            if (coll_algo_reducescatter_oneshot.supports(op)) {
-                pick = &coll_algo_reducescatter_oneshot;
+            if (oneshot->supports(op)) {
+                pick = oneshot;
                 why = "forced by NCCL_ALGO/CHORUS_ALGO";
             } else {
                 why = "oneshot forced but a block is larger than one chunk or too many ranks";
             }
         } else if (forced && strcasecmp(forced, "ring") == 0) {
             why = "forced by NCCL_ALGO/CHORUS_ALGO";
-        } else if (total <= tuner_oneshot_threshold(comm) &&
-                   coll_algo_reducescatter_oneshot.supports(op)) {
-            pick = &coll_algo_reducescatter_oneshot;
-            why = "input below ONESHOT_THRESHOLD";
+        } else if (oneshot->supports(op) &&
+                   (op->coll == COLL_ALLGATHER ? tuner_ag_oneshot(comm, total)
+                                               : total <= tuner_oneshot_threshold(comm))) {
+            pick = oneshot;
+            why = "total size below ONESHOT_THRESHOLD";
         } else {
-            why = "input above ONESHOT_THRESHOLD";
+            why = "total size above ONESHOT_THRESHOLD";
         }
     } else if (forced && strcasecmp(forced, "ring") != 0 && strcasecmp(forced, "ll") != 0 &&
                strcasecmp(forced, "oneshot") != 0) {

@@ -313,6 +313,7 @@ extern const coll_algo_t coll_algo_allreduce_oneshot;
 extern const coll_algo_t coll_algo_reducescatter_ring;
 extern const coll_algo_t coll_algo_reducescatter_oneshot;
 extern const coll_algo_t coll_algo_allgather_ring;
+extern const coll_algo_t coll_algo_allgather_oneshot;
 extern const coll_algo_t coll_algo_broadcast_chain;
 extern const coll_algo_t coll_algo_reduce_chain;
 extern const coll_algo_t coll_algo_p2p;

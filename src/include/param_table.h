@@ -53,7 +53,7 @@ PARAM(MAX_NCHANNELS, INT, 16, 1, "most rings")
 /* collectives and tuning */
 PARAM(ALGO, STR, NULL, 1, "force an algorithm (ring, ll, ...); per-collective syntax allreduce:ring")
 PARAM(LL_THRESHOLD, INT, -1, 0, "bytes below which the low-latency algorithm runs (-1: tuner decides)")
-PARAM(ONESHOT_THRESHOLD, INT, -1, 0, "bytes up to which all-reduce between ranks of one host runs one-shot (every rank sends to every rank; -1: tuner decides, 0: off)")
+PARAM(ONESHOT_THRESHOLD, INT, -1, 0, "bytes up to which all-reduce, reduce-scatter and all-gather (total size) between ranks of one host run one-shot (every rank sends to every rank; -1: tuner decides, 0: off)")
 PARAM(RING_DIRECT, INT, -1, 0, "single copy (the transport's direct path) in ring all-reduce, reduce-scatter and all-gather: -1 auto (between threads of one process, where it is a plain copy; between processes from 4 MiB, below which the slots measured faster than process_vm_readv), 1 wherever the transport allows, 0 never")
 PARAM(DIRECT_REDUCE, INT, 0, 0, "1: reduce steps of large chunks go single copy too where RING_DIRECT allows (the receiver pulls the data into a cache-sized buffer and reduces from there); 0: through the slots")
 PARAM(STREAM_THRESHOLD, INT, -1, 0, "bytes of a collective from which its final output is written with streaming stores (-1: half the last-level cache, at least 16 MiB; 0: never)")
