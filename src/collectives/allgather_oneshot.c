@@ -56,44 +56,50 @@ static ncclResult_t ag_oneshot_progress(coll_op_t *op, int *done_p) {
     const int n = comm->nranks, me = comm->rank;
     const size_t bytes = op->count * op->esize;
     char *mine = (char *)op->recvbuff + (size_t)me * bytes;
-    if (op->round == 0) {
-        if (op->sendbuff != mine) rk_copy(mine, op->sendbuff, bytes);
-        op->round = 1;
-    }
     if (n == 1) {
+        if (op->sendbuff != mine) rk_copy(mine, op->sendbuff, bytes);
         *done_p = 1;
         return ncclSuccess;
     }
     int moved = 0, left = 0;
-    for (int i = 0; i < 2 * (n - 1); i++) {
-        coll_xfer_t *x = &op->xfer[i];
-        if (x->done) continue;
-        uint64_t *served = x->is_send ? &e->p2p_send_served[x->peer]
-                                      : &e->p2p_recv_served[x->peer];
-        if (*served != x->use.ticket) {
-            left = 1;
-            continue;
+    /* Sends first, then this rank's own block (out of place), then the receives: the peers read
+     * the sent blocks while this rank copies its own. */
+    for (int pass = 0; pass < 2; pass++) {
+        if (pass == 1 && op->round == 0) {
+            if (op->sendbuff != mine) rk_copy(mine, op->sendbuff, bytes);
+            op->round = 1;
+            moved = 1;
         }
-        x->started = 1;
-        coll_chunk_t cc = {0};
-        cc.count = op->count;
-        int ok;
-        if (x->is_send) {
-            cc.kind = PRIM_SEND;
-            cc.in = x->buf;
-            CHECK(prim_step(op, NULL, &x->use, &cc, &ok));
-        } else {
-            cc.kind = PRIM_RECV;
-            cc.dst = x->buf;
-            CHECK(prim_step(op, &x->use, NULL, &cc, &ok));
+        for (int i = pass * (n - 1); i < (pass + 1) * (n - 1); i++) {
+            coll_xfer_t *x = &op->xfer[i];
+            if (x->done) continue;
+            uint64_t *served = x->is_send ? &e->p2p_send_served[x->peer]
+                                          : &e->p2p_recv_served[x->peer];
+            if (*served != x->use.ticket) {
+                left = 1;
+                continue;
+            }
+            x->started = 1;
+            coll_chunk_t cc = {0};
+            cc.count = op->count;
+            int ok;
+            if (x->is_send) {
+                cc.kind = PRIM_SEND;
+                cc.in = x->buf;
+                CHECK(prim_step(op, NULL, &x->use, &cc, &ok));
+            } else {
+                cc.kind = PRIM_RECV;
+                cc.dst = x->buf;
+                CHECK(prim_step(op, &x->use, NULL, &cc, &ok));
+            }
+            if (!ok) {
+                left = 1;
+                continue;
+            }
+            x->done = 1;
+            (*served)++;
+            moved = 1;
         }
-        if (!ok) {
-            left = 1;
-            continue;
-        }
-        x->done = 1;
-        (*served)++;
-        moved = 1;
     }
     *done_p = !left ? 1 : moved ? 2 : 0;
     return ncclSuccess;

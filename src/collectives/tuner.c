@@ -251,14 +251,16 @@ static size_t tuner_oneshot_threshold(struct ncclComm *comm) {
 
 /* One-shot all-gather moves the same bytes as the ring (each rank receives every other block
  * once), in one step over n-1 connections instead of n-1 forwarding steps: between ranks of one
- * host it runs whenever a block fits one chunk, unless ONESHOT_THRESHOLD is set. Measured with
- * all_gather_perf, CHORUS_ALGO=ring vs oneshot alternated (2-core VM, load 4-5): 4 ranks 64 B
- * 8.2-9.0 vs 4.5-5.1 us, 32 KiB 12.1-13.8 vs 8.4-8.6, 256 KiB 41-54 vs 34-35; 2 ranks equal
- * within noise from 64 B to 256 KiB. */
+ * host it runs up to DEFAULT_ONESHOT_AG bytes in all (ONESHOT_THRESHOLD overrides). Measured
+ * (2-core VM, load 4-5, all_gather_perf / ab_cpu.py p50, CHORUS_ALGO=ring vs oneshot alternated):
+ * 4 ranks 64 B 8.2-9.0 vs 4.5-5.1 us, 4 KiB 11-19 vs 7, 32 KiB 12.1-13.8 vs 8.4-8.6, 256 KiB
+ * 41-80 vs 34-61, but 1 MiB 177-183 vs 207-220; 2 ranks equal within noise up to 256 KiB, 1 MiB
+ * 120-125 vs 127-128. */
+#define DEFAULT_ONESHOT_AG (512 * 1024)
 static int tuner_ag_oneshot(struct ncclComm *comm, size_t total) {
     if (comm->nranks > COLL_ONESHOT_MAX_RANKS || tuner_edge_is_tcp(comm)) return 0;
     int64_t t = chorus_param_int(PARAM_ONESHOT_THRESHOLD);
-    return t < 0 || total <= (size_t)t;
+    return total <= (t < 0 ? (size_t)DEFAULT_ONESHOT_AG : (size_t)t);
 }
 
 ncclResult_t coll_tuner_pick(coll_op_t *op) {
