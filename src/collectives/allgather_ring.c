@@ -2,8 +2,8 @@
  * allgather_ring.c: ring all-gather, pipelined chunk by chunk over the channels.
  *
  * Each rank's contribution (sendcount elements) lands at recvbuff + rank*sendcount. At step 0 the
- * rank at ring position p sends its own chunk (and copies it to its own output block unless in
- * place); at step k = 1..n-1 it receives the chunk of position p-k into the output and forwards it
+ * rank at ring position p sends its own chunk (and, unless in place, writes it to its own output
+ * block in the same pass: PRIM_SEND_COPY); at step k = 1..n-1 it receives the chunk of position p-k into the output and forwards it
  * unless k = n-1. Everything sent is either the user's input or final output, which stays valid
  * until the op completes, so chunks may go direct (single copy).
  */
@@ -43,8 +43,10 @@ static ncclResult_t ag_ring_progress(coll_op_t *op, int *done_p) {
             cc.recv_direct_ok = 1;
             cc.stream = op->stream;
             if (k == 0) {
-                cc.kind = PRIM_SEND;
+                /* Out of place, the own block is written on the way (one read of the input). */
+                cc.kind = in != mine ? PRIM_SEND_COPY : PRIM_SEND;
                 cc.in = in + ch->base * es;
+                cc.dst = mine + ch->base * es;
                 rx = NULL;
             } else {
                 int owner = ring[coll_mod(p - k, n)];
@@ -55,10 +57,6 @@ static ncclResult_t ag_ring_progress(coll_op_t *op, int *done_p) {
             int ok;
             CHECK(prim_step(op, rx, tx, &cc, &ok));
             if (!ok) break;
-            if (k == 0 && in != mine) {
-                if (op->stream) rk_copy_nt(mine + ch->base * es, cc.in, len * es);
-                else rk_copy(mine + ch->base * es, cc.in, len * es);
-            }
             moved = 1;
             coll_ring_next_step(ch, n, len);
         }

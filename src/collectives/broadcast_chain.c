@@ -38,7 +38,7 @@ static ncclResult_t bc_chain_progress(coll_op_t *op, int *done_p) {
             cc.recv_direct_ok = 1;
             cc.dst = out + ch->base * es;
             if (rel == 0) {
-                cc.kind = PRIM_SEND;
+                cc.kind = in != out ? PRIM_SEND_COPY : PRIM_SEND;
                 cc.in = in + ch->base * es;
                 rx = NULL;
             } else if (rel < n - 1) {
@@ -50,7 +50,6 @@ static ncclResult_t bc_chain_progress(coll_op_t *op, int *done_p) {
             int ok;
             CHECK(prim_step(op, rx, tx, &cc, &ok));
             if (!ok) break;
-            if (rel == 0 && in != out) rk_copy(cc.dst, cc.in, len * es);
             moved = 1;
             ch->base += len;
         }

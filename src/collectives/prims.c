@@ -47,6 +47,9 @@
 #include "param.h"
 #include "waiter.h"
 
+/* PRIM_SEND_COPY's piece: small enough that a piece written to the slot is still in L1. */
+#define PRIM_SEND_COPY_PIECE ((size_t)16384)
+
 size_t prim_chunk_elems(const chorus_conn_t *conn, size_t esize) {
     size_t slot = conn ? conn->slot_bytes : 0;
     if (slot == 0) {
@@ -309,6 +312,22 @@ ncclResult_t prim_step(coll_op_t *op, coll_use_t *recv, coll_use_t *send, const 
     switch (c->kind) {
     case PRIM_SEND:
         out = c->in;
+        break;
+    case PRIM_SEND_COPY:
+        if (direct_out) {
+            out = c->in;
+            if (c->stream) rk_copy_nt(c->dst, c->in, dbytes);
+            else rk_copy(c->dst, c->in, dbytes);
+        } else {
+            /* Piece by piece into the slot, then from the slot (still in L1) to dst: in is read
+             * from memory once instead of twice. */
+            for (size_t off = 0; off < dbytes; off += PRIM_SEND_COPY_PIECE) {
+                size_t len = CHORUS_MIN(PRIM_SEND_COPY_PIECE, dbytes - off);
+                rk_copy(sdata + off, (const char *)c->in + off, len);
+                if (c->stream) rk_copy_nt((char *)c->dst + off, sdata + off, len);
+                else rk_copy((char *)c->dst + off, sdata + off, len);
+            }
+        }
         break;
     case PRIM_PREP_SEND:
         if (direct_out) out = c->in; /* pre() is the identity (prim_direct_reduce_ok) */

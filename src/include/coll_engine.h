@@ -248,6 +248,7 @@ ncclResult_t coll_engine_start_thread(struct coll_engine *e);
  * again later) or 1 (done). `hdr` is the op; the header is sent/checked when use->hdr_pending. */
 typedef enum {
     PRIM_SEND,             /* slot = src (copy) or direct from src */
+    PRIM_SEND_COPY,        /* slot = in and dst = in, one read of in (or direct from in) */
     PRIM_PREP_SEND,        /* slot = pre(in) */
     PRIM_RECV,             /* dst = recv */
     PRIM_RECV_FINISH,      /* dst = post(recv) */
