@@ -445,6 +445,7 @@ ncclResult_t coll_engine_wait(coll_op_t **ops, int nops) {
     int waiting = 0;
     uint32_t spin = 0;
     uint64_t spin_ns = 0;
+    int yield_always = 0;
     ncclResult_t res = ncclSuccess;
     while (1) {
         int all = 1, progressed = 0;
@@ -470,6 +471,7 @@ ncclResult_t coll_engine_wait(coll_op_t **ops, int nops) {
                 if (ops[i]->engine->oversubscribed) chorus_waiter_no_spin(&w);
             spin = w.spin;
             spin_ns = w.spin_ns;
+            yield_always = w.yield_always;
             waiting = 1;
         }
         int aborted = 0;
@@ -504,6 +506,7 @@ ncclResult_t coll_engine_wait(coll_op_t **ops, int nops) {
         chorus_waiter_init_timeout(&w, NULL, 5);
         w.spin = spin;
         w.spin_ns = spin_ns;
+        w.yield_always = yield_always;
     }
     /* Peers may wait on other connections than the failed op's: tell them all (mismatch.c),
      * before the WARN below (a transport's WARN about a dead peer must not be the last error). */

@@ -1,12 +1,14 @@
 /*
  * waiter.h: the one way Chorus waits.
  *
- * Poll CHORUS_SPIN times (no PAUSE), keep polling for CHORUS_SPIN_NS, then yield for up to 50 ms,
- * then sleep with exponential backoff (1 us to 1 ms, timer slack lowered to 1 us), so short waits
- * stay short and 8 ranks on 2 cores make progress without livelock (src/core/waiter.c has the
- * measurements). Callers that know the host is oversubscribed call chorus_waiter_no_spin after
- * init to yield at once. Every wait has a deadline (CHORUS_TIMEOUT) and checks an abort flag.
- * Usage:
+ * Poll CHORUS_SPIN times (no PAUSE), keep polling for CHORUS_SPIN_NS, then yield for up to
+ * CHORUS_YIELD_NS (50 ms), then sleep with exponential backoff (1 us to 1 ms, timer slack lowered
+ * to 1 us), so short waits stay short and 8 ranks on 2 cores make progress without livelock. A
+ * thread whose yield lost the core for long to a task that is not a peer sleeps instead of
+ * yielding for a while (src/core/waiter.c has the reasons and the measurements). Callers that
+ * know the host is oversubscribed by their own ranks call chorus_waiter_no_spin after init: no
+ * spin, and yields whatever they cost. Every wait has a deadline (CHORUS_TIMEOUT) and checks an
+ * abort flag. Usage:
  *
  *   chorus_waiter_t w; chorus_waiter_init(&w, comm->abort_flag);
  *   while (!ready) { CHECK(chorus_waiter_step(&w)); }
