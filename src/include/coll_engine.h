@@ -108,6 +108,8 @@ struct coll_algo;
 /* One-shot all-reduce (allreduce_oneshot.c): largest rank count, and inline transfers per op. */
 #define COLL_ONESHOT_MAX_RANKS 8
 #define COLL_XFER_INLINE (2 * (COLL_ONESHOT_MAX_RANKS - 1))
+/* Direct all-reduce (allreduce_direct.c): largest rank count (inputs folded per kernel call). */
+#define COLL_DIRECT_MAX_RANKS 64
 
 typedef struct coll_op {
     struct ncclComm *comm;
@@ -191,6 +193,7 @@ enum {
     COLL_ALGO_LL = 1,
     COLL_ALGO_P2P = 2,
     COLL_ALGO_ONESHOT = 3,
+    COLL_ALGO_DIRECT = 4,
     COLL_ALGO_NIDS
 };
 
@@ -311,6 +314,11 @@ static inline int coll_use_ready(const coll_use_t *u, const uint64_t *served) {
 extern const coll_algo_t coll_algo_allreduce_ring;
 extern const coll_algo_t coll_algo_allreduce_rd;
 extern const coll_algo_t coll_algo_allreduce_oneshot;
+extern const coll_algo_t coll_algo_allreduce_direct;
+/* allreduce_direct.c: every rank of the communicator is a thread of this process (cached). */
+int coll_direct_one_process(struct ncclComm *comm);
+/* Ops this process finished with the direct all-reduce (tests check that it ran). */
+void coll_direct_stats(uint64_t *ops_p);
 extern const coll_algo_t coll_algo_reducescatter_ring;
 extern const coll_algo_t coll_algo_reducescatter_oneshot;
 extern const coll_algo_t coll_algo_allgather_ring;

@@ -127,11 +127,16 @@ static void expect_mismatch_fails_fast(int n, int kind, Launch how, bool warm) {
             }
             double secs =
                 std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-            const bool head = r == ncclSuccess && kind == K_REDUCE && odd;
+            // A send against an all-reduce between threads of one process: the all-reduce runs
+            // direct (src/collectives/allreduce_direct.c) over the same p2p connection, so rank
+            // 0 sees the send's header at once, fails, and discards the send's data while it
+            // drains: the send completes.
+            const bool head = r == ncclSuccess && odd &&
+                              (kind == K_REDUCE || (kind == K_SEND && how == Launch::Threads));
             if (head) {
                 // The head of a reduce chain only sends (into free slots): it cannot see the
                 // disagreement within this op, but the error chunks of the others make its next op
-                // fail, as a mismatch on the same connections does.
+                // fail, as a mismatch on the same connections does. The same for the send above.
                 r = ncclAllReduce(a.data(), b.data(), small, ncclFloat32, ncclSum, comm, nullptr);
                 secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
             }

@@ -35,6 +35,9 @@ chorus_test::RunResult run_chunk_cases(Launch how, int nranks, const std::vector
     if (algo) setenv("CHORUS_ALGO", algo, 1);
     else unsetenv("CHORUS_ALGO");
     setenv("CHORUS_TRANSPORT", "shm", 1);
+    // Between threads the tuner's default above 16 KiB is the direct all-reduce, not the ring
+    // (test_coll_direct.cc): keep the ring, whose chunk this file is about.
+    setenv("CHORUS_DIRECT_THRESHOLD", "0", 1);
     ncclResetDebugInit();
     ncclUniqueId id = chorus_test::make_unique_id();
     auto res = chorus_test::run_ranks(
@@ -59,6 +62,7 @@ chorus_test::RunResult run_chunk_cases(Launch how, int nranks, const std::vector
     unsetenv("CHORUS_SHM_RING_CHUNK");
     unsetenv("CHORUS_ALGO");
     unsetenv("CHORUS_TRANSPORT");
+    unsetenv("CHORUS_DIRECT_THRESHOLD");
     ncclResetDebugInit();
     return res;
 }

@@ -48,7 +48,8 @@ TEST_P(CollTypesOps, SmallCounts) {
 }
 INSTANTIATE_TEST_SUITE_P(Coll, CollTypesOps,
                          ::testing::Combine(::testing::Values(2, 3),
-                                            ::testing::Values("", "ring", "ll", "oneshot")),
+                                            ::testing::Values("", "ring", "ll", "oneshot",
+                                                              "direct")),
                          [](const auto &info) {
                              return std::to_string(std::get<0>(info.param)) + "ranks_" +
                                     word(std::get<1>(info.param), "tuner");
@@ -68,7 +69,7 @@ TEST_P(CollRanks, Float32Sum) {
 }
 INSTANTIATE_TEST_SUITE_P(Coll, CollRanks,
                          ::testing::Combine(::testing::Values(1, 2, 3, 4, 5, 6, 7, 8),
-                                            ::testing::Values("ring", "ll", "oneshot")),
+                                            ::testing::Values("ring", "ll", "oneshot", "direct")),
                          [](const auto &info) {
                              return std::to_string(std::get<0>(info.param)) + "ranks_" +
                                     word(std::get<1>(info.param), "tuner");
