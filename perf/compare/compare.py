@@ -4,11 +4,13 @@
     python3 perf/compare/compare.py [--np 2] [--colls allreduce,allgather,reducescatter]
         [--minbytes 8] [--maxbytes 16M] [--factor 4] [--iters 10] [--warmup 2] [--repeats 5]
         [--build build] [--out perf/compare/results] [--no-mpi] [--no-gloo]
-        [--no-chorus-tcp] [--no-mpi-tcp] [--before OTHER_BUILD] [--busy N]
+        [--no-chorus-tcp] [--no-chorus-threads] [--no-mpi-tcp] [--before OTHER_BUILD] [--busy N]
 
 What runs (host memory, float32 sum, np ranks as processes on this machine):
   chorus-shm   build/bin/<coll>_perf through chorusrun, CHORUS_TRANSPORT=shm
   chorus-tcp   the same with CHORUS_TRANSPORT=tcp (loopback sockets)
+  chorus-threads  build/bin/<coll>_perf -t np: the np ranks are threads of one process (as with
+               ncclCommInitAll), over shared memory; all-reduce runs the direct algorithm there
   chorus-shm-before  with --before DIR: chorus-shm from another build (its lib/ first in
                LD_LIBRARY_PATH), for before/after tables from one run
   mpi-shm      perf/compare/mpi_bench.c (compiled here with mpicc), mpirun --mca btl vader,self
@@ -46,8 +48,9 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 COLLS = {"allreduce": "all_reduce", "allgather": "all_gather", "reducescatter": "reduce_scatter"}
-LIBS = ["chorus-shm", "chorus-shm-before", "chorus-tcp", "mpi-shm", "mpi-tcp", "gloo"]
-RATIOS = [("chorus-shm", "mpi-shm"), ("chorus-shm-before", "mpi-shm"),
+LIBS = ["chorus-shm", "chorus-shm-before", "chorus-threads", "chorus-tcp", "mpi-shm", "mpi-tcp",
+        "gloo"]
+RATIOS = [("chorus-shm", "mpi-shm"), ("chorus-threads", "mpi-shm"), ("chorus-shm-before", "mpi-shm"),
           ("chorus-shm", "chorus-shm-before"), ("chorus-tcp", "mpi-tcp"), ("chorus-tcp", "gloo"),
           ("chorus-shm", "gloo")]
 
@@ -114,9 +117,10 @@ def chorus_launcher(build):
     return [os.path.join(REPO, "perf", "launch_local.sh"), "-t", "600"]
 
 
-def run_chorus(a, res, lib, transport, build=None):
+def run_chorus(a, res, lib, transport, build=None, threads=False):
     """build: another build directory (--before), whose lib/ goes first in LD_LIBRARY_PATH so
-    its binaries load its own libnccl.so.2 rather than the one their RUNPATH names."""
+    its binaries load its own libnccl.so.2 rather than the one their RUNPATH names. threads: one
+    process whose np ranks are threads (-t np) instead of np processes through chorusrun."""
     for coll in a.colls:
         binary = os.path.join(build or a.build, "bin", f"{COLLS[coll]}_perf")
         if not os.access(binary, os.X_OK):
@@ -124,10 +128,11 @@ def run_chorus(a, res, lib, transport, build=None):
             continue
         with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as tf:
             jpath = tf.name
-        cmd = chorus_launcher(build or a.build) + [str(a.np), binary, "-b", str(a.minbytes), "-e",
-                                          str(a.maxbytes), "-f", str(a.factor), "-n",
-                                          str(a.iters), "-w", str(a.warmup), "-c", "1", "-N",
-                                          str(a.repeats), "-m", "host", "-J", jpath]
+        launch = [binary, "-t", str(a.np)] if threads else \
+            chorus_launcher(build or a.build) + [str(a.np), binary]
+        cmd = launch + ["-b", str(a.minbytes), "-e", str(a.maxbytes), "-f", str(a.factor), "-n",
+                        str(a.iters), "-w", str(a.warmup), "-c", "1", "-N", str(a.repeats),
+                        "-m", "host", "-J", jpath]
         env = dict(kv.split("=", 1) for kv in a.chorus_env)
         env["CHORUS_TRANSPORT"] = transport
         if build:
@@ -323,6 +328,8 @@ def main():
     p.add_argument("--no-mpi", action="store_true")
     p.add_argument("--no-gloo", action="store_true")
     p.add_argument("--no-chorus-tcp", action="store_true")
+    p.add_argument("--no-chorus-threads", action="store_true",
+                   help="skip chorus-threads (the ranks as threads of one process)")
     p.add_argument("--no-mpi-tcp", action="store_true", help="Open MPI over shared memory only")
     p.add_argument("--busy", type=int, default=0, metavar="N",
                    help="run N busy loops alongside every library (contended machine)")
@@ -363,6 +370,8 @@ def run_all(a, res, skipped):
     run_chorus(a, res, "chorus-shm", "shm")
     if a.before:
         run_chorus(a, res, "chorus-shm-before", "shm", os.path.abspath(a.before))
+    if not a.no_chorus_threads:
+        run_chorus(a, res, "chorus-threads", "shm", threads=True)
     if not a.no_chorus_tcp:
         run_chorus(a, res, "chorus-tcp", "tcp")
     if a.no_mpi:
@@ -429,7 +438,8 @@ def write_outputs(a, res, skipped, started, load0):
     print("\n".join(md))
     log(f"wrote {a.out}/latest.md, latest.json, latest.png ({plot_status})")
     failed = any(v != "ok" and not v.startswith("unsupported")
-                 for lib in ("chorus-shm", "chorus-tcp") for v in res.status.get(lib, {}).values())
+                 for lib in ("chorus-shm", "chorus-threads", "chorus-tcp")
+                 for v in res.status.get(lib, {}).values())
     return 1 if failed else 0
 
 

@@ -54,7 +54,7 @@
 #define DEFAULT_ONESHOT_SHM (1024) /* 5..COLL_ONESHOT_MAX_RANKS ranks */
 
 /* From these sizes all-reduce between threads of one process runs the direct algorithm
- * (allreduce_direct.c: one pass over every input and output, no slots). Measured with
+ * (direct.c: one pass over every input and output, no slots). Measured with
  * all_reduce_perf -t N (p50 per call, out of place, direct vs the default before it): 2 ranks
  * 4 KiB 2.3 vs 1.4 us, 16 KiB 2.8 vs 3.5, 64 KiB 6.5 vs 10.7, 1 MiB 82 vs 143; 3 ranks 4 KiB
  * 5.4 vs 3.6, 32 KiB 9.8 vs 15.1, 2 MiB 342 vs 689; 4 ranks 32 KiB 15 vs 28; 8 ranks 32 KiB
@@ -336,8 +336,23 @@ ncclResult_t coll_tuner_pick(coll_op_t *op) {
         const coll_algo_t *oneshot = op->coll == COLL_REDUCESCATTER
                                          ? &coll_algo_reducescatter_oneshot
                                          : &coll_algo_allgather_oneshot;
+        const coll_algo_t *direct = op->coll == COLL_REDUCESCATTER
+                                        ? &coll_algo_reducescatter_direct
+                                        : &coll_algo_allgather_direct;
         size_t total = bytes * (size_t)comm->nranks;
-        if (forced && strcasecmp(forced, "oneshot") == 0) {
+        size_t dthr = tuner_direct_threshold(comm);
+        if (forced && strcasecmp(forced, "direct") == 0) {
+            if (direct->supports(op)) {
+                pick = direct;
+                why = "forced by NCCL_ALGO/CHORUS_ALGO";
+            } else {
+                why = "direct forced but the ranks are not threads of one process";
+            }
+        } else if (!forced && dthr && total >= dthr && !tuner_edge_is_tcp(comm) &&
+                   direct->supports(op)) {
+            pick = direct;
+            why = "threads of one process, total size above DIRECT_THRESHOLD";
+        } else if (forced && strcasecmp(forced, "oneshot") == 0) {
             if (oneshot->supports(op)) {
                 pick = oneshot;
                 why = "forced by NCCL_ALGO/CHORUS_ALGO";

@@ -108,7 +108,7 @@ struct coll_algo;
 /* One-shot all-reduce (allreduce_oneshot.c): largest rank count, and inline transfers per op. */
 #define COLL_ONESHOT_MAX_RANKS 8
 #define COLL_XFER_INLINE (2 * (COLL_ONESHOT_MAX_RANKS - 1))
-/* Direct all-reduce (allreduce_direct.c): largest rank count (inputs folded per kernel call). */
+/* Direct algorithm (direct.c): largest rank count (inputs folded per kernel call). */
 #define COLL_DIRECT_MAX_RANKS 64
 
 typedef struct coll_op {
@@ -315,9 +315,11 @@ extern const coll_algo_t coll_algo_allreduce_ring;
 extern const coll_algo_t coll_algo_allreduce_rd;
 extern const coll_algo_t coll_algo_allreduce_oneshot;
 extern const coll_algo_t coll_algo_allreduce_direct;
-/* allreduce_direct.c: every rank of the communicator is a thread of this process (cached). */
+extern const coll_algo_t coll_algo_reducescatter_direct;
+extern const coll_algo_t coll_algo_allgather_direct;
+/* direct.c: every rank of the communicator is a thread of this process (cached). */
 int coll_direct_one_process(struct ncclComm *comm);
-/* Ops this process finished with the direct all-reduce (tests check that it ran). */
+/* Ops this process finished with the direct algorithm (tests check that it ran). */
 void coll_direct_stats(uint64_t *ops_p);
 extern const coll_algo_t coll_algo_reducescatter_ring;
 extern const coll_algo_t coll_algo_reducescatter_oneshot;

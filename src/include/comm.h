@@ -69,7 +69,7 @@ struct ncclComm {
     int net_class; /* tuner: 1 when any peer is reached over a network transport (same on every
                       rank, so every rank picks the same algorithm); -1 until computed */
     int one_process; /* tuner: 2 when every rank is a thread of this process (direct
-                        all-reduce, allreduce_direct.c), 1 when not, 0 until computed */
+                        algorithm, direct.c), 1 when not, 0 until computed */
     int tcp_rings; /* tuner: 2 when every ring edge of every rank is TCP (TCP-only op tuning,
                       tuner.c), 1 when not, 0 until computed */
     /* [nranks], entries NULL until first use. The arrays are allocated at init; an entry is a

@@ -128,7 +128,7 @@ static void expect_mismatch_fails_fast(int n, int kind, Launch how, bool warm) {
             double secs =
                 std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
             // A send against an all-reduce between threads of one process: the all-reduce runs
-            // direct (src/collectives/allreduce_direct.c) over the same p2p connection, so rank
+            // direct (src/collectives/direct.c) over the same p2p connection, so rank
             // 0 sees the send's header at once, fails, and discards the send's data while it
             // drains: the send completes.
             const bool head = r == ncclSuccess && odd &&

@@ -1,4 +1,4 @@
-// test_coll_direct.cc: what the direct all-reduce (src/collectives/allreduce_direct.c) promises
+// test_coll_direct.cc: what the direct algorithm (src/collectives/direct.c) promises
 // beyond a correct result, which the sweep (test_coll_sweep.cc, algorithm "direct") checks
 // against the reference for every dtype and op:
 //   - the tuner picks it by itself between threads of one process from DIRECT_THRESHOLD, and it
@@ -7,6 +7,8 @@
 //     whose float sum depends on the order of the additions, in place and out of place, for
 //     counts that do not divide by the rank count;
 //   - several direct ops in flight at once (a group; async ops) each finish with their own data;
+//   - reduce-scatter and all-gather: the tuner picks it too, and large odd counts, in place and
+//     out of place, every op on float32 and int32, match the independent reference;
 //   - forced between forked processes (which cannot use it), every rank falls back alike.
 #include <gtest/gtest.h>
 
@@ -16,6 +18,7 @@
 #include <vector>
 
 #include "chorus.h"
+#include "coll_cases.h"
 #include "launch.h"
 #include "nccl.h"
 
@@ -86,6 +89,28 @@ TEST_P(CollDirectIdentical, TunerPicksItAndRanksAgreeBitwise) {
     }
 }
 INSTANTIATE_TEST_SUITE_P(Coll, CollDirectIdentical, ::testing::Values(2, 3, 5, 8));
+
+// Reduce-scatter and all-gather with the tuner's default choice between threads: direct, right
+// results (coll_cases.h checks every element against its reference, in place and out of place).
+class CollDirectScatterGather : public ::testing::TestWithParam<int> {};
+TEST_P(CollDirectScatterGather, TunerPicksItAndMatchesReference) {
+    using namespace coll_test;
+    const int n = GetParam();
+    const size_t count = 100003; // per rank: 400 KB blocks, odd
+    auto cases = cross({C_REDUCESCATTER}, {ncclFloat32, ncclInt32},
+                       {T_SUM, T_PROD, T_MAX, T_MIN, T_AVG, T_PREMUL}, {count});
+    for (auto &part : {cross({C_REDUCESCATTER}, {ncclBfloat16, ncclFloat64}, {T_SUM}, {count}),
+                       cross({C_ALLGATHER}, {ncclFloat32, ncclInt8, ncclFloat16}, {T_SUM}, {count})})
+        cases.insert(cases.end(), part.begin(), part.end());
+    uint64_t before, after;
+    coll_direct_stats(&before);
+    auto res = run_cases(Launch::Threads, n, cases, Env{});
+    ASSERT_TRUE(res.ok()) << res.detail;
+    coll_direct_stats(&after);
+    EXPECT_EQ(after - before, (uint64_t)(cases.size() * n))
+        << "not every reduce-scatter and all-gather ran the direct algorithm";
+}
+INSTANTIATE_TEST_SUITE_P(Coll, CollDirectScatterGather, ::testing::Values(2, 3, 5));
 
 // A group of direct all-reduces of different sizes (some in place), then async ones waited
 // together: each op keeps its own pointers and slices.

@@ -1,34 +1,37 @@
 /*
- * allreduce_direct.c: all-reduce between ranks that are threads of one process, reading every
- * rank's input and writing every rank's output directly (no slots, no second pass).
+ * direct.c: the direct algorithm, for ranks that are threads of one process: every rank reads the
+ * other ranks' buffers and writes its results where they belong, with no slots and no second
+ * pass. All-reduce, reduce-scatter and all-gather.
  *
- * Ranks in one address space can address each other's buffers. Rank r owns slice r of the
- * buffer (count / n elements, 64-byte aligned): it folds slice r of all n inputs in rank order
- * into a cache-resident piece, applies post(), and copies the piece into slice r of all n
- * outputs. Each rank reads n slices and writes n slices once: for the whole op every input byte
- * is read once and every output byte written once, the least memory traffic any schedule can
- * have (the ring reads and writes each byte about three times through the slots; on the
- * project's 2-core machine a 2-rank all-reduce of 256 MiB is bound by DRAM bandwidth, so that is
- * the difference that counts).
+ * Ranks in one address space can address each other's buffers, so each rank does one share of
+ * the work, reading every input it needs and writing every output it produces once:
+ *   all-reduce      rank r owns slice r of the buffer (count / n elements, 64-byte aligned): it
+ *                   folds slice r of all n inputs in rank order into a cache-resident piece,
+ *                   applies post(), and copies the piece into slice r of all n outputs;
+ *   reduce-scatter  rank r folds block r of all n inputs into its own output;
+ *   all-gather      rank r copies every rank's input into its place in its own output.
+ * For the whole op every input byte is read once and every output byte written once, the least
+ * memory traffic any schedule can have (the ring reads and writes each byte about three times
+ * through the slots; on the project's 2-core machines a 2-rank all-reduce of 256 MiB is bound by
+ * memory bandwidth, so that is the difference that counts).
  *
  * Protocol, over the point-to-point connections (so the op header, mismatch checks, error chunks
  * and deadlines are the engine's usual ones):
  *   1. every rank sends {sendbuff, recvbuff, pid} to every peer (32 bytes);
- *   2. once it holds every peer's pointers it computes its slice (in pieces of at most
- *      DIRECT_STEP_BYTES per progress pass, so a long op does not hold the engine for its whole
- *      duration);
+ *   2. once it holds every peer's pointers it does its share (in pieces of at most
+ *      DIRECT_STEP_BYTES per progress pass, so a long op does not hold the engine throughout);
  *   3. it sends a "done" message to every peer, and finishes when every peer's "done" arrived:
  *      then nobody reads its input or writes its output any more, and its output is complete.
- * A rank computes only when all n-1 headers matched its own: if any two ranks disagree, every
- * rank sees a mismatch (with itself or with one of them), so nobody touches a buffer whose owner
- * called something else.
+ * A rank touches other ranks' buffers only when all n-1 headers matched its own: if any two ranks
+ * disagree, every rank sees a mismatch (with itself or with one of them), so nobody touches a
+ * buffer whose owner called something else.
  *
- * In place is safe: slice r of a buffer is read (all n inputs of a piece, before any output of
- * the piece is written) and written only by rank r. All ranks compute each element once, so
- * every rank ends with bitwise identical results. float16/bfloat16/float8 fold all n inputs in
- * float32 and round once (rk_reduce_n).
+ * In place is safe: all-reduce's slice r of a buffer, reduce-scatter's block r, and all-gather's
+ * blocks other than r of rank r's output are read and written by rank r alone, each piece read
+ * in full before it is written. Each all-reduce element is computed once, so every rank ends
+ * with bitwise identical results. float16/bfloat16/float8 fold all n inputs in float32 and round
+ * once (rk_reduce_n).
  *
- * Outputs larger than the cache (coll_ring_stream) are written with streaming stores.
  * Supported: n >= 2, every rank in this process (same pid and pid namespace, on every rank: the
  * locality records are the same everywhere, so every rank makes the same choice).
  */
@@ -67,6 +70,7 @@ typedef struct {
     int ndone_sent, ndone_recv;
     int computed;
     int stream;
+    size_t block;         /* reduce-scatter, all-gather: elements per rank block (op->count) */
     direct_ptrs_t peer[]; /* [n], by rank */
 } direct_state_t;
 
@@ -101,7 +105,7 @@ static ncclResult_t direct_setup(coll_op_t *op) {
     const int n = comm->nranks, me = comm->rank, m = n - 1;
     direct_state_t *st = calloc(1, sizeof(*st) + (size_t)n * sizeof(direct_ptrs_t));
     if (st == NULL) {
-        WARN("allreduce: out of memory for the direct algorithm's state");
+        WARN("%s: out of memory for the direct algorithm's state", coll_kind_name(op->coll));
         return ncclSystemError;
     }
     op->scratch = st;
@@ -113,7 +117,8 @@ static ncclResult_t direct_setup(coll_op_t *op) {
     } else {
         op->xfer = calloc((size_t)op->nxfer, sizeof(coll_xfer_t));
         if (op->xfer == NULL) {
-            WARN("allreduce: out of memory for the direct algorithm's transfers");
+            WARN("%s: out of memory for the direct algorithm's transfers",
+                 coll_kind_name(op->coll));
             return ncclSystemError;
         }
     }
@@ -127,17 +132,29 @@ static ncclResult_t direct_setup(coll_op_t *op) {
             x->round = k;
         }
     }
-    const size_t align = 64 / op->esize;
-    size_t blk = CHORUS_ALIGN_UP(CHORUS_DIV_UP(op->count, (size_t)n), align);
-    st->lo = CHORUS_MIN(op->count, (size_t)me * blk);
-    st->hi = CHORUS_MIN(op->count, st->lo + blk);
+    if (op->coll == COLL_ALLREDUCE) {
+        const size_t align = 64 / op->esize;
+        size_t blk = CHORUS_ALIGN_UP(CHORUS_DIV_UP(op->count, (size_t)n), align);
+        st->lo = CHORUS_MIN(op->count, (size_t)me * blk);
+        st->hi = CHORUS_MIN(op->count, st->lo + blk);
+    } else {
+        /* Reduce-scatter: elements of this rank's block; all-gather: of its whole output. */
+        st->block = op->count;
+        st->lo = 0;
+        st->hi = op->coll == COLL_ALLGATHER ? (size_t)n * op->count : op->count;
+    }
     st->pos = st->lo;
     /* Out of place, the output lines are not in cache: plain stores would read each one first
      * (read-for-ownership), streaming stores do not. In place, the lines were just read, and
      * streaming stores would push them out. Measured (2 threads, p50 per call, out of place /
      * in place, GB/s busbw): plain 5.5-6.7 / 12.7-14.4, streaming 8.7-10.1 / 6.6-7.2, from 1 MiB
      * to 256 MiB. */
-    st->stream = op->sendbuff != op->recvbuff && rk_has_stream();
+    const char *in = op->sendbuff, *out = op->recvbuff;
+    const size_t own = (size_t)me * op->count * op->esize;
+    int in_place = op->coll == COLL_ALLREDUCE       ? in == out
+                   : op->coll == COLL_REDUCESCATTER ? out == in + own
+                                                    : in == out + own;
+    st->stream = !in_place && rk_has_stream();
     st->mine.in = (uint64_t)(uintptr_t)op->sendbuff;
     st->mine.out = (uint64_t)(uintptr_t)op->recvbuff;
     st->mine.pid = (uint64_t)getpid();
@@ -172,8 +189,8 @@ static ncclResult_t direct_msg(coll_op_t *op, coll_xfer_t *x, void *buf, int *ok
     return ncclSuccess;
 }
 
-/* Fold slice elements [pos, end) of every input into every output. */
-static void direct_compute(coll_op_t *op, direct_state_t *st, size_t end) {
+/* All-reduce: fold slice elements [pos, end) of every input into every output. */
+static void direct_allreduce(coll_op_t *op, direct_state_t *st, size_t end) {
     const int n = op->comm->nranks;
     const size_t es = op->esize;
     const size_t per = DIRECT_PIECE_BYTES / es;
@@ -190,6 +207,53 @@ static void direct_compute(coll_op_t *op, direct_state_t *st, size_t end) {
             else rk_copy(dst, piece, cnt * es);
         }
     }
+}
+
+/* Reduce-scatter: fold elements [pos, end) of block r of every input into this rank's output. */
+static void direct_reducescatter(coll_op_t *op, direct_state_t *st, size_t end) {
+    const int n = op->comm->nranks, me = op->comm->rank;
+    const size_t es = op->esize;
+    const size_t per = DIRECT_PIECE_BYTES / es;
+    _Alignas(64) unsigned char piece[DIRECT_PIECE_BYTES];
+    const void *ins[COLL_DIRECT_MAX_RANKS];
+    const size_t base = (size_t)me * st->block;
+    for (size_t at = st->pos; at < end; at += per) {
+        size_t cnt = CHORUS_MIN(per, end - at);
+        for (int j = 0; j < n; j++)
+            ins[j] = (const char *)(uintptr_t)st->peer[j].in + (base + at) * es;
+        char *dst = (char *)op->recvbuff + at * es;
+        if (!st->stream && op->redop.kind != RK_SUMDIV) {
+            rk_reduce_n(dst, ins, n, cnt, &op->redop); /* in place: dst is ins[me], read first */
+            continue;
+        }
+        rk_reduce_n(piece, ins, n, cnt, &op->redop);
+        if (op->redop.kind == RK_SUMDIV) rk_finish(piece, piece, cnt, &op->redop);
+        if (st->stream) rk_copy_nt(dst, piece, cnt * es);
+        else rk_copy(dst, piece, cnt * es);
+    }
+}
+
+/* All-gather: elements [pos, end) of this rank's output, each from the input of the rank whose
+ * block it is (this rank's own block in place is already there). */
+static void direct_allgather(coll_op_t *op, direct_state_t *st, size_t end) {
+    const size_t es = op->esize, blk = st->block;
+    for (size_t at = st->pos; at < end;) {
+        size_t j = at / blk, off = at - j * blk;
+        size_t cnt = CHORUS_MIN(blk - off, end - at);
+        const char *src = (const char *)(uintptr_t)st->peer[j].in + off * es;
+        char *dst = (char *)op->recvbuff + at * es;
+        if (src != dst) {
+            if (st->stream) rk_copy_nt(dst, src, cnt * es);
+            else rk_copy(dst, src, cnt * es);
+        }
+        at += cnt;
+    }
+}
+
+static void direct_compute(coll_op_t *op, direct_state_t *st, size_t end) {
+    if (op->coll == COLL_ALLREDUCE) direct_allreduce(op, st, end);
+    else if (op->coll == COLL_REDUCESCATTER) direct_reducescatter(op, st, end);
+    else direct_allgather(op, st, end);
     st->pos = end;
 }
 
@@ -211,9 +275,9 @@ static ncclResult_t direct_progress(coll_op_t *op, int *done_p) {
         CHECK(direct_msg(op, x, &got, &ok));
         if (!ok) continue;
         if (got.magic != DIRECT_MAGIC || got.pid != st->mine.pid) {
-            WARN("allreduce #%llu: rank %d sent a direct-algorithm message from pid %llu (magic "
-                 "%llx); rank %d is pid %llu: the ranks do not share an address space",
-                 (unsigned long long)op->seq, x->peer, (unsigned long long)got.pid,
+            WARN("%s #%llu: rank %d sent a direct-algorithm message from pid %llu (magic %llx); "
+                 "rank %d is pid %llu: the ranks do not share an address space",
+                 coll_kind_name(op->coll), (unsigned long long)op->seq, x->peer, (unsigned long long)got.pid,
                  (unsigned long long)got.magic, op->comm->rank,
                  (unsigned long long)st->mine.pid);
             return ncclInternalError;
@@ -257,6 +321,24 @@ static ncclResult_t direct_progress(coll_op_t *op, int *done_p) {
 const coll_algo_t coll_algo_allreduce_direct = {
     .name = "direct",
     .coll = COLL_ALLREDUCE,
+    .id = COLL_ALGO_DIRECT,
+    .supports = direct_supports,
+    .setup = direct_setup,
+    .progress = direct_progress,
+};
+
+const coll_algo_t coll_algo_reducescatter_direct = {
+    .name = "direct",
+    .coll = COLL_REDUCESCATTER,
+    .id = COLL_ALGO_DIRECT,
+    .supports = direct_supports,
+    .setup = direct_setup,
+    .progress = direct_progress,
+};
+
+const coll_algo_t coll_algo_allgather_direct = {
+    .name = "direct",
+    .coll = COLL_ALLGATHER,
     .id = COLL_ALGO_DIRECT,
     .supports = direct_supports,
     .setup = direct_setup,
