@@ -95,6 +95,7 @@ typedef struct {
     int root;  /* -1: every root in turn */
     int blocking, stream_null, timeout, cudagraph, report_cputime, average;
     int unalign, local_register, mem_report, per_iter, per_iter_skip;
+    int walk; /* 1: calls walk through the buffers (nccl-tests); 0: every call the same part */
     perf_mem_kind_t memory;
     const char *json_path; /* NULL: no JSON */
 } perf_args_t;

@@ -37,6 +37,7 @@ void perf_args_default(perf_args_t *a) {
     a->root = 0;
     a->average = 1;
     a->memory = PERF_MEM_AUTO;
+    a->walk = 1;
 }
 
 static int fail(char *err, size_t errlen, const char *fmt, ...) {
@@ -125,10 +126,11 @@ static const struct option long_opts[] = {
     {"memory", required_argument, 0, OPT_MEMORY},
     {"per_iter_timing", required_argument, 0, 'I'},
     {"per_iter_skip", required_argument, 0, 'K'},
+    {"walk", required_argument, 0, 'W'},
     {"help", no_argument, 0, 'h'},
     {0, 0, 0, 0},
 };
-static const char short_opts[] = ":t:g:b:e:i:f:n:m:w:N:p:c:o:d:r:z:y:T:G:C:a:u:J:R:M:I:K:h";
+static const char short_opts[] = ":t:g:b:e:i:f:n:m:w:N:p:c:o:d:r:z:y:T:G:C:a:u:J:R:M:I:K:W:h";
 
 static const char *flag_name(int c, char *buf, size_t len) {
     for (const struct option *o = long_opts; o->name; o++)
@@ -201,6 +203,9 @@ static int *int_target(perf_args_t *a, int c, long *lo, long *hi) {
         return &a->per_iter;
     case 'K':
         return &a->per_iter_skip;
+    case 'W':
+        *hi = 1;
+        return &a->walk;
     default:
         return NULL;
     }
@@ -361,6 +366,8 @@ void perf_args_usage(FILE *f, const char *prog) {
             "  -M,--memory_report <0/1> print buffer memory use (0)\n"
             "  -I,--per_iter_timing <0/1> add p50, p99, rank skew and busbw at p50 columns (0)\n"
             "  -K,--per_iter_skip <n>   iterations left out of -I statistics (0)\n"
+            "  -W,--walk <0/1>          1: each call uses the next op-sized part of the buffers, as\n"
+            "                           nccl-tests (caches cold); 0: every call the same buffers (1)\n"
             "  -h,--help\n",
             prog);
 }

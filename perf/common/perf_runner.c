@@ -187,7 +187,7 @@ typedef struct {
 } step_t;
 
 static void start_coll(pthread_ctx_t *t, const step_t *s, int in_place, int iter) {
-    size_t steps = s->shift_span ? G.buf_bytes / s->shift_span : 1;
+    size_t steps = s->shift_span && G.a.walk ? G.buf_bytes / s->shift_span : 1;
     size_t shift = steps ? s->shift_span * ((size_t)iter % steps) : 0;
     int ng = G.a.ngpus;
 

@@ -17,7 +17,10 @@ What runs (host memory, float32 sum, np ranks as processes on this machine):
   mpi-tcp      the same with --mca btl tcp,self
   gloo         perf/compare/gloo_bench.py, torch.distributed's gloo backend (/usr/bin/python3)
 Every library measures alike: per size, warmup calls, then `repeats` repetitions of (barrier,
-`iters` timed calls). A repetition yields the mean time per call (nccl-tests' time) and the median
+`iters` timed calls), every call on the same buffers (Chorus's perf binaries run with -W 0: by
+default they walk through their buffers as nccl-tests does, which the peer programs do not; a
+machine with a large last-level cache then times Chorus on cold buffers and the peers on warm
+ones. --walk restores the walk for Chorus alone). A repetition yields the mean time per call (nccl-tests' time) and the median
 of the per-call times, each averaged over ranks; `--stat` picks which one the tables use (default
 p50: on a busy machine one descheduled call moves the mean of a few calls by milliseconds; both
 are kept in latest.json). The tables report the median over repetitions of that time, busbw from it
@@ -132,7 +135,7 @@ def run_chorus(a, res, lib, transport, build=None, threads=False):
             chorus_launcher(build or a.build) + [str(a.np), binary]
         cmd = launch + ["-b", str(a.minbytes), "-e", str(a.maxbytes), "-f", str(a.factor), "-n",
                         str(a.iters), "-w", str(a.warmup), "-c", "1", "-N", str(a.repeats),
-                        "-m", "host", "-J", jpath]
+                        "-m", "host", "-W", "1" if a.walk else "0", "-J", jpath]
         env = dict(kv.split("=", 1) for kv in a.chorus_env)
         env["CHORUS_TRANSPORT"] = transport
         if build:
@@ -328,6 +331,9 @@ def main():
     p.add_argument("--no-mpi", action="store_true")
     p.add_argument("--no-gloo", action="store_true")
     p.add_argument("--no-chorus-tcp", action="store_true")
+    p.add_argument("--walk", action="store_true",
+                   help="Chorus's perf binaries walk through their buffers (nccl-tests' way; the "
+                        "peers do not)")
     p.add_argument("--no-chorus-threads", action="store_true",
                    help="skip chorus-threads (the ranks as threads of one process)")
     p.add_argument("--no-mpi-tcp", action="store_true", help="Open MPI over shared memory only")
@@ -414,7 +420,10 @@ def write_outputs(a, res, skipped, started, load0):
           + ("the median per-call time" if a.stat == "p50" else "the mean time per call")
           + f" in {a.iters} calls (after {a.warmup} warmup calls), averaged across ranks, in "
           "microseconds; busbw in GB/s with nccl-tests' factors; ratio = Chorus busbw / peer "
-          "busbw (>1: Chorus faster). Chorus: out-of-place, results checked. "
+          "busbw (>1: Chorus faster). Chorus: out-of-place, results checked, "
+          + ("buffers walked through as nccl-tests does (the peers reuse theirs). "
+             if a.walk else "every call on the same buffers, as the peers. ")
+          + 
           f"Load average when it started: {load0:.1f} on {os.cpu_count()} CPUs."
           + (f" Chorus environment: {' '.join(a.chorus_env)}." if a.chorus_env else "")
           + (f" {a.busy} busy loops ran alongside every library." if a.busy > 0 else ""),
