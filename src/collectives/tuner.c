@@ -37,9 +37,16 @@
  * moves log2(n) full messages per rank in log2(n) hops, the ring 2(n-1)/n messages in 2(n-1)
  * hops: up to 4 ranks it wins up to its one-chunk limit (measured with all_reduce_perf, 2 ranks
  * over shm: 256 KiB in ~0.1-0.9 ms against 1.9-2.1 ms for the ring on the loaded 2-core VM);
- * beyond 4 ranks its extra traffic makes 64 KiB the default. */
+ * beyond 4 ranks its extra traffic makes 64 KiB the default, and 3 or 4 ranks measured lower
+ * crossovers (below). */
 #define DEFAULT_LL_SHM_SMALL (256 * 1024)
 #define DEFAULT_LL_SHM (64 * 1024)
+/* 3 and 4 ranks: measured on an Intel guest (2 cores, 2 MiB L2 each; all_reduce_perf -W 0, p50,
+ * CHORUS_ALGO=ll vs ring): 3 ranks 32 KiB 10.0 vs 13.4 us, 64 KiB 19.7 vs 18.2, 256 KiB 77 vs
+ * 64; 4 ranks 16 KiB 11.2 vs 14.5, 32 KiB 21.8 vs 18.9, 256 KiB 155 vs 107. (2 ranks there:
+ * even from 64 KiB to 256 KiB, so 2 ranks keep the 256 KiB measured on the AMD guest.) */
+#define DEFAULT_LL_SHM_3 (32 * 1024)
+#define DEFAULT_LL_SHM_4 (16 * 1024)
 #define DEFAULT_LL_TCP (128 * 1024)
 /* Up to these sizes the one-shot all-reduce (every rank sends its input to every rank, one
  * message latency) replaces recursive doubling between ranks of one host. With 2 ranks the two
@@ -243,7 +250,10 @@ static size_t tuner_ll_threshold(struct ncclComm *comm) {
     int64_t t = chorus_param_int(PARAM_LL_THRESHOLD);
     if (t >= 0) return (size_t)t;
     if (tuner_edge_is_tcp(comm)) return DEFAULT_LL_TCP;
-    return comm->nranks <= 4 ? DEFAULT_LL_SHM_SMALL : DEFAULT_LL_SHM;
+    return comm->nranks <= 2   ? DEFAULT_LL_SHM_SMALL
+           : comm->nranks == 3 ? DEFAULT_LL_SHM_3
+           : comm->nranks == 4 ? DEFAULT_LL_SHM_4
+                               : DEFAULT_LL_SHM;
 }
 
 /* Bytes up to which all-reduce runs one-shot (0: never): shared memory only. */
