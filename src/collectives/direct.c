@@ -56,8 +56,9 @@ typedef struct {
 
 #define DIRECT_MAGIC 0x43484f5244495231ull /* "CHORDIR1" */
 /* Bytes folded per kernel call: the folded piece stays in L1 while it is copied out (16-64 KiB
- * measured alike, 4-8 KiB 5-15% slower; 2 threads, 16 and 256 MiB). */
-#define DIRECT_PIECE_BYTES ((size_t)32768)
+ * measured alike, 4-8 KiB 5-15% slower; 2 threads, 16 and 256 MiB). It lives on the stack of
+ * whichever thread drives progress (the caller's included), so it stays at the low end. */
+#define DIRECT_PIECE_BYTES ((size_t)16384)
 /* Bytes of the slice computed per progress pass. */
 #define DIRECT_STEP_BYTES ((size_t)4 << 20)
 
