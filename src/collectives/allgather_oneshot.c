@@ -51,7 +51,6 @@ static ncclResult_t ag_oneshot_setup(coll_op_t *op) {
 }
 
 static ncclResult_t ag_oneshot_progress(coll_op_t *op, int *done_p) {
-    struct coll_engine *e = op->engine;
     struct ncclComm *comm = op->comm;
     const int n = comm->nranks, me = comm->rank;
     const size_t bytes = op->count * op->esize;
@@ -73,31 +72,17 @@ static ncclResult_t ag_oneshot_progress(coll_op_t *op, int *done_p) {
         for (int i = pass * (n - 1); i < (pass + 1) * (n - 1); i++) {
             coll_xfer_t *x = &op->xfer[i];
             if (x->done) continue;
-            uint64_t *served = x->is_send ? &e->p2p_send_served[x->peer]
-                                          : &e->p2p_recv_served[x->peer];
-            if (*served != x->use.ticket) {
-                left = 1;
-                continue;
-            }
-            x->started = 1;
             coll_chunk_t cc = {0};
+            cc.kind = x->is_send ? PRIM_SEND : PRIM_RECV;
+            cc.in = x->buf;
+            cc.dst = x->buf;
             cc.count = op->count;
             int ok;
-            if (x->is_send) {
-                cc.kind = PRIM_SEND;
-                cc.in = x->buf;
-                CHECK(prim_step(op, NULL, &x->use, &cc, &ok));
-            } else {
-                cc.kind = PRIM_RECV;
-                cc.dst = x->buf;
-                CHECK(prim_step(op, &x->use, NULL, &cc, &ok));
-            }
+            CHECK(prim_xfer_chunk(op, x, &cc, &ok));
             if (!ok) {
                 left = 1;
                 continue;
             }
-            x->done = 1;
-            (*served)++;
             moved = 1;
         }
     }

@@ -103,7 +103,6 @@ static ncclResult_t oneshot_start(coll_op_t *op) {
 }
 
 static ncclResult_t oneshot_progress(coll_op_t *op, int *done_p) {
-    struct coll_engine *e = op->engine;
     struct ncclComm *comm = op->comm;
     const int n = comm->nranks, me = comm->rank;
     char *out = op->recvbuff;
@@ -118,24 +117,16 @@ static ncclResult_t oneshot_progress(coll_op_t *op, int *done_p) {
     for (int i = 0; i < n - 1; i++) {
         coll_xfer_t *x = &op->xfer[i];
         if (x->done) continue;
-        uint64_t *served = &e->p2p_send_served[x->peer];
-        if (*served != x->use.ticket) {
-            sends_done = 0;
-            continue;
-        }
-        x->started = 1;
         coll_chunk_t cc = {0};
         cc.kind = PRIM_PREP_SEND;
         cc.in = x->buf;
         cc.count = op->count;
         int ok;
-        CHECK(prim_step(op, NULL, &x->use, &cc, &ok));
+        CHECK(prim_xfer_chunk(op, x, &cc, &ok));
         if (!ok) {
             sends_done = 0;
             continue;
         }
-        x->done = 1;
-        (*served)++;
         moved = 1;
     }
     /* The fold, in rank order. op->round - 1 is the next rank whose contribution to add. In
@@ -152,19 +143,14 @@ static ncclResult_t oneshot_progress(coll_op_t *op, int *done_p) {
             continue;
         }
         coll_xfer_t *x = &op->xfer[n - 1 + (k < me ? k : k - 1)];
-        uint64_t *served = &e->p2p_recv_served[x->peer];
-        if (*served != x->use.ticket) break;
-        x->started = 1;
         coll_chunk_t cc = {0};
         cc.kind = k == 0 ? PRIM_RECV : PRIM_RECV_COMBINE;
         cc.in = out;
         cc.dst = out;
         cc.count = op->count;
         int ok;
-        CHECK(prim_step(op, &x->use, NULL, &cc, &ok));
+        CHECK(prim_xfer_chunk(op, x, &cc, &ok));
         if (!ok) break;
-        x->done = 1;
-        (*served)++;
         op->round++;
         moved = 1;
     }

@@ -409,6 +409,21 @@ ncclResult_t prim_step(coll_op_t *op, coll_use_t *recv, coll_use_t *send, const 
     return ncclSuccess;
 }
 
+ncclResult_t prim_xfer_chunk(coll_op_t *op, coll_xfer_t *x, const coll_chunk_t *c, int *ok_p) {
+    struct coll_engine *e = op->engine;
+    uint64_t *served = x->is_send ? &e->p2p_send_served[x->peer] : &e->p2p_recv_served[x->peer];
+    *ok_p = x->done;
+    if (x->done || *served != x->use.ticket) return ncclSuccess;
+    x->started = 1;
+    int ok;
+    CHECK(prim_step(op, x->is_send ? NULL : &x->use, x->is_send ? &x->use : NULL, c, &ok));
+    if (!ok) return ncclSuccess;
+    x->done = 1;
+    (*served)++;
+    *ok_p = 1;
+    return ncclSuccess;
+}
+
 ncclResult_t prim_send_drained(coll_op_t *op, coll_use_t *send, int *ok_p) {
     *ok_p = 1;
     if (!send->used_direct) return ncclSuccess;

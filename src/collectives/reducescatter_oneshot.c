@@ -52,7 +52,6 @@ static ncclResult_t rs_oneshot_setup(coll_op_t *op) {
 }
 
 static ncclResult_t rs_oneshot_progress(coll_op_t *op, int *done_p) {
-    struct coll_engine *e = op->engine;
     struct ncclComm *comm = op->comm;
     const int n = comm->nranks, me = comm->rank;
     char *out = op->recvbuff;
@@ -67,24 +66,16 @@ static ncclResult_t rs_oneshot_progress(coll_op_t *op, int *done_p) {
     for (int i = 0; i < n - 1; i++) {
         coll_xfer_t *x = &op->xfer[i];
         if (x->done) continue;
-        uint64_t *served = &e->p2p_send_served[x->peer];
-        if (*served != x->use.ticket) {
-            sends_done = 0;
-            continue;
-        }
-        x->started = 1;
         coll_chunk_t cc = {0};
         cc.kind = PRIM_PREP_SEND;
         cc.in = x->buf;
         cc.count = op->count;
         int ok;
-        CHECK(prim_step(op, NULL, &x->use, &cc, &ok));
+        CHECK(prim_xfer_chunk(op, x, &cc, &ok));
         if (!ok) {
             sends_done = 0;
             continue;
         }
-        x->done = 1;
-        (*served)++;
         moved = 1;
     }
     /* op->round: 0 before the own block, then 1 + the number of peers folded in. The own block
@@ -100,19 +91,14 @@ static ncclResult_t rs_oneshot_progress(coll_op_t *op, int *done_p) {
             continue;
         }
         coll_xfer_t *x = &op->xfer[n - 1 + (first ? 0 : op->round - 1)];
-        uint64_t *served = &e->p2p_recv_served[x->peer];
-        if (*served != x->use.ticket) break;
-        x->started = 1;
         coll_chunk_t cc = {0};
         cc.kind = first ? PRIM_RECV_REDUCE_COPY : PRIM_RECV_COMBINE;
         cc.in = first ? own : out;
         cc.dst = out;
         cc.count = op->count;
         int ok;
-        CHECK(prim_step(op, &x->use, NULL, &cc, &ok));
+        CHECK(prim_xfer_chunk(op, x, &cc, &ok));
         if (!ok) break;
-        x->done = 1;
-        (*served)++;
         op->round += first ? 2 : 1;
         moved = 1;
     }

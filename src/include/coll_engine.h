@@ -283,6 +283,11 @@ typedef struct {
 
 ncclResult_t prim_step(coll_op_t *op, coll_use_t *recv, coll_use_t *send, const coll_chunk_t *c,
                        int *ok_p);
+/* A point-to-point transfer of one chunk (one-shot and direct algorithms): when its ticket is
+ * served on its connection, marks it started and runs prim_step (a send or a receive as
+ * x->is_send says); once the chunk moved, the transfer is done and the connection's line moves
+ * on. *ok_p = 1 when the transfer is done (also when it already was). */
+ncclResult_t prim_xfer_chunk(coll_op_t *op, coll_xfer_t *x, const coll_chunk_t *c, int *ok_p);
 /* Sender side: all direct chunks consumed (poll). */
 ncclResult_t prim_send_drained(coll_op_t *op, coll_use_t *send, int *ok_p);
 /* Failure handling: post error chunks, drain; *ok_p = 1 when finished with the connection. */
