@@ -64,14 +64,11 @@ typedef struct {
 
 /* Per-op state, in op->scratch. */
 typedef struct {
-    direct_ptrs_t mine;
-    direct_ptrs_t done_msg;
-    size_t lo, hi, pos; /* this rank's slice [lo, hi) in elements; pos: computed up to here */
-    int nsent, nrecv;   /* pointer messages sent / received */
-    int ndone_sent, ndone_recv;
-    int computed;
-    int stream;
+    direct_ptrs_t mine;   /* sent to every peer, as the pointer message and as the done message */
+    direct_ptrs_t junk;   /* where done messages are received */
+    size_t pos, hi;       /* this rank's share: elements [pos, hi) are still to do */
     size_t block;         /* reduce-scatter, all-gather: elements per rank block (op->count) */
+    int stream;
     direct_ptrs_t peer[]; /* [n], by rank */
 } direct_state_t;
 
@@ -136,15 +133,14 @@ static ncclResult_t direct_setup(coll_op_t *op) {
     if (op->coll == COLL_ALLREDUCE) {
         const size_t align = 64 / op->esize;
         size_t blk = CHORUS_ALIGN_UP(CHORUS_DIV_UP(op->count, (size_t)n), align);
-        st->lo = CHORUS_MIN(op->count, (size_t)me * blk);
-        st->hi = CHORUS_MIN(op->count, st->lo + blk);
+        st->pos = CHORUS_MIN(op->count, (size_t)me * blk);
+        st->hi = CHORUS_MIN(op->count, st->pos + blk);
     } else {
         /* Reduce-scatter: elements of this rank's block; all-gather: of its whole output. */
         st->block = op->count;
-        st->lo = 0;
+        st->pos = 0;
         st->hi = op->coll == COLL_ALLGATHER ? (size_t)n * op->count : op->count;
     }
-    st->pos = st->lo;
     /* Out of place, the output lines are not in cache: plain stores would read each one first
      * (read-for-ownership), streaming stores do not. In place, the lines were just read, and
      * streaming stores would push them out. Measured (2 threads, p50 per call, out of place /
@@ -160,33 +156,41 @@ static ncclResult_t direct_setup(coll_op_t *op) {
     st->mine.out = (uint64_t)(uintptr_t)op->recvbuff;
     st->mine.pid = (uint64_t)getpid();
     st->mine.magic = DIRECT_MAGIC;
-    st->done_msg = st->mine;
     st->peer[me] = st->mine;
     return ncclSuccess;
 }
 
-/* One message on transfer x (a send from src, or a receive into dst); *ok_p = 1 when done. */
-static ncclResult_t direct_msg(coll_op_t *op, coll_xfer_t *x, void *buf, int *ok_p) {
-    struct coll_engine *e = op->engine;
-    uint64_t *served = x->is_send ? &e->p2p_send_served[x->peer] : &e->p2p_recv_served[x->peer];
-    *ok_p = 0;
-    if (x->done) {
-        *ok_p = 1;
-        return ncclSuccess;
+/* Phase k's messages (see direct_setup), one per peer: *all_p = 1 when every one is done. A
+ * pointer message is received straight into peer[] and checked there. */
+static ncclResult_t direct_phase(coll_op_t *op, direct_state_t *st, int k, int *all_p,
+                                 int *moved_p) {
+    const int m = op->comm->nranks - 1;
+    *all_p = 1;
+    for (int i = 0; i < m; i++) {
+        coll_xfer_t *x = &op->xfer[k * m + i];
+        if (x->done) continue;
+        direct_ptrs_t *buf = k == 1 ? &st->peer[x->peer] : k == 3 ? &st->junk : &st->mine;
+        coll_chunk_t cc = {0};
+        cc.kind = x->is_send ? PRIM_SEND : PRIM_RECV;
+        cc.in = buf;
+        cc.dst = buf;
+        cc.count = sizeof(direct_ptrs_t) / op->esize;
+        int ok;
+        CHECK(prim_xfer_chunk(op, x, &cc, &ok));
+        if (!ok) {
+            *all_p = 0;
+            continue;
+        }
+        *moved_p = 1;
+        if (k == 1 && (buf->magic != DIRECT_MAGIC || buf->pid != st->mine.pid)) {
+            WARN("%s #%llu: rank %d sent a direct-algorithm message from pid %llu (magic %llx); "
+                 "rank %d is pid %llu: the ranks do not share an address space",
+                 coll_kind_name(op->coll), (unsigned long long)op->seq, x->peer,
+                 (unsigned long long)buf->pid, (unsigned long long)buf->magic, op->comm->rank,
+                 (unsigned long long)st->mine.pid);
+            return ncclInternalError;
+        }
     }
-    if (*served != x->use.ticket) return ncclSuccess;
-    x->started = 1;
-    coll_chunk_t cc = {0};
-    cc.kind = x->is_send ? PRIM_SEND : PRIM_RECV;
-    cc.in = buf;
-    cc.dst = buf;
-    cc.count = sizeof(direct_ptrs_t) / op->esize;
-    int ok;
-    CHECK(prim_step(op, x->is_send ? NULL : &x->use, x->is_send ? &x->use : NULL, &cc, &ok));
-    if (!ok) return ncclSuccess;
-    x->done = 1;
-    (*served)++;
-    *ok_p = 1;
     return ncclSuccess;
 }
 
@@ -260,57 +264,21 @@ static void direct_compute(coll_op_t *op, direct_state_t *st, size_t end) {
 
 static ncclResult_t direct_progress(coll_op_t *op, int *done_p) {
     direct_state_t *st = op->scratch;
-    const int m = op->comm->nranks - 1;
-    int moved = 0, ok;
+    int moved = 0, sent, received, done_sent, done_received;
     /* 1. pointers out and in */
-    for (int i = 0; i < m; i++) {
-        coll_xfer_t *x = &op->xfer[i];
-        if (x->done) continue;
-        CHECK(direct_msg(op, x, &st->mine, &ok));
-        if (ok) st->nsent++, moved = 1;
-    }
-    for (int i = 0; i < m; i++) {
-        coll_xfer_t *x = &op->xfer[m + i];
-        if (x->done) continue;
-        direct_ptrs_t got;
-        CHECK(direct_msg(op, x, &got, &ok));
-        if (!ok) continue;
-        if (got.magic != DIRECT_MAGIC || got.pid != st->mine.pid) {
-            WARN("%s #%llu: rank %d sent a direct-algorithm message from pid %llu (magic %llx); "
-                 "rank %d is pid %llu: the ranks do not share an address space",
-                 coll_kind_name(op->coll), (unsigned long long)op->seq, x->peer, (unsigned long long)got.pid,
-                 (unsigned long long)got.magic, op->comm->rank,
-                 (unsigned long long)st->mine.pid);
-            return ncclInternalError;
-        }
-        st->peer[x->peer] = got;
-        st->nrecv++;
-        moved = 1;
-    }
-    /* 2. this rank's slice, a step at a time */
-    if (st->nrecv == m && !st->computed) {
+    CHECK(direct_phase(op, st, 0, &sent, &moved));
+    CHECK(direct_phase(op, st, 1, &received, &moved));
+    /* 2. this rank's share, a step at a time */
+    if (received && st->pos < st->hi) {
         size_t step = CHORUS_MAX((size_t)1, DIRECT_STEP_BYTES / op->esize);
         direct_compute(op, st, CHORUS_MIN(st->hi, st->pos + step));
-        if (st->pos >= st->hi) st->computed = 1;
         moved = 1;
     }
-    /* 3. done out (after the slice is written), done in */
-    if (st->computed && st->nsent == m) {
-        for (int i = 0; i < m; i++) {
-            coll_xfer_t *x = &op->xfer[2 * m + i];
-            if (x->done) continue;
-            CHECK(direct_msg(op, x, &st->done_msg, &ok));
-            if (ok) st->ndone_sent++, moved = 1;
-        }
-    }
-    for (int i = 0; i < m; i++) {
-        coll_xfer_t *x = &op->xfer[3 * m + i];
-        if (x->done) continue;
-        direct_ptrs_t got;
-        CHECK(direct_msg(op, x, &got, &ok));
-        if (ok) st->ndone_recv++, moved = 1;
-    }
-    if (st->ndone_sent == m && st->ndone_recv == m) {
+    /* 3. done out (once the share is written), done in */
+    done_sent = 0;
+    if (received && sent && st->pos >= st->hi) CHECK(direct_phase(op, st, 2, &done_sent, &moved));
+    CHECK(direct_phase(op, st, 3, &done_received, &moved));
+    if (done_sent && done_received) {
         atomic_fetch_add_explicit(&direct_stat_ops, 1, memory_order_relaxed);
         *done_p = 1;
         return ncclSuccess;

@@ -8,8 +8,8 @@
  * transfer-based ones). The choice for all-reduce is by size: up to ONESHOT_THRESHOLD bytes one-shot (shared memory
  * only, see DEFAULT_ONESHOT_*), below LL_THRESHOLD bytes (default from measurements on this
  * machine class: see DEFAULT_LL_*) recursive doubling, above it the ring; between ranks that are
- * threads of one process, from DIRECT_THRESHOLD bytes the direct all-reduce (each rank folds its
- * slice of every input into every output). NCCL_ALGO /
+ * threads of one process, from DIRECT_THRESHOLD bytes (the total for reduce-scatter and
+ * all-gather) the direct algorithm of all three (direct.c). NCCL_ALGO /
  * CHORUS_ALGO override it: "ring", "ll", "oneshot", "direct" (also accepted: NCCL's "Tree"/"CollNet*" map
  * to the default choice), optionally per collective: "allreduce:ll,broadcast:ring". A forced
  * algorithm that cannot run the op (ll on a message larger than one chunk) falls back with an
@@ -284,7 +284,17 @@ static int tuner_ag_oneshot(struct ncclComm *comm, size_t total) {
     return total <= (t < 0 ? (size_t)DEFAULT_ONESHOT_AG : (size_t)t);
 }
 
-/* Bytes from which all-reduce between threads of one process runs direct (0: never). */
+/* The direct schedule of a collective, or NULL. */
+static const coll_algo_t *tuner_direct_algo(int coll) {
+    switch (coll) {
+    case COLL_ALLREDUCE: return &coll_algo_allreduce_direct;
+    case COLL_REDUCESCATTER: return &coll_algo_reducescatter_direct;
+    case COLL_ALLGATHER: return &coll_algo_allgather_direct;
+    default: return NULL;
+    }
+}
+/* Bytes from which all-reduce between threads of one process runs direct (0: never); the total
+ * size for reduce-scatter and all-gather. */
 static size_t tuner_direct_threshold(struct ncclComm *comm) {
     int64_t t = chorus_param_int(PARAM_DIRECT_THRESHOLD);
     if (t >= 0) return (size_t)t;
@@ -298,7 +308,22 @@ ncclResult_t coll_tuner_pick(coll_op_t *op) {
     const char *why = "only schedule";
     char buf[64];
     const char *forced = tuner_forced(op->coll, buf, sizeof(buf));
-    if (op->coll == COLL_ALLREDUCE) {
+    /* Direct (threads of one process): forced, or by size (the total for reduce-scatter and
+     * all-gather) unless another known algorithm is forced. */
+    const coll_algo_t *direct = tuner_direct_algo(op->coll);
+    const int force_direct = forced && strcasecmp(forced, "direct") == 0;
+    const int force_other = forced && (strcasecmp(forced, "ring") == 0 ||
+                                       strcasecmp(forced, "ll") == 0 ||
+                                       strcasecmp(forced, "oneshot") == 0);
+    const size_t dbytes = op->coll == COLL_ALLREDUCE ? bytes : bytes * (size_t)comm->nranks;
+    const size_t dthr = tuner_direct_threshold(comm);
+    if (direct && direct->supports(op) &&
+        (force_direct ||
+         (!force_other && dthr && dbytes >= dthr && !tuner_edge_is_tcp(comm)))) {
+        pick = direct;
+        why = force_direct ? "forced by NCCL_ALGO/CHORUS_ALGO"
+                           : "threads of one process, size above DIRECT_THRESHOLD";
+    } else if (op->coll == COLL_ALLREDUCE) {
         size_t thr = tuner_ll_threshold(comm);
         if (forced && strcasecmp(forced, "ll") == 0) {
             if (coll_algo_allreduce_rd.supports(op)) {
@@ -314,22 +339,10 @@ ncclResult_t coll_tuner_pick(coll_op_t *op) {
             } else {
                 why = "oneshot forced but the message is larger than one chunk or too many ranks";
             }
-        } else if (forced && strcasecmp(forced, "direct") == 0) {
-            if (coll_algo_allreduce_direct.supports(op)) {
-                pick = &coll_algo_allreduce_direct;
-                why = "forced by NCCL_ALGO/CHORUS_ALGO";
-            } else {
-                why = "direct forced but the ranks are not threads of one process";
-            }
         } else if (forced && strcasecmp(forced, "ring") == 0) {
             why = "forced by NCCL_ALGO/CHORUS_ALGO";
         } else {
-            size_t dthr = tuner_direct_threshold(comm);
-            if (dthr && bytes >= dthr && !tuner_edge_is_tcp(comm) &&
-                coll_algo_allreduce_direct.supports(op)) {
-                pick = &coll_algo_allreduce_direct;
-                why = "threads of one process, size above DIRECT_THRESHOLD";
-            } else if (bytes <= tuner_oneshot_threshold(comm) &&
+            if (bytes <= tuner_oneshot_threshold(comm) &&
                 coll_algo_allreduce_oneshot.supports(op)) {
                 pick = &coll_algo_allreduce_oneshot;
                 why = "size below ONESHOT_THRESHOLD";
@@ -346,23 +359,8 @@ ncclResult_t coll_tuner_pick(coll_op_t *op) {
         const coll_algo_t *oneshot = op->coll == COLL_REDUCESCATTER
                                          ? &coll_algo_reducescatter_oneshot
                                          : &coll_algo_allgather_oneshot;
-        const coll_algo_t *direct = op->coll == COLL_REDUCESCATTER
-                                        ? &coll_algo_reducescatter_direct
-                                        : &coll_algo_allgather_direct;
         size_t total = bytes * (size_t)comm->nranks;
-        size_t dthr = tuner_direct_threshold(comm);
-        if (forced && strcasecmp(forced, "direct") == 0) {
-            if (direct->supports(op)) {
-                pick = direct;
-                why = "forced by NCCL_ALGO/CHORUS_ALGO";
-            } else {
-                why = "direct forced but the ranks are not threads of one process";
-            }
-        } else if (!forced && dthr && total >= dthr && !tuner_edge_is_tcp(comm) &&
-                   direct->supports(op)) {
-            pick = direct;
-            why = "threads of one process, total size above DIRECT_THRESHOLD";
-        } else if (forced && strcasecmp(forced, "oneshot") == 0) {
+        if (forced && strcasecmp(forced, "oneshot") == 0) {
             if (oneshot->supports(op)) {
                 pick = oneshot;
                 why = "forced by NCCL_ALGO/CHORUS_ALGO";
@@ -379,10 +377,11 @@ ncclResult_t coll_tuner_pick(coll_op_t *op) {
         } else {
             why = "total size above ONESHOT_THRESHOLD";
         }
-    } else if (forced && strcasecmp(forced, "ring") != 0 && strcasecmp(forced, "ll") != 0 &&
-               strcasecmp(forced, "oneshot") != 0 && strcasecmp(forced, "direct") != 0) {
+    } else if (forced && !force_other && !force_direct) {
         why = "NCCL_ALGO value not known here: default";
     }
+    if (force_direct && direct && pick != direct)
+        why = "direct forced but the ranks are not threads of one process: default choice";
     op->algo = pick;
     op->uses_ring = pick->id == COLL_ALGO_RING && comm->nranks > 1;
     if (op->uses_ring && tuner_tcp_rings(comm)) tuner_tune_tcp(op);
