@@ -49,4 +49,13 @@ ncclResult_t init_comm(ncclComm_t *comm, int nranks, const ncclUniqueId &id, int
 
 extern const ncclDataType_t kAllTypes[12];
 
+// float32 values of very different magnitudes: (a + b) + c != a + (b + c) for many of them, so a
+// result shows the order its additions ran in (bitwise checks of one-shot and direct folds).
+inline float order_sensitive_value(int rank, size_t i) {
+    unsigned x = ((unsigned)rank * 7919u + (unsigned)i * 104729u) * 2654435761u;
+    float m = (float)((x >> 8) & 0xffff) / 65536.0f;
+    int e = (int)((x >> 24) % 40) - 20;
+    return std::ldexp((x & 1) ? -m : m, e);
+}
+
 } // namespace coll_test

@@ -28,14 +28,6 @@ using chorus_test::Launch;
 
 namespace {
 
-// Values of very different magnitudes: (a + b) + c != a + (b + c) for many of them.
-float direct_value(int rank, size_t i) {
-    unsigned x = ((unsigned)rank * 7919u + (unsigned)i * 104729u) * 2654435761u;
-    float m = (float)((x >> 8) & 0xffff) / 65536.0f;
-    int e = (int)((x >> 24) % 40) - 20;
-    return std::ldexp((x & 1) ? -m : m, e);
-}
-
 void set_algo(const char *algo) {
     if (algo) setenv("CHORUS_ALGO", algo, 1);
     else unsetenv("CHORUS_ALGO");
@@ -58,13 +50,13 @@ TEST_P(CollDirectIdentical, TunerPicksItAndRanksAgreeBitwise) {
         RANK_NCCL(ncclCommInitRank(&comm, nr, id, rank));
         for (int inplace = 0; inplace < 2; inplace++) {
             std::vector<float> in(count), out(count, -1.0f);
-            for (size_t i = 0; i < count; i++) in[i] = direct_value(rank, i);
+            for (size_t i = 0; i < count; i++) in[i] = coll_test::order_sensitive_value(rank, i);
             if (inplace) out = in;
             float *src = inplace ? out.data() : in.data();
             RANK_NCCL(ncclAllReduce(src, out.data(), count, ncclFloat32, ncclSum, comm, nullptr));
             if (!inplace)
                 for (size_t i = 0; i < count; i++)
-                    RANK_CHECK(in[i] == direct_value(rank, i), "rank %d: input %zu changed", rank, i);
+                    RANK_CHECK(in[i] == coll_test::order_sensitive_value(rank, i), "rank %d: input %zu changed", rank, i);
             outs[rank][inplace] = out;
         }
         RANK_NCCL(ncclCommDestroy(comm));
@@ -75,8 +67,8 @@ TEST_P(CollDirectIdentical, TunerPicksItAndRanksAgreeBitwise) {
     EXPECT_EQ(after - before, (uint64_t)(2 * n)) << "the tuner did not run the direct algorithm";
     for (int inplace = 0; inplace < 2; inplace++) {
         for (size_t i = 0; i < count; i++) {
-            float acc = direct_value(0, i);
-            for (int k = 1; k < n; k++) acc = acc + direct_value(k, i);
+            float acc = coll_test::order_sensitive_value(0, i);
+            for (int k = 1; k < n; k++) acc = acc + coll_test::order_sensitive_value(k, i);
             ASSERT_EQ(std::memcmp(&acc, &outs[0][inplace][i], sizeof(float)), 0)
                 << "element " << i << (inplace ? " in place" : " out of place") << ": " << acc
                 << " vs " << outs[0][inplace][i];

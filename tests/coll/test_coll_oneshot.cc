@@ -20,20 +20,13 @@
 #include <vector>
 
 #include "chorus.h"
+#include "coll_util.h"
 #include "launch.h"
 #include "nccl.h"
 
 using chorus_test::Launch;
 
 namespace {
-
-// Values of very different magnitudes: (a + b) + c != a + (b + c) for many of them.
-float oneshot_value(int rank, size_t i) {
-    unsigned x = (unsigned)(rank * 7919 + (int)i * 104729) * 2654435761u;
-    float m = (float)((x >> 8) & 0xffff) / 65536.0f;
-    int e = (int)((x >> 24) % 40) - 20;
-    return std::ldexp((x & 1) ? -m : m, e);
-}
 
 void oneshot_env(const char *algo) {
     setenv("CHORUS_ALGO", algo, 1);
@@ -61,7 +54,7 @@ TEST_P(CollOneshotIdentical, SameBitsOnEveryRank) {
         RANK_NCCL(ncclCommInitRank(&comm, nr, id, rank));
         for (int inplace = 0; inplace < 2; inplace++) {
             std::vector<float> in(count), out(count, -1.0f);
-            for (size_t i = 0; i < count; i++) in[i] = oneshot_value(rank, i);
+            for (size_t i = 0; i < count; i++) in[i] = coll_test::order_sensitive_value(rank, i);
             float *src = inplace ? out.data() : in.data();
             if (inplace) out = in;
             RANK_NCCL(ncclAllReduce(src, out.data(), count, ncclFloat32, ncclSum, comm, nullptr));
@@ -75,8 +68,8 @@ TEST_P(CollOneshotIdentical, SameBitsOnEveryRank) {
     for (int inplace = 0; inplace < 2; inplace++) {
         // The reference: the fold in rank order, acc = p0, then acc = p_k + acc.
         for (size_t i = 0; i < count; i++) {
-            float acc = oneshot_value(0, i);
-            for (int k = 1; k < n; k++) acc = oneshot_value(k, i) + acc;
+            float acc = coll_test::order_sensitive_value(0, i);
+            for (int k = 1; k < n; k++) acc = coll_test::order_sensitive_value(k, i) + acc;
             ASSERT_EQ(std::memcmp(&acc, &outs[0][inplace][i], sizeof(float)), 0)
                 << "element " << i << (inplace ? " in place" : " out of place") << ": " << acc
                 << " vs " << outs[0][inplace][i];
