@@ -109,7 +109,7 @@ static mm_head_t mm_peek(const struct ncclComm *comm, chorus_conn_t *conn, const
     const coll_hdr_t *h = data;
     if (bytes < COLL_HDR_BYTES || h->magic != COLL_HDR_MAGIC) return MM_NONE;
     /* A user send/recv carries a p2p ticket, not a collective sequence number. */
-    if (h->coll < 0 || h->coll >= COLL_NKINDS || mm_is_p2p(h->coll)) return MM_NONE;
+    if (h->coll >= COLL_NKINDS || mm_is_p2p(h->coll)) return MM_NONE;
     if (h->nranks != comm->nranks || h->rank != conn->peer) return MM_NONE;
     return MM_COLL_HDR;
 }

@@ -24,7 +24,7 @@
  * a reduce goes into the send slot (cache) and is streamed from there into dst, a copy streams
  * from the received slot (or from the bounce buffer for a direct chunk).
  *
- * The first chunk of an op on each connection starts with a 64-byte header (coll_hdr_t). The
+ * The first chunk of an op on each connection starts with a 40-byte header (coll_hdr_t). The
  * receiver knows the exact size of every chunk it expects (both ends compute the same schedule
  * once the headers agree); a chunk of any other size is either an error chunk (a failed upstream
  * rank) or a protocol violation, so the check costs one comparison per chunk.
@@ -145,9 +145,9 @@ void coll_hdr_fill(const coll_op_t *op, coll_hdr_t *h) {
     memset(h, 0, sizeof(*h));
     h->magic = COLL_HDR_MAGIC;
     h->seq = op->seq;
-    h->coll = op->coll == COLL_RECV ? COLL_SEND : op->coll;
+    h->coll = (uint8_t)(op->coll == COLL_RECV ? COLL_SEND : op->coll);
     h->count = op->count;
-    h->dtype = op->dtype;
+    h->dtype = (uint8_t)op->dtype;
     h->op = op->user_op;
     h->root = op->root;
     h->rank = op->comm->rank;

@@ -9,8 +9,11 @@
  *
  * tail (written by the sender only) counts committed steps, head (written by the receiver only)
  * counts released steps; each lives on its own cache line so the two ends do not false-share.
- * Step s uses slot s % nslots: the sender may fill it while tail - head < nslots, the receiver may
- * read it while tail > s. Writers publish with release stores, readers load with acquire.
+ * Step s uses slot s % nslots: the sender may fill it while s - head < nslots; the receiver may
+ * read it once the slot header's seq is s + 1 (tail is then past s too: liveness checks read it).
+ * Writers publish with release stores, readers load with acquire. Chunks of at most
+ * SHM_INLINE_BYTES travel inside the slot header, so a small message costs the receiver one cache
+ * line transfer instead of three (tail, header, data).
  *
  * A "direct" chunk (single copy) leaves the data in the sender's buffer and publishes its address
  * in the slot header; the receiver copies it with process_vm_readv (CMA), or with memcpy when both
@@ -47,13 +50,30 @@
 enum { SHM_CMA_UNDECIDED = 0, SHM_CMA_OFF = 1, SHM_CMA_ON = 2, SHM_CMA_SAME_PROCESS = 3 };
 
 /* Slot header flags. */
-enum { SHM_SLOT_DIRECT = 1 };
+enum { SHM_SLOT_DIRECT = 1, SHM_SLOT_INLINE = 2 };
 
+/* Payload bytes a slot header carries itself (SHM_SLOT_INLINE). */
+#define SHM_INLINE_BYTES 48
+
+/* One cache line per slot. The shm sender fills it and then stores seq = step + 1 (release); the
+ * receiver polls seq, so a chunk of at most SHM_INLINE_BYTES, which the sender copies into data[],
+ * reaches the receiver in the one line it polls. Larger chunks stay in the slot's data area and
+ * direct chunks publish src and dbytes. (cuda_ipc uses bytes and src with the tail counter.) */
 typedef struct {
-    _Alignas(SHM_CACHE_LINE) uint64_t bytes;
-    uint64_t src; /* direct chunks: address in the sender's address space */
-    uint32_t flags;
+    _Alignas(SHM_CACHE_LINE) _Atomic uint64_t seq;
+    uint32_t bytes; /* chunk bytes, except for direct chunks (dbytes) */
+    uint32_t flags; /* SHM_SLOT_* */
+    union {
+        struct {
+            uint64_t src;    /* direct chunks: address in the sender's address space */
+            uint64_t dbytes; /* direct chunks: bytes (may exceed the slot) */
+        };
+        unsigned char data[SHM_INLINE_BYTES];
+    };
 } shm_slot_hdr_t;
+#ifndef __cplusplus
+_Static_assert(sizeof(shm_slot_hdr_t) == SHM_CACHE_LINE, "a slot header is one cache line");
+#endif
 
 /* Values of shm_coop_t.helper, written by the sender at connect. */
 enum { SHM_COOP_OFF = 0, SHM_COOP_ON = 1 };
@@ -123,7 +143,7 @@ typedef struct {
     int peer_pid_ok;  /* peer_pid is valid in our pid namespace (kill(pid, 0) means something) */
     int same_process; /* both ends are threads of one process */
     int cma;          /* SHM_CMA_* for this connection */
-    uint64_t cached;  /* sender: last head seen; receiver: last tail seen */
+    uint64_t cached;  /* sender: last head seen */
     /* Liveness: not-ready polls since the last clock read, and when to probe the peer next. */
     uint32_t idle_polls;
     uint64_t next_check_ns;

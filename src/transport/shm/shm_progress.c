@@ -1,11 +1,12 @@
 /*
  * shm_progress.c: the shared-memory data path (nonblocking) and peer-failure detection.
  *
- * Sender: send_acquire finds a free slot (tail - head < nslots), the caller fills it, send_commit
- * writes the slot header and publishes tail with a release store. Receiver: recv_peek loads tail
- * with acquire and returns a pointer into the slot, recv_release publishes head. Each end caches
- * the other's counter and reloads it only when the cached value says "not ready", so a free slot
- * costs no access to the shared cache line the peer is writing.
+ * Sender: send_acquire finds a free slot (step - head < nslots), the caller fills it, send_commit
+ * writes the slot header (with the chunk itself when it is small) and publishes the header's seq
+ * with a release store, then tail. Receiver: recv_peek loads the slot header's seq with acquire
+ * and returns a pointer into the header (small chunk) or the slot, recv_release publishes head.
+ * The sender caches head and reloads it only when the cached value says "no credit", so a free
+ * slot costs no access to the line the receiver writes.
  *
  * A sender that polls without finding credit (send_acquire, send_drained, progress) first helps
  * the receiver with the direct chunk it is copying, if any (shm_coop.c).
@@ -96,12 +97,24 @@ static ncclResult_t shm_send_acquire(chorus_conn_t *conn, void **slot_p, int *re
 
 static inline void shm_publish(chorus_conn_t *conn, shm_conn_t *sc, uint64_t src, size_t bytes,
                                uint32_t flags) {
-    shm_slot_hdr_t *h = &sc->ctrl->slots[conn->step % (uint32_t)conn->nslots];
-    h->bytes = bytes;
-    h->src = src;
+    const uint64_t step = conn->step;
+    const uint32_t slot = (uint32_t)(step % (uint32_t)conn->nslots);
+    shm_slot_hdr_t *h = &sc->ctrl->slots[slot];
+    if (flags & SHM_SLOT_DIRECT) {
+        h->src = src;
+        h->dbytes = bytes;
+        h->bytes = 0;
+    } else {
+        if (bytes <= SHM_INLINE_BYTES) {
+            memcpy(h->data, sc->data + (size_t)slot * conn->slot_bytes, bytes);
+            flags |= SHM_SLOT_INLINE;
+        }
+        h->bytes = (uint32_t)bytes;
+    }
     h->flags = flags;
-    conn->step++;
-    atomic_store_explicit(&sc->ctrl->tail, conn->step, memory_order_release);
+    atomic_store_explicit(&h->seq, step + 1, memory_order_release);
+    conn->step = step + 1;
+    atomic_store_explicit(&sc->ctrl->tail, step + 1, memory_order_release);
 }
 
 static ncclResult_t shm_send_commit(chorus_conn_t *conn, size_t bytes) {
@@ -155,19 +168,23 @@ static ncclResult_t shm_recv_peek(chorus_conn_t *conn, const void **data_p, size
                                   int *ready_p) {
     shm_conn_t *sc = conn->priv;
     if (__builtin_expect(sc->failed, 0)) return ncclRemoteError;
-    uint64_t step = conn->step;
-    if (sc->cached <= step) {
-        sc->cached = atomic_load_explicit(&sc->ctrl->tail, memory_order_acquire);
-        if (sc->cached <= step) {
-            *ready_p = 0;
-            return shm_idle_check(conn, sc);
-        }
+    const uint64_t step = conn->step;
+    const uint32_t slot = (uint32_t)(step % (uint32_t)conn->nslots);
+    const shm_slot_hdr_t *h = &sc->ctrl->slots[slot];
+    if (atomic_load_explicit(&h->seq, memory_order_acquire) != step + 1) {
+        *ready_p = 0;
+        return shm_idle_check(conn, sc);
     }
     sc->idle_polls = 0;
-    uint32_t slot = (uint32_t)(step % (uint32_t)conn->nslots);
-    const shm_slot_hdr_t *h = &sc->ctrl->slots[slot];
-    *bytes_p = h->bytes;
-    *data_p = (h->flags & SHM_SLOT_DIRECT) ? NULL : sc->data + (size_t)slot * conn->slot_bytes;
+    const uint32_t flags = h->flags;
+    if (flags & SHM_SLOT_DIRECT) {
+        *bytes_p = h->dbytes;
+        *data_p = NULL;
+    } else {
+        *bytes_p = h->bytes;
+        *data_p = (flags & SHM_SLOT_INLINE) ? (const void *)h->data
+                                            : sc->data + (size_t)slot * conn->slot_bytes;
+    }
     *ready_p = 1;
     return ncclSuccess;
 }
@@ -176,14 +193,20 @@ static ncclResult_t shm_recv_copy(chorus_conn_t *conn, void *dst, size_t bytes) 
     shm_conn_t *sc = conn->priv;
     uint32_t slot = (uint32_t)(conn->step % (uint32_t)conn->nslots);
     const shm_slot_hdr_t *h = &sc->ctrl->slots[slot];
-    if (__builtin_expect(bytes > h->bytes, 0)) {
+    const int direct = (h->flags & SHM_SLOT_DIRECT) != 0;
+    const uint64_t have = direct ? h->dbytes : h->bytes;
+    if (__builtin_expect(bytes > have, 0)) {
         WARN("shm: copy of %zu bytes from rank %d, but the chunk holds %llu", bytes, conn->peer,
-             (unsigned long long)h->bytes);
+             (unsigned long long)have);
         return ncclInternalError;
     }
-    if (h->flags & SHM_SLOT_DIRECT) {
+    if (direct) {
         if (shm_coop_wanted(sc, bytes)) return shm_coop_read(conn, sc, dst, h->src, bytes);
         return shm_cma_read(conn, sc, dst, h->src, bytes);
+    }
+    if (h->flags & SHM_SLOT_INLINE) {
+        memcpy(dst, h->data, bytes);
+        return ncclSuccess;
     }
     rk_copy(dst, sc->data + (size_t)slot * conn->slot_bytes, bytes);
     return ncclSuccess;

@@ -51,7 +51,7 @@
 #define TCP_STAGE_BYTES 4096 /* receive staging for headers and small payloads, per socket */
 #define TCP_PIECE_ALIGN 4096 /* piece boundaries inside a chunk */
 /* Room past slot_bytes in every slot: a chunk may carry a full power-of-two payload of slot_bytes
- * plus the collectives' 64-byte op header (conn->chunk_room), so a 1 MiB all-reduce of 2 ranks
+ * plus the collectives' op header (conn->chunk_room), so a 1 MiB all-reduce of 2 ranks
  * is one loop of 512 KiB blocks instead of a full loop and a 128-byte one (one more round of
  * message latencies). 4096 keeps every slot page-aligned. */
 #define TCP_SLOT_ROOM 4096
