@@ -396,7 +396,7 @@ TEST(TcpUnit, SplitCoversChunk) {
 // ---- slot room -----------------------------------------------------------------------------
 
 // Chunks of slot_bytes + chunk_room (what a collective's first chunk of a power-of-two payload
-// and its 64-byte op header need), every byte checked, through the slots and direct, with and
+// and its op header need), every byte checked, through the slots and direct, with and
 // without receive helpers, small and default slots.
 struct RoomCase {
     Launch how;

@@ -103,7 +103,6 @@ static inline void shm_publish(chorus_conn_t *conn, shm_conn_t *sc, uint64_t src
     if (flags & SHM_SLOT_DIRECT) {
         h->src = src;
         h->dbytes = bytes;
-        h->bytes = 0;
     } else {
         if (bytes <= SHM_INLINE_BYTES) {
             memcpy(h->data, sc->data + (size_t)slot * conn->slot_bytes, bytes);
@@ -164,6 +163,21 @@ static ncclResult_t shm_send_drained(chorus_conn_t *conn, int *done_p) {
     return shm_idle_check(conn, sc);
 }
 
+/* Where the chunk of a committed slot header lies: its bytes, and its data (in the header for an
+ * inline chunk, in the slot otherwise; NULL for a direct chunk, which recv_copy pulls). */
+static inline const void *shm_slot_payload(const chorus_conn_t *conn, const shm_conn_t *sc,
+                                           const shm_slot_hdr_t *h, uint32_t slot,
+                                           uint64_t *bytes_p) {
+    const uint32_t flags = h->flags;
+    if (flags & SHM_SLOT_DIRECT) {
+        *bytes_p = h->dbytes;
+        return NULL;
+    }
+    *bytes_p = h->bytes;
+    if (flags & SHM_SLOT_INLINE) return h->data;
+    return sc->data + (size_t)slot * conn->slot_bytes;
+}
+
 static ncclResult_t shm_recv_peek(chorus_conn_t *conn, const void **data_p, size_t *bytes_p,
                                   int *ready_p) {
     shm_conn_t *sc = conn->priv;
@@ -176,15 +190,9 @@ static ncclResult_t shm_recv_peek(chorus_conn_t *conn, const void **data_p, size
         return shm_idle_check(conn, sc);
     }
     sc->idle_polls = 0;
-    const uint32_t flags = h->flags;
-    if (flags & SHM_SLOT_DIRECT) {
-        *bytes_p = h->dbytes;
-        *data_p = NULL;
-    } else {
-        *bytes_p = h->bytes;
-        *data_p = (flags & SHM_SLOT_INLINE) ? (const void *)h->data
-                                            : sc->data + (size_t)slot * conn->slot_bytes;
-    }
+    uint64_t bytes;
+    *data_p = shm_slot_payload(conn, sc, h, slot, &bytes);
+    *bytes_p = bytes;
     *ready_p = 1;
     return ncclSuccess;
 }
@@ -193,22 +201,18 @@ static ncclResult_t shm_recv_copy(chorus_conn_t *conn, void *dst, size_t bytes) 
     shm_conn_t *sc = conn->priv;
     uint32_t slot = (uint32_t)(conn->step % (uint32_t)conn->nslots);
     const shm_slot_hdr_t *h = &sc->ctrl->slots[slot];
-    const int direct = (h->flags & SHM_SLOT_DIRECT) != 0;
-    const uint64_t have = direct ? h->dbytes : h->bytes;
+    uint64_t have;
+    const void *data = shm_slot_payload(conn, sc, h, slot, &have);
     if (__builtin_expect(bytes > have, 0)) {
         WARN("shm: copy of %zu bytes from rank %d, but the chunk holds %llu", bytes, conn->peer,
              (unsigned long long)have);
         return ncclInternalError;
     }
-    if (direct) {
+    if (data == NULL) {
         if (shm_coop_wanted(sc, bytes)) return shm_coop_read(conn, sc, dst, h->src, bytes);
         return shm_cma_read(conn, sc, dst, h->src, bytes);
     }
-    if (h->flags & SHM_SLOT_INLINE) {
-        memcpy(dst, h->data, bytes);
-        return ncclSuccess;
-    }
-    rk_copy(dst, sc->data + (size_t)slot * conn->slot_bytes, bytes);
+    rk_copy(dst, data, bytes);
     return ncclSuccess;
 }
 
