@@ -101,7 +101,8 @@ static ncclResult_t msg_send(rank_t *r, size_t bytes) {
     do {
         void *slot;
         int ready;
-        ncclResult_t res = c->ops->send_acquire(c, &slot, &ready);
+        size_t room = bytes - off < c->slot_bytes ? bytes - off : c->slot_bytes;
+        ncclResult_t res = c->ops->send_acquire(c, room, &slot, &ready);
         if (res != ncclSuccess) return res;
         if (!ready) {
             if ((res = wait_step(r, &w)) != ncclSuccess) return res;

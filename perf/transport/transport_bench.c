@@ -138,7 +138,7 @@ static ncclResult_t msg_send(chorus_conn_t *c, const char *src, size_t bytes) {
     do {
         void *slot;
         int ready;
-        CHECK(c->ops->send_acquire(c, &slot, &ready));
+        CHECK(c->ops->send_acquire(c, CHORUS_MIN(c->slot_bytes, bytes - off), &slot, &ready));
         if (ready) {
             if (c->direct && bytes >= c->direct_threshold) {
                 CHECK(c->ops->send_commit_direct(c, src, bytes));

@@ -181,7 +181,7 @@ static int mm_post(chorus_conn_t *conn, ncclResult_t res, int rank, const char *
     void *slot;
     int ready = 0;
     if (conn->slot_bytes < sizeof(coll_err_chunk_t) ||
-        conn->ops->send_acquire(conn, &slot, &ready) != ncclSuccess)
+        conn->ops->send_acquire(conn, sizeof(coll_err_chunk_t), &slot, &ready) != ncclSuccess)
         return 1;
     if (!ready) return 0;
     coll_err_chunk_t *ec = slot;

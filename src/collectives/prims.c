@@ -275,7 +275,8 @@ ncclResult_t prim_step(coll_op_t *op, coll_use_t *recv, coll_use_t *send, const 
         chorus_conn_t *sc = send->conn;
         void *slot;
         int ready;
-        res = sc->ops->send_acquire(sc, &slot, &ready);
+        res = sc->ops->send_acquire(sc, dbytes + (send->hdr_pending ? COLL_HDR_BYTES : 0), &slot,
+                                    &ready);
         if (res != ncclSuccess) return prim_conn_error(op, send, res);
         if (!ready) return ncclSuccess;
         sdata = slot;
@@ -439,7 +440,8 @@ ncclResult_t prim_fail_send(coll_op_t *op, coll_use_t *send, int *ok_p) {
     chorus_conn_t *sc = send->conn;
     void *slot;
     int ready = 0;
-    if (sc->ops->send_acquire(sc, &slot, &ready) != ncclSuccess || sc->slot_bytes < sizeof(coll_err_chunk_t)) {
+    if (sc->slot_bytes < sizeof(coll_err_chunk_t) ||
+        sc->ops->send_acquire(sc, sizeof(coll_err_chunk_t), &slot, &ready) != ncclSuccess) {
         send->err_done = 1; /* the peer is gone: nothing to tell it */
         return ncclSuccess;
     }

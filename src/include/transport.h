@@ -6,7 +6,7 @@
  * CUDA IPC, a registered receive buffer for TCP/verbs), and credits that say which slots are full.
  * Both ends count steps; step s uses slot s % nslots.
  *
- *   sender:   send_acquire -> write the chunk into the slot -> send_commit(bytes)
+ *   sender:   send_acquire(bytes) -> write the chunk into the slot -> send_commit(bytes)
  *             (or, with TRANSPORT_CAP_DIRECT, send_commit_direct(src, bytes): the receiver reads src
  *              itself, single copy; src must stay valid until send_drained reports done)
  *   receiver: recv_peek -> read the chunk (data_p, or recv_copy for a direct chunk) -> recv_release
@@ -26,7 +26,7 @@
 #include "locality.h"
 #include "nccl.h"
 
-#define TRANSPORT_ABI_VERSION 1
+#define TRANSPORT_ABI_VERSION 2
 #define TRANSPORT_BLOB_BYTES 256
 
 enum {
@@ -49,8 +49,11 @@ typedef struct chorus_transport_ops {
                                 const chorus_locality_t *peer, int *ok_p);
     ncclResult_t (*setup)(chorus_conn_t *conn, void *blob, size_t *blob_bytes_p);
     ncclResult_t (*connect)(chorus_conn_t *conn, const void *peer_blob, size_t peer_blob_bytes);
-    /* Sender side. */
-    ncclResult_t (*send_acquire)(chorus_conn_t *conn, void **slot_p, int *ready_p);
+    /* Sender side. bytes: the most the caller will write into the slot and commit (at most
+     * slot_bytes + chunk_room); a transport may hand out smaller room for a small chunk (shm
+     * gives a chunk that fits its inline limit the slot header's line, so the chunk crosses to
+     * the receiver in the one line it polls). A later send_commit_direct ignores the slot. */
+    ncclResult_t (*send_acquire)(chorus_conn_t *conn, size_t bytes, void **slot_p, int *ready_p);
     ncclResult_t (*send_commit)(chorus_conn_t *conn, size_t bytes);
     ncclResult_t (*send_commit_direct)(chorus_conn_t *conn, const void *src, size_t bytes);
     ncclResult_t (*send_drained)(chorus_conn_t *conn, int *done_p); /* all commits consumed */

@@ -94,7 +94,7 @@ int ipc_rank(const chorus_unique_id_t &id, int rank, int n) {
             void *slot = nullptr;
             int ready = 0;
             while (!ready) {
-                RANK_NCCL(conn.ops->send_acquire(&conn, &slot, &ready));
+                RANK_NCCL(conn.ops->send_acquire(&conn, bytes, &slot, &ready));
                 if (!ready) RANK_NCCL(chorus_waiter_step(&w));
             }
             pattern_fill(host, seed, 0, bytes);

@@ -311,7 +311,7 @@ int stream_sender(ncclComm *comm, chorus_conn_t *c, const StreamOpts &o) {
     for (int k = 0; k < o.count && r == ncclSuccess;) {
         void *slot;
         int ready = 0;
-        r = c->ops->send_acquire(c, &slot, &ready);
+        r = c->ops->send_acquire(c, o.bytes, &slot, &ready);
         if (r != ncclSuccess) break;
         if (!ready) {
             r = chorus_waiter_step(&w);

@@ -78,7 +78,7 @@ int send_step(Stream &s, ncclResult_t *res_p) {
     }
     void *slot = nullptr;
     int ready = 0;
-    r = s.conn->ops->send_acquire(s.conn, &slot, &ready);
+    r = s.conn->ops->send_acquire(s.conn, s.conn->slot_bytes, &slot, &ready);
     if (r != ncclSuccess) {
         *res_p = r;
         return -1;
@@ -446,7 +446,7 @@ int oversize_rank(const chorus_unique_id_t &id, int rank, int nranks) {
         chorus_waiter_t w;
         chorus_waiter_init(&w, &comm->abort_flag);
         while (!ready) {
-            RANK_NCCL(conn.ops->send_acquire(&conn, &slot, &ready));
+            RANK_NCCL(conn.ops->send_acquire(&conn, conn.slot_bytes, &slot, &ready));
             if (!ready) RANK_NCCL(chorus_waiter_step(&w));
         }
         ncclResult_t r = conn.ops->send_commit(&conn, conn.slot_bytes + conn.chunk_room + 1);

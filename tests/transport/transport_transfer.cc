@@ -95,7 +95,10 @@ bool send_step(Rank &r, Link &l, bool *progress, ncclResult_t *res_p) {
     uint64_t seed = pattern_seed(r.rank, l.peer, l.msg);
     void *slot = nullptr;
     int ready = 0;
-    *res_p = c->ops->send_acquire(c, &slot, &ready);
+    size_t n = std::min(c->slot_bytes, m - l.off);
+    // Even messages announce their exact size (shm writes a small one straight into the slot
+    // header), odd ones the whole slot (shm copies a small one into the header at commit).
+    *res_p = c->ops->send_acquire(c, (l.msg & 1) ? c->slot_bytes : n, &slot, &ready);
     if (*res_p != ncclSuccess) return fail(r, "send_acquire to rank %d -> %d", l.peer, *res_p);
     if (!ready) return true;
     *progress = true;
@@ -107,7 +110,6 @@ bool send_step(Rank &r, Link &l, bool *progress, ncclResult_t *res_p) {
         l.draining = true;
         return true;
     }
-    size_t n = std::min(c->slot_bytes, m - l.off);
     pattern_fill(slot, seed, l.off, n);
     *res_p = c->ops->send_commit(c, n);
     if (*res_p != ncclSuccess) return fail(r, "send_commit -> %d", *res_p);
@@ -326,14 +328,14 @@ ncclResult_t blocking_send(ncclComm *comm, chorus_conn_t *c, const uint8_t *src,
     while (off < bytes) {
         void *slot;
         int ready;
-        ncclResult_t r = c->ops->send_acquire(c, &slot, &ready);
+        size_t n = std::min(c->slot_bytes, bytes - off);
+        ncclResult_t r = c->ops->send_acquire(c, n, &slot, &ready);
         if (r != ncclSuccess) return r;
         if (!ready) {
             if ((r = wait_idle(c, &w)) != ncclSuccess) return r;
             continue;
         }
         chorus_waiter_progress(&w);
-        size_t n = std::min(c->slot_bytes, bytes - off);
         memcpy(slot, src + off, n);
         if ((r = c->ops->send_commit(c, n)) != ncclSuccess) return r;
         off += n;

@@ -54,7 +54,9 @@ ncclResult_t cuda_ipc_idle_check(chorus_conn_t *conn, cuda_ipc_conn_t *ic) {
     return ncclSuccess;
 }
 
-static ncclResult_t cuda_ipc_send_acquire(chorus_conn_t *conn, void **slot_p, int *ready_p) {
+static ncclResult_t cuda_ipc_send_acquire(chorus_conn_t *conn, size_t bytes,
+                                          void **slot_p, int *ready_p) {
+    (void)bytes; /* one room for every chunk */
     cuda_ipc_conn_t *ic = conn->priv;
     if (__builtin_expect(ic->sc.failed, 0)) return ncclRemoteError;
     uint64_t step = conn->step;

@@ -286,7 +286,9 @@ static ncclResult_t ib_poll(chorus_conn_t *conn, ib_conn_t *ic) {
     return ncclSuccess;
 }
 
-static ncclResult_t ib_send_acquire(chorus_conn_t *conn, void **slot_p, int *ready_p) {
+static ncclResult_t ib_send_acquire(chorus_conn_t *conn, size_t bytes,
+                                    void **slot_p, int *ready_p) {
+    (void)bytes; /* one room for every chunk */
     ib_conn_t *ic = conn->priv;
     *ready_p = 0;
     CHECK(ib_poll(conn, ic));

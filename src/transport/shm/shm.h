@@ -144,6 +144,7 @@ typedef struct {
     int same_process; /* both ends are threads of one process */
     int cma;          /* SHM_CMA_* for this connection */
     uint64_t cached;  /* sender: last head seen */
+    int acq_inline;   /* sender: send_acquire handed out the slot header's line (small chunk) */
     /* Liveness: not-ready polls since the last clock read, and when to probe the peer next. */
     uint32_t idle_polls;
     uint64_t next_check_ns;

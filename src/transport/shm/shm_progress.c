@@ -2,9 +2,13 @@
  * shm_progress.c: the shared-memory data path (nonblocking) and peer-failure detection.
  *
  * Sender: send_acquire finds a free slot (step - head < nslots), the caller fills it, send_commit
- * writes the slot header (with the chunk itself when it is small) and publishes the header's seq
- * with a release store, then tail. Receiver: recv_peek loads the slot header's seq with acquire
- * and returns a pointer into the header (small chunk) or the slot, recv_release publishes head.
+ * writes the slot header and publishes the header's seq with a release store, then tail. A chunk
+ * the caller announces as small (at most SHM_INLINE_BYTES) is written straight into the slot
+ * header's line instead of the slot: the receiver polls that line, so the chunk crosses in one
+ * line transfer, and the sender touches no slot page (the slots lie slot_bytes apart, so small
+ * ops cycling through them cost a page and a line each, cold again after every pause).
+ * Receiver: recv_peek loads the slot header's seq with acquire and returns a pointer into the
+ * header (small chunk) or the slot, recv_release publishes head.
  * The sender caches head and reloads it only when the cached value says "no credit", so a free
  * slot costs no access to the line the receiver writes.
  *
@@ -75,7 +79,8 @@ ncclResult_t shm_idle_check(chorus_conn_t *conn, shm_conn_t *sc) {
                            "(process exited or was killed)");
 }
 
-static ncclResult_t shm_send_acquire(chorus_conn_t *conn, void **slot_p, int *ready_p) {
+static ncclResult_t shm_send_acquire(chorus_conn_t *conn, size_t bytes, void **slot_p,
+                                     int *ready_p) {
     shm_conn_t *sc = conn->priv;
     if (__builtin_expect(sc->failed, 0)) return ncclRemoteError;
     uint64_t step = conn->step;
@@ -90,7 +95,10 @@ static ncclResult_t shm_send_acquire(chorus_conn_t *conn, void **slot_p, int *re
         }
     }
     sc->idle_polls = 0;
-    *slot_p = sc->data + (size_t)(step % nslots) * conn->slot_bytes;
+    const uint32_t slot = (uint32_t)(step % nslots);
+    sc->acq_inline = bytes <= SHM_INLINE_BYTES;
+    *slot_p = sc->acq_inline ? (void *)sc->ctrl->slots[slot].data
+                             : (void *)(sc->data + (size_t)slot * conn->slot_bytes);
     *ready_p = 1;
     return ncclSuccess;
 }
@@ -105,11 +113,13 @@ static inline void shm_publish(chorus_conn_t *conn, shm_conn_t *sc, uint64_t src
         h->dbytes = bytes;
     } else {
         if (bytes <= SHM_INLINE_BYTES) {
-            memcpy(h->data, sc->data + (size_t)slot * conn->slot_bytes, bytes);
+            /* Already in the header when send_acquire was told the chunk is small. */
+            if (!sc->acq_inline) memcpy(h->data, sc->data + (size_t)slot * conn->slot_bytes, bytes);
             flags |= SHM_SLOT_INLINE;
         }
         h->bytes = (uint32_t)bytes;
     }
+    sc->acq_inline = 0;
     h->flags = flags;
     atomic_store_explicit(&h->seq, step + 1, memory_order_release);
     conn->step = step + 1;
@@ -118,9 +128,9 @@ static inline void shm_publish(chorus_conn_t *conn, shm_conn_t *sc, uint64_t src
 
 static ncclResult_t shm_send_commit(chorus_conn_t *conn, size_t bytes) {
     shm_conn_t *sc = conn->priv;
-    if (__builtin_expect(bytes > conn->slot_bytes, 0)) {
-        WARN("shm: chunk of %zu bytes to rank %d exceeds the slot size %zu", bytes, conn->peer,
-             conn->slot_bytes);
+    if (__builtin_expect(bytes > (sc->acq_inline ? SHM_INLINE_BYTES : conn->slot_bytes), 0)) {
+        WARN("shm: chunk of %zu bytes to rank %d exceeds the room send_acquire gave it (%zu)",
+             bytes, conn->peer, sc->acq_inline ? (size_t)SHM_INLINE_BYTES : conn->slot_bytes);
         return ncclInternalError;
     }
     shm_publish(conn, sc, 0, bytes, 0);
@@ -129,6 +139,7 @@ static ncclResult_t shm_send_commit(chorus_conn_t *conn, size_t bytes) {
 
 static ncclResult_t shm_send_commit_direct(chorus_conn_t *conn, const void *src, size_t bytes) {
     shm_conn_t *sc = conn->priv;
+    sc->acq_inline = 0; /* the slot send_acquire handed out is not used */
     if (__builtin_expect(sc->cma == SHM_CMA_ON || sc->cma == SHM_CMA_SAME_PROCESS, 1)) {
         shm_publish(conn, sc, (uint64_t)(uintptr_t)src, bytes, SHM_SLOT_DIRECT);
         return ncclSuccess;

@@ -62,7 +62,9 @@ static inline void tcp_send_reclaim(tcp_conn_t *tc) {
     }
 }
 
-static ncclResult_t tcp_send_acquire(chorus_conn_t *conn, void **slot_p, int *ready_p) {
+static ncclResult_t tcp_send_acquire(chorus_conn_t *conn, size_t bytes,
+                                     void **slot_p, int *ready_p) {
+    (void)bytes; /* one room for every chunk */
     tcp_conn_t *tc = conn->priv;
     *ready_p = 0;
     CHECK(tcp_check_error(tc));

@@ -91,7 +91,8 @@ int main(void) {
         size_t bytes;
         int ready;
         if (smsg < nmsg) {
-            if (sc.ops->send_acquire(&sc, &slot, &ready) != ncclSuccess) FAIL("send_acquire");
+            if (sc.ops->send_acquire(&sc, sc.slot_bytes, &slot, &ready) != ncclSuccess)
+                FAIL("send_acquire");
             if (ready) {
                 size_t n = sizes[smsg] - soff < sc.slot_bytes ? sizes[smsg] - soff : sc.slot_bytes;
                 for (size_t i = 0; i < n; i++)
