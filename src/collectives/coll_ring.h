@@ -11,14 +11,16 @@
  *    fewest passes over memory win: pure copies (and, with CHORUS_DIRECT_REDUCE=1, reduce inputs)
  *    go direct (single copy) where the transport allows and CHORUS_RING_DIRECT says it pays
  *    (coll_ring_direct: always between threads, between processes from 4 MiB). Over shared
- *    memory with up to 4 ranks the tuner gives all-reduce 128 KiB chunks here instead of whole
- *    slots (op->tune_chunk_bytes, CHORUS_SHM_RING_CHUNK; tuner.c has the measurements): several
- *    loops pipeline, and such chunks stay below the single-copy threshold, in the slots;
+ *    memory with up to 4 ranks the tuner gives all-reduce, reduce-scatter and all-gather chunks
+ *    sized to the smallest L2 of the ranks here (L2 / NSLOTS, 32-128 KiB) instead of whole slots
+ *    (op->tune_chunk_bytes, CHORUS_SHM_RING_CHUNK; tuner.c has the measurements): several loops
+ *    pipeline, the chunks in flight stay in cache, and they stay below the single-copy
+ *    threshold, in the slots;
  *  - above it, DRAM traffic decides. Every chunk then goes through the slots in chunks of
- *    CHORUS_STREAM_CHUNK, so the slots of a connection (nslots x chunk) stay in cache and the
- *    copies into and out of them cost no DRAM traffic, and the final output is written with
- *    streaming stores (no read-for-ownership). Each rank then reads its input once and writes
- *    its output once, the minimum. A direct chunk (CMA) would be read from the peer's DRAM and
+ *    CHORUS_STREAM_CHUNK (L2 / NSLOTS, 32-256 KiB), so the slots of a connection (nslots x
+ *    chunk) stay in cache and the copies into and out of them cost no DRAM traffic, and the
+ *    final output is written with streaming stores (no read-for-ownership). Each rank then
+ *    reads its input once and writes its output once, the minimum. A direct chunk (CMA) would be read from the peer's DRAM and
  *    written with ordinary stores by the kernel's copy, which costs more on the project's
  *    2-core machine (see the closing notes for the measurements).
  */
@@ -27,6 +29,16 @@
 
 #include "coll_engine.h"
 
+/* The bytes an op writes on each rank, for the streaming and single-copy decisions. */
+size_t coll_ring_out_bytes(const coll_op_t *op);
+/* Shared-memory ring chunk for this communicator (tuner.c): the smallest L2 cache of all ranks
+ * divided by NCCL_BUFFSIZE's slot count, a power of two within [32 KiB, max]; 128 KiB (capped
+ * at max) when a rank's L2 is unknown. The same on every rank. */
+size_t coll_tuner_shm_chunk(struct ncclComm *comm, size_t max);
+/* The rule itself, for an L2 of l2_bytes (0: unknown) and nslots slots (tests). */
+size_t coll_shm_chunk_for_l2(uint32_t l2_bytes, int64_t nslots, size_t max);
+#define TUNER_RING_CHUNK_MAX ((size_t)128 << 10)
+#define TUNER_STREAM_CHUNK_MAX ((size_t)256 << 10)
 /* Plan channels over `total` elements; a loop moves up to loop_chunks chunks of a channel. */
 void coll_ring_plan(coll_op_t *op, size_t total, size_t loop_chunks);
 /* The setup of every ring/chain schedule whose loop moves one chunk per block. */

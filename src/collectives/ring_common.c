@@ -16,8 +16,7 @@
 /* Ops from this size use single copy between processes (CHORUS_RING_DIRECT=-1). */
 #define COLL_RING_CMA_MIN_BYTES ((size_t)4 << 20)
 
-/* The bytes an op writes on each rank, for the streaming and single-copy decisions. */
-static size_t coll_ring_out_bytes(const coll_op_t *op) {
+size_t coll_ring_out_bytes(const coll_op_t *op) {
     size_t b = op->count * op->esize;
     return op->coll == COLL_ALLGATHER ? b * (size_t)op->comm->nranks : b;
 }
@@ -35,6 +34,7 @@ void coll_ring_plan(coll_op_t *op, size_t total, size_t loop_chunks) {
          * of every connection in cache. */
         op->stream = 1;
         int64_t sc = chorus_param_int(PARAM_STREAM_CHUNK);
+        if (sc < 0) sc = (int64_t)coll_tuner_shm_chunk(comm, TUNER_STREAM_CHUNK_MAX);
         size_t want = sc > 0 ? (size_t)sc / op->esize / (64 / op->esize) * (64 / op->esize) : 0;
         if (want > 0 && want < chunk) chunk = want;
     }

@@ -196,28 +196,37 @@ static void tuner_tune_tcp(coll_op_t *op) {
 }
 
 /* ---- shared-memory rings, large sizes --------------------------------------------------------
- * A ring all-reduce over shared memory below the streaming threshold (coll_ring.h) moves chunks
- * of CHORUS_SHM_RING_CHUNK bytes instead of whole slots (512 KiB with the default NCCL_BUFFSIZE):
- * with 2 ranks an op of a few slots is then a pipeline of several loops, so one rank reduces
- * chunk k while its peer fills chunk k+1, and a chunk (written by one core, read by the other)
- * stays in the 512 KiB L2. Measured with perf/compare/ab_cpu.py (2 processes, configs
- * interleaved, 3 rounds, p50 per call min / median; smaller chunks emulated with NCCL_BUFFSIZE):
+ * A ring all-reduce, reduce-scatter or all-gather over shared memory moves chunks sized to the L2
+ * cache instead of whole slots (512 KiB with the default NCCL_BUFFSIZE): a chunk is written by
+ * one core and read by the other, and the nslots chunks in flight on a connection should still
+ * be in the writer's L2 when the reader asks for them. So chunk = the smallest L2 of all ranks
+ * (hwloc, in the locality records, so every rank computes the same) / NSLOTS, a power of two,
+ * at most 128 KiB below the streaming threshold and 256 KiB above it (CHORUS_STREAM_CHUNK), at
+ * least 32 KiB. With 2 ranks an op of a few slots is then also a pipeline of several loops: one
+ * rank reduces chunk k while its peer fills chunk k+1.
+ *
+ * Measured with perf/compare/ab_cpu.py (2 processes, configurations interleaved, p50 per call
+ * min / median over rounds, us). AMD EPYC guest with 512 KiB L2 per core, 2026-11-25, 5 rounds,
+ * the old fixed choice (all-reduce 128 KiB, streamed 256 KiB, all-gather and reduce-scatter
+ * whole 512 KiB slots) against 64 KiB chunks (as this rule gives there):
+ *   all-reduce      512 KiB 68/111 -> 51/52, 2 MiB 770/811 -> 491/716, 16 MiB 5378/5508 ->
+ *                   2998/3102, 128 MiB 40516/42050 -> 25370/26026 (streamed)
+ *   all-gather      512 KiB 43/50 -> 35/36, 2 MiB 492/526 -> 283/314, 16 MiB 3482/3657 ->
+ *                   2119/2291, 128 MiB 26746/28181 -> 17936/18650 (64 KiB slots)
+ * Earlier, on the same kind of guest (512 KiB L2), all-reduce chunk against op size:
  *   chunk      1 MiB       4 MiB       8 MiB
- *   512 KiB    114 / 134   500 / 533   1359 / 1364 us  (4 MiB up: single copy, the default)
+ *   512 KiB    114 / 134   500 / 533   1359 / 1364 us
  *   256 KiB    102 / 107   390 / 398   1114 / 1185
  *   128 KiB     98 / 105   366 / 366    965 / 987
  *    64 KiB    117 / 129   349 / 377    975 / 980
- * and in a second run 512 KiB -> 128 KiB: 512 KiB 93 -> 85, 2 MiB 318 -> 253, 4 MiB 658 -> 498 us
- * (threads of one process: even to 2x better). Chunks below CHORUS_SHM_CMA_THRESHOLD go through
- * the slots, which measured faster than single copy here. With 3 and 4 ranks (oversubscribed on
- * 2 cores; 5 and 3 rounds, whole slot -> 128 KiB, median): 4 ranks 1 MiB 456 -> 330, 4 MiB
- * 2531 -> 1469, 8 MiB 5246 -> 3661 us; 3 ranks 4 MiB 2350 -> 1330, 8 MiB 6040 -> 4410 us. With 8
- * ranks it was mixed (4 MiB 11.8 -> 10.1 ms, 8 MiB 23.9 -> 26.8 ms), so from 5 ranks it stays
- * with the whole slot. Streamed ops keep their own chunk (CHORUS_STREAM_CHUNK). Every rank
- * computes the same from the op's size and the communicator, as both ends of a connection must
- * agree on every chunk. */
-#define TUNER_SHM_RING_CHUNK ((size_t)128 << 10)
+ * and on an Intel Xeon guest (2 MiB L2) the streamed chunk of 256 KiB, which the rule keeps
+ * there. With 3 and 4 ranks (oversubscribed on 2 cores; all-reduce, whole slot -> 128 KiB,
+ * median): 4 ranks 1 MiB 456 -> 330, 4 MiB 2531 -> 1469, 8 MiB 5246 -> 3661 us; 3 ranks 4 MiB
+ * 2350 -> 1330, 8 MiB 6040 -> 4410 us. With 8 ranks it was mixed (4 MiB 11.8 -> 10.1 ms, 8 MiB
+ * 23.9 -> 26.8 ms), so from 5 ranks the non-streamed ops keep whole slots. */
 #define TUNER_SHM_RING_CHUNK_MAX_RANKS 4
+#define TUNER_SHM_CHUNK_MIN ((size_t)32 << 10)
+#define TUNER_SHM_CHUNK_UNKNOWN_L2 ((size_t)128 << 10)
 
 static _Atomic uint64_t tuner_stat_shm_chunk; /* ops that got the shm ring chunk (tests) */
 
@@ -225,8 +234,37 @@ void coll_tuner_shm_chunk_stats(uint64_t *ops_p) {
     *ops_p = atomic_load_explicit(&tuner_stat_shm_chunk, memory_order_relaxed);
 }
 
+size_t coll_shm_chunk_for_l2(uint32_t l2_bytes, int64_t nslots, size_t max) {
+    size_t chunk = TUNER_SHM_CHUNK_UNKNOWN_L2;
+    if (l2_bytes > 0) {
+        size_t per = (size_t)l2_bytes / (size_t)(nslots > 0 ? nslots : 1);
+        chunk = TUNER_SHM_CHUNK_MIN;
+        while (chunk * 2 <= per) chunk *= 2;
+    }
+    return CHORUS_MAX(TUNER_SHM_CHUNK_MIN, CHORUS_MIN(chunk, max));
+}
+
+size_t coll_tuner_shm_chunk(struct ncclComm *comm, size_t max) {
+    if (comm->ring_l2 == 0) {
+        uint32_t l2 = 0;
+        for (int p = 0; comm->peers && p < comm->nranks; p++) {
+            uint32_t v = comm->peers[p].l2_bytes;
+            if (v == 0) {
+                l2 = 0;
+                break;
+            }
+            if (l2 == 0 || v < l2) l2 = v;
+        }
+        comm->ring_l2 = l2 ? l2 : 1;
+    }
+    return coll_shm_chunk_for_l2(comm->ring_l2 > 1 ? comm->ring_l2 : 0,
+                                 chorus_param_int(PARAM_NSLOTS), max);
+}
+
 static void tuner_tune_shm(coll_op_t *op) {
-    if (op->coll != COLL_ALLREDUCE) return;
+    if (op->coll != COLL_ALLREDUCE && op->coll != COLL_REDUCESCATTER &&
+        op->coll != COLL_ALLGATHER)
+        return;
     int64_t want = chorus_param_int(PARAM_SHM_RING_CHUNK);
     /* Single copy asked for explicitly (CHORUS_RING_DIRECT=1, CHORUS_DIRECT_REDUCE=1) wants whole
      * slots: chunks below the single-copy threshold would never go direct. */
@@ -234,9 +272,11 @@ static void tuner_tune_shm(coll_op_t *op) {
         (chorus_param_int(PARAM_RING_DIRECT) > 0 || chorus_param_int(PARAM_DIRECT_REDUCE) > 0))
         return;
     if (want < 0)
-        want = op->comm->nranks <= TUNER_SHM_RING_CHUNK_MAX_RANKS ? (int64_t)TUNER_SHM_RING_CHUNK
-                                                                  : 0;
-    if (want < 64 || coll_ring_stream(op->count * op->esize)) return;
+        want = op->comm->nranks <= TUNER_SHM_RING_CHUNK_MAX_RANKS
+                   ? (int64_t)coll_tuner_shm_chunk(op->comm, TUNER_RING_CHUNK_MAX)
+                   : 0;
+    /* Streamed ops get their chunk in coll_ring_plan (CHORUS_STREAM_CHUNK). */
+    if (want < 64 || coll_ring_stream(coll_ring_out_bytes(op))) return;
     /* It must fit a slot with the op header, as connect.c sizes the slots (shm has no room past
      * slot_bytes); otherwise the whole slot it is. */
     int64_t nslots = chorus_param_int(PARAM_NSLOTS);
@@ -384,14 +424,18 @@ ncclResult_t coll_tuner_pick(coll_op_t *op) {
         why = "direct forced but the ranks are not threads of one process: default choice";
     op->algo = pick;
     op->uses_ring = pick->id == COLL_ALGO_RING && comm->nranks > 1;
-    if (op->uses_ring && tuner_tcp_rings(comm)) tuner_tune_tcp(op);
-    else if (op->uses_ring && !tuner_edge_is_tcp(comm)) tuner_tune_shm(op);
+    char tuned[48] = "";
+    if (op->uses_ring && tuner_tcp_rings(comm)) {
+        tuner_tune_tcp(op);
+        snprintf(tuned, sizeof(tuned), ", tcp ring tuning");
+    } else if (op->uses_ring && !tuner_edge_is_tcp(comm)) {
+        tuner_tune_shm(op);
+        if (op->tune_chunk_bytes)
+            snprintf(tuned, sizeof(tuned), ", shm ring chunk %zu KiB", op->tune_chunk_bytes >> 10);
+    }
     INFO(SUB_TUNING | SUB_COLL, "%s: %zu bytes, %d ranks, %s -> algorithm %s (%s)%s",
          coll_kind_name(op->coll), bytes, comm->nranks, tuner_edge_is_tcp(comm) ? "tcp" : "shm",
-         pick->name, why,
-         op->tune_direct                ? ", tcp ring tuning"
-         : op->tune_chunk_bytes         ? ", shm ring chunk"
-                                        : "");
+         pick->name, why, tuned);
     return ncclSuccess;
 }
 

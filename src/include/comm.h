@@ -72,6 +72,8 @@ struct ncclComm {
                         algorithm, direct.c), 1 when not, 0 until computed */
     int tcp_rings; /* tuner: 2 when every ring edge of every rank is TCP (TCP-only op tuning,
                       tuner.c), 1 when not, 0 until computed */
+    uint32_t ring_l2; /* tuner: the smallest L2 of all ranks (locality records), so that every
+                         rank sizes shared-memory ring chunks alike; 0 until computed, 1 unknown */
     /* [nranks], entries NULL until first use. The arrays are allocated at init; an entry is a
      * calloc'd connection made by whoever connects it first (the collective engine); the core
      * closes (transport_close) and frees every entry, and the ring connections, in comm_free,

@@ -36,6 +36,7 @@ typedef struct {
     int nnics;
     chorus_nic_t nics[CHORUS_MAX_NICS];
     uint32_t transports; /* bit per registry entry this rank can use */
+    uint32_t l2_bytes;   /* smallest L2 cache among the rank's CPUs (hwloc); 0 unknown */
     chorus_sockaddr_t net_addr; /* address peers use for TCP data connections (IP, port 0) */
     char net_ifname[16];
 } chorus_locality_t;

@@ -73,10 +73,27 @@ static int nic_speed_mbps(hwloc_topology_t topo, const char *name) {
     return speed;
 }
 
+/* The smallest L2 cache among those of the CPUs in `cpus` (all of the machine's when the set is
+ * empty): the cache a shared-memory ring's slots should fit (tuner.c). 0 when hwloc knows none. */
+static uint32_t smallest_l2(hwloc_topology_t topo, hwloc_const_cpuset_t cpus) {
+    uint64_t best = 0;
+    int n = hwloc_get_nbobjs_by_type(topo, HWLOC_OBJ_L2CACHE);
+    for (int i = 0; i < n; i++) {
+        hwloc_obj_t o = hwloc_get_obj_by_type(topo, HWLOC_OBJ_L2CACHE, i);
+        if (o->attr == NULL || o->attr->cache.size == 0) continue;
+        if (cpus && !hwloc_bitmap_iszero(cpus) && o->cpuset &&
+            !hwloc_bitmap_intersects(o->cpuset, cpus))
+            continue;
+        if (best == 0 || o->attr->cache.size < best) best = o->attr->cache.size;
+    }
+    return best > UINT32_MAX ? UINT32_MAX : (uint32_t)best;
+}
+
 ncclResult_t topo_place(hwloc_topology_t topo, hwloc_const_cpuset_t cpus, const char *gpu_bus_id,
                         topo_place_info_t *info) {
     memset(info, 0, sizeof(*info));
     info->package = single_intersecting(topo, HWLOC_OBJ_PACKAGE, cpus);
+    info->l2_bytes = smallest_l2(topo, cpus);
     info->numa_node = single_intersecting(topo, HWLOC_OBJ_NUMANODE, cpus);
     info->pci_switch = -1;
     info->near_nic = -1;
@@ -250,6 +267,7 @@ ncclResult_t topo_fill_locality(int rank, int cuda_dev, const chorus_sockaddr_t 
     loc->numa_node = info.numa_node;
     loc->pci_switch = info.pci_switch;
     loc->near_nic = info.near_nic;
+    loc->l2_bytes = info.l2_bytes;
     loc->nnics = info.nnics;
     memcpy(loc->nics, info.nics, sizeof(info.nics));
     return ncclSuccess;

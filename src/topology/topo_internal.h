@@ -32,6 +32,7 @@ typedef struct {
     int nnics;
     chorus_nic_t nics[CHORUS_MAX_NICS];
     int near_nic;
+    uint32_t l2_bytes; /* smallest L2 cache among the CPUs (all of them when unbound); 0 none */
 } topo_place_info_t;
 ncclResult_t topo_place(hwloc_topology_t topo, hwloc_const_cpuset_t cpus, const char *gpu_bus_id,
                         topo_place_info_t *info);

@@ -1,14 +1,17 @@
 // test_coll_shm_chunk.cc: the shared-memory ring chunk of the tuner (tuner.c,
 // CHORUS_SHM_RING_CHUNK):
-// ring all-reduce over shared memory below the streaming threshold moves chunks smaller than a
-// slot (128 KiB up to 4 ranks by default), so an op runs as several loops, on more channels, and
-// its chunks stay below the single-copy threshold. Checked against the independent references of
-// coll_util.h, and checked to have really run (coll_tuner_shm_chunk_stats counts the ops that got
-// the chunk):
+// ring all-reduce, reduce-scatter and all-gather over shared memory below the streaming
+// threshold move chunks smaller than a slot (up to 4 ranks by default: the smallest L2 of the
+// ranks / NSLOTS, 32-128 KiB), so an op runs as several loops, on more channels, and its chunks
+// stay in cache and below the single-copy threshold. Checked against the independent references
+// of coll_util.h, and checked to have really run (coll_tuner_shm_chunk_stats counts the ops that
+// got the chunk):
+//  - the rule from the L2 size, on its own;
 //  - forced tiny chunks (4 KiB): every dtype x op, counts 1, 7, 1023 and 10007 (many loops and a
 //    ragged tail), in place and out of place, 2..5 ranks, threads and forked processes;
 //  - the default: on 2 and 4 ranks, sizes between the low-latency range and the streaming
-//    threshold get the chunk without any forcing; on 5 ranks they do not.
+//    threshold get the chunk without any forcing, for all three collectives; on 5 ranks they
+//    do not.
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -18,6 +21,7 @@
 #include "coll_cases.h"
 
 extern "C" void coll_tuner_shm_chunk_stats(uint64_t *ops_p);
+extern "C" size_t coll_shm_chunk_for_l2(uint32_t l2_bytes, int64_t nslots, size_t max);
 
 using namespace coll_test;
 using chorus_test::Launch;
@@ -48,11 +52,11 @@ chorus_test::RunResult run_chunk_cases(Launch how, int nranks, const std::vector
             int failed = run_cases_on_new_comm(id, rank, n, cases);
             coll_tuner_shm_chunk_stats(&t1);
             if (!failed && expect == EXPECT_TUNED && t1 == t0) {
-                fprintf(stderr, "rank %d: no all-reduce got the shm ring chunk\n", rank);
+                fprintf(stderr, "rank %d: no op got the shm ring chunk\n", rank);
                 failed = 1;
             }
             if (!failed && expect == EXPECT_UNTUNED && t1 != t0 && how == Launch::Forked) {
-                fprintf(stderr, "rank %d: %llu all-reduces got the shm ring chunk, expected none\n",
+                fprintf(stderr, "rank %d: %llu ops got the shm ring chunk, expected none\n",
                         rank, (unsigned long long)(t1 - t0));
                 failed = 1;
             }
@@ -76,6 +80,23 @@ std::string launch_word(Launch l) { return l == Launch::Threads ? "threads" : "f
 } // namespace
 
 #define EXPECT_RUN_OK(res) EXPECT_TRUE((res).ok()) << (res).detail
+
+// L2 / nslots, rounded down to a power of two, within [32 KiB, max]; 128 KiB (at most max) when
+// the L2 is unknown (0).
+TEST(CollShmChunkRule, SizedToTheL2) {
+    const size_t K = 1024, ring = 128 * K, stream = 256 * K;
+    EXPECT_EQ(coll_shm_chunk_for_l2(512 * K, 8, ring), 64 * K);     // AMD EPYC, 512 KiB L2
+    EXPECT_EQ(coll_shm_chunk_for_l2(512 * K, 8, stream), 64 * K);
+    EXPECT_EQ(coll_shm_chunk_for_l2(2048 * K, 8, ring), 128 * K);   // Xeon, 2 MiB L2: capped
+    EXPECT_EQ(coll_shm_chunk_for_l2(2048 * K, 8, stream), 256 * K);
+    EXPECT_EQ(coll_shm_chunk_for_l2(1280 * K, 8, stream), 128 * K); // 160 KiB rounds down
+    EXPECT_EQ(coll_shm_chunk_for_l2(512 * K, 4, stream), 128 * K);  // fewer slots, bigger chunks
+    EXPECT_EQ(coll_shm_chunk_for_l2(256 * K, 8, ring), 32 * K);
+    EXPECT_EQ(coll_shm_chunk_for_l2(64 * K, 8, ring), 32 * K);      // never below 32 KiB
+    EXPECT_EQ(coll_shm_chunk_for_l2(0, 8, ring), 128 * K);          // unknown
+    EXPECT_EQ(coll_shm_chunk_for_l2(0, 8, 64 * K), 64 * K);
+    EXPECT_EQ(coll_shm_chunk_for_l2(512 * K, 0, stream), 256 * K);  // nonsense slot count: 1
+}
 
 // Forced 4 KiB chunks on the ring: every dtype and op, several loops per op.
 class CollShmChunkForced : public ::testing::TestWithParam<std::tuple<int, Launch>> {};
@@ -110,6 +131,28 @@ TEST_P(CollShmChunkDefault, MatchesReference) {
                                   n <= 4 ? EXPECT_TUNED : EXPECT_UNTUNED));
 }
 INSTANTIATE_TEST_SUITE_P(Coll, CollShmChunkDefault,
+                         ::testing::Combine(::testing::Values(2, 4, 5),
+                                            ::testing::Values(Launch::Threads, Launch::Forked)),
+                         [](const auto &info) {
+                             return std::to_string(std::get<0>(info.param)) + "ranks_" +
+                                    launch_word(std::get<1>(info.param));
+                         });
+
+// The default for reduce-scatter and all-gather (sizes per rank block / per contribution): up to
+// 4 ranks they get the chunk, 5 ranks do not.
+class CollShmChunkDefaultRsAg : public ::testing::TestWithParam<std::tuple<int, Launch>> {};
+TEST_P(CollShmChunkDefaultRsAg, MatchesReference) {
+    int n = std::get<0>(GetParam());
+    Launch how = std::get<1>(GetParam());
+    const size_t big = 200003;
+    auto cases = cross({C_REDUCESCATTER}, {ncclFloat32, ncclInt32}, {T_SUM, T_MAX, T_AVG}, {big});
+    for (auto &part : {cross({C_REDUCESCATTER}, {ncclBfloat16}, {T_PREMUL}, {big}),
+                       cross({C_ALLGATHER}, {ncclFloat32, ncclInt8, ncclFloat64}, {T_SUM}, {big})})
+        cases.insert(cases.end(), part.begin(), part.end());
+    EXPECT_RUN_OK(run_chunk_cases(how, n, cases, nullptr, nullptr,
+                                  n <= 4 ? EXPECT_TUNED : EXPECT_UNTUNED));
+}
+INSTANTIATE_TEST_SUITE_P(Coll, CollShmChunkDefaultRsAg,
                          ::testing::Combine(::testing::Values(2, 4, 5),
                                             ::testing::Values(Launch::Threads, Launch::Forked)),
                          [](const auto &info) {

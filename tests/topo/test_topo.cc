@@ -67,6 +67,18 @@ TEST(Topo, OnePackageKeepsRankOrder) {
     EXPECT_EQ(topo_channel_count(4, p.data(), 0, 1, 16), 2);
 }
 
+// The L2 size a rank reports (the tuner sizes shared-memory ring chunks from the smallest of all
+// ranks'): the cache above its CPUs, or the smallest of the machine when it is not bound; 0 when
+// the topology has no L2 level.
+TEST(Topo, L2SizeOfTheRankCpus) {
+    Topo two("synthetic:pack:2 l2:2(size=1048576) core:2 pu:1");
+    EXPECT_EQ(place(two, "0", "").l2_bytes, 1048576u);
+    EXPECT_EQ(place(two, "5-6", "").l2_bytes, 1048576u);
+    EXPECT_EQ(place(two, "", "").l2_bytes, 1048576u);
+    Topo none("synthetic:pack:1 core:2 pu:1");
+    EXPECT_EQ(place(none, "0", "").l2_bytes, 0u);
+}
+
 TEST(Topo, TwoPackagesTwoNumaAdversarialPlacement) {
     Topo topo("synthetic:pack:2 numa:2 core:2 pu:1");
     // Ranks alternate between packages and NUMA nodes: rank r sits on PU (r*5) % 8.
