@@ -60,9 +60,13 @@ enum { SHM_SLOT_DIRECT = 1, SHM_SLOT_INLINE = 2 };
  * reaches the receiver in the one line it polls. Larger chunks stay in the slot's data area and
  * direct chunks publish src and dbytes. (cuda_ipc uses bytes and src with the tail counter.) */
 typedef struct {
-    _Alignas(SHM_CACHE_LINE) _Atomic uint64_t seq;
+    /* The low 16 bits of step + 1, stored last: a slot's previous content is from step -
+     * nslots, and nslots <= 1024 (connect.c), so 16 bits tell them apart. */
+    _Alignas(SHM_CACHE_LINE) _Atomic uint16_t seq;
+    uint16_t flags; /* SHM_SLOT_* */
     uint32_t bytes; /* chunk bytes, except for direct chunks (dbytes) */
-    uint32_t flags; /* SHM_SLOT_* */
+    uint64_t ack;   /* paired senders (shm_pair.c): how many chunks of the reverse connection
+                     * this rank has released when it published this one */
     union {
         struct {
             uint64_t src;    /* direct chunks: address in the sender's address space */
@@ -109,6 +113,9 @@ typedef struct {
     _Atomic uint32_t cma_state;   /* SHM_CMA_*: the receiver's probe result */
     _Atomic uint32_t send_closed;
     _Atomic uint32_t recv_closed;
+    uint32_t pair_id;           /* random, nonzero: names this connection in ack_for */
+    _Atomic uint32_t ack_for;   /* set by a paired sender: the pair_id of the reverse connection
+                                 * whose progress its chunks' ack carries (shm_pair.c) */
     shm_coop_t coop;
     shm_slot_hdr_t slots[]; /* nslots */
 } shm_ctrl_t;
@@ -143,7 +150,8 @@ typedef struct {
     int peer_pid_ok;  /* peer_pid is valid in our pid namespace (kill(pid, 0) means something) */
     int same_process; /* both ends are threads of one process */
     int cma;          /* SHM_CMA_* for this connection */
-    uint64_t cached;  /* sender: last head seen */
+    uint64_t cached;  /* sender: last head seen (or ack taken as credit, shm_pair.c) */
+    struct shm_pair *pair; /* the reverse connection's end in this rank, when paired */
     int acq_inline;   /* sender: send_acquire handed out the slot header's line (small chunk) */
     /* Liveness: not-ready polls since the last clock read, and when to probe the peer next. */
     uint32_t idle_polls;
@@ -165,6 +173,16 @@ typedef struct {
     uint64_t coop_own_blocks;          /* receiver: blocks it copied in cooperative requests */
 } shm_conn_t;
 
+/* A send end and the receive end of the reverse connection in one rank (shm_pair.c). */
+typedef struct shm_pair {
+    _Atomic uint64_t released; /* receive end: chunks released (its head) */
+    _Atomic uint64_t peer_ack; /* receive end -> send end: the largest ack seen from the peer */
+    uint32_t send_id;          /* the send end's segment pair_id (what the peer's ack_for must
+                                * say before its acks count) */
+    int verified;              /* receive end: the peer's ack_for named send_id */
+    int refs;                  /* ends still registered (under the registry lock) */
+} shm_pair_t;
+
 extern const chorus_transport_ops_t shm_transport_ops;
 
 /* shm_conn.c */
@@ -173,6 +191,22 @@ ncclResult_t shm_can_connect(struct ncclComm *comm, const chorus_locality_t *sel
 ncclResult_t shm_setup(chorus_conn_t *conn, void *blob, size_t *blob_bytes_p);
 ncclResult_t shm_connect(chorus_conn_t *conn, const void *peer_blob, size_t peer_blob_bytes);
 void shm_close(chorus_conn_t *conn);
+
+/* shm_pair.c */
+/* A segment's pair_id (nonzero), from its unique name. */
+uint32_t shm_pair_new_id(const char *segment_name);
+/* After connect: pair this end with the reverse connection's end, if there is exactly one. */
+void shm_pair_register(chorus_conn_t *conn, shm_conn_t *sc);
+/* Before close. */
+void shm_pair_unregister(shm_conn_t *sc);
+/* Sender (paired), out of credit: take the peer's acks as credit. */
+void shm_pair_credit(chorus_conn_t *conn, shm_conn_t *sc);
+/* Out-of-credit events of this process's shm senders: credits taken from acks, and loads of the
+ * receiver's head counter (tests; counted only on those rare paths). */
+void shm_pair_stats(uint64_t *ack_credits_p, uint64_t *head_loads_p);
+void shm_pair_count_head_load(void);
+/* Receiver (paired), on a committed chunk: pass its ack on to our send end. */
+void shm_pair_take_ack(shm_conn_t *sc, const shm_slot_hdr_t *h);
 
 /* shm_segment.c */
 size_t shm_ctrl_bytes(int nslots);

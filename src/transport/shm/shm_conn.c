@@ -157,12 +157,14 @@ ncclResult_t shm_connect(chorus_conn_t *conn, const void *peer_blob, size_t peer
         CHECK(shm_connect_recv(conn, sc, peer_blob, peer_blob_bytes));
     sc->cached = 0;
     conn->step = 0;
+    shm_pair_register(conn, sc);
     return ncclSuccess;
 }
 
 void shm_close(chorus_conn_t *conn) {
     shm_conn_t *sc = conn->priv;
     if (!sc) return;
+    shm_pair_unregister(sc);
     if (sc->ctrl) {
         _Atomic uint32_t *closed = sc->is_send ? &sc->ctrl->send_closed : &sc->ctrl->recv_closed;
         atomic_store_explicit(closed, 1, memory_order_release);

@@ -10,7 +10,8 @@
  * Receiver: recv_peek loads the slot header's seq with acquire and returns a pointer into the
  * header (small chunk) or the slot, recv_release publishes head.
  * The sender caches head and reloads it only when the cached value says "no credit", so a free
- * slot costs no access to the line the receiver writes.
+ * slot costs no access to the line the receiver writes; a paired sender first takes the credit
+ * its peer's last chunk carried (shm_pair.c).
  *
  * A sender that polls without finding credit (send_acquire, send_drained, progress) first helps
  * the receiver with the direct chunk it is copying, if any (shm_coop.c).
@@ -86,7 +87,12 @@ static ncclResult_t shm_send_acquire(chorus_conn_t *conn, size_t bytes, void **s
     uint64_t step = conn->step;
     uint32_t nslots = (uint32_t)conn->nslots;
     if (step - sc->cached >= nslots) {
-        sc->cached = atomic_load_explicit(&sc->ctrl->head, memory_order_acquire);
+        /* Paired: the peer's last chunk may have told us already (shm_pair.c). */
+        if (sc->pair) shm_pair_credit(conn, sc);
+        if (step - sc->cached >= nslots) {
+            sc->cached = atomic_load_explicit(&sc->ctrl->head, memory_order_acquire);
+            shm_pair_count_head_load();
+        }
         if (step - sc->cached >= nslots) {
             *ready_p = 0;
             /* No credit: the receiver may be inside a direct chunk we can help with. */
@@ -129,8 +135,9 @@ static inline void shm_publish(chorus_conn_t *conn, shm_conn_t *sc, uint64_t src
         h->bytes = (uint32_t)bytes;
     }
     sc->acq_inline = 0;
-    h->flags = flags;
-    atomic_store_explicit(&h->seq, step + 1, memory_order_release);
+    h->flags = (uint16_t)flags;
+    h->ack = sc->pair ? atomic_load_explicit(&sc->pair->released, memory_order_acquire) : 0;
+    atomic_store_explicit(&h->seq, (uint16_t)(step + 1), memory_order_release);
     conn->step = step + 1;
     atomic_store_explicit(&sc->ctrl->tail, step + 1, memory_order_release);
     /* Take the next step's header line for writing now, while the receiver is busy with this
@@ -210,11 +217,12 @@ static ncclResult_t shm_recv_peek(chorus_conn_t *conn, const void **data_p, size
     const uint64_t step = conn->step;
     const uint32_t slot = (uint32_t)(step % (uint32_t)conn->nslots);
     const shm_slot_hdr_t *h = &sc->ctrl->slots[slot];
-    if (atomic_load_explicit(&h->seq, memory_order_acquire) != step + 1) {
+    if (atomic_load_explicit(&h->seq, memory_order_acquire) != (uint16_t)(step + 1)) {
         *ready_p = 0;
         return shm_idle_check(conn, sc);
     }
     sc->idle_polls = 0;
+    if (sc->pair) shm_pair_take_ack(sc, h);
     uint64_t bytes;
     *data_p = shm_slot_payload(conn, sc, h, slot, &bytes);
     *bytes_p = bytes;
@@ -252,6 +260,7 @@ static ncclResult_t shm_recv_release(chorus_conn_t *conn) {
     shm_conn_t *sc = conn->priv;
     conn->step++;
     atomic_store_explicit(&sc->ctrl->head, conn->step, memory_order_release);
+    if (sc->pair) atomic_store_explicit(&sc->pair->released, conn->step, memory_order_release);
     return ncclSuccess;
 }
 

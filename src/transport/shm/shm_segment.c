@@ -152,6 +152,7 @@ ncclResult_t shm_segment_create(shm_conn_t *sc, int nslots, size_t slot_bytes, i
     c->slot_bytes = slot_bytes;
     c->data_offset = ctrl_bytes;
     c->recv_pid = (uint32_t)getpid();
+    c->pair_id = shm_pair_new_id(sc->name);
     atomic_store_explicit(&c->tail, 0, memory_order_relaxed);
     atomic_store_explicit(&c->head, 0, memory_order_relaxed);
     atomic_store_explicit(&c->cma_state, SHM_CMA_UNDECIDED, memory_order_release);
