@@ -5,6 +5,7 @@
         [--minbytes 8] [--maxbytes 16M] [--factor 4] [--iters 10] [--warmup 2] [--repeats 5]
         [--build build] [--out perf/compare/results] [--no-mpi] [--no-gloo]
         [--no-chorus-tcp] [--no-chorus-threads] [--no-mpi-tcp] [--before OTHER_BUILD] [--busy N]
+        [--rounds R]
 
 What runs (host memory, float32 sum, np ranks as processes on this machine):
   chorus-shm   build/bin/<coll>_perf through chorusrun, CHORUS_TRANSPORT=shm
@@ -23,7 +24,9 @@ machine with a large last-level cache then times Chorus on cold buffers and the 
 ones. --walk restores the walk for Chorus alone). A repetition yields the mean time per call (nccl-tests' time) and the median
 of the per-call times, each averaged over ranks; `--stat` picks which one the tables use (default
 p50: on a busy machine one descheduled call moves the mean of a few calls by milliseconds; both
-are kept in latest.json). The tables report the median over repetitions of that time, busbw from it
+are kept in latest.json). With --rounds R every library runs R times, in turn, so a machine whose
+speed drifts between minutes slows them all alike. The tables report the median over all
+repetitions of that time, busbw from it
 with nccl-tests' factors
 (2(n-1)/n all-reduce, (n-1)/n all-gather and reduce-scatter), and the ratio of Chorus's busbw to
 each peer's (>1: Chorus is faster). Chorus's numbers are its out-of-place column; every Chorus,
@@ -287,7 +290,7 @@ def make_plot(a, res, libs, png):
         plots = [f"'{dat}' using 1:{i + 2} with linespoints title '{lib}'"
                  for i, lib in enumerate(libs)
                  if any(res.median(lib, coll, s) is not None for s in sizes)]
-        script.append(f"set title '{coll}, {a.np} ranks (median of {a.repeats})'")
+        script.append(f"set title '{coll}, {a.np} ranks (median of {a.repeats * a.rounds})'")
         script.append("plot " + ", ".join(plots) if plots else "plot 0 notitle")
     script.append("unset multiplot")
     spath = os.path.join(tmp, "plot.gp")
@@ -339,6 +342,10 @@ def main():
     p.add_argument("--no-mpi-tcp", action="store_true", help="Open MPI over shared memory only")
     p.add_argument("--busy", type=int, default=0, metavar="N",
                    help="run N busy loops alongside every library (contended machine)")
+    p.add_argument("--rounds", type=int, default=1, metavar="R",
+                   help="run every library R times, one after the other in each round, and take "
+                        "the median over all rounds' repetitions: on a machine whose speed drifts "
+                        "from one minute to the next, each library then sees every phase of it")
     p.add_argument("--before", metavar="BUILD",
                    help="also run the Chorus shm column from this build (e.g. a copy of the build "
                         "taken before a change), as chorus-shm-before, in the same run")
@@ -348,8 +355,9 @@ def main():
         if c not in COLLS:
             p.error(f"unknown collective {c} (allreduce, allgather, reducescatter)")
     a.minbytes, a.maxbytes = parse_size(a.minbytes), parse_size(a.maxbytes)
-    if a.factor < 2 or a.minbytes > a.maxbytes or a.np < 2 or a.repeats < 1:
-        p.error("need --factor >= 2, --minbytes <= --maxbytes, --np >= 2, --repeats >= 1")
+    if a.factor < 2 or a.minbytes > a.maxbytes or a.np < 2 or a.repeats < 1 or a.rounds < 1:
+        p.error("need --factor >= 2, --minbytes <= --maxbytes, --np >= 2, --repeats >= 1, "
+                "--rounds >= 1")
     for kv in a.chorus_env:
         if "=" not in kv:
             p.error(f"--chorus-env wants NAME=VALUE, not {kv}")
@@ -362,11 +370,15 @@ def main():
     load0 = os.getloadavg()[0]
     busy = [subprocess.Popen(["sh", "-c", "while :; do :; done"]) for _ in range(max(a.busy, 0))]
     try:
-        run_all(a, res, skipped)
+        for r in range(a.rounds):
+            if a.rounds > 1:
+                log(f"round {r + 1} of {a.rounds}")
+            run_all(a, res, skipped)
     finally:
         for b in busy:
             b.kill()
             b.wait()
+    skipped = list(dict.fromkeys(skipped))  # once, not once per round
     for s in skipped:
         log("skipped: " + s)
     return write_outputs(a, res, skipped, started, load0)
@@ -416,7 +428,9 @@ def write_outputs(a, res, skipped, started, load0):
           f"Machine: {machine()}. Versions: Chorus libnccl {res.version.get('chorus', '?')}, "
           f"{res.version.get('openmpi', 'Open MPI not run')}, "
           f"torch {res.version.get('torch', 'not run')} (Gloo).", "",
-          f"Each cell: median over {a.repeats} repetitions of "
+          f"Each cell: median over {a.repeats * a.rounds} repetitions"
+          + (f" ({a.rounds} rounds of {a.repeats}, every library once per round)"
+             if a.rounds > 1 else "") + " of "
           + ("the median per-call time" if a.stat == "p50" else "the mean time per call")
           + f" in {a.iters} calls (after {a.warmup} warmup calls), averaged across ranks, in "
           "microseconds; busbw in GB/s with nccl-tests' factors; ratio = Chorus busbw / peer "
@@ -436,6 +450,7 @@ def write_outputs(a, res, skipped, started, load0):
     with open(os.path.join(a.out, "latest.json"), "w") as f:
         json.dump({"command": cmd, "started": started.isoformat(), "np": a.np,
                    "iters": a.iters, "warmup": a.warmup, "repeats": a.repeats,
+                   "rounds": a.rounds,
                    "stat": a.stat, "versions": res.version, "status": res.status,
                    "skipped": skipped,
                    "mean_us": {lib: {c: {str(s): v for s, v in d.items()}
