@@ -10,10 +10,12 @@
  * tail (written by the sender only) counts committed steps, head (written by the receiver only)
  * counts released steps; each lives on its own cache line so the two ends do not false-share.
  * Step s uses slot s % nslots: the sender may fill it while s - head < nslots; the receiver may
- * read it once the slot header's seq is s + 1 (tail is then past s too: liveness checks read it).
- * Writers publish with release stores, readers load with acquire. Chunks of at most
- * SHM_INLINE_BYTES travel inside the slot header, so a small message costs the receiver one cache
- * line transfer instead of three (tail, header, data).
+ * read it once the slot header's seq is s + 1 (low 16 bits; tail is then past s too: liveness
+ * checks read it). Writers publish with release stores, readers load with acquire. Chunks of at
+ * most SHM_INLINE_BYTES travel inside the slot header, so a small message costs the receiver one
+ * cache line transfer instead of three (tail, header, data). When the reverse connection exists
+ * in the same rank, each slot header also carries how far this rank has released the peer's
+ * chunks, which the peer takes as credit instead of reading head (shm_pair.c).
  *
  * A "direct" chunk (single copy) leaves the data in the sender's buffer and publishes its address
  * in the slot header; the receiver copies it with process_vm_readv (CMA), or with memcpy when both
