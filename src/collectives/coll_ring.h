@@ -20,9 +20,9 @@
  *    CHORUS_STREAM_CHUNK (L2 / NSLOTS, 32-256 KiB), so the slots of a connection (nslots x
  *    chunk) stay in cache and the copies into and out of them cost no DRAM traffic, and the
  *    final output is written with streaming stores (no read-for-ownership). Each rank then
- *    reads its input once and writes its output once, the minimum. A direct chunk (CMA) would be read from the peer's DRAM and
- *    written with ordinary stores by the kernel's copy, which costs more on the project's
- *    2-core machine (see the closing notes for the measurements).
+ *    reads its input once and writes its output once, the minimum. A direct chunk (CMA) would
+ *    be read from the peer's DRAM and written with ordinary stores by the kernel's copy, which
+ *    costs more on the project's 2-core machine (see the closing notes for the measurements).
  */
 #ifndef CHORUS_COLL_RING_H_
 #define CHORUS_COLL_RING_H_

@@ -236,6 +236,8 @@ ncclResult_t prim_step(coll_op_t *op, coll_use_t *recv, coll_use_t *send, const 
                        int *ok_p) {
     *ok_p = 0;
     const size_t dbytes = c->count * op->esize;
+    /* What goes into the send slot: the chunk, after the op header on a connection's first. */
+    const size_t sbytes = send ? dbytes + (send->hdr_pending ? COLL_HDR_BYTES : 0) : 0;
     const char *rdata = NULL;
     int direct_in = 0;
     ncclResult_t res;
@@ -275,8 +277,7 @@ ncclResult_t prim_step(coll_op_t *op, coll_use_t *recv, coll_use_t *send, const 
         chorus_conn_t *sc = send->conn;
         void *slot;
         int ready;
-        res = sc->ops->send_acquire(sc, dbytes + (send->hdr_pending ? COLL_HDR_BYTES : 0), &slot,
-                                    &ready);
+        res = sc->ops->send_acquire(sc, sbytes, &slot, &ready);
         if (res != ncclSuccess) return prim_conn_error(op, send, res);
         if (!ready) return ncclSuccess;
         sdata = slot;
@@ -396,7 +397,7 @@ ncclResult_t prim_step(coll_op_t *op, coll_use_t *recv, coll_use_t *send, const 
                 atomic_fetch_add_explicit(&prim_stat_reduce_sent, 1, memory_order_relaxed);
         } else {
             if (out) rk_copy(sdata, out, dbytes);
-            res = sc->ops->send_commit(sc, dbytes + (send->hdr_pending ? COLL_HDR_BYTES : 0));
+            res = sc->ops->send_commit(sc, sbytes);
         }
         if (res != ncclSuccess) return prim_conn_error(op, send, res);
         send->hdr_pending = 0;

@@ -77,6 +77,11 @@ std::vector<ncclDataType_t> all_types() {
 
 std::string launch_word(Launch l) { return l == Launch::Threads ? "threads" : "forked"; }
 
+std::string ranks_launch_name(const ::testing::TestParamInfo<std::tuple<int, Launch>> &info) {
+    return std::to_string(std::get<0>(info.param)) + "ranks_" +
+           launch_word(std::get<1>(info.param));
+}
+
 } // namespace
 
 #define EXPECT_RUN_OK(res) EXPECT_TRUE((res).ok()) << (res).detail
@@ -110,52 +115,37 @@ TEST_P(CollShmChunkForced, MatchesReference) {
 INSTANTIATE_TEST_SUITE_P(Coll, CollShmChunkForced,
                          ::testing::Combine(::testing::Values(2, 3, 4, 5),
                                             ::testing::Values(Launch::Threads, Launch::Forked)),
-                         [](const auto &info) {
-                             return std::to_string(std::get<0>(info.param)) + "ranks_" +
-                                    launch_word(std::get<1>(info.param));
-                         });
+                         ranks_launch_name);
 
 // The default: up to 4 ranks get the chunk above the low-latency range (the tuner picks the ring)
-// and below the streaming threshold; 5 ranks do not. 300007 float32 elements are 1.2 MB: several
-// 128 KiB chunks per rank and channel, with a ragged tail.
-class CollShmChunkDefault : public ::testing::TestWithParam<std::tuple<int, Launch>> {};
+// and below the streaming threshold, for all three ring collectives; 5 ranks do not. 300007
+// float32 elements are 1.2 MB: several L2-sized chunks per rank and channel, with a ragged tail.
+class CollShmChunkDefault : public ::testing::TestWithParam<std::tuple<int, Launch>> {
+  protected:
+    void run_default(const std::vector<Case> &cases) {
+        int n = std::get<0>(GetParam());
+        EXPECT_RUN_OK(run_chunk_cases(std::get<1>(GetParam()), n, cases, nullptr, nullptr,
+                                      n <= 4 ? EXPECT_TUNED : EXPECT_UNTUNED));
+    }
+};
 TEST_P(CollShmChunkDefault, MatchesReference) {
-    int n = std::get<0>(GetParam());
-    Launch how = std::get<1>(GetParam());
     const size_t big = 300007;
     auto cases = cross({C_ALLREDUCE}, {ncclFloat32}, {T_SUM, T_MAX, T_AVG, T_PREMUL}, {big});
     for (auto &part : {cross({C_ALLREDUCE}, {ncclInt32}, {T_AVG, T_PROD}, {big}),
                        cross({C_ALLREDUCE}, {ncclBfloat16, ncclFloat64, ncclInt8}, {T_SUM}, {big})})
         cases.insert(cases.end(), part.begin(), part.end());
-    EXPECT_RUN_OK(run_chunk_cases(how, n, cases, nullptr, nullptr,
-                                  n <= 4 ? EXPECT_TUNED : EXPECT_UNTUNED));
+    run_default(cases);
 }
-INSTANTIATE_TEST_SUITE_P(Coll, CollShmChunkDefault,
-                         ::testing::Combine(::testing::Values(2, 4, 5),
-                                            ::testing::Values(Launch::Threads, Launch::Forked)),
-                         [](const auto &info) {
-                             return std::to_string(std::get<0>(info.param)) + "ranks_" +
-                                    launch_word(std::get<1>(info.param));
-                         });
-
-// The default for reduce-scatter and all-gather (sizes per rank block / per contribution): up to
-// 4 ranks they get the chunk, 5 ranks do not.
-class CollShmChunkDefaultRsAg : public ::testing::TestWithParam<std::tuple<int, Launch>> {};
-TEST_P(CollShmChunkDefaultRsAg, MatchesReference) {
-    int n = std::get<0>(GetParam());
-    Launch how = std::get<1>(GetParam());
+// Reduce-scatter and all-gather (sizes per rank block / per contribution), alike.
+TEST_P(CollShmChunkDefault, ReduceScatterAndAllGatherMatchReference) {
     const size_t big = 200003;
     auto cases = cross({C_REDUCESCATTER}, {ncclFloat32, ncclInt32}, {T_SUM, T_MAX, T_AVG}, {big});
     for (auto &part : {cross({C_REDUCESCATTER}, {ncclBfloat16}, {T_PREMUL}, {big}),
                        cross({C_ALLGATHER}, {ncclFloat32, ncclInt8, ncclFloat64}, {T_SUM}, {big})})
         cases.insert(cases.end(), part.begin(), part.end());
-    EXPECT_RUN_OK(run_chunk_cases(how, n, cases, nullptr, nullptr,
-                                  n <= 4 ? EXPECT_TUNED : EXPECT_UNTUNED));
+    run_default(cases);
 }
-INSTANTIATE_TEST_SUITE_P(Coll, CollShmChunkDefaultRsAg,
+INSTANTIATE_TEST_SUITE_P(Coll, CollShmChunkDefault,
                          ::testing::Combine(::testing::Values(2, 4, 5),
                                             ::testing::Values(Launch::Threads, Launch::Forked)),
-                         [](const auto &info) {
-                             return std::to_string(std::get<0>(info.param)) + "ranks_" +
-                                    launch_word(std::get<1>(info.param));
-                         });
+                         ranks_launch_name);

@@ -115,7 +115,7 @@ typedef struct {
     _Atomic uint32_t cma_state;   /* SHM_CMA_*: the receiver's probe result */
     _Atomic uint32_t send_closed;
     _Atomic uint32_t recv_closed;
-    uint32_t pair_id;           /* random, nonzero: names this connection in ack_for */
+    uint32_t pair_id;           /* random (the name's), nonzero: names this connection in ack_for */
     _Atomic uint32_t ack_for;   /* set by a paired sender: the pair_id of the reverse connection
                                  * whose progress its chunks' ack carries (shm_pair.c) */
     shm_coop_t coop;
@@ -195,8 +195,6 @@ ncclResult_t shm_connect(chorus_conn_t *conn, const void *peer_blob, size_t peer
 void shm_close(chorus_conn_t *conn);
 
 /* shm_pair.c */
-/* A segment's pair_id (nonzero), from its unique name. */
-uint32_t shm_pair_new_id(const char *segment_name);
 /* After connect: pair this end with the reverse connection's end, if there is exactly one. */
 void shm_pair_register(chorus_conn_t *conn, shm_conn_t *sc);
 /* Before close. */
@@ -207,8 +205,18 @@ void shm_pair_credit(chorus_conn_t *conn, shm_conn_t *sc);
  * receiver's head counter (tests; counted only on those rare paths). */
 void shm_pair_stats(uint64_t *ack_credits_p, uint64_t *head_loads_p);
 void shm_pair_count_head_load(void);
-/* Receiver (paired), on a committed chunk: pass its ack on to our send end. */
-void shm_pair_take_ack(shm_conn_t *sc, const shm_slot_hdr_t *h);
+/* Receiver (paired), on every committed chunk: pass its ack on to our send end, once the peer's
+ * ack_for said its acks are about that send end. Inline: it runs per chunk. */
+static inline void shm_pair_take_ack(shm_conn_t *sc, const shm_slot_hdr_t *h) {
+    shm_pair_t *p = sc->pair;
+    if (__builtin_expect(!p->verified, 0)) {
+        if (atomic_load_explicit(&sc->ctrl->ack_for, memory_order_acquire) != p->send_id) return;
+        p->verified = 1;
+    }
+    uint64_t a = h->ack;
+    if (a > atomic_load_explicit(&p->peer_ack, memory_order_relaxed))
+        atomic_store_explicit(&p->peer_ack, a, memory_order_release);
+}
 
 /* shm_segment.c */
 size_t shm_ctrl_bytes(int nslots);

@@ -18,8 +18,9 @@
  * into the A->B segment which connection its acks are about (ack_for = the B->A segment's
  * pair_id). B's receive end A->B passes acks on to its send end B->A only once it has seen,
  * in the A->B segment, that they are about B->A; so ranks that paired differently, or not at
- * all, fall back to the head counter, never to a wrong credit. An ack is a full 64-bit step count, and one never exceeds
- * what the receiver released, so an old one only gives less credit.
+ * all, fall back to the head counter, never to a wrong credit. An ack is a full 64-bit step
+ * count, and one never exceeds what the receiver released, so an old one only gives less
+ * credit.
  *
  * Ordering: the receive end stores `released` with release after it is done with a slot; the
  * send end loads it with acquire before its seq release store; the peer loads seq with acquire
@@ -42,12 +43,6 @@ typedef struct shm_reg {
 
 static pthread_mutex_t shm_reg_lock = PTHREAD_MUTEX_INITIALIZER;
 static shm_reg_t *shm_reg_head;
-
-uint32_t shm_pair_new_id(const char *segment_name) {
-    uint32_t h = 2166136261u; /* FNV-1a of the name, which holds 64 random bits */
-    for (const char *c = segment_name; *c; c++) h = (h ^ (unsigned char)*c) * 16777619u;
-    return h ? h : 1;
-}
 
 static int shm_reg_same_key(const shm_reg_t *r, const void *comm, int peer, int channel) {
     return r->comm == comm && r->peer == peer && r->channel == channel;
@@ -111,17 +106,6 @@ void shm_pair_credit(chorus_conn_t *conn, shm_conn_t *sc) {
     }
 }
 
-void shm_pair_take_ack(shm_conn_t *sc, const shm_slot_hdr_t *h) {
-    shm_pair_t *p = sc->pair;
-    if (!p->verified) {
-        /* The peer's acks are about our send end only if its pairing says so. */
-        if (atomic_load_explicit(&sc->ctrl->ack_for, memory_order_acquire) != p->send_id) return;
-        p->verified = 1;
-    }
-    uint64_t a = h->ack;
-    if (a > atomic_load_explicit(&p->peer_ack, memory_order_relaxed))
-        atomic_store_explicit(&p->peer_ack, a, memory_order_release);
-}
 
 void shm_pair_unregister(shm_conn_t *sc) {
     pthread_mutex_lock(&shm_reg_lock);

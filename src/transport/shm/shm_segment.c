@@ -64,7 +64,8 @@ static uint64_t shm_pid_ns(void) {
     return stat("/proc/self/ns/pid", &st) == 0 ? (uint64_t)st.st_ino : 0;
 }
 
-static void shm_make_name(char *name, size_t len) {
+/* Returns the random bits in the name: they also give the segment its pair_id (shm_pair.c). */
+static uint64_t shm_make_name(char *name, size_t len) {
     uint64_t rnd = 0;
     if (getrandom(&rnd, sizeof(rnd), GRND_NONBLOCK) != (ssize_t)sizeof(rnd)) {
         /* Entropy pool not ready (early boot): O_EXCL still guarantees uniqueness. */
@@ -74,6 +75,7 @@ static void shm_make_name(char *name, size_t len) {
     }
     snprintf(name, len, "/chorus-shm-%d-%016llx-n%llx", (int)getpid(), (unsigned long long)rnd,
              (unsigned long long)shm_pid_ns());
+    return rnd;
 }
 
 /* A segment has a name only between the receiver's setup and the sender's mapping; a process
@@ -115,9 +117,10 @@ ncclResult_t shm_segment_create(shm_conn_t *sc, int nslots, size_t slot_bytes, i
     size_t ctrl_bytes = shm_ctrl_bytes(nslots);
     size_t map_bytes = ctrl_bytes + (size_t)nslots * slot_bytes;
     int fd = -1;
+    uint64_t rnd = 0;
     shm_janitor();
     for (int attempt = 0; attempt < 8 && fd < 0; attempt++) {
-        shm_make_name(sc->name, sizeof(sc->name));
+        rnd = shm_make_name(sc->name, sizeof(sc->name));
         fd = shm_open(sc->name, O_RDWR | O_CREAT | O_EXCL, 0600);
         if (fd < 0 && errno != EEXIST) break;
     }
@@ -152,7 +155,8 @@ ncclResult_t shm_segment_create(shm_conn_t *sc, int nslots, size_t slot_bytes, i
     c->slot_bytes = slot_bytes;
     c->data_offset = ctrl_bytes;
     c->recv_pid = (uint32_t)getpid();
-    c->pair_id = shm_pair_new_id(sc->name);
+    uint32_t id = (uint32_t)(rnd ^ (rnd >> 32));
+    c->pair_id = id ? id : 1;
     atomic_store_explicit(&c->tail, 0, memory_order_relaxed);
     atomic_store_explicit(&c->head, 0, memory_order_relaxed);
     atomic_store_explicit(&c->cma_state, SHM_CMA_UNDECIDED, memory_order_release);
