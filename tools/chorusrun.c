@@ -111,7 +111,11 @@ static int parse_int_arg(const char *s, const char *opt, int lo, int hi, int *ou
     return 0;
 }
 
-/* A free TCP port on addr (the rendezvous will bind it moments later). */
+/* A free TCP port on addr for the rendezvous. The probe socket stays bound (SO_REUSEADDR, not
+ * listening) until chorusrun exits: rank 0's root, which binds with SO_REUSEADDR too, can still
+ * listen on the port, but no other process's bind to port 0 (another chorusrun started at the
+ * same moment, as ctest -j runs them) can be handed it meanwhile. Closing it at once let two jobs
+ * pick the same port, and one job's ranks then joined the other's root. */
 static int pick_free_port(const char *addr) {
     struct addrinfo hints, *res = NULL;
     memset(&hints, 0, sizeof(hints));
@@ -120,6 +124,8 @@ static int pick_free_port(const char *addr) {
     if (getaddrinfo(addr, "0", &hints, &res) != 0 || res == NULL) return -1;
     int port = -1;
     int fd = socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    int one = 1;
+    if (fd >= 0) (void)setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
     if (fd >= 0 && bind(fd, res->ai_addr, res->ai_addrlen) == 0) {
         struct sockaddr_storage ss;
         socklen_t len = sizeof(ss);
@@ -127,7 +133,7 @@ static int pick_free_port(const char *addr) {
             port = ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
                                                   : ((struct sockaddr_in *)&ss)->sin_port);
     }
-    if (fd >= 0) close(fd);
+    if (port < 0 && fd >= 0) close(fd); /* else held, on purpose, until exit (see above) */
     freeaddrinfo(res);
     return port;
 }
