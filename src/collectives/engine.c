@@ -41,6 +41,8 @@ ncclResult_t coll_engine_create(struct ncclComm *comm) {
     struct coll_engine *e = calloc(1, sizeof(*e));
     if (e == NULL) goto err_nomem;
     e->comm = comm;
+    static uint64_t serials;
+    e->serial = __atomic_add_fetch(&serials, 1, __ATOMIC_RELAXED);
     int n = comm->nranks;
     e->p2p_send_issued = calloc((size_t)n * 4, sizeof(uint64_t));
     if (e->p2p_send_issued == NULL) goto err_free_engine;
@@ -242,10 +244,10 @@ void coll_op_release(coll_op_t *op) {
     pthread_mutex_unlock(&e->lock);
 }
 
-ncclResult_t coll_engine_enqueue(coll_op_t *op) {
+/* Queue op; the engine lock is held. */
+static void engine_enqueue_locked(coll_op_t *op) {
     struct coll_engine *e = op->engine;
     struct ncclComm *comm = op->comm;
-    pthread_mutex_lock(&e->lock);
     if (op->uses_ring) op->ring_ticket = e->ring_issued++;
     for (int i = 0; i < op->nxfer; i++) {
         coll_xfer_t *x = &op->xfer[i];
@@ -283,6 +285,12 @@ ncclResult_t coll_engine_enqueue(coll_op_t *op) {
              coll_kind_name(op->coll), (unsigned long long)op->seq, e->broken_text);
     }
     if (e->thread_started) pthread_cond_signal(&e->cond);
+}
+
+ncclResult_t coll_engine_enqueue(coll_op_t *op) {
+    struct coll_engine *e = op->engine;
+    pthread_mutex_lock(&e->lock);
+    engine_enqueue_locked(op);
     pthread_mutex_unlock(&e->lock);
     return ncclSuccess;
 }
@@ -347,9 +355,9 @@ static ncclResult_t op_fail_progress(coll_op_t *op) {
     return ncclSuccess;
 }
 
-ncclResult_t coll_engine_progress(struct coll_engine *e, int *progressed_p) {
+/* One progress pass, engine lock held. */
+static void engine_progress_locked(struct coll_engine *e, int *progressed_p) {
     *progressed_p = 0;
-    if (pthread_mutex_trylock(&e->lock) != 0) return ncclSuccess;
     for (coll_op_t *op = e->head; op; op = op->next) {
         if (op->done) continue;
         if (e->broken && !op->failing) {
@@ -397,6 +405,12 @@ ncclResult_t coll_engine_progress(struct coll_engine *e, int *progressed_p) {
         op_retire_locked(e);
         *progressed_p = 1;
     }
+}
+
+ncclResult_t coll_engine_progress(struct coll_engine *e, int *progressed_p) {
+    *progressed_p = 0;
+    if (pthread_mutex_trylock(&e->lock) != 0) return ncclSuccess;
+    engine_progress_locked(e, progressed_p);
     pthread_mutex_unlock(&e->lock);
     return ncclSuccess;
 }
@@ -434,8 +448,8 @@ static int op_retired(const coll_op_t *op) {
     return __atomic_load_n(&op->done, __ATOMIC_ACQUIRE) == 2;
 }
 
-ncclResult_t coll_engine_wait(coll_op_t **ops, int nops) {
-    if (nops == 0) return ncclSuccess;
+/* held: the engine of ops[0] (nops == 1), whose lock the caller holds and hands over. */
+static ncclResult_t engine_wait(coll_op_t **ops, int nops, struct coll_engine *held) {
     /* The one wait policy (waiter.c): poll CHORUS_SPIN passes, yield, then sleep. Oversubscribed
      * hosts (more local ranks than CPUs) yield at once: a polling rank holds the core its peer
      * needs. The abort flags of all the ops' communicators are checked here, not by the waiter. */
@@ -447,9 +461,20 @@ ncclResult_t coll_engine_wait(coll_op_t **ops, int nops) {
     uint64_t spin_ns = 0;
     int yield_always = 0;
     ncclResult_t res = ncclSuccess;
+    /* One op (a blocking call): its engine's lock stays held from pass to pass while the wait
+     * spins, instead of a trylock and an unlock (two atomic operations) per pass. It is let go
+     * before anything that may take long (a yield, a sleep, the mismatch look) and at the end,
+     * so the progress thread and other callers still get it within one spin phase. */
     while (1) {
         int all = 1, progressed = 0;
-        for (int i = 0; i < nops; i++) {
+        if (nops == 1) {
+            if (op_retired(ops[0])) break;
+            all = 0;
+            if (held == NULL && pthread_mutex_trylock(&ops[0]->engine->lock) == 0)
+                held = ops[0]->engine;
+            if (held) engine_progress_locked(held, &progressed);
+        }
+        for (int i = 0; i < nops && nops > 1; i++) {
             if (op_retired(ops[i])) continue;
             all = 0;
             /* Progress each distinct engine once per round (among the unretired ops). */
@@ -463,6 +488,7 @@ ncclResult_t coll_engine_wait(coll_op_t **ops, int nops) {
         if (all) break;
         if (progressed) {
             if (waiting) chorus_waiter_progress(&w);
+            if (held && op_retired(ops[0])) break;
             continue;
         }
         if (!waiting) {
@@ -474,6 +500,10 @@ ncclResult_t coll_engine_wait(coll_op_t **ops, int nops) {
             yield_always = w.yield_always;
             waiting = 1;
         }
+        if (held && !chorus_waiter_spinning(&w)) {
+            pthread_mutex_unlock(&held->lock);
+            held = NULL;
+        }
         int aborted = 0;
         for (int i = 0; i < nops; i++) aborted |= ops[i]->comm->abort_flag;
         ncclResult_t r = aborted ? ncclRemoteError : chorus_waiter_step(&w);
@@ -483,6 +513,10 @@ ncclResult_t coll_engine_wait(coll_op_t **ops, int nops) {
             continue;
         }
         /* Deadline or abort: fail every op still running, naming what it waited for. */
+        if (held) {
+            pthread_mutex_unlock(&held->lock);
+            held = NULL;
+        }
         char where[160];
         for (int i = 0; i < nops; i++) {
             coll_op_t *op = ops[i];
@@ -508,6 +542,7 @@ ncclResult_t coll_engine_wait(coll_op_t **ops, int nops) {
         w.spin_ns = spin_ns;
         w.yield_always = yield_always;
     }
+    if (held) pthread_mutex_unlock(&held->lock);
     /* Peers may wait on other connections than the failed op's: tell them all (mismatch.c),
      * before the WARN below (a transport's WARN about a dead peer must not be the last error). */
     for (int i = 0; i < nops; i++) {
@@ -527,6 +562,18 @@ ncclResult_t coll_engine_wait(coll_op_t **ops, int nops) {
         }
     }
     return res;
+}
+
+ncclResult_t coll_engine_wait(coll_op_t **ops, int nops) {
+    if (nops == 0) return ncclSuccess;
+    return engine_wait(ops, nops, NULL);
+}
+
+ncclResult_t coll_engine_run(coll_op_t *op) {
+    struct coll_engine *e = op->engine;
+    pthread_mutex_lock(&e->lock);
+    engine_enqueue_locked(op);
+    return engine_wait(&op, 1, e);
 }
 
 /* ---- progress thread ------------------------------------------------------------------------ */

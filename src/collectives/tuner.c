@@ -340,7 +340,73 @@ static size_t tuner_direct_threshold(struct ncclComm *comm) {
     if (t >= 0) return (size_t)t;
     return comm->nranks == 2 ? DEFAULT_DIRECT_2 : DEFAULT_DIRECT;
 }
+/* The last choice this thread made, for the next op of the same engine, collective, count and
+ * element size: nothing else goes into a choice but parameters (the generation) and the
+ * communicator's fixed properties, so it is the same again. A blocking loop of small ops would
+ * otherwise spend a fifth of its library instructions here. Per thread, so that the CUDA worker
+ * and the caller's thread never share an entry; keyed by the engine's serial, not its address,
+ * which a later communicator may reuse. */
+typedef struct {
+    uint64_t gen; /* chorus_param_generation() of the choice; 0: empty */
+    uint64_t engine;
+    int coll;
+    size_t count, esize;
+    const coll_algo_t *algo;
+    int uses_ring;
+    size_t tune_chunk_bytes;
+    int tune_direct, tune_direct_reduce, tune_no_stream;
+    const char *why;
+    char tuned[48];
+} tuner_memo_t;
+
+static _Thread_local tuner_memo_t tuner_memo __attribute__((tls_model("initial-exec")));
+
+static int tuner_memo_take(coll_op_t *op, uint64_t gen) {
+    const tuner_memo_t *m = &tuner_memo;
+    if (m->gen != gen || m->engine != op->engine->serial || m->coll != (int)op->coll ||
+        m->count != op->count || m->esize != op->esize)
+        return 0;
+    op->algo = m->algo;
+    op->uses_ring = m->uses_ring;
+    op->tune_chunk_bytes = m->tune_chunk_bytes;
+    op->tune_direct = m->tune_direct;
+    op->tune_direct_reduce = m->tune_direct_reduce;
+    op->tune_no_stream = m->tune_no_stream;
+    return 1;
+}
+
+static void tuner_memo_keep(const coll_op_t *op, uint64_t gen, const char *why,
+                            const char *tuned) {
+    tuner_memo_t *m = &tuner_memo;
+    m->gen = gen;
+    m->engine = op->engine->serial;
+    m->coll = (int)op->coll;
+    m->count = op->count;
+    m->esize = op->esize;
+    m->algo = op->algo;
+    m->uses_ring = op->uses_ring;
+    m->tune_chunk_bytes = op->tune_chunk_bytes;
+    m->tune_direct = op->tune_direct;
+    m->tune_direct_reduce = op->tune_direct_reduce;
+    m->tune_no_stream = op->tune_no_stream;
+    m->why = why;
+    snprintf(m->tuned, sizeof(m->tuned), "%s", tuned);
+}
+
+static void tuner_say(const coll_op_t *op, const char *why, const char *tuned) {
+    struct ncclComm *comm = op->comm;
+    INFO(SUB_TUNING | SUB_COLL, "%s: %zu bytes, %d ranks, %s -> algorithm %s (%s)%s",
+         coll_kind_name(op->coll), op->count * op->esize, comm->nranks,
+         tuner_edge_is_tcp(comm) ? "tcp" : "shm", op->algo->name, why, tuned);
+}
+
 ncclResult_t coll_tuner_pick(coll_op_t *op) {
+    const uint64_t gen = chorus_param_generation();
+    if (op->engine && tuner_memo_take(op, gen)) {
+        if (CHORUS_LOG_ON(LOG_INFO, SUB_TUNING | SUB_COLL))
+            tuner_say(op, tuner_memo.why, tuner_memo.tuned);
+        return ncclSuccess;
+    }
     struct ncclComm *comm = op->comm;
     const coll_algo_t *ring = tuner_ring_algo(op->coll);
     const coll_algo_t *pick = ring;
@@ -433,9 +499,8 @@ ncclResult_t coll_tuner_pick(coll_op_t *op) {
         if (op->tune_chunk_bytes)
             snprintf(tuned, sizeof(tuned), ", shm ring chunk %zu KiB", op->tune_chunk_bytes >> 10);
     }
-    INFO(SUB_TUNING | SUB_COLL, "%s: %zu bytes, %d ranks, %s -> algorithm %s (%s)%s",
-         coll_kind_name(op->coll), bytes, comm->nranks, tuner_edge_is_tcp(comm) ? "tcp" : "shm",
-         pick->name, why, tuned);
+    tuner_say(op, why, tuned);
+    if (op->engine) tuner_memo_keep(op, gen, why, tuned);
     return ncclSuccess;
 }
 

@@ -143,8 +143,7 @@ ncclResult_t coll_api_run(const coll_args_t *a) {
         WARN("%s: rank %d could not set up the connections this op needs (%s); the "
              "communicator cannot run collectives",
              a->api, comm->rank, ncclGetErrorString(res));
-    if (res == ncclSuccess) res = coll_engine_enqueue(op);
-    if (res == ncclSuccess) res = coll_engine_wait(&op, 1);
+    if (res == ncclSuccess) res = coll_engine_run(op);
     coll_op_release(op);
     comm_api_leave(comm);
     return res;

@@ -43,6 +43,8 @@ static int64_t g_int[PARAM_COUNT];
 static char *g_str[PARAM_COUNT]; /* copies: the environment may change after parsing */
 static chorus_param_src_t g_src[PARAM_COUNT];
 static int g_done;
+/* Bumped at every parse: caches of choices made from parameters (the tuner's) compare it. */
+static uint64_t g_generation;
 static ncclResult_t g_res;
 static char g_err[512]; /* why parsing failed, WARNed by every chorus_param_init that returns it */
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -113,6 +115,7 @@ ncclResult_t chorus_param_init(void) {
     pthread_mutex_lock(&g_lock);
     if (!g_done) {
         g_res = parse_all();
+        __atomic_add_fetch(&g_generation, 1, __ATOMIC_RELEASE);
         __atomic_store_n(&g_done, 1, __ATOMIC_RELEASE);
         first = 1;
     }
@@ -145,6 +148,11 @@ static void ensure_init(void) {
 int64_t chorus_param_int(chorus_param_id_t id) {
     ensure_init();
     return g_int[id];
+}
+
+uint64_t chorus_param_generation(void) {
+    ensure_init();
+    return __atomic_load_n(&g_generation, __ATOMIC_ACQUIRE);
 }
 
 const char *chorus_param_str(chorus_param_id_t id) {

@@ -234,6 +234,7 @@ struct coll_engine {
      * notice, then the peers known to have failed; allocated at the first failure, freed with
      * the engine. */
     uint8_t *err_posted;
+    uint64_t serial; /* unique among all engines this process created (tuner.c's cache key) */
     /* allreduce_oneshot.c: a copy of this rank's input for in-place ops, used only by the op at
      * the head of the queue (one at a time); grown at setup, freed with the engine. */
     void *oneshot_scratch;
@@ -249,6 +250,9 @@ ncclResult_t coll_engine_progress(struct coll_engine *e, int *progressed_p);
 /* Drive progress of the given comms until every op in ops[] is done (blocking entry points,
  * group end, chorusWait). Returns the first op error. */
 ncclResult_t coll_engine_wait(coll_op_t **ops, int nops);
+/* A blocking call's one op: enqueue, then wait as coll_engine_wait, with one engine lock round
+ * trip fewer. */
+ncclResult_t coll_engine_run(coll_op_t *op);
 void coll_op_release(coll_op_t *op);
 ncclResult_t coll_op_alloc(struct ncclComm *comm, coll_kind_t coll, coll_op_t **op_p);
 ncclResult_t coll_engine_start_thread(struct coll_engine *e);

@@ -23,6 +23,9 @@ ncclResult_t chorus_param_init(void);
 void chorus_param_reset(void);
 int64_t chorus_param_int(chorus_param_id_t id);
 const char *chorus_param_str(chorus_param_id_t id); /* NULL when unset */
+/* Nonzero, and different after every parse (chorus_param_reset): whoever caches a choice made
+ * from parameter values keeps it only while this stays the same. */
+uint64_t chorus_param_generation(void);
 /* Introspection for chorus_info --params and the README table. */
 const char *chorus_param_name(chorus_param_id_t id);
 const char *chorus_param_help(chorus_param_id_t id);

@@ -54,6 +54,13 @@ static inline void chorus_waiter_no_spin(chorus_waiter_t *w) {
     w->spin_ns = 0;
     w->yield_always = 1;
 }
+/* 1 when the next empty poll's step only spins: it returns at once, without a yield, a sleep
+ * or a clock read (those come every 16th step of the timed spin), so a caller may keep a lock
+ * across it. */
+static inline int chorus_waiter_spinning(const chorus_waiter_t *w) {
+    const uint32_t next = w->polls + 1;
+    return next <= w->spin || (w->spin_until_ns != 0 && (next & 15) != 0);
+}
 /* Reset the backoff after progress was made (deadline unchanged). */
 static inline void chorus_waiter_progress(chorus_waiter_t *w) {
     w->polls = 0;

@@ -32,6 +32,7 @@
 
 #define SHM_IDLE_POLLS_PER_CLOCK 16
 #define SHM_LIVENESS_PERIOD_NS 2000000ull /* 2 ms */
+#define SHM_PREFETCH_SLOT_BYTES 1024
 
 ncclResult_t shm_peer_failed(chorus_conn_t *conn, shm_conn_t *sc, const char *why) {
     if (!sc->failed) {
@@ -144,7 +145,14 @@ static inline void shm_publish(chorus_conn_t *conn, shm_conn_t *sc, uint64_t src
      * step: the receiver read it nslots steps ago and still holds a copy, and invalidating that
      * copy when the next chunk is written would put one more cross-core transfer on the path of
      * every small message. */
-    shm_prefetch_write(&sc->ctrl->slots[(uint32_t)((step + 1) % (uint32_t)conn->nslots)]);
+    const uint32_t next = (uint32_t)((step + 1) % (uint32_t)conn->nslots);
+    shm_prefetch_write(&sc->ctrl->slots[next]);
+    /* A small chunk that went through its slot: the next one likely does too. Own the first
+     * lines of the next slot now, for the same reason as its header line. */
+    if (bytes > SHM_INLINE_BYTES && bytes <= SHM_PREFETCH_SLOT_BYTES && !(flags & SHM_SLOT_DIRECT)) {
+        const char *d = sc->data + (size_t)next * conn->slot_bytes;
+        for (size_t off = 0; off < bytes; off += SHM_CACHE_LINE) shm_prefetch_write(d + off);
+    }
 }
 
 static ncclResult_t shm_send_commit(chorus_conn_t *conn, size_t bytes) {
