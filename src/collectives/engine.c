@@ -448,15 +448,18 @@ static int op_retired(const coll_op_t *op) {
     return __atomic_load_n(&op->done, __ATOMIC_ACQUIRE) == 2;
 }
 
+/* Empty passes of a wait before its waiter starts (and reads the clock). */
+#define ENGINE_EARLY_POLLS 16
+
 /* held: the engine of ops[0] (nops == 1), whose lock the caller holds and hands over. */
 static ncclResult_t engine_wait(coll_op_t **ops, int nops, struct coll_engine *held) {
     /* The one wait policy (waiter.c): poll CHORUS_SPIN passes, yield, then sleep. Oversubscribed
      * hosts (more local ranks than CPUs) yield at once: a polling rank holds the core its peer
      * needs. The abort flags of all the ops' communicators are checked here, not by the waiter. */
-    /* The waiter starts at the first pass that finds nothing to do: a small op that completes
-     * in its first passes never reads the clock. */
+    /* The waiter starts after ENGINE_EARLY_POLLS passes that found nothing to do: a small op
+     * that completes within them never reads the clock. */
     chorus_waiter_t w;
-    int waiting = 0;
+    int waiting = 0, early_polls = 0;
     uint32_t spin = 0;
     uint64_t spin_ns = 0;
     int yield_always = 0;
@@ -490,6 +493,22 @@ static ncclResult_t engine_wait(coll_op_t **ops, int nops, struct coll_engine *h
             if (waiting) chorus_waiter_progress(&w);
             if (held && op_retired(ops[0])) break;
             continue;
+        }
+        if (!waiting && early_polls < ENGINE_EARLY_POLLS) {
+            /* The first empty passes of a short wait: no waiter yet, so no clock read (a
+             * waiter's deadline needs one, ~25 ns on a KVM guest, on every small op). The
+             * abort flags are still checked on every pass. Not on an oversubscribed host,
+             * whose waits yield at once. */
+            int aborted = 0, oversubscribed = 0;
+            for (int i = 0; i < nops; i++) {
+                aborted |= ops[i]->comm->abort_flag;
+                oversubscribed |= ops[i]->engine->oversubscribed;
+            }
+            if (!aborted && !oversubscribed) {
+                early_polls++;
+                continue;
+            }
+            early_polls = ENGINE_EARLY_POLLS;
         }
         if (!waiting) {
             chorus_waiter_init(&w, NULL);

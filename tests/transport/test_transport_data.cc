@@ -54,9 +54,11 @@ class TransportData : public ::testing::TestWithParam<Param> {
     std::vector<std::string> before_;
 };
 
-// 47, 48 and 49 straddle SHM_INLINE_BYTES: shm carries chunks up to 48 bytes in the slot header.
+// 111, 112 and 113 straddle SHM_INLINE_BYTES: shm carries chunks up to 112 bytes in the slot
+// header (48 and 49 cross from its first line into the second).
 std::vector<size_t> all_sizes(size_t slot) {
     return {1,        2,        3,        7,       8,       47,            48,       49,
+            111,      112,      113,
             63,       64,       4095,     4096,    4097,    65537,         slot - 1, slot,
             slot + 1, 2 * slot, 1 << 20,  (1 << 20) + 3, 4u << 20, (64u << 20)};
 }

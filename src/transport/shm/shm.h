@@ -54,13 +54,16 @@ enum { SHM_CMA_UNDECIDED = 0, SHM_CMA_OFF = 1, SHM_CMA_ON = 2, SHM_CMA_SAME_PROC
 /* Slot header flags. */
 enum { SHM_SLOT_DIRECT = 1, SHM_SLOT_INLINE = 2 };
 
-/* Payload bytes a slot header carries itself (SHM_SLOT_INLINE). */
-#define SHM_INLINE_BYTES 48
+/* Payload bytes a slot header carries itself (SHM_SLOT_INLINE): 48 in the line the receiver
+ * polls, 64 in the line next to it. */
+#define SHM_INLINE_BYTES 112
 
-/* One cache line per slot. The shm sender fills it and then stores seq = step + 1 (release); the
- * receiver polls seq, so a chunk of at most SHM_INLINE_BYTES, which the sender copies into data[],
- * reaches the receiver in the one line it polls. Larger chunks stay in the slot's data area and
- * direct chunks publish src and dbytes. (cuda_ipc uses bytes and src with the tail counter.) */
+/* Two cache lines per slot. The shm sender fills them and then stores seq = step + 1 (release);
+ * the receiver polls seq, so a chunk of at most SHM_INLINE_BYTES, which the sender copies into
+ * data[], reaches the receiver in the line it polls and the one next to it (a 64-byte all-reduce
+ * with its 40-byte op header fits), not in a slot page of its own. Larger chunks stay in the
+ * slot's data area and direct chunks publish src and dbytes. (cuda_ipc uses bytes and src with the
+ * tail counter.) */
 typedef struct {
     /* The low 16 bits of step + 1, stored last: a slot's previous content is from step -
      * nslots, and nslots <= 1024 (connect.c), so 16 bits tell them apart. */
@@ -78,7 +81,7 @@ typedef struct {
     };
 } shm_slot_hdr_t;
 #ifndef __cplusplus
-_Static_assert(sizeof(shm_slot_hdr_t) == SHM_CACHE_LINE, "a slot header is one cache line");
+_Static_assert(sizeof(shm_slot_hdr_t) == 2 * SHM_CACHE_LINE, "a slot header is two cache lines");
 #endif
 
 /* Values of shm_coop_t.helper, written by the sender at connect. */

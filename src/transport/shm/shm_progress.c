@@ -30,7 +30,7 @@
 #include "shm.h"
 #include "waiter.h"
 
-#define SHM_IDLE_POLLS_PER_CLOCK 16
+#define SHM_IDLE_POLLS_PER_CLOCK 64
 #define SHM_LIVENESS_PERIOD_NS 2000000ull /* 2 ms */
 #define SHM_PREFETCH_SLOT_BYTES 1024
 
@@ -147,6 +147,7 @@ static inline void shm_publish(chorus_conn_t *conn, shm_conn_t *sc, uint64_t src
      * every small message. */
     const uint32_t next = (uint32_t)((step + 1) % (uint32_t)conn->nslots);
     shm_prefetch_write(&sc->ctrl->slots[next]);
+    shm_prefetch_write((const char *)&sc->ctrl->slots[next] + SHM_CACHE_LINE);
     /* A small chunk that went through its slot: the next one likely does too. Own the first
      * lines of the next slot now, for the same reason as its header line. */
     if (bytes > SHM_INLINE_BYTES && bytes <= SHM_PREFETCH_SLOT_BYTES && !(flags & SHM_SLOT_DIRECT)) {
