@@ -149,3 +149,46 @@ INSTANTIATE_TEST_SUITE_P(Coll, CollShmChunkDefault,
                          ::testing::Combine(::testing::Values(2, 4, 5),
                                             ::testing::Values(Launch::Threads, Launch::Forked)),
                          ranks_launch_name);
+
+// The tuner keeps its last choice for the next op with the same collective, count and element
+// size (tuner.c's memo), and makes it again once the parameters were read again: the shm chunk
+// counter moves on the first op, stays on the repeat, and moves again after ncclResetDebugInit.
+// Forked ranks, so each counter is one rank's.
+TEST(CollTunerMemo, RepeatedOpReusesTheChoiceUntilParametersChange) {
+    setenv("CHORUS_ALGO", "ring", 1);
+    setenv("CHORUS_TRANSPORT", "shm", 1);
+    setenv("CHORUS_SHM_RING_CHUNK", "4096", 1);
+    ncclResetDebugInit();
+    ncclUniqueId id = chorus_test::make_unique_id();
+    auto res = chorus_test::run_ranks(Launch::Forked, 2, [&](int rank, int n) -> int {
+        ncclComm_t comm;
+        RANK_NCCL(ncclCommInitRank(&comm, n, id, rank));
+        const size_t count = 4099;
+        std::vector<float> in(count), out(count);
+        uint64_t t[4];
+        for (int i = 0; i < 3; i++) {
+            if (i == 2) ncclResetDebugInit(); // same values, a new parameter generation
+            for (size_t k = 0; k < count; k++) in[k] = (float)(rank + 1) * (float)(k % 7 + i);
+            coll_tuner_shm_chunk_stats(&t[i]);
+            RANK_NCCL(ncclAllReduce(in.data(), out.data(), count, ncclFloat32, ncclSum, comm,
+                                    nullptr));
+            for (size_t k = 0; k < count; k++)
+                RANK_CHECK(out[k] == 3.0f * (float)(k % 7 + i), "op %d element %zu: %g", i, k,
+                           (double)out[k]);
+        }
+        coll_tuner_shm_chunk_stats(&t[3]);
+        RANK_CHECK(t[1] - t[0] == 1, "first op: %llu tuner runs, expected 1",
+                   (unsigned long long)(t[1] - t[0]));
+        RANK_CHECK(t[2] == t[1], "repeated op ran the tuner again (%llu)",
+                   (unsigned long long)(t[2] - t[1]));
+        RANK_CHECK(t[3] - t[2] == 1, "after the parameters were read again: %llu tuner runs",
+                   (unsigned long long)(t[3] - t[2]));
+        RANK_NCCL(ncclCommDestroy(comm));
+        return 0;
+    });
+    unsetenv("CHORUS_ALGO");
+    unsetenv("CHORUS_SHM_RING_CHUNK");
+    unsetenv("CHORUS_TRANSPORT");
+    ncclResetDebugInit();
+    ASSERT_TRUE(res.ok()) << res.detail;
+}
