@@ -476,22 +476,23 @@ static ncclResult_t engine_wait(coll_op_t **ops, int nops, struct coll_engine *h
             if (held == NULL && pthread_mutex_trylock(&ops[0]->engine->lock) == 0)
                 held = ops[0]->engine;
             if (held) engine_progress_locked(held, &progressed);
-        }
-        for (int i = 0; i < nops && nops > 1; i++) {
-            if (op_retired(ops[i])) continue;
-            all = 0;
-            /* Progress each distinct engine once per round (among the unretired ops). */
-            int seen = 0;
-            for (int j = 0; j < i; j++) seen |= !op_retired(ops[j]) && ops[j]->engine == ops[i]->engine;
-            if (seen) continue;
-            int p = 0;
-            coll_engine_progress(ops[i]->engine, &p);
-            progressed |= p;
+        } else {
+            for (int i = 0; i < nops; i++) {
+                if (op_retired(ops[i])) continue;
+                all = 0;
+                /* Progress each distinct engine once per round (among the unretired ops). */
+                int seen = 0;
+                for (int j = 0; j < i; j++)
+                    seen |= !op_retired(ops[j]) && ops[j]->engine == ops[i]->engine;
+                if (seen) continue;
+                int p = 0;
+                coll_engine_progress(ops[i]->engine, &p);
+                progressed |= p;
+            }
         }
         if (all) break;
         if (progressed) {
             if (waiting) chorus_waiter_progress(&w);
-            if (held && op_retired(ops[0])) break;
             continue;
         }
         if (!waiting && early_polls < ENGINE_EARLY_POLLS) {

@@ -115,7 +115,7 @@ static inline int prim_kind_reads_recv_data(coll_prim_t kind) {
  * direct and the size threshold, are checked by the caller). */
 static inline int prim_direct_reduce_ok(const coll_op_t *op, const coll_chunk_t *c) {
     if (!c->direct_reduce_ok || (chorus_param_int(PARAM_DIRECT_REDUCE) == 0 &&
-                                 !op->tune_direct_reduce)) /* tuner.c: TCP rings */
+                                 !op->tune.direct_reduce)) /* tuner.c: TCP rings */
         return 0;
     if (c->kind == PRIM_PREP_SEND) return op->redop.kind != RK_PREMULSUM; /* pre() is a copy */
     return c->kind == PRIM_RECV_REDUCE_SEND && c->dst != NULL;

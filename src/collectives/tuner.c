@@ -188,11 +188,11 @@ static void tuner_tune_tcp(coll_op_t *op) {
         int64_t slot = chorus_param_int(PARAM_BUFFSIZE) / (nslots > 0 ? nslots : 1);
         size_t chunk = 64;
         while (chunk * 2 <= (size_t)slot) chunk *= 2;
-        op->tune_chunk_bytes = chunk + TUNER_TCP_CHUNK_SKEW;
+        op->tune.chunk_bytes = chunk + TUNER_TCP_CHUNK_SKEW;
     }
-    op->tune_direct = (bits & TUNER_TCP_DIRECT) != 0;
-    op->tune_direct_reduce = (bits & TUNER_TCP_DIRECT_REDUCE) != 0;
-    op->tune_no_stream = (bits & TUNER_TCP_NO_STREAM) != 0;
+    op->tune.direct = (bits & TUNER_TCP_DIRECT) != 0;
+    op->tune.direct_reduce = (bits & TUNER_TCP_DIRECT_REDUCE) != 0;
+    op->tune.no_stream = (bits & TUNER_TCP_NO_STREAM) != 0;
 }
 
 /* ---- shared-memory rings, large sizes --------------------------------------------------------
@@ -282,7 +282,7 @@ static void tuner_tune_shm(coll_op_t *op) {
     int64_t nslots = chorus_param_int(PARAM_NSLOTS);
     int64_t slot = chorus_param_int(PARAM_BUFFSIZE) / (nslots > 0 ? nslots : 1) / 64 * 64;
     if (want + COLL_HDR_BYTES > slot) return;
-    op->tune_chunk_bytes = (size_t)want;
+    op->tune.chunk_bytes = (size_t)want;
     atomic_fetch_add_explicit(&tuner_stat_shm_chunk, 1, memory_order_relaxed);
 }
 
@@ -353,8 +353,7 @@ typedef struct {
     size_t count, esize;
     const coll_algo_t *algo;
     int uses_ring;
-    size_t tune_chunk_bytes;
-    int tune_direct, tune_direct_reduce, tune_no_stream;
+    coll_tune_t tune;
     const char *why;
     char tuned[48];
 } tuner_memo_t;
@@ -368,10 +367,7 @@ static int tuner_memo_take(coll_op_t *op, uint64_t gen) {
         return 0;
     op->algo = m->algo;
     op->uses_ring = m->uses_ring;
-    op->tune_chunk_bytes = m->tune_chunk_bytes;
-    op->tune_direct = m->tune_direct;
-    op->tune_direct_reduce = m->tune_direct_reduce;
-    op->tune_no_stream = m->tune_no_stream;
+    op->tune = m->tune;
     return 1;
 }
 
@@ -385,10 +381,7 @@ static void tuner_memo_keep(const coll_op_t *op, uint64_t gen, const char *why,
     m->esize = op->esize;
     m->algo = op->algo;
     m->uses_ring = op->uses_ring;
-    m->tune_chunk_bytes = op->tune_chunk_bytes;
-    m->tune_direct = op->tune_direct;
-    m->tune_direct_reduce = op->tune_direct_reduce;
-    m->tune_no_stream = op->tune_no_stream;
+    m->tune = op->tune;
     m->why = why;
     snprintf(m->tuned, sizeof(m->tuned), "%s", tuned);
 }
@@ -496,8 +489,8 @@ ncclResult_t coll_tuner_pick(coll_op_t *op) {
         snprintf(tuned, sizeof(tuned), ", tcp ring tuning");
     } else if (op->uses_ring && !tuner_edge_is_tcp(comm)) {
         tuner_tune_shm(op);
-        if (op->tune_chunk_bytes)
-            snprintf(tuned, sizeof(tuned), ", shm ring chunk %zu KiB", op->tune_chunk_bytes >> 10);
+        if (op->tune.chunk_bytes)
+            snprintf(tuned, sizeof(tuned), ", shm ring chunk %zu KiB", op->tune.chunk_bytes >> 10);
     }
     tuner_say(op, why, tuned);
     if (op->engine) tuner_memo_keep(op, gen, why, tuned);

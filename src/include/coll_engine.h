@@ -49,8 +49,9 @@ typedef enum {
 const char *coll_kind_name(int coll);
 
 /* Header carried at the start of an op's first chunk on every connection. 40 bytes: with 8 bytes
- * of payload the whole first chunk of a small all-reduce fits the 48 bytes a shared-memory slot
- * header carries inline (shm.h), so the receiver gets it in the one cache line it polls. The data
+ * of payload the whole first chunk of a small all-reduce fits the first line of a shared-memory slot
+ * header (48 of the 112 bytes it carries inline, shm.h), so the receiver gets it in the one cache
+ * line it polls. The data
  * after it stays 8-byte aligned; the kernels take any alignment. */
 #define COLL_HDR_BYTES 40
 #define COLL_HDR_MAGIC 0x32484843u           /* "CHH2" */
@@ -111,6 +112,16 @@ typedef struct {
 
 struct coll_algo;
 
+/* What the tuner chose for an op beyond the algorithm (tuner.c; all zero: the schedule's
+ * defaults). Every rank makes the same choice for the same op, since both ends of a connection
+ * must agree on every chunk's size. */
+typedef struct {
+    size_t chunk_bytes; /* ring chunk payload (must fit slot_bytes + chunk_room) */
+    int direct;         /* 1: single copy wherever the connection allows (RING_DIRECT=-1) */
+    int direct_reduce;  /* 1: reduce steps go single copy too (as DIRECT_REDUCE=1) */
+    int no_stream;      /* 1: never the streamed mode (coll_ring.h) */
+} coll_tune_t;
+
 /* One-shot all-reduce (allreduce_oneshot.c): largest rank count, and inline transfers per op. */
 #define COLL_ONESHOT_MAX_RANKS 8
 #define COLL_XFER_INLINE (2 * (COLL_ONESHOT_MAX_RANKS - 1))
@@ -140,13 +151,7 @@ typedef struct coll_op {
     size_t chunk_elems;
     int stream; /* output far larger than the cache: streaming stores, chunks through the slots
                  * (coll_ring_plan) */
-    /* What the tuner chose for this op beyond the algorithm (tuner.c; all zero: the schedule's
-     * defaults). Every rank makes the same choice for the same op, since both ends of a
-     * connection must agree on every chunk's size. */
-    size_t tune_chunk_bytes; /* ring chunk payload (must fit slot_bytes + chunk_room) */
-    int tune_direct;         /* 1: single copy wherever the connection allows (RING_DIRECT=-1) */
-    int tune_direct_reduce;  /* 1: reduce steps go single copy too (as DIRECT_REDUCE=1) */
-    int tune_no_stream;      /* 1: never the streamed mode (coll_ring.h) */
+    coll_tune_t tune;
 
     /* point-to-point transfers */
     int nxfer;
