@@ -128,9 +128,13 @@ ncclResult_t coll_engine_connect(struct ncclComm *comm, coll_op_t **ops, int nop
         CHECK(coll_connect_rings(comm));
         e->rings_connected = 1;
     }
+    /* Once the whole set is connected every point-to-point pair exists in both directions, so
+     * only the schedules are left to compute (the small-op path: no look at each transfer). */
+    const int all_p2p = e->coll_set_connected;
     uint8_t *want = NULL;
     for (int i = 0; i < nops; i++) {
         CHECK(ops[i]->algo->setup(ops[i]));
+        if (all_p2p) continue;
         for (int x = 0; x < ops[i]->nxfer; x++) {
             coll_xfer_t *xf = &ops[i]->xfer[x];
             if (xf->peer == comm->rank) continue;

@@ -53,7 +53,9 @@ typedef struct {
     int nops, cap;
 } group_state_t;
 
-static __thread group_state_t group_tls;
+/* initial-exec: every collective call reads the depth, and the default model of a shared library
+ * pays a __tls_get_addr call for it. The state is a few words of the static TLS. */
+static __thread group_state_t group_tls __attribute__((tls_model("initial-exec")));
 
 int group_depth(void) { return group_tls.depth; }
 

@@ -32,7 +32,7 @@ const char *kind_name(chorus_rk_kind_t k) {
     static const char *n[] = {"sum", "prod", "max", "min", "premulsum", "sumdiv"};
     return n[k];
 }
-const size_t kCounts[] = {0, 1, 3, 15, 16, 17, 1023, 65537};
+const size_t kCounts[] = {0, 1, 3, 5, 7, 15, 16, 17, 31, 63, 1023, 65537};
 const char *const kIsas[] = {"generic", "avx2", "avx512"};
 constexpr size_t kGuard = 64;
 constexpr unsigned char kPoison = 0xA5;

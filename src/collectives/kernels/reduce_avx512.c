@@ -77,6 +77,18 @@ static inline void rk_pack16_hi(void *p, rk_widen_vu lo, rk_widen_vu hi) {
     _mm512_storeu_si512(p, _mm512_packus_epi32(l, h));
 }
 
+/* The last partial block (r < 64 bytes): one byte-masked load, zeroing the rest, and one
+ * byte-masked store (AVX512BW). Masked-off bytes are never touched, so nothing past the buffer
+ * is read or written. */
+#define RK_MASKED_TAIL 1
+static inline void rk_tail_in(void *blk, const void *src, size_t r) {
+    _mm512_store_si512(blk, _mm512_maskz_loadu_epi8((__mmask64)((1ULL << r) - 1), src));
+}
+
+static inline void rk_tail_out(void *dst, const void *blk, size_t r) {
+    _mm512_mask_storeu_epi8(dst, (__mmask64)((1ULL << r) - 1), _mm512_load_si512(blk));
+}
+
 #include "reduce_nt.h"
 #include "reduce_body.h"
 

@@ -16,6 +16,7 @@
  *                  lane-by-lane inserts, several times slower); otherwise that builtin is used
  *   RK_NT          1 when rk_nt_copy, rk_nt_copy_nofence and rk_nt_fence (non-temporal stores)
  *                  are defined
+ *   RK_MASKED_TAIL 1 when rk_tail_in/rk_tail_out (byte-masked vector loads and stores) are defined
  * and puts its target pragma in force. Everything here is static, so each variant is a separate
  * copy that the compiler vectorises for its own target.
  *
@@ -316,6 +317,49 @@ static void rk_body_copy(void *dst, const void *src, size_t bytes) {
     memcpy(dst, src, bytes);
 }
 
+/* ---- the last partial block ----------------------------------------------------------------- */
+
+/* r < RK_VB bytes between memory and a zero-padded block of RK_VB bytes on the stack. A small
+ * message is nothing but this tail, so it is done inline: masked loads and stores where the
+ * target has them (RK_MASKED_TAIL), else two overlapping moves of the largest power of two that
+ * fits r, instead of a memset and two calls to memcpy with a variable size. */
+#if !RK_MASKED_TAIL
+static inline void rk_small_move(unsigned char *d, const unsigned char *x, size_t r) {
+    uint64_t a, b;
+    uint32_t c, e;
+    if (r >= 16) { /* 16..RK_VB-1: 8-byte words, the last one overlapping */
+        size_t i = 0;
+        for (; i + 8 < r; i += 8) {
+            memcpy(&a, x + i, 8);
+            memcpy(d + i, &a, 8);
+        }
+        memcpy(&b, x + r - 8, 8);
+        memcpy(d + r - 8, &b, 8);
+    } else if (r >= 8) {
+        memcpy(&a, x, 8);
+        memcpy(&b, x + r - 8, 8);
+        memcpy(d, &a, 8);
+        memcpy(d + r - 8, &b, 8);
+    } else if (r >= 4) {
+        memcpy(&c, x, 4);
+        memcpy(&e, x + r - 4, 4);
+        memcpy(d, &c, 4);
+        memcpy(d + r - 4, &e, 4);
+    } else {
+        for (size_t i = 0; i < r; i++) d[i] = x[i];
+    }
+}
+
+static inline void rk_tail_in(void *blk, const void *src, size_t r) {
+    memset(blk, 0, RK_VB);
+    rk_small_move(blk, src, r);
+}
+
+static inline void rk_tail_out(void *dst, const void *blk, size_t r) {
+    rk_small_move(dst, blk, r);
+}
+#endif
+
 /* ---- block loops ---------------------------------------------------------------------------- */
 
 /* dst = EXPR(a) with a = block of x. */
@@ -327,13 +371,12 @@ static void rk_body_copy(void *dst, const void *src, size_t bytes) {
             STORE((ST *)(d) + i_, EXPR);                                                           \
         }                                                                                          \
         if (i_ < (n)) {                                                                            \
-            ST ta_[W], td_[W];                                                                     \
+            _Alignas(RK_VB) ST ta_[RK_VB / sizeof(ST)], td_[RK_VB / sizeof(ST)];                   \
             size_t r_ = ((n)-i_) * sizeof(ST);                                                     \
-            memset(ta_, 0, sizeof ta_);                                                            \
-            memcpy(ta_, (const ST *)(x) + i_, r_);                                                 \
+            rk_tail_in(ta_, (const ST *)(x) + i_, r_);                                             \
             CV a = LOAD(ta_);                                                                      \
             STORE(td_, EXPR);                                                                      \
-            memcpy((ST *)(d) + i_, td_, r_);                                                       \
+            rk_tail_out((ST *)(d) + i_, td_, r_);                                                  \
         }                                                                                          \
     } while (0)
 
@@ -346,15 +389,14 @@ static void rk_body_copy(void *dst, const void *src, size_t bytes) {
             STORE((ST *)(d) + i_, EXPR);                                                           \
         }                                                                                          \
         if (i_ < (n)) {                                                                            \
-            ST ta_[W], tb_[W], td_[W];                                                             \
+            _Alignas(RK_VB) ST ta_[RK_VB / sizeof(ST)], tb_[RK_VB / sizeof(ST)],                   \
+                td_[RK_VB / sizeof(ST)];                                                           \
             size_t r_ = ((n)-i_) * sizeof(ST);                                                     \
-            memset(ta_, 0, sizeof ta_);                                                            \
-            memset(tb_, 0, sizeof tb_);                                                            \
-            memcpy(ta_, (const ST *)(x) + i_, r_);                                                 \
-            memcpy(tb_, (const ST *)(y) + i_, r_);                                                 \
+            rk_tail_in(ta_, (const ST *)(x) + i_, r_);                                             \
+            rk_tail_in(tb_, (const ST *)(y) + i_, r_);                                             \
             CV a = LOAD(ta_), b = LOAD(tb_);                                                       \
             STORE(td_, EXPR);                                                                      \
-            memcpy((ST *)(d) + i_, td_, r_);                                                       \
+            rk_tail_out((ST *)(d) + i_, td_, r_);                                                  \
         }                                                                                          \
     } while (0)
 
@@ -372,19 +414,18 @@ static void rk_body_copy(void *dst, const void *src, size_t bytes) {
             STORE((ST *)(d) + i_, acc_);                                                           \
         }                                                                                          \
         if (i_ < (n)) {                                                                            \
-            ST ta_[W], td_[W];                                                                     \
+            _Alignas(RK_VB) ST ta_[RK_VB / sizeof(ST)], td_[RK_VB / sizeof(ST)];                   \
             size_t r_ = ((n)-i_) * sizeof(ST);                                                     \
-            memset(ta_, 0, sizeof ta_);                                                            \
-            memcpy(ta_, (const ST *)(ins)[0] + i_, r_);                                            \
+            rk_tail_in(ta_, (const ST *)(ins)[0] + i_, r_);                                        \
             CV a = LOAD(ta_);                                                                      \
             CV acc_ = PRE;                                                                         \
             for (int k_ = 1; k_ < (nin); k_++) {                                                   \
-                memcpy(ta_, (const ST *)(ins)[k_] + i_, r_);                                       \
+                rk_tail_in(ta_, (const ST *)(ins)[k_] + i_, r_);                                   \
                 a = LOAD(ta_);                                                                     \
                 acc_ = COMBINE(acc_, PRE);                                                         \
             }                                                                                      \
             STORE(td_, acc_);                                                                      \
-            memcpy((ST *)(d) + i_, td_, r_);                                                       \
+            rk_tail_out((ST *)(d) + i_, td_, r_);                                                  \
         }                                                                                          \
     } while (0)
 

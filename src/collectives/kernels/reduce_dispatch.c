@@ -85,15 +85,20 @@ static const rk_isa_ops_t *rk_isa_best(void) {
     return &rk_isa_generic;
 }
 
+/* The first call's resolution, out of line: inlined, it made every entry point save and restore
+ * six registers around a one-load fast path. */
+static __attribute__((noinline, cold)) const rk_isa_ops_t *rk_resolve(void) {
+    pthread_once(&rk_nt_once, rk_nt_resolve);
+    const rk_isa_ops_t *ops = rk_isa_best();
+    atomic_store_explicit(&rk_ops, ops, memory_order_release);
+    INFO(SUB_INIT, "host reduction kernels: %s, streaming copies from %zu bytes", ops->name,
+         rk_nt_threshold);
+    return ops;
+}
+
 static inline const rk_isa_ops_t *rk_get(void) {
     const rk_isa_ops_t *ops = atomic_load_explicit(&rk_ops, memory_order_acquire);
-    if (__builtin_expect(ops == NULL, 0)) {
-        pthread_once(&rk_nt_once, rk_nt_resolve);
-        ops = rk_isa_best();
-        atomic_store_explicit(&rk_ops, ops, memory_order_release);
-        INFO(SUB_INIT, "host reduction kernels: %s, streaming copies from %zu bytes", ops->name,
-             rk_nt_threshold);
-    }
+    if (__builtin_expect(ops == NULL, 0)) ops = rk_resolve();
     return ops;
 }
 
