@@ -61,7 +61,7 @@ ncclResult_t coll_connect_rings(struct ncclComm *comm) {
 static ncclResult_t connect_one_p2p(struct ncclComm *comm, int peer, int is_send) {
     chorus_conn_t **slot = is_send ? &comm->p2p_send[peer] : &comm->p2p_recv[peer];
     if (*slot) return ncclSuccess;
-    chorus_conn_t *conn = calloc(1, sizeof(*conn));
+    chorus_conn_t *conn = chorus_calloc_lines(sizeof(*conn));
     if (conn == NULL) {
         WARN("out of memory for a connection to rank %d", peer);
         return ncclSystemError;

@@ -25,6 +25,7 @@
 #include "check.h"
 #include "coll_engine.h"
 #include "comm.h"
+#include "core.h"
 #include "log.h"
 #include "param.h"
 #include "waiter.h"
@@ -38,13 +39,13 @@ const char *coll_kind_name(int coll) {
 }
 
 ncclResult_t coll_engine_create(struct ncclComm *comm) {
-    struct coll_engine *e = calloc(1, sizeof(*e));
+    struct coll_engine *e = chorus_calloc_lines(sizeof(*e));
     if (e == NULL) goto err_nomem;
     e->comm = comm;
     static uint64_t serials;
     e->serial = __atomic_add_fetch(&serials, 1, __ATOMIC_RELAXED);
     int n = comm->nranks;
-    e->p2p_send_issued = calloc((size_t)n * 4, sizeof(uint64_t));
+    e->p2p_send_issued = chorus_calloc_lines((size_t)n * 4 * sizeof(uint64_t));
     if (e->p2p_send_issued == NULL) goto err_free_engine;
     e->p2p_send_served = e->p2p_send_issued + n;
     e->p2p_recv_issued = e->p2p_send_issued + 2 * n;
@@ -209,7 +210,7 @@ ncclResult_t coll_op_alloc(struct ncclComm *comm, coll_kind_t coll, coll_op_t **
     coll_op_t *op = comm->engine ? __atomic_exchange_n(&comm->engine->spare_op, NULL,
                                                        __ATOMIC_ACQUIRE)
                                  : NULL;
-    if (op == NULL) op = malloc(sizeof(*op));
+    if (op == NULL) op = chorus_malloc_lines(sizeof(*op));
     if (op != NULL) {
         memset(op, 0, offsetof(coll_op_t, fail_text));
         op->fail_text[0] = 0;

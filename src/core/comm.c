@@ -131,7 +131,7 @@ uint64_t comm_hash_bytes(const void *data, size_t len) {
 
 ncclResult_t comm_alloc(int rank, int nranks, int cuda_dev, const ncclConfig_t *cfg,
                         struct ncclComm **comm_p) {
-    struct ncclComm *comm = calloc(1, sizeof(*comm));
+    struct ncclComm *comm = chorus_calloc_lines(sizeof(*comm));
     if (comm == NULL) {
         WARN("out of memory allocating a communicator");
         return ncclSystemError;

@@ -21,6 +21,7 @@
 
 #include "check.h"
 #include "comm.h"
+#include "core.h"
 #include "param.h"
 #include "shm.h"
 #include "waiter.h"
@@ -35,7 +36,7 @@ ncclResult_t shm_can_connect(struct ncclComm *comm, const chorus_locality_t *sel
 }
 
 ncclResult_t shm_setup(chorus_conn_t *conn, void *blob, size_t *blob_bytes_p) {
-    shm_conn_t *sc = calloc(1, sizeof(*sc));
+    shm_conn_t *sc = chorus_calloc_lines(sizeof(*sc));
     if (!sc) {
         WARN("shm: out of memory for a connection to rank %d", conn->peer);
         return ncclSystemError;

@@ -32,6 +32,7 @@
 #include <stdlib.h>
 
 #include "check.h"
+#include "core.h"
 #include "shm.h"
 
 typedef struct shm_reg {
@@ -71,7 +72,7 @@ void shm_pair_register(chorus_conn_t *conn, shm_conn_t *sc) {
     me->next = shm_reg_head;
     shm_reg_head = me;
     if (twins == 0 && others == 1 && other->sc->pair == NULL) {
-        shm_pair_t *p = calloc(1, sizeof(*p));
+        shm_pair_t *p = chorus_calloc_lines(sizeof(*p));
         if (p != NULL) {
             shm_conn_t *send = conn->is_send ? sc : other->sc;
             shm_conn_t *recv = conn->is_send ? other->sc : sc;
