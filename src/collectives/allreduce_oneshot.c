@@ -11,7 +11,8 @@
  *
  * Every rank runs the same sequence of kernel calls on the same values (the fold's order does not
  * depend on the rank or on arrival order), so all ranks end with bitwise identical results. Each
- * chunk goes through prim_step, so the first (and only) chunk on each connection carries the op
+ * chunk goes through prim_send_small/prim_recv_small (prim_step's path in a few instructions, and
+ * prim_step itself for anything out of the ordinary), so the first (and only) chunk on each connection carries the op
  * header (mismatches fail with ncclInvalidUsage naming both sides), error chunks and dead peers
  * are reported naming the rank, and the engine's waiter owns deadlines and aborts.
  *
@@ -117,12 +118,8 @@ static ncclResult_t oneshot_progress(coll_op_t *op, int *done_p) {
     for (int i = 0; i < n - 1; i++) {
         coll_xfer_t *x = &op->xfer[i];
         if (x->done) continue;
-        coll_chunk_t cc = {0};
-        cc.kind = PRIM_PREP_SEND;
-        cc.in = x->buf;
-        cc.count = op->count;
         int ok;
-        CHECK(prim_xfer_chunk(op, x, &cc, &ok));
+        CHECK(prim_send_small(op, x, x->buf, &ok));
         if (!ok) {
             sends_done = 0;
             continue;
@@ -132,24 +129,24 @@ static ncclResult_t oneshot_progress(coll_op_t *op, int *done_p) {
     /* The fold, in rank order. op->round - 1 is the next rank whose contribution to add. In
      * place, `out` is the input the sends read: wait for them before writing it. */
     const int in_place = op->sendbuff == op->recvbuff;
+    /* Rank 0 with pre() the identity (every op but PREMULSUM) folds its own input in with the
+     * first contribution it receives, p1 (+) in, instead of first copying in to out: the same
+     * operands in the same order, one kernel call and one pass less. */
+    const int fuse0 = me == 0 && op->redop.kind != RK_PREMULSUM;
     while (op->round <= n && (sends_done || !in_place)) {
         const int k = op->round - 1;
         if (k == me) {
             const void *mine = op->xfer[0].buf;
-            if (k == 0) rk_prepare(out, mine, op->count, &op->redop);
-            else rk_reduce(out, mine, out, op->count, &op->redop);
+            if (k != 0) rk_reduce(out, mine, out, op->count, &op->redop);
+            else if (!fuse0) rk_prepare(out, mine, op->count, &op->redop);
             op->round++;
             moved = 1;
             continue;
         }
         coll_xfer_t *x = &op->xfer[n - 1 + (k < me ? k : k - 1)];
-        coll_chunk_t cc = {0};
-        cc.kind = k == 0 ? PRIM_RECV : PRIM_RECV_COMBINE;
-        cc.in = out;
-        cc.dst = out;
-        cc.count = op->count;
+        const void *acc = k == 0 ? NULL : (k == 1 && fuse0) ? op->xfer[0].buf : out;
         int ok;
-        CHECK(prim_xfer_chunk(op, x, &cc, &ok));
+        CHECK(prim_recv_small(op, x, out, acc, &ok));
         if (!ok) break;
         op->round++;
         moved = 1;

@@ -439,6 +439,80 @@ ncclResult_t prim_xfer_chunk(coll_op_t *op, coll_xfer_t *x, const coll_chunk_t *
     return ncclSuccess;
 }
 
+/* ---- one-chunk transfers of small ops: the happy path of prim_xfer_chunk ----------------- */
+
+/* The whole op as the first (and only) chunk of a transfer, through the slot: a connection
+ * whose ticket is served, a header pending, and no single copy. Anything else, a transport
+ * error, a chunk of an unexpected size or header included, goes to prim_xfer_chunk, which
+ * peeks the same chunk again and reports it; so these keep exactly its state (x->done,
+ * x->started, the served line, hdr_pending) and its semantics. */
+static inline int prim_small_ok(const coll_op_t *op, const coll_xfer_t *x, const uint64_t *served) {
+    return !x->done && *served == x->use.ticket && x->use.hdr_pending && x->use.conn != NULL &&
+           op->redop.kind != RK_PREMULSUM; /* pre() of PREP_SEND is then a copy */
+}
+
+ncclResult_t prim_send_small(coll_op_t *op, coll_xfer_t *x, const void *in, int *ok_p) {
+    uint64_t *served = &op->engine->p2p_send_served[x->peer];
+    chorus_conn_t *sc = x->use.conn;
+    const size_t dbytes = op->count * op->esize;
+    if (!prim_small_ok(op, x, served) || (sc->direct && dbytes >= sc->direct_threshold))
+        goto general;
+    void *slot;
+    int ready;
+    if (sc->ops->send_acquire(sc, dbytes + COLL_HDR_BYTES, &slot, &ready) != ncclSuccess)
+        goto general;
+    x->started = 1;
+    if (!ready) {
+        *ok_p = 0;
+        return ncclSuccess;
+    }
+    coll_hdr_fill(op, (coll_hdr_t *)slot);
+    rk_copy((char *)slot + COLL_HDR_BYTES, in, dbytes);
+    ncclResult_t res = sc->ops->send_commit(sc, dbytes + COLL_HDR_BYTES);
+    if (res != ncclSuccess) return prim_conn_error(op, &x->use, res);
+    x->use.hdr_pending = 0;
+    x->done = 1;
+    (*served)++;
+    *ok_p = 1;
+    return ncclSuccess;
+general:;
+    coll_chunk_t cc = {.kind = PRIM_PREP_SEND, .in = in, .count = op->count};
+    return prim_xfer_chunk(op, x, &cc, ok_p);
+}
+
+ncclResult_t prim_recv_small(coll_op_t *op, coll_xfer_t *x, void *out, const void *acc, int *ok_p) {
+    uint64_t *served = &op->engine->p2p_recv_served[x->peer];
+    chorus_conn_t *rc = x->use.conn;
+    const size_t dbytes = op->count * op->esize;
+    if (!prim_small_ok(op, x, served)) goto general;
+    const void *data;
+    size_t bytes;
+    int ready;
+    if (rc->ops->recv_peek(rc, &data, &bytes, &ready) != ncclSuccess) goto general;
+    x->started = 1;
+    if (!ready) {
+        *ok_p = 0;
+        return ncclSuccess;
+    }
+    if (data == NULL || bytes != dbytes + COLL_HDR_BYTES ||
+        !hdr_same_coll(op, (const coll_hdr_t *)data))
+        goto general;
+    const char *rdata = (const char *)data + COLL_HDR_BYTES;
+    if (acc) rk_reduce(out, rdata, acc, op->count, &op->combine);
+    else rk_copy(out, rdata, dbytes);
+    ncclResult_t res = rc->ops->recv_release(rc);
+    if (res != ncclSuccess) return prim_conn_error(op, &x->use, res);
+    x->use.hdr_pending = 0;
+    x->done = 1;
+    (*served)++;
+    *ok_p = 1;
+    return ncclSuccess;
+general:;
+    coll_chunk_t cc = {.kind = acc ? PRIM_RECV_COMBINE : PRIM_RECV, .in = acc, .dst = out,
+                       .count = op->count};
+    return prim_xfer_chunk(op, x, &cc, ok_p);
+}
+
 ncclResult_t prim_send_drained(coll_op_t *op, coll_use_t *send, int *ok_p) {
     *ok_p = 1;
     if (!send->used_direct) return ncclSuccess;
