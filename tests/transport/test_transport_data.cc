@@ -54,11 +54,12 @@ class TransportData : public ::testing::TestWithParam<Param> {
     std::vector<std::string> before_;
 };
 
-// 111, 112 and 113 straddle SHM_INLINE_BYTES: shm carries chunks up to 112 bytes in the slot
-// header (48 and 49 cross from its first line into the second).
+// 175, 176 and 177 straddle SHM_INLINE_BYTES: shm carries chunks up to 176 bytes in the slot
+// header's three lines (48 and 49 cross from its first line into the second, 112 and 113 from
+// the second into the third).
 std::vector<size_t> all_sizes(size_t slot) {
     return {1,        2,        3,        7,       8,       47,            48,       49,
-            111,      112,      113,
+            111,      112,      113,      175,     176,     177,
             63,       64,       4095,     4096,    4097,    65537,         slot - 1, slot,
             slot + 1, 2 * slot, 1 << 20,  (1 << 20) + 3, 4u << 20, (64u << 20)};
 }

@@ -141,13 +141,16 @@ static inline void shm_publish(chorus_conn_t *conn, shm_conn_t *sc, uint64_t src
     atomic_store_explicit(&h->seq, (uint16_t)(step + 1), memory_order_release);
     conn->step = step + 1;
     atomic_store_explicit(&sc->ctrl->tail, step + 1, memory_order_release);
-    /* Take the next step's header line for writing now, while the receiver is busy with this
-     * step: the receiver read it nslots steps ago and still holds a copy, and invalidating that
-     * copy when the next chunk is written would put one more cross-core transfer on the path of
-     * every small message. */
+    /* Take the next step's header lines for writing now (as many as this chunk filled: the
+     * next one is likely alike), while the receiver is busy with this step: the receiver read
+     * them nslots steps ago and still holds a copy, and invalidating that copy when the next
+     * chunk is written would put one more cross-core transfer on the path of every small
+     * message. */
     const uint32_t next = (uint32_t)((step + 1) % (uint32_t)conn->nslots);
-    shm_prefetch_write(&sc->ctrl->slots[next]);
-    shm_prefetch_write((const char *)&sc->ctrl->slots[next] + SHM_CACHE_LINE);
+    const char *nh = (const char *)&sc->ctrl->slots[next];
+    shm_prefetch_write(nh);
+    if (bytes > SHM_INLINE_LINE1) shm_prefetch_write(nh + SHM_CACHE_LINE);
+    if (bytes > SHM_INLINE_LINE1 + SHM_CACHE_LINE) shm_prefetch_write(nh + 2 * SHM_CACHE_LINE);
     /* A small chunk that went through its slot: the next one likely does too. Own the first
      * lines of the next slot now, for the same reason as its header line. */
     if (bytes > SHM_INLINE_BYTES && bytes <= SHM_PREFETCH_SLOT_BYTES && !(flags & SHM_SLOT_DIRECT)) {
