@@ -72,10 +72,14 @@ typedef struct {
     direct_ptrs_t peer[]; /* [n], by rank */
 } direct_state_t;
 
-static _Atomic uint64_t direct_stat_ops; /* ops finished by this algorithm (tests) */
+/* Ops finished by this algorithm (tests), on a line of their own: its ranks are threads of one
+ * process, and they all add to it. */
+static struct {
+    _Alignas(64) _Atomic uint64_t ops;
+} direct_stat;
 
 void coll_direct_stats(uint64_t *ops_p) {
-    *ops_p = atomic_load_explicit(&direct_stat_ops, memory_order_relaxed);
+    *ops_p = atomic_load_explicit(&direct_stat.ops, memory_order_relaxed);
 }
 
 int coll_direct_one_process(struct ncclComm *comm) {
@@ -279,7 +283,7 @@ static ncclResult_t direct_progress(coll_op_t *op, int *done_p) {
     if (received && sent && st->pos >= st->hi) CHECK(direct_phase(op, st, 2, &done_sent, &moved));
     CHECK(direct_phase(op, st, 3, &done_received, &moved));
     if (done_sent && done_received) {
-        atomic_fetch_add_explicit(&direct_stat_ops, 1, memory_order_relaxed);
+        atomic_fetch_add_explicit(&direct_stat.ops, 1, memory_order_relaxed);
         *done_p = 1;
         return ncclSuccess;
     }

@@ -64,12 +64,17 @@ size_t prim_chunk_elems(const chorus_conn_t *conn, size_t esize) {
 
 /* ---- direct reduce: bounce buffer and counters ------------------------------------------- */
 
-static _Atomic uint64_t prim_stat_reduce_sent, prim_stat_reduce_recv, prim_stat_streamed;
+/* Counters for tests, on a line of their own (ranks that are threads of one process all add to
+ * them; next to globals that every op reads, they would make those reads miss). */
+static struct {
+    _Alignas(64) _Atomic uint64_t reduce_sent;
+    _Atomic uint64_t reduce_recv, streamed;
+} prim_stat;
 
 void prim_path_stats(uint64_t *reduce_sent_p, uint64_t *reduce_recv_p, uint64_t *streamed_p) {
-    *reduce_sent_p = atomic_load_explicit(&prim_stat_reduce_sent, memory_order_relaxed);
-    *reduce_recv_p = atomic_load_explicit(&prim_stat_reduce_recv, memory_order_relaxed);
-    *streamed_p = atomic_load_explicit(&prim_stat_streamed, memory_order_relaxed);
+    *reduce_sent_p = atomic_load_explicit(&prim_stat.reduce_sent, memory_order_relaxed);
+    *reduce_recv_p = atomic_load_explicit(&prim_stat.reduce_recv, memory_order_relaxed);
+    *streamed_p = atomic_load_explicit(&prim_stat.streamed, memory_order_relaxed);
 }
 
 /* One bounce buffer per thread (whichever thread drives progress: the caller or the comm's
@@ -316,7 +321,7 @@ ncclResult_t prim_step(coll_op_t *op, coll_use_t *recv, coll_use_t *send, const 
         res = recv->conn->ops->recv_copy(recv->conn, b, dbytes);
         if (res != ncclSuccess) return prim_conn_error(op, recv, res);
         if (prim_kind_reads_recv_data(c->kind))
-            atomic_fetch_add_explicit(&prim_stat_reduce_recv, 1, memory_order_relaxed);
+            atomic_fetch_add_explicit(&prim_stat.reduce_recv, 1, memory_order_relaxed);
         rdata = b;
         direct_in = 0;
     }
@@ -399,7 +404,7 @@ ncclResult_t prim_step(coll_op_t *op, coll_use_t *recv, coll_use_t *send, const 
         break;
     }
     if (direct_in && res != ncclSuccess) return prim_conn_error(op, recv, res);
-    if (c->stream && recv) atomic_fetch_add_explicit(&prim_stat_streamed, 1, memory_order_relaxed);
+    if (c->stream && recv) atomic_fetch_add_explicit(&prim_stat.streamed, 1, memory_order_relaxed);
     if (send) {
         chorus_conn_t *sc = send->conn;
         if (direct_out) {
@@ -407,7 +412,7 @@ ncclResult_t prim_step(coll_op_t *op, coll_use_t *recv, coll_use_t *send, const 
             res = sc->ops->send_commit_direct(sc, out, dbytes);
             send->used_direct = 1;
             if (!c->direct_ok)
-                atomic_fetch_add_explicit(&prim_stat_reduce_sent, 1, memory_order_relaxed);
+                atomic_fetch_add_explicit(&prim_stat.reduce_sent, 1, memory_order_relaxed);
         } else {
             if (out) rk_copy(sdata, out, dbytes);
             res = sc->ops->send_commit(sc, sbytes);

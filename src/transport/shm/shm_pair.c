@@ -88,22 +88,27 @@ void shm_pair_register(chorus_conn_t *conn, shm_conn_t *sc) {
     pthread_mutex_unlock(&shm_reg_lock);
 }
 
-static _Atomic uint64_t shm_stat_ack_credits, shm_stat_head_loads;
+/* Counters for tests, on a line of their own: ranks that are threads of one process all add to
+ * them, and next to the globals every op reads they made those reads miss. */
+static struct {
+    _Alignas(64) _Atomic uint64_t ack_credits;
+    _Atomic uint64_t head_loads;
+} shm_stat;
 
 void shm_pair_stats(uint64_t *ack_credits_p, uint64_t *head_loads_p) {
-    *ack_credits_p = atomic_load_explicit(&shm_stat_ack_credits, memory_order_relaxed);
-    *head_loads_p = atomic_load_explicit(&shm_stat_head_loads, memory_order_relaxed);
+    *ack_credits_p = atomic_load_explicit(&shm_stat.ack_credits, memory_order_relaxed);
+    *head_loads_p = atomic_load_explicit(&shm_stat.head_loads, memory_order_relaxed);
 }
 
 void shm_pair_count_head_load(void) {
-    atomic_fetch_add_explicit(&shm_stat_head_loads, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&shm_stat.head_loads, 1, memory_order_relaxed);
 }
 
 void shm_pair_credit(chorus_conn_t *conn, shm_conn_t *sc) {
     uint64_t a = atomic_load_explicit(&sc->pair->peer_ack, memory_order_acquire);
     if (a > sc->cached && a <= conn->step) {
         sc->cached = a;
-        atomic_fetch_add_explicit(&shm_stat_ack_credits, 1, memory_order_relaxed);
+        atomic_fetch_add_explicit(&shm_stat.ack_credits, 1, memory_order_relaxed);
     }
 }
 
