@@ -456,6 +456,17 @@ static inline int prim_small_ok(const coll_op_t *op, const coll_xfer_t *x, const
            op->redop.kind != RK_PREMULSUM; /* pre() of PREP_SEND is then a copy */
 }
 
+/* The transfer's chunk moved; res is the commit or release that ended the step. */
+static inline ncclResult_t prim_small_finish(coll_op_t *op, coll_xfer_t *x, uint64_t *served,
+                                             ncclResult_t res, int *ok_p) {
+    if (res != ncclSuccess) return prim_conn_error(op, &x->use, res);
+    x->use.hdr_pending = 0;
+    x->done = 1;
+    (*served)++;
+    *ok_p = 1;
+    return ncclSuccess;
+}
+
 ncclResult_t prim_send_small(coll_op_t *op, coll_xfer_t *x, const void *in, int *ok_p) {
     uint64_t *served = &op->engine->p2p_send_served[x->peer];
     chorus_conn_t *sc = x->use.conn;
@@ -473,13 +484,8 @@ ncclResult_t prim_send_small(coll_op_t *op, coll_xfer_t *x, const void *in, int 
     }
     coll_hdr_fill(op, (coll_hdr_t *)slot);
     rk_copy((char *)slot + COLL_HDR_BYTES, in, dbytes);
-    ncclResult_t res = sc->ops->send_commit(sc, dbytes + COLL_HDR_BYTES);
-    if (res != ncclSuccess) return prim_conn_error(op, &x->use, res);
-    x->use.hdr_pending = 0;
-    x->done = 1;
-    (*served)++;
-    *ok_p = 1;
-    return ncclSuccess;
+    return prim_small_finish(op, x, served, sc->ops->send_commit(sc, dbytes + COLL_HDR_BYTES),
+                             ok_p);
 general:;
     coll_chunk_t cc = {.kind = PRIM_PREP_SEND, .in = in, .count = op->count};
     return prim_xfer_chunk(op, x, &cc, ok_p);
@@ -505,13 +511,7 @@ ncclResult_t prim_recv_small(coll_op_t *op, coll_xfer_t *x, void *out, const voi
     const char *rdata = (const char *)data + COLL_HDR_BYTES;
     if (acc) rk_reduce(out, rdata, acc, op->count, &op->combine);
     else rk_copy(out, rdata, dbytes);
-    ncclResult_t res = rc->ops->recv_release(rc);
-    if (res != ncclSuccess) return prim_conn_error(op, &x->use, res);
-    x->use.hdr_pending = 0;
-    x->done = 1;
-    (*served)++;
-    *ok_p = 1;
-    return ncclSuccess;
+    return prim_small_finish(op, x, served, rc->ops->recv_release(rc), ok_p);
 general:;
     coll_chunk_t cc = {.kind = acc ? PRIM_RECV_COMBINE : PRIM_RECV, .in = acc, .dst = out,
                        .count = op->count};
