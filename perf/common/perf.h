@@ -96,6 +96,7 @@ typedef struct {
     int blocking, stream_null, timeout, cudagraph, report_cputime, average;
     int unalign, local_register, mem_report, per_iter, per_iter_skip;
     int walk; /* 1: calls walk through the buffers (nccl-tests); 0: every call the same part */
+    int dirty; /* 1: each rank rewrites its input before every timed call (perf_runner.c) */
     perf_mem_kind_t memory;
     const char *json_path; /* NULL: no JSON */
 } perf_args_t;

@@ -127,10 +127,11 @@ static const struct option long_opts[] = {
     {"per_iter_timing", required_argument, 0, 'I'},
     {"per_iter_skip", required_argument, 0, 'K'},
     {"walk", required_argument, 0, 'W'},
+    {"dirty", required_argument, 0, 'D'},
     {"help", no_argument, 0, 'h'},
     {0, 0, 0, 0},
 };
-static const char short_opts[] = ":t:g:b:e:i:f:n:m:w:N:p:c:o:d:r:z:y:T:G:C:a:u:J:R:M:I:K:W:h";
+static const char short_opts[] = ":t:g:b:e:i:f:n:m:w:N:p:c:o:d:r:z:y:T:G:C:a:u:J:R:M:I:K:W:D:h";
 
 static const char *flag_name(int c, char *buf, size_t len) {
     for (const struct option *o = long_opts; o->name; o++)
@@ -206,6 +207,9 @@ static int *int_target(perf_args_t *a, int c, long *lo, long *hi) {
     case 'W':
         *hi = 1;
         return &a->walk;
+    case 'D':
+        *hi = 1;
+        return &a->dirty;
     default:
         return NULL;
     }
@@ -368,6 +372,8 @@ void perf_args_usage(FILE *f, const char *prog) {
             "  -K,--per_iter_skip <n>   iterations left out of -I statistics (0)\n"
             "  -W,--walk <0/1>          1: each call uses the next op-sized part of the buffers, as\n"
             "                           nccl-tests (caches cold); 0: every call the same buffers (1)\n"
+            "  -D,--dirty <0/1>         1: rewrite each rank's input (a byte per cache line, same\n"
+            "                           value) before every timed call, untimed, as new gradients (0)\n"
             "  -h,--help\n",
             prog);
 }

@@ -189,10 +189,10 @@ int perf_json_open(perf_json_t *j, const char *path, const char *prog, int argc,
             "\"maxbytes\": %zu, \"stepbytes\": %zu, \"stepfactor\": %zu, \"iters\": %d, "
             "\"warmup_iters\": %d, \"agg_iters\": %d, \"check\": %d, \"blocking\": %d, "
             "\"average\": %d, \"cudagraph\": %d, \"report_cputime\": %d, \"unalign\": %d, "
-            "\"per_iter_skip\": %d, \"walk\": %d},\n  \"ranks\": [",
+            "\"per_iter_skip\": %d, \"walk\": %d, \"dirty\": %d},\n  \"ranks\": [",
             a->nthreads, a->ngpus, a->min_bytes, a->max_bytes, a->step_bytes, a->step_factor,
             a->iters, a->warmup, a->agg, a->check, a->blocking, a->average, a->cudagraph,
-            a->report_cputime, a->unalign, a->per_iter_skip, a->walk);
+            a->report_cputime, a->unalign, a->per_iter_skip, a->walk, a->dirty);
     fflush(j->f);
     return 0;
 }

@@ -186,15 +186,41 @@ typedef struct {
     size_t shift_span; /* bytes one call touches; calls walk through the buffer by this much */
 } step_t;
 
-static void start_coll(pthread_ctx_t *t, const step_t *s, int in_place, int iter) {
+/* Where call `iter` of rank r reads its input and writes its output (-W walks, in place uses the
+ * receive buffer with NCCL's offsets). */
+static void call_buffers(const step_t *s, const prank_t *r, int in_place, int iter, char **sp_p,
+                         char **rp_p) {
     size_t steps = s->shift_span && G.a.walk ? G.buf_bytes / s->shift_span : 1;
     size_t shift = steps ? s->shift_span * ((size_t)iter % steps) : 0;
+    char *recv = r->recv + shift, *send = r->send + shift;
+    *sp_p = in_place ? recv + s->c.send_inplace_off * (size_t)r->rank * s->elt : send;
+    *rp_p = in_place ? recv + s->c.recv_inplace_off * (size_t)r->rank * s->elt : recv;
+}
+
+/* -D 1, host memory: before a timed call, every local rank rewrites one byte of each cache line
+ * of its input with the value it holds, as a trainer's gradients are new at every step. No rank
+ * then finds another rank's unchanged input in its own cache from the call before, which the
+ * same buffers reused call after call (-W 0) hand to single-copy (CMA) implementations. The
+ * data stay as they are; the rewrite is not in the per-call (-I) times. */
+static void dirty_inputs(pthread_ctx_t *t, const step_t *s, int in_place, int iter) {
+    if (!G.a.dirty || G.device_mem) return;
+    size_t bytes = s->c.sendcount * s->elt;
+    for (int i = 0; i < G.a.ngpus; i++) {
+        char *sp, *rp;
+        call_buffers(s, &t->ranks[i], in_place, iter, &sp, &rp);
+        volatile char *p = sp;
+        for (size_t off = 0; off < bytes; off += 64) p[off] = p[off];
+    }
+}
+
+static void start_coll(pthread_ctx_t *t, const step_t *s, int in_place, int iter) {
     int ng = G.a.ngpus;
 
     if (ng > 1) NCCLCHECK(ncclGroupStart());
     for (int i = 0; i < ng; i++) {
         prank_t *r = &t->ranks[i];
-        char *recv = r->recv + shift, *send = r->send + shift;
+        char *sp, *rp;
+        call_buffers(s, r, in_place, iter, &sp, &rp);
         ncclRedOp_t op = (ncclRedOp_t)s->op;
         if (s->op == PERF_OP_MULSUM) {
             uint64_t scalar;
@@ -202,8 +228,6 @@ static void start_coll(pthread_ctx_t *t, const step_t *s, int in_place, int iter
             NCCLCHECK(
                 ncclRedOpCreatePreMulSum(&op, &scalar, s->dt, ncclScalarHostImmediate, r->comm));
         }
-        char *sp = in_place ? recv + s->c.send_inplace_off * (size_t)r->rank * s->elt : send;
-        char *rp = in_place ? recv + s->c.recv_inplace_off * (size_t)r->rank * s->elt : recv;
         NCCLCHECK(G.run(sp, rp, s->c.paramcount, s->dt, op, s->root, r->comm, r->stream));
         if (s->op == PERF_OP_MULSUM) NCCLCHECK(ncclRedOpDestroy(op, r->comm));
     }
@@ -271,6 +295,9 @@ static void bench(pthread_ctx_t *t, const step_t *s, perf_data_t *d, int in_plac
     }
     double t0 = now_s();
     for (int it = 0; it < iters; it++) {
+        if (G.a.dirty) {
+            for (int k = 0; k < agg; k++) dirty_inputs(t, s, in_place, it * agg + k);
+        }
         double ti = now_s();
         if (use_events) MEMCHECK(pm_event_record(t->ranks[0].ev[it], t->ranks[0].stream));
         if (agg > 1) NCCLCHECK(ncclGroupStart());

@@ -5,7 +5,7 @@
         [--minbytes 8] [--maxbytes 16M] [--factor 4] [--iters 10] [--warmup 2] [--repeats 5]
         [--build build] [--out perf/compare/results] [--no-mpi] [--no-gloo]
         [--no-chorus-tcp] [--no-chorus-threads] [--no-mpi-tcp] [--before OTHER_BUILD] [--busy N]
-        [--rounds R]
+        [--rounds R] [--dirty]
 
 What runs (host memory, float32 sum, np ranks as processes on this machine):
   chorus-shm   build/bin/<coll>_perf through chorusrun, CHORUS_TRANSPORT=shm
@@ -35,6 +35,12 @@ MPI and Gloo result is checked for correctness on the way (a wrong result is rep
 Writes <out>/latest.md (the tables, the command, the machine), <out>/latest.png (busbw against
 size, log-x, one line per library, one panel per collective; gnuplot) and <out>/latest.json (every
 sample). A peer that is missing (no mpicc, no python3-torch) is skipped and said so.
+
+--dirty makes every library's ranks rewrite their input before each timed call (one byte per cache
+line, with the value it holds, outside the timed call): as a trainer's gradients are new at every
+step. Without it the input is the same unchanged buffer call after call, and a peer that copies
+straight from the other rank's buffer (Open MPI's single copy, CMA) finds those lines in its own
+cache from the call before, which a training step never gives it.
 
 --busy N runs N busy loops (plain `while :; do :; done` shells, default priority) for the whole
 run, alongside every library: the machine a trainer's data-loader workers or another job keep
@@ -138,7 +144,8 @@ def run_chorus(a, res, lib, transport, build=None, threads=False):
             chorus_launcher(build or a.build) + [str(a.np), binary]
         cmd = launch + ["-b", str(a.minbytes), "-e", str(a.maxbytes), "-f", str(a.factor), "-n",
                         str(a.iters), "-w", str(a.warmup), "-c", "1", "-N", str(a.repeats),
-                        "-m", "host", "-W", "1" if a.walk else "0", "-J", jpath]
+                        "-m", "host", "-W", "1" if a.walk else "0", "-D", "1" if a.dirty else "0",
+                        "-J", jpath]
         env = dict(kv.split("=", 1) for kv in a.chorus_env)
         env["CHORUS_TRANSPORT"] = transport
         if build:
@@ -201,7 +208,8 @@ def run_mpi(a, res, exe):
         for coll in a.colls:
             cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(a.np),
                    "--mca", "btl", btl, exe, coll, str(a.minbytes), str(a.maxbytes),
-                   str(a.factor), str(a.iters), str(a.warmup), str(a.repeats)]
+                   str(a.factor), str(a.iters), str(a.warmup), str(a.repeats),
+                   "1" if a.dirty else "0"]
             rc, out, err = run(cmd, timeout=a.timeout)
             parse_lines(a, res, lib, coll, out)
             res.set_status(lib, coll, "ok" if rc == 0 else f"exit {rc}: {tail(err)}")
@@ -211,7 +219,7 @@ def run_gloo(a, res):
     cmd = ["/usr/bin/python3", os.path.join(HERE, "gloo_bench.py"), "--np", str(a.np), "--coll",
            ",".join(a.colls), "--minbytes", str(a.minbytes), "--maxbytes", str(a.maxbytes),
            "--factor", str(a.factor), "--iters", str(a.iters), "--warmup", str(a.warmup),
-           "--reps", str(a.repeats)]
+           "--reps", str(a.repeats)] + (["--dirty"] if a.dirty else [])
     rc, out, err = run(cmd, timeout=a.timeout)
     seen = parse_lines(a, res, "gloo", "allreduce", out)
     for coll in a.colls:
@@ -337,6 +345,11 @@ def main():
     p.add_argument("--walk", action="store_true",
                    help="Chorus's perf binaries walk through their buffers (nccl-tests' way; the "
                         "peers do not)")
+    p.add_argument("--dirty", action="store_true",
+                   help="every library's ranks rewrite their input (a byte per cache line, same "
+                   "value, untimed) before each timed call, as a trainer's new gradients: no "
+                   "single-copy peer then reads the other rank's unchanged input from its own "
+                   "cache")
     p.add_argument("--no-chorus-threads", action="store_true",
                    help="skip chorus-threads (the ranks as threads of one process)")
     p.add_argument("--no-mpi-tcp", action="store_true", help="Open MPI over shared memory only")
@@ -437,6 +450,8 @@ def write_outputs(a, res, skipped, started, load0):
           "busbw (>1: Chorus faster). Chorus: out-of-place, results checked, "
           + ("buffers walked through as nccl-tests does (the peers reuse theirs). "
              if a.walk else "every call on the same buffers, as the peers. ")
+          + ("Every library's ranks rewrite their input before each timed call (--dirty: a "
+             "byte per cache line, same value, untimed). " if a.dirty else "")
           + 
           f"Load average when it started: {load0:.1f} on {os.cpu_count()} CPUs."
           + (f" Chorus environment: {' '.join(a.chorus_env)}." if a.chorus_env else "")

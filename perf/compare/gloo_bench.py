@@ -3,7 +3,7 @@
 way the Chorus perf binaries measure theirs, for perf/compare/compare.py.
 
     /usr/bin/python3 gloo_bench.py --np N --coll allreduce,allgather,reducescatter \
-        --minbytes 8 --maxbytes 16777216 --factor 4 --iters 10 --warmup 2 --reps 5
+        --minbytes 8 --maxbytes 16777216 --factor 4 --iters 10 --warmup 2 --reps 5 [--dirty]
 
 Sizes follow nccl-tests (the larger buffer in bytes, float32; all-gather and reduce-scatter split
 it over ranks with a per-rank count rounded down to 16 bytes, sizes with a per-rank count of 0 are
@@ -13,7 +13,9 @@ per call averaged over ranks, and the median of the per-call times averaged over
 prints `<coll> <size> <count> <mean_us> <rep> <median_us>` per repetition, and
 `# unsupported: <coll>: <reason>` for a collective this torch/Gloo build lacks
 (torch 1.13's Gloo has no reduce_scatter). Several collectives run in one launch because starting
-torch costs seconds. Exit status 1 means a wrong result.
+torch costs seconds. Exit status 1 means a wrong result. --dirty: before every timed call each
+rank rewrites one byte per cache line of its input with the value it holds, untimed (the
+all-reduce is in place, so its input is new at every call anyway).
 """
 import argparse
 import os
@@ -104,12 +106,17 @@ def run_coll(rank, a, coll):
             t0 = prev = time.perf_counter()
             per_call = []
             for _ in range(a.iters):
+                if a.dirty:
+                    xb = x.view(torch.uint8)[::64]
+                    xb.copy_(xb.clone())
+                    prev = time.perf_counter()
                 call()
                 now = time.perf_counter()
                 per_call.append(now - prev)
                 prev = now
             med = statistics.median(per_call)
-            t = torch.tensor([(prev - t0) / a.iters, med], dtype=torch.float64)
+            mean = sum(per_call) / a.iters if a.dirty else (prev - t0) / a.iters
+            t = torch.tensor([mean, med], dtype=torch.float64)
             dist.all_reduce(t)
             if rank == 0:
                 print(f"{coll} {shown} {param} {t[0].item() / np_ * 1e6:.3f} {rep} "
@@ -129,6 +136,8 @@ def main():
     p.add_argument("--iters", type=int, default=10)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--dirty", action="store_true",
+                   help="rewrite the input (a byte per cache line) before each timed call")
     a = p.parse_args()
     for c in a.coll.split(","):
         if c not in ("allreduce", "allgather", "reducescatter"):

@@ -3,7 +3,7 @@
  * for perf/compare/compare.py (compiled there with mpicc at run time; not part of the build).
  *
  *   mpirun -np N mpi_bench <allreduce|allgather|reducescatter> MINBYTES MAXBYTES FACTOR ITERS
- *          WARMUP REPS
+ *          WARMUP REPS [DIRTY]
  *
  * Sizes follow nccl-tests: the size is the larger buffer in bytes (float32 elements); all-gather
  * and reduce-scatter split it over ranks with a per-rank count rounded down to 16 bytes, and sizes
@@ -12,7 +12,10 @@
  * (nccl-tests' default -a 1), and the median of the per-call times (each call timed alone),
  * averaged over ranks, which one descheduled call on a busy machine does not move. Each size is
  * checked once (inputs are small integers, so float sums are exact); a wrong result makes the
- * program exit 1. Rank 0 prints one line per repetition:
+ * program exit 1. DIRTY=1 (the perf binaries' -D 1): before every timed call each rank rewrites one
+ * byte per cache line of its input with the value it holds, untimed (the mean is then the sum
+ * of the calls' own times), so no rank finds the other's unchanged input in its cache from the
+ * call before, as with a trainer's new gradients. Rank 0 prints one line per repetition:
  *   <size> <count> <mean_us> <rep> <median_us>
  */
 #include <mpi.h>
@@ -69,11 +72,11 @@ int main(int argc, char **argv) {
     MPI_Init(&argc, &argv);
     MPI_Comm_rank(MPI_COMM_WORLD, &me);
     MPI_Comm_size(MPI_COMM_WORLD, &np);
-    if (argc != 8) {
+    if (argc != 8 && argc != 9) {
         if (me == 0)
             fprintf(stderr,
                     "usage: %s allreduce|allgather|reducescatter MIN MAX FACTOR ITERS "
-                    "WARMUP REPS\n",
+                    "WARMUP REPS [DIRTY]\n",
                     argv[0]);
         MPI_Finalize();
         return 2;
@@ -85,6 +88,7 @@ int main(int argc, char **argv) {
     size_t minb = strtoull(argv[2], NULL, 0), maxb = strtoull(argv[3], NULL, 0);
     size_t factor = strtoull(argv[4], NULL, 0);
     int iters = atoi(argv[5]), warmup = atoi(argv[6]), reps = atoi(argv[7]);
+    int dirty = argc == 9 && atoi(argv[8]) != 0;
     if (coll < 0 || factor < 2 || iters < 1 || reps < 1 || minb > maxb) {
         if (me == 0) fprintf(stderr, "mpi_bench: bad arguments\n");
         MPI_Finalize();
@@ -121,15 +125,21 @@ int main(int argc, char **argv) {
             run_once(coll, send, recv, per, count);
         for (int rep = 0; rep < reps; rep++) {
             MPI_Barrier(MPI_COMM_WORLD);
-            double t0 = MPI_Wtime(), prev = t0;
+            double t0 = MPI_Wtime(), prev = t0, own = 0;
             for (int it = 0; it < iters; it++) {
+                if (dirty) {
+                    volatile char *p = (volatile char *)send;
+                    for (size_t off = 0; off < nsend * sizeof(float); off += 64) p[off] = p[off];
+                    prev = MPI_Wtime();
+                }
                 run_once(coll, send, recv, per, count);
                 double now = MPI_Wtime();
                 times[it] = now - prev;
+                own += times[it];
                 prev = now;
             }
             qsort(times, (size_t)iters, sizeof(double), cmp_double);
-            double mine[2] = {(prev - t0) / iters,
+            double mine[2] = {(dirty ? own : prev - t0) / iters,
                               iters % 2 ? times[iters / 2]
                                         : 0.5 * (times[iters / 2 - 1] + times[iters / 2])};
             double sum[2] = {0, 0};

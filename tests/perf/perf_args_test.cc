@@ -52,6 +52,7 @@ TEST(PerfArgs, DefaultsMatchNcclTests) {
     EXPECT_EQ(p.a.memory, PERF_MEM_AUTO);
     EXPECT_EQ(p.a.json_path, nullptr);
     EXPECT_EQ(p.a.walk, 1);
+    EXPECT_EQ(p.a.dirty, 0);
 }
 
 TEST(PerfArgs, EveryShortFlag) {
@@ -61,7 +62,7 @@ TEST(PerfArgs, EveryShortFlag) {
                "-c", "3",        "-o", "max", "-d", "bfloat16", "-r", "1",    "-z", "3",   "-y",
                "1",  "-T",       "30", "-G",  "4",  "-C",       "1",  "-a",   "3",  "-u",  "1",
                "-J", "out.json", "-R", "2",   "-M", "1",        "-I", "1",    "-K", "2",
-               "-W", "0"});
+               "-W", "0",        "-D", "1"});
     ASSERT_EQ(p.rc, 0) << p.err;
     EXPECT_EQ(p.a.nthreads, 3);
     EXPECT_EQ(p.a.ngpus, 2);
@@ -91,6 +92,7 @@ TEST(PerfArgs, EveryShortFlag) {
     EXPECT_EQ(p.a.per_iter, 1);
     EXPECT_EQ(p.a.per_iter_skip, 2);
     EXPECT_EQ(p.a.walk, 0);
+    EXPECT_EQ(p.a.dirty, 1);
 }
 
 TEST(PerfArgs, LongFlags) {
@@ -229,6 +231,7 @@ TEST(PerfArgs, BadValuesAreErrorsNamingTheFlag) {
         {{"-b", "1M", "-e", "2M", "-i", "0"}, "stepbytes"},
         {{"-n", "5", "-K", "5"}, "-K"},
         {{"-W", "2"}, "-W"},
+        {{"-D", "2"}, "-D"},
     };
     for (auto &c : cases) {
         Parsed p = parse(c.args);
