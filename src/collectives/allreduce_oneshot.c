@@ -16,7 +16,9 @@
  * header (mismatches fail with ncclInvalidUsage naming both sides), error chunks and dead peers
  * are reported naming the rank, and the engine's waiter owns deadlines and aborts.
  *
- * Own contribution: rank 0 starts the fold with rk_prepare(out, in). A rank r > 0 adds pre(in) at
+ * Own contribution: rank 0 starts the fold with rk_prepare(out, in), or, when pre() is the
+ * identity (every op but PREMULSUM), folds in with rank 1's contribution in one call,
+ * out = p1 (+) in (the same operands in the same order). A rank r > 0 adds pre(in) at
  * position r with rk_reduce(out, in, out); in place, the fold has overwritten `in` by then, so the
  * input is first copied into the engine's scratch buffer (one op at a time uses it: the queue head,
  * which also grows it; another op gets its own). In place, the fold also waits until every send has
