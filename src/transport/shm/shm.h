@@ -180,6 +180,10 @@ typedef struct {
     volatile int coop_busy;            /* sender: inside a block copy (tests watch it) */
     uint64_t coop_helped_blocks;       /* sender: blocks copied for the receiver (statistics) */
     uint64_t coop_own_blocks;          /* receiver: blocks it copied in cooperative requests */
+    /* Sender, out of credit (shm_pair_stats): credits taken from acks, loads of head. Only the
+     * thread driving this end writes them (no atomic read-modify-write: ranks that are threads
+     * of one process would share a contended line); shm_pair_stats reads them. */
+    _Atomic uint64_t stat_ack_credits, stat_head_loads;
 } shm_conn_t;
 
 /* A send end and the receive end of the reverse connection in one rank (shm_pair.c). */
@@ -208,10 +212,10 @@ void shm_pair_register(chorus_conn_t *conn, shm_conn_t *sc);
 void shm_pair_unregister(shm_conn_t *sc);
 /* Sender (paired), out of credit: take the peer's acks as credit. */
 void shm_pair_credit(chorus_conn_t *conn, shm_conn_t *sc);
-/* Out-of-credit events of this process's shm senders: credits taken from acks, and loads of the
- * receiver's head counter (tests; counted only on those rare paths). */
+/* Out-of-credit events of this process's shm senders, open and closed: credits taken from acks,
+ * and loads of the receiver's head counter (tests; counted only on those rare paths). */
 void shm_pair_stats(uint64_t *ack_credits_p, uint64_t *head_loads_p);
-void shm_pair_count_head_load(void);
+void shm_pair_count_head_load(shm_conn_t *sc);
 /* Receiver (paired), on every committed chunk: pass its ack on to our send end, once the peer's
  * ack_for said its acks are about that send end. Inline: it runs per chunk. */
 static inline void shm_pair_take_ack(shm_conn_t *sc, const shm_slot_hdr_t *h) {

@@ -88,27 +88,35 @@ void shm_pair_register(chorus_conn_t *conn, shm_conn_t *sc) {
     pthread_mutex_unlock(&shm_reg_lock);
 }
 
-/* Counters for tests, on a line of their own: ranks that are threads of one process all add to
- * them, and next to the globals every op reads they made those reads miss. */
-static struct {
-    _Alignas(64) _Atomic uint64_t ack_credits;
-    _Atomic uint64_t head_loads;
-} shm_stat;
+/* The counters of closed connections (under the registry lock); open ones keep their own. */
+static uint64_t shm_stat_closed_ack_credits, shm_stat_closed_head_loads;
 
-void shm_pair_stats(uint64_t *ack_credits_p, uint64_t *head_loads_p) {
-    *ack_credits_p = atomic_load_explicit(&shm_stat.ack_credits, memory_order_relaxed);
-    *head_loads_p = atomic_load_explicit(&shm_stat.head_loads, memory_order_relaxed);
+static inline void shm_stat_bump(_Atomic uint64_t *c) {
+    atomic_store_explicit(c, atomic_load_explicit(c, memory_order_relaxed) + 1,
+                          memory_order_relaxed);
 }
 
-void shm_pair_count_head_load(void) {
-    atomic_fetch_add_explicit(&shm_stat.head_loads, 1, memory_order_relaxed);
+void shm_pair_stats(uint64_t *ack_credits_p, uint64_t *head_loads_p) {
+    pthread_mutex_lock(&shm_reg_lock);
+    uint64_t a = shm_stat_closed_ack_credits, h = shm_stat_closed_head_loads;
+    for (shm_reg_t *r = shm_reg_head; r; r = r->next) {
+        a += atomic_load_explicit(&r->sc->stat_ack_credits, memory_order_relaxed);
+        h += atomic_load_explicit(&r->sc->stat_head_loads, memory_order_relaxed);
+    }
+    pthread_mutex_unlock(&shm_reg_lock);
+    *ack_credits_p = a;
+    *head_loads_p = h;
+}
+
+void shm_pair_count_head_load(shm_conn_t *sc) {
+    shm_stat_bump(&sc->stat_head_loads);
 }
 
 void shm_pair_credit(chorus_conn_t *conn, shm_conn_t *sc) {
     uint64_t a = atomic_load_explicit(&sc->pair->peer_ack, memory_order_acquire);
     if (a > sc->cached && a <= conn->step) {
         sc->cached = a;
-        atomic_fetch_add_explicit(&shm_stat.ack_credits, 1, memory_order_relaxed);
+        shm_stat_bump(&sc->stat_ack_credits);
     }
 }
 
@@ -117,6 +125,10 @@ void shm_pair_unregister(shm_conn_t *sc) {
     pthread_mutex_lock(&shm_reg_lock);
     for (shm_reg_t **pp = &shm_reg_head; *pp; pp = &(*pp)->next) {
         if ((*pp)->sc != sc) continue;
+        shm_stat_closed_ack_credits +=
+            atomic_load_explicit(&sc->stat_ack_credits, memory_order_relaxed);
+        shm_stat_closed_head_loads +=
+            atomic_load_explicit(&sc->stat_head_loads, memory_order_relaxed);
         shm_reg_t *dead = *pp;
         *pp = dead->next;
         free(dead);

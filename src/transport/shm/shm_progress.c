@@ -92,7 +92,7 @@ static ncclResult_t shm_send_acquire(chorus_conn_t *conn, size_t bytes, void **s
         if (sc->pair) shm_pair_credit(conn, sc);
         if (step - sc->cached >= nslots) {
             sc->cached = atomic_load_explicit(&sc->ctrl->head, memory_order_acquire);
-            shm_pair_count_head_load();
+            shm_pair_count_head_load(sc);
         }
         if (step - sc->cached >= nslots) {
             *ready_p = 0;
