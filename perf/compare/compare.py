@@ -144,8 +144,9 @@ def run_chorus(a, res, lib, transport, build=None, threads=False):
             chorus_launcher(build or a.build) + [str(a.np), binary]
         cmd = launch + ["-b", str(a.minbytes), "-e", str(a.maxbytes), "-f", str(a.factor), "-n",
                         str(a.iters), "-w", str(a.warmup), "-c", "1", "-N", str(a.repeats),
-                        "-m", "host", "-W", "1" if a.walk else "0", "-D", "1" if a.dirty else "0",
-                        "-J", jpath]
+                        "-m", "host", "-W", "1" if a.walk else "0", "-J", jpath]
+        if a.dirty:
+            cmd[-2:-2] = ["-D", "1"]  # only then: a --before build may predate the flag
         env = dict(kv.split("=", 1) for kv in a.chorus_env)
         env["CHORUS_TRANSPORT"] = transport
         if build:
@@ -208,8 +209,8 @@ def run_mpi(a, res, exe):
         for coll in a.colls:
             cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(a.np),
                    "--mca", "btl", btl, exe, coll, str(a.minbytes), str(a.maxbytes),
-                   str(a.factor), str(a.iters), str(a.warmup), str(a.repeats),
-                   "1" if a.dirty else "0"]
+                   str(a.factor), str(a.iters), str(a.warmup), str(a.repeats)] + \
+                (["1"] if a.dirty else [])
             rc, out, err = run(cmd, timeout=a.timeout)
             parse_lines(a, res, lib, coll, out)
             res.set_status(lib, coll, "ok" if rc == 0 else f"exit {rc}: {tail(err)}")
