@@ -373,7 +373,7 @@ void perf_args_usage(FILE *f, const char *prog) {
             "  -W,--walk <0/1>          1: each call uses the next op-sized part of the buffers, as\n"
             "                           nccl-tests (caches cold); 0: every call the same buffers (1)\n"
             "  -D,--dirty <0/1>         1: rewrite each rank's input (a byte per cache line, same\n"
-            "                           value) before every timed call, untimed, as new gradients (0)\n"
+            "                           value) before every timed call, untimed (0)\n"
             "  -h,--help\n",
             prog);
 }

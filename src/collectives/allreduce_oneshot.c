@@ -12,9 +12,10 @@
  * Every rank runs the same sequence of kernel calls on the same values (the fold's order does not
  * depend on the rank or on arrival order), so all ranks end with bitwise identical results. Each
  * chunk goes through prim_send_small/prim_recv_small (prim_step's path in a few instructions, and
- * prim_step itself for anything out of the ordinary), so the first (and only) chunk on each connection carries the op
- * header (mismatches fail with ncclInvalidUsage naming both sides), error chunks and dead peers
- * are reported naming the rank, and the engine's waiter owns deadlines and aborts.
+ * prim_step itself for anything out of the ordinary), so the first (and only) chunk on each
+ * connection carries the op header (mismatches fail with ncclInvalidUsage naming both sides), error
+ * chunks and dead peers are reported naming the rank, and the engine's waiter owns deadlines and
+ * aborts.
  *
  * Own contribution: rank 0 starts the fold with rk_prepare(out, in), or, when pre() is the
  * identity (every op but PREMULSUM), folds in with rank 1's contribution in one call,
@@ -121,7 +122,7 @@ static ncclResult_t oneshot_progress(coll_op_t *op, int *done_p) {
         coll_xfer_t *x = &op->xfer[i];
         if (x->done) continue;
         int ok;
-        CHECK(prim_send_small(op, x, x->buf, &ok));
+        CHECK(prim_send_small(op, x, PRIM_PREP_SEND, x->buf, &ok));
         if (!ok) {
             sends_done = 0;
             continue;

@@ -467,7 +467,8 @@ static inline ncclResult_t prim_small_finish(coll_op_t *op, coll_xfer_t *x, uint
     return ncclSuccess;
 }
 
-ncclResult_t prim_send_small(coll_op_t *op, coll_xfer_t *x, const void *in, int *ok_p) {
+ncclResult_t prim_send_small(coll_op_t *op, coll_xfer_t *x, coll_prim_t kind, const void *in,
+                             int *ok_p) {
     uint64_t *served = &op->engine->p2p_send_served[x->peer];
     chorus_conn_t *sc = x->use.conn;
     const size_t dbytes = op->count * op->esize;
@@ -487,7 +488,7 @@ ncclResult_t prim_send_small(coll_op_t *op, coll_xfer_t *x, const void *in, int 
     return prim_small_finish(op, x, served, sc->ops->send_commit(sc, dbytes + COLL_HDR_BYTES),
                              ok_p);
 general:;
-    coll_chunk_t cc = {.kind = PRIM_PREP_SEND, .in = in, .count = op->count};
+    coll_chunk_t cc = {.kind = kind, .in = in, .count = op->count};
     return prim_xfer_chunk(op, x, &cc, ok_p);
 }
 

@@ -63,9 +63,9 @@ enum { SHM_SLOT_DIRECT = 1, SHM_SLOT_INLINE = 2 };
  * (release); the receiver polls seq, so a chunk of at most SHM_INLINE_BYTES, which the sender
  * copies into data[], reaches the receiver in the line it polls and the two after it (a 128-byte
  * all-reduce with its 40-byte op header fits), not in a slot page of its own. Three lines rather
- * than two also measured faster for chunks that fit two (the 2-rank all-reduce of 16 to 64
- * bytes, 0.42-0.44 -> 0.29 us on the project's guest in its slow state; the layout, not the
- * size, made that difference: two lines of data padded to three did the same). Larger chunks stay in the
+ * than two also measured faster for chunks that fit two (the 2-rank all-reduce of 16 to 64 bytes,
+ * 0.42-0.44 -> 0.29 us on the project's guest in its slow state, 0.16-0.17 -> 0.14 us in its fast
+ * state, where two lines of data padded to three measured the same: the layout, not the size). Larger chunks stay in the
  * slot's data area and direct chunks publish src and dbytes. (cuda_ipc uses bytes and src with the
  * tail counter.) */
 typedef struct {
