@@ -149,8 +149,10 @@ static inline void shm_publish(chorus_conn_t *conn, shm_conn_t *sc, uint64_t src
     const uint32_t next = (uint32_t)((step + 1) % (uint32_t)conn->nslots);
     const char *nh = (const char *)&sc->ctrl->slots[next];
     shm_prefetch_write(nh);
-    if (bytes > SHM_INLINE_LINE1) shm_prefetch_write(nh + SHM_CACHE_LINE);
-    if (bytes > SHM_INLINE_LINE1 + SHM_CACHE_LINE) shm_prefetch_write(nh + 2 * SHM_CACHE_LINE);
+    if (flags & SHM_SLOT_INLINE) { /* else only the first line carried anything */
+        if (bytes > SHM_INLINE_LINE1) shm_prefetch_write(nh + SHM_CACHE_LINE);
+        if (bytes > SHM_INLINE_LINE1 + SHM_CACHE_LINE) shm_prefetch_write(nh + 2 * SHM_CACHE_LINE);
+    }
     /* A small chunk that went through its slot: the next one likely does too. Own the first
      * lines of the next slot now, for the same reason as its header line. */
     if (bytes > SHM_INLINE_BYTES && bytes <= SHM_PREFETCH_SLOT_BYTES && !(flags & SHM_SLOT_DIRECT)) {
