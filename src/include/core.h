@@ -33,10 +33,11 @@
 #define CHORUS_DIV_UP(a, b) (((a) + (b)-1) / (b))
 #define CHORUS_ALIGN_UP(a, b) (CHORUS_DIV_UP(a, b) * (b))
 
-/* Zeroed memory on whole cache lines of its own (free() releases it). For the per-rank state
- * that every op writes (communicator, engine, counters, connections): ranks that are threads of
- * one process (ncclCommInitAll) allocate theirs next to each other, and two ranks writing one
- * line made a 2-thread 8-byte all-reduce twice as slow as between processes. */
+/* Memory on whole cache lines of its own (chorus_calloc_lines: zeroed; free() releases both),
+ * for the per-rank state that every op writes (communicator, engine, counters, ops, connections):
+ * ranks that are threads of one process (ncclCommInitAll) allocate theirs next to each other, and
+ * two ranks writing one line made a 2-thread 8-byte all-reduce twice as slow as between
+ * processes. */
 #define CHORUS_LINE 64
 static inline void *chorus_malloc_lines(size_t bytes) {
     void *p = NULL;
