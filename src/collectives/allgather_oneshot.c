@@ -7,12 +7,11 @@
  * per-channel bookkeeping, which is most of a small op's cost.
  *
  * In place (sendbuff == recvbuff + r * count) the sends read only this rank's own block, which no
- * receive writes; out of place the own block is copied once. Each chunk goes through
- * prim_send_small/prim_recv_small (prim_step's common case in a few instructions, prim_step for the
- * rest), so the first (and only) chunk on each connection carries the op header (mismatches fail
- * with ncclInvalidUsage naming both sides), error chunks and dead peers are reported naming the
- * rank, and the engine's waiter owns deadlines and aborts. Supported when a block fits one chunk
- * and n <= COLL_ONESHOT_MAX_RANKS (the op's inline transfer array).
+ * receive writes; out of place the own block is copied once. Each chunk goes through prim_step,
+ * so the first (and only) chunk on each connection carries the op header (mismatches fail with
+ * ncclInvalidUsage naming both sides), error chunks and dead peers are reported naming the rank,
+ * and the engine's waiter owns deadlines and aborts. Supported when a block fits one chunk and
+ * n <= COLL_ONESHOT_MAX_RANKS (the op's inline transfer array).
  */
 #include <string.h>
 
@@ -73,9 +72,13 @@ static ncclResult_t ag_oneshot_progress(coll_op_t *op, int *done_p) {
         for (int i = pass * (n - 1); i < (pass + 1) * (n - 1); i++) {
             coll_xfer_t *x = &op->xfer[i];
             if (x->done) continue;
+            coll_chunk_t cc = {0};
+            cc.kind = x->is_send ? PRIM_SEND : PRIM_RECV;
+            cc.in = x->buf;
+            cc.dst = x->buf;
+            cc.count = op->count;
             int ok;
-            if (x->is_send) CHECK(prim_send_small(op, x, PRIM_SEND, x->buf, &ok));
-            else CHECK(prim_recv_small(op, x, x->buf, NULL, &ok));
+            CHECK(prim_xfer_chunk(op, x, &cc, &ok));
             if (!ok) {
                 left = 1;
                 continue;

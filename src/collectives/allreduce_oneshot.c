@@ -11,11 +11,9 @@
  *
  * Every rank runs the same sequence of kernel calls on the same values (the fold's order does not
  * depend on the rank or on arrival order), so all ranks end with bitwise identical results. Each
- * chunk goes through prim_send_small/prim_recv_small (prim_step's path in a few instructions, and
- * prim_step itself for anything out of the ordinary), so the first (and only) chunk on each
- * connection carries the op header (mismatches fail with ncclInvalidUsage naming both sides), error
- * chunks and dead peers are reported naming the rank, and the engine's waiter owns deadlines and
- * aborts.
+ * chunk goes through prim_step, so the first (and only) chunk on each connection carries the op
+ * header (mismatches fail with ncclInvalidUsage naming both sides), error chunks and dead peers
+ * are reported naming the rank, and the engine's waiter owns deadlines and aborts.
  *
  * Own contribution: rank 0 starts the fold with rk_prepare(out, in), or, when pre() is the
  * identity (every op but PREMULSUM), folds in with rank 1's contribution in one call,
@@ -121,8 +119,12 @@ static ncclResult_t oneshot_progress(coll_op_t *op, int *done_p) {
     for (int i = 0; i < n - 1; i++) {
         coll_xfer_t *x = &op->xfer[i];
         if (x->done) continue;
+        coll_chunk_t cc = {0};
+        cc.kind = PRIM_PREP_SEND;
+        cc.in = x->buf;
+        cc.count = op->count;
         int ok;
-        CHECK(prim_send_small(op, x, PRIM_PREP_SEND, x->buf, &ok));
+        CHECK(prim_xfer_chunk(op, x, &cc, &ok));
         if (!ok) {
             sends_done = 0;
             continue;
@@ -147,9 +149,13 @@ static ncclResult_t oneshot_progress(coll_op_t *op, int *done_p) {
             continue;
         }
         coll_xfer_t *x = &op->xfer[n - 1 + (k < me ? k : k - 1)];
-        const void *acc = k == 0 ? NULL : (k == 1 && fuse0) ? op->xfer[0].buf : out;
+        coll_chunk_t cc = {0};
+        cc.kind = k == 0 ? PRIM_RECV : PRIM_RECV_COMBINE;
+        cc.in = k == 1 && fuse0 ? op->xfer[0].buf : out; /* the fold so far */
+        cc.dst = out;
+        cc.count = op->count;
         int ok;
-        CHECK(prim_recv_small(op, x, out, acc, &ok));
+        CHECK(prim_xfer_chunk(op, x, &cc, &ok));
         if (!ok) break;
         op->round++;
         moved = 1;

@@ -356,64 +356,56 @@ static ncclResult_t op_fail_progress(coll_op_t *op) {
     return ncclSuccess;
 }
 
-/* One op's share of a progress pass, engine lock held; *progressed_p = 1 when it moved. */
-static void engine_step_op_locked(struct coll_engine *e, coll_op_t *op, int *progressed_p) {
-    if (op->done) return;
-    if (e->broken && !op->failing) {
-        /* An earlier op broke the connections: later ops cannot run. Ops already running on
-         * other connections keep going only if they started before the failure. */
-        int started = op->uses_ring ? e->ring_served == op->ring_ticket : 0;
-        for (int i = 0; i < op->nxfer; i++) started |= op->xfer[i].started;
-        if (!started) {
-            op->result = ncclInvalidUsage;
-            snprintf(op->fail_text, sizeof(op->fail_text), "%s", e->broken_text);
-            op->done = 1;
-            *progressed_p = 1;
-            return;
+/* One progress pass, engine lock held. */
+static void engine_progress_locked(struct coll_engine *e, int *progressed_p) {
+    *progressed_p = 0;
+    for (coll_op_t *op = e->head; op; op = op->next) {
+        if (op->done) continue;
+        if (e->broken && !op->failing) {
+            /* An earlier op broke the connections: later ops cannot run. Ops already running on
+             * other connections keep going only if they started before the failure. */
+            int started = op->uses_ring ? e->ring_served == op->ring_ticket : 0;
+            for (int i = 0; i < op->nxfer; i++) started |= op->xfer[i].started;
+            if (!started) {
+                op->result = ncclInvalidUsage;
+                snprintf(op->fail_text, sizeof(op->fail_text), "%s", e->broken_text);
+                op->done = 1;
+                *progressed_p = 1;
+                continue;
+            }
+            coll_op_fail(op, e->broken, "%s #%llu: stopped after an earlier failure: %s",
+                         coll_kind_name(op->coll), (unsigned long long)op->seq, e->broken_text);
         }
-        coll_op_fail(op, e->broken, "%s #%llu: stopped after an earlier failure: %s",
-                     coll_kind_name(op->coll), (unsigned long long)op->seq, e->broken_text);
+        if (op->failing) {
+            op_fail_progress(op);
+            if (op->done) *progressed_p = 1;
+            continue;
+        }
+        if (op->uses_ring && e->ring_served != op->ring_ticket) continue;
+        int done = 0;
+        ncclResult_t r = op->algo->progress(op, &done);
+        if (r != ncclSuccess && !op->failing) {
+            coll_op_fail(op, r, "%s #%llu failed (%s)", coll_kind_name(op->coll),
+                         (unsigned long long)op->seq, ncclGetErrorString(r));
+        }
+        if (op->failing) {
+            *progressed_p = 1;
+            continue;
+        }
+        if (done == 2) *progressed_p = 1; /* moved without finishing */
+        if (done == 1) {
+            op->done = 1;
+            op->result = ncclSuccess;
+            if (op->uses_ring) e->ring_served++;
+            *progressed_p = 1;
+        }
     }
-    if (op->failing) {
-        op_fail_progress(op);
-        if (op->done) *progressed_p = 1;
-        return;
-    }
-    if (op->uses_ring && e->ring_served != op->ring_ticket) return;
-    int done = 0;
-    ncclResult_t r = op->algo->progress(op, &done);
-    if (r != ncclSuccess && !op->failing) {
-        coll_op_fail(op, r, "%s #%llu failed (%s)", coll_kind_name(op->coll),
-                     (unsigned long long)op->seq, ncclGetErrorString(r));
-    }
-    if (op->failing) {
-        *progressed_p = 1;
-        return;
-    }
-    if (done == 2) *progressed_p = 1; /* moved without finishing */
-    if (done == 1) {
-        op->done = 1;
-        op->result = ncclSuccess;
-        if (op->uses_ring) e->ring_served++;
-        *progressed_p = 1;
-    }
-}
-
-/* Retire the finished ops at the head of the queue, engine lock held. */
-static void engine_retire_done_locked(struct coll_engine *e, int *progressed_p) {
     while (e->head && e->head->done) {
         if (e->head->uses_ring && e->head->failing && e->ring_served == e->head->ring_ticket)
             e->ring_served++;
         op_retire_locked(e);
         *progressed_p = 1;
     }
-}
-
-/* One progress pass, engine lock held. */
-static void engine_progress_locked(struct coll_engine *e, int *progressed_p) {
-    *progressed_p = 0;
-    for (coll_op_t *op = e->head; op; op = op->next) engine_step_op_locked(e, op, progressed_p);
-    engine_retire_done_locked(e, progressed_p);
 }
 
 ncclResult_t coll_engine_progress(struct coll_engine *e, int *progressed_p) {
@@ -460,17 +452,15 @@ static int op_retired(const coll_op_t *op) {
 /* Empty passes of a wait before its waiter starts (and reads the clock). */
 #define ENGINE_EARLY_POLLS 16
 
-/* held: the engine of ops[0] (nops == 1), whose lock the caller holds and hands over.
- * early_polls: empty passes the caller already made (coll_engine_run). */
-static ncclResult_t engine_wait(coll_op_t **ops, int nops, struct coll_engine *held,
-                               int early_polls) {
+/* held: the engine of ops[0] (nops == 1), whose lock the caller holds and hands over. */
+static ncclResult_t engine_wait(coll_op_t **ops, int nops, struct coll_engine *held) {
     /* The one wait policy (waiter.c): poll CHORUS_SPIN passes, yield, then sleep. Oversubscribed
      * hosts (more local ranks than CPUs) yield at once: a polling rank holds the core its peer
      * needs. The abort flags of all the ops' communicators are checked here, not by the waiter. */
     /* The waiter starts after ENGINE_EARLY_POLLS passes that found nothing to do: a small op
      * that completes within them never reads the clock. */
     chorus_waiter_t w;
-    int waiting = 0;
+    int waiting = 0, early_polls = 0;
     uint32_t spin = 0;
     uint64_t spin_ns = 0;
     int yield_always = 0;
@@ -597,34 +587,14 @@ static ncclResult_t engine_wait(coll_op_t **ops, int nops, struct coll_engine *h
 
 ncclResult_t coll_engine_wait(coll_op_t **ops, int nops) {
     if (nops == 0) return ncclSuccess;
-    return engine_wait(ops, nops, NULL, 0);
+    return engine_wait(ops, nops, NULL);
 }
 
 ncclResult_t coll_engine_run(coll_op_t *op) {
     struct coll_engine *e = op->engine;
     pthread_mutex_lock(&e->lock);
     engine_enqueue_locked(op);
-    /* Alone in the queue (a blocking call on an idle communicator, the common case): drive the
-     * op itself, without engine_wait's bookkeeping, while its passes find work or for its first
-     * few empty ones; a small op usually finishes here. Anything else (an empty streak, a
-     * failure, an abort, an oversubscribed host, which must yield at once) goes on in
-     * engine_wait from the same state, with the lock still held. */
-    int empty = 0;
-    if (e->head == op && !e->oversubscribed) {
-        while (empty < ENGINE_EARLY_POLLS && !op->comm->abort_flag) {
-            int progressed = 0;
-            engine_step_op_locked(e, op, &progressed);
-            if (op->done || op->failing) break;
-            empty = progressed ? 0 : empty + 1;
-        }
-        if (op->done && op->result == ncclSuccess) {
-            int progressed = 0;
-            engine_retire_done_locked(e, &progressed);
-            pthread_mutex_unlock(&e->lock);
-            return ncclSuccess;
-        }
-    }
-    return engine_wait(&op, 1, e, empty);
+    return engine_wait(&op, 1, e);
 }
 
 /* ---- progress thread ------------------------------------------------------------------------ */

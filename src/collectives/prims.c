@@ -168,8 +168,14 @@ static inline int hdr_same(const coll_hdr_t *a, const coll_hdr_t *b) {
            a->count == b->count && a->op == b->op && a->root == b->root && a->nranks == b->nranks;
 }
 
-/* A collective's header against the op's own fields, without building one (hdr_same's test). */
-static inline int hdr_same_coll(const coll_op_t *op, const coll_hdr_t *t) {
+/* Whether t is the header op would send: a collective's is compared with the op's own fields
+ * (hdr_same's test, without building a header), send/recv's through coll_hdr_fill. */
+static inline int hdr_matches(const coll_op_t *op, const coll_hdr_t *t) {
+    if (op->coll == COLL_SEND || op->coll == COLL_RECV) {
+        coll_hdr_t mine;
+        coll_hdr_fill(op, &mine);
+        return hdr_same(&mine, t);
+    }
     return t->magic == COLL_HDR_MAGIC && t->seq == op->seq && t->count == op->count &&
            t->coll == (uint8_t)op->coll && t->dtype == (uint8_t)op->dtype &&
            t->op == op->user_op && t->root == op->root && t->nranks == op->comm->nranks;
@@ -177,10 +183,9 @@ static inline int hdr_same_coll(const coll_op_t *op, const coll_hdr_t *t) {
 
 /* The receive side's header check; fails the op with both sides' arguments on a mismatch. */
 static int hdr_check(coll_op_t *op, const coll_use_t *u, const coll_hdr_t *theirs) {
-    if (op->coll != COLL_SEND && op->coll != COLL_RECV && hdr_same_coll(op, theirs)) return 1;
+    if (hdr_matches(op, theirs)) return 1;
     coll_hdr_t mine;
     coll_hdr_fill(op, &mine);
-    if (hdr_same(&mine, theirs)) return 1;
     if (theirs->magic != COLL_HDR_MAGIC) {
         coll_op_fail(op, ncclInvalidUsage,
                      "%s #%llu: rank %d (%s) sent a chunk without an op header: the ranks called "
@@ -429,94 +434,78 @@ ncclResult_t prim_step(coll_op_t *op, coll_use_t *recv, coll_use_t *send, const 
     return ncclSuccess;
 }
 
+/* prim_step's common case for the first chunk of an op on a point-to-point connection (the
+ * whole of a small op): a plain send, a send of pre(in) that is a copy (not PREMULSUM), or a
+ * receive copied into dst or combined into it, through the slot, no streaming. It runs the same
+ * kernels in a few instructions. PRIM_LEAN_GENERAL: anything else (a transport error, a chunk of
+ * an unexpected size or header, a direct chunk) is left untouched for prim_step, which peeks the
+ * same chunk again and reports it. */
+enum { PRIM_LEAN_GENERAL = -1 };
+
+static ncclResult_t prim_step_lean(coll_op_t *op, coll_use_t *u, int is_send,
+                                   const coll_chunk_t *c, int *ok_p) {
+    chorus_conn_t *conn = u->conn;
+    const size_t dbytes = c->count * op->esize;
+    ncclResult_t res;
+    *ok_p = PRIM_LEAN_GENERAL;
+    if (is_send) {
+        void *slot;
+        int ready;
+        if (conn->ops->send_acquire(conn, dbytes + COLL_HDR_BYTES, &slot, &ready) != ncclSuccess)
+            return ncclSuccess;
+        *ok_p = 0;
+        if (!ready) return ncclSuccess;
+        coll_hdr_fill(op, (coll_hdr_t *)slot);
+        rk_copy((char *)slot + COLL_HDR_BYTES, c->in, dbytes);
+        res = conn->ops->send_commit(conn, dbytes + COLL_HDR_BYTES);
+    } else {
+        const void *data;
+        size_t bytes;
+        int ready;
+        if (conn->ops->recv_peek(conn, &data, &bytes, &ready) != ncclSuccess) return ncclSuccess;
+        if (!ready) {
+            *ok_p = 0;
+            return ncclSuccess;
+        }
+        if (data == NULL || bytes != dbytes + COLL_HDR_BYTES ||
+            !hdr_matches(op, (const coll_hdr_t *)data))
+            return ncclSuccess;
+        *ok_p = 0;
+        const char *rdata = (const char *)data + COLL_HDR_BYTES;
+        if (c->kind == PRIM_RECV_COMBINE) rk_reduce(c->dst, rdata, c->in, c->count, &op->combine);
+        else rk_copy(c->dst, rdata, dbytes);
+        res = conn->ops->recv_release(conn);
+    }
+    if (res != ncclSuccess) return prim_conn_error(op, u, res);
+    u->hdr_pending = 0;
+    *ok_p = 1;
+    return ncclSuccess;
+}
+
+static inline int prim_lean_kind(const coll_op_t *op, const coll_chunk_t *c, int is_send) {
+    if (c->stream) return 0;
+    if (is_send)
+        return c->kind == PRIM_SEND ||
+               (c->kind == PRIM_PREP_SEND && op->redop.kind != RK_PREMULSUM);
+    return c->kind == PRIM_RECV || c->kind == PRIM_RECV_COMBINE;
+}
+
 ncclResult_t prim_xfer_chunk(coll_op_t *op, coll_xfer_t *x, const coll_chunk_t *c, int *ok_p) {
     struct coll_engine *e = op->engine;
     uint64_t *served = x->is_send ? &e->p2p_send_served[x->peer] : &e->p2p_recv_served[x->peer];
     *ok_p = x->done;
     if (x->done || *served != x->use.ticket) return ncclSuccess;
     x->started = 1;
-    int ok;
-    CHECK(prim_step(op, x->is_send ? NULL : &x->use, x->is_send ? &x->use : NULL, c, &ok));
+    int ok = PRIM_LEAN_GENERAL;
+    if (x->use.hdr_pending && x->use.conn && prim_lean_kind(op, c, x->is_send))
+        CHECK(prim_step_lean(op, &x->use, x->is_send, c, &ok));
+    if (ok == PRIM_LEAN_GENERAL)
+        CHECK(prim_step(op, x->is_send ? NULL : &x->use, x->is_send ? &x->use : NULL, c, &ok));
     if (!ok) return ncclSuccess;
     x->done = 1;
     (*served)++;
     *ok_p = 1;
     return ncclSuccess;
-}
-
-/* ---- one-chunk transfers of small ops: the happy path of prim_xfer_chunk ----------------- */
-
-/* The whole op as the first (and only) chunk of a transfer, through the slot: a connection
- * whose ticket is served, a header pending, and no single copy. Anything else, a transport
- * error, a chunk of an unexpected size or header included, goes to prim_xfer_chunk, which
- * peeks the same chunk again and reports it; so these keep exactly its state (x->done,
- * x->started, the served line, hdr_pending) and its semantics. */
-static inline int prim_small_ok(const coll_op_t *op, const coll_xfer_t *x, const uint64_t *served) {
-    return !x->done && *served == x->use.ticket && x->use.hdr_pending && x->use.conn != NULL &&
-           op->redop.kind != RK_PREMULSUM; /* pre() of PREP_SEND is then a copy */
-}
-
-/* The transfer's chunk moved; res is the commit or release that ended the step. */
-static inline ncclResult_t prim_small_finish(coll_op_t *op, coll_xfer_t *x, uint64_t *served,
-                                             ncclResult_t res, int *ok_p) {
-    if (res != ncclSuccess) return prim_conn_error(op, &x->use, res);
-    x->use.hdr_pending = 0;
-    x->done = 1;
-    (*served)++;
-    *ok_p = 1;
-    return ncclSuccess;
-}
-
-ncclResult_t prim_send_small(coll_op_t *op, coll_xfer_t *x, coll_prim_t kind, const void *in,
-                             int *ok_p) {
-    uint64_t *served = &op->engine->p2p_send_served[x->peer];
-    chorus_conn_t *sc = x->use.conn;
-    const size_t dbytes = op->count * op->esize;
-    if (!prim_small_ok(op, x, served) || (sc->direct && dbytes >= sc->direct_threshold))
-        goto general;
-    void *slot;
-    int ready;
-    if (sc->ops->send_acquire(sc, dbytes + COLL_HDR_BYTES, &slot, &ready) != ncclSuccess)
-        goto general;
-    x->started = 1;
-    if (!ready) {
-        *ok_p = 0;
-        return ncclSuccess;
-    }
-    coll_hdr_fill(op, (coll_hdr_t *)slot);
-    rk_copy((char *)slot + COLL_HDR_BYTES, in, dbytes);
-    return prim_small_finish(op, x, served, sc->ops->send_commit(sc, dbytes + COLL_HDR_BYTES),
-                             ok_p);
-general:;
-    coll_chunk_t cc = {.kind = kind, .in = in, .count = op->count};
-    return prim_xfer_chunk(op, x, &cc, ok_p);
-}
-
-ncclResult_t prim_recv_small(coll_op_t *op, coll_xfer_t *x, void *out, const void *acc, int *ok_p) {
-    uint64_t *served = &op->engine->p2p_recv_served[x->peer];
-    chorus_conn_t *rc = x->use.conn;
-    const size_t dbytes = op->count * op->esize;
-    if (!prim_small_ok(op, x, served)) goto general;
-    const void *data;
-    size_t bytes;
-    int ready;
-    if (rc->ops->recv_peek(rc, &data, &bytes, &ready) != ncclSuccess) goto general;
-    x->started = 1;
-    if (!ready) {
-        *ok_p = 0;
-        return ncclSuccess;
-    }
-    if (data == NULL || bytes != dbytes + COLL_HDR_BYTES ||
-        !hdr_same_coll(op, (const coll_hdr_t *)data))
-        goto general;
-    const char *rdata = (const char *)data + COLL_HDR_BYTES;
-    if (acc) rk_reduce(out, rdata, acc, op->count, &op->combine);
-    else rk_copy(out, rdata, dbytes);
-    return prim_small_finish(op, x, served, rc->ops->recv_release(rc), ok_p);
-general:;
-    coll_chunk_t cc = {.kind = acc ? PRIM_RECV_COMBINE : PRIM_RECV, .in = acc, .dst = out,
-                       .count = op->count};
-    return prim_xfer_chunk(op, x, &cc, ok_p);
 }
 
 ncclResult_t prim_send_drained(coll_op_t *op, coll_use_t *send, int *ok_p) {

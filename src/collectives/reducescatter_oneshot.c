@@ -9,8 +9,7 @@
  *
  * In place (recvbuff == sendbuff + r * recvcount) the fold overwrites only this rank's own block,
  * which no send reads, and the own block is the fold's first term: nothing needs copying. Each
- * chunk goes through prim_step (most through prim_send_small/prim_recv_small, its common case in
- * a few instructions), so the first (and only) chunk on each connection carries the op
+ * chunk goes through prim_step, so the first (and only) chunk on each connection carries the op
  * header (mismatches fail with ncclInvalidUsage naming both sides), error chunks and dead peers are
  * reported naming the rank, and the engine's waiter owns deadlines and aborts. Supported when a
  * block fits one chunk and n <= COLL_ONESHOT_MAX_RANKS (the op's inline transfer array).
@@ -67,8 +66,12 @@ static ncclResult_t rs_oneshot_progress(coll_op_t *op, int *done_p) {
     for (int i = 0; i < n - 1; i++) {
         coll_xfer_t *x = &op->xfer[i];
         if (x->done) continue;
+        coll_chunk_t cc = {0};
+        cc.kind = PRIM_PREP_SEND;
+        cc.in = x->buf;
+        cc.count = op->count;
         int ok;
-        CHECK(prim_send_small(op, x, PRIM_PREP_SEND, x->buf, &ok));
+        CHECK(prim_xfer_chunk(op, x, &cc, &ok));
         if (!ok) {
             sends_done = 0;
             continue;
@@ -88,17 +91,13 @@ static ncclResult_t rs_oneshot_progress(coll_op_t *op, int *done_p) {
             continue;
         }
         coll_xfer_t *x = &op->xfer[n - 1 + (first ? 0 : op->round - 1)];
+        coll_chunk_t cc = {0};
+        cc.kind = first ? PRIM_RECV_REDUCE_COPY : PRIM_RECV_COMBINE;
+        cc.in = first ? own : out;
+        cc.dst = out;
+        cc.count = op->count;
         int ok;
-        if (first) {
-            coll_chunk_t cc = {0};
-            cc.kind = PRIM_RECV_REDUCE_COPY;
-            cc.in = own;
-            cc.dst = out;
-            cc.count = op->count;
-            CHECK(prim_xfer_chunk(op, x, &cc, &ok));
-        } else {
-            CHECK(prim_recv_small(op, x, out, out, &ok));
-        }
+        CHECK(prim_xfer_chunk(op, x, &cc, &ok));
         if (!ok) break;
         op->round += first ? 2 : 1;
         moved = 1;

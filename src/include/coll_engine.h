@@ -300,17 +300,11 @@ ncclResult_t prim_step(coll_op_t *op, coll_use_t *recv, coll_use_t *send, const 
                        int *ok_p);
 /* A point-to-point transfer of one chunk (one-shot and direct algorithms): when its ticket is
  * served on its connection, marks it started and runs prim_step (a send or a receive as
- * x->is_send says); once the chunk moved, the transfer is done and the connection's line moves
- * on. *ok_p = 1 when the transfer is done (also when it already was). */
+ * x->is_send says; an op's first chunk of a plain send, copy-pre send, copy or combine receive
+ * takes prim_step's common case in a few instructions first); once the chunk moved, the transfer
+ * is done and the connection's line moves on. *ok_p = 1 when the transfer is done (also when it
+ * already was). */
 ncclResult_t prim_xfer_chunk(coll_op_t *op, coll_xfer_t *x, const coll_chunk_t *c, int *ok_p);
-/* The same for the whole op as one chunk through the slot, sent (kind PRIM_SEND, or PRIM_PREP_SEND
- * whose pre() is then a copy: not PREMULSUM) or received into out (copied when acc is NULL, else
- * out = received (+) acc with op->combine; acc may be out): the common case in a few
- * instructions, anything else through prim_xfer_chunk (prims.c). */
-ncclResult_t prim_send_small(coll_op_t *op, coll_xfer_t *x, coll_prim_t kind, const void *in,
-                             int *ok_p);
-ncclResult_t prim_recv_small(coll_op_t *op, coll_xfer_t *x, void *out, const void *acc,
-                             int *ok_p);
 /* Sender side: all direct chunks consumed (poll). */
 ncclResult_t prim_send_drained(coll_op_t *op, coll_use_t *send, int *ok_p);
 /* Failure handling: post error chunks, drain; *ok_p = 1 when finished with the connection. */
