@@ -149,13 +149,13 @@ static inline void shm_publish(chorus_conn_t *conn, shm_conn_t *sc, uint64_t src
     const uint32_t next = (uint32_t)((step + 1) % (uint32_t)conn->nslots);
     const char *nh = (const char *)&sc->ctrl->slots[next];
     shm_prefetch_write(nh);
-    if (flags & SHM_SLOT_INLINE) { /* else only the first line carried anything */
+    if (flags & SHM_SLOT_INLINE) {
         if (bytes > SHM_INLINE_LINE1) shm_prefetch_write(nh + SHM_CACHE_LINE);
         if (bytes > SHM_INLINE_LINE1 + SHM_CACHE_LINE) shm_prefetch_write(nh + 2 * SHM_CACHE_LINE);
-    }
-    /* A small chunk that went through its slot: the next one likely does too. Own the first
-     * lines of the next slot now, for the same reason as its header line. */
-    if (bytes > SHM_INLINE_BYTES && bytes <= SHM_PREFETCH_SLOT_BYTES && !(flags & SHM_SLOT_DIRECT)) {
+    } else if (!(flags & SHM_SLOT_DIRECT) && bytes <= SHM_PREFETCH_SLOT_BYTES) {
+        /* A small chunk that went through its slot (only the header's first line carried
+         * anything): the next one likely does too. Own the first lines of the next slot now,
+         * for the same reason as its header line. */
         const char *d = sc->data + (size_t)next * conn->slot_bytes;
         for (size_t off = 0; off < bytes; off += SHM_CACHE_LINE) shm_prefetch_write(d + off);
     }
