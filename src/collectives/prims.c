@@ -20,6 +20,10 @@
  * than the sender's vector copy into a cache-resident slot on the project's machine; between
  * threads it is a plain copy, and it measured about even (closing notes, issue 4).
  *
+ * Large chunks written into a slot by a copy or a reduce use plain or streaming stores as the
+ * send connection measured faster (slot_store.c): between cores that share no cache, plain
+ * stores into a slot the receiver just read cost a cross-die round trip per line.
+ *
  * Streamed chunks (chunk.stream, see coll_ring.h) write their final output with streaming stores:
  * a reduce goes into the send slot (cache) and is streamed from there into dst, a copy streams
  * from the received slot (or from the bounce buffer for a direct chunk).
@@ -355,8 +359,13 @@ ncclResult_t prim_step(coll_op_t *op, coll_use_t *recv, coll_use_t *send, const 
         }
         break;
     case PRIM_PREP_SEND:
-        if (direct_out) out = c->in; /* pre() is the identity (prim_direct_reduce_ok) */
-        else rk_prepare(sdata, c->in, c->count, rop);
+        /* pre() is the identity unless PREMULSUM (prim_direct_reduce_ok): a copy */
+        if (direct_out)
+            out = c->in;
+        else if (rop->kind != RK_PREMULSUM)
+            slot_store_copy(send->conn, sdata, c->in, dbytes);
+        else
+            rk_prepare(sdata, c->in, c->count, rop);
         break;
     case PRIM_RECV:
         if (direct_in) res = recv->conn->ops->recv_copy(recv->conn, c->dst, dbytes);
@@ -372,6 +381,8 @@ ncclResult_t prim_step(coll_op_t *op, coll_use_t *recv, coll_use_t *send, const 
              * overwrites later; the receiver reads it from there. */
             rk_reduce(c->dst, c->in, rdata, c->count, rop);
             out = c->dst;
+        } else if (slot_store_streams(&send->conn->store, dbytes)) {
+            rk_reduce_nt(sdata, c->in, rdata, c->count, rop);
         } else {
             rk_reduce(sdata, c->in, rdata, c->count, rop);
         }
@@ -419,7 +430,7 @@ ncclResult_t prim_step(coll_op_t *op, coll_use_t *recv, coll_use_t *send, const 
             if (!c->direct_ok)
                 atomic_fetch_add_explicit(&prim_stat.reduce_sent, 1, memory_order_relaxed);
         } else {
-            if (out) rk_copy(sdata, out, dbytes);
+            if (out) slot_store_copy(sc, sdata, out, dbytes);
             res = sc->ops->send_commit(sc, sbytes);
         }
         if (res != ncclSuccess) return prim_conn_error(op, send, res);
@@ -456,7 +467,10 @@ static ncclResult_t prim_step_lean(coll_op_t *op, coll_use_t *u, int is_send,
         *ok_p = 0;
         if (!ready) return ncclSuccess;
         coll_hdr_fill(op, (coll_hdr_t *)slot);
-        rk_copy((char *)slot + COLL_HDR_BYTES, c->in, dbytes);
+        if (__builtin_expect(dbytes >= SLOT_STORE_MIN_BYTES, 0))
+            slot_store_copy(conn, (char *)slot + COLL_HDR_BYTES, c->in, dbytes);
+        else
+            rk_copy((char *)slot + COLL_HDR_BYTES, c->in, dbytes);
         res = conn->ops->send_commit(conn, dbytes + COLL_HDR_BYTES);
     } else {
         const void *data;

@@ -34,6 +34,7 @@ PARAM(CONNECT, STR, "lazy", 0, "connect transports lazily on first use or eagerl
 PARAM(BUFFSIZE, INT, 4194304, 1, "bytes of chunk slots per connection")
 PARAM(NSLOTS, INT, 8, 0, "chunk slots per connection (credits in flight)")
 PARAM(SHM_CMA, INT, -1, 0, "single-copy through process_vm_readv: -1 auto (probe), 0 off, 1 required")
+PARAM(SHM_SLOT_STREAM, INT, -1, 0, "how a shm sender writes chunks of 32 KiB and more into the slots: -1 measured per connection (streaming stores where plain ones run more than twice slower, as between cores that share no cache), 0 plain stores, 1 streaming stores")
 PARAM(SHM_CMA_THRESHOLD, INT, 262144, 0, "bytes from which a shm transfer uses single-copy")
 PARAM(SHM_CMA_COOP, INT, 1, 0, "1: the sender copies part of a large single-copy chunk itself (process_vm_writev), so two cores share it; 0: the receiver copies alone")
 PARAM(SHM_CMA_BLOCK, INT, 1048576, 0, "bytes per block of a cooperative single-copy chunk; chunks of at least two blocks are shared")

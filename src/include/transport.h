@@ -24,6 +24,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include "locality.h"
+#include "slot_store.h"
 #include "nccl.h"
 
 #define TRANSPORT_ABI_VERSION 2
@@ -88,6 +89,9 @@ struct chorus_conn {
      * transports). TCP keeps room for the collectives' op header past a full power-of-two
      * payload, so the tuner can give TCP rings power-of-two chunks (tuner.c). */
     size_t chunk_room;
+    /* Sender: plain or streaming stores for large chunks written into the slots (slot_store.c);
+     * the transport's connect() calls slot_store_init. */
+    slot_store_t store;
 };
 
 /* registry.c */

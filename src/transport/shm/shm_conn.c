@@ -81,6 +81,7 @@ static void shm_set_desc(chorus_conn_t *conn, shm_conn_t *sc) {
     snprintf(conn->desc, sizeof(conn->desc), "%s", d);
     conn->direct = sc->cma == SHM_CMA_ON || sc->cma == SHM_CMA_SAME_PROCESS;
     conn->direct_threshold = (size_t)chorus_param_int(PARAM_SHM_CMA_THRESHOLD);
+    slot_store_init(&conn->store, conn->is_send);
 }
 
 /* Whether the peer's pid means the same process to us (same pid namespace). */

@@ -1,0 +1,172 @@
+// test_coll_slot_store.cc: plain or streaming stores for large chunks written into shm slots
+// (slot_store.c).
+//  - The chooser: fed timed copies, it switches to streaming stores only when plain ones measure
+//    more than twice slower, back below 1.4x, and a single slow (preempted) copy changes nothing.
+//  - Collectives with every large slot write streamed (CHORUS_SHM_SLOT_STREAM=1) or plain (0):
+//    ring all-reduce, reduce-scatter and all-gather, and one-shot all-reduce, against the
+//    independent references, on 2, 3 and 5 ranks, threads and forked processes; the counters
+//    show the streaming path really ran (or did not).
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <string>
+
+#include "coll_cases.h"
+
+extern "C" {
+#include "transport.h"
+}
+
+using namespace coll_test;
+using chorus_test::Launch;
+
+namespace {
+
+struct Chooser {
+    chorus_conn_t conn{};
+    Chooser() {
+        unsetenv("CHORUS_SHM_SLOT_STREAM");
+        ncclResetDebugInit();
+        snprintf(conn.desc, sizeof(conn.desc), "test");
+        slot_store_init(&conn.store, 1);
+    }
+    // n copies of 128 KiB in each mode at these costs (ticks per KiB).
+    void feed(int n, uint64_t plain_per_kib, uint64_t stream_per_kib) {
+        for (int i = 0; i < n; i++) {
+            slot_store_feed(&conn, SLOT_STORE_PLAIN, plain_per_kib * 128, 131072);
+            slot_store_feed(&conn, SLOT_STORE_STREAM, stream_per_kib * 128, 131072);
+        }
+    }
+    int mode() const {
+        return conn.store.mode;
+    }
+};
+
+} // namespace
+
+TEST(SlotStoreChooser, StartsPlain) {
+    Chooser c;
+    EXPECT_EQ(c.mode(), SLOT_STORE_PLAIN);
+    EXPECT_EQ(c.conn.store.forced, 0);
+}
+
+TEST(SlotStoreChooser, StreamsOnlyWhenPlainIsMoreThanTwiceSlower) {
+    Chooser c;
+    c.feed(8, 110, 60); // 1.8x: stays plain
+    EXPECT_EQ(c.mode(), SLOT_STORE_PLAIN);
+    c.feed(8, 300, 60); // 5x: streams
+    EXPECT_EQ(c.mode(), SLOT_STORE_STREAM);
+    c.feed(8, 100, 60); // 1.67x: inside the hysteresis band, keeps streaming
+    EXPECT_EQ(c.mode(), SLOT_STORE_STREAM);
+    c.feed(8, 45, 60); // plain faster again: back to plain
+    EXPECT_EQ(c.mode(), SLOT_STORE_PLAIN);
+    EXPECT_EQ(c.conn.store.changes, 2u);
+}
+
+TEST(SlotStoreChooser, OneSlowCopyChangesNothing) {
+    Chooser c;
+    c.feed(8, 45, 60);
+    // A preempted plain copy, 100x slower, inside an otherwise normal window.
+    slot_store_feed(&c.conn, SLOT_STORE_PLAIN, 4500 * 128, 131072);
+    c.feed(8, 45, 60);
+    EXPECT_EQ(c.mode(), SLOT_STORE_PLAIN);
+    EXPECT_EQ(c.conn.store.changes, 0u);
+}
+
+TEST(SlotStoreChooser, ForcedModesIgnoreMeasurements) {
+    for (const char *v : {"0", "1"}) {
+        setenv("CHORUS_SHM_SLOT_STREAM", v, 1);
+        ncclResetDebugInit();
+        chorus_conn_t conn{};
+        slot_store_init(&conn.store, 1);
+        EXPECT_EQ(conn.store.forced, 1) << v;
+        EXPECT_EQ(conn.store.mode, v[0] == '1' ? SLOT_STORE_STREAM : SLOT_STORE_PLAIN) << v;
+    }
+    unsetenv("CHORUS_SHM_SLOT_STREAM");
+    ncclResetDebugInit();
+}
+
+namespace {
+
+// Ring cases whose chunks are large (a whole 512 KiB slot) and a one-shot all-reduce whose
+// single chunk is 256 KiB; ragged tails, every op on float32 and a few other types.
+std::vector<Case> store_cases(int nranks) {
+    const size_t big = 600 * 1024 + 3, per = big / (size_t)nranks;
+    auto cases = cross({C_ALLREDUCE}, {ncclFloat32}, {T_SUM, T_AVG, T_PREMUL, T_MAX}, {big});
+    for (auto &part :
+         {cross({C_REDUCESCATTER}, {ncclFloat32}, {T_SUM, T_PREMUL}, {per}),
+          cross({C_ALLGATHER}, {ncclFloat32}, {T_SUM}, {per}),
+          cross({C_ALLREDUCE}, {ncclInt32, ncclBfloat16, ncclFloat64}, {T_SUM}, {big})})
+        cases.insert(cases.end(), part.begin(), part.end());
+    return cases;
+}
+
+chorus_test::RunResult run_store(Launch how, int nranks, const char *mode, const char *algo,
+                                 const std::vector<Case> &cases, bool expect_streamed) {
+    setenv("CHORUS_SHM_SLOT_STREAM", mode, 1);
+    setenv("CHORUS_SHM_CMA", "0", 1); // every chunk through the slots
+    setenv("CHORUS_ALGO", algo, 1);
+    ncclResetDebugInit();
+    ncclUniqueId id = chorus_test::make_unique_id();
+    auto res = chorus_test::run_ranks(
+        how, nranks,
+        [&](int rank, int n) -> int {
+            uint64_t c0, s0, x0, c1, s1, x1;
+            slot_store_stats(&c0, &s0, &x0);
+            int failed = run_cases_on_new_comm(id, rank, n, cases);
+            slot_store_stats(&c1, &s1, &x1);
+            if (!failed && c1 == c0) {
+                fprintf(stderr, "rank %d: no large chunk was written into a slot\n", rank);
+                failed = 1;
+            }
+            if (!failed && expect_streamed && s1 == s0) {
+                fprintf(stderr, "rank %d: no slot write streamed\n", rank);
+                failed = 1;
+            }
+            if (!failed && !expect_streamed && s1 != s0) {
+                fprintf(stderr, "rank %d: %llu slot writes streamed, expected none\n", rank,
+                        (unsigned long long)(s1 - s0));
+                failed = 1;
+            }
+            return failed;
+        },
+        240);
+    unsetenv("CHORUS_SHM_SLOT_STREAM");
+    unsetenv("CHORUS_SHM_CMA");
+    unsetenv("CHORUS_ALGO");
+    ncclResetDebugInit();
+    return res;
+}
+
+std::string launch_word(Launch l) {
+    return l == Launch::Threads ? "threads" : "forked";
+}
+
+} // namespace
+
+#define EXPECT_RUN_OK(res) EXPECT_TRUE((res).ok()) << (res).detail
+
+class CollSlotStore : public ::testing::TestWithParam<std::tuple<int, Launch, bool>> {};
+TEST_P(CollSlotStore, RingMatchesReference) {
+    int n = std::get<0>(GetParam());
+    Launch how = std::get<1>(GetParam());
+    bool stream = std::get<2>(GetParam());
+    EXPECT_RUN_OK(run_store(how, n, stream ? "1" : "0", "ring", store_cases(n), stream));
+}
+TEST_P(CollSlotStore, OneShotMatchesReference) {
+    int n = std::get<0>(GetParam());
+    Launch how = std::get<1>(GetParam());
+    bool stream = std::get<2>(GetParam());
+    auto cases = cross({C_ALLREDUCE}, {ncclFloat32}, {T_SUM, T_PREMUL}, {64 * 1024 + 3});
+    EXPECT_RUN_OK(run_store(how, n, stream ? "1" : "0", "oneshot", cases, stream));
+}
+INSTANTIATE_TEST_SUITE_P(Coll, CollSlotStore,
+                         ::testing::Combine(::testing::Values(2, 3, 5),
+                                            ::testing::Values(Launch::Threads, Launch::Forked),
+                                            ::testing::Bool()),
+                         [](const auto &info) {
+                             return std::to_string(std::get<0>(info.param)) + "ranks_" +
+                                    launch_word(std::get<1>(info.param)) +
+                                    (std::get<2>(info.param) ? "_stream" : "_plain");
+                         });
