@@ -51,6 +51,7 @@ import datetime
 import json
 import os
 import platform
+import re
 import shutil
 import statistics
 import subprocess
@@ -109,6 +110,7 @@ class Results:
         self.means = {}    # the same for the mean time per call
         self.status = {}   # lib -> coll -> "ok" | message
         self.version = {}
+        self.rtt = {}      # lib -> [cross-core round trip in ns before each of its runs]
 
     def add(self, lib, coll, size, t, mean):
         self.samples.setdefault(lib, {}).setdefault(coll, {}).setdefault(size, []).append(t)
@@ -398,13 +400,29 @@ def main():
     return write_outputs(a, res, skipped, started, load0)
 
 
+def probe_rtt(a, res, lib):
+    """Record the cross-core round trip (build/bin/membw_bench -L) just before a library runs:
+    on a guest whose vCPUs the host moves between dies it tells which state the run saw."""
+    exe = os.path.join(a.build, "bin", "membw_bench")
+    if not os.access(exe, os.X_OK):
+        return
+    rc, out, err = run([exe, "-L"], timeout=60)
+    m = re.search(r"rtt_ns (-?\d+)", out or "")
+    if rc == 0 and m and int(m.group(1)) > 0:
+        res.rtt.setdefault(lib, []).append(int(m.group(1)))
+
+
 def run_all(a, res, skipped):
+    probe_rtt(a, res, "chorus-shm")
     run_chorus(a, res, "chorus-shm", "shm")
     if a.before:
+        probe_rtt(a, res, "chorus-shm-before")
         run_chorus(a, res, "chorus-shm-before", "shm", os.path.abspath(a.before))
     if not a.no_chorus_threads:
+        probe_rtt(a, res, "chorus-threads")
         run_chorus(a, res, "chorus-threads", "shm", threads=True)
     if not a.no_chorus_tcp:
+        probe_rtt(a, res, "chorus-tcp")
         run_chorus(a, res, "chorus-tcp", "tcp")
     if a.no_mpi:
         skipped.append("Open MPI: --no-mpi")
@@ -418,6 +436,7 @@ def run_all(a, res, skipped):
         else:
             rc, out, err = run(["mpirun", "--version"])
             res.version["openmpi"] = out.splitlines()[0] if out else "?"
+            probe_rtt(a, res, "mpi")
             run_mpi(a, res, exe)
     if a.no_gloo:
         skipped.append("Gloo: --no-gloo")
@@ -429,6 +448,7 @@ def run_all(a, res, skipped):
     else:
         rc, out, err = run(["/usr/bin/python3", "-c", "import torch; print(torch.__version__)"])
         res.version["torch"] = out.strip()
+        probe_rtt(a, res, "gloo")
         run_gloo(a, res)
 
 
@@ -458,6 +478,11 @@ def write_outputs(a, res, skipped, started, load0):
           + (f" Chorus environment: {' '.join(a.chorus_env)}." if a.chorus_env else "")
           + (f" {a.busy} busy loops ran alongside every library." if a.busy > 0 else ""),
           ""]
+    if res.rtt:
+        md += ["Cross-core round trip just before each run (`build/bin/membw_bench -L`, ns; on the "
+               "project's guest ~60-140 when its two vCPUs share a die, ~420-560 when they do "
+               "not): " + "; ".join(f"{lib} {', '.join(str(v) for v in vs)}"
+                                   for lib, vs in res.rtt.items()) + ".", ""]
     md += [f"- skipped {s}" for s in skipped]
     md += ["", make_tables(a, res, libs), f"![busbw vs size](latest.png)" if plot_status == "ok"
            else f"(plot: {plot_status})", ""]
@@ -468,7 +493,7 @@ def write_outputs(a, res, skipped, started, load0):
                    "iters": a.iters, "warmup": a.warmup, "repeats": a.repeats,
                    "rounds": a.rounds,
                    "stat": a.stat, "versions": res.version, "status": res.status,
-                   "skipped": skipped,
+                   "skipped": skipped, "rtt_ns": res.rtt,
                    "mean_us": {lib: {c: {str(s): v for s, v in d.items()}
                                      for c, d in cs.items()}
                                for lib, cs in res.means.items()},

@@ -11,6 +11,7 @@
  *         when THP is in "madvise" mode)
  *     -x  also the cross-core slot test (below); -X only that test
  *     -a  only the direct 2-rank all-reduce model (below); -p BYTES: in pieces of that size
+ *     -L  only the cross-core round trip (below), one line: "rtt_ns N"
  *
  * Kernels (AVX2, 32-byte vectors, each thread on its own arrays, all threads start together):
  *   read        s += a[i]                         DRAM: read n
@@ -30,6 +31,12 @@
  * one core's cache to the other's. Waits spin, then yield (as the library's waiter does), since a
  * peer that lost its core to another process would otherwise hold the spinner for a time slice;
  * on a loaded machine this test mostly measures the scheduler.
+ *
+ * Cross-core round trip (-L, 2 threads on CPUs 0 and 1): one cache line goes back and forth,
+ * each thread waiting for the other's store; the median of 5 batches of 20,000 round trips, in
+ * ns. It tells which state a guest whose vCPUs the host moves is in (on the project's guest:
+ * ~110-140 ns when both sit on one die, ~420-560 ns when they do not), so a benchmark run can
+ * record it next to its times (perf/compare/compare.py does).
  *
  * Direct 2-rank all-reduce model (-a, 2 threads): two "ranks" with an input and an output of n
  * bytes each; thread t reduces half t of both inputs and writes the sum into half t of both outputs
@@ -397,9 +404,58 @@ static size_t parse_bytes(const char *s) {
     return (size_t)v / 4096 * 4096;
 }
 
+/* -L: the round trip of one cache line between CPUs 0 and 1. */
+#define RTT_BATCH 20000
+#define RTT_BATCHES 5
+static _Alignas(64) _Atomic long g_ping;
+static _Alignas(64) _Atomic long g_pong;
+
+static void *rtt_ponger(void *arg) {
+    (void)arg;
+    pin(1);
+    for (long i = 1; i <= (long)RTT_BATCH * RTT_BATCHES; i++) {
+        while (atomic_load_explicit(&g_ping, memory_order_acquire) != i) _mm_pause();
+        atomic_store_explicit(&g_pong, i, memory_order_release);
+    }
+    return NULL;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static int run_rtt(void) {
+    pthread_t t;
+    if (sysconf(_SC_NPROCESSORS_ONLN) < 2) {
+        printf("rtt_ns -1\n"); /* one CPU: no cross-core round trip to measure */
+        return 0;
+    }
+    pin(0);
+    if (pthread_create(&t, NULL, rtt_ponger, NULL) != 0) {
+        fprintf(stderr, "membw_bench: cannot start a thread\n");
+        return 1;
+    }
+    double ns[RTT_BATCHES];
+    long i = 0;
+    for (int b = 0; b < RTT_BATCHES; b++) {
+        double t0 = now_s();
+        for (int k = 0; k < RTT_BATCH; k++) {
+            i++;
+            atomic_store_explicit(&g_ping, i, memory_order_release);
+            while (atomic_load_explicit(&g_pong, memory_order_acquire) != i) _mm_pause();
+        }
+        ns[b] = (now_s() - t0) * 1e9 / RTT_BATCH;
+    }
+    pthread_join(t, NULL);
+    qsort(ns, RTT_BATCHES, sizeof(ns[0]), cmp_double);
+    printf("rtt_ns %.0f\n", ns[RTT_BATCHES / 2]);
+    return 0;
+}
+
 int main(int argc, char **argv) {
     int threads = 0, xslot = 0, stream = 1, ar2 = 0, opt;
-    while ((opt = getopt(argc, argv, "t:s:m:xXap:H")) != -1) {
+    while ((opt = getopt(argc, argv, "t:s:m:xXap:HL")) != -1) {
         switch (opt) {
         case 't': threads = atoi(optarg); break;
         case 's': g_bytes = parse_bytes(optarg); break;
@@ -409,9 +465,10 @@ int main(int argc, char **argv) {
         case 'a': ar2 = 1; stream = 0; break;
         case 'p': g_ar2_piece = parse_bytes(optarg); break;
         case 'H': g_huge = 1; break;
+        case 'L': return run_rtt();
         default:
             fprintf(stderr,
-                    "usage: membw_bench [-t 1|2] [-s bytes] [-m ms] [-H] [-x|-X|-a [-p bytes]]\n");
+                    "usage: membw_bench [-t 1|2] [-s bytes] [-m ms] [-H] [-x|-X|-a [-p bytes]|-L]\n");
             return 1;
         }
     }
