@@ -137,7 +137,7 @@ static ncclResult_t oneshot_progress(coll_op_t *op, int *done_p) {
     /* Rank 0 with pre() the identity (every op but PREMULSUM) folds its own input in with the
      * first contribution it receives, p1 (+) in, instead of first copying in to out: the same
      * operands in the same order, one kernel call and one pass less. */
-    const int fuse0 = me == 0 && op->redop.kind != RK_PREMULSUM;
+    const int fuse0 = me == 0 && rk_pre_is_copy(&op->redop);
     while (op->round <= n && (sends_done || !in_place)) {
         const int k = op->round - 1;
         if (k == me) {

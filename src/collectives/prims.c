@@ -49,6 +49,7 @@
 #include "comm.h"
 #include "log.h"
 #include "param.h"
+#include "slot_store.h"
 #include "waiter.h"
 
 /* PRIM_SEND_COPY's piece: small enough that a piece written to the slot is still in L1. */
@@ -126,7 +127,7 @@ static inline int prim_direct_reduce_ok(const coll_op_t *op, const coll_chunk_t 
     if (!c->direct_reduce_ok || (chorus_param_int(PARAM_DIRECT_REDUCE) == 0 &&
                                  !op->tune.direct_reduce)) /* tuner.c: TCP rings */
         return 0;
-    if (c->kind == PRIM_PREP_SEND) return op->redop.kind != RK_PREMULSUM; /* pre() is a copy */
+    if (c->kind == PRIM_PREP_SEND) return rk_pre_is_copy(&op->redop);
     return c->kind == PRIM_RECV_REDUCE_SEND && c->dst != NULL;
 }
 
@@ -359,10 +360,9 @@ ncclResult_t prim_step(coll_op_t *op, coll_use_t *recv, coll_use_t *send, const 
         }
         break;
     case PRIM_PREP_SEND:
-        /* pre() is the identity unless PREMULSUM (prim_direct_reduce_ok): a copy */
         if (direct_out)
-            out = c->in;
-        else if (rop->kind != RK_PREMULSUM)
+            out = c->in; /* pre() is a copy (prim_direct_reduce_ok) */
+        else if (rk_pre_is_copy(rop))
             slot_store_copy(send->conn, sdata, c->in, dbytes);
         else
             rk_prepare(sdata, c->in, c->count, rop);
@@ -381,7 +381,7 @@ ncclResult_t prim_step(coll_op_t *op, coll_use_t *recv, coll_use_t *send, const 
              * overwrites later; the receiver reads it from there. */
             rk_reduce(c->dst, c->in, rdata, c->count, rop);
             out = c->dst;
-        } else if (slot_store_streams(&send->conn->store, dbytes)) {
+        } else if (slot_store_streams(send->conn, dbytes)) {
             rk_reduce_nt(sdata, c->in, rdata, c->count, rop);
         } else {
             rk_reduce(sdata, c->in, rdata, c->count, rop);
@@ -467,10 +467,7 @@ static ncclResult_t prim_step_lean(coll_op_t *op, coll_use_t *u, int is_send,
         *ok_p = 0;
         if (!ready) return ncclSuccess;
         coll_hdr_fill(op, (coll_hdr_t *)slot);
-        if (__builtin_expect(dbytes >= SLOT_STORE_MIN_BYTES, 0))
-            slot_store_copy(conn, (char *)slot + COLL_HDR_BYTES, c->in, dbytes);
-        else
-            rk_copy((char *)slot + COLL_HDR_BYTES, c->in, dbytes);
+        slot_store_copy(conn, (char *)slot + COLL_HDR_BYTES, c->in, dbytes);
         res = conn->ops->send_commit(conn, dbytes + COLL_HDR_BYTES);
     } else {
         const void *data;
@@ -499,8 +496,7 @@ static ncclResult_t prim_step_lean(coll_op_t *op, coll_use_t *u, int is_send,
 static inline int prim_lean_kind(const coll_op_t *op, const coll_chunk_t *c, int is_send) {
     if (c->stream) return 0;
     if (is_send)
-        return c->kind == PRIM_SEND ||
-               (c->kind == PRIM_PREP_SEND && op->redop.kind != RK_PREMULSUM);
+        return c->kind == PRIM_SEND || (c->kind == PRIM_PREP_SEND && rk_pre_is_copy(&op->redop));
     return c->kind == PRIM_RECV || c->kind == PRIM_RECV_COMBINE;
 }
 

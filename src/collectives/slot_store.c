@@ -65,14 +65,19 @@ static inline uint64_t slot_store_ticks(void) {
 
 static struct {
     _Alignas(64) _Atomic uint64_t chunks;
-    _Atomic uint64_t streamed, changes;
+    _Atomic uint64_t streamed;
 } slot_store_stat;
 
 void slot_store_init(slot_store_t *st, int ok) {
     *st = (slot_store_t){0};
     int64_t p = chorus_param_int(PARAM_SHM_SLOT_STREAM);
     st->ok = (uint8_t)(ok != 0);
-    if (p == 0 || p == 1) {
+    static _Atomic int warned;
+    if (p != -1 && p != 0 && p != 1 && !atomic_exchange(&warned, 1))
+        WARN("CHORUS_SHM_SLOT_STREAM=%lld is not -1 (measure), 0 (plain) or 1 (streaming); "
+             "measuring",
+             (long long)p);
+    if (ok && (p == 0 || p == 1)) {
         st->forced = 1;
         st->mode = (uint8_t)p;
     }
@@ -90,7 +95,7 @@ static inline void slot_store_write(int mode, void *dst, const void *src, size_t
  * in until then); the mode changes only when a window of the mode in use completes, so the
  * decision rests on a full window of it and on the other mode's latest estimate. A preempted
  * probe only makes the other mode look slow, which keeps the mode as it is. */
-static void slot_store_sample(struct chorus_conn *conn, slot_store_t *st, int mode, uint64_t ticks,
+static void slot_store_sample(chorus_conn_t *conn, slot_store_t *st, int mode, uint64_t ticks,
                               size_t bytes) {
     uint64_t per_kib = ticks * 1024 / bytes;
     if (per_kib == 0) per_kib = 1;
@@ -114,7 +119,6 @@ static void slot_store_sample(struct chorus_conn *conn, slot_store_t *st, int mo
     if (want == st->mode) return;
     st->mode = (uint8_t)want;
     st->changes++;
-    atomic_fetch_add_explicit(&slot_store_stat.changes, 1, memory_order_relaxed);
     INFO(SUB_SHM,
          "rank %d -> %d (%s, channel %d): slot writes now %s (plain %llu, streaming %llu "
          "ticks/KiB)",
@@ -123,12 +127,8 @@ static void slot_store_sample(struct chorus_conn *conn, slot_store_t *st, int mo
          (unsigned long long)stream);
 }
 
-void slot_store_copy(struct chorus_conn *conn, void *dst, const void *src, size_t bytes) {
+void slot_store_copy_large(chorus_conn_t *conn, void *dst, const void *src, size_t bytes) {
     slot_store_t *st = &conn->store;
-    if (!st->ok || bytes < SLOT_STORE_MIN_BYTES) {
-        rk_copy(dst, src, bytes);
-        return;
-    }
     int mode = st->mode;
     atomic_fetch_add_explicit(&slot_store_stat.chunks, 1, memory_order_relaxed);
     if (st->forced) {
@@ -161,12 +161,11 @@ void slot_store_copy(struct chorus_conn *conn, void *dst, const void *src, size_
     slot_store_sample(conn, st, mode, slot_store_ticks() - t0, bytes - head);
 }
 
-void slot_store_feed(struct chorus_conn *conn, int mode, uint64_t ticks, size_t bytes) {
+void slot_store_feed(chorus_conn_t *conn, int mode, uint64_t ticks, size_t bytes) {
     if (bytes > 0) slot_store_sample(conn, &conn->store, mode != 0, ticks, bytes);
 }
 
-void slot_store_stats(uint64_t *chunks_p, uint64_t *streamed_p, uint64_t *changes_p) {
+void slot_store_stats(uint64_t *chunks_p, uint64_t *streamed_p) {
     *chunks_p = atomic_load_explicit(&slot_store_stat.chunks, memory_order_relaxed);
     *streamed_p = atomic_load_explicit(&slot_store_stat.streamed, memory_order_relaxed);
-    *changes_p = atomic_load_explicit(&slot_store_stat.changes, memory_order_relaxed);
 }

@@ -53,6 +53,11 @@ typedef struct {
     } scalar; /* PREMULSUM, in the dtype's family: f for floating types, i/u for integers */
 } chorus_redop_t;
 
+/* Whether pre() is the identity, so rk_prepare is a plain copy (every op but PREMULSUM). */
+static inline int rk_pre_is_copy(const chorus_redop_t *op) {
+    return op->kind != RK_PREMULSUM;
+}
+
 size_t chorus_dtype_size(ncclDataType_t dtype); /* 0 for an invalid dtype */
 const char *chorus_dtype_name(ncclDataType_t dtype);
 const char *chorus_redop_name(int op); /* "sum", ..., "premulsum" for dynamic ops */

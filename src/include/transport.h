@@ -24,7 +24,6 @@
 #include <stddef.h>
 #include <stdint.h>
 #include "locality.h"
-#include "slot_store.h"
 #include "nccl.h"
 
 #define TRANSPORT_ABI_VERSION 2
@@ -40,6 +39,21 @@ enum {
 
 struct ncclComm;
 typedef struct chorus_conn chorus_conn_t;
+
+/* A send connection's choice of plain or streaming stores for large chunks written into its
+ * slots (slot_store.h, slot_store.c). Zeroed with the connection: plain, not measuring; the
+ * transport's connect() calls slot_store_init, which sets ok when the slots are host memory
+ * another core reads (shm). */
+typedef struct {
+    uint8_t ok;
+    uint8_t mode;    /* SLOT_STORE_*: how large chunks are written now */
+    uint8_t forced;  /* CHORUS_SHM_SLOT_STREAM was 0 or 1 when the connection was made */
+    uint32_t chunks; /* large chunks written */
+    uint32_t changes;
+    uint32_t samples[2];
+    uint64_t best[2]; /* per mode: fewest ticks per KiB in the current window of samples */
+    uint64_t est[2];  /* per mode: the last full window's best (0: none yet) */
+} slot_store_t;
 
 typedef struct chorus_transport_ops {
     const char *name;
@@ -89,9 +103,7 @@ struct chorus_conn {
      * transports). TCP keeps room for the collectives' op header past a full power-of-two
      * payload, so the tuner can give TCP rings power-of-two chunks (tuner.c). */
     size_t chunk_room;
-    /* Sender: plain or streaming stores for large chunks written into the slots (slot_store.c);
-     * the transport's connect() calls slot_store_init. */
-    slot_store_t store;
+    slot_store_t store; /* sender: plain or streaming stores into the slots */
 };
 
 /* registry.c */

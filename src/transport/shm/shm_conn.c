@@ -24,6 +24,7 @@
 #include "core.h"
 #include "param.h"
 #include "shm.h"
+#include "slot_store.h"
 #include "waiter.h"
 
 ncclResult_t shm_can_connect(struct ncclComm *comm, const chorus_locality_t *self,
