@@ -7,6 +7,7 @@
 // tests/scripts/netns_two_hosts.sh and is skipped when network namespaces cannot be created.
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <sched.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -16,7 +17,9 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <map>
 #include <random>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -206,6 +209,45 @@ TEST(ChorusRun, BindAutoGivesEachRankItsOwnCpus) {
     EXPECT_NE(v[0], v[1]) << c.out;
     c = run(kRun + " -n 2 --bind bogus true");
     EXPECT_NE(c.exit_code(), 0);
+}
+
+// More ranks than CPUs: by default consecutive ranks share a CPU (ring neighbours on one core),
+// every rank gets exactly one, and every CPU gets ranks.
+TEST(ChorusRun, OversubscribedRanksShareCpusInContiguousBlocks) {
+    NEED_BINARIES();
+    cpu_set_t all;
+    ASSERT_EQ(sched_getaffinity(0, sizeof(all), &all), 0);
+    const int ncpu = CPU_COUNT(&all);
+    if (ncpu < 2 || ncpu > 8) GTEST_SKIP() << ncpu << " CPUs";
+    const int n = 2 * ncpu;
+    Cmd c = run(kRun + " -n " + std::to_string(n) +
+                " --tag-output sh -c 'grep Cpus_allowed_list /proc/self/status'");
+    ASSERT_EQ(c.exit_code(), 0) << c.out;
+    auto v = lines(c.out);
+    ASSERT_EQ(v.size(), (size_t)n) << c.out;
+    std::map<int, std::string> cpu_of;
+    for (const std::string &l : v) {
+        int r = -1;
+        char list[64] = {0};
+        ASSERT_EQ(sscanf(l.c_str(), "[%d] Cpus_allowed_list: %63s", &r, list), 2) << l;
+        cpu_of[r] = list;
+    }
+    ASSERT_EQ(cpu_of.size(), (size_t)n) << c.out;
+    std::set<std::string> distinct;
+    for (int r = 0; r < n; r++) {
+        EXPECT_EQ(cpu_of[r].find_first_of(",-"), std::string::npos)
+            << "rank " << r << " may run on " << cpu_of[r] << ", not one CPU";
+        distinct.insert(cpu_of[r]);
+    }
+    for (int r = 0; r < n; r += 2)
+        EXPECT_EQ(cpu_of[r], cpu_of[r + 1]) << "ranks " << r << " and " << r + 1 << "\n" << c.out;
+    EXPECT_EQ(distinct.size(), (size_t)ncpu) << c.out;
+    // --bind none leaves them as they were.
+    c = run(kRun + " -n " + std::to_string(n) +
+            " --bind none sh -c 'grep Cpus_allowed_list /proc/self/status'");
+    ASSERT_EQ(c.exit_code(), 0) << c.out;
+    for (const std::string &l : lines(c.out))
+        EXPECT_NE(l.find_first_of(",-"), std::string::npos) << "--bind none bound a rank: " << l;
 }
 
 TEST(ChorusRun, TagOutputPrefixesLines) {
