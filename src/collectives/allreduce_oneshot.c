@@ -24,7 +24,6 @@
  * copied the input out. Supported when the message fits one chunk and n <= COLL_ONESHOT_MAX_RANKS.
  */
 #include <stdlib.h>
-#include <string.h>
 
 #include "check.h"
 #include "coll_engine.h"
@@ -32,32 +31,10 @@
 #include "core.h"
 #include "log.h"
 
-static int oneshot_supports(const coll_op_t *op) {
-    if (op->comm->nranks < 2) return 1;
-    if (op->comm->nranks > COLL_ONESHOT_MAX_RANKS) return 0;
-    return op->count <= prim_chunk_elems(NULL, op->esize);
-}
-
-/* Transfers: [0, n-1) sends (to r+1, r+2, ... so that ranks do not all write to rank 0 first),
- * then [n-1, 2n-2) receives in ascending peer order. */
+/* The sends' buf is set at start (the input, or its copy in place); receives fold into
+ * recvbuff. */
 static ncclResult_t oneshot_setup(coll_op_t *op) {
-    struct ncclComm *comm = op->comm;
-    const int n = comm->nranks, me = comm->rank;
-    if (n == 1) return ncclSuccess;
-    const size_t bytes = op->count * op->esize;
-    op->xfer = op->xfer_inline;
-    op->nxfer = 2 * (n - 1);
-    memset(op->xfer, 0, (size_t)op->nxfer * sizeof(coll_xfer_t));
-    for (int i = 0; i < n - 1; i++) {
-        coll_xfer_t *s = &op->xfer[i];
-        s->peer = (me + 1 + i) % n;
-        s->is_send = 1;
-        s->bytes = bytes;
-        coll_xfer_t *r = &op->xfer[n - 1 + i];
-        r->peer = i < me ? i : i + 1;
-        r->bytes = bytes;
-        r->buf = op->recvbuff;
-    }
+    coll_oneshot_setup(op, 0, 0);
     return ncclSuccess;
 }
 
@@ -173,7 +150,7 @@ const coll_algo_t coll_algo_allreduce_oneshot = {
     .name = "oneshot",
     .coll = COLL_ALLREDUCE,
     .id = COLL_ALGO_ONESHOT,
-    .supports = oneshot_supports,
+    .supports = coll_oneshot_supports,
     .setup = oneshot_setup,
     .progress = oneshot_progress,
 };

@@ -14,40 +14,15 @@
  * reported naming the rank, and the engine's waiter owns deadlines and aborts. Supported when a
  * block fits one chunk and n <= COLL_ONESHOT_MAX_RANKS (the op's inline transfer array).
  */
-#include <string.h>
-
 #include "check.h"
 #include "coll_engine.h"
 #include "comm.h"
 #include "core.h"
 
-static int rs_oneshot_supports(const coll_op_t *op) {
-    if (op->comm->nranks < 2) return 1;
-    if (op->comm->nranks > COLL_ONESHOT_MAX_RANKS) return 0;
-    return op->count <= prim_chunk_elems(NULL, op->esize);
-}
-
-/* Transfers: [0, n-1) sends (to r+1, r+2, ...: ranks do not all write to rank 0 first), then
- * [n-1, 2n-2) receives in ascending peer order (the fold's order). */
+/* Sends carry block p of the input to peer p; receives land in recvbuff (the fold reads them
+ * there from the slots). */
 static ncclResult_t rs_oneshot_setup(coll_op_t *op) {
-    struct ncclComm *comm = op->comm;
-    const int n = comm->nranks, me = comm->rank;
-    if (n == 1) return ncclSuccess;
-    const size_t bytes = op->count * op->esize;
-    op->xfer = op->xfer_inline;
-    op->nxfer = 2 * (n - 1);
-    memset(op->xfer, 0, (size_t)op->nxfer * sizeof(coll_xfer_t));
-    for (int i = 0; i < n - 1; i++) {
-        coll_xfer_t *s = &op->xfer[i];
-        s->peer = (me + 1 + i) % n;
-        s->is_send = 1;
-        s->bytes = bytes;
-        s->buf = (char *)op->sendbuff + (size_t)s->peer * bytes;
-        coll_xfer_t *r = &op->xfer[n - 1 + i];
-        r->peer = i < me ? i : i + 1;
-        r->bytes = bytes;
-        r->buf = op->recvbuff;
-    }
+    coll_oneshot_setup(op, 1, 0);
     return ncclSuccess;
 }
 
@@ -116,7 +91,7 @@ const coll_algo_t coll_algo_reducescatter_oneshot = {
     .name = "oneshot",
     .coll = COLL_REDUCESCATTER,
     .id = COLL_ALGO_ONESHOT,
-    .supports = rs_oneshot_supports,
+    .supports = coll_oneshot_supports,
     .setup = rs_oneshot_setup,
     .progress = rs_oneshot_progress,
 };

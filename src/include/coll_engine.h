@@ -350,6 +350,13 @@ extern const coll_algo_t coll_algo_allgather_oneshot;
 extern const coll_algo_t coll_algo_broadcast_chain;
 extern const coll_algo_t coll_algo_reduce_chain;
 extern const coll_algo_t coll_algo_p2p;
+/* oneshot_common.c: the one-shot algorithms apply with one rank, or up to COLL_ONESHOT_MAX_RANKS
+ * ranks when a block (count elements) fits one chunk. Their transfers, in op->xfer_inline: sends
+ * [0, n-1) to r+1, r+2, ..., receives [n-1, 2n-2) in ascending peer order. A send's buf is
+ * sendbuff, or sendbuff + peer's block with send_per_peer; a receive's is recvbuff, or recvbuff +
+ * peer's block with recv_per_peer. */
+int coll_oneshot_supports(const coll_op_t *op);
+void coll_oneshot_setup(coll_op_t *op, int send_per_peer, int recv_per_peer);
 /* tuner.c: pick the algorithm for op (NCCL_ALGO/CHORUS_ALGO override), log at INFO. */
 ncclResult_t coll_tuner_pick(coll_op_t *op);
 /* Estimated time (microseconds) of an op with this shape, from the tuner's model. */
