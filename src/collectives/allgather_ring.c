@@ -10,59 +10,39 @@
 #include "check.h"
 #include "coll_ring.h"
 
-static ncclResult_t ag_ring_progress(coll_op_t *op, int *done_p) {
-    struct ncclComm *comm = op->comm;
-    const long n = comm->nranks;
+/* A loop covers one chunk of every block, in n steps. */
+static int ag_ring_step(const coll_op_t *op, const coll_ring_at_t *at, coll_chunk_t *cc) {
+    const long n = op->comm->nranks, k = at->step;
     const size_t es = op->esize;
     const char *in = op->sendbuff;
     char *out = op->recvbuff;
-    char *mine = out + (size_t)comm->rank * op->count * es;
-    if (n == 1) {
-        if (in != mine) rk_copy(mine, in, op->count * es);
+    char *mine = out + (size_t)op->comm->rank * op->count * es;
+    cc->count = at->len;
+    cc->direct_ok = at->direct;
+    cc->recv_direct_ok = 1;
+    cc->stream = op->stream;
+    if (k == 0) {
+        /* Out of place, the own block is written on the way (one read of the input). */
+        cc->kind = in != mine ? PRIM_SEND_COPY : PRIM_SEND;
+        cc->in = in + at->base * es;
+        cc->dst = mine + at->base * es;
+        return COLL_RING_TX;
+    }
+    int owner = op->comm->channels[at->c].ring[coll_mod(at->pos - k, n)];
+    cc->dst = out + ((size_t)owner * op->count + at->base) * es;
+    cc->kind = k <= n - 2 ? PRIM_RECV_COPY_SEND : PRIM_RECV;
+    return k <= n - 2 ? COLL_RING_RX | COLL_RING_TX : COLL_RING_RX;
+}
+
+static ncclResult_t ag_ring_progress(coll_op_t *op, int *done_p) {
+    const size_t bytes = op->count * op->esize;
+    char *mine = (char *)op->recvbuff + (size_t)op->comm->rank * bytes;
+    if (op->comm->nranks == 1) {
+        if (op->sendbuff != mine) rk_copy(mine, op->sendbuff, bytes);
         *done_p = 1;
         return ncclSuccess;
     }
-    int moved = 0;
-    for (int c = 0; c < op->nch; c++) {
-        coll_chan_t *ch = &op->ch[c];
-        const int *ring = comm->channels[c].ring;
-        const long p = comm->channels[c].index;
-        const int direct = coll_ring_direct(op, c); /* see coll_ring.h */
-        while (!ch->done) {
-            if (ch->base >= ch->end) {
-                int d;
-                CHECK(coll_ring_channel_end(op, ch, &d));
-                break;
-            }
-            size_t len = CHORUS_MIN(ch->end - ch->base, op->chunk_elems);
-            long k = ch->step;
-            coll_chunk_t cc = {0};
-            coll_use_t *rx = &ch->recv, *tx = &ch->send;
-            cc.count = len;
-            cc.direct_ok = direct;
-            cc.recv_direct_ok = 1;
-            cc.stream = op->stream;
-            if (k == 0) {
-                /* Out of place, the own block is written on the way (one read of the input). */
-                cc.kind = in != mine ? PRIM_SEND_COPY : PRIM_SEND;
-                cc.in = in + ch->base * es;
-                cc.dst = mine + ch->base * es;
-                rx = NULL;
-            } else {
-                int owner = ring[coll_mod(p - k, n)];
-                cc.dst = out + ((size_t)owner * op->count + ch->base) * es;
-                cc.kind = k <= n - 2 ? PRIM_RECV_COPY_SEND : PRIM_RECV;
-                if (k == n - 1) tx = NULL;
-            }
-            int ok;
-            CHECK(prim_step(op, rx, tx, &cc, &ok));
-            if (!ok) break;
-            moved = 1;
-            coll_ring_next_step(ch, n, len);
-        }
-    }
-    *done_p = coll_ring_answer(op, moved);
-    return ncclSuccess;
+    return coll_ring_drive(op, op->chunk_elems, op->comm->nranks, ag_ring_step, done_p);
 }
 
 const coll_algo_t coll_algo_allgather_ring = {

@@ -24,82 +24,58 @@ static ncclResult_t ar_ring_setup(coll_op_t *op) {
     return ncclSuccess;
 }
 
-static ncclResult_t ar_ring_progress(coll_op_t *op, int *done_p) {
-    struct ncclComm *comm = op->comm;
-    const long n = comm->nranks;
+/* A loop covers n blocks of up to one chunk each (aligned to 64 bytes), in 2n-1 steps. */
+static int ar_ring_step(const coll_op_t *op, const coll_ring_at_t *at, coll_chunk_t *cc) {
+    const long n = op->comm->nranks, p = at->pos, k = at->step;
     const size_t es = op->esize;
-    const char *in = op->sendbuff;
-    char *out = op->recvbuff;
+    const size_t blk = CHORUS_ALIGN_UP(CHORUS_DIV_UP(at->len, (size_t)n), 64 / es);
+    int uses = COLL_RING_RX | COLL_RING_TX;
+    size_t b;
+    if (k == 0) {
+        b = (size_t)p;
+        cc->kind = PRIM_PREP_SEND;
+        cc->direct_reduce_ok = at->direct;
+        uses = COLL_RING_TX;
+    } else if (k <= n - 2) {
+        b = coll_mod(p - k, n);
+        cc->kind = PRIM_RECV_REDUCE_SEND;
+        cc->direct_reduce_ok = at->direct;
+        cc->recv_direct_ok = 1;
+    } else if (k == n - 1) {
+        b = coll_mod(p + 1, n);
+        cc->kind = PRIM_RECV_REDUCE_COPY_SEND;
+        cc->direct_ok = at->direct;
+        cc->recv_direct_ok = 1;
+        cc->stream = op->stream;
+    } else if (k <= 2 * n - 3) {
+        b = coll_mod(p - k + n, n);
+        cc->kind = PRIM_RECV_COPY_SEND;
+        cc->direct_ok = at->direct;
+        cc->recv_direct_ok = 1;
+        cc->stream = op->stream;
+    } else {
+        b = coll_mod(p + 2, n);
+        cc->kind = PRIM_RECV;
+        cc->recv_direct_ok = 1;
+        cc->stream = op->stream;
+        uses = COLL_RING_RX;
+    }
+    size_t bo = CHORUS_MIN(at->len, b * blk), be = CHORUS_MIN(at->len, bo + blk);
+    size_t off = at->base + bo;
+    cc->in = (const char *)op->sendbuff + off * es;
+    cc->dst = (char *)op->recvbuff + off * es;
+    cc->count = be - bo;
+    return uses;
+}
+
+static ncclResult_t ar_ring_progress(coll_op_t *op, int *done_p) {
+    const long n = op->comm->nranks;
     if (n == 1) {
-        coll_local_reduce(op, out, in, op->count);
+        coll_local_reduce(op, op->recvbuff, op->sendbuff, op->count);
         *done_p = 1;
         return ncclSuccess;
     }
-    const size_t align = 64 / es;
-    const int stream = op->stream;
-    int moved = 0;
-    for (int c = 0; c < op->nch; c++) {
-        coll_chan_t *ch = &op->ch[c];
-        const long p = comm->channels[c].index;
-        const int direct = coll_ring_direct(op, c); /* see coll_ring.h */
-        while (!ch->done) {
-            if (ch->base >= ch->end) {
-                int d;
-                CHECK(coll_ring_channel_end(op, ch, &d));
-                break;
-            }
-            size_t len = CHORUS_MIN(ch->end - ch->base, (size_t)n * op->chunk_elems);
-            size_t blk = CHORUS_ALIGN_UP(CHORUS_DIV_UP(len, (size_t)n), align);
-            long k = ch->step;
-            coll_chunk_t cc = {0};
-            size_t b;
-            coll_use_t *rx = &ch->recv, *tx = &ch->send;
-            if (k == 0) {
-                b = (size_t)p;
-                cc.kind = PRIM_PREP_SEND;
-                cc.direct_reduce_ok = direct;
-                rx = NULL;
-            } else if (k <= n - 2) {
-                b = coll_mod(p - k, n);
-                cc.kind = PRIM_RECV_REDUCE_SEND;
-                cc.direct_reduce_ok = direct;
-                cc.recv_direct_ok = 1;
-            } else if (k == n - 1) {
-                b = coll_mod(p + 1, n);
-                cc.kind = PRIM_RECV_REDUCE_COPY_SEND;
-                cc.direct_ok = direct;
-                cc.recv_direct_ok = 1;
-                cc.stream = stream;
-            } else if (k <= 2 * n - 3) {
-                b = coll_mod(p - k + n, n);
-                cc.kind = PRIM_RECV_COPY_SEND;
-                cc.direct_ok = direct;
-                cc.recv_direct_ok = 1;
-                cc.stream = stream;
-            } else {
-                b = coll_mod(p + 2, n);
-                cc.kind = PRIM_RECV;
-                cc.recv_direct_ok = 1;
-                cc.stream = stream;
-                tx = NULL;
-            }
-            size_t bo = CHORUS_MIN(len, b * blk), be = CHORUS_MIN(len, bo + blk);
-            size_t off = ch->base + bo;
-            cc.in = in + off * es;
-            cc.dst = out + off * es;
-            cc.count = be - bo;
-            int ok;
-            CHECK(prim_step(op, rx, tx, &cc, &ok));
-            if (!ok) break;
-            moved = 1;
-            if (++ch->step == 2 * n - 1) {
-                ch->step = 0;
-                ch->base += len;
-            }
-        }
-    }
-    *done_p = coll_ring_answer(op, moved);
-    return ncclSuccess;
+    return coll_ring_drive(op, (size_t)n * op->chunk_elems, 2 * n - 1, ar_ring_step, done_p);
 }
 
 const coll_algo_t coll_algo_allreduce_ring = {

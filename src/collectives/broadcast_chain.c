@@ -9,53 +9,39 @@
 #include "check.h"
 #include "coll_ring.h"
 
-static ncclResult_t bc_chain_progress(coll_op_t *op, int *done_p) {
-    struct ncclComm *comm = op->comm;
+/* One chunk a step; rel = position - root's position (mod n). */
+static int bc_chain_step(const coll_op_t *op, const coll_ring_at_t *at, coll_chunk_t *cc) {
+    const struct ncclComm *comm = op->comm;
     const long n = comm->nranks;
+    const long rel = (long)coll_mod(at->pos - coll_ring_pos(comm, at->c, op->root), n);
     const size_t es = op->esize;
     const char *in = op->sendbuff;
     char *out = op->recvbuff;
-    if (n == 1) {
-        if (in != out) rk_copy(out, in, op->count * es);
+    cc->count = at->len;
+    cc->direct_ok = 1;
+    cc->recv_direct_ok = 1;
+    cc->dst = out + at->base * es;
+    if (rel == 0) {
+        cc->kind = in != out ? PRIM_SEND_COPY : PRIM_SEND;
+        cc->in = in + at->base * es;
+        return COLL_RING_TX;
+    }
+    if (rel < n - 1) {
+        cc->kind = PRIM_RECV_COPY_SEND;
+        return COLL_RING_RX | COLL_RING_TX;
+    }
+    cc->kind = PRIM_RECV;
+    return COLL_RING_RX;
+}
+
+static ncclResult_t bc_chain_progress(coll_op_t *op, int *done_p) {
+    if (op->comm->nranks == 1) {
+        if (op->sendbuff != op->recvbuff)
+            rk_copy(op->recvbuff, op->sendbuff, op->count * op->esize);
         *done_p = 1;
         return ncclSuccess;
     }
-    int moved = 0;
-    for (int c = 0; c < op->nch; c++) {
-        coll_chan_t *ch = &op->ch[c];
-        long rel = (long)coll_mod(comm->channels[c].index - coll_ring_pos(comm, c, op->root), n);
-        while (!ch->done) {
-            if (ch->base >= ch->end) {
-                int d;
-                CHECK(coll_ring_channel_end(op, ch, &d));
-                break;
-            }
-            size_t len = CHORUS_MIN(ch->end - ch->base, op->chunk_elems);
-            coll_chunk_t cc = {0};
-            coll_use_t *rx = &ch->recv, *tx = &ch->send;
-            cc.count = len;
-            cc.direct_ok = 1;
-            cc.recv_direct_ok = 1;
-            cc.dst = out + ch->base * es;
-            if (rel == 0) {
-                cc.kind = in != out ? PRIM_SEND_COPY : PRIM_SEND;
-                cc.in = in + ch->base * es;
-                rx = NULL;
-            } else if (rel < n - 1) {
-                cc.kind = PRIM_RECV_COPY_SEND;
-            } else {
-                cc.kind = PRIM_RECV;
-                tx = NULL;
-            }
-            int ok;
-            CHECK(prim_step(op, rx, tx, &cc, &ok));
-            if (!ok) break;
-            moved = 1;
-            ch->base += len;
-        }
-    }
-    *done_p = coll_ring_answer(op, moved);
-    return ncclSuccess;
+    return coll_ring_drive(op, op->chunk_elems, 1, bc_chain_step, done_p);
 }
 
 const coll_algo_t coll_algo_broadcast_chain = {

@@ -64,12 +64,25 @@ int coll_ring_answer(const coll_op_t *op, int moved);
 
 static inline size_t coll_mod(long a, long n) { return (size_t)(((a % n) + n) % n); }
 
-/* After one step of an n-step loop over `len` elements: the next step, or the next loop. */
-static inline void coll_ring_next_step(coll_chan_t *ch, long n, size_t len) {
-    if (++ch->step == n) {
-        ch->step = 0;
-        ch->base += len;
-    }
-}
+/* Where a channel stands when a ring or chain schedule fills its next chunk (coll_ring_drive). */
+typedef struct {
+    int c;       /* channel */
+    long pos;    /* this rank's position on the channel's ring */
+    long step;   /* step within the loop, 0 .. loop_steps-1 */
+    size_t base; /* the loop's first element (an element offset into the op's buffers) */
+    size_t len;  /* elements the loop covers */
+    int direct;  /* coll_ring_direct(op, c) */
+} coll_ring_at_t;
+/* A step uses the channel's receive connection, its send connection, or both. */
+enum { COLL_RING_RX = 1, COLL_RING_TX = 2 };
+/* A schedule: fill the chunk of step at->step (kind, in, dst, count, direct flags; the rest of
+ * *cc is zero) and return which connections it uses. */
+typedef int (*coll_ring_step_fn)(const coll_op_t *op, const coll_ring_at_t *at, coll_chunk_t *cc);
+/* Run every channel of op through its loops as far as the connections allow: a loop covers up to
+ * loop_elems elements of the channel's slice in loop_steps steps, each step one prim_step on the
+ * chunk the schedule fills; a channel whose loops are done waits until its last send is drained.
+ * *done_p gets the algorithm's progress answer (coll_algo_t.progress). */
+ncclResult_t coll_ring_drive(coll_op_t *op, size_t loop_elems, long loop_steps,
+                             coll_ring_step_fn fill, int *done_p);
 
 #endif

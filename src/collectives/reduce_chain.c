@@ -9,52 +9,34 @@
 #include "check.h"
 #include "coll_ring.h"
 
-static ncclResult_t rd_chain_progress(coll_op_t *op, int *done_p) {
-    struct ncclComm *comm = op->comm;
+/* One chunk a step; rel = position - root's position - 1 (mod n). */
+static int rd_chain_step(const coll_op_t *op, const coll_ring_at_t *at, coll_chunk_t *cc) {
+    const struct ncclComm *comm = op->comm;
     const long n = comm->nranks;
+    const long rel = (long)coll_mod(at->pos - coll_ring_pos(comm, at->c, op->root) - 1, n);
     const size_t es = op->esize;
-    const char *in = op->sendbuff;
-    char *out = op->recvbuff;
-    if (n == 1) {
-        coll_local_reduce(op, out, in, op->count);
+    cc->count = at->len;
+    cc->in = (const char *)op->sendbuff + at->base * es;
+    if (rel == 0) {
+        cc->kind = PRIM_PREP_SEND;
+        return COLL_RING_TX;
+    }
+    if (rel < n - 1) {
+        cc->kind = PRIM_RECV_REDUCE_SEND;
+        return COLL_RING_RX | COLL_RING_TX;
+    }
+    cc->kind = PRIM_RECV_REDUCE_COPY;
+    cc->dst = (char *)op->recvbuff + at->base * es;
+    return COLL_RING_RX;
+}
+
+static ncclResult_t rd_chain_progress(coll_op_t *op, int *done_p) {
+    if (op->comm->nranks == 1) {
+        coll_local_reduce(op, op->recvbuff, op->sendbuff, op->count);
         *done_p = 1;
         return ncclSuccess;
     }
-    int moved = 0;
-    for (int c = 0; c < op->nch; c++) {
-        coll_chan_t *ch = &op->ch[c];
-        long rel =
-            (long)coll_mod(comm->channels[c].index - coll_ring_pos(comm, c, op->root) - 1, n);
-        while (!ch->done) {
-            if (ch->base >= ch->end) {
-                int d;
-                CHECK(coll_ring_channel_end(op, ch, &d));
-                break;
-            }
-            size_t len = CHORUS_MIN(ch->end - ch->base, op->chunk_elems);
-            coll_chunk_t cc = {0};
-            coll_use_t *rx = &ch->recv, *tx = &ch->send;
-            cc.count = len;
-            cc.in = in + ch->base * es;
-            if (rel == 0) {
-                cc.kind = PRIM_PREP_SEND;
-                rx = NULL;
-            } else if (rel < n - 1) {
-                cc.kind = PRIM_RECV_REDUCE_SEND;
-            } else {
-                cc.kind = PRIM_RECV_REDUCE_COPY;
-                cc.dst = out + ch->base * es;
-                tx = NULL;
-            }
-            int ok;
-            CHECK(prim_step(op, rx, tx, &cc, &ok));
-            if (!ok) break;
-            moved = 1;
-            ch->base += len;
-        }
-    }
-    *done_p = coll_ring_answer(op, moved);
-    return ncclSuccess;
+    return coll_ring_drive(op, op->chunk_elems, 1, rd_chain_step, done_p);
 }
 
 const coll_algo_t coll_algo_reduce_chain = {

@@ -109,6 +109,40 @@ int coll_ring_direct(const coll_op_t *op, int c) {
     return coll_ring_out_bytes(op) >= COLL_RING_CMA_MIN_BYTES;
 }
 
+ncclResult_t coll_ring_drive(coll_op_t *op, size_t loop_elems, long loop_steps,
+                             coll_ring_step_fn fill, int *done_p) {
+    const struct ncclComm *comm = op->comm;
+    int moved = 0;
+    for (int c = 0; c < op->nch; c++) {
+        coll_chan_t *ch = &op->ch[c];
+        coll_ring_at_t at = {.c = c, .pos = comm->channels[c].index};
+        at.direct = coll_ring_direct(op, c);
+        while (!ch->done) {
+            if (ch->base >= ch->end) {
+                int d;
+                CHECK(coll_ring_channel_end(op, ch, &d));
+                break;
+            }
+            at.step = ch->step;
+            at.base = ch->base;
+            at.len = CHORUS_MIN(ch->end - ch->base, loop_elems);
+            coll_chunk_t cc = {0};
+            const int uses = fill(op, &at, &cc);
+            int ok;
+            CHECK(prim_step(op, uses & COLL_RING_RX ? &ch->recv : NULL,
+                            uses & COLL_RING_TX ? &ch->send : NULL, &cc, &ok));
+            if (!ok) break;
+            moved = 1;
+            if (++ch->step == loop_steps) {
+                ch->step = 0;
+                ch->base += at.len;
+            }
+        }
+    }
+    *done_p = coll_ring_answer(op, moved);
+    return ncclSuccess;
+}
+
 int coll_ring_answer(const coll_op_t *op, int moved) {
     for (int c = 0; c < op->nch; c++)
         if (!op->ch[c].done) return moved ? 2 : 0;
