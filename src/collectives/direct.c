@@ -47,11 +47,14 @@
 #include "comm.h"
 #include "log.h"
 
-/* What each rank tells its peers. */
+/* What each rank tells its peers. scalar: the bits of its reduction's scalar (PreMulSum: every
+ * rank may pass its own, and pre() of a rank's input uses that rank's scalar). 40 bytes, a
+ * whole number of elements of every dtype. */
 typedef struct {
     uint64_t in, out;
     uint64_t pid;
     uint64_t magic;
+    uint64_t scalar;
 } direct_ptrs_t;
 
 #define DIRECT_MAGIC 0x43484f5244495231ull /* "CHORDIR1" */
@@ -69,6 +72,7 @@ typedef struct {
     size_t pos, hi;       /* this rank's share: elements [pos, hi) are still to do */
     size_t block;         /* reduce-scatter, all-gather: elements per rank block (op->count) */
     int stream;
+    int mixed;            /* PreMulSum whose ranks passed different scalars: fold rank by rank */
     direct_ptrs_t peer[]; /* [n], by rank */
 } direct_state_t;
 
@@ -160,6 +164,7 @@ static ncclResult_t direct_setup(coll_op_t *op) {
     st->mine.out = (uint64_t)(uintptr_t)op->recvbuff;
     st->mine.pid = (uint64_t)getpid();
     st->mine.magic = DIRECT_MAGIC;
+    st->mine.scalar = op->redop.scalar.u;
     st->peer[me] = st->mine;
     return ncclSuccess;
 }
@@ -198,6 +203,25 @@ static ncclResult_t direct_phase(coll_op_t *op, direct_state_t *st, int k, int *
     return ncclSuccess;
 }
 
+/* dst = pre_0(ins[0]) (+) ... (+) pre_{n-1}(ins[n-1]), pre_j with rank j's scalar. One rounding
+ * (rk_reduce_n) when every rank's pre() is the same; otherwise a fold rank by rank, rounded per
+ * step like the ring's. dst must not alias an input then. */
+static void direct_fold(const coll_op_t *op, const direct_state_t *st, void *dst,
+                        const void *const *ins, size_t cnt) {
+    const int n = op->comm->nranks;
+    if (!st->mixed) {
+        rk_reduce_n(dst, ins, n, cnt, &op->redop);
+        return;
+    }
+    chorus_redop_t r = op->redop;
+    r.scalar.u = st->peer[0].scalar;
+    rk_prepare(dst, ins[0], cnt, &r);
+    for (int j = 1; j < n; j++) {
+        r.scalar.u = st->peer[j].scalar;
+        rk_reduce(dst, ins[j], dst, cnt, &r);
+    }
+}
+
 /* All-reduce: fold slice elements [pos, end) of every input into every output. */
 static void direct_allreduce(coll_op_t *op, direct_state_t *st, size_t end) {
     const int n = op->comm->nranks;
@@ -208,7 +232,7 @@ static void direct_allreduce(coll_op_t *op, direct_state_t *st, size_t end) {
     for (size_t at = st->pos; at < end; at += per) {
         size_t cnt = CHORUS_MIN(per, end - at);
         for (int j = 0; j < n; j++) ins[j] = (const char *)(uintptr_t)st->peer[j].in + at * es;
-        rk_reduce_n(piece, ins, n, cnt, &op->redop);
+        direct_fold(op, st, piece, ins, cnt);
         if (op->redop.kind == RK_SUMDIV) rk_finish(piece, piece, cnt, &op->redop);
         for (int j = 0; j < n; j++) {
             char *dst = (char *)(uintptr_t)st->peer[j].out + at * es;
@@ -231,11 +255,11 @@ static void direct_reducescatter(coll_op_t *op, direct_state_t *st, size_t end) 
         for (int j = 0; j < n; j++)
             ins[j] = (const char *)(uintptr_t)st->peer[j].in + (base + at) * es;
         char *dst = (char *)op->recvbuff + at * es;
-        if (!st->stream && op->redop.kind != RK_SUMDIV) {
+        if (!st->stream && op->redop.kind != RK_SUMDIV && !st->mixed) {
             rk_reduce_n(dst, ins, n, cnt, &op->redop); /* in place: dst is ins[me], read first */
             continue;
         }
-        rk_reduce_n(piece, ins, n, cnt, &op->redop);
+        direct_fold(op, st, piece, ins, cnt);
         if (op->redop.kind == RK_SUMDIV) rk_finish(piece, piece, cnt, &op->redop);
         if (st->stream) rk_copy_nt(dst, piece, cnt * es);
         else rk_copy(dst, piece, cnt * es);
@@ -272,8 +296,11 @@ static ncclResult_t direct_progress(coll_op_t *op, int *done_p) {
     /* 1. pointers out and in */
     CHECK(direct_phase(op, st, 0, &sent, &moved));
     CHECK(direct_phase(op, st, 1, &received, &moved));
-    /* 2. this rank's share, a step at a time */
+    /* 2. this rank's share, a step at a time. Every rank sees the same n scalars, so all of
+     * them decide alike whether to fold rank by rank. */
     if (received && st->pos < st->hi) {
+        for (int j = 0; j < op->comm->nranks && op->redop.kind == RK_PREMULSUM; j++)
+            st->mixed |= st->peer[j].scalar != st->mine.scalar;
         size_t step = CHORUS_MAX((size_t)1, DIRECT_STEP_BYTES / op->esize);
         direct_compute(op, st, CHORUS_MIN(st->hi, st->pos + step));
         moved = 1;

@@ -185,14 +185,19 @@ void fill_input(ncclDataType_t t, int op, int rank, size_t count, void *buf, siz
         encode(t, input_value(t, op, rank, offset + i), (char *)buf + i * es);
 }
 
-double premul_scalar(ncclDataType_t t) { return dtype_is_float(t) ? 2.0 : 3.0; }
+double premul_scalar(ncclDataType_t t, int rank) {
+    // Powers of two for floats (exact in every format), and not the same on every rank: NCCL
+    // applies each rank's own scalar to that rank's input.
+    if (dtype_is_float(t)) return rank % 2 ? 1.0 : 2.0;
+    return rank % 2 ? 2.0 : 3.0;
+}
 
 int64_t reference_int(ncclDataType_t t, int op, int nranks, size_t i, size_t offset) {
     uint64_t acc = op == T_PROD ? 1 : 0;
     int64_t mx = INT64_MIN, mn = INT64_MAX;
     for (int r = 0; r < nranks; r++) {
         int64_t v = (int64_t)input_value(t, op, r, offset + i);
-        if (op == T_PREMUL) v *= (int64_t)premul_scalar(t);
+        if (op == T_PREMUL) v *= (int64_t)premul_scalar(t, r);
         if (op == T_PROD) acc *= (uint64_t)v;
         else acc += (uint64_t)v;
         mx = v > mx ? v : mx;
@@ -216,7 +221,7 @@ double reference(ncclDataType_t t, int op, int nranks, size_t i, size_t offset) 
     double acc = op == T_PROD ? 1 : 0, mx = -INFINITY, mn = INFINITY;
     for (int r = 0; r < nranks; r++) {
         double v = input_value(t, op, r, offset + i);
-        if (op == T_PREMUL) v *= premul_scalar(t);
+        if (op == T_PREMUL) v *= premul_scalar(t, r);
         if (op == T_PROD) acc *= v;
         else acc += v;
         mx = std::fmax(mx, v);
@@ -284,7 +289,10 @@ ncclResult_t make_op(ncclComm_t comm, ncclDataType_t t, int op, ncclRedOp_t *out
         return ncclSuccess;
     }
     unsigned char scalar[8] = {0};
-    encode(t, premul_scalar(t), scalar);
+    int rank = 0;
+    ncclResult_t r = ncclCommUserRank(comm, &rank);
+    if (r != ncclSuccess) return r;
+    encode(t, premul_scalar(t, rank), scalar);
     return ncclRedOpCreatePreMulSum(out, scalar, t, ncclScalarHostImmediate, comm);
 }
 

@@ -25,7 +25,7 @@ double decode(ncclDataType_t t, const void *src);
 void encode_int(ncclDataType_t t, int64_t v, void *dst);
 int64_t decode_int(ncclDataType_t t, const void *src);
 
-// Test ops: the NCCL built-ins plus PreMulSum (made by the test with a scalar of 2 or 3).
+// Test ops: the NCCL built-ins plus PreMulSum (made by the test with a scalar that differs between even and odd ranks).
 enum TestOp { T_SUM = 0, T_PROD, T_MAX, T_MIN, T_AVG, T_PREMUL, T_NOPS };
 
 // The input of `rank` at element i: small integers (or 1/2 for products of narrow floats) so that
@@ -39,8 +39,8 @@ double tolerance(ncclDataType_t t, int op, int nranks, double ref);
 // Check count elements of buf against the reference; message on the first mismatch.
 bool check_reduced(ncclDataType_t t, int op, int nranks, size_t count, const void *buf,
                    size_t offset, std::string *why);
-// The PreMulSum scalar the tests use for dtype t.
-double premul_scalar(ncclDataType_t t);
+// The PreMulSum scalar rank `rank` uses for dtype t (it differs between even and odd ranks).
+double premul_scalar(ncclDataType_t t, int rank);
 // Create the ncclRedOp_t for op on comm (a PreMulSum op for T_PREMUL; destroy with ncclRedOpDestroy).
 ncclResult_t make_op(ncclComm_t comm, ncclDataType_t t, int op, ncclRedOp_t *out);
 
