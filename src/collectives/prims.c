@@ -151,6 +151,14 @@ void coll_hdr_describe(const coll_hdr_t *h, char *buf, size_t len) {
              has_op ? " " : "", has_op ? chorus_redop_name(h->op) : "", root);
 }
 
+/* The reduction as the header carries it: a built-in op's value, or ncclNumOps for any PreMulSum
+ * handle. Handles are numbered per communicator (a rank that made another PreMulSum op first gets
+ * another value for the same op), so their values are not compared; the scalars may differ
+ * between ranks by design. */
+static inline int hdr_op(const coll_op_t *op) {
+    return op->user_op >= (int)ncclNumOps ? (int)ncclNumOps : op->user_op;
+}
+
 void coll_hdr_fill(const coll_op_t *op, coll_hdr_t *h) {
     /* One compound literal: built in registers and stored whole, with pad zeroed. */
     const int p2p = op->coll == COLL_SEND || op->coll == COLL_RECV;
@@ -160,7 +168,7 @@ void coll_hdr_fill(const coll_op_t *op, coll_hdr_t *h) {
         .dtype = (uint8_t)(p2p ? 0 : op->dtype),
         .seq = op->seq,
         .count = p2p ? op->count * op->esize : op->count, /* send/recv match by size */
-        .op = p2p ? -1 : op->user_op,
+        .op = p2p ? -1 : hdr_op(op),
         .root = p2p ? -1 : op->root,
         .rank = op->comm->rank,
         .nranks = op->comm->nranks,
@@ -183,7 +191,7 @@ static inline int hdr_matches(const coll_op_t *op, const coll_hdr_t *t) {
     }
     return t->magic == COLL_HDR_MAGIC && t->seq == op->seq && t->count == op->count &&
            t->coll == (uint8_t)op->coll && t->dtype == (uint8_t)op->dtype &&
-           t->op == op->user_op && t->root == op->root && t->nranks == op->comm->nranks;
+           t->op == hdr_op(op) && t->root == op->root && t->nranks == op->comm->nranks;
 }
 
 /* The receive side's header check; fails the op with both sides' arguments on a mismatch. */

@@ -60,4 +60,38 @@ TEST(RedOpE2E, PreMulSumAndAvg) {
     EXPECT_TRUE(res.ok()) << res.detail;
 }
 
+// PreMulSum handles are numbered per communicator: rank 0 made another op first, so the same
+// all-reduce passes a different handle value on rank 0 than on the others. That is the same op,
+// not a mismatch; a sum against a PreMulSum still is one.
+TEST(RedOpE2E, PreMulSumHandlesMayDifferBetweenRanks) {
+    ncclUniqueId id = chorus_test::make_unique_id();
+    auto res = chorus_test::run_ranks(chorus_test::Launch::Forked, 3, [&](int rank, int n) {
+        ncclComm_t comm;
+        RANK_NCCL(ncclCommInitRank(&comm, n, id, rank));
+        double unused = 7.0, scalar = rank + 1.0;
+        ncclRedOp_t extra = ncclSum, op;
+        if (rank == 0)
+            RANK_NCCL(ncclRedOpCreatePreMulSum(&extra, &unused, ncclFloat64,
+                                               ncclScalarHostImmediate, comm));
+        RANK_NCCL(
+            ncclRedOpCreatePreMulSum(&op, &scalar, ncclFloat64, ncclScalarHostImmediate, comm));
+        int32_t h = (int32_t)op, h0 = h;
+        RANK_NCCL(ncclBroadcast(&h, &h0, 1, ncclInt32, 0, comm, nullptr));
+        RANK_CHECK(rank == 0 || h0 != h, "rank 0's handle %d equals rank %d's: no test", h0, rank);
+        std::vector<double> v(1000, 1.0);
+        RANK_NCCL(ncclAllReduce(v.data(), v.data(), v.size(), ncclFloat64, op, comm, nullptr));
+        RANK_CHECK(v[0] == 6.0 && v[999] == 6.0, "premulsum %f, expected 6", v[0]); // 1 + 2 + 3
+        // Rank 1 calls a sum instead: every rank fails with ncclInvalidUsage.
+        ncclResult_t r =
+            ncclAllReduce(v.data(), v.data(), v.size(), ncclFloat64, rank == 1 ? ncclSum : op,
+                          comm, nullptr);
+        RANK_CHECK(r == ncclInvalidUsage, "sum against premulsum returned %d", (int)r);
+        RANK_NCCL(ncclRedOpDestroy(op, comm));
+        if (rank == 0) RANK_NCCL(ncclRedOpDestroy(extra, comm));
+        ncclCommAbort(comm);
+        return 0;
+    });
+    EXPECT_TRUE(res.ok()) << res.detail;
+}
+
 } // namespace
