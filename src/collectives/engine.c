@@ -406,6 +406,7 @@ static void engine_progress_locked(struct coll_engine *e, int *progressed_p) {
         op_retire_locked(e);
         *progressed_p = 1;
     }
+    if (*progressed_p) e->passes_moved++;
 }
 
 ncclResult_t coll_engine_progress(struct coll_engine *e, int *progressed_p) {
@@ -451,6 +452,58 @@ static int op_retired(const coll_op_t *op) {
 
 /* Empty passes of a wait before its waiter starts (and reads the clock). */
 #define ENGINE_EARLY_POLLS 16
+
+/* No progress for CHORUS_TIMEOUT (r = ncclSystemError) or the communicator was aborted
+ * (ncclRemoteError): fail every op of e still running, naming what it waited for. */
+static void engine_fail_running(struct coll_engine *e, ncclResult_t r) {
+    char where[160];
+    pthread_mutex_lock(&e->lock);
+    for (coll_op_t *q = e->head; q; q = q->next) {
+        if (q->done || q->failing) continue;
+        if (r == ncclRemoteError)
+            coll_op_fail(q, r, "%s #%llu: communicator aborted", coll_kind_name(q->coll),
+                         (unsigned long long)q->seq);
+        else
+            coll_op_fail(q, r,
+                         "%s #%llu: no progress for %lld s (CHORUS_TIMEOUT) on rank %d (%s): a "
+                         "peer is stuck, dead, or called a different op (%s)",
+                         coll_kind_name(q->coll), (unsigned long long)q->seq,
+                         (long long)chorus_param_int(PARAM_TIMEOUT), q->comm->rank, q->comm->host,
+                         op_where(q, where, sizeof(where)));
+    }
+    pthread_mutex_unlock(&e->lock);
+}
+
+void coll_engine_async_stalled(struct coll_engine *e, int progressed) {
+    if (progressed) {
+        __atomic_store_n(&e->async_polls, 0, __ATOMIC_RELAXED);
+        return;
+    }
+    uint32_t polls = __atomic_add_fetch(&e->async_polls, 1, __ATOMIC_RELAXED);
+    if ((polls & 63) != 0) return;
+    /* Every 64th empty pass: the clock, under the lock (two callers may be here at once). */
+    if (pthread_mutex_trylock(&e->lock) != 0) return;
+    const uint64_t now = chorus_now_ns();
+    if (e->head == NULL || e->passes_moved != e->async_seen_moved || e->async_stall_t0_ns == 0) {
+        /* Nothing queued, or some caller moved an op since the last look: a new stall starts. */
+        e->async_seen_moved = e->passes_moved;
+        e->async_stall_t0_ns = now;
+        pthread_mutex_unlock(&e->lock);
+        return;
+    }
+    const uint64_t stalled = now - e->async_stall_t0_ns;
+    const int aborted = e->comm->abort_flag;
+    pthread_mutex_unlock(&e->lock);
+    coll_mismatch_stalled_engine(e, stalled);
+    const uint64_t limit = (uint64_t)chorus_param_int(PARAM_TIMEOUT) * 1000000000ull;
+    if (!aborted && stalled <= limit) return;
+    engine_fail_running(e, aborted ? ncclRemoteError : ncclSystemError);
+    coll_mismatch_spread_engine(e);
+    /* The failing ops drain (prims.c) before they retire: a fresh stall from here. */
+    pthread_mutex_lock(&e->lock);
+    e->async_stall_t0_ns = now;
+    pthread_mutex_unlock(&e->lock);
+}
 
 /* held: the engine of ops[0] (nops == 1), whose lock the caller holds and hands over. */
 static ncclResult_t engine_wait(coll_op_t **ops, int nops, struct coll_engine *held) {
@@ -538,26 +591,8 @@ static ncclResult_t engine_wait(coll_op_t **ops, int nops, struct coll_engine *h
             pthread_mutex_unlock(&held->lock);
             held = NULL;
         }
-        char where[160];
-        for (int i = 0; i < nops; i++) {
-            coll_op_t *op = ops[i];
-            struct coll_engine *e = op->engine;
-            pthread_mutex_lock(&e->lock);
-            for (coll_op_t *q = e->head; q; q = q->next) {
-                if (q->done || q->failing) continue;
-                if (r == ncclRemoteError)
-                    coll_op_fail(q, r, "%s #%llu: communicator aborted", coll_kind_name(q->coll),
-                                 (unsigned long long)q->seq);
-                else
-                    coll_op_fail(q, r,
-                                 "%s #%llu: no progress for %lld s (CHORUS_TIMEOUT) on rank %d "
-                                 "(%s): a peer is stuck, dead, or called a different op (%s)",
-                                 coll_kind_name(q->coll), (unsigned long long)q->seq,
-                                 (long long)chorus_param_int(PARAM_TIMEOUT), q->comm->rank,
-                                 q->comm->host, op_where(q, where, sizeof(where)));
-            }
-            pthread_mutex_unlock(&e->lock);
-        }
+        for (int i = 0; i < nops; i++)
+            engine_fail_running(ops[i]->engine, r);
         chorus_waiter_init_timeout(&w, NULL, 5);
         w.spin = spin;
         w.spin_ns = spin_ns;
@@ -573,16 +608,19 @@ static ncclResult_t engine_wait(coll_op_t **ops, int nops, struct coll_engine *h
     }
     for (int i = 0; i < nops; i++) {
         if (ops[i]->result == ncclSuccess) continue;
-        if (res == ncclSuccess) {
-            res = ops[i]->result;
-            /* Transports log their own lines while the failure spreads; the user's last error
-             * (ncclGetLastError) should be what happened to the op. */
-            const char *last = chorus_log_last_error();
-            if (ops[i]->fail_text[0] && (last == NULL || strstr(last, ops[i]->fail_text) == NULL))
-                WARN("%s", ops[i]->fail_text);
-        }
+        if (res == ncclSuccess) res = coll_op_report(ops[i]);
     }
     return res;
+}
+
+ncclResult_t coll_op_report(const coll_op_t *op) {
+    /* Transports log their own lines while the failure spreads; the user's last error
+     * (ncclGetLastError) should be what happened to the op. */
+    const char *last = chorus_log_last_error();
+    if (op->result != ncclSuccess && op->fail_text[0] &&
+        (last == NULL || strstr(last, op->fail_text) == NULL))
+        WARN("%s", op->fail_text);
+    return op->result;
 }
 
 ncclResult_t coll_engine_wait(coll_op_t **ops, int nops) {
@@ -618,6 +656,8 @@ static void *engine_thread_main(void *arg) {
         if (stop) break;
         int progressed = 0;
         coll_engine_progress(e, &progressed);
+        /* Async ops that nobody waits on get their deadline and mismatch look here. */
+        coll_engine_async_stalled(e, progressed);
         if (progressed) {
             chorus_waiter_progress(&w);
             continue;

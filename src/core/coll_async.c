@@ -186,9 +186,13 @@ ncclResult_t chorusTest(chorusRequest_t request, int *done) {
     coll_op_t *op = (coll_op_t *)request;
     int progressed;
     coll_engine_progress(op->engine, &progressed);
+    /* Without a progress thread, a caller that only ever tests still gets the deadline and the
+     * mismatch look (the thread does that when it runs). */
+    if (!__atomic_load_n(&op->engine->thread_started, __ATOMIC_ACQUIRE))
+        coll_engine_async_stalled(op->engine, progressed);
     *done = __atomic_load_n(&op->done, __ATOMIC_ACQUIRE) == 2;
     if (!*done) return ncclSuccess;
-    ncclResult_t res = op->result;
+    ncclResult_t res = coll_op_report(op);
     coll_op_release(op);
     return res;
 }

@@ -231,6 +231,11 @@ struct coll_engine {
     int thread_started;
     volatile int thread_stop;
     int nasync; /* async ops queued and not yet retired */
+    /* Stalls of async ops that no caller waits on (coll_engine_async_stalled): passes that moved
+     * something (under the lock, whoever drove them), and what the stall check saw last. */
+    uint64_t passes_moved;
+    uint32_t async_polls; /* __atomic builtins: the progress thread and chorusTest */
+    uint64_t async_seen_moved, async_stall_t0_ns;
     /* One freed op kept for the next coll_op_alloc (swapped atomically, no lock): malloc and
      * free of an op (~4 KiB, beyond glibc's per-thread cache) were a third of the instructions
      * of a small blocking all-reduce. */
@@ -357,6 +362,14 @@ extern const coll_algo_t coll_algo_p2p;
  * peer's block with recv_per_peer. */
 int coll_oneshot_supports(const coll_op_t *op);
 void coll_oneshot_setup(coll_op_t *op, int send_per_peer, int recv_per_peer);
+/* engine.c: after a progress pass over e's async ops that no caller waits on (the progress
+ * thread, or chorusTest without one): every 64 empty passes, the mismatch look of
+ * coll_engine_wait, and after CHORUS_TIMEOUT without any pass moving an op of e (whoever drove it),
+ * or once the communicator is aborted, every running op fails as it does in coll_engine_wait. */
+void coll_engine_async_stalled(struct coll_engine *e, int progressed);
+/* A finished op's result; a failed one's text is WARNed again unless it is the last error
+ * already, so that ncclGetLastError names what happened to the op. */
+ncclResult_t coll_op_report(const coll_op_t *op);
 /* tuner.c: pick the algorithm for op (NCCL_ALGO/CHORUS_ALGO override), log at INFO. */
 ncclResult_t coll_tuner_pick(coll_op_t *op);
 /* Estimated time (microseconds) of an op with this shape, from the tuner's model. */
@@ -375,9 +388,12 @@ void coll_hdr_describe(const coll_hdr_t *h, char *buf, size_t len);
  * after a few ms without progress it peeks the other receive connections for a peer's header of
  * the same op (-> ncclInvalidUsage naming both sides) or a peer's error chunk. */
 void coll_mismatch_stalled(coll_op_t **ops, int nops, uint32_t polls);
+/* The same look for one engine stalled for stalled_ns (async ops that nobody waits on). */
+void coll_mismatch_stalled_engine(struct coll_engine *e, uint64_t stalled_ns);
 /* After a failure: post one error chunk on every send connection of the ops' communicators, so
  * peers that wait on other connections than the failed op's fail too instead of timing out. */
 void coll_mismatch_spread(coll_op_t **ops, int nops);
+void coll_mismatch_spread_engine(struct coll_engine *e);
 
 /* Group (group.c) integration: queue an op for the outermost ncclGroupEnd. */
 ncclResult_t group_add_op(coll_op_t *op);
