@@ -5,17 +5,17 @@
  * and, between ranks of one host, the one-shot all-reduce ("oneshot": one message latency instead
  * of log2(n)); reduce-scatter and all-gather have the ring and a one-shot version (same
  * threshold, on the total size); the others have one schedule each (ring/chain, or p2p for the
- * transfer-based ones). The choice for all-reduce is by size: up to ONESHOT_THRESHOLD bytes one-shot (shared memory
- * only, see DEFAULT_ONESHOT_*), below LL_THRESHOLD bytes (default from measurements on this
- * machine class: see DEFAULT_LL_*) recursive doubling, above it the ring; between ranks that are
- * threads of one process, from DIRECT_THRESHOLD bytes (the total for reduce-scatter and
- * all-gather) the direct algorithm of all three (direct.c). NCCL_ALGO /
- * CHORUS_ALGO override it: "ring", "ll", "oneshot", "direct" (also accepted: NCCL's "Tree"/"CollNet*" map
- * to the default choice), optionally per collective: "allreduce:ll,broadcast:ring". A forced
- * algorithm that cannot run the op (ll on a message larger than one chunk) falls back with an
- * INFO line.
- * INFO TUNING/COLL says what was chosen and why. Rings whose every edge is TCP also get their
- * own chunk size and copy choices (the TCP rings section, CHORUS_SOCKET_RING_TUNE).
+ * transfer-based ones). The choice for all-reduce is by size: up to ONESHOT_THRESHOLD bytes
+ * one-shot (shared memory only, see DEFAULT_ONESHOT_*), below LL_THRESHOLD bytes (default from
+ * measurements on this machine class: see DEFAULT_LL_*) recursive doubling, above it the ring;
+ * between ranks that are threads of one process, from DIRECT_THRESHOLD bytes (the total for
+ * reduce-scatter and all-gather) the direct algorithm of all three (direct.c). NCCL_ALGO /
+ * CHORUS_ALGO restrict the candidates, in NCCL's syntax (algo_filter.c:
+ * "ring,oneshot;allreduce:^ll"): one algorithm allowed runs whatever the size, several are chosen
+ * among by size as above, and when none of them can run the op (ll on a message larger than one
+ * chunk) the usual choice runs, with an INFO line saying so. INFO TUNING/COLL says what was chosen
+ * and why. Rings whose every edge is TCP also get their own chunk size and copy choices (the TCP
+ * rings section, CHORUS_SOCKET_RING_TUNE).
  *
  * The model (for ncclGroupSimulateEnd): time = steps * latency + traffic / bandwidth with
  * per-transport constants.
@@ -78,33 +78,6 @@ static const coll_algo_t *tuner_ring_algo(int coll) {
     case COLL_REDUCE: return &coll_algo_reduce_chain;
     default: return &coll_algo_p2p;
     }
-}
-
-/* The value of NCCL_ALGO/CHORUS_ALGO that applies to this collective, or NULL. */
-static const char *tuner_forced(int coll, char *buf, size_t len) {
-    const char *spec = chorus_param_str(PARAM_ALGO);
-    if (spec == NULL || spec[0] == 0) return NULL;
-    const char *name = coll_kind_name(coll);
-    const char *generic = NULL;
-    char tmp[256], generic_buf[64];
-    snprintf(tmp, sizeof(tmp), "%s", spec);
-    char *save = NULL;
-    for (char *tok = strtok_r(tmp, ",;", &save); tok; tok = strtok_r(NULL, ",;", &save)) {
-        while (*tok == ' ') tok++;
-        char *colon = strchr(tok, ':');
-        if (colon) {
-            *colon = 0;
-            if (strcasecmp(tok, name) == 0) {
-                snprintf(buf, len, "%s", colon + 1);
-                return buf;
-            }
-        } else if (generic == NULL) {
-            snprintf(generic_buf, sizeof(generic_buf), "%s", tok);
-            generic = generic_buf;
-        }
-    }
-    if (generic) snprintf(buf, len, "%s", generic);
-    return generic ? buf : NULL;
 }
 
 /* Whether the communicator spans a network link. Every rank must pick the same algorithm for the same
@@ -393,6 +366,59 @@ static void tuner_say(const coll_op_t *op, const char *why, const char *tuned) {
          tuner_edge_is_tcp(comm) ? "tcp" : "shm", op->algo->name, why, tuned);
 }
 
+/* The algorithm for op among those in allow (1 << COLL_ALGO_*), in the order of preference:
+ * direct (threads of one process, from DIRECT_THRESHOLD), one-shot (up to ONESHOT_THRESHOLD),
+ * recursive doubling (up to LL_THRESHOLD), the ring. forced: the sizes do not matter (one
+ * algorithm allowed). NULL when none of them can run the op. */
+static const coll_algo_t *tuner_choose(coll_op_t *op, unsigned allow, int forced,
+                                       const char **why_p) {
+    struct ncclComm *comm = op->comm;
+    const size_t bytes = op->count * op->esize;
+    const coll_algo_t *direct = tuner_direct_algo(op->coll);
+    const coll_algo_t *oneshot = NULL, *ll = NULL;
+    int oneshot_fits = 0, ll_fits = 0;
+    const char *oneshot_why = NULL;
+    if (op->coll == COLL_ALLREDUCE) {
+        oneshot = &coll_algo_allreduce_oneshot;
+        oneshot_fits = bytes <= tuner_oneshot_threshold(comm);
+        oneshot_why = "size below ONESHOT_THRESHOLD";
+        ll = &coll_algo_allreduce_rd;
+        ll_fits = bytes <= tuner_ll_threshold(comm);
+    } else if (op->coll == COLL_REDUCESCATTER || op->coll == COLL_ALLGATHER) {
+        /* One-shot by the total size (what each rank sends to its peers plus its own block),
+         * like all-reduce's. */
+        const size_t total = bytes * (size_t)comm->nranks;
+        oneshot = op->coll == COLL_REDUCESCATTER ? &coll_algo_reducescatter_oneshot
+                                                 : &coll_algo_allgather_oneshot;
+        oneshot_fits = op->coll == COLL_ALLGATHER ? tuner_ag_oneshot(comm, total)
+                                                  : total <= tuner_oneshot_threshold(comm);
+        oneshot_why = "total size below ONESHOT_THRESHOLD";
+    }
+    const size_t dbytes = op->coll == COLL_ALLREDUCE ? bytes : bytes * (size_t)comm->nranks;
+    const size_t dthr = tuner_direct_threshold(comm);
+    if (direct && (allow & (1u << COLL_ALGO_DIRECT)) && direct->supports(op) &&
+        (forced || (dthr && dbytes >= dthr && !tuner_edge_is_tcp(comm)))) {
+        *why_p = "threads of one process, size above DIRECT_THRESHOLD";
+        return direct;
+    }
+    if (oneshot && (allow & (1u << COLL_ALGO_ONESHOT)) && oneshot->supports(op) &&
+        (forced || oneshot_fits)) {
+        *why_p = oneshot_why;
+        return oneshot;
+    }
+    if (ll && (allow & (1u << COLL_ALGO_LL)) && ll->supports(op) && (forced || ll_fits)) {
+        *why_p = "size below LL_THRESHOLD";
+        return ll;
+    }
+    if (allow & (1u << COLL_ALGO_RING)) {
+        *why_p = oneshot || direct ? "no low-latency algorithm applies to this size, transport "
+                                     "and rank count"
+                                   : "only schedule";
+        return tuner_ring_algo(op->coll);
+    }
+    return NULL;
+}
+
 ncclResult_t coll_tuner_pick(coll_op_t *op) {
     const uint64_t gen = chorus_param_generation();
     if (op->engine && tuner_memo_take(op, gen)) {
@@ -401,86 +427,30 @@ ncclResult_t coll_tuner_pick(coll_op_t *op) {
         return ncclSuccess;
     }
     struct ncclComm *comm = op->comm;
-    const coll_algo_t *ring = tuner_ring_algo(op->coll);
-    const coll_algo_t *pick = ring;
-    size_t bytes = op->count * op->esize;
-    const char *why = "only schedule";
-    char buf[64];
-    const char *forced = tuner_forced(op->coll, buf, sizeof(buf));
-    /* Direct (threads of one process): forced, or by size (the total for reduce-scatter and
-     * all-gather) unless another known algorithm is forced. */
-    const coll_algo_t *direct = tuner_direct_algo(op->coll);
-    const int force_direct = forced && strcasecmp(forced, "direct") == 0;
-    const int force_other = forced && (strcasecmp(forced, "ring") == 0 ||
-                                       strcasecmp(forced, "ll") == 0 ||
-                                       strcasecmp(forced, "oneshot") == 0);
-    const size_t dbytes = op->coll == COLL_ALLREDUCE ? bytes : bytes * (size_t)comm->nranks;
-    const size_t dthr = tuner_direct_threshold(comm);
-    if (direct && direct->supports(op) &&
-        (force_direct ||
-         (!force_other && dthr && dbytes >= dthr && !tuner_edge_is_tcp(comm)))) {
-        pick = direct;
-        why = force_direct ? "forced by NCCL_ALGO/CHORUS_ALGO"
-                           : "threads of one process, size above DIRECT_THRESHOLD";
-    } else if (op->coll == COLL_ALLREDUCE) {
-        size_t thr = tuner_ll_threshold(comm);
-        if (forced && strcasecmp(forced, "ll") == 0) {
-            if (coll_algo_allreduce_rd.supports(op)) {
-                pick = &coll_algo_allreduce_rd;
-                why = "forced by NCCL_ALGO/CHORUS_ALGO";
-            } else {
-                why = "ll forced but the message is larger than one chunk";
-            }
-        } else if (forced && strcasecmp(forced, "oneshot") == 0) {
-            if (coll_algo_allreduce_oneshot.supports(op)) {
-                pick = &coll_algo_allreduce_oneshot;
-                why = "forced by NCCL_ALGO/CHORUS_ALGO";
-            } else {
-                why = "oneshot forced but the message is larger than one chunk or too many ranks";
-            }
-        } else if (forced && strcasecmp(forced, "ring") == 0) {
-            why = "forced by NCCL_ALGO/CHORUS_ALGO";
-        } else {
-            if (bytes <= tuner_oneshot_threshold(comm) &&
-                coll_algo_allreduce_oneshot.supports(op)) {
-                pick = &coll_algo_allreduce_oneshot;
-                why = "size below ONESHOT_THRESHOLD";
-            } else if (bytes <= thr && coll_algo_allreduce_rd.supports(op)) {
-                pick = &coll_algo_allreduce_rd;
-                why = "size below LL_THRESHOLD";
-            } else {
-                why = "size above LL_THRESHOLD";
-            }
-        }
-    } else if (op->coll == COLL_REDUCESCATTER || op->coll == COLL_ALLGATHER) {
-        /* One-shot by the total size (what each rank sends to its peers plus its own block),
-         * like all-reduce's. */
-        const coll_algo_t *oneshot = op->coll == COLL_REDUCESCATTER
-                                         ? &coll_algo_reducescatter_oneshot
-                                         : &coll_algo_allgather_oneshot;
-        size_t total = bytes * (size_t)comm->nranks;
-        if (forced && strcasecmp(forced, "oneshot") == 0) {
-            if (oneshot->supports(op)) {
-                pick = oneshot;
-                why = "forced by NCCL_ALGO/CHORUS_ALGO";
-            } else {
-                why = "oneshot forced but a block is larger than one chunk or too many ranks";
-            }
-        } else if (forced && strcasecmp(forced, "ring") == 0) {
-            why = "forced by NCCL_ALGO/CHORUS_ALGO";
-        } else if (oneshot->supports(op) &&
-                   (op->coll == COLL_ALLGATHER ? tuner_ag_oneshot(comm, total)
-                                               : total <= tuner_oneshot_threshold(comm))) {
-            pick = oneshot;
-            why = "total size below ONESHOT_THRESHOLD";
-        } else {
-            why = "total size above ONESHOT_THRESHOLD";
-        }
-    } else if (forced && !force_other && !force_direct) {
-        why = "NCCL_ALGO value not known here: default";
+    const char *why;
+    coll_algo_filter_t f;
+    coll_algo_filter(op->coll, &f);
+    /* One algorithm allowed: it runs whatever the size, where it can. Several: the usual choice
+     * by size among them. None of them able to run the op: the usual choice. */
+    const int forced = f.set && !f.foreign_only && (f.allow & (f.allow - 1)) == 0;
+    const char *why_size = NULL;
+    const coll_algo_t *pick = tuner_choose(op, f.allow, forced, &why_size);
+    if (pick == NULL) {
+        pick = tuner_choose(op, COLL_ALLOW_ALL, 0, &why_size);
+        why = forced ? "the algorithm NCCL_ALGO/CHORUS_ALGO forces cannot run this op here: "
+                       "default choice"
+                     : "no algorithm NCCL_ALGO/CHORUS_ALGO allows can run this op here: default "
+                       "choice";
+    } else if (forced) {
+        why = "forced by NCCL_ALGO/CHORUS_ALGO";
+    } else if (f.foreign_only) {
+        why = "NCCL_ALGO/CHORUS_ALGO names only algorithms Chorus lacks (tree, nvls, ...): "
+              "default choice";
+    } else if (f.set) {
+        why = "the choice by size among those NCCL_ALGO/CHORUS_ALGO allows";
+    } else {
+        why = why_size;
     }
-    if (force_direct && direct && pick != direct)
-        why = "direct forced but the ranks are not threads of one process: default choice";
     op->algo = pick;
     op->uses_ring = pick->id == COLL_ALGO_RING && comm->nranks > 1;
     char tuned[48] = "";

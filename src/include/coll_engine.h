@@ -370,6 +370,20 @@ void coll_engine_async_stalled(struct coll_engine *e, int progressed);
 /* A finished op's result; a failed one's text is WARNed again unless it is the last error
  * already, so that ncclGetLastError names what happened to the op. */
 ncclResult_t coll_op_report(const coll_op_t *op);
+/* algo_filter.c: the algorithms NCCL_ALGO / CHORUS_ALGO allow for a collective (NCCL's syntax:
+ * "ring,oneshot;allreduce:^ll"), as a mask of 1 << COLL_ALGO_*. */
+#define COLL_ALLOW_ALL                                                                             \
+    ((1u << COLL_ALGO_RING) | (1u << COLL_ALGO_LL) | (1u << COLL_ALGO_ONESHOT) |                   \
+     (1u << COLL_ALGO_DIRECT))
+typedef struct {
+    unsigned allow;   /* COLL_ALLOW_ALL when the variable is unset or says nothing for coll */
+    int set;          /* the variable has a list for this collective */
+    int foreign_only; /* ... naming only NCCL algorithms Chorus lacks (tree, nvls, ...): allow
+                         is then COLL_ALLOW_ALL */
+} coll_algo_filter_t;
+void coll_algo_filter(int coll, coll_algo_filter_t *f);
+/* The same for a given value of the variable (tests). */
+void coll_algo_filter_parse(const char *spec, int coll, coll_algo_filter_t *f);
 /* tuner.c: pick the algorithm for op (NCCL_ALGO/CHORUS_ALGO override), log at INFO. */
 ncclResult_t coll_tuner_pick(coll_op_t *op);
 /* Estimated time (microseconds) of an op with this shape, from the tuner's model. */
