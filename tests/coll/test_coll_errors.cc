@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <signal.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -18,6 +19,12 @@
 
 using namespace coll_test;
 using chorus_test::Launch;
+
+static double now_s() {
+    timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
 
 TEST(CollArgs, InvalidArgumentsLeaveCommUsable) {
     ncclUniqueId id = chorus_test::make_unique_id();
@@ -78,7 +85,18 @@ struct MismatchCase {
 };
 
 static std::string mismatch_kind(int k) {
-    return k == 0 ? "count" : k == 1 ? "collective" : k == 2 ? "dtype" : "root";
+    return k == 0 ? "count" : k == 1 ? "collective" : k == 2 ? "dtype" : k == 3 ? "root" : "op";
+}
+
+// What each side of mismatch kind k passed, as the message spells it.
+static void mismatch_sides(int k, const char **a, const char **b) {
+    static const char *const sides[5][2] = {{"count=100000", "count=100001"},
+                                            {"allreduce", "allgather"},
+                                            {"float", "int32"},
+                                            {"root=0", "root=1"},
+                                            {"sum", "max"}};
+    *a = sides[k][0];
+    *b = sides[k][1];
 }
 
 class CollMismatch : public ::testing::TestWithParam<std::tuple<int, int, Launch, const char *>> {};
@@ -113,8 +131,12 @@ TEST_P(CollMismatch, EveryRankErrors) {
         case 2:
             r = ncclAllReduce(a.data(), b.data(), count, odd ? ncclInt32 : ncclFloat32, ncclSum, comm, nullptr);
             break;
-        default:
+        case 3:
             r = ncclBroadcast(a.data(), b.data(), count, ncclFloat32, odd ? 1 : 0, comm, nullptr);
+            break;
+        default:
+            r = ncclAllReduce(a.data(), b.data(), count, ncclFloat32, odd ? ncclMax : ncclSum, comm,
+                              nullptr);
             break;
         }
         if (r == ncclSuccess && kind == 3 && (rank == 0 || rank == 1)) {
@@ -129,6 +151,14 @@ TEST_P(CollMismatch, EveryRankErrors) {
             RANK_CHECK(strstr(msg, "#3") != nullptr || strstr(msg, "#4") != nullptr ||
                            strstr(msg, "earlier failure") != nullptr,
                        "rank %d: message lacks the op number: %s", rank, msg);
+            // A rank that saw the mismatch itself names both sides' arguments (others may report
+            // the failure that reached them from another rank, and a chain head whose next op met
+            // the other side's op reports different op counts).
+            const char *sa, *sb;
+            mismatch_sides(kind, &sa, &sb);
+            if (strstr(msg, "mismatch") && !strstr(msg, "different numbers of operations"))
+                RANK_CHECK(strstr(msg, sa) != nullptr && strstr(msg, sb) != nullptr,
+                           "rank %d: message lacks '%s' or '%s': %s", rank, sa, sb, msg);
         }
         ncclResult_t async;
         RANK_NCCL(ncclCommGetAsyncError(comm, &async));
@@ -147,6 +177,11 @@ INSTANTIATE_TEST_SUITE_P(
                       std::make_tuple(4, 1, Launch::Threads, ""), std::make_tuple(5, 2, Launch::Threads, ""),
                       std::make_tuple(4, 3, Launch::Threads, ""), std::make_tuple(3, 0, Launch::Forked, ""),
                       std::make_tuple(5, 0, Launch::Forked, ""),
+                      std::make_tuple(3, 1, Launch::Forked, ""),
+                      std::make_tuple(2, 2, Launch::Forked, ""),
+                      std::make_tuple(3, 3, Launch::Forked, ""),
+                      std::make_tuple(3, 4, Launch::Forked, ""),
+                      std::make_tuple(4, 4, Launch::Threads, ""),
                       std::make_tuple(4, 0, Launch::Threads, "ll"),
                       std::make_tuple(4, 0, Launch::Threads, "oneshot"),
                       std::make_tuple(3, 2, Launch::Forked, "oneshot"),
@@ -185,12 +220,20 @@ TEST_P(CollKill, SurvivorsError) {
                     kill(getpid(), SIGKILL);
                 }).detach();
             }
+            const double t_call = now_s();
             ncclResult_t r = ncclAllReduce(a.data(), b.data(), count, ncclFloat32, ncclSum, comm, nullptr);
             if (r != ncclSuccess) {
                 const char *msg = ncclGetLastError(comm);
                 RANK_CHECK(r == ncclRemoteError || r == ncclSystemError, "rank %d: %s", rank,
                            ncclGetErrorString(r));
                 RANK_CHECK(strstr(msg, "allreduce") != nullptr, "rank %d: message lacks the op: %s", rank, msg);
+                char victim_name[32];
+                snprintf(victim_name, sizeof(victim_name), "rank %d", victim);
+                RANK_CHECK(strstr(msg, victim_name) != nullptr,
+                           "rank %d: message does not name the dead %s: %s", rank, victim_name, msg);
+                const double took = now_s() - t_call;
+                RANK_CHECK(took < 20 + 5, "rank %d: the error took %.1f s (CHORUS_TIMEOUT=20)", rank,
+                           took);
                 ncclCommAbort(comm);
                 return 0;
             }

@@ -282,6 +282,82 @@ TEST_P(Async, RequestsCompleteInOrder) {
     ncclResetDebugInit();
     EXPECT_TRUE(res.ok()) << res.detail;
 }
+// Every async entry point in one batch, polled only with chorusTest: each result is checked, and
+// ops complete in issue order (when op k reports done, every earlier op reports done at once).
+TEST_P(Async, EveryCollectiveCompletesInIssueOrder) {
+    setenv("CHORUS_PROGRESS_THREAD", std::get<0>(GetParam()), 1);
+    ncclResetDebugInit();
+    ncclUniqueId id = chorus_test::make_unique_id();
+    auto res = chorus_test::run_ranks(std::get<1>(GetParam()), 3, [&](int rank, int n) -> int {
+        ncclComm_t comm;
+        RANK_NCCL(ncclCommInitRank(&comm, n, id, rank));
+        const size_t c = 1003;
+        auto v = [](int r, size_t j) { return (float)(r + 1 + (int)(j % 7)); };
+        std::vector<float> in(n * c);
+        for (size_t j = 0; j < in.size(); j++) in[j] = v(rank, j);
+        const int nops = 10;
+        std::vector<std::vector<float>> out(nops, std::vector<float>(n * c, -1.0f));
+        chorusRequest_t req[nops];
+        const int next = (rank + 1) % n, prev = (rank + n - 1) % n;
+        RANK_NCCL(chorusAllReduceAsync(in.data(), out[0].data(), c, ncclFloat32, ncclSum, comm,
+                                       &req[0]));
+        RANK_NCCL(chorusReduceScatterAsync(in.data(), out[1].data(), c, ncclFloat32, ncclSum, comm,
+                                           &req[1]));
+        RANK_NCCL(chorusAllGatherAsync(in.data(), out[2].data(), c, ncclFloat32, comm, &req[2]));
+        RANK_NCCL(chorusBroadcastAsync(in.data(), out[3].data(), c, ncclFloat32, 1, comm, &req[3]));
+        RANK_NCCL(chorusReduceAsync(in.data(), out[4].data(), c, ncclFloat32, ncclSum, 2, comm,
+                                    &req[4]));
+        RANK_NCCL(chorusAlltoAllAsync(in.data(), out[5].data(), c, ncclFloat32, comm, &req[5]));
+        RANK_NCCL(chorusGatherAsync(in.data(), out[6].data(), c, ncclFloat32, 0, comm, &req[6]));
+        RANK_NCCL(chorusScatterAsync(in.data(), out[7].data(), c, ncclFloat32, 1, comm, &req[7]));
+        RANK_NCCL(chorusSendAsync(in.data(), c, ncclFloat32, next, comm, &req[8]));
+        RANK_NCCL(chorusRecvAsync(out[9].data(), c, ncclFloat32, prev, comm, &req[9]));
+        bool seen[nops] = {false};
+        int left = nops;
+        for (long polls = 0; left > 0; polls++) {
+            RANK_CHECK(polls < 50000000, "%d ops still not done", left);
+            for (int k = nops - 1; k >= 0; k--) {
+                if (seen[k]) continue;
+                int done = 0;
+                RANK_NCCL(chorusTest(req[k], &done));
+                if (!done) continue;
+                seen[k] = true;
+                left--;
+                for (int j = 0; j < k; j++) {
+                    if (seen[j]) continue;
+                    RANK_NCCL(chorusTest(req[j], &done));
+                    RANK_CHECK(done, "op %d reported done before op %d", k, j);
+                    seen[j] = true;
+                    left--;
+                }
+            }
+        }
+        for (size_t i = 0; i < c; i++) {
+            float sum = 0, rs = 0;
+            for (int r = 0; r < n; r++) {
+                sum += v(r, i);
+                rs += v(r, rank * c + i);
+            }
+            RANK_CHECK(out[0][i] == sum, "allreduce[%zu]", i);
+            RANK_CHECK(out[1][i] == rs, "reducescatter[%zu]", i);
+            RANK_CHECK(out[3][i] == v(1, i), "broadcast[%zu]", i);
+            if (rank == 2) RANK_CHECK(out[4][i] == sum, "reduce[%zu]", i);
+            RANK_CHECK(out[7][i] == v(1, rank * c + i), "scatter[%zu]", i);
+            RANK_CHECK(out[9][i] == v(prev, i), "recv[%zu]", i);
+            for (int q = 0; q < n; q++) {
+                RANK_CHECK(out[2][q * c + i] == v(q, i), "allgather[%d][%zu]", q, i);
+                RANK_CHECK(out[5][q * c + i] == v(q, rank * c + i), "alltoall[%d][%zu]", q, i);
+                if (rank == 0) RANK_CHECK(out[6][q * c + i] == v(q, i), "gather[%d][%zu]", q, i);
+            }
+        }
+        RANK_NCCL(ncclCommDestroy(comm));
+        return 0;
+    });
+    unsetenv("CHORUS_PROGRESS_THREAD");
+    ncclResetDebugInit();
+    EXPECT_TRUE(res.ok()) << res.detail;
+}
+
 INSTANTIATE_TEST_SUITE_P(Coll, Async,
                          ::testing::Values(std::make_tuple("1", Launch::Threads),
                                            std::make_tuple("0", Launch::Threads),
