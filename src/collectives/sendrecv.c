@@ -11,8 +11,10 @@
  * copies its own block, and an ncclSend to self is matched with the ncclRecv from self of the same
  * ticket.
  *
- * Every transfer's first chunk carries the op header, also for 0 bytes, so a size mismatch between
- * a send and its receive is reported instead of corrupting memory.
+ * Every transfer's first chunk carries the op header, so a size mismatch between a send and its
+ * receive is reported instead of corrupting memory. A count-0 call is a no-op that moves nothing
+ * (as in NCCL): a count-0 send against a receive of more leaves the receive waiting until
+ * CHORUS_TIMEOUT, which then names it.
  */
 #include <stdlib.h>
 #include <string.h>

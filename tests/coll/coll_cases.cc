@@ -9,7 +9,8 @@
 namespace coll_test {
 
 const char *coll_str(int c) {
-    static const char *n[] = {"allreduce", "reducescatter", "allgather", "broadcast", "reduce"};
+    static const char *n[] = {"allreduce", "reducescatter", "allgather", "broadcast", "reduce",
+                              "alltoall",  "gather",        "scatter",   "sendrecv"};
     return c >= 0 && c < C_NCOLLS ? n[c] : "?";
 }
 
@@ -21,8 +22,10 @@ std::vector<Case> cross(const std::vector<int> &colls, const std::vector<ncclDat
             for (size_t k = 0; k < ops.size(); k++) {
                 bool reduces = c == C_ALLREDUCE || c == C_REDUCESCATTER || c == C_REDUCE;
                 if (!reduces && k > 0) break;
+                const bool has_inplace = c != C_ALLTOALL && c != C_SENDRECV;
                 for (size_t n : counts)
-                    for (int ip = 0; ip < 2; ip++) out.push_back({c, t, ops[k], n, ip == 1});
+                    for (int ip = 0; ip < (has_inplace ? 2 : 1); ip++)
+                        out.push_back({c, t, ops[k], n, ip == 1});
             }
     return out;
 }
@@ -63,8 +66,9 @@ int run_case(ncclComm_t comm, int rank, int n, const Case &c) {
     if (reduces && make_op(comm, c.dtype, c.op, &op) != ncclSuccess)
         return fail_case(rank, n, c, "could not create the reduction op");
     size_t in_elems = cnt, out_elems = cnt;
-    if (c.coll == C_REDUCESCATTER) in_elems = cnt * n;
-    if (c.coll == C_ALLGATHER) out_elems = cnt * n;
+    if (c.coll == C_REDUCESCATTER || c.coll == C_ALLTOALL || c.coll == C_SCATTER)
+        in_elems = cnt * n;
+    if (c.coll == C_ALLGATHER || c.coll == C_ALLTOALL || c.coll == C_GATHER) out_elems = cnt * n;
     std::vector<unsigned char> inbuf(in_elems * es + 64), outbuf(out_elems * es + 64);
     // Guard bytes after the output catch writes past the end.
     for (auto &b : outbuf) b = 0xa5;
@@ -137,6 +141,61 @@ int run_case(ncclComm_t comm, int rank, int n, const Case &c) {
         if (r == ncclSuccess && rank == root && !check_reduced(c.dtype, c.op, n, cnt, out, 0, &why))
             return fail_case(rank, n, c, why);
         break;
+    case C_ALLTOALL:
+        // Block b of rank r's input goes to rank b: it holds elements b*cnt.. of r's input.
+        fill_input(c.dtype, T_SUM, rank, in_elems, in);
+        r = ncclAlltoAll(in, out, cnt, c.dtype, comm, nullptr);
+        if (r == ncclSuccess) {
+            std::vector<unsigned char> want(cnt * es + 1);
+            for (int q = 0; q < n; q++) {
+                fill_input(c.dtype, T_SUM, q, cnt, want.data(), (size_t)rank * cnt);
+                if (cnt && memcmp(want.data(), (char *)out + (size_t)q * cnt * es, cnt * es) != 0)
+                    return fail_case(rank, n, c, "block from rank " + std::to_string(q) + " differs");
+            }
+        }
+        break;
+    case C_GATHER:
+        if (c.inplace && rank == root) in = (char *)out + (size_t)root * cnt * es;
+        fill_input(c.dtype, T_SUM, rank, cnt, in);
+        r = ncclGather(in, out, cnt, c.dtype, root, comm, nullptr);
+        if (r == ncclSuccess && rank == root) {
+            std::vector<unsigned char> want(cnt * es + 1);
+            for (int q = 0; q < n; q++) {
+                fill_input(c.dtype, T_SUM, q, cnt, want.data());
+                if (cnt && memcmp(want.data(), (char *)out + (size_t)q * cnt * es, cnt * es) != 0)
+                    return fail_case(rank, n, c, "block of rank " + std::to_string(q) + " differs");
+            }
+        }
+        break;
+    case C_SCATTER:
+        root = (int)((cnt + 1) % n);
+        if (rank == root) fill_input(c.dtype, T_SUM, root, in_elems, in);
+        if (c.inplace && rank == root) out = (char *)in + (size_t)root * cnt * es;
+        r = ncclScatter(in, out, cnt, c.dtype, root, comm, nullptr);
+        if (r == ncclSuccess) {
+            std::vector<unsigned char> want(cnt * es + 1);
+            fill_input(c.dtype, T_SUM, root, cnt, want.data(), (size_t)rank * cnt);
+            if (cnt && memcmp(want.data(), out, cnt * es) != 0)
+                return fail_case(rank, n, c, "block differs from the root's block for this rank");
+        }
+        break;
+    case C_SENDRECV: {
+        fill_input(c.dtype, T_SUM, rank, cnt, in);
+        const int next = (rank + 1) % n, prev = (rank + n - 1) % n;
+        ncclResult_t r1 = ncclGroupStart();
+        ncclResult_t r2 = ncclSend(in, cnt, c.dtype, next, comm, nullptr);
+        ncclResult_t r3 = ncclRecv(out, cnt, c.dtype, prev, comm, nullptr);
+        r = ncclGroupEnd();
+        if (r == ncclSuccess) r = r1 != ncclSuccess ? r1 : r2 != ncclSuccess ? r2 : r3;
+        if (r == ncclSuccess) {
+            std::vector<unsigned char> want(cnt * es + 1);
+            fill_input(c.dtype, T_SUM, prev, cnt, want.data());
+            if (cnt && memcmp(want.data(), out, cnt * es) != 0)
+                return fail_case(rank, n, c, "received block differs from rank " +
+                                                 std::to_string(prev) + "'s input");
+        }
+        break;
+    }
     }
     if (r != ncclSuccess)
         return fail_case(rank, n, c, std::string("call failed: ") + ncclGetErrorString(r) + " (" +

@@ -10,7 +10,21 @@
 
 namespace coll_test {
 
-enum Coll { C_ALLREDUCE, C_REDUCESCATTER, C_ALLGATHER, C_BROADCAST, C_REDUCE, C_NCOLLS };
+// C_SENDRECV: a group of ncclSend to rank+1 and ncclRecv from rank-1. All-to-all and send/recv
+// run out of place only (NCCL has no in-place form for them); gather and scatter in place use
+// the root's block of the larger buffer.
+enum Coll {
+    C_ALLREDUCE,
+    C_REDUCESCATTER,
+    C_ALLGATHER,
+    C_BROADCAST,
+    C_REDUCE,
+    C_ALLTOALL,
+    C_GATHER,
+    C_SCATTER,
+    C_SENDRECV,
+    C_NCOLLS
+};
 const char *coll_str(int c);
 
 struct Case {

@@ -1,5 +1,6 @@
 // test_coll_sweep.cc: correctness sweep of the collectives on host buffers.
 //
+// Every collective, the point-to-point ones (all-to-all, gather, scatter, send/recv) included.
 // CI slices (a few minutes in all): every dtype x op at small counts for 2 and 3 ranks; every rank
 // count 1..8 for float32 sum at counts up to 65537; large counts (4Mi+3) for a few dtypes; each
 // algorithm forced through CHORUS_ALGO; shared memory and TCP; threads and forked processes.
@@ -15,7 +16,8 @@ using chorus_test::Launch;
 
 static const std::vector<int> kAllOps = {T_SUM, T_PROD, T_MAX, T_MIN, T_AVG, T_PREMUL};
 static const std::vector<int> kAllColls = {C_ALLREDUCE, C_REDUCESCATTER, C_ALLGATHER, C_BROADCAST,
-                                           C_REDUCE};
+                                           C_REDUCE,    C_ALLTOALL,      C_GATHER,    C_SCATTER,
+                                           C_SENDRECV};
 static std::vector<ncclDataType_t> all_types() {
     return std::vector<ncclDataType_t>(kAllTypes, kAllTypes + 12);
 }
@@ -133,6 +135,19 @@ INSTANTIATE_TEST_SUITE_P(Coll, CollNightly,
                                             ::testing::Values("ring", "ll", "oneshot"),
                                             ::testing::Values("", "tcp"),
                                             ::testing::Values(Launch::Threads, Launch::Forked)),
+                         [](const auto &info) {
+                             return std::to_string(std::get<0>(info.param)) + "ranks_" +
+                                    word(std::get<1>(info.param), "tuner") + "_" +
+                                    word(std::get<2>(info.param), "shm") + "_" +
+                                    launch_word(std::get<3>(info.param));
+                         });
+// The tuner's own choices and the direct algorithm (threads of one process only; over TCP the
+// tuner keeps to the others), in the same long sweep.
+INSTANTIATE_TEST_SUITE_P(CollTuner, CollNightly,
+                         ::testing::Combine(::testing::Values(1, 2, 3, 4, 5, 6, 7, 8),
+                                            ::testing::Values("", "direct"),
+                                            ::testing::Values("", "tcp"),
+                                            ::testing::Values(Launch::Threads)),
                          [](const auto &info) {
                              return std::to_string(std::get<0>(info.param)) + "ranks_" +
                                     word(std::get<1>(info.param), "tuner") + "_" +
