@@ -58,6 +58,20 @@ static int fail_case(int rank, int n, const Case &c, const std::string &why) {
     return 1;
 }
 
+// Block q of out (n blocks of c.count elements) must hold rank q's input from element `offset` on.
+static bool blocks_match(const Case &c, int n, const void *out, size_t offset, std::string *why) {
+    const size_t es = dtype_size(c.dtype), bytes = c.count * es;
+    std::vector<unsigned char> want(bytes + 1);
+    for (int q = 0; q < n && bytes; q++) {
+        fill_input(c.dtype, T_SUM, q, c.count, want.data(), offset);
+        if (memcmp(want.data(), (const char *)out + (size_t)q * bytes, bytes) != 0) {
+            *why = "block of rank " + std::to_string(q) + " differs";
+            return false;
+        }
+    }
+    return true;
+}
+
 int run_case(ncclComm_t comm, int rank, int n, const Case &c) {
     const size_t es = dtype_size(c.dtype);
     const size_t cnt = c.count;
@@ -109,14 +123,7 @@ int run_case(ncclComm_t comm, int rank, int n, const Case &c) {
             fill_input(c.dtype, T_SUM, rank, cnt, in);
         }
         r = ncclAllGather(in, out, cnt, c.dtype, comm, nullptr);
-        if (r == ncclSuccess) {
-            std::vector<unsigned char> want(cnt * es + 1);
-            for (int q = 0; q < n; q++) {
-                fill_input(c.dtype, T_SUM, q, cnt, want.data());
-                if (cnt && memcmp(want.data(), (char *)out + (size_t)q * cnt * es, cnt * es) != 0)
-                    return fail_case(rank, n, c, "block of rank " + std::to_string(q) + " differs");
-            }
-        }
+        if (r == ncclSuccess && !blocks_match(c, n, out, 0, &why)) return fail_case(rank, n, c, why);
         break;
     case C_BROADCAST:
         if (rank == root) fill_input(c.dtype, T_SUM, rank, cnt, c.inplace ? out : in);
@@ -145,27 +152,15 @@ int run_case(ncclComm_t comm, int rank, int n, const Case &c) {
         // Block b of rank r's input goes to rank b: it holds elements b*cnt.. of r's input.
         fill_input(c.dtype, T_SUM, rank, in_elems, in);
         r = ncclAlltoAll(in, out, cnt, c.dtype, comm, nullptr);
-        if (r == ncclSuccess) {
-            std::vector<unsigned char> want(cnt * es + 1);
-            for (int q = 0; q < n; q++) {
-                fill_input(c.dtype, T_SUM, q, cnt, want.data(), (size_t)rank * cnt);
-                if (cnt && memcmp(want.data(), (char *)out + (size_t)q * cnt * es, cnt * es) != 0)
-                    return fail_case(rank, n, c, "block from rank " + std::to_string(q) + " differs");
-            }
-        }
+        if (r == ncclSuccess && !blocks_match(c, n, out, (size_t)rank * cnt, &why))
+            return fail_case(rank, n, c, why);
         break;
     case C_GATHER:
         if (c.inplace && rank == root) in = (char *)out + (size_t)root * cnt * es;
         fill_input(c.dtype, T_SUM, rank, cnt, in);
         r = ncclGather(in, out, cnt, c.dtype, root, comm, nullptr);
-        if (r == ncclSuccess && rank == root) {
-            std::vector<unsigned char> want(cnt * es + 1);
-            for (int q = 0; q < n; q++) {
-                fill_input(c.dtype, T_SUM, q, cnt, want.data());
-                if (cnt && memcmp(want.data(), (char *)out + (size_t)q * cnt * es, cnt * es) != 0)
-                    return fail_case(rank, n, c, "block of rank " + std::to_string(q) + " differs");
-            }
-        }
+        if (r == ncclSuccess && rank == root && !blocks_match(c, n, out, 0, &why))
+            return fail_case(rank, n, c, why);
         break;
     case C_SCATTER:
         root = (int)((cnt + 1) % n);
