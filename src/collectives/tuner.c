@@ -430,6 +430,12 @@ ncclResult_t coll_tuner_pick(coll_op_t *op) {
     const char *why;
     coll_algo_filter_t f;
     coll_algo_filter(op->coll, &f);
+    if (tuner_ring_algo(op->coll) == &coll_algo_p2p) {
+        /* Send/recv, all-to-all, gather, scatter: one schedule, which NCCL_ALGO does not name. */
+        f.allow = COLL_ALLOW_ALL;
+        f.set = 0;
+        f.foreign_only = 0;
+    }
     /* One algorithm allowed: it runs whatever the size, where it can. Several: the usual choice
      * by size among them. None of them able to run the op: the usual choice. */
     const int forced = f.set && !f.foreign_only && (f.allow & (f.allow - 1)) == 0;
