@@ -52,6 +52,23 @@ static void rd_add(coll_op_t *op, int round, int peer, int is_send, int kind) {
     x->off = (size_t)kind; /* the transfer's kind (these transfers are one chunk) */
 }
 
+void coll_rd_peers(int n, int me, uint8_t *peers) {
+    memset(peers, 0, (size_t)n);
+    if (n < 2) return;
+    const int rounds = rd_rounds(n);
+    const int r = n - (1 << rounds);
+    int newrank;
+    if (me < 2 * r) {
+        peers[me % 2 == 0 ? me + 1 : me - 1] = 1;
+        if (me % 2 == 0) return;
+        newrank = me / 2;
+    } else {
+        newrank = me - r;
+    }
+    for (int k = 0; k < rounds; k++)
+        peers[rd_real_rank(newrank ^ (1 << k), r)] = 1;
+}
+
 static ncclResult_t rd_setup(coll_op_t *op) {
     struct ncclComm *comm = op->comm;
     const int n = comm->nranks, me = comm->rank;

@@ -19,7 +19,13 @@
  * set any collective may use (the rings and every point-to-point pair, both directions): every
  * rank makes the same connections whatever op it called, and a disagreement then meets the data
  * path's header checks (ncclInvalidUsage naming both sides). Larger communicators connect what
- * each op needs (n - 1 pairs per rank would cost a segment or socket each).
+ * each op needs (n - 1 pairs per rank would cost a segment or socket each), but their first
+ * collective still connects the rings and the log2(n) recursive-doubling partners on every rank,
+ * the connections of the two algorithms the tuner picks between there, so that a first op run
+ * with ring on one rank and recursive doubling on another also meets the header checks (or the
+ * stalled look of mismatch.c) instead of a setup timeout. Not covered: the direct algorithm
+ * between more than COLL_CONNECT_ALL_MAX_RANKS threads, whose all-pairs connections are still
+ * made on demand.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -123,6 +129,24 @@ ncclResult_t coll_engine_connect(struct ncclComm *comm, coll_op_t **ops, int nop
         e->coll_set_connected = 1;
         INFO(SUB_COLL, "rank %d: rings and all %d point-to-point pairs connected", comm->rank,
              n - 1);
+    }
+    if (any_coll && !e->coll_set_connected && !e->coll_base_connected &&
+        n > COLL_CONNECT_ALL_MAX_RANKS) {
+        /* Rings and recursive-doubling partners (see the file comment). */
+        uint8_t *peers = calloc((size_t)n, 1);
+        if (peers == NULL) return ncclSystemError;
+        coll_rd_peers(n, comm->rank, peers);
+        ncclResult_t res = ncclSuccess;
+        if (!e->rings_connected) res = coll_connect_rings(comm);
+        if (res == ncclSuccess) {
+            e->rings_connected = 1;
+            res = coll_connect_p2p(comm, peers, peers);
+        }
+        free(peers);
+        CHECK(res);
+        CHECK(bootstrap_barrier(comm->bs)); /* as above: nobody fails under peers connecting */
+        e->coll_base_connected = 1;
+        INFO(SUB_COLL, "rank %d: rings and recursive-doubling partners connected", comm->rank);
     }
     if (need_ring && !e->rings_connected) {
         CHECK(coll_connect_rings(comm));

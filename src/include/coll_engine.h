@@ -221,6 +221,7 @@ struct coll_engine {
     uint64_t *p2p_recv_issued, *p2p_recv_served;
     int rings_connected;
     int coll_set_connected; /* coll_connect.c: every connection a collective may use is up */
+    int coll_base_connected; /* coll_connect.c, > 8 ranks: rings and recursive-doubling pairs */
     int oversubscribed;   /* more ranks on this host than online CPUs: waits yield at once */
     volatile int broken;  /* ncclResult_t of the failure that broke the connections, 0 if none */
     char broken_text[COLL_ERR_TEXT];
@@ -344,6 +345,9 @@ extern const coll_algo_t coll_algo_allreduce_oneshot;
 extern const coll_algo_t coll_algo_allreduce_direct;
 extern const coll_algo_t coll_algo_reducescatter_direct;
 extern const coll_algo_t coll_algo_allgather_direct;
+/* allreduce_rd.c: peers[p] = 1 for every rank p that recursive doubling exchanges with on rank
+ * `me` of n (peers: n bytes); the relation is symmetric. */
+void coll_rd_peers(int n, int me, uint8_t *peers);
 /* direct.c: every rank of the communicator is a thread of this process (cached). */
 int coll_direct_one_process(struct ncclComm *comm);
 /* Ops this process finished with the direct algorithm (tests check that it ran). */

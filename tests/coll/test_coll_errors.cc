@@ -195,6 +195,38 @@ INSTANTIATE_TEST_SUITE_P(
                (algo[0] ? std::string("_") + algo : std::string());
     });
 
+// More ranks than the first collective connects every pair for (9 > 8): rank 0's first
+// all-reduce is small (recursive doubling, point-to-point), the others' large (ring). Every rank
+// still gets ncclInvalidUsage within seconds, not a setup timeout. (Forked: between threads the
+// large one would run the direct algorithm, whose all-pairs connections are not made up front.)
+TEST(CollMismatch, FirstOpOfNineRanksPicksDifferentConnections) {
+    setenv("CHORUS_TIMEOUT", "60", 1);
+    ncclResetDebugInit();
+    ncclUniqueId id = chorus_test::make_unique_id();
+    auto res = chorus_test::run_forked(
+        9,
+        [&](int rank, int nr) -> int {
+            ncclComm_t comm;
+            RANK_NCCL(ncclCommInitRank(&comm, nr, id, rank));
+            const size_t big = 1 << 20, small = 16;
+            std::vector<float> a(big, 1.0f);
+            const double t0 = now_s();
+            ncclResult_t r = ncclAllReduce(a.data(), a.data(), rank == 0 ? small : big, ncclFloat32,
+                                           ncclSum, comm, nullptr);
+            const double took = now_s() - t0;
+            RANK_CHECK(r == ncclInvalidUsage, "rank %d: returned %s after %.1f s", rank,
+                       ncclGetErrorString(r), took);
+            RANK_CHECK(took < 30, "rank %d: the mismatch took %.1f s", rank, took);
+            ncclCommAbort(comm);
+            return 0;
+        },
+        120);
+    unsetenv("CHORUS_TIMEOUT");
+    ncclResetDebugInit();
+    EXPECT_FALSE(res.timed_out) << res.detail;
+    EXPECT_TRUE(res.ok()) << res.detail;
+}
+
 // A rank is SIGKILLed while the others are inside all-reduces: every survivor gets an error that
 // names the op, within the deadline (CHORUS_TIMEOUT=20 here), and nobody hangs.
 class CollKill : public ::testing::TestWithParam<std::tuple<int, const char *>> {};
