@@ -24,32 +24,15 @@
 #include <string>
 #include <vector>
 
+#include "launch.h"
+
 namespace {
 
-// A free TCP port for the master address, below the kernel's ephemeral range: a port in that range
-// can be taken at any moment as the local port of an outgoing connection of a test running beside
-// this one (ctest -j2), and the master could then not bind it.
+// A free port below the ephemeral range (launch.h says why); a failure if there is none.
 int free_port() {
-    int lo = 32768, hi = 60999;
-    if (FILE *f = fopen("/proc/sys/net/ipv4/ip_local_port_range", "r")) {
-        if (fscanf(f, "%d %d", &lo, &hi) != 2) lo = 32768, hi = 60999;
-        fclose(f);
-    }
-    int base = 10000, top = lo - 1;
-    if (top - base < 1000) base = hi + 1, top = 65535; // a range set low: look above it
-    std::mt19937 rng(std::random_device{}() ^ (unsigned)getpid());
-    for (int attempt = 0; attempt < 1000 && top > base; attempt++) {
-        int port = base + (int)(rng() % (unsigned)(top - base + 1));
-        int fd = socket(AF_INET, SOCK_STREAM, 0);
-        sockaddr_in a{};
-        a.sin_family = AF_INET;
-        a.sin_addr.s_addr = htonl(INADDR_ANY);
-        a.sin_port = htons((uint16_t)port);
-        bool ok = fd >= 0 && bind(fd, (sockaddr *)&a, sizeof(a)) == 0;
-        if (fd >= 0) close(fd);
-        if (ok) return port;
-    }
-    return 0;
+    int port = chorus_test::free_tcp_port();
+    if (port == 0) ADD_FAILURE() << "no free TCP port below the ephemeral range";
+    return port;
 }
 
 const std::string kBin = std::string(CHORUS_BINARY_DIR) + "/bin/";

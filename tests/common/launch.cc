@@ -1,8 +1,11 @@
 // launch.cc: thread and fork launchers for multi-rank tests (see launch.h).
 #include "launch.h"
 
+#include <arpa/inet.h>
 #include <dirent.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -11,6 +14,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <random>
 #include <thread>
 
 namespace chorus_test {
@@ -140,6 +144,29 @@ std::vector<std::string> shm_leftovers() {
     }
     closedir(d);
     return out;
+}
+
+int free_tcp_port() {
+    int lo = 32768, hi = 60999;
+    if (FILE *f = fopen("/proc/sys/net/ipv4/ip_local_port_range", "r")) {
+        if (fscanf(f, "%d %d", &lo, &hi) != 2) lo = 32768, hi = 60999;
+        fclose(f);
+    }
+    int base = 10000, top = lo - 1;
+    if (top - base < 1000) base = hi + 1, top = 65535; // a range set low: look above it
+    std::mt19937 rng(std::random_device{}() ^ (unsigned)getpid());
+    for (int attempt = 0; attempt < 1000 && top > base; attempt++) {
+        int port = base + (int)(rng() % (unsigned)(top - base + 1));
+        int fd = socket(AF_INET, SOCK_STREAM, 0);
+        sockaddr_in a{};
+        a.sin_family = AF_INET;
+        a.sin_addr.s_addr = htonl(INADDR_ANY);
+        a.sin_port = htons((uint16_t)port);
+        bool ok = fd >= 0 && bind(fd, (sockaddr *)&a, sizeof(a)) == 0;
+        if (fd >= 0) close(fd);
+        if (ok) return port;
+    }
+    return 0;
 }
 
 } // namespace chorus_test

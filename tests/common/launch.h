@@ -37,6 +37,13 @@ ncclUniqueId make_unique_id();
 // Files in /dev/shm whose names contain "chorus" (leak checks).
 std::vector<std::string> shm_leftovers();
 
+// A free TCP port for a fixed root address, taken below the kernel's ephemeral range (0 if none
+// was found). A port from that range (what bind to port 0 returns) can be taken at any moment as
+// the local port of an outgoing connection of a test running beside this one (ctest -j2): rank 0
+// then cannot bind it (EADDRINUSE until CHORUS_TIMEOUT), or a rank knocking before the root
+// listens connects to itself.
+int free_tcp_port();
+
 } // namespace chorus_test
 
 #define RANK_CHECK(cond, ...)                                                                     \
