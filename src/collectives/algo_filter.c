@@ -17,6 +17,7 @@
  * one). The older Chorus form with ',' between function sections ("allreduce:ll,broadcast:ring")
  * is still read: a name with a ':' starts a new section.
  */
+#include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 #include <strings.h>
@@ -62,10 +63,15 @@ static void filter_list(char *list, const char *spec, coll_algo_filter_t *f) {
         while (i < n && strcasecmp(tok, algo_names[i].name) != 0)
             i++;
         if (i == n) {
-            /* Once per value of the variable: the spec is parsed per tuner pick. */
+            /* Once per value of the variable: the spec is parsed per tuner pick, by every rank
+             * thread of the process. */
+            static pthread_mutex_t warned_lock = PTHREAD_MUTEX_INITIALIZER;
             static char warned[256];
-            if (strncmp(warned, spec, sizeof(warned) - 1) != 0) {
-                snprintf(warned, sizeof(warned), "%s", spec);
+            pthread_mutex_lock(&warned_lock);
+            const int first = strncmp(warned, spec, sizeof(warned) - 1) != 0;
+            if (first) snprintf(warned, sizeof(warned), "%s", spec);
+            pthread_mutex_unlock(&warned_lock);
+            if (first) {
                 WARN("NCCL_ALGO/CHORUS_ALGO '%s': unknown algorithm '%s' ignored (Chorus has "
                      "ring, ll, oneshot, direct; NCCL's tree, collnet*, nvls*, pat are accepted "
                      "and run Chorus's default)",
