@@ -63,6 +63,9 @@ static inline uint64_t slot_store_ticks(void) {
 #define SLOT_STORE_TO_PLAIN_NUM 6 /* plain / stream < 1.2 */
 #define SLOT_STORE_TO_PLAIN_DEN 5
 
+/* Totals for the tests, folded in from each connection's counters when it closes
+ * (slot_store_fini): an atomic shared by every rank thread on each large chunk would move its
+ * line between cores once per chunk. */
 static struct {
     _Alignas(64) _Atomic uint64_t chunks;
     _Atomic uint64_t streamed;
@@ -130,14 +133,12 @@ static void slot_store_sample(chorus_conn_t *conn, slot_store_t *st, int mode, u
 void slot_store_copy_large(chorus_conn_t *conn, void *dst, const void *src, size_t bytes) {
     slot_store_t *st = &conn->store;
     int mode = st->mode;
-    atomic_fetch_add_explicit(&slot_store_stat.chunks, 1, memory_order_relaxed);
+    const uint32_t k = ++st->chunks;
     if (st->forced) {
-        if (mode == SLOT_STORE_STREAM)
-            atomic_fetch_add_explicit(&slot_store_stat.streamed, 1, memory_order_relaxed);
+        st->streamed += mode == SLOT_STORE_STREAM;
         slot_store_write(mode, dst, src, bytes);
         return;
     }
-    const uint32_t k = ++st->chunks;
     size_t head = 0;
     uint64_t t0 = slot_store_ticks();
     if (mode == SLOT_STORE_PLAIN) {
@@ -155,14 +156,19 @@ void slot_store_copy_large(chorus_conn_t *conn, void *dst, const void *src, size
         slot_store_sample(conn, st, SLOT_STORE_PLAIN, t1 - t0, head);
         t0 = t1;
     }
-    if (mode == SLOT_STORE_STREAM)
-        atomic_fetch_add_explicit(&slot_store_stat.streamed, 1, memory_order_relaxed);
+    st->streamed += mode == SLOT_STORE_STREAM;
     slot_store_write(mode, (char *)dst + head, (const char *)src + head, bytes - head);
     slot_store_sample(conn, st, mode, slot_store_ticks() - t0, bytes - head);
 }
 
 void slot_store_feed(chorus_conn_t *conn, int mode, uint64_t ticks, size_t bytes) {
     if (bytes > 0) slot_store_sample(conn, &conn->store, mode != 0, ticks, bytes);
+}
+
+void slot_store_fini(slot_store_t *st) {
+    atomic_fetch_add_explicit(&slot_store_stat.chunks, st->chunks, memory_order_relaxed);
+    atomic_fetch_add_explicit(&slot_store_stat.streamed, st->streamed, memory_order_relaxed);
+    st->chunks = st->streamed = 0;
 }
 
 void slot_store_stats(uint64_t *chunks_p, uint64_t *streamed_p) {

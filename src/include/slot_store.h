@@ -33,7 +33,10 @@ static inline int slot_store_streams(const chorus_conn_t *conn, size_t bytes) {
 }
 /* One timed copy of `bytes` in `mode` that took `ticks`, as slot_store_copy records it (tests). */
 void slot_store_feed(chorus_conn_t *conn, int mode, uint64_t ticks, size_t bytes);
-/* Totals over every connection so far (tests): large chunks, and those written streaming. */
+/* At close: add the connection's counts to the totals below. */
+void slot_store_fini(slot_store_t *st);
+/* Totals over every closed connection so far (tests): large chunks, and those written
+ * streaming. */
 void slot_store_stats(uint64_t *chunks_p, uint64_t *streamed_p);
 
 #endif

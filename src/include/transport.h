@@ -48,7 +48,8 @@ typedef struct {
     uint8_t ok;
     uint8_t mode;    /* SLOT_STORE_*: how large chunks are written now */
     uint8_t forced;  /* CHORUS_SHM_SLOT_STREAM was 0 or 1 when the connection was made */
-    uint32_t chunks; /* large chunks written */
+    uint32_t chunks;   /* large chunks written */
+    uint32_t streamed; /* ... of which with streaming stores */
     uint32_t changes;
     uint32_t samples[2];
     uint64_t best[2]; /* per mode: fewest ticks per KiB in the current window of samples */

@@ -168,6 +168,7 @@ void shm_close(chorus_conn_t *conn) {
     shm_conn_t *sc = conn->priv;
     if (!sc) return;
     shm_pair_unregister(sc);
+    slot_store_fini(&conn->store);
     if (sc->ctrl) {
         _Atomic uint32_t *closed = sc->is_send ? &sc->ctrl->send_closed : &sc->ctrl->recv_closed;
         atomic_store_explicit(closed, 1, memory_order_release);
