@@ -72,6 +72,7 @@ typedef struct {
     size_t base; /* the loop's first element (an element offset into the op's buffers) */
     size_t len;  /* elements the loop covers */
     int direct;  /* coll_ring_direct(op, c) */
+    long root_pos; /* rooted ops: the root's position on the channel's ring (else -1) */
 } coll_ring_at_t;
 /* A step uses the channel's receive connection, its send connection, or both. */
 enum { COLL_RING_RX = 1, COLL_RING_TX = 2 };

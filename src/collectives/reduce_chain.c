@@ -11,9 +11,8 @@
 
 /* One chunk a step; rel = position - root's position - 1 (mod n). */
 static int rd_chain_step(const coll_op_t *op, const coll_ring_at_t *at, coll_chunk_t *cc) {
-    const struct ncclComm *comm = op->comm;
-    const long n = comm->nranks;
-    const long rel = (long)coll_mod(at->pos - coll_ring_pos(comm, at->c, op->root) - 1, n);
+    const long n = op->comm->nranks;
+    const long rel = (long)coll_mod(at->pos - at->root_pos - 1, n);
     const size_t es = op->esize;
     cc->count = at->len;
     cc->in = (const char *)op->sendbuff + at->base * es;

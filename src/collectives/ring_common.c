@@ -117,6 +117,9 @@ ncclResult_t coll_ring_drive(coll_op_t *op, size_t loop_elems, long loop_steps,
         coll_chan_t *ch = &op->ch[c];
         coll_ring_at_t at = {.c = c, .pos = comm->channels[c].index};
         at.direct = coll_ring_direct(op, c);
+        at.root_pos = op->coll == COLL_BROADCAST || op->coll == COLL_REDUCE
+                          ? coll_ring_pos(comm, c, op->root)
+                          : -1;
         while (!ch->done) {
             if (ch->base >= ch->end) {
                 int d;
