@@ -24,7 +24,7 @@
 #include <cuda_runtime.h>
 
 static pthread_once_t g_avail_once = PTHREAD_ONCE_INIT;
-static int g_avail;
+static int g_ndev;
 
 static void cuda_avail_probe(void) {
     int n = 0;
@@ -35,12 +35,16 @@ static void cuda_avail_probe(void) {
              cudaGetErrorString(err));
         n = 0;
     }
-    g_avail = n > 0;
+    g_ndev = n;
+}
+
+int chorus_cuda_device_count(void) {
+    pthread_once(&g_avail_once, cuda_avail_probe);
+    return g_ndev;
 }
 
 int chorus_cuda_available(void) {
-    pthread_once(&g_avail_once, cuda_avail_probe);
-    return g_avail;
+    return chorus_cuda_device_count() > 0;
 }
 
 #define MEMKIND_CACHE 16
@@ -86,6 +90,10 @@ chorus_mem_kind_t chorus_mem_kind_dev(const void *p, int *dev_p) {
 }
 
 #else /* !CHORUS_HAVE_CUDA */
+
+int chorus_cuda_device_count(void) {
+    return 0;
+}
 
 int chorus_cuda_available(void) { return 0; }
 

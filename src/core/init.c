@@ -26,6 +26,7 @@
 #include "coll.h"
 #include "comm_impl.h"
 #include "core.h"
+#include "cuda_util.h"
 #include "cuda_enqueue.h"
 #include "param.h"
 #include "topo.h"
@@ -304,31 +305,23 @@ static void *init_all_main(void *p) {
     return NULL;
 }
 
-static int cuda_device_count(void) {
-#if CHORUS_HAVE_CUDA
-    int n = 0;
-    if (comm_cuda_current_device() < 0) return 0;
-    if (cudaGetDeviceCount(&n) != cudaSuccess) {
-        (void)cudaGetLastError();
-        return 0;
-    }
-    return n;
-#else
-    return 0;
-#endif
-}
-
 NCCL_API(ncclResult_t, ncclCommInitAll, ncclComm_t *comm, int ndev, const int *devlist);
 ncclResult_t ncclCommInitAll(ncclComm_t *comms, int ndev, const int *devlist) {
     const char *api = "ncclCommInitAll";
     CHECK(chorus_param_init());
     ARGCHECK(comms != NULL, "%s: comm is NULL", api);
     ARGCHECK(ndev > 0, "%s: ndev %d must be > 0", api, ndev);
-    int ngpus = cuda_device_count();
+    int ngpus = chorus_cuda_device_count();
     /* Several ranks may share a GPU, so repeated entries in devlist are allowed. Without a GPU the
-     * communicators are host-only (cudaDev -1) and devlist only has to be well-formed. */
+     * communicators are host-only (cudaDev -1) and devlist only has to be well-formed. Without a
+     * devlist NCCL uses devices 0..ndev-1 and fails when there are fewer; Chorus puts rank i on
+     * device i % ngpus instead, so that ncclCommInitAll(comms, 4, NULL) works on a one-GPU machine
+     * (host buffers, or several ranks per GPU). */
+    if (!devlist && ngpus > 0 && ndev > ngpus)
+        INFO(SUB_INIT, "%s: %d ranks, %d GPU(s) and no devlist: rank i uses device i %% %d", api,
+             ndev, ngpus, ngpus);
     for (int i = 0; i < ndev; i++) {
-        int d = devlist ? devlist[i] : i;
+        int d = devlist ? devlist[i] : (ngpus > 0 ? i % ngpus : i);
         ARGCHECK(d >= 0, "%s: devlist[%d] = %d is negative", api, i, d);
         ARGCHECK(ngpus == 0 || d < ngpus, "%s: device %d (rank %d) does not exist (%d GPUs)", api,
                  d, i, ngpus);
@@ -350,7 +343,7 @@ ncclResult_t ncclCommInitAll(ncclComm_t *comms, int ndev, const int *devlist) {
         args[i].id = args[0].id;
         args[i].rank = i;
         args[i].nranks = ndev;
-        args[i].dev = ngpus ? (devlist ? devlist[i] : i) : -1;
+        args[i].dev = ngpus ? (devlist ? devlist[i] : i % ngpus) : -1;
         args[i].cfg = cfg;
         args[i].res = ncclInProgress;
         res = comm_alloc(i, ndev, args[i].dev, &cfg, &args[i].comm);

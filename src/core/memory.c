@@ -21,6 +21,7 @@
 #include "check.h"
 #include "comm.h"
 #include "core.h"
+#include "cuda_util.h"
 
 #if CHORUS_HAVE_CUDA
 #include <cuda_runtime.h>
@@ -28,24 +29,9 @@
 
 /* ---- CUDA helpers --------------------------------------------------------------------------- */
 
-#if CHORUS_HAVE_CUDA
-static pthread_once_t g_cuda_once = PTHREAD_ONCE_INIT;
-static int g_cuda_ndev;
-
-static void cuda_probe(void) {
-    int n = 0;
-    if (cudaGetDeviceCount(&n) != cudaSuccess) {
-        (void)cudaGetLastError();
-        n = 0;
-    }
-    g_cuda_ndev = n;
-}
-#endif
-
 int comm_cuda_current_device(void) {
 #if CHORUS_HAVE_CUDA
-    pthread_once(&g_cuda_once, cuda_probe);
-    if (g_cuda_ndev <= 0) return -1;
+    if (chorus_cuda_device_count() <= 0) return -1;
     int d = -1;
     if (cudaGetDevice(&d) != cudaSuccess) {
         (void)cudaGetLastError();
@@ -59,8 +45,7 @@ int comm_cuda_current_device(void) {
 
 int comm_ptr_is_device(const void *ptr) {
 #if CHORUS_HAVE_CUDA
-    pthread_once(&g_cuda_once, cuda_probe);
-    if (g_cuda_ndev <= 0 || ptr == NULL) return 0;
+    if (chorus_cuda_device_count() <= 0 || ptr == NULL) return 0;
     struct cudaPointerAttributes a;
     if (cudaPointerGetAttributes(&a, ptr) != cudaSuccess) {
         (void)cudaGetLastError();

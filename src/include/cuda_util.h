@@ -38,6 +38,8 @@ typedef enum { CHORUS_MEM_HOST = 0, CHORUS_MEM_DEVICE = 1 } chorus_mem_kind_t;
 
 /* 1 when at least one GPU is usable by this process (first call decides, thread-safe). */
 int chorus_cuda_available(void);
+/* How many GPUs this process can use (0 without CUDA or without a usable GPU; probed once). */
+int chorus_cuda_device_count(void);
 /* Host or device; managed memory is device; NULL is host. */
 chorus_mem_kind_t chorus_mem_kind(const void *p);
 /* Same, also returning the device ordinal that owns a device pointer (-1 for host). */
