@@ -269,10 +269,23 @@ ncclResult_t ncclRedOpDestroy(ncclRedOp_t op, ncclComm_t comm) {
     return res;
 }
 
-ncclResult_t comm_resolve_redop(struct ncclComm *comm, ncclRedOp_t op, ncclDataType_t dtype,
-                                chorus_redop_t *out_p) {
+/* The scalar of a user op into the op description, in the dtype's family. */
+static void redop_take_scalar(chorus_redop_t *r, ncclDataType_t dtype,
+                              const chorus_user_redop_t *u) {
+    r->kind = RK_PREMULSUM;
+    if (dtype_is_float(dtype))
+        r->scalar.f = u->scalar.f;
+    else if (dtype_is_signed_int(dtype))
+        r->scalar.i = u->scalar.i;
+    else
+        r->scalar.u = u->scalar.u;
+}
+
+ncclResult_t comm_snapshot_redop(struct ncclComm *comm, ncclRedOp_t op, ncclDataType_t dtype,
+                                 chorus_redop_t *out_p, const void **dev_scalar_p) {
     ARGCHECK(dtype_valid(dtype), "invalid datatype %d", (int)dtype);
     memset(out_p, 0, sizeof(*out_p));
+    if (dev_scalar_p) *dev_scalar_p = NULL;
     out_p->dtype = dtype;
     out_p->nranks = comm->nranks;
     switch ((int)op) {
@@ -315,13 +328,26 @@ ncclResult_t comm_resolve_redop(struct ncclComm *comm, ncclRedOp_t op, ncclDataT
              (int)u.dtype, (int)dtype);
         return ncclInvalidArgument;
     }
-    if (u.residence == ncclScalarDevice) CHECK(read_dev_scalar(dtype, u.dev_scalar, &u));
-    out_p->kind = RK_PREMULSUM;
-    if (dtype_is_float(dtype))
-        out_p->scalar.f = u.scalar.f;
-    else if (dtype_is_signed_int(dtype))
-        out_p->scalar.i = u.scalar.i;
-    else
-        out_p->scalar.u = u.scalar.u;
+    if (u.residence == ncclScalarDevice) {
+        if (dev_scalar_p && comm_ptr_is_device(u.dev_scalar)) {
+            out_p->kind = RK_PREMULSUM; /* the scalar comes later (comm_redop_set_scalar) */
+            *dev_scalar_p = u.dev_scalar;
+            return ncclSuccess;
+        }
+        CHECK(read_dev_scalar(dtype, u.dev_scalar, &u));
+    }
+    redop_take_scalar(out_p, dtype, &u);
     return ncclSuccess;
+}
+
+void comm_redop_set_scalar(chorus_redop_t *r, const void *bytes) {
+    chorus_user_redop_t u;
+    memset(&u, 0, sizeof(u));
+    scalar_decode(r->dtype, bytes, &u);
+    redop_take_scalar(r, r->dtype, &u);
+}
+
+ncclResult_t comm_resolve_redop(struct ncclComm *comm, ncclRedOp_t op, ncclDataType_t dtype,
+                                chorus_redop_t *out_p) {
+    return comm_snapshot_redop(comm, op, dtype, out_p, NULL);
 }

@@ -51,7 +51,12 @@ ncclResult_t coll_api_prepare(const coll_args_t *a, coll_op_t **op_p) {
     chorus_redop_t redop = {0};
     int reduces = a->coll == COLL_ALLREDUCE || a->coll == COLL_REDUCESCATTER ||
                   a->coll == COLL_REDUCE;
-    if (reduces) CHECK(comm_resolve_redop(comm, a->op, a->dtype, &redop));
+    if (reduces && a->redop_fixed) {
+        redop = a->redop;
+        if (a->redop_scalar) comm_redop_set_scalar(&redop, a->redop_scalar);
+    } else if (reduces) {
+        CHECK(comm_resolve_redop(comm, a->op, a->dtype, &redop));
+    }
     const int n = comm->nranks;
     if (a->coll == COLL_SEND || a->coll == COLL_RECV) {
         ARGCHECK(a->root >= 0 && a->root < n, "%s: peer %d is out of range (0..%d)", api, a->root,

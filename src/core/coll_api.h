@@ -21,6 +21,14 @@ typedef struct {
     /* Added by the CUDA path: the buffers are pinned staging copies of device buffers, run by the
      * communicator's CUDA worker; the stream is ordered by the worker, so no stream sync here. */
     int staged;
+    /* Also set by the CUDA path, when the call is made: the reduction op as it was then (the
+     * caller may destroy a PreMulSum op once the call returns). redop_dev_scalar: a
+     * ncclScalarDevice scalar still to be copied, in stream order, into staging; redop_scalar:
+     * those bytes in staging, read when the op runs. */
+    int redop_fixed;
+    chorus_redop_t redop;
+    const void *redop_dev_scalar;
+    const void *redop_scalar;
 } coll_args_t;
 
 /* Validate and build the op (*op_p NULL for a valid count-0 call: nothing to run). */

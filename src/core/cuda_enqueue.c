@@ -31,6 +31,7 @@
 #include "cuda_enqueue.h"
 #include "cuda_util.h"
 #include "log.h"
+#include "param.h"
 
 #if CHORUS_HAVE_CUDA
 #include <cuda_runtime.h>
@@ -76,8 +77,10 @@ int cuda_enqueue_wants(const coll_args_t *a) {
            chorus_mem_kind(a->recvbuff) == CHORUS_MEM_DEVICE;
 }
 
-/* The arguments checks that must fail the call itself (the worker's run repeats all of them). */
-static ncclResult_t cuda_op_check(const coll_args_t *a) {
+/* The arguments checks that must fail the call itself (the worker's run repeats all of them),
+ * and the reduction op taken as it is now (no device access: a device scalar is copied later, on
+ * the user's stream). */
+static ncclResult_t cuda_op_check(coll_args_t *a) {
     struct ncclComm *comm = a->comm;
     CHECK(comm_check_usable(comm, a->api));
     if (comm->abort_flag) {
@@ -87,8 +90,9 @@ static ncclResult_t cuda_op_check(const coll_args_t *a) {
     ARGCHECK(chorus_dtype_size(a->dtype) != 0, "%s: invalid datatype %d", a->api, (int)a->dtype);
     const int n = comm->nranks;
     if (a->coll == COLL_ALLREDUCE || a->coll == COLL_REDUCESCATTER || a->coll == COLL_REDUCE) {
-        chorus_redop_t r;
-        CHECK(comm_resolve_redop(comm, a->op, a->dtype, &r));
+        CHECK(comm_snapshot_redop(comm, a->op, a->dtype, &a->redop, &a->redop_dev_scalar));
+        a->redop_fixed = 1;
+        a->redop_scalar = NULL;
     }
     if (a->coll == COLL_SEND || a->coll == COLL_RECV)
         ARGCHECK(a->root >= 0 && a->root < n, "%s: peer %d is out of range (0..%d)", a->api,
@@ -115,6 +119,8 @@ static ncclResult_t cuda_op_check(const coll_args_t *a) {
     return ncclSuccess;
 }
 
+static int cuda_stage_choose(const struct ncclComm *comm, int dev);
+
 static ncclResult_t cuda_state_get(struct ncclComm *comm, int dev, cuda_comm_state_t **st_p) {
     pthread_mutex_lock(&comm->lock);
     cuda_comm_state_t *st = comm->cuda_state;
@@ -128,6 +134,10 @@ static ncclResult_t cuda_state_get(struct ncclComm *comm, int dev, cuda_comm_sta
         }
         st->comm = comm;
         st->dev = dev;
+        st->stage_by_kernel = cuda_stage_choose(comm, dev);
+        INFO(SUB_INIT, "rank %d: device-buffer ops stage through pinned memory with %s", comm->rank,
+             st->stage_by_kernel ? "kernels (another rank is a thread of this process on this GPU)"
+                                 : "copy engines");
         pthread_mutex_init(&st->lock, NULL);
         pthread_cond_init(&st->cond, NULL);
         void *h = NULL;
@@ -202,7 +212,7 @@ static ncclResult_t cuda_block_take(cuda_comm_state_t *st, size_t bytes, cuda_bl
         WARN("out of memory for a staging block");
         return ncclSystemError;
     }
-    ncclResult_t res = chorus_cuda_host_alloc(&b->host, NULL, cap);
+    ncclResult_t res = chorus_cuda_host_alloc(&b->host, &b->dev, cap);
     if (res != ncclSuccess) goto fail;
     CUDACHECK_GOTO(cudaEventCreateWithFlags(&b->ev_in, cudaEventDisableTiming), res, fail);
     CUDACHECK_GOTO(cudaEventCreateWithFlags(&b->ev_out, cudaEventDisableTiming), res, fail);
@@ -245,6 +255,37 @@ out:
     if (prev >= 0 && cudaSetDevice(prev) != cudaSuccess) (void)cudaGetLastError();
 }
 
+/* Staging copies: kernels, or the copy engines (CHORUS_CUDA_STAGE_COPY, param_table.h). The
+ * automatic choice is made once per communicator state. */
+static int cuda_stage_by_kernel(const cuda_comm_state_t *st) {
+    return st->stage_by_kernel;
+}
+
+static int cuda_stage_choose(const struct ncclComm *comm, int dev) {
+    int64_t v = chorus_param_int(PARAM_CUDA_STAGE_COPY);
+    if (v >= 0) return v != 0;
+    if (comm->peers == NULL) return 1;
+    const chorus_locality_t *me = &comm->peers[comm->rank];
+    for (int r = 0; r < comm->nranks; r++) {
+        const chorus_locality_t *p = &comm->peers[r];
+        if (r != comm->rank && locality_same_host(p, me) && p->pid == me->pid && p->cuda_dev == dev)
+            return 1;
+    }
+    return 0;
+}
+
+/* The device-side address of a host pointer into a staging block. */
+static void *cuda_block_devptr(const cuda_block_t *b, const void *host) {
+    return (char *)b->dev + ((const char *)host - (const char *)b->host);
+}
+
+static cudaError_t cuda_stage_d2h(const cuda_comm_state_t *st, const cuda_block_t *b, void *stage,
+                                  const void *src, size_t n, cudaStream_t s) {
+    if (cuda_stage_by_kernel(st))
+        return cuda_stage_copy_launch(cuda_block_devptr(b, stage), src, n, s);
+    return cudaMemcpyAsync(stage, src, n, cudaMemcpyDeviceToHost, s);
+}
+
 /* Choose staging pointers for one op and queue its input copy and E_in on the user's stream. */
 static ncclResult_t cuda_op_stage_in(cuda_comm_state_t *st, cuda_op_t *op) {
     coll_args_t *a = &op->args;
@@ -265,6 +306,8 @@ static ncclResult_t cuda_op_stage_in(cuda_comm_state_t *st, cuda_op_t *op) {
     int recv_in_send = sdev && rdev && !send_in_recv && ur >= us && ur + rbytes <= us + sbytes;
     if (send_in_recv) need = rbytes;
     if (recv_in_send) need = sbytes;
+    size_t scalar_off = CHORUS_ALIGN_UP(need, 16);
+    if (a->redop_dev_scalar) need = scalar_off + 16;
     CHECK(cuda_block_take(st, need ? need : 1, &op->block));
     char *base = op->block->host;
     char *ss = NULL, *sr = NULL;
@@ -284,7 +327,12 @@ static ncclResult_t cuda_op_stage_in(cuda_comm_state_t *st, cuda_op_t *op) {
     cudaStream_t s = (cudaStream_t)a->stream;
     op->stream = a->stream;
     a->stream = NULL; /* the worker must never wait on the user's stream: it waits on us */
-    if (sdev && sbytes) CUDACHECK(cudaMemcpyAsync(ss, us, sbytes, cudaMemcpyDeviceToHost, s));
+    if (sdev && sbytes) CUDACHECK(cuda_stage_d2h(st, op->block, ss, us, sbytes, s));
+    if (a->redop_dev_scalar) { /* read in stream order, as NCCL's kernel would read it */
+        CUDACHECK(cuda_stage_d2h(st, op->block, base + scalar_off, a->redop_dev_scalar, esize, s));
+        a->redop_scalar = base + scalar_off;
+        a->redop_dev_scalar = NULL;
+    }
     CUDACHECK(cudaEventRecord(op->block->ev_in, s));
     /* What the worker runs, and what stage_out copies back. */
     a->sendbuff = sdev ? ss : (ns ? us : ss);
@@ -297,10 +345,17 @@ static ncclResult_t cuda_op_stage_in(cuda_comm_state_t *st, cuda_op_t *op) {
 
 static ncclResult_t cuda_op_stage_out(cuda_comm_state_t *st, cuda_op_t *op, uint32_t seq) {
     cudaStream_t s = (cudaStream_t)op->stream;
-    CHECK(cuda_stream_wait_flag(s, st->done_dev, seq));
-    if (op->recv_bytes)
-        CUDACHECK(cudaMemcpyAsync(op->user_recv, op->stage_recv, op->recv_bytes,
-                                  cudaMemcpyHostToDevice, s));
+    if (cuda_stage_by_kernel(st)) { /* one kernel waits for the worker, then copies */
+        CUDACHECK(cuda_wait_copy_launch(
+            st->done_dev, seq, op->user_recv,
+            op->recv_bytes ? cuda_block_devptr(op->block, op->stage_recv) : NULL, op->recv_bytes,
+            s));
+    } else {
+        CHECK(cuda_stream_wait_flag(s, st->done_dev, seq));
+        if (op->recv_bytes)
+            CUDACHECK(cudaMemcpyAsync(op->user_recv, op->stage_recv, op->recv_bytes,
+                                      cudaMemcpyHostToDevice, s));
+    }
     CUDACHECK(cudaEventRecord(op->block->ev_out, s));
     pthread_mutex_lock(&st->lock);
     op->block->out_recorded = 1;
@@ -380,7 +435,8 @@ out:
     return res;
 }
 
-ncclResult_t cuda_enqueue_call(const coll_args_t *a) {
+ncclResult_t cuda_enqueue_call(const coll_args_t *call) {
+    coll_args_t args = *call, *a = &args;
     ncclResult_t res = cuda_op_check(a);
     if (res == ncclSuccess && a->count == 0) return ncclSuccess;
     if (res == ncclSuccess && group_depth() > 0) {

@@ -61,6 +61,7 @@ void cuda_enqueue_comm_free(struct ncclComm *comm);
 /* A pinned staging block; reused once E_out (recorded after the H2D copy) has completed. */
 typedef struct cuda_block {
     void *host;
+    void *dev; /* the same memory as kernels address it (mapped pinned memory) */
     size_t cap;
     cudaEvent_t ev_in, ev_out;
     int in_flight;    /* taken by an op whose output copy may not have run yet */
@@ -87,6 +88,7 @@ typedef struct cuda_batch {
 typedef struct cuda_comm_state {
     struct ncclComm *comm;
     int dev;
+    int stage_by_kernel; /* CHORUS_CUDA_STAGE_COPY as chosen for this communicator */
     pthread_mutex_t lock;
     pthread_cond_t cond;
     cuda_batch_t *head, *tail; /* submitted, not yet run */
@@ -108,6 +110,10 @@ void cuda_batch_free(cuda_batch_t *b);
 
 /* cuda_stream.c: make `stream` wait until (int32_t)(*flag - value) >= 0. */
 ncclResult_t cuda_stream_wait_flag(cudaStream_t stream, void *flag_dev, uint32_t value);
+/* cuda_wait_kernel.cu: the staging copies as kernels (CHORUS_CUDA_STAGE_COPY=1). */
+cudaError_t cuda_stage_copy_launch(void *dst, const void *src, size_t bytes, cudaStream_t stream);
+cudaError_t cuda_wait_copy_launch(const void *flag_dev, uint32_t value, void *dst, const void *src,
+                                  size_t bytes, cudaStream_t stream);
 #endif
 
 #endif

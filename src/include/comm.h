@@ -166,6 +166,14 @@ ncclResult_t comm_config_parse(const ncclConfig_t *user, const ncclConfig_t *inh
  * destroyed op, or a dtype that does not match the op's, is ncclInvalidArgument with a WARN. */
 ncclResult_t comm_resolve_redop(struct ncclComm *comm, ncclRedOp_t op, ncclDataType_t dtype,
                                 chorus_redop_t *out_p);
+/* The same, taken when a call is made and run later (NCCL lets the caller destroy a PreMulSum op
+ * once the call has returned). For a ncclScalarDevice op whose scalar is device memory,
+ * *dev_scalar_p is that pointer and the scalar is left for comm_redop_set_scalar, once the bytes
+ * have been copied in stream order; otherwise *dev_scalar_p is NULL and the op is complete. */
+ncclResult_t comm_snapshot_redop(struct ncclComm *comm, ncclRedOp_t op, ncclDataType_t dtype,
+                                 chorus_redop_t *out_p, const void **dev_scalar_p);
+/* Fill a PreMulSum op's scalar from the bytes of one element of its dtype. */
+void comm_redop_set_scalar(chorus_redop_t *r, const void *bytes);
 
 /* The registration covering [ptr, ptr+bytes) on this comm, or NULL (src/core/memory.c). */
 const comm_reg_t *comm_reg_find(struct ncclComm *comm, const void *ptr, size_t bytes);

@@ -23,6 +23,7 @@ PARAM(SOCKET_FAMILY, STR, NULL, 1, "AF_INET or AF_INET6 to force an address fami
 PARAM(TRANSPORT, STR, NULL, 0, "force one transport for every peer (shm, tcp, cuda_ipc, ib)")
 PARAM(SHM_DISABLE, INT, 0, 1, "1: never use shared memory between local processes")
 PARAM(P2P_DISABLE, INT, 0, 1, "1: never use CUDA IPC")
+PARAM(CUDA_STAGE_COPY, INT, -1, 0, "device-buffer ops: how the copies to and from pinned staging and the stream's wait for the worker run. 1: kernels (SM loads and stores): a waiting op holds no copy-engine or front-end queue, which ranks that are threads of one process on one GPU share (with copy engines they stalled); 0: cudaMemcpyAsync and a stream memory wait (between processes a spinning kernel would hold the GPU for a whole time slice, 2.3 ms per op on an H100); -1: 1 where another rank of the communicator is a thread of this process on the same GPU, else 0")
 PARAM(CUDA_IPC_DEVICE_SLOTS, INT, 0, 0, "1: let a forced cuda_ipc transport carry chunks in GPU-memory slots (device-aware callers and tests; the collective engine drives host-memory slots only)")
 PARAM(IB_DISABLE, INT, 0, 1, "1: never use RDMA verbs")
 PARAM(IB_HCA, STR, NULL, 1, "RDMA devices to use (same syntax as SOCKET_IFNAME)")

@@ -82,6 +82,7 @@ double reference(ncclRedOp_t op, ncclDataType_t t, int n, size_t i) {
 const size_t kBufBytes = 16u << 20;
 struct Bufs {
     void *send = nullptr, *recv = nullptr, *base = nullptr, *other = nullptr;
+    void *host_in = nullptr, *host_out = nullptr; // pinned, for ranks that are threads
 };
 
 #define RC(x)                                                                                      \
@@ -89,6 +90,27 @@ struct Bufs {
         cudaError_t e_ = (x);                                                                      \
         RANK_CHECK(e_ == cudaSuccess, "%s: %s", #x, cudaGetErrorString(e_));                       \
     } while (0)
+
+// The test's own host copies of a case's input and output: pageable (std::vector) for forked
+// ranks, pinned for ranks that are threads. A copy between a device and pageable memory holds a
+// driver lock of the process until it completes (seen on an H100: one rank's read-back, waiting
+// for its collective, blocked the other rank's copies, so that rank never called its side of the
+// collective). That holds for any library whose ops complete asynchronously on the stream, NCCL
+// included: threads that share a GPU must not do pageable copies of results still in flight.
+// The pinned buffers are allocated once per rank, like the device buffers (cudaFreeHost may wait
+// for the whole device, which waits for the other rank).
+struct HostBuf {
+    HostBuf(size_t n, void *pinned) : p_(pinned) {
+        if (!p_) v_.resize(n);
+    }
+    unsigned char *data() {
+        return p_ ? (unsigned char *)p_ : v_.data();
+    }
+
+  private:
+    void *p_;
+    std::vector<unsigned char> v_;
+};
 
 // One case on one rank. Returns 0 when the output matches the reference.
 int run_case(ncclComm_t comm, cudaStream_t s, const Bufs &mem, int rank, int n, Coll c,
@@ -103,7 +125,7 @@ int run_case(ncclComm_t comm, cudaStream_t s, const Bufs &mem, int rank, int n, 
     // Non-reducing collectives use the "max" values (0..8) as their payload.
     ncclRedOp_t vop = (c == C_ALLREDUCE || c == C_REDUCE || c == C_REDUCESCATTER) ? op : ncclMax;
 
-    std::vector<unsigned char> hin(scount * es), hout(rcount * es);
+    HostBuf hin(scount * es, mem.host_in), hout(rcount * es, mem.host_out);
     for (size_t i = 0; i < scount; i++) put_value(t, hin.data(), i, input_value(vop, rank, i));
 
     Bufs b = mem;
@@ -180,7 +202,7 @@ int run_case(ncclComm_t comm, cudaStream_t s, const Bufs &mem, int rank, int n, 
     return bad ? 1 : 0;
 }
 
-int sweep_rank(const ncclUniqueId &id, int rank, int n) {
+int sweep_rank(const ncclUniqueId &id, int rank, int n, bool pinned_host) {
     RC(cudaSetDevice(0));
     ncclComm_t comm;
     RANK_NCCL(ncclCommInitRank(&comm, n, id, rank));
@@ -192,6 +214,10 @@ int sweep_rank(const ncclUniqueId &id, int rank, int n) {
     Bufs mem;
     RC(cudaMalloc(&mem.base, kBufBytes));
     RC(cudaMalloc(&mem.other, kBufBytes));
+    if (pinned_host) {
+        RC(cudaMallocHost(&mem.host_in, kBufBytes));
+        RC(cudaMallocHost(&mem.host_out, kBufBytes));
+    }
     int failed = 0;
     const size_t count = 1031; // odd: no dtype gets a whole number of 16-byte vectors
     for (Coll c : {C_ALLREDUCE, C_REDUCE, C_REDUCESCATTER}) {
@@ -215,6 +241,10 @@ int sweep_rank(const ncclUniqueId &id, int rank, int n) {
     RC(cudaStreamSynchronize(s));
     RC(cudaFree(mem.base));
     RC(cudaFree(mem.other));
+    if (pinned_host) {
+        RC(cudaFreeHost(mem.host_in));
+        RC(cudaFreeHost(mem.host_out));
+    }
     RC(cudaStreamDestroy(s));
     RANK_CHECK(failed == 0, "%d cases failed on rank %d", failed, rank);
     return 0;
@@ -226,8 +256,10 @@ void run_sweep(Launch how, int n) {
                         "forked ranks cannot use it; run this test alone (ctest runs each test in "
                         "its own process)";
     ncclUniqueId id = make_unique_id();
-    RunResult r = run_ranks(how, n, [&](int rank, int nranks) { return sweep_rank(id, rank, nranks); },
-                            600);
+    RunResult r = run_ranks(
+        how, n,
+        [&](int rank, int nranks) { return sweep_rank(id, rank, nranks, how == Launch::Threads); },
+        600);
     EXPECT_TRUE(r.ok()) << r.detail;
 }
 
@@ -294,6 +326,76 @@ TEST(CudaColl, PeerDeathReleasesStream) {
     if (old_env) setenv("CHORUS_TIMEOUT", old_timeout.c_str(), 1);
     else unsetenv("CHORUS_TIMEOUT");
     chorus_param_reset();
+    EXPECT_TRUE(r.ok()) << r.detail;
+}
+
+// PreMulSum on device buffers. NCCL lets the caller destroy the op as soon as the call returns,
+// and reads a ncclScalarDevice scalar in stream order: a scalar written on the stream before the
+// call counts, one written after it does not. The device path runs the op later, on its worker.
+int premulsum_rank(const ncclUniqueId &id, int rank, int n) {
+    RC(cudaSetDevice(0));
+    ncclComm_t comm;
+    RANK_NCCL(ncclCommInitRank(&comm, n, id, rank));
+    cudaStream_t s;
+    RC(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    const size_t count = 1031;
+    float *buf, *out, *dscalar, *hscalars;
+    RC(cudaMalloc(&buf, count * sizeof(float)));
+    RC(cudaMalloc(&out, 2 * count * sizeof(float)));
+    RC(cudaMalloc(&dscalar, sizeof(float)));
+    RC(cudaMallocHost(&hscalars, 2 * sizeof(float)));
+    std::vector<float> in(count), got(2 * count);
+    for (size_t i = 0; i < count; i++)
+        in[i] = (float)((rank + i) % 4);
+    RC(cudaMemcpyAsync(buf, in.data(), count * sizeof(float), cudaMemcpyHostToDevice, s));
+    // 1: a host-immediate scalar, the op destroyed right after the call.
+    float two = 2.0f;
+    ncclRedOp_t op;
+    RANK_NCCL(ncclRedOpCreatePreMulSum(&op, &two, ncclFloat32, ncclScalarHostImmediate, comm));
+    RANK_NCCL(ncclAllReduce(buf, out, count, ncclFloat32, op, comm, s));
+    RANK_NCCL(ncclRedOpDestroy(op, comm));
+    // 2: a device scalar: 3 is written on the stream before the call, 5 after it.
+    hscalars[0] = 3.0f;
+    hscalars[1] = 5.0f;
+    RC(cudaMemcpyAsync(dscalar, &hscalars[0], sizeof(float), cudaMemcpyHostToDevice, s));
+    RANK_NCCL(ncclRedOpCreatePreMulSum(&op, dscalar, ncclFloat32, ncclScalarDevice, comm));
+    RANK_NCCL(ncclAllReduce(buf, out + count, count, ncclFloat32, op, comm, s));
+    RANK_NCCL(ncclRedOpDestroy(op, comm));
+    RC(cudaMemcpyAsync(dscalar, &hscalars[1], sizeof(float), cudaMemcpyHostToDevice, s));
+    RC(cudaMemcpyAsync(got.data(), out, 2 * count * sizeof(float), cudaMemcpyDeviceToHost, s));
+    RC(cudaStreamSynchronize(s));
+    ncclResult_t async = ncclSuccess;
+    RANK_NCCL(ncclCommGetAsyncError(comm, &async));
+    RANK_CHECK(async == ncclSuccess, "async error %s", ncclGetErrorString(async));
+    int bad = 0;
+    for (size_t i = 0; i < count && bad < 3; i++) {
+        float sum = 0;
+        for (int r = 0; r < n; r++)
+            sum += (float)((r + i) % 4);
+        if (got[i] != 2 * sum || got[count + i] != 3 * sum) {
+            fprintf(stderr, "rank %d element %zu: %g and %g, expected %g and %g\n", rank, i, got[i],
+                    got[count + i], 2 * sum, 3 * sum);
+            bad++;
+        }
+    }
+    RANK_NCCL(ncclCommDestroy(comm));
+    RC(cudaFree(buf));
+    RC(cudaFree(out));
+    RC(cudaFree(dscalar));
+    RC(cudaFreeHost(hscalars));
+    RC(cudaStreamDestroy(s));
+    RANK_CHECK(bad == 0, "PreMulSum results wrong on rank %d", rank);
+    return 0;
+}
+
+TEST(CudaColl, PreMulSumOpDestroyedAfterCallAndDeviceScalarInStreamOrder) {
+    SKIP_WITHOUT_GPU_PATH();
+    if (cuda_loaded_here())
+        GTEST_SKIP() << "SKIPPED, NOT RUN: CUDA is already initialised in this test process, so "
+                        "forked ranks cannot use it; run this test alone (ctest does)";
+    ncclUniqueId id = make_unique_id();
+    RunResult r = run_ranks(
+        Launch::Forked, 2, [&](int rank, int n) { return premulsum_rank(id, rank, n); }, 180);
     EXPECT_TRUE(r.ok()) << r.detail;
 }
 
