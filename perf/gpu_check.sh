@@ -13,7 +13,9 @@
 #    host <-> device.
 # 4. Runs all_reduce_perf, all_gather_perf, reduce_scatter_perf on device memory (-m device) with
 #    1, 2 and 4 ranks that all share GPU 0 (processes under chorusrun, or perf/launch_local.sh),
-#    at 8 bytes (latency) and at the largest size (bandwidth), with the results checked (#wrong).
+#    at 64 bytes (latency: nccl-tests rounds all-gather and reduce-scatter counts per rank down
+#    to 16 bytes, so 8 bytes would be an empty op) and at the largest size (bandwidth), with the
+#    results checked (#wrong).
 # 5. Prints one table: busbw at the largest size, as a fraction of the copy limit for that pattern.
 #
 # The limit: with n ranks on ONE GPU every byte a rank sends is a copy inside that GPU's memory.
@@ -116,7 +118,7 @@ for coll in all_reduce all_gather reduce_scatter; do
     for n in $rank_counts; do
         p="$bin/${coll}_perf"
         echo "running $coll with $n rank(s) on GPU 0 ..." >&2
-        lat=$(launch "$n" "$p" -b 8 -e 8 -n 100 -w 10 -m device 2>"$log/${coll}_${n}_lat.err")
+        lat=$(launch "$n" "$p" -b 64 -e 64 -n 100 -w 10 -m device 2>"$log/${coll}_${n}_lat.err")
         rc1=$?
         bw=$(launch "$n" "$p" -b "$max_bytes" -e "$max_bytes" -n 10 -w 3 -m device 2>"$log/${coll}_${n}_bw.err")
         rc2=$?
@@ -140,7 +142,7 @@ done
 echo
 echo "# Chorus CUDA path on ${gpu:-?}: ranks share GPU 0; limit = d2d / n = busbw ceiling (see header)"
 echo "# d2d ${d2d} GB/s, h2d ${h2d} GB/s, d2h ${d2h} GB/s; test_cuda ${tests_pass} passed ${tests_fail} failed ${tests_skip} skipped"
-printf '%-15s %5s %11s %10s %12s %10s %7s %5s\n' "collective" "ranks" "8B time us" "size B" \
+printf '%-15s %5s %11s %10s %12s %10s %7s %5s\n' "collective" "ranks" "64B time us" "size B" \
     "busbw GB/s" "of limit" "#wrong" "rc"
 for r in "${rows[@]}"; do echo "$r"; done
 exit $status
