@@ -39,3 +39,13 @@ const char *dtype_label(ncclDataType_t t);
             GTEST_SKIP() << "SKIPPED, NOT RUN: " << why_                                           \
                          << " (the CUDA path of Chorus needs a GPU; this test did not check it)"; \
     } while (0)
+
+// Forked ranks cannot use CUDA once this process has initialised it (a gtest binary running
+// several cases): skip, saying so. ctest runs each case in a process of its own.
+#define SKIP_IF_FORK_CANNOT_USE_CUDA()                                                             \
+    do {                                                                                           \
+        if (chorus_cuda_test::cuda_loaded_here())                                                  \
+            GTEST_SKIP() << "SKIPPED, NOT RUN: CUDA is already initialised in this test process, " \
+                            "so forked ranks cannot use it; run this test alone (ctest runs each " \
+                            "test in its own process)";                                            \
+    } while (0)

@@ -251,10 +251,7 @@ int sweep_rank(const ncclUniqueId &id, int rank, int n, bool pinned_host) {
 }
 
 void run_sweep(Launch how, int n) {
-    if (how == Launch::Forked && cuda_loaded_here())
-        GTEST_SKIP() << "SKIPPED, NOT RUN: CUDA is already initialised in this test process, so "
-                        "forked ranks cannot use it; run this test alone (ctest runs each test in "
-                        "its own process)";
+    if (how == Launch::Forked) SKIP_IF_FORK_CANNOT_USE_CUDA();
     ncclUniqueId id = make_unique_id();
     RunResult r = run_ranks(
         how, n,
@@ -313,9 +310,7 @@ int peer_death_rank(const ncclUniqueId &id, int rank, int n) {
 
 TEST(CudaColl, PeerDeathReleasesStream) {
     SKIP_WITHOUT_GPU_PATH();
-    if (cuda_loaded_here())
-        GTEST_SKIP() << "SKIPPED, NOT RUN: CUDA is already initialised in this test process, so "
-                        "forked ranks cannot use it; run this test alone (ctest does)";
+    SKIP_IF_FORK_CANNOT_USE_CUDA();
     const char *old_env = getenv("CHORUS_TIMEOUT");
     std::string old_timeout = old_env ? old_env : "";
     setenv("CHORUS_TIMEOUT", "20", 1); // the survivor's waits end within 20 s
@@ -390,9 +385,7 @@ int premulsum_rank(const ncclUniqueId &id, int rank, int n) {
 
 TEST(CudaColl, PreMulSumOpDestroyedAfterCallAndDeviceScalarInStreamOrder) {
     SKIP_WITHOUT_GPU_PATH();
-    if (cuda_loaded_here())
-        GTEST_SKIP() << "SKIPPED, NOT RUN: CUDA is already initialised in this test process, so "
-                        "forked ranks cannot use it; run this test alone (ctest does)";
+    SKIP_IF_FORK_CANNOT_USE_CUDA();
     ncclUniqueId id = make_unique_id();
     RunResult r = run_ranks(
         Launch::Forked, 2, [&](int rank, int n) { return premulsum_rank(id, rank, n); }, 180);

@@ -130,9 +130,7 @@ int ipc_rank(const chorus_unique_id_t &id, int rank, int n) {
 }
 
 void run_ipc(Launch how) {
-    if (how == Launch::Forked && chorus_cuda_test::cuda_loaded_here())
-        GTEST_SKIP() << "SKIPPED, NOT RUN: CUDA is already initialised in this test process, so "
-                        "forked ranks cannot use it; run this test alone (ctest does)";
+    if (how == Launch::Forked) SKIP_IF_FORK_CANNOT_USE_CUDA();
     ScopedEnv env;
     env.set("CHORUS_TRANSPORT", "cuda_ipc");
     env.set("CHORUS_CUDA_IPC_DEVICE_SLOTS", "1");
