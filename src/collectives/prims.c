@@ -208,7 +208,9 @@ static int hdr_check(coll_op_t *op, const coll_use_t *u, const coll_hdr_t *their
         return 0;
     }
     char a[96], b[96];
-    coll_hdr_describe(&mine, a, sizeof(a));
+    coll_hdr_t shown = mine; /* send and recv headers both say send (they match by size) */
+    if (op->coll == COLL_RECV) shown.coll = COLL_RECV;
+    coll_hdr_describe(&shown, a, sizeof(a));
     coll_hdr_describe(theirs, b, sizeof(b));
     if (theirs->seq != mine.seq)
         coll_op_fail(op, ncclInvalidUsage,

@@ -12,9 +12,10 @@
  * ticket.
  *
  * Every transfer's first chunk carries the op header, so a size mismatch between a send and its
- * receive is reported instead of corrupting memory. A count-0 call is a no-op that moves nothing
- * (as in NCCL): a count-0 send against a receive of more leaves the receive waiting until
- * CHORUS_TIMEOUT, which then names it.
+ * receive is reported instead of corrupting memory. A count-0 send or receive is a real transfer
+ * of one header-only chunk, matched like any other (as in NCCL since 2.12.10: programs synchronise
+ * with empty messages, and a count-0 send against a receive of more is a reported mismatch).
+ * Count-0 all-to-all, gather and scatter are collectives, and no-ops.
  */
 #include <stdlib.h>
 #include <string.h>

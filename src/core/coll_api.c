@@ -89,7 +89,9 @@ ncclResult_t coll_api_prepare(const coll_args_t *a, coll_op_t **op_p) {
     }
     if (need_send) CHECK(api_check_ptr(api, "sendbuff", a->sendbuff, scount));
     if (need_recv) CHECK(api_check_ptr(api, "recvbuff", a->recvbuff, rcount));
-    if (a->count == 0) return ncclSuccess;
+    /* Count 0: a collective is a no-op. A send or receive is still an op that its peer's matches
+     * (NCCL since 2.12.10; programs use empty messages to synchronise): a header moves. */
+    if (a->count == 0 && a->coll != COLL_SEND && a->coll != COLL_RECV) return ncclSuccess;
 #if CHORUS_HAVE_CUDA
     /* Staged device ops: the CUDA worker runs them and the user's stream waits on the worker. */
     if (!a->staged && (a->stream != NULL || comm->cuda_dev >= 0)) {

@@ -438,7 +438,8 @@ out:
 ncclResult_t cuda_enqueue_call(const coll_args_t *call) {
     coll_args_t args = *call, *a = &args;
     ncclResult_t res = cuda_op_check(a);
-    if (res == ncclSuccess && a->count == 0) return ncclSuccess;
+    if (res == ncclSuccess && a->count == 0 && a->coll != COLL_SEND && a->coll != COLL_RECV)
+        return ncclSuccess; /* empty sends and receives are matched, as on host buffers */
     if (res == ncclSuccess && group_depth() > 0) {
         cuda_pending_t *p = &cuda_pending;
         if (p->n == p->cap) {

@@ -3,7 +3,12 @@
 // scatter), the native async API and ncclGroupSimulateEnd.
 #include <gtest/gtest.h>
 
+#include <time.h>
+#include <unistd.h>
+
 #include <cstdint>
+#include <cstring>
+#include <string>
 #include <vector>
 
 #include "chorus.h"
@@ -211,6 +216,71 @@ TEST(Group, SelfSendRecv) {
     });
     EXPECT_TRUE(res.ok()) << res.detail;
 }
+
+// Count-0 sends and receives are matched ops (NCCL since 2.12.10; programs synchronise with empty
+// messages): an empty receive returns only once the peer's empty send has come, later messages
+// still pair up, and an empty send against a receive of more is ncclInvalidUsage on the receiver,
+// not a wait until the deadline.
+class EmptyP2p : public ::testing::TestWithParam<Launch> {};
+TEST_P(EmptyP2p, EmptyMessagesAreMatched) {
+    ncclUniqueId id = chorus_test::make_unique_id();
+    auto res = chorus_test::run_ranks(GetParam(), 2, [&](int rank, int nr) -> int {
+        ncclComm_t comm;
+        RANK_NCCL(ncclCommInitRank(&comm, nr, id, rank));
+        const int peer = 1 - rank;
+        auto now = [] {
+            struct timespec ts;
+            clock_gettime(CLOCK_MONOTONIC, &ts);
+            return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+        };
+        // 1. Rank 1 sends nothing 0.3 s late: rank 0's empty receive waits for it.
+        if (rank == 1) {
+            usleep(300000);
+            RANK_NCCL(ncclSend(nullptr, 0, ncclFloat32, peer, comm, nullptr));
+        } else {
+            double t0 = now();
+            RANK_NCCL(ncclRecv(nullptr, 0, ncclFloat32, peer, comm, nullptr));
+            double took = now() - t0;
+            RANK_CHECK(took > 0.2, "the empty receive returned after %.3f s, before the send",
+                       took);
+        }
+        // 2. Messages after it still pair up, also in a group with an empty one.
+        std::vector<int32_t> s(1000), r(1000, -1);
+        for (size_t i = 0; i < s.size(); i++)
+            s[i] = p2p_val(rank, peer, i);
+        RANK_NCCL(ncclGroupStart());
+        RANK_NCCL(ncclSend(s.data(), 0, ncclInt32, peer, comm, nullptr));
+        RANK_NCCL(ncclRecv(r.data(), 0, ncclInt32, peer, comm, nullptr));
+        RANK_NCCL(ncclSend(s.data(), s.size(), ncclInt32, peer, comm, nullptr));
+        RANK_NCCL(ncclRecv(r.data(), r.size(), ncclInt32, peer, comm, nullptr));
+        RANK_NCCL(ncclGroupEnd());
+        if (check_block(r.data(), peer, rank, r.size(), "after empty messages")) return 1;
+        // 3. An empty send against a receive of 100 elements: a mismatch, reported at once.
+        double t0 = now();
+        ncclResult_t rr = rank == 1 ? ncclSend(s.data(), 0, ncclInt32, peer, comm, nullptr)
+                                    : ncclRecv(r.data(), 100, ncclInt32, peer, comm, nullptr);
+        double took = now() - t0;
+        if (rank == 0) {
+            RANK_CHECK(rr == ncclInvalidUsage, "receive of 100 against an empty send: %s",
+                       ncclGetErrorString(rr));
+            const char *msg = ncclGetLastError(comm);
+            RANK_CHECK(strstr(msg, "mismatch") && strstr(msg, "recv bytes=400") &&
+                           strstr(msg, "send bytes=0"),
+                       "the error does not name both sides: %s", msg);
+        } else {
+            RANK_CHECK(rr == ncclSuccess || rr == ncclInvalidUsage, "empty send: %s",
+                       ncclGetErrorString(rr));
+        }
+        RANK_CHECK(took < 10, "took %.1f s", took);
+        ncclCommAbort(comm);
+        return 0;
+    });
+    EXPECT_TRUE(res.ok()) << res.detail;
+}
+INSTANTIATE_TEST_SUITE_P(Group, EmptyP2p, ::testing::Values(Launch::Threads, Launch::Forked),
+                         [](const ::testing::TestParamInfo<Launch> &i) {
+                             return std::string(i.param == Launch::Threads ? "threads" : "forked");
+                         });
 
 TEST(Group, SimulateEnd) {
     ncclComm_t comm;
