@@ -37,6 +37,9 @@ extern "C" cudaError_t cuda_wait_flag_kernel_launch(const void *flag_dev, uint32
 #define STAGE_THREADS 256
 #define STAGE_MAX_BLOCKS 128
 
+/* FRESH: the source is staging the host wrote since an earlier kernel may have read the same
+ * lines, so it is loaded past the caches (__ldcv). */
+template <bool FRESH>
 __device__ static void stage_copy_part(unsigned char *dst, const unsigned char *src, size_t bytes) {
     size_t tid = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     size_t stride = (size_t)gridDim.x * blockDim.x;
@@ -45,15 +48,15 @@ __device__ static void stage_copy_part(unsigned char *dst, const unsigned char *
         size_t nv = bytes / 16;
         uint4 *d4 = (uint4 *)dst;
         const uint4 *s4 = (const uint4 *)src;
-        for (size_t i = tid; i < nv; i += stride) d4[i] = s4[i];
+        for (size_t i = tid; i < nv; i += stride) d4[i] = FRESH ? __ldcv(s4 + i) : s4[i];
         done = nv * 16;
     }
-    for (size_t i = done + tid; i < bytes; i += stride) dst[i] = src[i];
+    for (size_t i = done + tid; i < bytes; i += stride) dst[i] = FRESH ? __ldcv(src + i) : src[i];
 }
 
 __global__ void chorus_stage_copy_kernel(unsigned char *dst, const unsigned char *src,
                                          size_t bytes) {
-    stage_copy_part(dst, src, bytes);
+    stage_copy_part<false>(dst, src, bytes);
     __threadfence_system();
 }
 
@@ -64,7 +67,7 @@ __global__ void chorus_wait_copy_kernel(const volatile uint32_t *flag, uint32_t 
         __threadfence_system();
     }
     __syncthreads();
-    if (bytes) stage_copy_part(dst, (const unsigned char *)src, bytes);
+    if (bytes) stage_copy_part<true>(dst, src, bytes);
 }
 
 static unsigned stage_blocks(size_t bytes) {
