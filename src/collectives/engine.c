@@ -85,45 +85,9 @@ static void engine_stop_thread(struct coll_engine *e) {
     e->thread_started = 0;
 }
 
-/* One spare op per thread: a blocking caller frees its op at the end of a call and takes it back
- * at the start of the next with no atomic operation (an uncontended atomic costs ~11 ns on the
- * project's guest, and a small all-reduce is ~200 ns). The engine's spare (an atomic exchange each
- * way) takes ops freed when the thread's slot is full. A pthread key frees the slot's op when the
- * thread ends (the main thread's stays until exit). */
-static _Thread_local coll_op_t *tls_spare_op __attribute__((tls_model("initial-exec")));
-static _Thread_local int tls_spare_keyed __attribute__((tls_model("initial-exec")));
-static pthread_key_t tls_spare_key;
-static pthread_once_t tls_spare_once = PTHREAD_ONCE_INIT;
-
-static void tls_spare_release(void *unused) {
-    (void)unused;
-    free(tls_spare_op);
-    tls_spare_op = NULL;
-}
-
-static void tls_spare_key_make(void) {
-    if (pthread_key_create(&tls_spare_key, tls_spare_release) != 0) tls_spare_keyed = -1;
-}
-
-static int tls_spare_put(coll_op_t *op) {
-    if (tls_spare_op != NULL) return 0;
-    if (!tls_spare_keyed) {
-        pthread_once(&tls_spare_once, tls_spare_key_make);
-        if (tls_spare_keyed < 0 || pthread_setspecific(tls_spare_key, (void *)1) != 0) {
-            tls_spare_keyed = -1;
-            return 0;
-        }
-        tls_spare_keyed = 1;
-    }
-    if (tls_spare_keyed < 0) return 0;
-    tls_spare_op = op;
-    return 1;
-}
-
 static void op_free(coll_op_t *op) {
     if (op->xfer && op->xfer != op->xfer_inline) free(op->xfer);
     free(op->scratch);
-    if (tls_spare_put(op)) return;
     coll_op_t *none = NULL;
     if (op->engine == NULL ||
         !__atomic_compare_exchange_n(&op->engine->spare_op, &none, op, 0, __ATOMIC_RELEASE,
@@ -131,13 +95,9 @@ static void op_free(coll_op_t *op) {
         free(op);
 }
 
-/* Drop one reference; the engine lock must be held. Every change of refs after an op is shared is
- * made under that lock, so a load and a store suffice (no atomic read-modify-write); the release
- * store pairs with coll_op_release's lock-free look. */
+/* Drop one reference; the engine lock must be held. */
 static void op_unref_locked(coll_op_t *op) {
-    int left = op->refs - 1;
-    __atomic_store_n(&op->refs, left, __ATOMIC_RELEASE);
-    if (left == 0) op_free(op);
+    if (__atomic_sub_fetch(&op->refs, 1, __ATOMIC_ACQ_REL) == 0) op_free(op);
 }
 
 static void op_retire_locked(struct coll_engine *e) {
@@ -148,9 +108,7 @@ static void op_retire_locked(struct coll_engine *e) {
     if (op->is_async) e->nasync--;
     /* Drop the queue's reference before publishing the retirement: a holder that sees done == 2
      * and refs == 1 owns the op alone and may free it without the lock (coll_op_release). */
-    int left = op->refs - 1; /* under the lock: see op_unref_locked */
-    __atomic_store_n(&op->refs, left, __ATOMIC_RELEASE);
-    int last = left == 0;
+    int last = __atomic_sub_fetch(&op->refs, 1, __ATOMIC_ACQ_REL) == 0;
     __atomic_store_n(&op->done, 2, __ATOMIC_RELEASE); /* 2: retired, visible to waiters */
     if (last) op_free(op);
 }
@@ -249,11 +207,9 @@ void coll_engine_destroy(struct ncclComm *comm) {
 ncclResult_t coll_op_alloc(struct ncclComm *comm, coll_kind_t coll, coll_op_t **op_p) {
     /* The texts, xfer_inline[] and ch[] (5 KiB) are left uninitialised: zeroing them dominated
      * small ops; the algorithms initialise the entries they use. */
-    coll_op_t *op = tls_spare_op;
-    if (op != NULL)
-        tls_spare_op = NULL;
-    else if (comm->engine)
-        op = __atomic_exchange_n(&comm->engine->spare_op, NULL, __ATOMIC_ACQUIRE);
+    coll_op_t *op = comm->engine ? __atomic_exchange_n(&comm->engine->spare_op, NULL,
+                                                       __ATOMIC_ACQUIRE)
+                                 : NULL;
     if (op == NULL) op = chorus_malloc_lines(sizeof(*op));
     if (op != NULL) {
         memset(op, 0, offsetof(coll_op_t, fail_text));
