@@ -19,11 +19,7 @@
 
 namespace {
 
-double now_s() {
-    timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
+using chorus_test::now_s;
 
 // Poll req with chorusTest only, up to limit_s. Returns the result (ncclInProgress if it never
 // completed) and the seconds it took.
@@ -38,6 +34,16 @@ ncclResult_t test_until_done(chorusRequest_t req, double limit_s, double *took_s
     }
     *took_s = now_s() - t0;
     return done || r != ncclSuccess ? r : ncclInProgress;
+}
+
+// Rank `rank`'s communicator with its connections up (one all-reduce that both ranks call),
+// and the 1000-element buffer the tests use.
+int connected_comm(const ncclUniqueId &id, int rank, int n, ncclComm_t *comm,
+                   std::vector<float> &a) {
+    RANK_NCCL(ncclCommInitRank(comm, n, id, rank));
+    a.assign(1000, 1.0f);
+    RANK_NCCL(ncclAllReduce(a.data(), a.data(), a.size(), ncclFloat32, ncclSum, *comm, nullptr));
+    return 0;
 }
 
 class AsyncStall : public ::testing::TestWithParam<int> {
@@ -59,10 +65,8 @@ TEST_P(AsyncStall, PeerThatNeverJoinsIsAnErrorAfterTheTimeout) {
     ncclUniqueId id = chorus_test::make_unique_id();
     auto res = chorus_test::run_forked(2, [&](int rank, int n) -> int {
         ncclComm_t comm;
-        RANK_NCCL(ncclCommInitRank(&comm, n, id, rank));
-        std::vector<float> a(1000, 1.0f);
-        // One all-reduce both call: the connections are up.
-        RANK_NCCL(ncclAllReduce(a.data(), a.data(), a.size(), ncclFloat32, ncclSum, comm, nullptr));
+        std::vector<float> a;
+        if (connected_comm(id, rank, n, &comm, a) != 0) return 1;
         // The 3 s deadline only from here: init under the default one (a loaded 16-core machine
         // with a GPU once took over 3 s to answer the bootstrap).
         setenv("CHORUS_TIMEOUT", "3", 1);
@@ -102,9 +106,8 @@ TEST_P(AsyncStall, MismatchIsFoundWithoutAWait) {
     ncclUniqueId id = chorus_test::make_unique_id();
     auto res = chorus_test::run_forked(2, [&](int rank, int n) -> int {
         ncclComm_t comm;
-        RANK_NCCL(ncclCommInitRank(&comm, n, id, rank));
-        std::vector<float> a(1000, 1.0f);
-        RANK_NCCL(ncclAllReduce(a.data(), a.data(), a.size(), ncclFloat32, ncclSum, comm, nullptr));
+        std::vector<float> a;
+        if (connected_comm(id, rank, n, &comm, a) != 0) return 1;
         chorusRequest_t req;
         if (rank == 0)
             RANK_NCCL(chorusAllReduceAsync(a.data(), a.data(), a.size(), ncclFloat32, ncclSum,

@@ -20,11 +20,7 @@
 using namespace coll_test;
 using chorus_test::Launch;
 
-static double now_s() {
-    timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
+using chorus_test::now_s;
 
 TEST(CollArgs, InvalidArgumentsLeaveCommUsable) {
     ncclUniqueId id = chorus_test::make_unique_id();

@@ -3,7 +3,6 @@
 // scatter), the native async API and ncclGroupSimulateEnd.
 #include <gtest/gtest.h>
 
-#include <time.h>
 #include <unistd.h>
 
 #include <cstdint>
@@ -228,19 +227,15 @@ TEST_P(EmptyP2p, EmptyMessagesAreMatched) {
         ncclComm_t comm;
         RANK_NCCL(ncclCommInitRank(&comm, nr, id, rank));
         const int peer = 1 - rank;
-        auto now = [] {
-            struct timespec ts;
-            clock_gettime(CLOCK_MONOTONIC, &ts);
-            return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-        };
+        using chorus_test::now_s;
         // 1. Rank 1 sends nothing 0.3 s late: rank 0's empty receive waits for it.
         if (rank == 1) {
             usleep(300000);
             RANK_NCCL(ncclSend(nullptr, 0, ncclFloat32, peer, comm, nullptr));
         } else {
-            double t0 = now();
+            double t0 = now_s();
             RANK_NCCL(ncclRecv(nullptr, 0, ncclFloat32, peer, comm, nullptr));
-            double took = now() - t0;
+            double took = now_s() - t0;
             RANK_CHECK(took > 0.2, "the empty receive returned after %.3f s, before the send",
                        took);
         }
@@ -256,10 +251,10 @@ TEST_P(EmptyP2p, EmptyMessagesAreMatched) {
         RANK_NCCL(ncclGroupEnd());
         if (check_block(r.data(), peer, rank, r.size(), "after empty messages")) return 1;
         // 3. An empty send against a receive of 100 elements: a mismatch, reported at once.
-        double t0 = now();
+        double t0 = now_s();
         ncclResult_t rr = rank == 1 ? ncclSend(s.data(), 0, ncclInt32, peer, comm, nullptr)
                                     : ncclRecv(r.data(), 100, ncclInt32, peer, comm, nullptr);
-        double took = now() - t0;
+        double took = now_s() - t0;
         if (rank == 0) {
             RANK_CHECK(rr == ncclInvalidUsage, "receive of 100 against an empty send: %s",
                        ncclGetErrorString(rr));

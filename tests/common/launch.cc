@@ -19,7 +19,7 @@
 
 namespace chorus_test {
 
-static double now_s() {
+double now_s() {
     timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return ts.tv_sec + ts.tv_nsec * 1e-9;

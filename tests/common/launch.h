@@ -31,6 +31,9 @@ RunResult run_ranks(Launch how, int nranks, const RankFn &fn, double timeout_s =
 RunResult run_threads(int nranks, const RankFn &fn, double timeout_s = 120);
 RunResult run_forked(int nranks, const RankFn &fn, double timeout_s = 120);
 
+// Seconds on the monotonic clock (for the deadlines tests check).
+double now_s();
+
 // A unique id made in the parent before launching (so forked children share it).
 ncclUniqueId make_unique_id();
 
