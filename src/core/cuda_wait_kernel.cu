@@ -3,25 +3,13 @@
  *
  * The preferred way is a stream memory operation (cuStreamWaitValue32, see cuda_stream.c),
  * which waits in the GPU's front end without occupying an SM. Where the driver does not offer
- * stream memory operations, this one-thread kernel polls the pinned, mapped completion word with
- * volatile (uncached, system-scope) loads and sleeps between polls. It holds one block slot on one
- * SM while it waits, which is harmless for a collective that is about to complete.
+ * stream memory operations, a kernel polls the pinned, mapped completion word with volatile
+ * (uncached, system-scope) loads and sleeps between polls: the output-copy kernel below with
+ * nothing to copy (cuda_wait_flag_kernel_launch). It holds one block slot on one SM while it
+ * waits, which is harmless for a collective that is about to complete.
  */
 #include <cuda_runtime.h>
 #include <stdint.h>
-
-__global__ void chorus_wait_flag_kernel(const volatile uint32_t *flag, uint32_t value) {
-    while ((int32_t)(*flag - value) < 0) {
-        __nanosleep(2000);
-    }
-    __threadfence_system();
-}
-
-extern "C" cudaError_t cuda_wait_flag_kernel_launch(const void *flag_dev, uint32_t value,
-                                                    cudaStream_t stream) {
-    chorus_wait_flag_kernel<<<1, 1, 0, stream>>>((const volatile uint32_t *)flag_dev, value);
-    return cudaGetLastError();
-}
 
 /* ---- staging copies as kernels (CHORUS_CUDA_STAGE_COPY=1) ------------------------------------
  *
@@ -92,4 +80,9 @@ extern "C" cudaError_t cuda_wait_copy_launch(const void *flag_dev, uint32_t valu
         (const volatile uint32_t *)flag_dev, value, (unsigned char *)dst,
         (const unsigned char *)src, bytes);
     return cudaGetLastError();
+}
+
+extern "C" cudaError_t cuda_wait_flag_kernel_launch(const void *flag_dev, uint32_t value,
+                                                    cudaStream_t stream) {
+    return cuda_wait_copy_launch(flag_dev, value, NULL, NULL, 0, stream);
 }
