@@ -88,6 +88,7 @@ static void engine_stop_thread(struct coll_engine *e) {
 static void op_free(coll_op_t *op) {
     if (op->xfer && op->xfer != op->xfer_inline) free(op->xfer);
     free(op->scratch);
+    if (op->caller_owned) return;
     coll_op_t *none = NULL;
     if (op->engine == NULL ||
         !__atomic_compare_exchange_n(&op->engine->spare_op, &none, op, 0, __ATOMIC_RELEASE,
@@ -107,8 +108,9 @@ static void op_retire_locked(struct coll_engine *e) {
     e->nqueued--;
     if (op->is_async) e->nasync--;
     /* Drop the queue's reference before publishing the retirement: a holder that sees done == 2
-     * and refs == 1 owns the op alone and may free it without the lock (coll_op_release). */
-    int last = __atomic_sub_fetch(&op->refs, 1, __ATOMIC_ACQ_REL) == 0;
+     * and refs == 1 owns the op alone and may free it without the lock (coll_op_release). An op
+     * in its caller's frame has no references to count: the caller waits for this store. */
+    int last = !op->caller_owned && __atomic_sub_fetch(&op->refs, 1, __ATOMIC_ACQ_REL) == 0;
     __atomic_store_n(&op->done, 2, __ATOMIC_RELEASE); /* 2: retired, visible to waiters */
     if (last) op_free(op);
 }
@@ -204,12 +206,13 @@ void coll_engine_destroy(struct ncclComm *comm) {
     comm->engine = NULL;
 }
 
-ncclResult_t coll_op_alloc(struct ncclComm *comm, coll_kind_t coll, coll_op_t **op_p) {
+ncclResult_t coll_op_alloc(struct ncclComm *comm, coll_kind_t coll, coll_op_t *mem,
+                           coll_op_t **op_p) {
     /* The texts, xfer_inline[] and ch[] (5 KiB) are left uninitialised: zeroing them dominated
      * small ops; the algorithms initialise the entries they use. */
-    coll_op_t *op = comm->engine ? __atomic_exchange_n(&comm->engine->spare_op, NULL,
-                                                       __ATOMIC_ACQUIRE)
-                                 : NULL;
+    coll_op_t *op = mem;
+    if (op == NULL && comm->engine)
+        op = __atomic_exchange_n(&comm->engine->spare_op, NULL, __ATOMIC_ACQUIRE);
     if (op == NULL) op = chorus_malloc_lines(sizeof(*op));
     if (op != NULL) {
         memset(op, 0, offsetof(coll_op_t, fail_text));
@@ -226,12 +229,17 @@ ncclResult_t coll_op_alloc(struct ncclComm *comm, coll_kind_t coll, coll_op_t **
     op->user_op = -1;
     op->root = -1;
     op->refs = 1; /* the creator's reference */
+    op->caller_owned = op == mem;
     *op_p = op;
     return ncclSuccess;
 }
 
 void coll_op_release(coll_op_t *op) {
     struct coll_engine *e = op->engine;
+    if (op->caller_owned) { /* never queued, or retired: the caller waited */
+        op_free(op);
+        return;
+    }
     /* Retired with only the caller's reference left (a blocking call's op): nobody else can
      * reach it any more, so no lock round trip on the small-op path. */
     if (__atomic_load_n(&op->done, __ATOMIC_ACQUIRE) == 2 &&
@@ -505,8 +513,12 @@ void coll_engine_async_stalled(struct coll_engine *e, int progressed) {
     pthread_mutex_unlock(&e->lock);
 }
 
-/* held: the engine of ops[0] (nops == 1), whose lock the caller holds and hands over. */
-static ncclResult_t engine_wait(coll_op_t **ops, int nops, struct coll_engine *held) {
+/* held: the engine of ops[0] (nops == 1), whose lock the caller holds and hands over.
+ * api_ref: the caller counted itself in ops[0]'s comm->api_refs_locked (coll_engine_run); the
+ * count drops, under the lock, after the last access to the comm. */
+static ncclResult_t engine_wait(coll_op_t **ops, int nops, struct coll_engine *held, int api_ref) {
+    struct ncclComm *const comm0 = ops[0]->comm;
+    struct coll_engine *const e0 = ops[0]->engine;
     /* The one wait policy (waiter.c): poll CHORUS_SPIN passes, yield, then sleep. Oversubscribed
      * hosts (more local ranks than CPUs) yield at once: a polling rank holds the core its peer
      * needs. The abort flags of all the ops' communicators are checked here, not by the waiter. */
@@ -598,17 +610,30 @@ static ncclResult_t engine_wait(coll_op_t **ops, int nops, struct coll_engine *h
         w.spin_ns = spin_ns;
         w.yield_always = yield_always;
     }
+    int failed = 0;
+    for (int i = 0; i < nops; i++)
+        failed |= ops[i]->result != ncclSuccess;
+    if (!failed) {
+        if (api_ref) {
+            if (!held) pthread_mutex_lock(&e0->lock);
+            comm0->api_refs_locked--;
+            held = e0;
+        }
+        if (held) pthread_mutex_unlock(&held->lock);
+        return ncclSuccess;
+    }
     if (held) pthread_mutex_unlock(&held->lock);
     /* Peers may wait on other connections than the failed op's: tell them all (mismatch.c),
      * before the WARN below (a transport's WARN about a dead peer must not be the last error). */
-    for (int i = 0; i < nops; i++) {
-        if (ops[i]->result == ncclSuccess) continue;
-        coll_mismatch_spread(ops, nops);
-        break;
-    }
+    coll_mismatch_spread(ops, nops);
     for (int i = 0; i < nops; i++) {
         if (ops[i]->result == ncclSuccess) continue;
         if (res == ncclSuccess) res = coll_op_report(ops[i]);
+    }
+    if (api_ref) {
+        pthread_mutex_lock(&e0->lock);
+        comm0->api_refs_locked--;
+        pthread_mutex_unlock(&e0->lock);
     }
     return res;
 }
@@ -625,14 +650,15 @@ ncclResult_t coll_op_report(const coll_op_t *op) {
 
 ncclResult_t coll_engine_wait(coll_op_t **ops, int nops) {
     if (nops == 0) return ncclSuccess;
-    return engine_wait(ops, nops, NULL);
+    return engine_wait(ops, nops, NULL, 0);
 }
 
 ncclResult_t coll_engine_run(coll_op_t *op) {
     struct coll_engine *e = op->engine;
     pthread_mutex_lock(&e->lock);
+    op->comm->api_refs_locked++;
     engine_enqueue_locked(op);
-    return engine_wait(&op, 1, e);
+    return engine_wait(&op, 1, e, 1);
 }
 
 /* ---- progress thread ------------------------------------------------------------------------ */

@@ -37,7 +37,7 @@ static ncclResult_t api_check_ptr(const char *api, const char *name, const void 
     return ncclSuccess;
 }
 
-ncclResult_t coll_api_prepare(const coll_args_t *a, coll_op_t **op_p) {
+ncclResult_t coll_api_prepare(const coll_args_t *a, coll_op_t *mem, coll_op_t **op_p) {
     *op_p = NULL;
     const char *api = a->api;
     struct ncclComm *comm = a->comm;
@@ -103,7 +103,7 @@ ncclResult_t coll_api_prepare(const coll_args_t *a, coll_op_t **op_p) {
     }
 #endif
     coll_op_t *op;
-    CHECK(coll_op_alloc(comm, a->coll, &op));
+    CHECK(coll_op_alloc(comm, a->coll, mem, &op));
     op->sendbuff = a->sendbuff;
     op->recvbuff = a->recvbuff;
     op->count = a->count;
@@ -129,8 +129,10 @@ ncclResult_t coll_api_run(const coll_args_t *a) {
     int cuda_handled = 0; /* the CUDA path's hook: device buffers */
     ncclResult_t cuda_res = cuda_enqueue_hook(a, &cuda_handled);
     if (cuda_handled) return cuda_res;
-    coll_op_t *op;
-    ncclResult_t res = coll_api_prepare(a, &op);
+    /* A blocking call's op lives in this frame (it retires before the call returns); a grouped
+     * one outlives the call. */
+    coll_op_t frame_op, *op;
+    ncclResult_t res = coll_api_prepare(a, group_depth() > 0 ? NULL : &frame_op, &op);
     if (res != ncclSuccess || op == NULL) {
         group_note_error(res);
         return res;
@@ -142,8 +144,16 @@ ncclResult_t coll_api_run(const coll_args_t *a) {
         return res;
     }
     /* Mark the comm busy while this call blocks, so that ncclCommAbort from another thread (a
-     * watchdog) raises the abort flag, lets this wait return, and only then frees the comm. */
+     * watchdog) raises the abort flag, lets this wait return, and only then frees the comm.
+     * Once every connection a collective may use is up (every call after the first), nothing
+     * before the engine lock can block: coll_engine_run counts the call under that lock. */
     struct ncclComm *comm = op->comm;
+    if (comm->engine->coll_set_connected) {
+        res = coll_engine_connect(comm, &op, 1); /* the schedule only */
+        if (res == ncclSuccess) res = coll_engine_run(op);
+        coll_op_release(op);
+        return res;
+    }
     comm_api_enter(comm);
     res = coll_engine_connect(comm, &op, 1);
     if (res != ncclSuccess)

@@ -31,8 +31,9 @@ typedef struct {
     const void *redop_scalar;
 } coll_args_t;
 
-/* Validate and build the op (*op_p NULL for a valid count-0 call: nothing to run). */
-ncclResult_t coll_api_prepare(const coll_args_t *a, coll_op_t **op_p);
+/* Validate and build the op (*op_p NULL for a valid count-0 call: nothing to run). mem: as
+ * coll_op_alloc's (room in a blocking caller's frame, or NULL). */
+ncclResult_t coll_api_prepare(const coll_args_t *a, coll_op_t *mem, coll_op_t **op_p);
 /* Blocking NCCL semantics for host buffers (or queue it inside a group). */
 ncclResult_t coll_api_run(const coll_args_t *a);
 

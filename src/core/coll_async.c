@@ -40,7 +40,7 @@ static ncclResult_t async_issue(const coll_args_t *a, chorusRequest_t *request) 
     }
     *request = NULL;
     coll_op_t *op;
-    ncclResult_t res = coll_api_prepare(a, &op);
+    ncclResult_t res = coll_api_prepare(a, NULL, &op);
     if (res != ncclSuccess) {
         group_note_error(res);
         return res;

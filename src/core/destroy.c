@@ -35,11 +35,12 @@ static ncclResult_t check_init_done(struct ncclComm *comm, const char *api) {
 static int wait_api_quiet(struct ncclComm *comm, const char *api) {
     chorus_waiter_t w;
     chorus_waiter_init(&w, NULL);
-    while (__atomic_load_n(&comm->api_refs, __ATOMIC_ACQUIRE) > 0) {
+    while (__atomic_load_n(&comm->api_refs, __ATOMIC_ACQUIRE) > 0 ||
+           __atomic_load_n(&comm->api_refs_locked, __ATOMIC_ACQUIRE) > 0) {
         if (chorus_waiter_step(&w) != ncclSuccess) {
             WARN("%s: rank %d: %d call(s) on comm %p did not return within CHORUS_TIMEOUT; the "
                  "comm is left allocated",
-                 api, comm->rank, comm->api_refs, (void *)comm);
+                 api, comm->rank, comm->api_refs + comm->api_refs_locked, (void *)comm);
             return 0;
         }
     }

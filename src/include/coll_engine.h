@@ -168,6 +168,7 @@ typedef struct coll_op {
     int cause_rank;
     int refs;               /* queue + request */
     int is_async;
+    int caller_owned; /* in the blocking caller's frame (coll_op_alloc's mem): no refs */
     struct coll_op *next;
     /* From here on not zeroed at allocation (coll_op_alloc zeroes up to fail_text and sets both
      * texts to ""): 4.7 KiB that small ops never touch. */
@@ -262,10 +263,16 @@ ncclResult_t coll_engine_progress(struct coll_engine *e, int *progressed_p);
  * group end, chorusWait). Returns the first op error. */
 ncclResult_t coll_engine_wait(coll_op_t **ops, int nops);
 /* A blocking call's one op: enqueue, then wait as coll_engine_wait, with one engine lock round
- * trip fewer. */
+ * trip fewer. The call counts itself in comm->api_refs_locked while it holds the lock for the
+ * enqueue, and leaves it as the last thing it does with the comm (comm_api_enter's purpose,
+ * without its two atomic operations). */
 ncclResult_t coll_engine_run(coll_op_t *op);
 void coll_op_release(coll_op_t *op);
-ncclResult_t coll_op_alloc(struct ncclComm *comm, coll_kind_t coll, coll_op_t **op_p);
+/* mem: NULL, or room for the op in the caller's frame (a blocking call, which waits until the
+ * op retires): then the op is not reference counted and coll_op_release frees only what it
+ * points to. */
+ncclResult_t coll_op_alloc(struct ncclComm *comm, coll_kind_t coll, coll_op_t *mem,
+                           coll_op_t **op_p);
 ncclResult_t coll_engine_start_thread(struct coll_engine *e);
 
 /* prims.c: chunk primitives. Each works on one chunk and reports *ok_p = 0 (nothing done, try

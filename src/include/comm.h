@@ -108,6 +108,8 @@ struct ncclComm {
     uint64_t unique_id_hash;   /* hash of the ncclUniqueId the comm was made from */
     struct comm_reg *regs;     /* ncclCommRegister / ncclCommWindowRegister records (under lock) */
     volatile int api_refs;     /* API calls inside this comm now (comm_api_enter/leave) */
+    volatile int api_refs_locked; /* blocking calls inside coll_engine_run now: changed only
+                                   * under the engine lock (engine.c) */
     /* Added by the CUDA path (src/core/cuda_enqueue.c): the device-buffer worker and its
      * staging memory; NULL until the first collective on device buffers. */
     struct cuda_comm_state *cuda_state;

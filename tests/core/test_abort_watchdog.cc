@@ -15,11 +15,21 @@
 
 using chorus_test::Launch;
 
-TEST(AbortWatchdog, BlockedCollectiveReturnsWhenAnotherThreadAborts) {
+// warm: one all-reduce first. The blocked call is then not the comm's first, and takes the path
+// that counts itself under the engine lock (coll_engine_run) instead of comm_api_enter. (Abort
+// fails the op before it waits for the call to leave, so a call that left without being counted
+// would be freed under only for the few instructions after its op retires: this test sees the
+// call return an error promptly, but would rarely catch that window.)
+static void blocked_collective_returns_when_another_thread_aborts(bool warm) {
     ncclUniqueId id = chorus_test::make_unique_id();
     auto res = chorus_test::run_forked(2, [&](int rank, int nranks) -> int {
         ncclComm_t comm;
         RANK_NCCL(ncclCommInitRank(&comm, nranks, id, rank));
+        if (warm) {
+            float x = 1.0f;
+            RANK_NCCL(ncclAllReduce(&x, &x, 1, ncclFloat, ncclSum, comm, nullptr));
+            RANK_CHECK(x == 2.0f, "warm-up all-reduce gave %g, expected 2", x);
+        }
         if (rank == 1) {
             // Never joins the all-reduce; leaves after the peer has given up.
             sleep(3);
@@ -48,4 +58,12 @@ TEST(AbortWatchdog, BlockedCollectiveReturnsWhenAnotherThreadAborts) {
         return 0;
     }, 60);
     EXPECT_TRUE(res.ok()) << res.detail;
+}
+
+TEST(AbortWatchdog, BlockedCollectiveReturnsWhenAnotherThreadAborts) {
+    blocked_collective_returns_when_another_thread_aborts(false);
+}
+
+TEST(AbortWatchdog, BlockedCollectiveAfterTheFirstReturnsWhenAnotherThreadAborts) {
+    blocked_collective_returns_when_another_thread_aborts(true);
 }
