@@ -53,7 +53,7 @@ ncclResult_t coll_engine_create(struct ncclComm *comm) {
     if (comm->p2p_send == NULL) comm->p2p_send = calloc(n, sizeof(chorus_conn_t *));
     if (comm->p2p_recv == NULL) comm->p2p_recv = calloc(n, sizeof(chorus_conn_t *));
     if (comm->p2p_send == NULL || comm->p2p_recv == NULL) goto err_free_lines;
-    pthread_mutex_init(&e->lock, NULL);
+    pthread_mutex_init(&e->thread_mu, NULL);
     pthread_cond_init(&e->cond, NULL);
     /* Oversubscribed hosts (more local ranks than CPUs) must not spin: a waiting rank holds the
      * core its peer needs. Waits then yield at once, as Open MPI does when oversubscribed. */
@@ -75,12 +75,20 @@ err_nomem:
     return ncclSystemError;
 }
 
+void engine_lock_slow(engine_lock_t *l) {
+    /* No deadline of its own: every holder's wait has one, and lets go before it yields. */
+    chorus_waiter_t w;
+    chorus_waiter_init_timeout(&w, NULL, 1e9);
+    while (!engine_trylock(l))
+        if (chorus_waiter_step(&w) != ncclSuccess) chorus_waiter_init_timeout(&w, NULL, 1e9);
+}
+
 static void engine_stop_thread(struct coll_engine *e) {
     if (!e->thread_started) return;
-    pthread_mutex_lock(&e->lock);
+    pthread_mutex_lock(&e->thread_mu);
     e->thread_stop = 1;
     pthread_cond_broadcast(&e->cond);
-    pthread_mutex_unlock(&e->lock);
+    pthread_mutex_unlock(&e->thread_mu);
     pthread_join(e->thread, NULL);
     e->thread_started = 0;
 }
@@ -106,7 +114,7 @@ static void op_retire_locked(struct coll_engine *e) {
     e->head = op->next;
     if (e->head == NULL) e->tail = NULL;
     e->nqueued--;
-    if (op->is_async) e->nasync--;
+    if (op->is_async) __atomic_store_n(&e->nasync, e->nasync - 1, __ATOMIC_RELAXED);
     /* Drop the queue's reference before publishing the retirement: a holder that sees done == 2
      * and refs == 1 owns the op alone and may free it without the lock (coll_op_release). An op
      * in its caller's frame has no references to count: the caller waits for this store. */
@@ -152,9 +160,9 @@ ncclResult_t coll_engine_finalize(struct ncclComm *comm) {
     chorus_waiter_t w;
     chorus_waiter_init(&w, &comm->abort_flag);
     while (1) {
-        pthread_mutex_lock(&e->lock);
+        engine_lock(&e->lock);
         int empty = e->head == NULL;
-        pthread_mutex_unlock(&e->lock);
+        engine_unlock(&e->lock);
         if (empty) break;
         int progressed = 0;
         ncclResult_t r = coll_engine_progress(e, &progressed);
@@ -165,7 +173,7 @@ ncclResult_t coll_engine_finalize(struct ncclComm *comm) {
         }
         r = chorus_waiter_step(&w);
         if (r != ncclSuccess) {
-            pthread_mutex_lock(&e->lock);
+            engine_lock(&e->lock);
             for (coll_op_t *op = e->head; op; op = op->next) {
                 if (!op->done) {
                     op->result = r;
@@ -173,7 +181,7 @@ ncclResult_t coll_engine_finalize(struct ncclComm *comm) {
                 }
             }
             while (e->head) op_retire_locked(e);
-            pthread_mutex_unlock(&e->lock);
+            engine_unlock(&e->lock);
             res = r;
             break;
         }
@@ -187,7 +195,7 @@ void coll_engine_destroy(struct ncclComm *comm) {
     struct coll_engine *e = comm->engine;
     if (e == NULL) return;
     engine_stop_thread(e);
-    pthread_mutex_lock(&e->lock);
+    engine_lock(&e->lock);
     for (coll_op_t *op = e->head; op; op = op->next) {
         if (!op->done) {
             op->result = ncclInvalidUsage;
@@ -195,8 +203,8 @@ void coll_engine_destroy(struct ncclComm *comm) {
         }
     }
     while (e->head) op_retire_locked(e);
-    pthread_mutex_unlock(&e->lock);
-    pthread_mutex_destroy(&e->lock);
+    engine_unlock(&e->lock);
+    pthread_mutex_destroy(&e->thread_mu);
     pthread_cond_destroy(&e->cond);
     free(e->spare_op);
     free(e->oneshot_scratch);
@@ -248,9 +256,9 @@ void coll_op_release(coll_op_t *op) {
         op_free(op);
         return;
     }
-    pthread_mutex_lock(&e->lock);
+    engine_lock(&e->lock);
     op_unref_locked(op);
-    pthread_mutex_unlock(&e->lock);
+    engine_unlock(&e->lock);
 }
 
 /* Queue op; the engine lock is held. */
@@ -285,7 +293,7 @@ static void engine_enqueue_locked(coll_op_t *op) {
     else e->head = op;
     e->tail = op;
     e->nqueued++;
-    if (op->is_async) e->nasync++;
+    if (op->is_async) __atomic_store_n(&e->nasync, e->nasync + 1, __ATOMIC_RELAXED);
     if (e->broken) {
         op->result = ncclInvalidUsage;
         snprintf(op->fail_text, sizeof(op->fail_text), "%s", e->broken_text);
@@ -293,14 +301,20 @@ static void engine_enqueue_locked(coll_op_t *op) {
         WARN("%s #%llu: communicator is unusable after an earlier failure: %s",
              coll_kind_name(op->coll), (unsigned long long)op->seq, e->broken_text);
     }
-    if (e->thread_started) pthread_cond_signal(&e->cond);
+    if (op->is_async && e->thread_started) {
+        /* nasync was raised first: the thread either sees it or is inside its wait by the time
+         * thread_mu is ours (lock order: engine lock, then thread_mu). */
+        pthread_mutex_lock(&e->thread_mu);
+        pthread_cond_signal(&e->cond);
+        pthread_mutex_unlock(&e->thread_mu);
+    }
 }
 
 ncclResult_t coll_engine_enqueue(coll_op_t *op) {
     struct coll_engine *e = op->engine;
-    pthread_mutex_lock(&e->lock);
+    engine_lock(&e->lock);
     engine_enqueue_locked(op);
-    pthread_mutex_unlock(&e->lock);
+    engine_unlock(&e->lock);
     return ncclSuccess;
 }
 
@@ -419,9 +433,9 @@ static void engine_progress_locked(struct coll_engine *e, int *progressed_p) {
 
 ncclResult_t coll_engine_progress(struct coll_engine *e, int *progressed_p) {
     *progressed_p = 0;
-    if (pthread_mutex_trylock(&e->lock) != 0) return ncclSuccess;
+    if (!engine_trylock(&e->lock)) return ncclSuccess;
     engine_progress_locked(e, progressed_p);
-    pthread_mutex_unlock(&e->lock);
+    engine_unlock(&e->lock);
     return ncclSuccess;
 }
 
@@ -465,7 +479,7 @@ static int op_retired(const coll_op_t *op) {
  * (ncclRemoteError): fail every op of e still running, naming what it waited for. */
 static void engine_fail_running(struct coll_engine *e, ncclResult_t r) {
     char where[160];
-    pthread_mutex_lock(&e->lock);
+    engine_lock(&e->lock);
     for (coll_op_t *q = e->head; q; q = q->next) {
         if (q->done || q->failing) continue;
         if (r == ncclRemoteError)
@@ -479,7 +493,7 @@ static void engine_fail_running(struct coll_engine *e, ncclResult_t r) {
                          (long long)chorus_param_int(PARAM_TIMEOUT), q->comm->rank, q->comm->host,
                          op_where(q, where, sizeof(where)));
     }
-    pthread_mutex_unlock(&e->lock);
+    engine_unlock(&e->lock);
 }
 
 void coll_engine_async_stalled(struct coll_engine *e, int progressed) {
@@ -490,27 +504,27 @@ void coll_engine_async_stalled(struct coll_engine *e, int progressed) {
     uint32_t polls = __atomic_add_fetch(&e->async_polls, 1, __ATOMIC_RELAXED);
     if ((polls & 63) != 0) return;
     /* Every 64th empty pass: the clock, under the lock (two callers may be here at once). */
-    if (pthread_mutex_trylock(&e->lock) != 0) return;
+    if (!engine_trylock(&e->lock)) return;
     const uint64_t now = chorus_now_ns();
     if (e->head == NULL || e->passes_moved != e->async_seen_moved || e->async_stall_t0_ns == 0) {
         /* Nothing queued, or some caller moved an op since the last look: a new stall starts. */
         e->async_seen_moved = e->passes_moved;
         e->async_stall_t0_ns = now;
-        pthread_mutex_unlock(&e->lock);
+        engine_unlock(&e->lock);
         return;
     }
     const uint64_t stalled = now - e->async_stall_t0_ns;
     const int aborted = e->comm->abort_flag;
-    pthread_mutex_unlock(&e->lock);
+    engine_unlock(&e->lock);
     coll_mismatch_stalled_engine(e, stalled);
     const uint64_t limit = (uint64_t)chorus_param_int(PARAM_TIMEOUT) * 1000000000ull;
     if (!aborted && stalled <= limit) return;
     engine_fail_running(e, aborted ? ncclRemoteError : ncclSystemError);
     coll_mismatch_spread_engine(e);
     /* The failing ops drain (prims.c) before they retire: a fresh stall from here. */
-    pthread_mutex_lock(&e->lock);
+    engine_lock(&e->lock);
     e->async_stall_t0_ns = now;
-    pthread_mutex_unlock(&e->lock);
+    engine_unlock(&e->lock);
 }
 
 /* held: the engine of ops[0] (nops == 1), whose lock the caller holds and hands over.
@@ -539,8 +553,7 @@ static ncclResult_t engine_wait(coll_op_t **ops, int nops, struct coll_engine *h
         if (nops == 1) {
             if (op_retired(ops[0])) break;
             all = 0;
-            if (held == NULL && pthread_mutex_trylock(&ops[0]->engine->lock) == 0)
-                held = ops[0]->engine;
+            if (held == NULL && engine_trylock(&ops[0]->engine->lock)) held = ops[0]->engine;
             if (held) engine_progress_locked(held, &progressed);
         } else {
             for (int i = 0; i < nops; i++) {
@@ -587,7 +600,7 @@ static ncclResult_t engine_wait(coll_op_t **ops, int nops, struct coll_engine *h
             waiting = 1;
         }
         if (held && !chorus_waiter_spinning(&w)) {
-            pthread_mutex_unlock(&held->lock);
+            engine_unlock(&held->lock);
             held = NULL;
         }
         int aborted = 0;
@@ -600,7 +613,7 @@ static ncclResult_t engine_wait(coll_op_t **ops, int nops, struct coll_engine *h
         }
         /* Deadline or abort: fail every op still running, naming what it waited for. */
         if (held) {
-            pthread_mutex_unlock(&held->lock);
+            engine_unlock(&held->lock);
             held = NULL;
         }
         for (int i = 0; i < nops; i++)
@@ -615,14 +628,14 @@ static ncclResult_t engine_wait(coll_op_t **ops, int nops, struct coll_engine *h
         failed |= ops[i]->result != ncclSuccess;
     if (!failed) {
         if (api_ref) {
-            if (!held) pthread_mutex_lock(&e0->lock);
+            if (!held) engine_lock(&e0->lock);
             comm0->api_refs_locked--;
             held = e0;
         }
-        if (held) pthread_mutex_unlock(&held->lock);
+        if (held) engine_unlock(&held->lock);
         return ncclSuccess;
     }
-    if (held) pthread_mutex_unlock(&held->lock);
+    if (held) engine_unlock(&held->lock);
     /* Peers may wait on other connections than the failed op's: tell them all (mismatch.c),
      * before the WARN below (a transport's WARN about a dead peer must not be the last error). */
     coll_mismatch_spread(ops, nops);
@@ -631,9 +644,9 @@ static ncclResult_t engine_wait(coll_op_t **ops, int nops, struct coll_engine *h
         if (res == ncclSuccess) res = coll_op_report(ops[i]);
     }
     if (api_ref) {
-        pthread_mutex_lock(&e0->lock);
+        engine_lock(&e0->lock);
         comm0->api_refs_locked--;
-        pthread_mutex_unlock(&e0->lock);
+        engine_unlock(&e0->lock);
     }
     return res;
 }
@@ -655,7 +668,7 @@ ncclResult_t coll_engine_wait(coll_op_t **ops, int nops) {
 
 ncclResult_t coll_engine_run(coll_op_t *op) {
     struct coll_engine *e = op->engine;
-    pthread_mutex_lock(&e->lock);
+    engine_lock(&e->lock);
     op->comm->api_refs_locked++;
     engine_enqueue_locked(op);
     return engine_wait(&op, 1, e, 1);
@@ -674,11 +687,13 @@ static void *engine_thread_main(void *arg) {
     w.spin_ns = 0;
     if (e->oversubscribed) chorus_waiter_no_spin(&w);
     while (1) {
-        pthread_mutex_lock(&e->lock);
-        if (!e->thread_stop && e->nasync == 0) chorus_waiter_progress(&w); /* a fresh wait next */
-        while (!e->thread_stop && e->nasync == 0) pthread_cond_wait(&e->cond, &e->lock);
+        pthread_mutex_lock(&e->thread_mu);
+        if (!e->thread_stop && __atomic_load_n(&e->nasync, __ATOMIC_RELAXED) == 0)
+            chorus_waiter_progress(&w); /* a fresh wait next */
+        while (!e->thread_stop && __atomic_load_n(&e->nasync, __ATOMIC_RELAXED) == 0)
+            pthread_cond_wait(&e->cond, &e->thread_mu);
         int stop = e->thread_stop;
-        pthread_mutex_unlock(&e->lock);
+        pthread_mutex_unlock(&e->thread_mu);
         if (stop) break;
         int progressed = 0;
         coll_engine_progress(e, &progressed);
@@ -695,10 +710,10 @@ static void *engine_thread_main(void *arg) {
 
 ncclResult_t coll_engine_start_thread(struct coll_engine *e) {
     if (!chorus_param_int(PARAM_PROGRESS_THREAD)) return ncclSuccess;
-    pthread_mutex_lock(&e->lock);
+    engine_lock(&e->lock);
     int start = !e->thread_started;
     if (start) e->thread_started = 1;
-    pthread_mutex_unlock(&e->lock);
+    engine_unlock(&e->lock);
     if (!start) return ncclSuccess;
     if (pthread_create(&e->thread, NULL, engine_thread_main, e) != 0) {
         e->thread_started = 0;

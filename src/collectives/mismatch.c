@@ -311,18 +311,18 @@ void coll_mismatch_stalled(coll_op_t **ops, int nops, uint32_t polls) {
 }
 
 void coll_mismatch_stalled_engine(struct coll_engine *e, uint64_t stalled_ns) {
-    if (stalled_ns < MM_STALL_NS || pthread_mutex_trylock(&e->lock) != 0) return;
+    if (stalled_ns < MM_STALL_NS || !engine_trylock(&e->lock)) return;
     if (!e->broken) mm_check_locked(e, stalled_ns);
     if (e->broken) mm_spread_locked(e);
     if (e->broken && e->err_posted) mm_release_locked(e);
-    pthread_mutex_unlock(&e->lock);
+    engine_unlock(&e->lock);
 }
 
 void coll_mismatch_spread_engine(struct coll_engine *e) {
     if (!e->broken) return;
-    pthread_mutex_lock(&e->lock);
+    engine_lock(&e->lock);
     mm_spread_locked(e);
-    pthread_mutex_unlock(&e->lock);
+    engine_unlock(&e->lock);
 }
 
 void coll_mismatch_spread(coll_op_t **ops, int nops) {

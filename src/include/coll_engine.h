@@ -209,11 +209,31 @@ enum {
     COLL_ALGO_NIDS
 };
 
+/* The engine lock: one exchange to take, a plain store to let go. A pthread mutex also pays a
+ * locked instruction to let go (it must look for sleepers to wake), and a small blocking call
+ * takes and lets go of this lock once. Nobody sleeps on it: a holder keeps it for one progress
+ * pass, or for the spin phase of a wait (engine_wait lets it go before it yields or sleeps), so
+ * a thread that finds it taken spins, then yields, then sleeps (engine_lock_slow). */
+typedef struct {
+    int v; /* 1: held; __atomic builtins (C++ tests include this header) */
+} engine_lock_t;
+
+static inline int engine_trylock(engine_lock_t *l) {
+    return __atomic_load_n(&l->v, __ATOMIC_RELAXED) == 0 &&
+           __atomic_exchange_n(&l->v, 1, __ATOMIC_ACQUIRE) == 0;
+}
+void engine_lock_slow(engine_lock_t *l);
+static inline void engine_lock(engine_lock_t *l) {
+    if (!engine_trylock(l)) engine_lock_slow(l);
+}
+static inline void engine_unlock(engine_lock_t *l) {
+    __atomic_store_n(&l->v, 0, __ATOMIC_RELEASE);
+}
+
 /* The engine of one communicator. */
 struct coll_engine {
     struct ncclComm *comm;
-    pthread_mutex_t lock; /* queue and progress passes (per pass, not per chunk) */
-    pthread_cond_t cond;
+    engine_lock_t lock; /* queue and progress passes (per pass, not per chunk) */
     coll_op_t *head, *tail;
     int nqueued;
     uint64_t coll_seq;    /* collectives issued (header sequence numbers) */
@@ -228,11 +248,14 @@ struct coll_engine {
     char broken_text[COLL_ERR_TEXT];
     char broken_cause_text[COLL_ERR_TEXT]; /* the first rank's reason, what error chunks carry */
     int broken_cause_rank;
-    /* progress thread */
+    /* progress thread: it sleeps on cond (under thread_mu) while nasync is 0 */
+    pthread_mutex_t thread_mu;
+    pthread_cond_t cond;
     pthread_t thread;
     int thread_started;
     volatile int thread_stop;
-    int nasync; /* async ops queued and not yet retired */
+    int nasync; /* async ops queued and not yet retired: changed under lock, read by the
+                 * progress thread under thread_mu (__atomic loads and stores) */
     /* Stalls of async ops that no caller waits on (coll_engine_async_stalled): passes that moved
      * something (under the lock, whoever drove them), and what the stall check saw last. */
     uint64_t passes_moved;
