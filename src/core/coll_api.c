@@ -145,10 +145,11 @@ ncclResult_t coll_api_run(const coll_args_t *a) {
     }
     /* Mark the comm busy while this call blocks, so that ncclCommAbort from another thread (a
      * watchdog) raises the abort flag, lets this wait return, and only then frees the comm.
-     * Once every connection a collective may use is up (every call after the first), nothing
-     * before the engine lock can block: coll_engine_run counts the call under that lock. */
+     * Once every connection a collective may use is up (every call after the first; a single
+     * rank has none to make), nothing before the engine lock can block: coll_engine_run counts
+     * the call under that lock. */
     struct ncclComm *comm = op->comm;
-    if (comm->engine->coll_set_connected) {
+    if (comm->engine->coll_set_connected || comm->nranks == 1) {
         res = coll_engine_connect(comm, &op, 1); /* the schedule only */
         if (res == ncclSuccess) res = coll_engine_run(op);
         coll_op_release(op);
