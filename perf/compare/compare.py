@@ -146,7 +146,7 @@ def run_chorus(a, res, lib, transport, build=None, threads=False):
             chorus_launcher(build or a.build) + [str(a.np), binary]
         cmd = launch + ["-b", str(a.minbytes), "-e", str(a.maxbytes), "-f", str(a.factor), "-n",
                         str(a.iters), "-w", str(a.warmup), "-c", "1", "-N", str(a.repeats),
-                        "-m", "host", "-W", "1" if a.walk else "0", "-J", jpath]
+                        "-m", "host", "-W", "1" if a.walk else "0", "-I", "1", "-J", jpath]
         if a.dirty:
             cmd[-2:-2] = ["-D", "1"]  # only then: a --before build may predate the flag
         env = dict(kv.split("=", 1) for kv in a.chorus_env)
@@ -169,15 +169,19 @@ def run_chorus(a, res, lib, transport, build=None, threads=False):
         if doc is None:
             res.set_status(lib, coll, f"failed (rc {rc}): {tail(out + err)}")
             continue
-        wrong = 0
+        wrong, no_p50 = 0, False
         for row in doc.get("results", []):
             oop = row.get("out_of_place") or {}
             if row["size"] > 0 and oop.get("time_us") is not None:
-                stat = oop["time_us"] if a.stat == "mean" or oop.get("p50_us") is None \
-                    else oop["p50_us"]
+                if a.stat == "p50" and oop.get("p50_us") is None:
+                    no_p50 = True  # never the mean in its place: the peers' column is a median
+                    continue
+                stat = oop["time_us"] if a.stat == "mean" else oop["p50_us"]
                 res.add(lib, coll, row["size"], stat, oop["time_us"])
             wrong += oop.get("nwrong") or 0
-        if rc != 0 or wrong:
+        if no_p50:
+            res.set_status(lib, coll, f"no per-call times (p50) in the JSON of {binary}")
+        elif rc != 0 or wrong:
             res.set_status(lib, coll, f"exit {rc}, {wrong} wrong elements: {tail(out + err, 2)}")
         else:
             res.set_status(lib, coll, "ok")
