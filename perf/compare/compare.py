@@ -146,7 +146,9 @@ def run_chorus(a, res, lib, transport, build=None, threads=False):
             chorus_launcher(build or a.build) + [str(a.np), binary]
         cmd = launch + ["-b", str(a.minbytes), "-e", str(a.maxbytes), "-f", str(a.factor), "-n",
                         str(a.iters), "-w", str(a.warmup), "-c", "1", "-N", str(a.repeats),
-                        "-m", "host", "-W", "1" if a.walk else "0", "-I", "1", "-J", jpath]
+                        "-m", "host", "-W", "1" if a.walk else "0", "-J", jpath]
+        if a.stat != "loop":
+            cmd[-2:-2] = ["-I", "1"]  # per-call times (p50); loop: nothing timed per call
         if a.dirty:
             cmd[-2:-2] = ["-D", "1"]  # only then: a --before build may predate the flag
         env = dict(kv.split("=", 1) for kv in a.chorus_env)
@@ -176,7 +178,7 @@ def run_chorus(a, res, lib, transport, build=None, threads=False):
                 if a.stat == "p50" and oop.get("p50_us") is None:
                     no_p50 = True  # never the mean in its place: the peers' column is a median
                     continue
-                stat = oop["time_us"] if a.stat == "mean" else oop["p50_us"]
+                stat = oop["p50_us"] if a.stat == "p50" else oop["time_us"]
                 res.add(lib, coll, row["size"], stat, oop["time_us"])
             wrong += oop.get("nwrong") or 0
         if no_p50:
@@ -203,7 +205,7 @@ def parse_lines(a, res, lib, coll_default, text):
             coll = coll_default
         if len(f) == 5:
             mean, med = float(f[2]), float(f[4])
-            res.add(lib, coll, int(f[0]), med if a.stat == "p50" else mean, mean)
+            res.add(lib, coll, int(f[0]), med if a.stat == "p50" else mean, mean)  # loop: equal
             seen.add(coll)
     return seen
 
@@ -216,7 +218,7 @@ def run_mpi(a, res, exe):
             cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(a.np),
                    "--mca", "btl", btl, exe, coll, str(a.minbytes), str(a.maxbytes),
                    str(a.factor), str(a.iters), str(a.warmup), str(a.repeats)] + \
-                (["1"] if a.dirty else [])
+                (["1"] if a.dirty else []) + (["0", "1"] if a.stat == "loop" else [])
             rc, out, err = run(cmd, timeout=a.timeout)
             parse_lines(a, res, lib, coll, out)
             res.set_status(lib, coll, "ok" if rc == 0 else f"exit {rc}: {tail(err)}")
@@ -226,7 +228,8 @@ def run_gloo(a, res):
     cmd = ["/usr/bin/python3", os.path.join(HERE, "gloo_bench.py"), "--np", str(a.np), "--coll",
            ",".join(a.colls), "--minbytes", str(a.minbytes), "--maxbytes", str(a.maxbytes),
            "--factor", str(a.factor), "--iters", str(a.iters), "--warmup", str(a.warmup),
-           "--reps", str(a.repeats)] + (["--dirty"] if a.dirty else [])
+           "--reps", str(a.repeats)] + (["--dirty"] if a.dirty else []) + \
+        (["--loop"] if a.stat == "loop" else [])
     rc, out, err = run(cmd, timeout=a.timeout)
     seen = parse_lines(a, res, "gloo", "allreduce", out)
     for coll in a.colls:
@@ -339,8 +342,10 @@ def main():
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--stat", choices=["p50", "mean"], default="p50",
-                   help="per repetition: median per-call time (p50) or mean (nccl-tests' time)")
+    p.add_argument("--stat", choices=["p50", "mean", "loop"], default="p50",
+                   help="per repetition: median per-call time (p50), mean of the per-call "
+                        "times, or loop: the calls timed together only, nothing between two "
+                        "calls (nccl-tests' and OSU's time)")
     p.add_argument("--build", default=os.path.join(REPO, "build"))
     p.add_argument("--out", default=os.path.join(HERE, "results"))
     p.add_argument("--timeout", type=int, default=600, help="seconds per library run")
@@ -375,6 +380,9 @@ def main():
         if c not in COLLS:
             p.error(f"unknown collective {c} (allreduce, allgather, reducescatter)")
     a.minbytes, a.maxbytes = parse_size(a.minbytes), parse_size(a.maxbytes)
+    if a.dirty and a.stat == "loop":
+        p.error("--dirty needs calls timed alone (its rewrites stay out of the time): not with "
+                "--stat loop")
     if a.factor < 2 or a.minbytes > a.maxbytes or a.np < 2 or a.repeats < 1 or a.rounds < 1:
         p.error("need --factor >= 2, --minbytes <= --maxbytes, --np >= 2, --repeats >= 1, "
                 "--rounds >= 1")
@@ -469,7 +477,9 @@ def write_outputs(a, res, skipped, started, load0):
           f"Each cell: median over {a.repeats * a.rounds} repetitions"
           + (f" ({a.rounds} rounds of {a.repeats}, every library once per round)"
              if a.rounds > 1 else "") + " of "
-          + ("the median per-call time" if a.stat == "p50" else "the mean time per call")
+          + ("the median per-call time" if a.stat == "p50" else "the mean time per call"
+             if a.stat == "mean" else "the time per call of the calls timed together, with "
+             "no clock read between two calls (--stat loop)")
           + f" in {a.iters} calls (after {a.warmup} warmup calls), averaged across ranks, in "
           "microseconds; busbw in GB/s with nccl-tests' factors; ratio = Chorus busbw / peer "
           "busbw (>1: Chorus faster). Chorus: out-of-place, results checked, "

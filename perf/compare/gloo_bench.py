@@ -15,7 +15,9 @@ prints `<coll> <size> <count> <mean_us> <rep> <median_us>` per repetition, and
 (torch 1.13's Gloo has no reduce_scatter). Several collectives run in one launch because starting
 torch costs seconds. Exit status 1 means a wrong result. --dirty: before every timed call each
 rank rewrites one byte per cache line of its input with the value it holds, untimed (the
-all-reduce is in place, so its input is new at every call anyway).
+all-reduce is in place, so its input is new at every call anyway). --loop: no call is timed
+alone, only the ITERS calls together (nccl-tests' and OSU's way, no clock read between calls); the
+median column is then the mean too.
 """
 import argparse
 import os
@@ -105,7 +107,12 @@ def run_coll(rank, a, coll):
             dist.barrier()
             t0 = prev = time.perf_counter()
             per_call = []
-            for _ in range(a.iters):
+            if a.loop:
+                for _ in range(a.iters):
+                    call()
+                prev = time.perf_counter()
+                per_call = [(prev - t0) / a.iters]
+            for _ in range(0 if a.loop else a.iters):
                 if a.dirty:
                     xb = x.view(torch.uint8)[::64]
                     xb.copy_(xb.clone())
@@ -136,9 +143,13 @@ def main():
     p.add_argument("--iters", type=int, default=10)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--loop", action="store_true",
+                   help="time the ITERS calls together only (no clock read between calls)")
     p.add_argument("--dirty", action="store_true",
                    help="rewrite the input (a byte per cache line) before each timed call")
     a = p.parse_args()
+    if a.loop and a.dirty:
+        p.error("--loop and --dirty exclude each other (the rewrites must stay out of the time)")
     for c in a.coll.split(","):
         if c not in ("allreduce", "allgather", "reducescatter"):
             p.error(f"unknown collective {c}")

@@ -3,7 +3,7 @@
  * for perf/compare/compare.py (compiled there with mpicc at run time; not part of the build).
  *
  *   mpirun -np N mpi_bench <allreduce|allgather|reducescatter> MINBYTES MAXBYTES FACTOR ITERS
- *          WARMUP REPS [DIRTY]
+ *          WARMUP REPS [DIRTY [LOOP]]
  *
  * Sizes follow nccl-tests: the size is the larger buffer in bytes (float32 elements); all-gather
  * and reduce-scatter split it over ranks with a per-rank count rounded down to 16 bytes, and sizes
@@ -15,7 +15,10 @@
  * program exit 1. DIRTY=1 (the perf binaries' -D 1): before every timed call each rank rewrites one
  * byte per cache line of its input with the value it holds, untimed (the mean is then the sum
  * of the calls' own times), so no rank finds the other's unchanged input in its cache from the
- * call before, as with a trainer's new gradients. Rank 0 prints one line per repetition:
+ * call before, as with a trainer's new gradients. LOOP=1 (the perf binaries without -I): no call is
+ * timed alone, only the ITERS calls together, as nccl-tests and the OSU benchmarks time them, so
+ * no clock read sits between two calls; the median column is then the mean too (not with DIRTY,
+ * whose rewrites must stay out of the time). Rank 0 prints one line per repetition:
  *   <size> <count> <mean_us> <rep> <median_us>
  */
 #include <mpi.h>
@@ -72,11 +75,11 @@ int main(int argc, char **argv) {
     MPI_Init(&argc, &argv);
     MPI_Comm_rank(MPI_COMM_WORLD, &me);
     MPI_Comm_size(MPI_COMM_WORLD, &np);
-    if (argc != 8 && argc != 9) {
+    if (argc < 8 || argc > 10) {
         if (me == 0)
             fprintf(stderr,
                     "usage: %s allreduce|allgather|reducescatter MIN MAX FACTOR ITERS "
-                    "WARMUP REPS [DIRTY]\n",
+                    "WARMUP REPS [DIRTY [LOOP]]\n",
                     argv[0]);
         MPI_Finalize();
         return 2;
@@ -88,8 +91,9 @@ int main(int argc, char **argv) {
     size_t minb = strtoull(argv[2], NULL, 0), maxb = strtoull(argv[3], NULL, 0);
     size_t factor = strtoull(argv[4], NULL, 0);
     int iters = atoi(argv[5]), warmup = atoi(argv[6]), reps = atoi(argv[7]);
-    int dirty = argc == 9 && atoi(argv[8]) != 0;
-    if (coll < 0 || factor < 2 || iters < 1 || reps < 1 || minb > maxb) {
+    int dirty = argc >= 9 && atoi(argv[8]) != 0;
+    int loop = argc == 10 && atoi(argv[9]) != 0;
+    if (coll < 0 || factor < 2 || iters < 1 || reps < 1 || minb > maxb || (dirty && loop)) {
         if (me == 0) fprintf(stderr, "mpi_bench: bad arguments\n");
         MPI_Finalize();
         return 2;
@@ -126,7 +130,14 @@ int main(int argc, char **argv) {
         for (int rep = 0; rep < reps; rep++) {
             MPI_Barrier(MPI_COMM_WORLD);
             double t0 = MPI_Wtime(), prev = t0, own = 0;
-            for (int it = 0; it < iters; it++) {
+            if (loop) {
+                for (int it = 0; it < iters; it++)
+                    run_once(coll, send, recv, per, count);
+                prev = MPI_Wtime();
+                for (int it = 0; it < iters; it++)
+                    times[it] = (prev - t0) / iters;
+            }
+            for (int it = 0; it < iters && !loop; it++) {
                 if (dirty) {
                     volatile char *p = (volatile char *)send;
                     for (size_t off = 0; off < nsend * sizeof(float); off += 64) p[off] = p[off];
