@@ -168,3 +168,66 @@ INSTANTIATE_TEST_SUITE_P(Coll, CollStreamed,
                                     launch_word(std::get<1>(info.param)) +
                                     (std::get<2>(info.param) ? "_cma" : "_nocma");
                          });
+
+// Point-to-point transfers between processes: by default large ones go through the slots
+// (shm_conn.c, shm_direct_threshold); CHORUS_SHM_CMA_THRESHOLD=262144 sends them single copy
+// (process_vm_readv, shared with the sender) as before. Both paths carry a send/recv ring and an
+// all-to-all whose every element is checked (values that name the sender and the element).
+class CollP2pPaths : public ::testing::TestWithParam<std::tuple<int, bool>> {};
+TEST_P(CollP2pPaths, SendRecvAndAllToAllMatch) {
+    const int n = std::get<0>(GetParam());
+    const bool single_copy = std::get<1>(GetParam());
+    if (single_copy && !cma_between_processes()) GTEST_SKIP() << "no process_vm_readv here";
+    if (single_copy)
+        setenv("CHORUS_SHM_CMA_THRESHOLD", "262144", 1);
+    else
+        unsetenv("CHORUS_SHM_CMA_THRESHOLD");
+    setenv("CHORUS_TRANSPORT", "shm", 1);
+    ncclResetDebugInit();
+    ncclUniqueId id = chorus_test::make_unique_id();
+    auto value = [](int from, size_t i) {
+        return (float)((from * 7919 + (int)(i % 100003)) % 65521);
+    };
+    auto res = chorus_test::run_forked(
+        n,
+        [&](int rank, int nr) -> int {
+            ncclComm_t comm;
+            RANK_NCCL(ncclCommInitRank(&comm, nr, id, rank));
+            const size_t big = (1u << 20) + 3; // 4 MiB + 12 bytes: several chunks, a tail
+            std::vector<float> out(big), in(big, -1.0f);
+            for (size_t i = 0; i < big; i++)
+                out[i] = value(rank, i);
+            const int next = (rank + 1) % nr, prev = (rank + nr - 1) % nr;
+            RANK_NCCL(ncclGroupStart());
+            RANK_NCCL(ncclSend(out.data(), big, ncclFloat32, next, comm, nullptr));
+            RANK_NCCL(ncclRecv(in.data(), big, ncclFloat32, prev, comm, nullptr));
+            RANK_NCCL(ncclGroupEnd());
+            for (size_t i = 0; i < big; i++)
+                RANK_CHECK(in[i] == value(prev, i), "recv from %d: element %zu is %g, expected %g",
+                           prev, i, in[i], value(prev, i));
+            const size_t per = 300001; // > 1 MiB per peer
+            std::vector<float> a2a_in((size_t)nr * per), a2a_out((size_t)nr * per, -1.0f);
+            for (int p = 0; p < nr; p++)
+                for (size_t i = 0; i < per; i++)
+                    a2a_in[(size_t)p * per + i] = value(rank, i + (size_t)p);
+            RANK_NCCL(ncclAlltoAll(a2a_in.data(), a2a_out.data(), per, ncclFloat32, comm, nullptr));
+            for (int p = 0; p < nr; p++)
+                for (size_t i = 0; i < per; i++)
+                    RANK_CHECK(a2a_out[(size_t)p * per + i] == value(p, i + (size_t)rank),
+                               "all-to-all block from %d: element %zu is %g", p, i,
+                               a2a_out[(size_t)p * per + i]);
+            RANK_NCCL(ncclCommDestroy(comm));
+            return 0;
+        },
+        240);
+    unsetenv("CHORUS_SHM_CMA_THRESHOLD");
+    unsetenv("CHORUS_TRANSPORT");
+    ncclResetDebugInit();
+    EXPECT_RUN_OK(res);
+}
+INSTANTIATE_TEST_SUITE_P(Coll, CollP2pPaths,
+                         ::testing::Combine(::testing::Values(2, 3), ::testing::Bool()),
+                         [](const auto &info) {
+                             return std::to_string(std::get<0>(info.param)) + "ranks_" +
+                                    (std::get<1>(info.param) ? "single_copy" : "slots");
+                         });

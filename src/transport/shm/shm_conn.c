@@ -75,13 +75,31 @@ ncclResult_t shm_setup(chorus_conn_t *conn, void *blob, size_t *blob_bytes_p) {
     return ncclSuccess;
 }
 
+/* Bytes from which a chunk goes single copy (SHM_CMA_THRESHOLD; SIZE_MAX: never). Automatic:
+ * 256 KiB, except on point-to-point connections between processes. Those carry send/recv,
+ * all-to-all, gather and scatter, whose large transfers ran 1.3-3x faster through the slots than
+ * through process_vm_readv (even shared with the sender, shm_coop.c) on the project's guest:
+ * two copies through slots that stay in cache, pipelined on two cores, against one kernel copy
+ * that pins every page (fast state, 2026-11-25, thresholds 256 KiB and 1 GiB interleaved:
+ * `chorusrun -n 2 sendrecv_perf -b 64K -e 64M -f 4` 9.2-9.5 against 3.4-3.5 GB/s busbw at 64
+ * MiB, `-n 2 alltoall_perf` 6.7-6.8 against 2.8-3.0, `-n 4 alltoall_perf` 3.8-3.9 against
+ * 2.6-2.8; `transport_bench -m shm,cma` 18.9 against 12.9 GB/s streamed at 64 MiB). Ring
+ * channels keep single copy from 256 KiB chunks (coll_ring_direct decides where it pays), and
+ * threads of one process always use it (a plain copy from the sender's buffer). */
+static size_t shm_direct_threshold(const chorus_conn_t *conn, const shm_conn_t *sc) {
+    const int64_t t = chorus_param_int(PARAM_SHM_CMA_THRESHOLD);
+    if (t >= 0) return (size_t)t;
+    if (conn->channel < 0 && sc->cma == SHM_CMA_ON) return SIZE_MAX;
+    return (size_t)262144;
+}
+
 static void shm_set_desc(chorus_conn_t *conn, shm_conn_t *sc) {
     const char *d = sc->cma == SHM_CMA_ON             ? "SHM/CMA"
                     : sc->cma == SHM_CMA_SAME_PROCESS ? "SHM/direct"
                                                       : "SHM";
     snprintf(conn->desc, sizeof(conn->desc), "%s", d);
     conn->direct = sc->cma == SHM_CMA_ON || sc->cma == SHM_CMA_SAME_PROCESS;
-    conn->direct_threshold = (size_t)chorus_param_int(PARAM_SHM_CMA_THRESHOLD);
+    conn->direct_threshold = shm_direct_threshold(conn, sc);
     slot_store_init(&conn->store, conn->is_send);
 }
 
