@@ -307,7 +307,7 @@ static void bench(pthread_ctx_t *t, const step_t *s, perf_data_t *d, int in_plac
             for (int k = 0; k < agg; k++) dirty_inputs(t, s, in_place, it * agg + k);
             paused += now_s() - td;
         }
-        double ti = per_iter_host ? now_s() : 0;
+        double ti = per_iter_host || a->blocking == 3 ? now_s() : 0;
         if (use_events) MEMCHECK(pm_event_record(t->ranks[0].ev[it], t->ranks[0].stream));
         if (agg > 1) NCCLCHECK(ncclGroupStart());
         for (int k = 0; k < agg; k++)

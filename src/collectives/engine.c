@@ -527,6 +527,14 @@ void coll_engine_async_stalled(struct coll_engine *e, int progressed) {
     engine_unlock(&e->lock);
 }
 
+/* The end of coll_engine_run's count (comm->api_refs_locked), the call's last touch of the comm;
+ * held: e, if this thread holds its lock already. Lets the lock go. */
+static void api_ref_drop(struct ncclComm *comm, struct coll_engine *e, struct coll_engine *held) {
+    if (held == NULL) engine_lock(&e->lock);
+    comm->api_refs_locked--;
+    engine_unlock(&e->lock);
+}
+
 /* held: the engine of ops[0] (nops == 1), whose lock the caller holds and hands over.
  * api_ref: the caller counted itself in ops[0]'s comm->api_refs_locked (coll_engine_run); the
  * count drops, under the lock, after the last access to the comm. */
@@ -626,13 +634,11 @@ static ncclResult_t engine_wait(coll_op_t **ops, int nops, struct coll_engine *h
     int failed = 0;
     for (int i = 0; i < nops; i++)
         failed |= ops[i]->result != ncclSuccess;
-    if (!failed) {
-        if (api_ref) {
-            if (!held) engine_lock(&e0->lock);
-            comm0->api_refs_locked--;
-            held = e0;
-        }
-        if (held) engine_unlock(&held->lock);
+    if (!failed) { /* the small-op path: the count drops in the lock the wait still holds */
+        if (api_ref)
+            api_ref_drop(comm0, e0, held);
+        else if (held)
+            engine_unlock(&held->lock);
         return ncclSuccess;
     }
     if (held) engine_unlock(&held->lock);
@@ -643,11 +649,7 @@ static ncclResult_t engine_wait(coll_op_t **ops, int nops, struct coll_engine *h
         if (ops[i]->result == ncclSuccess) continue;
         if (res == ncclSuccess) res = coll_op_report(ops[i]);
     }
-    if (api_ref) {
-        engine_lock(&e0->lock);
-        comm0->api_refs_locked--;
-        engine_unlock(&e0->lock);
-    }
+    if (api_ref) api_ref_drop(comm0, e0, NULL);
     return res;
 }
 

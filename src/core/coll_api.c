@@ -143,19 +143,14 @@ ncclResult_t coll_api_run(const coll_args_t *a) {
         group_note_error(res);
         return res;
     }
-    /* Mark the comm busy while this call blocks, so that ncclCommAbort from another thread (a
-     * watchdog) raises the abort flag, lets this wait return, and only then frees the comm.
-     * Once every connection a collective may use is up (every call after the first; a single
-     * rank has none to make), nothing before the engine lock can block: coll_engine_run counts
-     * the call under that lock. */
+    /* The comm is busy while this call blocks, so that ncclCommAbort from another thread (a
+     * watchdog) raises the abort flag, lets this wait return, and only then frees the comm:
+     * coll_engine_run counts the call under the engine lock. Connection setup comes before that
+     * and may block, so a call that still has connections to make (the first; a single rank has
+     * none) also counts itself with comm_api_enter around both. */
     struct ncclComm *comm = op->comm;
-    if (comm->engine->coll_set_connected || comm->nranks == 1) {
-        res = coll_engine_connect(comm, &op, 1); /* the schedule only */
-        if (res == ncclSuccess) res = coll_engine_run(op);
-        coll_op_release(op);
-        return res;
-    }
-    comm_api_enter(comm);
+    const int may_connect = !comm->engine->coll_set_connected && comm->nranks > 1;
+    if (may_connect) comm_api_enter(comm);
     res = coll_engine_connect(comm, &op, 1);
     if (res != ncclSuccess)
         WARN("%s: rank %d could not set up the connections this op needs (%s); the "
@@ -163,7 +158,7 @@ ncclResult_t coll_api_run(const coll_args_t *a) {
              a->api, comm->rank, ncclGetErrorString(res));
     if (res == ncclSuccess) res = coll_engine_run(op);
     coll_op_release(op);
-    comm_api_leave(comm);
+    if (may_connect) comm_api_leave(comm);
     return res;
 }
 

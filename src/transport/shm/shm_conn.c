@@ -80,10 +80,11 @@ ncclResult_t shm_setup(chorus_conn_t *conn, void *blob, size_t *blob_bytes_p) {
  * all-to-all, gather and scatter, whose large transfers ran 1.3-3x faster through the slots than
  * through process_vm_readv (even shared with the sender, shm_coop.c) on the project's guest:
  * two copies through slots that stay in cache, pipelined on two cores, against one kernel copy
- * that pins every page (fast state, 2026-11-25, thresholds 256 KiB and 1 GiB interleaved:
- * `chorusrun -n 2 sendrecv_perf -b 64K -e 64M -f 4` 8.1-9.8 against 3.2-3.5 GB/s busbw at 64
+ * that pins every page (2026-11-25, thresholds 256 KiB and 1 GiB interleaved, fast state:
+ * `chorusrun -n 2 sendrecv_perf -b 64K -e 64M -f 4` 8.1-9.8 against 3.2-3.6 GB/s busbw at 64
  * MiB, `-n 2 alltoall_perf` 4.7-7.5 against 2.8-3.9, `-n 4 alltoall_perf` 3.7-4.5 against
- * 2.6-3.0; `transport_bench -m shm,cma` 18.9 against 12.9 GB/s streamed at 64 MiB). Ring
+ * 2.6-3.0; `transport_bench -m shm,cma` 18.9 against 12.9 GB/s streamed at 64 MiB; slow state:
+ * send/recv 10.0-12.9 against 3.4-4.7 at 16-64 MiB, all-to-all 6.6-8.8 against 3.6-4.7). Ring
  * channels keep single copy from 256 KiB chunks (coll_ring_direct decides where it pays), and
  * threads of one process always use it (a plain copy from the sender's buffer). */
 static size_t shm_direct_threshold(const chorus_conn_t *conn, const shm_conn_t *sc) {
