@@ -3,7 +3,7 @@
  *
  *   chorus_info --params            every parameter: the variable to set, its value now and where
  *                                   that value came from (default, CHORUS_ env, NCCL_ env)
- *   chorus_info --params --markdown the README table (name, NCCL alias, type, default, meaning),
+ *   chorus_info --params --markdown the parameter table of docs/parameters.md (name, NCCL alias, type, default, meaning),
  *                                   built from defaults only, so it does not depend on the caller's
  *                                   environment; scripts/gen_param_table.sh uses it
  *   chorus_info --topo [--xml F]    topology discovery (topo_print), optionally the hwloc XML to F
@@ -22,7 +22,24 @@
 #include "topo.h"
 
 static void usage(FILE *out) {
-    fprintf(out, "usage: chorus_info [--version] [--params [--markdown]] [--topo [--xml FILE]] [--topo-dump FILE]\n");
+    fprintf(out,
+            "usage: chorus_info [--version] [--params [--markdown]] [--topo [--xml FILE]]\n"
+            "                   [--topo-dump FILE]\n"
+            "What Chorus sees on this machine. With no option: the version, the parameters and the\n"
+            "topology.\n"
+            "  --version         the Chorus version and the NCCL API it implements\n"
+            "  --params          every parameter: the variable to set, its value now, and where the\n"
+            "                    value came from (default, CHORUS_ or NCCL_ environment variable)\n"
+            "  --markdown        with --params: the parameter table of docs/parameters.md (defaults\n"
+            "                    only, whatever the environment says)\n"
+            "  --topo            the topology as discovered (hwloc): hosts, packages, NUMA nodes,\n"
+            "                    caches, NICs and GPUs\n"
+            "  --xml FILE        with --topo: also write the hwloc XML to FILE\n"
+            "  --topo-dump FILE  only write the hwloc XML to FILE (load it with CHORUS_TOPO_FILE)\n"
+            "  -h, --help        this text\n"
+            "Exit status 1 when a parameter is malformed, 2 on a bad argument.\n"
+            "To see which libnccl.so.2 a program loads, run it with NCCL_DEBUG=VERSION: Chorus\n"
+            "prints 'NCCL VERSION Chorus ... from <path>' at the first communicator init.\n");
 }
 
 static void print_version(void) {

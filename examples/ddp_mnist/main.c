@@ -51,10 +51,11 @@ static void usage(FILE *f) {
             "  --seed S            seed for weights and shuffling (1)\n"
             "  --accumulate K      micro-batches per optimizer step (chorusDdpNoSync) (1)\n"
             "  --sharded           ZeRO-1/2: reduce-scatter gradients, shard optimizer state\n"
-            "  --bf16-grads        bfloat16 gradients on the wire; --fp16-grads: float16\n"
+            "  --bf16-grads        bfloat16 gradients on the wire\n"
+            "  --fp16-grads        float16 gradients on the wire\n"
             "  --threads T         compute threads per rank (1)\n"
             "  --pin               pin this rank to core LOCAL_RANK mod ncores\n"
-            "  --bucket-mb X       bucket cap in MiB (25, or one fc1 slice with --split-fc1);\n"
+            "  --bucket-mb X       bucket cap in MiB (25, or one fc1 slice with --split-fc1)\n"
             "  --first-bucket-mb X first bucket cap in MiB (1)\n"
             "  --grad-copy         keep gradients in the model's buffers (default: bucket views)\n"
             "  --split-fc1 K       register fc1.weight as K row slices, each marked ready as soon\n"
@@ -63,12 +64,12 @@ static void usage(FILE *f) {
             "  --check-every N     verify replicas are identical every N steps (0 = never)\n"
             "  --limit N           use only the first N training samples\n"
             "  --data DIR          IDX files (default " IDX_DEFAULT_DIR ")\n"
-            "  --save PATH / --load PATH   checkpoint after training / before training\n"
+            "  --save PATH         write a checkpoint after training\n"
+            "  --load PATH         load a checkpoint before training\n"
             "  --no-poll           do not call chorusDdpPoll during backward (then only Chorus's\n"
             "                      progress thread moves started all-reduces forward)\n"
-            "  --no-poll           do not call chorusDdpPoll during backward (then only Chorus's\n"
-            "                      progress thread moves started all-reduces forward)\n"
-            "  --no-comm           run one rank without a communicator\n");
+            "  --no-comm           run one rank without a communicator\n"
+            "  -h, --help          this text\n");
 }
 
 static int parse_opts(int argc, char **argv, opts_t *o) {

@@ -83,6 +83,7 @@ ncclResult_t comm_init_run(struct ncclComm *comm, const ncclUniqueId *id) {
     CHECK(chorus_param_init());
     comm->unique_id_hash = comm_hash_bytes(id, sizeof(*id));
     comm->comm_hash = comm->unique_id_hash;
+    chorus_log_version_once();
     INFO(SUB_INIT, "comm %p rank %d nranks %d cudaDev %d commId 0x%llx - Init START", (void *)comm,
          comm->rank, comm->nranks, comm->cuda_dev, (unsigned long long)comm->comm_hash);
 

@@ -5,6 +5,7 @@
  * NCCL_DEBUG_SUBSYS (through the parameter table), the destination from NCCL_DEBUG_FILE.
  * Every WARN is also kept in a process-wide buffer so that ncclGetLastError can return it.
  */
+#include <dlfcn.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -16,6 +17,7 @@
 #include <unistd.h>
 
 #include "log.h"
+#include "nccl.h"
 #include "param.h"
 
 int chorus_log_level = -1;
@@ -148,4 +150,27 @@ void chorus_log(chorus_log_level_t level, uint64_t subsys, const char *file, int
     fflush(out);
 }
 
+static void chorus_log_version_line(void) {
+    FILE *out = g_log_file ? g_log_file : stdout;
+    fprintf(out, "%s:%d NCCL VERSION Chorus %s (NCCL API %d.%d.%d) from %s\n", g_host, (int)getpid(),
+            CHORUS_VERSION_STRING, NCCL_MAJOR, NCCL_MINOR, NCCL_PATCH, chorus_library_path());
+    fflush(out);
+}
+
 const char *chorus_log_last_error(void) { return g_last_error; }
+
+const char *chorus_library_path(void) {
+    static char path[4096];
+    Dl_info info;
+    if (dladdr((void *)&chorus_library_path, &info) == 0 || info.dli_fname == NULL)
+        return "(unknown)";
+    if (realpath(info.dli_fname, path) == NULL) return info.dli_fname;
+    return path;
+}
+
+void chorus_log_version_once(void) {
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    if (chorus_log_level < 0) chorus_log_init();
+    if (chorus_log_level < LOG_VERSION) return;
+    pthread_once(&once, chorus_log_version_line);
+}

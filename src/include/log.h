@@ -47,6 +47,11 @@ void chorus_log_reset(void);
 void chorus_log_set_rank(int rank);
 void chorus_log(chorus_log_level_t level, uint64_t subsys, const char *file, int line,
                 const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+/* Where this library was loaded from (dladdr), for the version line and chorus_info. */
+const char *chorus_library_path(void);
+/* Once per process, at NCCL_DEBUG=VERSION or above: the line that tells Chorus from NVIDIA's
+ * NCCL, which reports the same version code. Called at communicator init. */
+void chorus_log_version_once(void);
 /* Text of the last WARN in this process (ncclGetLastError). */
 const char *chorus_log_last_error(void);
 
