@@ -1,18 +1,20 @@
 #!/bin/sh
-# gen_param_table.sh: print the README's parameter table, generated from the one parameter table
-# (src/include/param_table.h) through `chorus_info --params --markdown`.
+# gen_param_table.sh: the parameter table of docs/parameters.md, generated from the one parameter
+# table (src/include/param_table.h) through `chorus_info --params --markdown`.
 #
 #   scripts/gen_param_table.sh [BUILD_DIR]            print the table (BUILD_DIR defaults to build)
-#   scripts/gen_param_table.sh --update [BUILD_DIR]   rewrite the table in README.md in place: the
-#                                                     lines after the "params-table" marker up to
-#                                                     the next blank line
+#   scripts/gen_param_table.sh --update [BUILD_DIR]   rewrite the table in docs/parameters.md in
+#                                                     place: the lines after the "params-table"
+#                                                     marker up to the next blank line
+#   scripts/gen_param_table.sh --check [BUILD_DIR]    exit 1 when docs/parameters.md is out of date
+#                                                     (a ctest case runs this)
 set -eu
 here=$(cd "$(dirname "$0")/.." && pwd)
-update=0
-if [ "${1:-}" = "--update" ]; then
-    update=1
-    shift
-fi
+mode=print
+case "${1:-}" in
+--update) mode=update; shift ;;
+--check) mode=check; shift ;;
+esac
 build=${1:-$here/build}
 info=$build/bin/chorus_info
 if [ ! -x "$info" ]; then
@@ -21,12 +23,12 @@ if [ ! -x "$info" ]; then
 fi
 # Defaults only: the table must not depend on the caller's environment.
 table=$(env -i PATH="$PATH" "$info" --params --markdown)
-if [ $update -eq 0 ]; then
+if [ $mode = print ]; then
     printf '%s\n' "$table"
     exit 0
 fi
-readme=$here/README.md
-grep -q 'params-table' "$readme" || { echo "gen_param_table.sh: no params-table marker in $readme" >&2; exit 1; }
+doc=$here/docs/parameters.md
+grep -q 'params-table' "$doc" || { echo "gen_param_table.sh: no params-table marker in $doc" >&2; exit 1; }
 tmp=$(mktemp)
 printf '%s\n' "$table" > "$tmp.table"
 awk -v tf="$tmp.table" '
@@ -34,7 +36,18 @@ awk -v tf="$tmp.table" '
     skip { next }
     { print }
     /params-table/ { while ((getline l < tf) > 0) print l; skip = 1 }
-' "$readme" > "$tmp"
-mv "$tmp" "$readme"
+' "$doc" > "$tmp"
 rm -f "$tmp.table"
-echo "gen_param_table.sh: updated $readme"
+if [ $mode = check ]; then
+    if cmp -s "$tmp" "$doc"; then
+        rm -f "$tmp"
+        exit 0
+    fi
+    echo "gen_param_table.sh: $doc does not match src/include/param_table.h:" >&2
+    diff "$doc" "$tmp" >&2 || true
+    echo "run scripts/gen_param_table.sh --update" >&2
+    rm -f "$tmp"
+    exit 1
+fi
+mv "$tmp" "$doc"
+echo "gen_param_table.sh: updated $doc"

@@ -6,7 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs=$(nproc)
-cmake -S . -B build -DCHORUS_WERROR=ON
+cmake -S . -B build -DCHORUS_WERROR=ON -DCHORUS_TESTS=ON
 cmake --build build -j"$jobs"
 if command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; then
   cmake -S . -B build-nocuda -DCHORUS_CUDA=OFF -DCHORUS_WERROR=ON -DCHORUS_TESTS=OFF >/dev/null

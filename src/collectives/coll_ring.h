@@ -22,7 +22,7 @@
  *    final output is written with streaming stores (no read-for-ownership). Each rank then
  *    reads its input once and writes its output once, the minimum. A direct chunk (CMA) would
  *    be read from the peer's DRAM and written with ordinary stores by the kernel's copy, which
- *    costs more on the project's 2-core machine (see the closing notes for the measurements).
+ *    measured slower than the slots at these sizes on a 2-core EPYC machine.
  */
 #ifndef CHORUS_COLL_RING_H_
 #define CHORUS_COLL_RING_H_

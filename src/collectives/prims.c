@@ -18,7 +18,7 @@
  * disappears; the receiver's pull is the only copy left. It is off by default: between
  * processes the pull is process_vm_readv, whose kernel copy and page pinning measured slower
  * than the sender's vector copy into a cache-resident slot on the project's machine; between
- * threads it is a plain copy, and it measured about even (closing notes, issue 4).
+ * threads it is a plain copy, and it measured about even with the slots.
  *
  * Large chunks written into a slot by a copy or a reduce use plain or streaming stores as the
  * send connection measured faster (slot_store.c): between cores that share no cache, plain

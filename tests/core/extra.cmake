@@ -35,6 +35,11 @@ if(CHORUS_NCCL_H_DIR)
     set_tests_properties(core_abi_consumer_${n} PROPERTIES TIMEOUT 120 LABELS quick
                          ENVIRONMENT "CHORUS_TIMEOUT=60")
   endforeach()
+  # NCCL_DEBUG=VERSION tells Chorus from NVIDIA's NCCL (same version code) and says which file.
+  add_test(NAME core_version_line COMMAND abi_consumer 2)
+  set_tests_properties(core_version_line PROPERTIES TIMEOUT 120 LABELS quick
+    ENVIRONMENT "CHORUS_TIMEOUT=60;NCCL_DEBUG=VERSION"
+    PASS_REGULAR_EXPRESSION "NCCL VERSION Chorus [0-9.]+ \\(NCCL API 2\\.28\\.[0-9]+\\) from /[^ ]*libnccl\\.so")
   if(TARGET chorusrun)
     add_test(NAME core_abi_consumer_chorusrun COMMAND chorusrun -n 4 $<TARGET_FILE:abi_consumer>)
     set_tests_properties(core_abi_consumer_chorusrun PROPERTIES TIMEOUT 120 LABELS quick
@@ -63,4 +68,8 @@ if(TARGET chorus_info)
   add_test(NAME core_chorus_info_markdown COMMAND chorus_info --params --markdown)
   set_tests_properties(core_chorus_info_markdown PROPERTIES LABELS quick
     PASS_REGULAR_EXPRESSION "^\\| Parameter \\| NCCL_ alias \\| Type \\| Default \\| Meaning \\|.*\\| `CHORUS_TIMEOUT` \\| no \\| int \\| `300` \\|")
+  # docs/parameters.md is generated from the parameter table and must not fall behind it.
+  add_test(NAME core_docs_parameters_in_sync
+           COMMAND sh ${PROJECT_SOURCE_DIR}/scripts/gen_param_table.sh --check ${CMAKE_BINARY_DIR})
+  set_tests_properties(core_docs_parameters_in_sync PROPERTIES LABELS quick)
 endif()

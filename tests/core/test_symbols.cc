@@ -1,4 +1,4 @@
-// test_symbols.cc: what libnccl.so.2 exports. Exactly the NCCL 2.28 API list of issue 2, each as a
+// test_symbols.cc: what libnccl.so.2 exports. Exactly the NCCL 2.28 API list, each as a
 // weak nccl* symbol with a strong pnccl* alias, plus the chorus* extensions declared in the
 // installed chorus headers, and nothing else (no internal helper leaks out).
 #include <gtest/gtest.h>

@@ -1,6 +1,7 @@
 /*
  * abi_consumer.c: a program built against the CUDA toolkit's own nccl.h (NCCL 2.28.9), not
- * Chorus's, and linked against Chorus's libnccl.so.2: the drop-in check of issue 2.
+ * Chorus's, and linked against Chorus's libnccl.so.2: the drop-in check (a program built for
+ * NCCL runs on Chorus unchanged).
  *
  *   abi_consumer --layout   print the toolkit header's struct layout and enum values (one line,
  *                           compared with Chorus's nccl.h by tests/unit/test_abi.cc)
