@@ -4,7 +4,8 @@
 // the job secret (CHORUS_JOB_SECRET or CHORUS_JOB_SECRET_FILE) and is refused without one unless
 // CHORUS_COMM_ID_INSECURE=1. A stranger that knows only the port (no secret, a wrong one, or the
 // secret NCCL would derive from the address) never joins; hellos forged with that derived secret
-// do not break the ranks' own connections.
+// do not break the ranks' own connections; hundreds of silent connections to the root or to a
+// rank's listener do not stall the rendezvous.
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <gtest/gtest.h>
@@ -87,6 +88,17 @@ int connect_to(const chorus_sockaddr_t &a) {
         return -1;
     }
     return fd;
+}
+
+// n silent connections to a; they stay open until the vector is closed with close_all.
+std::vector<int> open_silent(const chorus_sockaddr_t &a, int n) {
+    std::vector<int> fds;
+    for (int i = 0; i < n; i++) {
+        int fd = connect_to(a);
+        if (fd < 0) break;
+        fds.push_back(fd);
+    }
+    return fds;
 }
 
 void close_all(std::vector<int> &fds) {
@@ -354,6 +366,63 @@ TEST(JobSecret, ForgedPeerHellosDoNotBreakTheJob) {
         60);
     close_all(forged_fds);
     EXPECT_TRUE(res.ok()) << res.detail;
+}
+
+// 500 connections that never speak, held open on the root port and on ranks' listeners, must not
+// stall the rendezvous or the ranks' own connections. BS_HELLO_TIMEOUT_S (10 s) is how long a
+// silent connection may otherwise wait; the bound below only proves "does not stall".
+TEST(SilentConnections, DoNotStallInit) {
+    CleanEnv clean;
+    const int kRanks = 4, kSilent = 500;
+    const double kBound = 5.0;
+    double init_s[2] = {0, 0}, exercise_s[2] = {0, 0};
+    for (int silent : {0, kSilent}) {
+        chorus_unique_id_t id;
+        ASSERT_EQ(bootstrap_get_unique_id(&id), ncclSuccess);
+        std::vector<int> root_flood = open_silent(id.root, silent);
+        ASSERT_EQ((int)root_flood.size(), silent);
+        std::atomic<int> inited{0}, flooded{0};
+        std::vector<int> peer_flood;
+        double t0 = now_s(), t_init = 0, t_flooded = 0;
+        auto res = chorus_test::run_threads(
+            kRanks,
+            [&](int rank, int n) {
+                bootstrap_t *bs = nullptr;
+                RANK_NCCL(bootstrap_init(&id, rank, n, nullptr, &bs));
+                if (++inited == n) t_init = now_s();
+                if (rank == 0) {
+                    RANK_CHECK(wait_for(inited, n, 60), "the other ranks did not init");
+                    // Ranks 1 and 2 get silent connections before any peer connects to them.
+                    for (int to : {1, 2}) {
+                        std::vector<int> fds = open_silent(*bootstrap_addr(bs, to), silent);
+                        RANK_CHECK((int)fds.size() == silent, "%zu silent connections to rank %d",
+                                   fds.size(), to);
+                        peer_flood.insert(peer_flood.end(), fds.begin(), fds.end());
+                    }
+                    t_flooded = now_s();
+                    flooded++;
+                } else {
+                    RANK_CHECK(wait_for(flooded, 1, 60), "rank 0 did not open the connections");
+                }
+                int rc = exercise_bs(bs, rank, n);
+                bootstrap_close(bs);
+                return rc;
+            },
+            120);
+        double t_end = now_s();
+        close_all(root_flood);
+        close_all(peer_flood);
+        EXPECT_TRUE(res.ok()) << silent << " silent: " << res.detail;
+        int k = silent ? 1 : 0;
+        init_s[k] = t_init - t0;
+        exercise_s[k] = t_end - t_flooded;
+        EXPECT_LT(init_s[k], kBound) << silent << " silent connections on the root port";
+        EXPECT_LT(exercise_s[k], kBound) << silent << " silent connections on ranks' listeners";
+    }
+    printf("%d ranks: rendezvous %.3f s with 0 silent connections on the root port, %.3f s with "
+           "%d; allgather+ring+barrier %.3f s with 0 and %.3f s with %d on ranks 1 and 2's "
+           "listeners\n",
+           kRanks, init_s[0], init_s[1], kSilent, exercise_s[0], exercise_s[1], kSilent);
 }
 
 } // namespace
