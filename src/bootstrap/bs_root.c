@@ -93,7 +93,7 @@ static void handle_hello(root_t *r, int i) {
         drop_pending(r, i, "not a rendezvous hello");
         return;
     }
-    if (h->nranks < 1 || h->rank < 0 || h->rank >= h->nranks) {
+    if (h->nranks < 1 || h->nranks > BOOTSTRAP_MAX_NRANKS || h->rank < 0 || h->rank >= h->nranks) {
         WARN("bootstrap root %s: rank %d of %d (%s) is out of range", r->addr_str, h->rank,
              h->nranks, buf);
         send_reply(r, fd, BS_REPLY_BAD_RANK, NULL, 0);
@@ -102,8 +102,11 @@ static void handle_hello(root_t *r, int i) {
     }
     if (r->nranks == 0) {
         r->nranks = h->nranks;
-        r->rank_fd = malloc(sizeof(int) * h->nranks);
+        r->rank_fd = malloc(sizeof(int) * (size_t)h->nranks);
         r->rank_addr = calloc(h->nranks, sizeof(chorus_sockaddr_t));
+        /* Before any failure path: root_free closes every rank_fd that is not -1. */
+        for (int k = 0; r->rank_fd && k < h->nranks; k++)
+            r->rank_fd[k] = -1;
         if (!r->rank_fd || !r->rank_addr) {
             WARN("bootstrap root %s: out of memory for %d ranks", r->addr_str, h->nranks);
             r->nranks = 0;
@@ -114,8 +117,6 @@ static void handle_hello(root_t *r, int i) {
             drop_pending(r, i, "out of memory");
             return;
         }
-        for (int k = 0; k < h->nranks; k++)
-            r->rank_fd[k] = -1;
         /* The missing-rank deadline counts from the first rank that arrived. */
         r->deadline_ns = chorus_now_ns() + (uint64_t)r->timeout_s * 1000000000ull;
     } else if (h->nranks != r->nranks) {

@@ -44,6 +44,10 @@ typedef struct {
 
 typedef struct bootstrap bootstrap_t;
 
+/* The most ranks a communicator may have. Per-rank tables are allocated before the rendezvous, so a
+ * wrong nranks (INT_MAX) must fail at once rather than allocate and touch gigabytes. */
+#define BOOTSTRAP_MAX_NRANKS (1 << 24)
+
 /* Fill *id: NCCL_COMM_ID gives the root address (no thread started: rank 0 runs the root in
  * bootstrap_init); otherwise start a root thread on a fresh port of a usable interface. */
 ncclResult_t bootstrap_get_unique_id(chorus_unique_id_t *id);

@@ -5,7 +5,8 @@
 // CHORUS_COMM_ID_INSECURE=1. A stranger that knows only the port (no secret, a wrong one, or the
 // secret NCCL would derive from the address) never joins; hellos forged with that derived secret
 // do not break the ranks' own connections; hundreds of silent connections to the root or to a
-// rank's listener do not stall the rendezvous.
+// rank's listener do not stall the rendezvous; an absurd nranks fails at once and closes no
+// descriptor it did not open.
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <gtest/gtest.h>
@@ -423,6 +424,52 @@ TEST(SilentConnections, DoNotStallInit) {
            "%d; allgather+ring+barrier %.3f s with 0 and %.3f s with %d on ranks 1 and 2's "
            "listeners\n",
            kRanks, init_s[0], init_s[1], kSilent, exercise_s[0], exercise_s[1], kSilent);
+}
+
+// nranks = INT_MAX or 1e9: an error at once (not minutes of allocating and touching gigabytes), and
+// no descriptor the process owns is closed (a half-built bootstrap once closed fd 0 over and over).
+TEST(HugeNranks, FailsAtOnceAndClosesNothing) {
+    CleanEnv clean;
+    auto res = chorus_test::run_forked(
+        1,
+        [&](int, int) {
+            setenv("CHORUS_TIMEOUT", "5", 1);
+            ncclResetDebugInit();
+            if (fcntl(0, F_GETFD) == -1) { // make sure fd 0 is something to watch
+                int fd = open("/dev/null", O_RDONLY);
+                RANK_CHECK(fd == 0, "/dev/null opened as fd %d", fd);
+            }
+            int mine[2];
+            RANK_CHECK(pipe(mine) == 0, "pipe");
+            ncclUniqueId uid;
+            RANK_NCCL(ncclGetUniqueId(&uid));
+            for (int nranks : {INT_MAX, 1000000000}) {
+                double t0 = now_s();
+                ncclComm_t comm = reinterpret_cast<ncclComm_t>(0x1);
+                ncclResult_t r = ncclCommInitRank(&comm, nranks, uid, 0);
+                double took = now_s() - t0;
+                RANK_CHECK(r == ncclInvalidArgument, "nranks %d -> %s", nranks,
+                           ncclGetErrorString(r));
+                RANK_CHECK(comm == nullptr, "comm set");
+                RANK_CHECK(strstr(ncclGetLastError(nullptr), "nranks") != nullptr, "message: %s",
+                           ncclGetLastError(nullptr));
+                RANK_CHECK(took < 10.0, "nranks %d took %.1f s", nranks, took);
+                for (int fd : {0, mine[0], mine[1]})
+                    RANK_CHECK(fcntl(fd, F_GETFD) != -1, "fd %d was closed (nranks %d)", fd,
+                               nranks);
+            }
+            // The same at the bootstrap level.
+            chorus_unique_id_t id;
+            memcpy(&id, uid.internal, sizeof(id));
+            bootstrap_t *bs = nullptr;
+            RANK_CHECK(bootstrap_init(&id, 0, INT_MAX, nullptr, &bs) == ncclInvalidArgument,
+                       "bootstrap_init with INT_MAX ranks");
+            for (int fd : {0, mine[0], mine[1]})
+                RANK_CHECK(fcntl(fd, F_GETFD) != -1, "fd %d was closed (bootstrap)", fd);
+            return 0;
+        },
+        60);
+    EXPECT_TRUE(res.ok()) << res.detail;
 }
 
 } // namespace
