@@ -30,8 +30,9 @@
  * run: the lone rank's sched_yield found nothing to switch to while 3 ranks shared the other core
  * (8 B all-reduce 4.0-4.6 us in a quarter of the runs instead of 2.8-3.5). Measured with
  * all_reduce_perf -b 8 -e 4M -f 64 -n 300, 3 rounds, unbound / round-robin / contiguous: 4 ranks
- * 32 KiB 25-28 / 25 / 21 us, 2 MiB 405-457 / 405-414 / 333-345 us; 3 ranks 32 KiB 9-12.5 / 12.4-12.8
- * / 9.1-10.5 us; 8 ranks and 5 ranks at 8 MiB 6.0-8.2 ms contiguous, within the others' spread.
+ * 32 KiB 25-28 / 25 / 21 us, 2 MiB 405-457 / 405-414 / 333-345 us; 3 ranks 32 KiB 9-12.5
+ * / 12.4-12.8 / 9.1-10.5 us; 8 ranks and 5 ranks at 8 MiB 6.0-8.2 ms contiguous, within the others'
+ * spread.
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
@@ -403,8 +404,9 @@ int main(int argc, char **argv) {
         if (nnodes == 1) {
             char secret[80];
             if (make_job_secret(secret, sizeof(secret)) != 0) {
-                fprintf(stderr, "chorusrun: getrandom failed (%s): cannot make a job secret; "
-                                "set CHORUS_JOB_SECRET yourself\n",
+                fprintf(stderr,
+                        "chorusrun: getrandom failed (%s): cannot make a job secret; "
+                        "set CHORUS_JOB_SECRET yourself\n",
                         strerror(errno));
                 return 1;
             }

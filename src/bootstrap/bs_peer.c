@@ -208,8 +208,10 @@ static void accept_all(bootstrap_t *bs) {
         for (int i = 0; i < bs->nconns; i++)
             pending += !bs->conns[i].authed;
         if (pending >= BS_MAX_PENDING) {
-            INFO(SUB_BOOTSTRAP, "bootstrap rank %d: too many connections without a hello; "
-                 "dropped the oldest", bs->rank);
+            INFO(SUB_BOOTSTRAP,
+                 "bootstrap rank %d: too many connections without a hello; "
+                 "dropped the oldest",
+                 bs->rank);
             conn_drop(bs, pending_victim(bs), 0, 0);
         }
         bs_in_conn_t *c = &bs->conns[bs->nconns++];

@@ -168,10 +168,11 @@ TEST(ChorusRun, MultiNodeNeedsAJobSecret) {
 
 TEST(ChorusRun, MultiNodeRanks) {
     NEED_BINARIES();
-    Cmd c = run("env -u NCCL_COMM_ID -u CHORUS_COMM_ID CHORUS_JOB_SECRET=multi-node-secret " +
-                kRun + " -n 2 --nnodes 3 --node-rank 1 --master-addr 10.1.2.3 --master-port 1234 sh -c "
-                "'echo $RANK $WORLD_SIZE $LOCAL_RANK $NODE_RANK $MASTER_ADDR $MASTER_PORT "
-                "$NCCL_COMM_ID'");
+    Cmd c =
+        run("env -u NCCL_COMM_ID -u CHORUS_COMM_ID CHORUS_JOB_SECRET=multi-node-secret " + kRun +
+            " -n 2 --nnodes 3 --node-rank 1 --master-addr 10.1.2.3 --master-port 1234 sh -c "
+            "'echo $RANK $WORLD_SIZE $LOCAL_RANK $NODE_RANK $MASTER_ADDR $MASTER_PORT "
+            "$NCCL_COMM_ID'");
     ASSERT_EQ(c.exit_code(), 0) << c.out;
     auto v = lines(c.out);
     std::sort(v.begin(), v.end());
@@ -337,8 +338,7 @@ TEST(ChorusRun, BootstrapAndCommUnderChorusrun) {
     NEED_BINARIES();
     ASSERT_TRUE(have(kProg)) << kProg << " was not built";
     for (const char *mode : {"bootstrap", "comm", "env", "allreduce"}) {
-        Cmd c = run(kCleanEnv + kRun + " -n 4 --tag-output " +
-                    kProg + " " + mode);
+        Cmd c = run(kCleanEnv + kRun + " -n 4 --tag-output " + kProg + " " + mode);
         EXPECT_EQ(c.exit_code(), 0) << mode << ":\n" << c.out;
         EXPECT_EQ(lines(c.out).size(), 4u) << mode << ":\n" << c.out;
     }

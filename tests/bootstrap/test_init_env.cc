@@ -29,7 +29,8 @@ const char *kAllVars[] = {
     "RANK",          "WORLD_SIZE",           "LOCAL_RANK",           "MASTER_ADDR",
     "MASTER_PORT",   "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
     "SLURM_PROCID",  "SLURM_NTASKS",         "SLURM_LOCALID",        "NCCL_COMM_ID",
-    "CHORUS_COMM_ID", "CHORUS_JOB_SECRET",   "CHORUS_JOB_SECRET_FILE", "CHORUS_COMM_ID_INSECURE"};
+    "CHORUS_COMM_ID", // and the job secret, which a launcher passes on with them
+    "CHORUS_JOB_SECRET", "CHORUS_JOB_SECRET_FILE", "CHORUS_COMM_ID_INSECURE"};
 
 // Clears every launcher variable for the test and restores them afterwards.
 class InitFromEnv : public ::testing::Test {

@@ -1,11 +1,11 @@
 // test_security.cc: who may join a job, and what strangers on its ports can do to it.
 //
-// A fixed root address (CHORUS_COMM_ID, NCCL_COMM_ID, MASTER_ADDR:MASTER_PORT) takes its secret from
-// the job secret (CHORUS_JOB_SECRET or CHORUS_JOB_SECRET_FILE) and is refused without one unless
-// CHORUS_COMM_ID_INSECURE=1. A stranger that knows only the port (no secret, a wrong one, or the
-// secret NCCL would derive from the address) never joins; hellos forged with that derived secret
-// do not break the ranks' own connections; hundreds of silent connections to the root or to a
-// rank's listener do not stall the rendezvous; an absurd nranks fails at once and closes no
+// A fixed root address (CHORUS_COMM_ID, NCCL_COMM_ID, MASTER_ADDR:MASTER_PORT) takes its secret
+// from the job secret (CHORUS_JOB_SECRET or CHORUS_JOB_SECRET_FILE) and is refused without one
+// unless CHORUS_COMM_ID_INSECURE=1. A stranger that knows only the port (no secret, a wrong one, or
+// the secret NCCL would derive from the address) never joins; hellos forged with that derived
+// secret do not break the ranks' own connections; hundreds of silent connections to the root or to
+// a rank's listener do not stall the rendezvous; an absurd nranks fails at once and closes no
 // descriptor it did not open.
 #include <arpa/inet.h>
 #include <fcntl.h>
