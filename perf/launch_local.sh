@@ -11,6 +11,11 @@ if [ "${1:-}" = "-t" ]; then timeout_s=$2; shift 2; fi
 if [ $# -lt 2 ]; then echo "usage: $0 [-t timeout_s] N command [args...]" >&2; exit 2; fi
 n=$1; shift
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+# The job secret, as chorusrun makes it: without one Chorus refuses the fixed root address.
+if [ -z "${CHORUS_JOB_SECRET:-}" ] && [ -z "${CHORUS_JOB_SECRET_FILE:-}" ]; then
+    CHORUS_JOB_SECRET=$(od -An -tx1 -N32 /dev/urandom | tr -d ' \n')
+    export CHORUS_JOB_SECRET
+fi
 pids=()
 for ((r = 0; r < n; r++)); do
     if [ "$r" -eq 0 ]; then

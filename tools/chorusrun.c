@@ -11,6 +11,10 @@
  * rendezvous on that address (NCCL's semantics), so a plain NCCL program that calls
  * ncclGetUniqueId in every rank works unchanged. On one node the master port is a free port picked
  * here on 127.0.0.1; across nodes every node must be given the same --master-addr/--master-port.
+ * The ranks also get CHORUS_JOB_SECRET, a random secret made here (unless CHORUS_JOB_SECRET or
+ * CHORUS_JOB_SECRET_FILE is set already): only processes that know it can join the job at that
+ * fixed address. Ranks on other nodes cannot receive a secret made here, so with --nnodes > 1 the
+ * user must give every node the same one (or set CHORUS_COMM_ID_INSECURE=1 to run without).
  *
  * Each rank runs in its own process group with stdin from /dev/null. SIGINT/SIGTERM/SIGHUP are
  * forwarded to every rank. When a rank exits non-zero or dies from a signal, chorusrun prints one
@@ -26,8 +30,9 @@
  * run: the lone rank's sched_yield found nothing to switch to while 3 ranks shared the other core
  * (8 B all-reduce 4.0-4.6 us in a quarter of the runs instead of 2.8-3.5). Measured with
  * all_reduce_perf -b 8 -e 4M -f 64 -n 300, 3 rounds, unbound / round-robin / contiguous: 4 ranks
- * 32 KiB 25-28 / 25 / 21 us, 2 MiB 405-457 / 405-414 / 333-345 us; 3 ranks 32 KiB 9-12.5 / 12.4-12.8
- * / 9.1-10.5 us; 8 ranks and 5 ranks at 8 MiB 6.0-8.2 ms contiguous, within the others' spread.
+ * 32 KiB 25-28 / 25 / 21 us, 2 MiB 405-457 / 405-414 / 333-345 us; 3 ranks 32 KiB 9-12.5
+ * / 12.4-12.8 / 9.1-10.5 us; 8 ranks and 5 ranks at 8 MiB 6.0-8.2 ms contiguous, within the others'
+ * spread.
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
@@ -43,6 +48,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -88,6 +94,8 @@ static void usage(FILE *f) {
         "Start N local ranks of a Chorus/NCCL job. Each rank gets RANK, WORLD_SIZE, LOCAL_RANK,\n"
         "LOCAL_WORLD_SIZE, NODE_RANK, MASTER_ADDR, MASTER_PORT and NCCL_COMM_ID=addr:port\n"
         "(unless CHORUS_COMM_ID/NCCL_COMM_ID is set): rank 0 hosts the rendezvous there.\n"
+        "On one node the ranks also get a random CHORUS_JOB_SECRET (unless CHORUS_JOB_SECRET\n"
+        "or CHORUS_JOB_SECRET_FILE is set); with --nnodes > 1 set one of them on every node.\n"
         "\n"
         "options:\n"
         "  -n, --nproc-per-node N   ranks on this node (required)\n"
@@ -104,6 +112,28 @@ static void usage(FILE *f) {
         "\n"
         "If a rank exits non-zero or is killed, the others are stopped and chorusrun exits\n"
         "non-zero after one line naming the rank. SIGINT/SIGTERM are forwarded to the ranks.\n");
+}
+
+/* A fresh job secret: 32 random bytes (getrandom) as 64 hex digits. -1 when no entropy source
+ * answers: a guessable secret would be worse than a clear failure. */
+static int make_job_secret(char *out, size_t len) {
+    unsigned char raw[32];
+    size_t got = 0;
+    if (len < 2 * sizeof(raw) + 1) return -1;
+    while (got < sizeof(raw)) {
+        ssize_t n = getrandom(raw + got, sizeof(raw) - got, 0);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) return -1;
+        got += (size_t)n;
+    }
+    for (size_t i = 0; i < sizeof(raw); i++)
+        snprintf(out + 2 * i, 3, "%02x", raw[i]);
+    return 0;
+}
+
+static int env_set(const char *name) {
+    const char *v = getenv(name);
+    return v != NULL && *v != '\0';
 }
 
 static int parse_int_arg(const char *s, const char *opt, int lo, int hi, int *out) {
@@ -357,6 +387,33 @@ int main(int argc, char **argv) {
     setenv_int("GROUP_RANK", node_rank);
     if (getenv("CHORUS_COMM_ID") == NULL && getenv("NCCL_COMM_ID") == NULL)
         setenv("NCCL_COMM_ID", comm_id, 1);
+    /* The job secret: without it any local process that knows the port could join the job. */
+    if (!env_set("CHORUS_JOB_SECRET") && !env_set("CHORUS_JOB_SECRET_FILE")) {
+        const char *insecure = getenv("CHORUS_COMM_ID_INSECURE");
+        if (nnodes > 1 && !(insecure && strcmp(insecure, "1") == 0)) {
+            fprintf(stderr,
+                    "chorusrun: with --nnodes %d the ranks on other nodes cannot receive a job "
+                    "secret made here: give every node's chorusrun the same "
+                    "CHORUS_JOB_SECRET (e.g. the output of 'openssl rand -hex 32') or "
+                    "CHORUS_JOB_SECRET_FILE=<a mode 0600 file present on every node>. "
+                    "(CHORUS_COMM_ID_INSECURE=1 runs without a secret: any process that can "
+                    "reach the master port could then join the job.)\n",
+                    nnodes);
+            return 2;
+        }
+        if (nnodes == 1) {
+            char secret[80];
+            if (make_job_secret(secret, sizeof(secret)) != 0) {
+                fprintf(stderr,
+                        "chorusrun: getrandom failed (%s): cannot make a job secret; "
+                        "set CHORUS_JOB_SECRET yourself\n",
+                        strerror(errno));
+                return 1;
+            }
+            setenv("CHORUS_JOB_SECRET", secret, 1);
+            explicit_bzero(secret, sizeof(secret));
+        }
+    }
 
     if (pipe2(g_sigpipe, O_CLOEXEC | O_NONBLOCK) != 0) {
         perror("chorusrun: pipe");

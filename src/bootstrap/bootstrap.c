@@ -95,13 +95,14 @@ static bootstrap_t *bs_alloc(int rank, int nranks) {
     bs->q_tail = calloc(nranks, sizeof(*bs->q_tail));
     bs->in_state = calloc(nranks, sizeof(int));
     bs->in_errno = calloc(nranks, sizeof(int));
-    bs->out_fd = malloc(sizeof(int) * nranks);
+    bs->out_fd = malloc(sizeof(int) * (size_t)nranks);
+    /* Before any failure path: bs_free closes every out_fd that is not -1. */
+    for (int i = 0; bs->out_fd && i < nranks; i++)
+        bs->out_fd[i] = -1;
     if (!bs->addrs || !bs->q_head || !bs->q_tail || !bs->in_state || !bs->in_errno || !bs->out_fd) {
         bs_free(bs);
         return NULL;
     }
-    for (int i = 0; i < nranks; i++)
-        bs->out_fd[i] = -1;
     return bs;
 }
 
@@ -271,7 +272,8 @@ ncclResult_t bootstrap_init(const chorus_unique_id_t *id, int rank, int nranks,
     ARGCHECK(id->magic == CHORUS_ID_MAGIC,
              "bootstrap_init: the unique id is not one ncclGetUniqueId made (magic %016llx)",
              (unsigned long long)id->magic);
-    ARGCHECK(nranks >= 1, "bootstrap_init: nranks=%d must be at least 1", nranks);
+    ARGCHECK(nranks >= 1 && nranks <= BOOTSTRAP_MAX_NRANKS,
+             "bootstrap_init: nranks=%d is not in [1, %d]", nranks, BOOTSTRAP_MAX_NRANKS);
     ARGCHECK(rank >= 0 && rank < nranks, "bootstrap_init: rank=%d is not in [0, %d)", rank, nranks);
     CHECK(chorus_param_init());
     bootstrap_t *bs = bs_alloc(rank, nranks);

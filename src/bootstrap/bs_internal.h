@@ -20,7 +20,8 @@
 #define BS_POLL_SLICE_MS 50
 /* How long the root (and a rank's receiver) waits for a fresh connection to present its hello. */
 #define BS_HELLO_TIMEOUT_S 10.0
-/* Connections that have not yet said who they are; beyond this the newest are dropped at once. */
+/* Connections that have not yet said who they are; beyond this the oldest silent one is dropped
+ * for each new one (silent connections must not keep real ranks out). */
 #define BS_MAX_PENDING 256
 /* Reserved tags: allgather and barrier rounds. User tags should stay above this range. */
 #define BS_TAG_ALLGATHER (BOOTSTRAP_TAG_RESERVED_MIN + 0)

@@ -172,8 +172,26 @@ static int conn_read(bootstrap_t *bs, int i) {
     }
 }
 
+/* The unauthenticated connection to drop for a new one when BS_MAX_PENDING wait already: the
+ * oldest that has sent nothing, else the oldest. -1 when none is unauthenticated. */
+static int pending_victim(const bootstrap_t *bs) {
+    int best = -1, best_silent = -1;
+    for (int i = 0; i < bs->nconns; i++) {
+        const bs_in_conn_t *c = &bs->conns[i];
+        if (c->authed) continue;
+        if (best < 0 || c->hello_deadline_ns < bs->conns[best].hello_deadline_ns) best = i;
+        if (c->got == 0 &&
+            (best_silent < 0 || c->hello_deadline_ns < bs->conns[best_silent].hello_deadline_ns))
+            best_silent = i;
+    }
+    return best_silent >= 0 ? best_silent : best;
+}
+
+/* Accept waiting connections, a bounded batch per round so that a flood cannot push a connection
+ * out before it was polled once. Past BS_MAX_PENDING unauthenticated connections the oldest
+ * silent one goes: connections that never speak must not keep a real peer out. */
 static void accept_all(bootstrap_t *bs) {
-    for (;;) {
+    for (int batch = 0; batch < BS_MAX_PENDING / 4; batch++) {
         int fd = bs_accept(bs->listen_fd, NULL);
         if (fd < 0) return;
         if (bs->nconns >= bs->conns_cap) {
@@ -190,14 +208,19 @@ static void accept_all(bootstrap_t *bs) {
         for (int i = 0; i < bs->nconns; i++)
             pending += !bs->conns[i].authed;
         if (pending >= BS_MAX_PENDING) {
-            bs_close(fd);
-            continue;
+            INFO(SUB_BOOTSTRAP,
+                 "bootstrap rank %d: too many connections without a hello; "
+                 "dropped the oldest",
+                 bs->rank);
+            conn_drop(bs, pending_victim(bs), 0, 0);
         }
         bs_in_conn_t *c = &bs->conns[bs->nconns++];
         memset(c, 0, sizeof(*c));
         c->fd = fd;
         c->from = -1;
         c->hello_deadline_ns = chorus_now_ns() + (uint64_t)(BS_HELLO_TIMEOUT_S * 1e9);
+        /* A peer sends its hello right after connecting: it is often here already. */
+        (void)conn_read(bs, bs->nconns - 1);
     }
 }
 

@@ -4,7 +4,11 @@
  * It accepts connections on its listening socket and keeps each one "pending" until it presents a
  * complete hello with the right magic and secret. Anything else (garbage bytes, a port scan that
  * connects and closes, a stale job with another secret, silence for BS_HELLO_TIMEOUT_S) is closed
- * without affecting the rendezvous. The first valid hello fixes nranks; later hellos that disagree,
+ * without affecting the rendezvous. At most BS_MAX_PENDING connections wait for their hello; when
+ * one more arrives, the oldest silent one is dropped, so connections that never speak (hundreds
+ * held open by another process) cannot keep real ranks out: a rank's hello usually arrives with
+ * its connection and is read as soon as it is accepted. The first valid hello fixes nranks; later
+ * hellos that disagree,
  * name a rank out of range or a rank already present get an error reply so that rank fails at once.
  * A registered rank whose connection closes before the end is forgotten (it may reconnect).
  *
@@ -89,7 +93,7 @@ static void handle_hello(root_t *r, int i) {
         drop_pending(r, i, "not a rendezvous hello");
         return;
     }
-    if (h->nranks < 1 || h->rank < 0 || h->rank >= h->nranks) {
+    if (h->nranks < 1 || h->nranks > BOOTSTRAP_MAX_NRANKS || h->rank < 0 || h->rank >= h->nranks) {
         WARN("bootstrap root %s: rank %d of %d (%s) is out of range", r->addr_str, h->rank,
              h->nranks, buf);
         send_reply(r, fd, BS_REPLY_BAD_RANK, NULL, 0);
@@ -98,8 +102,11 @@ static void handle_hello(root_t *r, int i) {
     }
     if (r->nranks == 0) {
         r->nranks = h->nranks;
-        r->rank_fd = malloc(sizeof(int) * h->nranks);
+        r->rank_fd = malloc(sizeof(int) * (size_t)h->nranks);
         r->rank_addr = calloc(h->nranks, sizeof(chorus_sockaddr_t));
+        /* Before any failure path: root_free closes every rank_fd that is not -1. */
+        for (int k = 0; r->rank_fd && k < h->nranks; k++)
+            r->rank_fd[k] = -1;
         if (!r->rank_fd || !r->rank_addr) {
             WARN("bootstrap root %s: out of memory for %d ranks", r->addr_str, h->nranks);
             r->nranks = 0;
@@ -110,8 +117,6 @@ static void handle_hello(root_t *r, int i) {
             drop_pending(r, i, "out of memory");
             return;
         }
-        for (int k = 0; k < h->nranks; k++)
-            r->rank_fd[k] = -1;
         /* The missing-rank deadline counts from the first rank that arrived. */
         r->deadline_ns = chorus_now_ns() + (uint64_t)r->timeout_s * 1000000000ull;
     } else if (h->nranks != r->nranks) {
@@ -136,6 +141,20 @@ static void handle_hello(root_t *r, int i) {
     INFO(SUB_BOOTSTRAP, "bootstrap root %s: rank %d of %d joined from %s (%d/%d)", r->addr_str,
          h->rank, r->nranks, buf, r->joined, r->nranks);
     r->pending[i] = r->pending[--r->npending]; /* fd now belongs to rank_fd */
+}
+
+/* The pending connection to drop for a new one: the oldest that has sent nothing, else the oldest
+ * (each one's hello deadline counts from when it was accepted). */
+static int pending_victim(const root_t *r) {
+    int best = -1, best_silent = -1;
+    for (int i = 0; i < r->npending; i++) {
+        const root_pending_t *p = &r->pending[i];
+        if (best < 0 || p->deadline_ns < r->pending[best].deadline_ns) best = i;
+        if (p->got == 0 &&
+            (best_silent < 0 || p->deadline_ns < r->pending[best_silent].deadline_ns))
+            best_silent = i;
+    }
+    return best_silent >= 0 ? best_silent : best;
 }
 
 /* Read what a pending connection sent; check magic and secret as soon as they are complete. */
@@ -278,21 +297,21 @@ static void *root_main(void *arg) {
                 read_pending(r, map[j] - 1);
         }
         if (pfd[0].revents & POLLIN) {
-            for (;;) {
+            /* A bounded batch per round, so that a flood of connections cannot push one out
+             * before it has been polled for its hello at least once. */
+            for (int batch = 0; batch < BS_MAX_PENDING / 4; batch++) {
                 chorus_sockaddr_t from;
                 int fd = bs_accept(r->listen_fd, &from);
                 if (fd < 0) break;
-                if (r->npending >= BS_MAX_PENDING) {
-                    INFO(SUB_BOOTSTRAP, "bootstrap root %s: too many pending connections",
-                         r->addr_str);
-                    bs_close(fd);
-                    continue;
-                }
+                if (r->npending >= BS_MAX_PENDING)
+                    drop_pending(r, pending_victim(r), "too many pending connections");
                 root_pending_t *p = &r->pending[r->npending++];
                 memset(p, 0, sizeof(*p));
                 p->fd = fd;
                 p->from = from;
                 p->deadline_ns = chorus_now_ns() + (uint64_t)(BS_HELLO_TIMEOUT_S * 1e9);
+                /* A rank sends its hello right after connecting: it is often here already. */
+                read_pending(r, r->npending - 1);
             }
         }
     }

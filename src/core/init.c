@@ -245,7 +245,9 @@ static ncclResult_t init_rank(ncclComm_t *newcomm, int nranks, const ncclUniqueI
     CHECK(chorus_param_init());
     ARGCHECK(newcomm != NULL, "%s: comm is NULL", api);
     *newcomm = NULL;
-    ARGCHECK(nranks > 0, "%s: nranks %d must be > 0", api, nranks);
+    ARGCHECK(nranks > 0 && nranks <= BOOTSTRAP_MAX_NRANKS,
+             "%s: nranks %d is not in [1, %d] (the most ranks a communicator may have)", api,
+             nranks, BOOTSTRAP_MAX_NRANKS);
     ARGCHECK(rank >= 0 && rank < nranks, "%s: rank %d is out of range (nranks %d)", api, rank,
              nranks);
     CHECK(check_unique_id(id, api));

@@ -189,7 +189,9 @@ const char *chorus_param_source_name(chorus_param_src_t src) {
 
 const char *chorus_param_value_text(chorus_param_id_t id, char *buf, int len) {
     ensure_init();
-    if (g_desc[id].type == T_INT)
+    if (id == PARAM_JOB_SECRET && g_str[id] != NULL)
+        snprintf(buf, len, "(set, not shown)"); /* a secret stays out of logs and chorus_info */
+    else if (g_desc[id].type == T_INT)
         snprintf(buf, len, "%" PRId64, g_int[id]);
     else
         snprintf(buf, len, "%s", g_str[id] ? g_str[id] : "(unset)");

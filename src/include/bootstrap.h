@@ -34,14 +34,19 @@ typedef struct {
 } chorus_unique_id_t;
 #define CHORUS_ID_MAGIC 0x43484f5255533031ull /* "CHORUS01" */
 /* The id was built from an address (NCCL_COMM_ID, MASTER_ADDR:MASTER_PORT): no root thread runs
- * yet; rank 0 listens on `root` inside bootstrap_init. The secret is then derived from the address
- * text, so it only tells jobs apart: it gives no secrecy. */
+ * yet; rank 0 listens on `root` inside bootstrap_init. The secret is hashed from the job secret
+ * (CHORUS_JOB_SECRET) and the address; only with CHORUS_COMM_ID_INSECURE=1 from the address text
+ * alone, which gives no secrecy. */
 #define CHORUS_ID_FLAG_RANK0_ROOT 0x1u
 /* With RANK0_ROOT: the address was given as a host name; rank 0 listens on every local address
  * (that port), since the name may resolve differently on rank 0's own host. */
 #define CHORUS_ID_FLAG_BIND_ANY 0x2u
 
 typedef struct bootstrap bootstrap_t;
+
+/* The most ranks a communicator may have. Per-rank tables are allocated before the rendezvous, so a
+ * wrong nranks (INT_MAX) must fail at once rather than allocate and touch gigabytes. */
+#define BOOTSTRAP_MAX_NRANKS (1 << 24)
 
 /* Fill *id: NCCL_COMM_ID gives the root address (no thread started: rank 0 runs the root in
  * bootstrap_init); otherwise start a root thread on a fresh port of a usable interface. */
@@ -53,9 +58,11 @@ ncclResult_t bootstrap_get_unique_id(chorus_unique_id_t *id);
  * and exits; a second init with the same id fails at once ("refused"). */
 ncclResult_t bootstrap_child_unique_id(const bootstrap_t *parent, chorus_unique_id_t *id);
 /* Build the id for a fixed root address "host:port" / "[v6]:port" (hostnames resolved). Every rank
- * computes the same id from the same text; rank 0 runs the root in bootstrap_init. `what` names
- * where the text came from (e.g. "NCCL_COMM_ID") for the WARN when it is malformed
- * (ncclInvalidArgument). Starts nothing. */
+ * computes the same id from the same text and job secret; rank 0 runs the root in bootstrap_init.
+ * `what` names where the text came from (e.g. "NCCL_COMM_ID") for the WARN when it is malformed
+ * (ncclInvalidArgument). No job secret (CHORUS_JOB_SECRET, CHORUS_JOB_SECRET_FILE), an unusable
+ * secret file, and no CHORUS_COMM_ID_INSECURE=1: ncclInvalidUsage with a WARN saying how to set
+ * one. Starts nothing. */
 ncclResult_t bootstrap_id_from_string(const char *hostport, const char *what,
                                       chorus_unique_id_t *id);
 

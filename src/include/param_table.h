@@ -17,6 +17,9 @@ PARAM(DEBUG_FILE, STR, NULL, 1, "log file name; %h host, %p pid")
 /* bootstrap and deadlines */
 PARAM(TIMEOUT, INT, 300, 0, "seconds any wait may last before it fails (init, transfers, collectives)")
 PARAM(COMM_ID, STR, NULL, 1, "host:port of the bootstrap root (rank 0 listens there)")
+PARAM(JOB_SECRET, STR, NULL, 0, "the job's shared secret (any text, best 32+ random characters; never logged): with a fixed root address (COMM_ID, MASTER_ADDR:MASTER_PORT) only processes that know it can join the job. chorusrun sets a random one for the ranks it starts on one node")
+PARAM(JOB_SECRET_FILE, STR, NULL, 0, "file holding JOB_SECRET (first line; must not be accessible by group or others, e.g. mode 0600)")
+PARAM(COMM_ID_INSECURE, INT, 0, 0, "1: a fixed root address without JOB_SECRET derives the job's secret from the address text, as NCCL does: any process that can reach the port can join the job and read its data")
 PARAM(SOCKET_IFNAME, STR, NULL, 1, "network interfaces to use: prefix list, ^ excludes, = exact match")
 PARAM(SOCKET_FAMILY, STR, NULL, 1, "AF_INET or AF_INET6 to force an address family")
 /* transports */

@@ -417,6 +417,7 @@ TEST(Bootstrap, DeadPeerFailsRecv) {
 TEST(Bootstrap, FixedCommIdTwice) {
     std::string addr = "127.0.0.1:" + std::to_string(free_port());
     ScopedEnv e("CHORUS_COMM_ID", addr.c_str());
+    ScopedEnv secret("CHORUS_JOB_SECRET", "test-job-secret");
     for (Launch how : {Launch::Threads, Launch::Forked}) {
         auto res = chorus_test::run_ranks(
             how, 4,
@@ -439,6 +440,7 @@ TEST(Bootstrap, FixedCommIdTwice) {
 TEST(Bootstrap, FixedCommIdHostName) {
     std::string addr = "localhost:" + std::to_string(free_port());
     ScopedEnv e("CHORUS_COMM_ID", addr.c_str());
+    ScopedEnv secret("CHORUS_JOB_SECRET", "test-job-secret");
     chorus_sockaddr_t pref;
     ASSERT_EQ(chorus_find_interface(&pref, nullptr, 0), ncclSuccess);
     bool pref_loop = pref.sa.sa_family == AF_INET ? (ntohl(pref.sin.sin_addr.s_addr) >> 24) == 127
@@ -479,6 +481,7 @@ TEST(Bootstrap, FixedCommIdIpv6) {
     close(fd);
     std::string addr = "[::1]:" + std::to_string(ntohs(a.sin6_port));
     ScopedEnv e("NCCL_COMM_ID", addr.c_str());
+    ScopedEnv secret("CHORUS_JOB_SECRET", "test-job-secret");
     auto res = chorus_test::run_threads(
         3,
         [&](int rank, int n) {
@@ -519,6 +522,7 @@ TEST(Bootstrap, SocketIfnameLoopback) {
 TEST(Bootstrap, ChildIdsForTwoGroupsAtOnce) {
     std::string addr = "127.0.0.1:" + std::to_string(free_port());
     ScopedEnv e("CHORUS_COMM_ID", addr.c_str());
+    ScopedEnv secret("CHORUS_JOB_SECRET", "test-job-secret");
     auto res = chorus_test::run_threads(
         6,
         [&](int rank, int n) {
@@ -711,6 +715,7 @@ TEST(Bootstrap, StoppedRankTimesOutOthers) {
 }
 
 TEST(Bootstrap, IdFromStringParsesAndRejects) {
+    ScopedEnv secret("CHORUS_JOB_SECRET", "test-job-secret");
     chorus_unique_id_t a, b;
     ASSERT_EQ(bootstrap_id_from_string("127.0.0.1:29500", "TEST", &a), ncclSuccess);
     ASSERT_EQ(bootstrap_id_from_string("127.0.0.1:29500", "TEST", &b), ncclSuccess);

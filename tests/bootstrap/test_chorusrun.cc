@@ -38,6 +38,10 @@ int free_port() {
 const std::string kBin = std::string(CHORUS_BINARY_DIR) + "/bin/";
 const std::string kRun = kBin + "chorusrun";
 const std::string kProg = kBin + "bs_rank_main";
+// Runs without a root address or job secret from the caller's environment.
+const std::string kCleanEnv =
+    "env -u NCCL_COMM_ID -u CHORUS_COMM_ID -u CHORUS_JOB_SECRET -u CHORUS_JOB_SECRET_FILE "
+    "-u CHORUS_COMM_ID_INSECURE ";
 const std::string kScript = std::string(CHORUS_SOURCE_DIR) + "/tests/scripts/netns_two_hosts.sh";
 
 struct Cmd {
@@ -96,7 +100,7 @@ TEST(ChorusRun, HelpAndBadArguments) {
 
 TEST(ChorusRun, SetsRankVariables) {
     NEED_BINARIES();
-    Cmd c = run("env -u NCCL_COMM_ID -u CHORUS_COMM_ID " + kRun +
+    Cmd c = run(kCleanEnv + kRun +
                 " -n 3 sh -c 'echo $RANK $WORLD_SIZE $LOCAL_RANK $LOCAL_WORLD_SIZE $MASTER_ADDR "
                 "$MASTER_PORT $NCCL_COMM_ID'");
     ASSERT_EQ(c.exit_code(), 0) << c.out;
@@ -121,12 +125,54 @@ TEST(ChorusRun, SetsRankVariables) {
     }
 }
 
+// The ranks of one launch share a random job secret, the next launch gets another one, and a secret
+// the user set is passed on unchanged.
+TEST(ChorusRun, RanksGetARandomJobSecret) {
+    NEED_BINARIES();
+    const std::string echo = " -n 2 sh -c 'echo \"[$CHORUS_JOB_SECRET]\"'";
+    std::string secrets[2];
+    for (int launch = 0; launch < 2; launch++) {
+        Cmd c = run(kCleanEnv + kRun + echo);
+        ASSERT_EQ(c.exit_code(), 0) << c.out;
+        auto v = lines(c.out);
+        ASSERT_EQ(v.size(), 2u) << c.out;
+        EXPECT_EQ(v[0], v[1]) << "the ranks of one launch got different secrets";
+        ASSERT_EQ(v[0].size(), 66u) << "64 hex digits in brackets: " << v[0];
+        EXPECT_EQ(v[0].find_first_not_of("0123456789abcdef", 1), 65u) << v[0];
+        secrets[launch] = v[0];
+    }
+    EXPECT_NE(secrets[0], secrets[1]) << "two launches got the same secret";
+    Cmd c = run(kCleanEnv + "CHORUS_JOB_SECRET=mine " + kRun + echo);
+    ASSERT_EQ(c.exit_code(), 0) << c.out;
+    EXPECT_EQ(lines(c.out), std::vector<std::string>({"[mine]", "[mine]"})) << c.out;
+    c = run(kCleanEnv + "CHORUS_JOB_SECRET_FILE=/some/file " + kRun + echo);
+    ASSERT_EQ(c.exit_code(), 0) << c.out;
+    EXPECT_EQ(lines(c.out), std::vector<std::string>({"[]", "[]"})) << "file given: none made";
+}
+
+// Ranks on other nodes cannot receive a secret made here: a multi-node launch needs one given.
+TEST(ChorusRun, MultiNodeNeedsAJobSecret) {
+    NEED_BINARIES();
+    const std::string args =
+        " -n 1 --nnodes 2 --node-rank 1 --master-addr 10.1.2.3 --master-port 1234 true";
+    Cmd c = run(kCleanEnv + kRun + args);
+    EXPECT_EQ(c.exit_code(), 2) << c.out;
+    EXPECT_NE(c.out.find("CHORUS_JOB_SECRET"), std::string::npos) << c.out;
+    EXPECT_NE(c.out.find("CHORUS_JOB_SECRET_FILE"), std::string::npos) << c.out;
+    for (const char *given :
+         {"CHORUS_JOB_SECRET=s ", "CHORUS_JOB_SECRET_FILE=/f ", "CHORUS_COMM_ID_INSECURE=1 "}) {
+        c = run(kCleanEnv + given + kRun + args);
+        EXPECT_EQ(c.exit_code(), 0) << given << ": " << c.out;
+    }
+}
+
 TEST(ChorusRun, MultiNodeRanks) {
     NEED_BINARIES();
-    Cmd c = run("env -u NCCL_COMM_ID -u CHORUS_COMM_ID " + kRun +
-                " -n 2 --nnodes 3 --node-rank 1 --master-addr 10.1.2.3 --master-port 1234 sh -c "
-                "'echo $RANK $WORLD_SIZE $LOCAL_RANK $NODE_RANK $MASTER_ADDR $MASTER_PORT "
-                "$NCCL_COMM_ID'");
+    Cmd c =
+        run("env -u NCCL_COMM_ID -u CHORUS_COMM_ID CHORUS_JOB_SECRET=multi-node-secret " + kRun +
+            " -n 2 --nnodes 3 --node-rank 1 --master-addr 10.1.2.3 --master-port 1234 sh -c "
+            "'echo $RANK $WORLD_SIZE $LOCAL_RANK $NODE_RANK $MASTER_ADDR $MASTER_PORT "
+            "$NCCL_COMM_ID'");
     ASSERT_EQ(c.exit_code(), 0) << c.out;
     auto v = lines(c.out);
     std::sort(v.begin(), v.end());
@@ -292,8 +338,7 @@ TEST(ChorusRun, BootstrapAndCommUnderChorusrun) {
     NEED_BINARIES();
     ASSERT_TRUE(have(kProg)) << kProg << " was not built";
     for (const char *mode : {"bootstrap", "comm", "env", "allreduce"}) {
-        Cmd c = run("env -u NCCL_COMM_ID -u CHORUS_COMM_ID " + kRun + " -n 4 --tag-output " +
-                    kProg + " " + mode);
+        Cmd c = run(kCleanEnv + kRun + " -n 4 --tag-output " + kProg + " " + mode);
         EXPECT_EQ(c.exit_code(), 0) << mode << ":\n" << c.out;
         EXPECT_EQ(lines(c.out).size(), 4u) << mode << ":\n" << c.out;
     }
@@ -305,8 +350,10 @@ TEST(ChorusRun, TwoNodesOnLoopback) {
     ASSERT_TRUE(have(kProg)) << kProg << " was not built";
     int port = free_port();
     ASSERT_NE(port, 0);
-    std::string common = "env -u NCCL_COMM_ID -u CHORUS_COMM_ID " + kRun +
-                         " -n 2 --nnodes 2 --master-addr 127.0.0.1 --master-port " +
+    // Both "nodes" get the same secret, as a multi-node launch must.
+    std::string common = "env -u NCCL_COMM_ID -u CHORUS_COMM_ID -u CHORUS_JOB_SECRET_FILE "
+                         "CHORUS_JOB_SECRET=two-nodes-secret " +
+                         kRun + " -n 2 --nnodes 2 --master-addr 127.0.0.1 --master-port " +
                          std::to_string(port) + " --node-rank ";
     FILE *a = popen((common + "0 " + kProg + " 2>&1").c_str(), "r");
     FILE *b = popen((common + "1 " + kProg + " 2>&1").c_str(), "r");

@@ -29,7 +29,8 @@ const char *kAllVars[] = {
     "RANK",          "WORLD_SIZE",           "LOCAL_RANK",           "MASTER_ADDR",
     "MASTER_PORT",   "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
     "SLURM_PROCID",  "SLURM_NTASKS",         "SLURM_LOCALID",        "NCCL_COMM_ID",
-    "CHORUS_COMM_ID"};
+    "CHORUS_COMM_ID", // and the job secret, which a launcher passes on with them
+    "CHORUS_JOB_SECRET", "CHORUS_JOB_SECRET_FILE", "CHORUS_COMM_ID_INSECURE"};
 
 // Clears every launcher variable for the test and restores them afterwards.
 class InitFromEnv : public ::testing::Test {
@@ -158,6 +159,7 @@ TEST_F(InitFromEnv, EachLauncherBuildsAComm) {
                 setenv(s.local, std::to_string(rank).c_str(), 1);
                 setenv("MASTER_ADDR", "127.0.0.1", 1);
                 setenv("MASTER_PORT", port.c_str(), 1);
+                setenv("CHORUS_JOB_SECRET", "init-env-test-secret", 1); // as the launcher passes
                 chorus_param_reset();
                 ncclComm_t comm = nullptr;
                 RANK_NCCL(chorusCommInitFromEnv(&comm));

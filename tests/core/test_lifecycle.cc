@@ -323,6 +323,7 @@ TEST(CommId, FixedRootThenSplit) {
     std::string commid = "127.0.0.1:" + std::to_string(port);
     auto res = chorus_test::run_forked(4, [&](int rank, int n) {
         setenv("NCCL_COMM_ID", commid.c_str(), 1);
+        setenv("CHORUS_JOB_SECRET", "lifecycle-test-secret", 1);
         ncclResetDebugInit();
         ncclUniqueId id;
         RANK_NCCL(ncclGetUniqueId(&id));

@@ -126,6 +126,12 @@ if [ $names -eq 1 ]; then
     hosts_setup=("mount --bind $tmpd/hosts0 /etc/hosts" "mount --bind $tmpd/hosts1 /etc/hosts")
 fi
 
+# Both hosts' chorusruns get the same job secret (a multi-node chorusrun cannot make one itself).
+if [ -z "${CHORUS_JOB_SECRET:-}" ] && [ -z "${CHORUS_JOB_SECRET_FILE:-}" ]; then
+    CHORUS_JOB_SECRET=$(od -An -tx1 -N32 /dev/urandom | tr -d ' \n')
+    export CHORUS_JOB_SECRET
+fi
+
 run_host() {
     local k=$1 ns=$2
     ip netns exec "$ns" unshare --uts --mount --propagation private sh -c "

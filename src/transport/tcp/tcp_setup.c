@@ -119,6 +119,12 @@ static ncclResult_t tcp_conn_alloc_data(tcp_conn_t *tc) {
     tc->slot_dsock = calloc(n, sizeof(int));
     if (posix_memalign((void **)&tc->socks, 64, (size_t)tc->nsocks * sizeof(tcp_sock_t)) != 0)
         tc->socks = NULL;
+    /* Before any failure path: tcp_close closes every socket fd that is not -1. */
+    for (int i = 0; tc->socks && i < tc->nsocks; i++) {
+        memset(&tc->socks[i], 0, sizeof(tc->socks[i]));
+        tc->socks[i].fd = -1;
+        tc->socks[i].index = i;
+    }
     if (tc->nthreads > 0 &&
         posix_memalign((void **)&tc->threads, 64, (size_t)tc->nthreads * sizeof(tcp_thread_t)) != 0)
         tc->threads = NULL;
@@ -127,11 +133,6 @@ static ncclResult_t tcp_conn_alloc_data(tcp_conn_t *tc) {
         !tc->slot_dsock || !tc->socks || (tc->nthreads > 0 && !tc->threads)) {
         WARN("tcp: out of memory for %d slots of %zu bytes", tc->nslots, tc->slot_bytes);
         return ncclSystemError;
-    }
-    memset(tc->socks, 0, (size_t)tc->nsocks * sizeof(tcp_sock_t));
-    for (int i = 0; i < tc->nsocks; i++) {
-        tc->socks[i].fd = -1;
-        tc->socks[i].index = i;
     }
     if (tc->nthreads > 0) memset(tc->threads, 0, (size_t)tc->nthreads * sizeof(tcp_thread_t));
     tc->stop_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);

@@ -1,0 +1,475 @@
+// test_security.cc: who may join a job, and what strangers on its ports can do to it.
+//
+// A fixed root address (CHORUS_COMM_ID, NCCL_COMM_ID, MASTER_ADDR:MASTER_PORT) takes its secret
+// from the job secret (CHORUS_JOB_SECRET or CHORUS_JOB_SECRET_FILE) and is refused without one
+// unless CHORUS_COMM_ID_INSECURE=1. A stranger that knows only the port (no secret, a wrong one, or
+// the secret NCCL would derive from the address) never joins; hellos forged with that derived
+// secret do not break the ranks' own connections; hundreds of silent connections to the root or to
+// a rank's listener do not stall the rendezvous; an absurd nranks fails at once and closes no
+// descriptor it did not open.
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <climits>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "chorus.h"
+#include "launch.h"
+#include "nccl.h"
+
+extern "C" {
+#include "bootstrap.h"
+#include "log.h"
+#include "param.h"
+}
+
+namespace {
+
+// Sets (value) or unsets (nullptr) a variable for a scope and re-reads the parameters.
+struct ScopedEnv {
+    std::string name, old;
+    bool had;
+    ScopedEnv(const char *n, const char *v) : name(n) {
+        const char *o = getenv(n);
+        had = o != nullptr;
+        if (had) old = o;
+        if (v)
+            setenv(n, v, 1);
+        else
+            unsetenv(n);
+        chorus_param_reset();
+        chorus_param_init();
+    }
+    ~ScopedEnv() {
+        if (had)
+            setenv(name.c_str(), old.c_str(), 1);
+        else
+            unsetenv(name.c_str());
+        chorus_param_reset();
+        chorus_param_init();
+    }
+};
+
+// No root address, job secret or opt-in from the caller's environment.
+struct CleanEnv {
+    ScopedEnv a{"CHORUS_COMM_ID", nullptr}, b{"NCCL_COMM_ID", nullptr},
+        c{"CHORUS_JOB_SECRET", nullptr}, d{"CHORUS_JOB_SECRET_FILE", nullptr},
+        e{"CHORUS_COMM_ID_INSECURE", nullptr};
+};
+
+double now_s() {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+}
+
+std::string root_addr() {
+    int port = chorus_test::free_tcp_port();
+    if (port == 0) ADD_FAILURE() << "no free TCP port below the ephemeral range";
+    return "127.0.0.1:" + std::to_string(port);
+}
+
+int connect_to(const chorus_sockaddr_t &a) {
+    int fd = socket(a.sa.sa_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) return -1;
+    socklen_t len = a.sa.sa_family == AF_INET6 ? sizeof(sockaddr_in6) : sizeof(sockaddr_in);
+    if (connect(fd, &a.sa, len) != 0) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+// n silent connections to a; they stay open until the vector is closed with close_all.
+std::vector<int> open_silent(const chorus_sockaddr_t &a, int n) {
+    std::vector<int> fds;
+    for (int i = 0; i < n; i++) {
+        int fd = connect_to(a);
+        if (fd < 0) break;
+        fds.push_back(fd);
+    }
+    return fds;
+}
+
+void close_all(std::vector<int> &fds) {
+    for (int fd : fds)
+        close(fd);
+    fds.clear();
+}
+
+// The secret NCCL's scheme gives a fixed address: FNV-1a over "chorus-comm-id:" + address, then
+// the splitmix64 finaliser, low bit set (what Chorus used before job secrets, and still uses with
+// CHORUS_COMM_ID_INSECURE=1).
+uint64_t address_derived_secret(const std::string &hostport) {
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (char c : "chorus-comm-id:" + hostport)
+        h = (h ^ (unsigned char)c) * 0x100000001b3ull;
+    h ^= h >> 30;
+    h *= 0xbf58476d1ce4e5b9ull;
+    h ^= h >> 27;
+    h *= 0x94d049bb133111ebull;
+    h ^= h >> 31;
+    return h | 1;
+}
+
+// A peer hello as a rank's listener expects it (mirrors bs_hello_t in src/bootstrap/bs_internal.h).
+struct WireHello {
+    uint64_t magic, secret;
+    uint32_t kind;
+    int32_t rank, nranks, to_rank;
+    chorus_sockaddr_t addr;
+    uint32_t pad;
+};
+constexpr uint32_t kHelloPeer = 2;
+
+// Allgather, ring send/recv and barrier, every value checked.
+int exercise_bs(bootstrap_t *bs, int rank, int nranks) {
+    std::vector<int> v(nranks, -1);
+    v[rank] = 100 + rank;
+    RANK_NCCL(bootstrap_allgather(bs, v.data(), sizeof(int)));
+    for (int r = 0; r < nranks; r++)
+        RANK_CHECK(v[r] == 100 + r, "allgather slot %d = %d", r, v[r]);
+    int next = (rank + 1) % nranks, prev = (rank + nranks - 1) % nranks;
+    int out = 7 * rank + 1, in = -1;
+    RANK_NCCL(bootstrap_send(bs, next, 9, &out, sizeof(out)));
+    RANK_NCCL(bootstrap_recv(bs, prev, 9, &in, sizeof(in)));
+    RANK_CHECK(in == 7 * prev + 1, "ring value %d from rank %d", in, prev);
+    RANK_NCCL(bootstrap_barrier(bs));
+    return 0;
+}
+
+// Wait (with a deadline) until counter reaches want.
+bool wait_for(const std::atomic<int> &counter, int want, double seconds) {
+    double end = now_s() + seconds;
+    while (counter.load() < want) {
+        if (now_s() > end) return false;
+        std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    return true;
+}
+
+TEST(JobSecret, FixedAddressWithoutSecretIsRefused) {
+    CleanEnv clean;
+    std::string addr = root_addr();
+    ScopedEnv e("NCCL_COMM_ID", addr.c_str());
+    chorus_unique_id_t id;
+    EXPECT_EQ(bootstrap_get_unique_id(&id), ncclInvalidUsage);
+    std::string err = chorus_log_last_error();
+    EXPECT_NE(err.find("NCCL_COMM_ID=" + addr), std::string::npos) << err;
+    EXPECT_NE(err.find("CHORUS_JOB_SECRET"), std::string::npos) << err;
+    EXPECT_NE(err.find("CHORUS_JOB_SECRET_FILE"), std::string::npos) << err;
+    EXPECT_NE(err.find("CHORUS_COMM_ID_INSECURE=1"), std::string::npos) << err;
+    ncclUniqueId uid;
+    EXPECT_EQ(ncclGetUniqueId(&uid), ncclInvalidUsage);
+
+    // The launcher path: MASTER_ADDR:MASTER_PORT without a secret.
+    ScopedEnv n("NCCL_COMM_ID", nullptr), r("RANK", "0"), w("WORLD_SIZE", "2"),
+        ma("MASTER_ADDR", "127.0.0.1"), mp("MASTER_PORT", addr.substr(10).c_str());
+    ncclComm_t comm = reinterpret_cast<ncclComm_t>(0x1);
+    EXPECT_EQ(chorusCommInitFromEnv(&comm), ncclInvalidUsage);
+    EXPECT_EQ(comm, nullptr);
+    err = chorus_log_last_error();
+    EXPECT_NE(err.find("MASTER_ADDR:MASTER_PORT"), std::string::npos) << err;
+}
+
+// The same secret text through the variable or a private file gives the same id; another text or
+// another address gives another secret; the opt-in gives NCCL's address-derived one.
+TEST(JobSecret, SecretSourcesAndOptIn) {
+    CleanEnv clean;
+    std::string addr = root_addr();
+    ScopedEnv e("CHORUS_COMM_ID", addr.c_str());
+    chorus_unique_id_t a, b, c;
+    {
+        ScopedEnv s("CHORUS_JOB_SECRET", "correct horse battery staple");
+        ASSERT_EQ(bootstrap_get_unique_id(&a), ncclSuccess);
+    }
+    {
+        ScopedEnv s("CHORUS_JOB_SECRET", "correct horse battery stapler");
+        ASSERT_EQ(bootstrap_get_unique_id(&b), ncclSuccess);
+    }
+    EXPECT_NE(a.secret, b.secret);
+    EXPECT_NE(a.secret, address_derived_secret(addr));
+    {
+        ScopedEnv s("CHORUS_JOB_SECRET", "correct horse battery staple");
+        ScopedEnv other("CHORUS_COMM_ID", root_addr().c_str());
+        ASSERT_EQ(bootstrap_get_unique_id(&c), ncclSuccess);
+        EXPECT_NE(c.secret, a.secret) << "one job secret on two addresses";
+    }
+
+    char path[] = "/tmp/chorus_secret_XXXXXX";
+    int fd = mkstemp(path);
+    ASSERT_GE(fd, 0);
+    const char text[] = "correct horse battery staple\nsecond line is ignored\n";
+    ASSERT_EQ(write(fd, text, sizeof(text) - 1), (ssize_t)sizeof(text) - 1);
+    close(fd);
+    {
+        ASSERT_EQ(chmod(path, 0600), 0);
+        ScopedEnv f("CHORUS_JOB_SECRET_FILE", path);
+        ASSERT_EQ(bootstrap_get_unique_id(&b), ncclSuccess);
+        EXPECT_EQ(b.secret, a.secret) << "file and variable with the same text";
+        ScopedEnv s("CHORUS_JOB_SECRET", "x");
+        EXPECT_EQ(bootstrap_get_unique_id(&b), ncclInvalidUsage) << "both set";
+    }
+    for (mode_t mode : {0640, 0604, 0620}) {
+        ASSERT_EQ(chmod(path, mode), 0);
+        ScopedEnv f("CHORUS_JOB_SECRET_FILE", path);
+        EXPECT_EQ(bootstrap_get_unique_id(&b), ncclInvalidUsage) << std::oct << mode;
+        std::string err = chorus_log_last_error();
+        EXPECT_NE(err.find("chmod 600"), std::string::npos) << err;
+    }
+    ASSERT_EQ(chmod(path, 0600), 0);
+    fd = open(path, O_WRONLY | O_TRUNC);
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(write(fd, "\n", 1), 1);
+    close(fd);
+    {
+        ScopedEnv f("CHORUS_JOB_SECRET_FILE", path);
+        EXPECT_EQ(bootstrap_get_unique_id(&b), ncclInvalidUsage) << "empty first line";
+    }
+    unlink(path);
+    {
+        ScopedEnv f("CHORUS_JOB_SECRET_FILE", path);
+        EXPECT_EQ(bootstrap_get_unique_id(&b), ncclInvalidUsage) << "missing file";
+    }
+    {
+        ScopedEnv s("CHORUS_JOB_SECRET", "");
+        EXPECT_EQ(bootstrap_get_unique_id(&b), ncclInvalidUsage) << "empty secret";
+    }
+
+    // The opt-in: the address-derived secret, and a working rendezvous with it.
+    ScopedEnv i("CHORUS_COMM_ID_INSECURE", "1");
+    ASSERT_EQ(bootstrap_get_unique_id(&c), ncclSuccess);
+    EXPECT_EQ(c.secret, address_derived_secret(addr));
+    auto res = chorus_test::run_threads(
+        2,
+        [&](int rank, int n) {
+            bootstrap_t *bs = nullptr;
+            RANK_NCCL(bootstrap_init(&c, rank, n, nullptr, &bs));
+            int rc = exercise_bs(bs, rank, n);
+            bootstrap_close(bs);
+            return rc;
+        },
+        60);
+    EXPECT_TRUE(res.ok()) << res.detail;
+}
+
+// Two strangers know the job's fixed address: one takes the secret NCCL derives from it, the other
+// a wrong secret. Each claims a rank of the job before the real rank arrives. Neither joins: the
+// real ranks build their communicator and all-reduce correctly, and the strangers fail.
+TEST(JobSecret, StrangerKnowingThePortCannotJoin) {
+    CleanEnv clean;
+    std::string addr = root_addr();
+    const int kReal = 3;
+    auto res = chorus_test::run_forked(
+        kReal + 2,
+        [&](int proc, int) {
+            setenv("NCCL_COMM_ID", addr.c_str(), 1);
+            if (proc < kReal) {
+                setenv("CHORUS_JOB_SECRET", "the real job's secret", 1);
+            } else {
+                if (proc == kReal)
+                    setenv("CHORUS_COMM_ID_INSECURE", "1", 1);
+                else
+                    setenv("CHORUS_JOB_SECRET", "a guess", 1);
+                setenv("CHORUS_TIMEOUT", "3", 1);
+            }
+            ncclResetDebugInit();
+            ncclUniqueId uid;
+            RANK_NCCL(ncclGetUniqueId(&uid));
+            ncclComm_t comm = nullptr;
+            if (proc >= kReal) {
+                int claim = proc - kReal + 1; // ranks 1 and 2
+                ncclResult_t r = ncclCommInitRank(&comm, kReal, uid, claim);
+                RANK_CHECK(r != ncclSuccess, "a stranger joined as rank %d", claim);
+                return 0;
+            }
+            // The real ranks 1 and 2 come late, after the strangers claimed their places.
+            if (proc > 0) std::this_thread::sleep_for(std::chrono::milliseconds(500));
+            RANK_NCCL(ncclCommInitRank(&comm, kReal, uid, proc));
+            for (int iter = 0; iter < 3; iter++) {
+                std::vector<float> buf(1000);
+                for (size_t i = 0; i < buf.size(); i++)
+                    buf[i] = (float)(proc + 1) * (float)(i % 13 + iter);
+                RANK_NCCL(ncclAllReduce(buf.data(), buf.data(), buf.size(), ncclFloat32, ncclSum,
+                                        comm, nullptr));
+                for (size_t i = 0; i < buf.size(); i++) {
+                    float want = (float)(kReal * (kReal + 1) / 2) * (float)(i % 13 + iter);
+                    RANK_CHECK(buf[i] == want, "iter %d: [%zu] = %g, want %g", iter, i, buf[i],
+                               want);
+                }
+            }
+            RANK_NCCL(ncclCommDestroy(comm));
+            return 0;
+        },
+        90);
+    EXPECT_TRUE(res.ok()) << res.detail;
+}
+
+// After the rendezvous, hellos forged with the address-derived secret claim every (from, to) pair
+// on every rank's listener before the real ranks connect. The ranks' own traffic still works.
+TEST(JobSecret, ForgedPeerHellosDoNotBreakTheJob) {
+    CleanEnv clean;
+    std::string addr = root_addr();
+    ScopedEnv e("CHORUS_COMM_ID", addr.c_str());
+    ScopedEnv s("CHORUS_JOB_SECRET", "forged hello test");
+    chorus_unique_id_t id;
+    ASSERT_EQ(bootstrap_get_unique_id(&id), ncclSuccess);
+    const uint64_t forged_secret = address_derived_secret(addr);
+    EXPECT_NE(id.secret, forged_secret) << "the job secret was ignored";
+    std::atomic<int> inited{0}, forged{0};
+    std::vector<int> forged_fds;
+    auto res = chorus_test::run_threads(
+        4,
+        [&](int rank, int n) {
+            bootstrap_t *bs = nullptr;
+            RANK_NCCL(bootstrap_init(&id, rank, n, nullptr, &bs));
+            inited++;
+            if (rank == 0) {
+                RANK_CHECK(wait_for(inited, n, 30), "the other ranks did not init");
+                for (int to = 0; to < n; to++) {
+                    for (int from = 0; from < n; from++) {
+                        if (from == to) continue;
+                        int fd = connect_to(*bootstrap_addr(bs, to));
+                        RANK_CHECK(fd >= 0, "connect to rank %d", to);
+                        WireHello h;
+                        memset(&h, 0, sizeof(h));
+                        h.magic = CHORUS_ID_MAGIC;
+                        h.secret = forged_secret;
+                        h.kind = kHelloPeer;
+                        h.rank = from;
+                        h.nranks = n;
+                        h.to_rank = to;
+                        RANK_CHECK(write(fd, &h, sizeof(h)) == (ssize_t)sizeof(h), "write");
+                        forged_fds.push_back(fd);
+                    }
+                }
+                // Give the listeners time to read the forged hellos before real ones come.
+                std::this_thread::sleep_for(std::chrono::milliseconds(300));
+                forged++;
+            } else {
+                RANK_CHECK(wait_for(forged, 1, 30), "rank 0 did not forge the hellos");
+            }
+            int rc = exercise_bs(bs, rank, n);
+            bootstrap_close(bs);
+            return rc;
+        },
+        60);
+    close_all(forged_fds);
+    EXPECT_TRUE(res.ok()) << res.detail;
+}
+
+// 500 connections that never speak, held open on the root port and on ranks' listeners, must not
+// stall the rendezvous or the ranks' own connections. BS_HELLO_TIMEOUT_S (10 s) is how long a
+// silent connection may otherwise wait; the bound below only proves "does not stall".
+TEST(SilentConnections, DoNotStallInit) {
+    CleanEnv clean;
+    const int kRanks = 4, kSilent = 500;
+    const double kBound = 5.0;
+    double init_s[2] = {0, 0}, exercise_s[2] = {0, 0};
+    for (int silent : {0, kSilent}) {
+        chorus_unique_id_t id;
+        ASSERT_EQ(bootstrap_get_unique_id(&id), ncclSuccess);
+        std::vector<int> root_flood = open_silent(id.root, silent);
+        ASSERT_EQ((int)root_flood.size(), silent);
+        std::atomic<int> inited{0}, flooded{0};
+        std::vector<int> peer_flood;
+        double t0 = now_s(), t_init = 0, t_flooded = 0;
+        auto res = chorus_test::run_threads(
+            kRanks,
+            [&](int rank, int n) {
+                bootstrap_t *bs = nullptr;
+                RANK_NCCL(bootstrap_init(&id, rank, n, nullptr, &bs));
+                if (++inited == n) t_init = now_s();
+                if (rank == 0) {
+                    RANK_CHECK(wait_for(inited, n, 60), "the other ranks did not init");
+                    // Ranks 1 and 2 get silent connections before any peer connects to them.
+                    for (int to : {1, 2}) {
+                        std::vector<int> fds = open_silent(*bootstrap_addr(bs, to), silent);
+                        RANK_CHECK((int)fds.size() == silent, "%zu silent connections to rank %d",
+                                   fds.size(), to);
+                        peer_flood.insert(peer_flood.end(), fds.begin(), fds.end());
+                    }
+                    t_flooded = now_s();
+                    flooded++;
+                } else {
+                    RANK_CHECK(wait_for(flooded, 1, 60), "rank 0 did not open the connections");
+                }
+                int rc = exercise_bs(bs, rank, n);
+                bootstrap_close(bs);
+                return rc;
+            },
+            120);
+        double t_end = now_s();
+        close_all(root_flood);
+        close_all(peer_flood);
+        EXPECT_TRUE(res.ok()) << silent << " silent: " << res.detail;
+        int k = silent ? 1 : 0;
+        init_s[k] = t_init - t0;
+        exercise_s[k] = t_end - t_flooded;
+        EXPECT_LT(init_s[k], kBound) << silent << " silent connections on the root port";
+        EXPECT_LT(exercise_s[k], kBound) << silent << " silent connections on ranks' listeners";
+    }
+    printf("%d ranks: rendezvous %.3f s with 0 silent connections on the root port, %.3f s with "
+           "%d; allgather+ring+barrier %.3f s with 0 and %.3f s with %d on ranks 1 and 2's "
+           "listeners\n",
+           kRanks, init_s[0], init_s[1], kSilent, exercise_s[0], exercise_s[1], kSilent);
+}
+
+// nranks = INT_MAX or 1e9: an error at once (not minutes of allocating and touching gigabytes), and
+// no descriptor the process owns is closed (a half-built bootstrap once closed fd 0 over and over).
+TEST(HugeNranks, FailsAtOnceAndClosesNothing) {
+    CleanEnv clean;
+    auto res = chorus_test::run_forked(
+        1,
+        [&](int, int) {
+            setenv("CHORUS_TIMEOUT", "5", 1);
+            ncclResetDebugInit();
+            if (fcntl(0, F_GETFD) == -1) { // make sure fd 0 is something to watch
+                int fd = open("/dev/null", O_RDONLY);
+                RANK_CHECK(fd == 0, "/dev/null opened as fd %d", fd);
+            }
+            int mine[2];
+            RANK_CHECK(pipe(mine) == 0, "pipe");
+            ncclUniqueId uid;
+            RANK_NCCL(ncclGetUniqueId(&uid));
+            for (int nranks : {INT_MAX, 1000000000}) {
+                double t0 = now_s();
+                ncclComm_t comm = reinterpret_cast<ncclComm_t>(0x1);
+                ncclResult_t r = ncclCommInitRank(&comm, nranks, uid, 0);
+                double took = now_s() - t0;
+                RANK_CHECK(r == ncclInvalidArgument, "nranks %d -> %s", nranks,
+                           ncclGetErrorString(r));
+                RANK_CHECK(comm == nullptr, "comm set");
+                RANK_CHECK(strstr(ncclGetLastError(nullptr), "nranks") != nullptr, "message: %s",
+                           ncclGetLastError(nullptr));
+                RANK_CHECK(took < 10.0, "nranks %d took %.1f s", nranks, took);
+                for (int fd : {0, mine[0], mine[1]})
+                    RANK_CHECK(fcntl(fd, F_GETFD) != -1, "fd %d was closed (nranks %d)", fd,
+                               nranks);
+            }
+            // The same at the bootstrap level.
+            chorus_unique_id_t id;
+            memcpy(&id, uid.internal, sizeof(id));
+            bootstrap_t *bs = nullptr;
+            RANK_CHECK(bootstrap_init(&id, 0, INT_MAX, nullptr, &bs) == ncclInvalidArgument,
+                       "bootstrap_init with INT_MAX ranks");
+            for (int fd : {0, mine[0], mine[1]})
+                RANK_CHECK(fcntl(fd, F_GETFD) != -1, "fd %d was closed (bootstrap)", fd);
+            return 0;
+        },
+        60);
+    EXPECT_TRUE(res.ok()) << res.detail;
+}
+
+} // namespace
