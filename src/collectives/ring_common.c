@@ -109,6 +109,54 @@ int coll_ring_direct(const coll_op_t *op, int c) {
     return coll_ring_out_bytes(op) >= COLL_RING_CMA_MIN_BYTES;
 }
 
+/* The closing edge of a rooted chain. A broadcast chain runs root -> ... -> the root's ring
+ * predecessor, a reduce chain the root's successor -> ... -> root: one edge of each ring carries
+ * no data, and the rank at its head would finish without hearing from anyone (a broadcast root
+ * only sends), so a rank that disagrees about the root (or the count, dtype, ...) could not make
+ * it fail. The rank at the edge's tail sends a header-only chunk on it when the op starts, and
+ * the rank at its head takes and checks it (prims.c's header check) before its channel is done:
+ * every edge of the ring then carries exactly one header per op, each rank checks its
+ * predecessor's, and ranks that disagree about the root, which take different edges for the
+ * data, meet a header they do not expect instead of waiting for each other. The head peeks for
+ * it at every pass while it sends, so a mismatch there is seen even when its sends are stuck.
+ * ECHO_SEND: this rank is the edge's tail, ECHO_RECV: its head. The head's wait costs a
+ * broadcast root (a reduce chain's first rank) about one hop on small ops, which it used to
+ * finish without waiting for anyone: CHORUS_ROOT_CHECK=0 leaves the edge unused. */
+enum { ECHO_NONE = 0, ECHO_SEND, ECHO_RECV };
+
+static int ring_echo_role(const coll_op_t *op, const coll_ring_at_t *at) {
+    const long n = op->comm->nranks;
+    long tail; /* position of the edge's tail; the head is the next position */
+    if (op->coll == COLL_BROADCAST) tail = at->root_pos - 1;
+    else if (op->coll == COLL_REDUCE) tail = at->root_pos;
+    else return ECHO_NONE;
+    if (chorus_param_int(PARAM_ROOT_CHECK) == 0) return ECHO_NONE;
+    if ((long)coll_mod(tail, n) == at->pos) return ECHO_SEND;
+    if ((long)coll_mod(tail + 1, n) == at->pos) return ECHO_RECV;
+    return ECHO_NONE;
+}
+
+/* Send or take the closing edge's header (nothing once done); *pending_p: still to do. */
+static ncclResult_t ring_echo_step(coll_op_t *op, coll_chan_t *ch, int role, int *moved_p,
+                                   int *pending_p) {
+    static char echo_sink; /* a header-only chunk copies no data */
+    coll_chunk_t cc = {0};
+    int ok = 0;
+    *pending_p = 0;
+    if (role == ECHO_SEND && ch->send.hdr_pending) {
+        cc.kind = PRIM_SEND;
+        CHECK(prim_step(op, NULL, &ch->send, &cc, &ok));
+        *pending_p = !ok;
+    } else if (role == ECHO_RECV && ch->recv.hdr_pending) {
+        cc.kind = PRIM_RECV;
+        cc.dst = &echo_sink;
+        CHECK(prim_step(op, &ch->recv, NULL, &cc, &ok));
+        *pending_p = !ok;
+    }
+    if (ok) *moved_p = 1;
+    return ncclSuccess;
+}
+
 ncclResult_t coll_ring_drive(coll_op_t *op, size_t loop_elems, long loop_steps,
                              coll_ring_step_fn fill, int *done_p) {
     const struct ncclComm *comm = op->comm;
@@ -120,9 +168,13 @@ ncclResult_t coll_ring_drive(coll_op_t *op, size_t loop_elems, long loop_steps,
         at.root_pos = op->coll == COLL_BROADCAST || op->coll == COLL_REDUCE
                           ? coll_ring_pos(comm, c, op->root)
                           : -1;
+        const int echo = ch->done ? ECHO_NONE : ring_echo_role(op, &at);
+        int echo_pending = 0;
+        if (echo != ECHO_NONE) CHECK(ring_echo_step(op, ch, echo, &moved, &echo_pending));
         while (!ch->done) {
             if (ch->base >= ch->end) {
                 int d;
+                if (echo_pending) break;
                 CHECK(coll_ring_channel_end(op, ch, &d));
                 break;
             }

@@ -11,6 +11,7 @@
  * on the user's stream, run by the communicator's CUDA worker on pinned staging copies, which
  * come back here with a->staged set); without a GPU they cannot occur.
  */
+#include <stdint.h>
 #include <stdio.h>
 
 #include "check.h"
@@ -32,6 +33,66 @@
 static ncclResult_t api_check_ptr(const char *api, const char *name, const void *p, size_t count) {
     if (count > 0 && p == NULL) {
         WARN("%s: %s is NULL with count %zu", api, name, count);
+        return ncclInvalidArgument;
+    }
+    return ncclSuccess;
+}
+
+/* Whether p .. p+bytes stays inside the address space. */
+static int api_range_wraps(const void *p, size_t bytes) {
+    uintptr_t end;
+    return p != NULL && __builtin_add_overflow((uintptr_t)p, bytes, &end);
+}
+
+ncclResult_t coll_api_check_sizes(const coll_args_t *a, int nranks, int need_send, int need_recv) {
+    const char *api = a->api;
+    const size_t esize = chorus_dtype_size(a->dtype);
+    const char *dt = chorus_dtype_name(a->dtype);
+    /* Elements of the larger buffer: count x nranks where one side holds every rank's block. */
+    int scaled = 0;
+    switch (a->coll) {
+    case COLL_REDUCESCATTER: /* sendbuff */
+    case COLL_ALLGATHER:     /* recvbuff */
+    case COLL_ALLTOALL:      /* both */
+    case COLL_GATHER:        /* the root's recvbuff */
+    case COLL_SCATTER:       /* the root's sendbuff */
+        scaled = 1;
+        break;
+    default: break;
+    }
+    /* Checked on every rank, whichever buffers it uses, so all ranks of a call agree. */
+    size_t elems = a->count;
+    if (scaled && __builtin_mul_overflow(a->count, (size_t)nranks, &elems)) {
+        WARN("%s: count %zu (%s) x %d ranks overflows a size_t: the buffer of every rank's "
+             "block cannot exist",
+             api, a->count, dt, nranks);
+        return ncclInvalidArgument;
+    }
+    size_t bytes;
+    if (__builtin_mul_overflow(elems, esize, &bytes) || bytes > (size_t)PTRDIFF_MAX) {
+        WARN("%s: count %zu%s of %s (%zu bytes each) is more than %zu bytes, the largest buffer "
+             "there can be",
+             api, a->count, scaled ? " per rank" : "", dt, esize, (size_t)PTRDIFF_MAX);
+        return ncclInvalidArgument;
+    }
+    const size_t small = a->count * esize; /* <= bytes */
+    size_t sbytes = small, rbytes = small;
+    switch (a->coll) {
+    case COLL_REDUCESCATTER:
+    case COLL_SCATTER: sbytes = bytes; break;
+    case COLL_ALLGATHER:
+    case COLL_GATHER: rbytes = bytes; break;
+    case COLL_ALLTOALL: sbytes = rbytes = bytes; break;
+    default: break;
+    }
+    if (need_send && api_range_wraps(a->sendbuff, sbytes)) {
+        WARN("%s: sendbuff %p + %zu bytes (count %zu of %s) runs past the end of the address space",
+             api, a->sendbuff, sbytes, a->count, dt);
+        return ncclInvalidArgument;
+    }
+    if (need_recv && api_range_wraps(a->recvbuff, rbytes)) {
+        WARN("%s: recvbuff %p + %zu bytes (count %zu of %s) runs past the end of the address space",
+             api, a->recvbuff, rbytes, a->count, dt);
         return ncclInvalidArgument;
     }
     return ncclSuccess;
@@ -87,6 +148,7 @@ ncclResult_t coll_api_prepare(const coll_args_t *a, coll_op_t *mem, coll_op_t **
         break;
     default: break;
     }
+    CHECK(coll_api_check_sizes(a, n, need_send, need_recv));
     if (need_send) CHECK(api_check_ptr(api, "sendbuff", a->sendbuff, scount));
     if (need_recv) CHECK(api_check_ptr(api, "recvbuff", a->recvbuff, rcount));
     /* Count 0: a collective is a no-op. A send or receive is still an op that its peer's matches

@@ -31,6 +31,10 @@ typedef struct {
     const void *redop_scalar;
 } coll_args_t;
 
+/* Element counts times the element size (and times nranks where one buffer holds every rank's
+ * block), and each used buffer's end, checked for overflow: ncclInvalidArgument with a WARN naming
+ * the call, count and datatype. The datatype must be valid. */
+ncclResult_t coll_api_check_sizes(const coll_args_t *a, int nranks, int need_send, int need_recv);
 /* Validate and build the op (*op_p NULL for a valid count-0 call: nothing to run). mem: as
  * coll_op_alloc's (room in a blocking caller's frame, or NULL). */
 ncclResult_t coll_api_prepare(const coll_args_t *a, coll_op_t *mem, coll_op_t **op_p);

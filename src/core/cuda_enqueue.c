@@ -104,6 +104,7 @@ static ncclResult_t cuda_op_check(coll_args_t *a) {
     size_t sc, rc;
     int ns, nr;
     cuda_op_shape(a, n, comm->rank, &sc, &rc, &ns, &nr);
+    CHECK(coll_api_check_sizes(a, n, ns, nr));
     ARGCHECK(!(ns && sc > 0 && a->sendbuff == NULL), "%s: sendbuff is NULL with count %zu",
              a->api, sc);
     ARGCHECK(!(nr && rc > 0 && a->recvbuff == NULL), "%s: recvbuff is NULL with count %zu",

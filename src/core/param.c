@@ -3,12 +3,15 @@
  *
  * The table in param_table.h is expanded here into descriptors. chorus_param_init() parses every
  * parameter once (thread-safe), CHORUS_<NAME> first, then NCCL_<NAME> where NCCL has the knob, then
- * the default. INT values accept K/M/G suffixes; anything else that is not a number fails init and
- * names the variable. Values are copied (and never freed), so neither a later setenv nor a
+ * the default. INT values accept K/M/G suffixes (on non-negative numbers); a value that is not a
+ * number, overflows 64 bits with its suffix, or lies outside the parameter's PARAM_RANGE fails init
+ * and names the variable, the value and the valid range. A value the user set is never silently
+ * replaced: running with another one than asked for would hide the mistake. Values are copied (and never freed), so neither a later setenv nor a
  * reset can pull a string from under a reader; chorus_param_reset (ncclResetDebugInit) makes the next access parse again. Parsing never
  * logs while it holds its lock, because logging reads NCCL_DEBUG & co. through this table.
  */
 #include <ctype.h>
+#include <errno.h>
 #include <inttypes.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -39,6 +42,31 @@ static const param_desc_t g_desc[PARAM_COUNT] = {
 #undef PARAM
 };
 
+/* Valid range of each INT parameter (PARAM_RANGE rows); has_range 0 for STR parameters. */
+typedef struct {
+    int has_range;
+    int64_t min, max;
+} param_range_t;
+
+static param_range_t g_range[PARAM_COUNT];
+static pthread_once_t g_range_once = PTHREAD_ONCE_INIT;
+
+static void range_init(void) {
+#define PARAM(name, type, def, alias, help)
+#define PARAM_RANGE(name, lo, hi) g_range[PARAM_##name] = (param_range_t){1, (lo), (hi)};
+#include "param_table.h"
+#undef PARAM_RANGE
+#undef PARAM
+}
+
+int chorus_param_range(chorus_param_id_t id, int64_t *min_p, int64_t *max_p) {
+    pthread_once(&g_range_once, range_init);
+    if (!g_range[id].has_range) return 0;
+    *min_p = g_range[id].min;
+    *max_p = g_range[id].max;
+    return 1;
+}
+
 static int64_t g_int[PARAM_COUNT];
 static char *g_str[PARAM_COUNT]; /* copies: the environment may change after parsing */
 static chorus_param_src_t g_src[PARAM_COUNT];
@@ -49,24 +77,66 @@ static ncclResult_t g_res;
 static char g_err[512]; /* why parsing failed, WARNed by every chorus_param_init that returns it */
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
 
-static int parse_int(const char *s, int64_t *out) {
+/* An integer with an optional K/M/G suffix (x 2^10, 2^20, 2^30) and an optional B. 0, or -1 with
+ * *why set: not a number, out of 64 bits, or a suffix on a negative number. */
+static int parse_int(const char *s, int64_t *out, const char **why) {
     char *end;
     while (isspace((unsigned char)*s)) s++;
+    *why = "expected an integer, optionally with a K, M or G suffix";
     if (*s == '\0') return -1;
     errno = 0;
     long long v = strtoll(s, &end, 0);
-    if (errno != 0 || end == s) return -1;
+    if (end == s) return -1;
+    if (errno == ERANGE) {
+        *why = "does not fit 64 bits";
+        return -1;
+    }
+    if (errno != 0) return -1;
+    int shift = 0;
     switch (*end) {
-    case 'k': case 'K': v <<= 10; end++; break;
-    case 'm': case 'M': v <<= 20; end++; break;
-    case 'g': case 'G': v <<= 30; end++; break;
+    case 'k': case 'K': shift = 10; end++; break;
+    case 'm': case 'M': shift = 20; end++; break;
+    case 'g': case 'G': shift = 30; end++; break;
     default: break;
     }
     if (*end == 'B' || *end == 'b') end++;
     while (isspace((unsigned char)*end)) end++;
     if (*end != '\0') return -1;
+    if (shift > 0) {
+        if (v < 0) {
+            *why = "a size suffix needs a non-negative number";
+            return -1;
+        }
+        if (v > (INT64_MAX >> shift)) {
+            *why = "does not fit 64 bits with its suffix";
+            return -1;
+        }
+        v *= (long long)1 << shift;
+    }
     *out = v;
     return 0;
+}
+
+/* "1..1024", or "-1..(no limit)". */
+static const char *range_text(const param_range_t *r, char *buf, size_t len) {
+    if (r->max == INT64_MAX)
+        snprintf(buf, len, "%" PRId64 " or more", r->min);
+    else
+        snprintf(buf, len, "%" PRId64 "..%" PRId64, r->min, r->max);
+    return buf;
+}
+
+/* Conditions between parameters, once each is in its own range. */
+static void check_pairs(ncclResult_t *res) {
+    const int64_t buffsize = g_int[PARAM_BUFFSIZE], nslots = g_int[PARAM_NSLOTS];
+    if (*res == ncclSuccess && buffsize / nslots / 64 * 64 < 64) {
+        snprintf(g_err, sizeof(g_err),
+                 "NCCL_BUFFSIZE=%" PRId64 " with CHORUS_NSLOTS=%" PRId64 " leaves %" PRId64
+                 " bytes per slot: the slots need 64 bytes each at least (BUFFSIZE >= 64 x "
+                 "NSLOTS)",
+                 buffsize, nslots, buffsize / nslots);
+        *res = ncclInvalidArgument;
+    }
 }
 
 /* Parse every parameter. Runs under g_lock and must not log: logging reads its own parameters
@@ -75,6 +145,7 @@ static ncclResult_t parse_all(void) {
     char var[128];
     ncclResult_t res = ncclSuccess;
     g_err[0] = '\0';
+    pthread_once(&g_range_once, range_init);
     for (int i = 0; i < PARAM_COUNT; i++) {
         const param_desc_t *d = &g_desc[i];
         const char *val = NULL;
@@ -95,18 +166,31 @@ static ncclResult_t parse_all(void) {
             continue;
         }
         if (d->type == T_INT) {
-            if (parse_int(val, &g_int[i]) != 0) {
+            const param_range_t *r = &g_range[i];
+            char rbuf[64] = "";
+            if (r->has_range) range_text(r, rbuf, sizeof(rbuf));
+            const char *why;
+            int64_t v;
+            if (parse_int(val, &v, &why) != 0) {
                 if (res == ncclSuccess)
                     snprintf(g_err, sizeof(g_err),
-                             "invalid value '%s' for %s: expected an integer (%s)", val, var,
-                             d->help);
-                g_int[i] = d->def_i;
+                             "invalid value '%s' for %s: %s%s%s (%.200s)", val, var, why,
+                             r->has_range ? "; valid: " : "", rbuf, d->help);
                 res = ncclInvalidArgument;
+            } else if (r->has_range && (v < r->min || v > r->max)) {
+                if (res == ncclSuccess)
+                    snprintf(g_err, sizeof(g_err),
+                             "%s=%s is out of range: valid values are %s (%.200s)", var, val,
+                             rbuf, d->help);
+                res = ncclInvalidArgument;
+            } else {
+                g_int[i] = v;
             }
         } else {
             g_str[i] = strdup(val);
         }
     }
+    check_pairs(&res);
     return res;
 }
 

@@ -11,6 +11,7 @@
  */
 #define _POSIX_C_SOURCE 200809L /* clock_gettime, strdup, posix_memalign */
 #include <errno.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -202,6 +203,18 @@ DDP_API ncclResult_t chorusDdpRegisterParam(chorusDdp_t ddp, const char *name, v
                        "%s('%s'): dtype %d is not ncclFloat32 or "
                        "ncclFloat64",
                        fn, name, (int)dtype);
+    /* The layer sizes buckets and copies in bytes: count x element size must fit, and so must
+     * each buffer's end. */
+    const size_t esize = dtype == ncclFloat64 ? 8 : 4;
+    size_t bytes;
+    uintptr_t end;
+    if (__builtin_mul_overflow(count, esize, &bytes) || bytes > (size_t)PTRDIFF_MAX ||
+        __builtin_add_overflow((uintptr_t)param, bytes, &end) ||
+        (grad && __builtin_add_overflow((uintptr_t)grad, bytes, &end)))
+        return ddp_err(ddp, ncclInvalidArgument,
+                       "%s('%s'): count %zu of %s is more bytes than the buffer can hold "
+                       "(overflows the address space)",
+                       fn, name, count, dtype == ncclFloat64 ? "ncclFloat64" : "ncclFloat32");
     if (ddp->cfg.gradAsBucketView && grad)
         return ddp_err(ddp, ncclInvalidArgument,
                        "%s('%s'): grad must be NULL with "
@@ -243,6 +256,11 @@ DDP_API ncclResult_t chorusDdpRegisterBuffer(chorusDdp_t ddp, const char *name, 
     if (r != ncclSuccess) return r;
     if (!buffer) return ddp_err(ddp, ncclInvalidArgument, "%s('%s'): buffer is NULL", fn, name);
     if (bytes == 0) return ddp_err(ddp, ncclInvalidArgument, "%s('%s'): bytes is 0", fn, name);
+    uintptr_t end;
+    if (bytes > (size_t)PTRDIFF_MAX || __builtin_add_overflow((uintptr_t)buffer, bytes, &end))
+        return ddp_err(ddp, ncclInvalidArgument,
+                       "%s('%s'): buffer %p + %zu bytes runs past the end of the address space",
+                       fn, name, buffer, bytes);
     if (ddp->nbufs == ddp->bufs_cap) {
         int cap = ddp->bufs_cap ? 2 * ddp->bufs_cap : 8;
         ddp_buffer_t *nb = realloc(ddp->bufs, (size_t)cap * sizeof(*nb));

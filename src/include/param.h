@@ -35,6 +35,9 @@ int chorus_param_is_int(chorus_param_id_t id);
 const char *chorus_param_default_text(chorus_param_id_t id, char *buf, int len);
 int chorus_param_has_nccl_alias(chorus_param_id_t id);
 const char *chorus_param_source_name(chorus_param_src_t src);
+/* The valid range of an INT parameter (param_table.h's PARAM_RANGE): 1 and *min_p, *max_p, or 0
+ * where it has none (STR parameters). */
+int chorus_param_range(chorus_param_id_t id, int64_t *min_p, int64_t *max_p);
 
 /* Variables that belong to other programs (torchrun, mpirun, srun, the host). All environment
  * reading goes through param.c; this is the door for names that are not Chorus parameters. */

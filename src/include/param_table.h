@@ -7,9 +7,20 @@
  *   DEFAULT     for INT a number, for STR a string literal (or NULL)
  *   NCCL_ALIAS  1 when NCCL has the same knob: NCCL_<NAME> is accepted too (CHORUS_ wins)
  *
+ * PARAM_RANGE(NAME, MIN, MAX)  (the block at the end of the file)
+ *   the valid values of an INT parameter, both ends included. A value outside, or one that is not
+ *   an integer (or overflows with its suffix), fails chorus_param_init and so ncclCommInit* with
+ *   ncclInvalidArgument and a WARN naming the variable, the value and the range. Every INT
+ *   parameter has a row (a unit test checks it).
+ *
  * This table generates the parsing step (src/core/param.c), `chorus_info --params` and the README
- * table. No other file reads the environment.
+ * table. No other file reads the environment. An includer defines PARAM, and PARAM_RANGE where it
+ * wants the ranges (otherwise they expand to nothing).
  */
+#ifndef PARAM_RANGE
+#define PARAM_RANGE(name, min, max)
+#define CHORUS_PARAM_RANGE_EMPTY_
+#endif
 /* logging */
 PARAM(DEBUG, STR, NULL, 1, "log level: VERSION, WARN, INFO, TRACE")
 PARAM(DEBUG_SUBSYS, STR, "INIT,ENV", 1, "subsystems logged at INFO (INIT,COLL,P2P,SHM,NET,GRAPH,TUNING,ENV,ALLOC,CALL,PROXY,BOOTSTRAP,REG,ALL; ^ excludes)")
@@ -71,5 +82,52 @@ PARAM(SPIN, INT, 16, 0, "polls before a wait yields (50 ms), then sleeps 1 us..1
 PARAM(YIELD_NS, INT, 50000000, 0, "nanoseconds a wait yields the CPU (sched_yield) after spinning, before it sleeps up to 1 ms; not oversubscribed, a thread whose yield lost the core for 0.5 ms sleeps instead (64 us at most) for 1 s")
 PARAM(SPIN_NS, INT, 50000, 0, "nanoseconds a wait keeps polling after its SPIN polls, before it yields or sleeps (0: none); not on oversubscribed hosts")
 PARAM(PROGRESS_THREAD, INT, 1, 0, "1: a progress thread drives async ops while the caller computes")
+PARAM(ROOT_CHECK, INT, 1, 0, "1: broadcast and reduce close their chain with a 40-byte header that the rank at its head waits for, so ranks that disagree about the root (or count, dtype) fail that op instead of returning success or waiting for CHORUS_TIMEOUT; small broadcasts and reduces then cost about one more hop at that rank. 0: no closing header (as before). The same on every rank")
 /* communicator config overrides (NCCL's names) */
 PARAM(COMM_BLOCKING, INT, -1, 1, "override ncclConfig_t.blocking (0 or 1)")
+
+/* Valid ranges of the INT parameters (INT64_MAX: no upper bound but the type's). */
+PARAM_RANGE(TIMEOUT, 1, 31536000) /* a year; the deadlines count nanoseconds in 64 bits */
+PARAM_RANGE(SHM_DISABLE, 0, 1)
+PARAM_RANGE(P2P_DISABLE, 0, 1)
+PARAM_RANGE(CUDA_STAGE_COPY, -1, 1)
+PARAM_RANGE(CUDA_IPC_DEVICE_SLOTS, 0, 1)
+PARAM_RANGE(IB_DISABLE, 0, 1)
+PARAM_RANGE(IB_GID_INDEX, -1, 255)
+PARAM_RANGE(IB_TIMEOUT, 1, 31)
+PARAM_RANGE(IB_RETRY_CNT, 0, 7)
+PARAM_RANGE(BUFFSIZE, 4096, 1073741824) /* and at least 64 bytes per slot (NSLOTS) */
+PARAM_RANGE(NSLOTS, 1, 1024)
+PARAM_RANGE(SHM_CMA, -1, 1)
+PARAM_RANGE(SHM_SLOT_STREAM, -1, 1)
+PARAM_RANGE(SHM_CMA_THRESHOLD, -1, INT64_MAX)
+PARAM_RANGE(SHM_CMA_COOP, 0, 1)
+PARAM_RANGE(SHM_CMA_BLOCK, 4096, 1073741824)
+PARAM_RANGE(SOCKET_NTHREADS, 0, 16)
+PARAM_RANGE(NSOCKS_PERTHREAD, 1, 64)
+PARAM_RANGE(SOCKET_RECV_NTHREADS, -1, 16)
+PARAM_RANGE(SOCKET_MIN_SPLIT, 1, 1073741824)
+PARAM_RANGE(SOCKET_BUFFSIZE, 0, 1073741824)
+PARAM_RANGE(SOCKET_DIRECT_THRESHOLD, 0, INT64_MAX)
+PARAM_RANGE(SOCKET_RING_TUNE, -1, 15)
+PARAM_RANGE(MIN_NCHANNELS, 1, 32) /* CHORUS_MAXCHANNELS */
+PARAM_RANGE(MAX_NCHANNELS, 1, 32)
+PARAM_RANGE(LL_THRESHOLD, -1, INT64_MAX)
+PARAM_RANGE(ONESHOT_THRESHOLD, -1, INT64_MAX)
+PARAM_RANGE(DIRECT_THRESHOLD, -1, INT64_MAX)
+PARAM_RANGE(RING_DIRECT, -1, 1)
+PARAM_RANGE(DIRECT_REDUCE, 0, 1)
+PARAM_RANGE(STREAM_THRESHOLD, -1, INT64_MAX)
+PARAM_RANGE(STREAM_CHUNK, -1, 1073741824)
+PARAM_RANGE(SHM_RING_CHUNK, -1, 1073741824)
+PARAM_RANGE(SPIN, 0, 1000000000)
+PARAM_RANGE(YIELD_NS, 0, 3600000000000) /* an hour */
+PARAM_RANGE(SPIN_NS, 0, 3600000000000)
+PARAM_RANGE(PROGRESS_THREAD, 0, 1)
+PARAM_RANGE(ROOT_CHECK, 0, 1)
+PARAM_RANGE(COMM_BLOCKING, -1, 1)
+
+#ifdef CHORUS_PARAM_RANGE_EMPTY_
+#undef PARAM_RANGE
+#undef CHORUS_PARAM_RANGE_EMPTY_
+#endif

@@ -74,6 +74,8 @@ ncclResult_t topo_build(struct ncclComm *comm) {
         if (l->near_nic >= 0 && l->near_nic < l->nnics && l->nics[l->near_nic].speed_mbps > nic_mbps)
             nic_mbps = l->nics[l->near_nic].speed_mbps;
     }
+    _Static_assert(CHORUS_MAXCHANNELS == 32,
+                   "param_table.h's PARAM_RANGE rows of MIN_NCHANNELS and MAX_NCHANNELS end at 32");
     int min = (int)chorus_param_int(PARAM_MIN_NCHANNELS);
     int max = (int)chorus_param_int(PARAM_MAX_NCHANNELS);
     if (max > CHORUS_MAXCHANNELS) max = CHORUS_MAXCHANNELS;

@@ -276,6 +276,28 @@ TEST(DdpErrors, BadArgumentsAreNamed) {
     chorusDdpDestroy(ddp);
 }
 
+// count x element size must fit (it wrapped: SIZE_MAX / 4 + 1 floats are 0 bytes), and so must
+// every buffer's end.
+TEST(DdpErrors, CountOverflowIsNamed) {
+    chorusDdpConfig_t c = quiet_config();
+    chorusDdp_t ddp = nullptr;
+    ASSERT_EQ(chorusDdpCreate(nullptr, &c, &ddp), ncclSuccess);
+    float p[4], g[4];
+    EXPECT_EQ(chorusDdpRegisterParam(ddp, "w", p, SIZE_MAX / 4 + 1, ncclFloat32, g, nullptr),
+              ncclInvalidArgument);
+    EXPECT_NE(std::string(chorusDdpGetLastError(ddp)).find("count"), std::string::npos)
+        << chorusDdpGetLastError(ddp);
+    EXPECT_EQ(chorusDdpRegisterParam(ddp, "v", p, SIZE_MAX, ncclFloat64, g, nullptr),
+              ncclInvalidArgument);
+    EXPECT_EQ(chorusDdpRegisterBuffer(ddp, "b", p, SIZE_MAX), ncclInvalidArgument);
+    EXPECT_EQ(chorusDdpRegisterBuffer(ddp, "b", (void *)(UINTPTR_MAX - 16), 64),
+              ncclInvalidArgument);
+    // The layer still works.
+    ASSERT_EQ(chorusDdpRegisterParam(ddp, "w", p, 4, ncclFloat32, g, nullptr), ncclSuccess);
+    ASSERT_EQ(chorusDdpStart(ddp), ncclSuccess);
+    chorusDdpDestroy(ddp);
+}
+
 TEST(DdpNoSync, AccumulatesWithoutCommunicating) {
     chorusDdpConfig_t c = quiet_config();
     chorusDdp_t ddp;
