@@ -10,6 +10,7 @@
  */
 #include <ctype.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -56,12 +57,16 @@ static int parse_int(const char *s, int64_t *out) {
     errno = 0;
     long long v = strtoll(s, &end, 0);
     if (errno != 0 || end == s) return -1;
+    long long mult = 1;
     switch (*end) {
-    case 'k': case 'K': v <<= 10; end++; break;
-    case 'm': case 'M': v <<= 20; end++; break;
-    case 'g': case 'G': v <<= 30; end++; break;
+    case 'k': case 'K': mult = 1LL << 10; end++; break;
+    case 'm': case 'M': mult = 1LL << 20; end++; break;
+    case 'g': case 'G': mult = 1LL << 30; end++; break;
     default: break;
     }
+    /* A value whose multiple does not fit is refused, not wrapped. */
+    if (v > LLONG_MAX / mult || v < LLONG_MIN / mult) return -1;
+    v *= mult;
     if (*end == 'B' || *end == 'b') end++;
     while (isspace((unsigned char)*end)) end++;
     if (*end != '\0') return -1;
