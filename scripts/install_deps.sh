@@ -5,7 +5,8 @@
 # The CUDA toolkit comes from the machine image; without it Chorus builds without the CUDA path.
 set -euo pipefail
 pkgs=(build-essential cmake pkg-config libhwloc-dev hwloc libgtest-dev googletest libibverbs-dev
-      zlib1g-dev iproute2 util-linux procps openmpi-bin libopenmpi-dev dataset-fashion-mnist)
+      zlib1g-dev iproute2 util-linux procps openmpi-bin libopenmpi-dev dataset-fashion-mnist
+      clang libclang-rt-14-dev)
 if [ "${1:-}" = "--peers" ]; then
   pkgs+=(python3-torch gnuplot-nox iperf3)
 fi

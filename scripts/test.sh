@@ -14,3 +14,12 @@ if command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; then
 fi
 cd build
 ctest --output-on-failure --timeout 600 -j2 ${CHORUS_TEST_ARGS:--LE nightly}
+cd ..
+
+# ---- fuzzing ------------------------------------------------------------------------------------
+# The libFuzzer harnesses of tests/fuzz, built with clang in build-fuzz, each run for
+# CHORUS_FUZZ_SECONDS (10 by default; 0 skips the stage) from its seed corpus; any crash fails.
+# Skipped with a message where clang's libFuzzer runtime is missing.
+if [ "${CHORUS_FUZZ_SECONDS:-10}" != "0" ]; then
+  scripts/fuzz.sh "${CHORUS_FUZZ_SECONDS:-10}"
+fi

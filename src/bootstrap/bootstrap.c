@@ -208,15 +208,17 @@ static ncclResult_t rendezvous_once(bootstrap_t *bs, const chorus_unique_id_t *i
         res = st == BS_IO_ABORT ? ncclRemoteError : ncclSystemError;
         goto out_close;
     }
+    size_t follows = 0;
+    int reply_ok = bs_reply_follows(&rep, bs->nranks, &follows) == 0;
     switch (rep.status) {
     case BS_REPLY_OK:
-        if (rep.nranks != bs->nranks) {
+        if (!reply_ok) {
             WARN("bootstrap rank %d: the root at %s answered for %d ranks, not %d", bs->rank, rbuf,
                  rep.nranks, bs->nranks);
             res = ncclInternalError;
             break;
         }
-        st = bs_recv_all(fd, bs->addrs, sizeof(chorus_sockaddr_t) * bs->nranks, d, &e);
+        st = bs_recv_all(fd, bs->addrs, follows, d, &e);
         if (st != BS_IO_OK) {
             WARN("bootstrap rank %d: receiving the address table from the root at %s failed: %s",
                  bs->rank, rbuf, bs_io_strerror(st, e, ebuf, sizeof(ebuf)));
@@ -224,7 +226,7 @@ static ncclResult_t rendezvous_once(bootstrap_t *bs, const chorus_unique_id_t *i
         }
         break;
     case BS_REPLY_TIMEOUT: {
-        int nm = rep.nmissing > 0 && rep.nmissing <= bs->nranks ? rep.nmissing : 0;
+        int nm = (int)(follows / sizeof(int32_t));
         int32_t *miss = nm ? malloc(sizeof(int32_t) * nm) : NULL;
         char list[256];
         int off = 0;
@@ -269,9 +271,9 @@ ncclResult_t bootstrap_init(const chorus_unique_id_t *id, int rank, int nranks,
     ARGCHECK(bs_p != NULL, "bootstrap_init: bs_p is NULL");
     *bs_p = NULL;
     ARGCHECK(id != NULL, "bootstrap_init: id is NULL");
-    ARGCHECK(id->magic == CHORUS_ID_MAGIC,
-             "bootstrap_init: the unique id is not one ncclGetUniqueId made (magic %016llx)",
-             (unsigned long long)id->magic);
+    const char *id_problem = bootstrap_id_problem(id);
+    ARGCHECK(id_problem == NULL, "bootstrap_init: the unique id cannot be used: %s (magic %016llx)",
+             id_problem, (unsigned long long)id->magic);
     ARGCHECK(nranks >= 1 && nranks <= BOOTSTRAP_MAX_NRANKS,
              "bootstrap_init: nranks=%d is not in [1, %d]", nranks, BOOTSTRAP_MAX_NRANKS);
     ARGCHECK(rank >= 0 && rank < nranks, "bootstrap_init: rank=%d is not in [0, %d)", rank, nranks);

@@ -122,6 +122,27 @@ typedef struct {
     uint64_t size;
 } bs_msg_hdr_t;
 
+/* The largest tagged message a receiver accepts; a bigger header drops the connection. */
+#define BS_MAX_MSG_BYTES (1ull << 30)
+/* A message's buffer starts at this size (or its size) and doubles as its bytes arrive. */
+#define BS_MSG_FIRST_ALLOC (64u << 10)
+
+/* ---- decoding what arrives (bs_wire.c): pure functions ------------------------------------ */
+/* A complete rendezvous hello at the root (magic and secret already checked), given the nranks
+ * the first rank fixed (0 before any): BS_REPLY_OK, BS_REPLY_BAD_RANK, BS_REPLY_NRANKS, or
+ * BS_HELLO_NOT_ROOT (not a rendezvous hello: drop without a reply). */
+#define BS_HELLO_NOT_ROOT (-1)
+int bs_root_hello_verdict(const bs_hello_t *h, int root_nranks);
+/* 1 when a complete peer hello (magic and secret already checked) is for this rank of this
+ * communicator and names a sender in range other than this rank (a rank's messages to itself never
+ * cross a socket: a hello claiming to be it is forged). */
+int bs_peer_hello_ok(const bs_hello_t *h, int rank, int nranks);
+/* The root's reply as a rank of nranks reads it: 0 with *bytes_p = how many bytes follow it (the
+ * address table, the list of missing ranks, or none), -1 when it cannot be for this rank. */
+int bs_reply_follows(const bs_reply_t *rep, int nranks, size_t *bytes_p);
+/* 1 when a tagged message header may be accepted (its size is at most BS_MAX_MSG_BYTES). */
+int bs_msg_hdr_ok(const bs_msg_hdr_t *hdr);
+
 /* ---- root (bs_root.c) ---------------------------------------------------------------------- */
 /* Start a detached thread that serves one rendezvous on listen_fd (which it then owns). */
 ncclResult_t bs_root_start(int listen_fd, uint64_t secret, const chorus_sockaddr_t *addr);
@@ -146,6 +167,7 @@ typedef struct {
         bs_msg_hdr_t hdr;
     } u;
     bs_msg_t *cur; /* message whose payload is being read, NULL while reading a header */
+    size_t cap;    /* bytes allocated for cur's payload so far */
 } bs_in_conn_t;
 
 enum { BS_PEER_NONE = 0, BS_PEER_OPEN, BS_PEER_CLOSED, BS_PEER_FAILED };
@@ -184,5 +206,9 @@ int bs_peer_aborted(const bootstrap_t *bs);
 ncclResult_t bs_peer_send(bootstrap_t *bs, int peer, int tag, const void *data, size_t size);
 ncclResult_t bs_peer_recv(bootstrap_t *bs, int peer, int tag, void *data, size_t size);
 void bs_deadline_for(bootstrap_t *bs, bs_deadline_t *d);
+/* The receiver thread's step for one incoming connection, bs->conns[i]: read what is available
+ * (hello, then message headers and payloads into the queues). -1 when it dropped the connection.
+ * For the fuzz harness, which feeds it bytes through a socket pair. */
+int bs_peer_conn_read(bootstrap_t *bs, int i);
 
 #endif

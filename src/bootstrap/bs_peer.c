@@ -64,8 +64,7 @@ static void conn_drop(bootstrap_t *bs, int i, int state, int err) {
 static int conn_auth(bootstrap_t *bs, int i) {
     bs_in_conn_t *c = &bs->conns[i];
     const bs_hello_t *h = &c->u.hello;
-    if (h->kind != BS_HELLO_PEER || h->to_rank != bs->rank || h->nranks != bs->nranks ||
-        h->rank < 0 || h->rank >= bs->nranks) {
+    if (!bs_peer_hello_ok(h, bs->rank, bs->nranks)) {
         INFO(SUB_BOOTSTRAP, "bootstrap rank %d: dropped a hello for rank %d of %d from rank %d",
              bs->rank, h->to_rank, h->nranks, h->rank);
         conn_drop(bs, i, 0, 0);
@@ -131,11 +130,21 @@ static int conn_read(bootstrap_t *bs, int i) {
             if (n == 0) return 0;
             c->got += (size_t)n;
             if (c->got < sizeof(c->u.hdr)) continue;
+            if (!bs_msg_hdr_ok(&c->u.hdr)) {
+                WARN("bootstrap rank %d: rank %d sent a message header of %llu bytes (at most "
+                     "%llu); dropped its connection",
+                     bs->rank, c->from, (unsigned long long)c->u.hdr.size,
+                     (unsigned long long)BS_MAX_MSG_BYTES);
+                conn_drop(bs, i, BS_PEER_FAILED, EMSGSIZE);
+                return -1;
+            }
             bs_msg_t *m = calloc(1, sizeof(*m));
             if (m) {
                 m->tag = c->u.hdr.tag;
                 m->size = (size_t)c->u.hdr.size;
-                m->data = m->size ? malloc(m->size) : NULL;
+                /* Memory grows with the bytes that arrive, not with what the header claims. */
+                c->cap = m->size < BS_MSG_FIRST_ALLOC ? m->size : BS_MSG_FIRST_ALLOC;
+                m->data = c->cap ? malloc(c->cap) : NULL;
             }
             if (!m || (m->size && !m->data)) {
                 WARN("bootstrap rank %d: out of memory for a %llu-byte message from rank %d",
@@ -149,7 +158,19 @@ static int conn_read(bootstrap_t *bs, int i) {
         }
         bs_msg_t *m = c->cur;
         if (c->got < m->size) {
-            n = bs_read_some(c->fd, m->data + c->got, m->size - c->got, &e);
+            if (c->got == c->cap) {
+                size_t cap = c->cap * 2 < m->size ? c->cap * 2 : m->size;
+                char *data = realloc(m->data, cap);
+                if (data == NULL) {
+                    WARN("bootstrap rank %d: out of memory for a %zu-byte message from rank %d",
+                         bs->rank, m->size, c->from);
+                    conn_drop(bs, i, BS_PEER_FAILED, ENOMEM);
+                    return -1;
+                }
+                m->data = data;
+                c->cap = cap;
+            }
+            n = bs_read_some(c->fd, m->data + c->got, c->cap - c->got, &e);
             if (n < 0) {
                 conn_drop(bs, i, n == BS_IO_CLOSED ? BS_PEER_CLOSED : BS_PEER_FAILED, e);
                 return -1;
@@ -389,6 +410,11 @@ ncclResult_t bs_peer_send(bootstrap_t *bs, int peer, int tag, const void *data, 
         enqueue_self(bs, m);
         return ncclSuccess;
     }
+    if (size > BS_MAX_MSG_BYTES) {
+        WARN("bootstrap rank %d: a message of %zu bytes to rank %d is larger than %llu bytes",
+             bs->rank, size, peer, (unsigned long long)BS_MAX_MSG_BYTES);
+        return ncclInvalidArgument;
+    }
     bs_deadline_t d;
     bs_deadline_for(bs, &d);
     int e = 0, st = BS_IO_OK;
@@ -470,4 +496,8 @@ ncclResult_t bs_peer_recv(bootstrap_t *bs, int peer, int tag, void *data, size_t
 
 int bs_peer_aborted(const bootstrap_t *bs) {
     return aborted(bs);
+}
+
+int bs_peer_conn_read(bootstrap_t *bs, int i) {
+    return conn_read(bs, i);
 }

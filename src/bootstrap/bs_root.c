@@ -89,11 +89,12 @@ static void handle_hello(root_t *r, int i) {
     int fd = p->fd;
     char buf[64];
     chorus_sockaddr_str(&h->addr, buf, sizeof(buf));
-    if (h->kind != BS_HELLO_ROOT) {
+    int verdict = bs_root_hello_verdict(h, r->nranks);
+    if (verdict == BS_HELLO_NOT_ROOT) {
         drop_pending(r, i, "not a rendezvous hello");
         return;
     }
-    if (h->nranks < 1 || h->nranks > BOOTSTRAP_MAX_NRANKS || h->rank < 0 || h->rank >= h->nranks) {
+    if (verdict == BS_REPLY_BAD_RANK) {
         WARN("bootstrap root %s: rank %d of %d (%s) is out of range", r->addr_str, h->rank,
              h->nranks, buf);
         send_reply(r, fd, BS_REPLY_BAD_RANK, NULL, 0);
@@ -119,7 +120,7 @@ static void handle_hello(root_t *r, int i) {
         }
         /* The missing-rank deadline counts from the first rank that arrived. */
         r->deadline_ns = chorus_now_ns() + (uint64_t)r->timeout_s * 1000000000ull;
-    } else if (h->nranks != r->nranks) {
+    } else if (verdict == BS_REPLY_NRANKS) {
         WARN("bootstrap root %s: rank %d (%s) says nranks=%d but rank(s) before it said %d",
              r->addr_str, h->rank, buf, h->nranks, r->nranks);
         send_reply(r, fd, BS_REPLY_NRANKS, NULL, 0);

@@ -66,6 +66,10 @@ ncclResult_t bootstrap_child_unique_id(const bootstrap_t *parent, chorus_unique_
 ncclResult_t bootstrap_id_from_string(const char *hostport, const char *what,
                                       chorus_unique_id_t *id);
 
+/* Why an id cannot be used (bad magic, a root address that is not IPv4/IPv6 or has no port,
+ * unknown flags), or NULL when it can. Pure: ncclCommInitRank's id is checked with it. */
+const char *bootstrap_id_problem(const chorus_unique_id_t *id);
+
 /* Collective over all nranks: rendezvous through the root. abort_flag may be NULL. */
 ncclResult_t bootstrap_init(const chorus_unique_id_t *id, int rank, int nranks,
                             volatile int *abort_flag, bootstrap_t **bs_p);

@@ -6,8 +6,14 @@
  * "synthetic:<description>" builds hwloc's synthetic topology (tests). PCI devices, GPUs and NICs are
  * kept so that the PCI switch above a GPU or NIC can be found.
  */
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "check.h"
 #include "param.h"
@@ -21,6 +27,45 @@ static int file_is_hwloc_xml(const char *path) {
     fclose(f);
     buf[n] = '\0';
     return strstr(buf, "<topology") != NULL && strstr(buf, "<system") == NULL;
+}
+
+/* hwloc's XML import crashes on some malformed files (hwloc 2.9: an object without its
+ * complete_nodeset dereferences NULL). A topology file is therefore first loaded in a child
+ * process; only a file that loads there is loaded here. 1 when the child loaded it, 0 when it
+ * failed or died (or did not finish within 10 s), -1 when no child could be started. */
+static int xml_loads_in_child(const char *path) {
+    pid_t pid = fork();
+    if (pid < 0) return -1;
+    if (pid == 0) {
+        /* A crash here only answers "no": the application's (or a sanitizer's) crash handlers
+         * must not report it as theirs. */
+        struct sigaction dfl;
+        memset(&dfl, 0, sizeof(dfl));
+        dfl.sa_handler = SIG_DFL;
+        const int fatal[] = {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT};
+        for (size_t i = 0; i < sizeof(fatal) / sizeof(fatal[0]); i++)
+            sigaction(fatal[i], &dfl, NULL);
+        int devnull = open("/dev/null", O_WRONLY);
+        if (devnull >= 0) dup2(devnull, 2); /* hwloc's and a crash's messages: the parent WARNs */
+        hwloc_topology_t t;
+        if (hwloc_topology_init(&t) != 0) _exit(2);
+        hwloc_topology_set_io_types_filter(t, HWLOC_TYPE_FILTER_KEEP_IMPORTANT);
+        if (hwloc_topology_set_xml(t, path) != 0 || hwloc_topology_load(t) != 0) _exit(1);
+        _exit(0);
+    }
+    int status = 0;
+    for (int waited_ms = 0;; waited_ms++) {
+        pid_t r = waitpid(pid, &status, WNOHANG);
+        if (r == pid) break;
+        if ((r < 0 && errno != EINTR) || waited_ms >= 10000) {
+            kill(pid, SIGKILL);
+            waitpid(pid, &status, 0);
+            return 0;
+        }
+        struct timespec ts = {0, 1000000};
+        nanosleep(&ts, NULL);
+    }
+    return WIFEXITED(status) && WEXITSTATUS(status) == 0;
 }
 
 const char *topo_system_source(void) {
@@ -57,6 +102,11 @@ ncclResult_t topo_system_load(const char *spec, hwloc_topology_t *topo_p) {
     } else if (spec) {
         if (!file_is_hwloc_xml(spec)) {
             WARN("topology: %s is not an hwloc XML file (CHORUS_TOPO_FILE / NCCL_TOPO_FILE)", spec);
+            hwloc_topology_destroy(topo);
+            return ncclInvalidArgument;
+        }
+        if (xml_loads_in_child(spec) == 0) {
+            WARN("topology: %s is not a valid hwloc XML topology (hwloc could not load it)", spec);
             hwloc_topology_destroy(topo);
             return ncclInvalidArgument;
         }

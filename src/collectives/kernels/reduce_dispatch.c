@@ -10,6 +10,9 @@
  * read, once per process, never in a kernel).
  */
 #include <fcntl.h>
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
@@ -67,14 +70,22 @@ static const rk_isa_ops_t *const rk_isa_all[] = {
 };
 #define RK_NISA (sizeof(rk_isa_all) / sizeof(rk_isa_all[0]))
 
+#if RK_HAVE_X86
+/* F16C from CPUID leaf 1 (ECX bit 29): clang before 15 does not know "f16c" in
+ * __builtin_cpu_supports. */
+static int rk_cpu_has_f16c(void) {
+    unsigned eax, ebx, ecx, edx;
+    return __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & (1u << 29)) != 0;
+}
+#endif
+
 static int rk_isa_cpu_has(const rk_isa_ops_t *isa) {
 #if RK_HAVE_X86
     __builtin_cpu_init();
     if (isa == &rk_isa_avx512)
         return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-               __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("f16c");
-    if (isa == &rk_isa_avx2)
-        return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+               __builtin_cpu_supports("avx512vl") && rk_cpu_has_f16c();
+    if (isa == &rk_isa_avx2) return __builtin_cpu_supports("avx2") && rk_cpu_has_f16c();
 #endif
     return isa == &rk_isa_generic;
 }

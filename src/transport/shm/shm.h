@@ -45,6 +45,9 @@
 #define SHM_CTRL_MAGIC 0x43484f52534d3031ull /* "CHORSM01" */
 #define SHM_CACHE_LINE 64
 #define SHM_NAME_LEN 64
+/* Bounds a receiver's blob must respect (connect.c allows at most 1024 slots). */
+#define SHM_MAX_SLOTS 1024
+#define SHM_MAX_SLOT_BYTES (1ull << 32)
 #define SHM_LOCK_RECV_BYTE 0
 #define SHM_LOCK_SEND_BYTE 1
 
@@ -228,6 +231,12 @@ static inline void shm_pair_take_ack(shm_conn_t *sc, const shm_slot_hdr_t *h) {
     if (a > atomic_load_explicit(&p->peer_ack, memory_order_relaxed))
         atomic_store_explicit(&p->peer_ack, a, memory_order_release);
 }
+
+/* shm_wire.c: what a peer published, checked before use (pure). NULL when usable, else why not.
+ * The control header is checked against the blob once the segment is mapped. */
+const char *shm_recv_blob_problem(const shm_recv_blob_t *rb);
+const char *shm_ctrl_problem(const shm_ctrl_t *ctrl, const shm_recv_blob_t *rb);
+const char *shm_send_blob_problem(const shm_send_blob_t *sb);
 
 /* shm_segment.c */
 size_t shm_ctrl_bytes(int nslots);

@@ -119,6 +119,11 @@ static ncclResult_t shm_connect_recv(chorus_conn_t *conn, shm_conn_t *sc, const 
         return ncclInternalError;
     }
     const shm_send_blob_t *sb = peer_blob;
+    const char *why = shm_send_blob_problem(sb);
+    if (why) {
+        WARN("shm: setup blob from rank %d: %s", conn->peer, why);
+        return ncclInternalError;
+    }
     sc->peer_pid = (int)sb->pid;
     sc->peer_pid_ok = shm_peer_pid_ok(conn);
     shm_coop_recv_init(sc); /* before the probe result releases the waiting sender */
@@ -136,6 +141,11 @@ static ncclResult_t shm_connect_send(chorus_conn_t *conn, shm_conn_t *sc, const 
         return ncclInternalError;
     }
     const shm_recv_blob_t *rb = peer_blob;
+    const char *why = shm_recv_blob_problem(rb);
+    if (why) {
+        WARN("shm: setup blob from rank %d: %s", conn->peer, why);
+        return ncclInternalError;
+    }
     sc->peer_pid = (int)rb->pid;
     sc->peer_pid_ok = shm_peer_pid_ok(conn);
     /* The receiver owns the geometry (it sized the segment). */

@@ -199,9 +199,9 @@ ncclResult_t shm_segment_attach(shm_conn_t *sc, const shm_recv_blob_t *rb) {
     sc->fd = fd;
     sc->map_bytes = rb->map_bytes;
     sc->ctrl = (shm_ctrl_t *)p;
-    if (sc->ctrl->magic != SHM_CTRL_MAGIC || sc->ctrl->nslots != rb->nslots ||
-        sc->ctrl->slot_bytes != rb->slot_bytes) {
-        WARN("shm segment %s has a bad control header", sc->name);
+    const char *why = shm_ctrl_problem(sc->ctrl, rb);
+    if (why) {
+        WARN("shm segment %s has a bad control header: %s", sc->name, why);
         shm_segment_destroy(sc);
         return ncclSystemError;
     }

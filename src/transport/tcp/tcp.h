@@ -93,6 +93,15 @@ typedef struct {
     uint32_t pad;
 } tcp_handshake_t;
 
+/* Decoding what the peer sent at setup (pure; tcp_setup.c, fuzzed in tests/fuzz). A blob from the
+ * other end of the connection: 0, or -1 with the reason in why. A handshake on an accepted
+ * socket: NULL when it is the expected one, else why it is refused (the caller still refuses a
+ * socket index that is already taken). */
+int tcp_blob_problem(const tcp_blob_t *b, int is_send, int peer, size_t slot_bytes, char *why,
+                     size_t len);
+const char *tcp_handshake_problem(const tcp_handshake_t *h, uint64_t secret, uint64_t conn_id,
+                                  int peer, int nsocks);
+
 /* Header in front of every piece. */
 typedef struct {
     uint64_t step;

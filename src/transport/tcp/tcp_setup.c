@@ -184,6 +184,37 @@ err_free:
     return res;
 }
 
+int tcp_blob_problem(const tcp_blob_t *b, int is_send, int peer, size_t slot_bytes, char *why,
+                     size_t len) {
+    if (b->magic != TCP_BLOB_MAGIC || (int)b->is_send == (is_send != 0) || b->rank != peer) {
+        snprintf(why, len, "not a tcp %s blob", is_send ? "receiver" : "sender");
+        return -1;
+    }
+    if (is_send) { /* the receiver's blob: where to connect, how large its slots are */
+        sa_family_t family = b->addr.sa.sa_family;
+        if (family != AF_INET && family != AF_INET6) {
+            snprintf(why, len, "its address is neither IPv4 nor IPv6 (family %u)", family);
+            return -1;
+        }
+        if (b->slot_bytes < slot_bytes) {
+            snprintf(why, len, "its slots of %llu bytes are smaller than ours (%zu)",
+                     (unsigned long long)b->slot_bytes, slot_bytes);
+            return -1;
+        }
+    } else { /* the sender's blob: how many sockets, how large its chunks are */
+        if (b->nsocks < 1 || b->nsocks > TCP_MAX_SOCKS) {
+            snprintf(why, len, "it asks for %u sockets (1..%d)", b->nsocks, TCP_MAX_SOCKS);
+            return -1;
+        }
+        if (b->slot_bytes > slot_bytes) {
+            snprintf(why, len, "it sends chunks of up to %llu bytes, our slots hold %zu",
+                     (unsigned long long)b->slot_bytes, slot_bytes);
+            return -1;
+        }
+    }
+    return 0;
+}
+
 /* ---- sender --------------------------------------------------------------------------------- */
 
 static ncclResult_t tcp_connect_send(tcp_conn_t *tc, const tcp_blob_t *b) {
@@ -192,11 +223,6 @@ static ncclResult_t tcp_connect_send(tcp_conn_t *tc, const tcp_blob_t *b) {
     chorus_waiter_init(&w, abort_flag);
     tc->peer_addr = b->addr;
     tcp_addr_str(&b->addr, tc->peer_str, sizeof(tc->peer_str));
-    if (b->slot_bytes < tc->slot_bytes) {
-        WARN("tcp: rank %d (%s) has slots of %llu bytes, smaller than ours (%zu)", tc->peer,
-             tc->peer_str, (unsigned long long)b->slot_bytes, tc->slot_bytes);
-        return ncclInternalError;
-    }
     CHECK(tcp_conn_alloc_data(tc));
     uint64_t secret = bootstrap_secret(tc->comm->bs);
     for (int i = 0; i < tc->nsocks; i++) {
@@ -244,22 +270,22 @@ typedef struct {
     chorus_sockaddr_t from;
 } tcp_pending_t;
 
+const char *tcp_handshake_problem(const tcp_handshake_t *h, uint64_t secret, uint64_t conn_id,
+                                  int peer, int nsocks) {
+    if (h->magic != TCP_HANDSHAKE_MAGIC) return "not a chorus tcp handshake";
+    if (h->secret != secret) return "wrong communicator secret";
+    if (h->conn_id != conn_id) return "unexpected connection id";
+    if (h->rank != peer) return "unexpected sender rank";
+    if (h->nsocks != (uint32_t)nsocks || h->index >= (uint32_t)nsocks) return "bad socket index";
+    return NULL;
+}
+
 /* 1: accepted into its socket slot, 0: refused (closed), -1: not complete yet. */
 static int tcp_check_handshake(tcp_conn_t *tc, tcp_pending_t *p, uint64_t secret, int *nready) {
     char str[80];
     const tcp_handshake_t *h = &p->hs;
-    const char *why = NULL;
-    if (h->magic != TCP_HANDSHAKE_MAGIC)
-        why = "not a chorus tcp handshake";
-    else if (h->secret != secret)
-        why = "wrong communicator secret";
-    else if (h->conn_id != tc->conn_id)
-        why = "unexpected connection id";
-    else if (h->rank != tc->peer)
-        why = "unexpected sender rank";
-    else if (h->nsocks != (uint32_t)tc->nsocks || h->index >= (uint32_t)tc->nsocks)
-        why = "bad socket index";
-    else if (tc->socks[h->index].fd >= 0)
+    const char *why = tcp_handshake_problem(h, secret, tc->conn_id, tc->peer, tc->nsocks);
+    if (why == NULL && tc->socks[h->index].fd >= 0)
         why = "duplicate socket index";
     if (why) {
         INFO(SUB_NET | SUB_INIT, "tcp: refused a connection from %s to the port for rank %d: %s",
@@ -292,15 +318,6 @@ static int tcp_check_handshake(tcp_conn_t *tc, tcp_pending_t *p, uint64_t secret
 
 static ncclResult_t tcp_connect_recv(tcp_conn_t *tc, const tcp_blob_t *b) {
     char str[80];
-    if (b->nsocks < 1 || b->nsocks > TCP_MAX_SOCKS) {
-        WARN("tcp: rank %d asks for %u sockets (1..%d)", tc->peer, b->nsocks, TCP_MAX_SOCKS);
-        return ncclInternalError;
-    }
-    if (b->slot_bytes > tc->slot_bytes) {
-        WARN("tcp: rank %d sends chunks of up to %llu bytes, our slots hold %zu", tc->peer,
-             (unsigned long long)b->slot_bytes, tc->slot_bytes);
-        return ncclInternalError;
-    }
     tc->nsocks = (int)b->nsocks;
     CHECK(tcp_conn_alloc_data(tc));
     chorus_waiter_t w;
@@ -380,9 +397,9 @@ ncclResult_t tcp_connect(chorus_conn_t *conn, const void *peer_blob, size_t peer
         return ncclInternalError;
     }
     memcpy(&b, peer_blob, sizeof(b));
-    if (b.magic != TCP_BLOB_MAGIC || (int)b.is_send == conn->is_send || b.rank != conn->peer) {
-        WARN("tcp: setup blob from rank %d is not a tcp %s blob", conn->peer,
-             conn->is_send ? "receiver" : "sender");
+    char why[160];
+    if (tcp_blob_problem(&b, conn->is_send, conn->peer, tc->slot_bytes, why, sizeof(why)) != 0) {
+        WARN("tcp: setup blob from rank %d: %s", conn->peer, why);
         return ncclInternalError;
     }
     if (conn->is_send)

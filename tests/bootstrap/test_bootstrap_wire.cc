@@ -1,0 +1,189 @@
+// What the bootstrap does with bytes and ids it did not make: a unique id that is not a usable
+// one, a peer hello that claims to come from the receiving rank itself, a message header that
+// promises more than a bootstrap message may hold. Each must end in a clean error at once.
+// (The same decoders are fuzzed by tests/fuzz/fuzz_unique_id, fuzz_bs_root and fuzz_bs_peer.)
+#include <gtest/gtest.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <string>
+#include <thread>
+
+#include "launch.h"
+#include "nccl.h"
+extern "C" {
+#include "bootstrap.h"
+#include "bootstrap/bs_internal.h"
+#include "log.h"
+#include "param.h"
+}
+
+namespace {
+
+struct TimeoutEnv {
+    TimeoutEnv(const char *v) {
+        setenv("CHORUS_TIMEOUT", v, 1);
+        chorus_param_reset();
+        chorus_param_init();
+    }
+    ~TimeoutEnv() {
+        unsetenv("CHORUS_TIMEOUT");
+        chorus_param_reset();
+        chorus_param_init();
+    }
+};
+
+int connect_to(const chorus_sockaddr_t &a) {
+    int fd = socket(a.sa.sa_family, SOCK_STREAM, 0);
+    if (fd < 0) return -1;
+    socklen_t len = a.sa.sa_family == AF_INET6 ? sizeof(sockaddr_in6) : sizeof(sockaddr_in);
+    if (connect(fd, &a.sa, len) != 0) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+bs_hello_t peer_hello(uint64_t secret, int rank, int nranks, int to_rank) {
+    bs_hello_t h;
+    memset(&h, 0, sizeof(h));
+    h.magic = CHORUS_ID_MAGIC;
+    h.secret = secret;
+    h.kind = BS_HELLO_PEER;
+    h.rank = rank;
+    h.nranks = nranks;
+    h.to_rank = to_rank;
+    return h;
+}
+
+// Reads the 4-byte ack within 5 s: 1 when it came, 0 when the connection was closed instead.
+int got_ack(int fd) {
+    uint32_t ack = 0;
+    size_t got = 0;
+    auto end = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    while (got < sizeof(ack) && std::chrono::steady_clock::now() < end) {
+        pollfd p = {fd, POLLIN, 0};
+        if (poll(&p, 1, 100) <= 0) continue;
+        ssize_t n = read(fd, (char *)&ack + got, sizeof(ack) - got);
+        if (n <= 0) return 0;
+        got += (size_t)n;
+    }
+    return got == sizeof(ack) && ack == BS_ACK_MAGIC;
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
+} // namespace
+
+// Ids with the right magic but nothing usable behind it: ncclCommInitRank says so at once.
+TEST(BootstrapWire, UnusableIdIsInvalidArgument) {
+    TimeoutEnv env("20");
+    chorus_unique_id_t good;
+    memset(&good, 0, sizeof(good));
+    good.magic = CHORUS_ID_MAGIC;
+    good.secret = 1234;
+    good.root.sin.sin_family = AF_INET;
+    good.root.sin.sin_port = htons(1);
+    good.root.sin.sin_addr.s_addr = htonl(0x7f000001);
+    ASSERT_EQ(bootstrap_id_problem(&good), nullptr);
+    struct Case {
+        const char *what;
+        void (*spoil)(chorus_unique_id_t *);
+    } cases[] = {
+        {"unix family", [](chorus_unique_id_t *id) { id->root.sa.sa_family = AF_UNIX; }},
+        {"family 0xffff", [](chorus_unique_id_t *id) { id->root.sa.sa_family = 0xffff; }},
+        {"port 0", [](chorus_unique_id_t *id) { id->root.sin.sin_port = 0; }},
+        {"unknown flag", [](chorus_unique_id_t *id) { id->flags = 0x80; }},
+        {"bind-any without rank-0 root",
+         [](chorus_unique_id_t *id) { id->flags = CHORUS_ID_FLAG_BIND_ANY; }},
+    };
+    for (const Case &c : cases) {
+        chorus_unique_id_t id = good;
+        c.spoil(&id);
+        ncclUniqueId uid;
+        memset(&uid, 0, sizeof(uid));
+        memcpy(uid.internal, &id, sizeof(id));
+        auto start = std::chrono::steady_clock::now();
+        ncclComm_t comm = nullptr;
+        EXPECT_EQ(ncclCommInitRank(&comm, 1, uid, 0), ncclInvalidArgument) << c.what;
+        EXPECT_LT(seconds_since(start), 5.0) << c.what;
+        EXPECT_NE(strstr(chorus_log_last_error(), "unique id"), nullptr)
+            << c.what << ": " << chorus_log_last_error();
+        if (comm) ncclCommDestroy(comm);
+    }
+}
+
+// A rank never opens a connection to itself (its messages to itself stay in memory), so a hello
+// that claims to come from the receiving rank is forged: no ack, the connection is dropped, and
+// nothing it sends can pass as the rank's own message.
+TEST(BootstrapWire, HelloFromReceiverItselfIsDropped) {
+    chorus_unique_id_t id;
+    memset(&id, 0, sizeof(id));
+    ASSERT_EQ(bootstrap_get_unique_id(&id), ncclSuccess);
+    auto res = chorus_test::run_threads(
+        2,
+        [&](int rank, int n) {
+            bootstrap_t *bs = nullptr;
+            RANK_NCCL(bootstrap_init(&id, rank, n, nullptr, &bs));
+            if (rank == 1) {
+                int fd = connect_to(*bootstrap_addr(bs, 1));
+                RANK_CHECK(fd >= 0, "connect to own listen address");
+                bs_hello_t h = peer_hello(id.secret, 1, n, 1);
+                RANK_CHECK(write(fd, &h, sizeof(h)) == (ssize_t)sizeof(h), "write hello");
+                int acked = got_ack(fd);
+                close(fd);
+                RANK_CHECK(!acked, "a hello claiming to be rank 1 was accepted by rank 1");
+            }
+            RANK_NCCL(bootstrap_barrier(bs));
+            bootstrap_close(bs);
+            return 0;
+        },
+        60);
+    EXPECT_TRUE(res.ok()) << res.detail;
+}
+
+// A header promising more than BS_MAX_MSG_BYTES drops that peer's connection at once: a recv
+// waiting for that peer fails right away instead of at CHORUS_TIMEOUT, and the receiver never
+// allocates what the header claims.
+TEST(BootstrapWire, OversizedHeaderFailsRecvAtOnce) {
+    TimeoutEnv env("30");
+    chorus_unique_id_t id;
+    memset(&id, 0, sizeof(id));
+    ASSERT_EQ(bootstrap_get_unique_id(&id), ncclSuccess);
+    auto res = chorus_test::run_threads(
+        2,
+        [&](int rank, int n) {
+            bootstrap_t *bs = nullptr;
+            RANK_NCCL(bootstrap_init(&id, rank, n, nullptr, &bs));
+            if (rank == 0) {
+                // Rank 0 speaks for itself by hand: a valid hello, then an oversized header.
+                int fd = connect_to(*bootstrap_addr(bs, 1));
+                RANK_CHECK(fd >= 0, "connect to rank 1");
+                bs_hello_t h = peer_hello(id.secret, 0, n, 1);
+                RANK_CHECK(write(fd, &h, sizeof(h)) == (ssize_t)sizeof(h), "write hello");
+                RANK_CHECK(got_ack(fd), "rank 1 did not ack a valid hello");
+                bs_msg_hdr_t hdr = {9, 0, BS_MAX_MSG_BYTES + 1};
+                RANK_CHECK(write(fd, &hdr, sizeof(hdr)) == (ssize_t)sizeof(hdr), "write header");
+                std::this_thread::sleep_for(std::chrono::seconds(1));
+                close(fd);
+            } else {
+                char buf[16];
+                auto start = std::chrono::steady_clock::now();
+                ncclResult_t r = bootstrap_recv(bs, 0, 9, buf, sizeof(buf));
+                double secs = seconds_since(start);
+                RANK_CHECK(r != ncclSuccess, "recv of an oversized message succeeded");
+                // The sender closes 1 s after the header: a receiver that waited for the
+                // payload would only fail then (or at CHORUS_TIMEOUT).
+                RANK_CHECK(secs < 0.9, "recv failed only after %.2f s", secs);
+            }
+            bootstrap_close(bs);
+            return 0;
+        },
+        60);
+    EXPECT_TRUE(res.ok()) << res.detail;
+}

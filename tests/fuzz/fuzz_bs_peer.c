@@ -1,0 +1,124 @@
+/*
+ * fuzz_bs_peer: the bytes another process sends on a connection to a rank's bootstrap listen
+ * socket, as the receiver thread reads them: a peer hello (checked for magic, secret, sender and
+ * recipient), then tagged messages {tag, size} + payload, among them the allgather and barrier
+ * rounds. The input goes through a socket pair into the real receiver step (bs_peer_conn_read),
+ * then every queued message is taken with bs_peer_recv, once with its own size and once with a
+ * wrong one, as allgather/barrier/a user recv would. Checks: nothing is queued without a valid
+ * hello; a queued message has exactly the bytes that were sent; a size mismatch is an error.
+ *
+ * Input: [nranks-1 (mod 8) + 1][my rank][flags][stream...]. The secret is FUZZ_SECRET; the seed
+ * corpus holds valid hellos and messages.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "bootstrap/bs_internal.h"
+#include "fuzz_common.h"
+
+#define FUZZ_SECRET 0x5345435245543031ull /* "SECRET01" */
+
+static bootstrap_t *make_bs(int rank, int nranks) {
+    bootstrap_t *bs = calloc(1, sizeof(*bs));
+    FUZZ_ASSERT(bs != NULL);
+    bs->rank = rank;
+    bs->nranks = nranks;
+    bs->secret = FUZZ_SECRET;
+    bs->listen_fd = -1;
+    bs->wake_fd = -1;
+    pthread_mutex_init(&bs->lock, NULL);
+    pthread_mutex_init(&bs->send_lock, NULL);
+    pthread_cond_init(&bs->cond, NULL);
+    bs->addrs = calloc(nranks, sizeof(*bs->addrs));
+    bs->q_head = calloc(nranks, sizeof(*bs->q_head));
+    bs->q_tail = calloc(nranks, sizeof(*bs->q_tail));
+    bs->in_state = calloc(nranks, sizeof(int));
+    bs->in_errno = calloc(nranks, sizeof(int));
+    bs->out_fd = malloc(sizeof(int) * nranks);
+    FUZZ_ASSERT(bs->addrs && bs->q_head && bs->q_tail && bs->in_state && bs->in_errno && bs->out_fd);
+    for (int i = 0; i < nranks; i++)
+        bs->out_fd[i] = -1;
+    return bs;
+}
+
+static void free_bs(bootstrap_t *bs) {
+    for (int i = 0; i < bs->nranks; i++) {
+        for (bs_msg_t *m = bs->q_head[i], *next; m; m = next) {
+            next = m->next;
+            free(m->data);
+            free(m);
+        }
+    }
+    for (int i = 0; i < bs->nconns; i++)
+        close(bs->conns[i].fd);
+    free(bs->conns);
+    free(bs->addrs);
+    free(bs->q_head);
+    free(bs->q_tail);
+    free(bs->in_state);
+    free(bs->in_errno);
+    free(bs->out_fd);
+    pthread_mutex_destroy(&bs->lock);
+    pthread_mutex_destroy(&bs->send_lock);
+    pthread_cond_destroy(&bs->cond);
+    free(bs);
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+    if (size > 65536) return 0; /* stays inside one socket buffer */
+    fuzz_input_t in = {data, size};
+    int nranks = fuzz_u8(&in) % 8 + 1;
+    int rank = fuzz_u8(&in) % nranks;
+    uint8_t flags = fuzz_u8(&in);
+    bootstrap_t *bs = make_bs(rank, nranks);
+
+    int sv[2];
+    FUZZ_ASSERT(socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, sv) == 0);
+    int sndbuf = 1 << 20;
+    setsockopt(sv[1], SOL_SOCKET, SO_SNDBUF, &sndbuf, sizeof(sndbuf));
+    size_t off = 0;
+    while (off < in.left) {
+        ssize_t n = write(sv[1], in.p + off, in.left - off);
+        if (n <= 0) break; /* the buffer is full: the rest is cut off, as by a slow peer */
+        off += (size_t)n;
+    }
+    shutdown(sv[1], SHUT_WR); /* the peer has said all it will say */
+
+    bs->conns = calloc(1, sizeof(*bs->conns));
+    FUZZ_ASSERT(bs->conns != NULL);
+    bs->conns_cap = 1;
+    bs->nconns = 1;
+    bs->conns[0].fd = sv[0];
+    bs->conns[0].from = -1;
+    /* The receiver thread's loop for this connection: until it is dropped (EOF at the latest). */
+    int rounds = 0;
+    while (bs->nconns > 0 && bs_peer_conn_read(bs, 0) == 0) {
+        FUZZ_ASSERT(++rounds < 1000000);
+    }
+    FUZZ_ASSERT(bs->nconns == 0);
+
+    int senders = 0;
+    for (int p = 0; p < nranks; p++) {
+        if (bs->in_state[p] != BS_PEER_NONE) senders++;
+        /* Only a peer that passed the hello may have queued anything, never this rank itself. */
+        if (bs->in_state[p] == BS_PEER_NONE) FUZZ_ASSERT(bs->q_head[p] == NULL);
+        FUZZ_ASSERT(p != rank || bs->in_state[p] == BS_PEER_NONE);
+        while (bs->q_head[p] != NULL) {
+            const bs_msg_t *m = bs->q_head[p];
+            size_t got = m->size;
+            FUZZ_ASSERT(got <= BS_MAX_MSG_BYTES && got <= size);
+            size_t want = got + ((flags & 1) ? 1 : 0);
+            void *buf = malloc(want + 1);
+            FUZZ_ASSERT(buf != NULL);
+            ncclResult_t res = bs_peer_recv(bs, p, m->tag, buf, want); /* frees m */
+            FUZZ_ASSERT((res == ncclSuccess) == (want == got));
+            free(buf);
+        }
+    }
+    FUZZ_ASSERT(senders <= 1);
+    close(sv[1]);
+    free_bs(bs);
+    return 0;
+}
