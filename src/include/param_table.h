@@ -16,6 +16,7 @@ PARAM(DEBUG_SUBSYS, STR, "INIT,ENV", 1, "subsystems logged at INFO (INIT,COLL,P2
 PARAM(DEBUG_FILE, STR, NULL, 1, "log file name; %h host, %p pid")
 /* bootstrap and deadlines */
 PARAM(TIMEOUT, INT, 300, 0, "seconds any wait may last before it fails (init, transfers, collectives)")
+PARAM(WARN_INTERVAL, INT, 30, 0, "seconds between the WARNs of a wait that lasts (which op or setup, which peer, how long so far); 0: none")
 PARAM(COMM_ID, STR, NULL, 1, "host:port of the bootstrap root (rank 0 listens there)")
 PARAM(SOCKET_IFNAME, STR, NULL, 1, "network interfaces to use: prefix list, ^ excludes, = exact match")
 PARAM(SOCKET_FAMILY, STR, NULL, 1, "AF_INET or AF_INET6 to force an address family")
