@@ -7,3 +7,15 @@ target_compile_options(fault_rank PRIVATE ${CHORUS_WARN})
 if(TARGET test_bootstrap)
   add_dependencies(test_bootstrap fault_rank) # ChorusRun.NoShmLeftAfterRanksKilledDuringConnect
 endif()
+
+# The quick fault suite (5 scenarios x 2 trials, ~20 s; CHORUS_TIMEOUT=5 inside the trials):
+# SIGKILL at init, during connect and mid-op, SIGSTOP mid-op, over shm and TCP. Label "faults".
+# The full suite (every stage x signal x transport x 2-4 ranks, link down between namespace
+# hosts, 20 trials each) is run by hand: tests/faults/fault_suite.py.
+find_package(Python3 COMPONENTS Interpreter)
+if(Python3_Interpreter_FOUND)
+  add_test(NAME FaultSuite.Quick
+           COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_LIST_DIR}/fault_suite.py --quick
+                   --timeout 5 -j 2 -b ${CMAKE_BINARY_DIR})
+  set_tests_properties(FaultSuite.Quick PROPERTIES LABELS faults TIMEOUT 300)
+endif()
