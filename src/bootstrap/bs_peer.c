@@ -386,6 +386,23 @@ ncclResult_t bs_peer_send(bootstrap_t *bs, int peer, int tag, const void *data, 
     return ncclSuccess;
 }
 
+int bootstrap_peer_connected(bootstrap_t *bs, int peer) {
+    if (bs == NULL || peer < 0 || peer >= bs->nranks) return 0;
+    pthread_mutex_lock(&bs->send_lock);
+    int open = bs->out_fd[peer] >= 0;
+    pthread_mutex_unlock(&bs->send_lock);
+    return open;
+}
+
+int bootstrap_peek(bootstrap_t *bs, int peer, int tag) {
+    if (bs == NULL || peer < 0 || peer >= bs->nranks) return 0;
+    pthread_mutex_lock(&bs->lock);
+    const bs_msg_t *m = bs->q_head[peer];
+    while (m && m->tag != tag) m = m->next;
+    pthread_mutex_unlock(&bs->lock);
+    return m != NULL;
+}
+
 /* ---- recv -------------------------------------------------------------------------------- */
 
 /* Whether a peer that never connected to us still listens: refused means its process is gone

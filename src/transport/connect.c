@@ -26,11 +26,13 @@
  */
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 
 #include "check.h"
 #include "comm.h"
 #include "param.h"
 #include "transport.h"
+#include "waiter.h"
 
 #define SETUP_MSG_MAGIC 0x43535550u /* "CSUP" */
 #define SETUP_TAG_BASE 0x20000000   /* 0x20000000..0x3fffffff */
@@ -118,20 +120,33 @@ static void transport_note_failure(struct ncclComm *comm, const chorus_conn_t *c
              conn->is_send ? "to" : "from", conn->peer, comm->peers[conn->peer].hostname,
              ops ? ops->name : "(no transport chosen)", where, ncclGetErrorString(res), why);
     comm->connect_fail_cause = cause;
-    /* Best effort, no answer awaited: a send to a dead rank fails at once. */
+    /* Best effort, no answer awaited. Only ranks we have sent to can have an exchange with us
+     * that fails when we close; and a send on an open connection never waits to connect (to a
+     * stopped or unreachable rank, connecting would wait for CHORUS_TIMEOUT). */
+    /* A failure of our own went out as the status of this setup's message, and its WARN must
+     * stay the last error (a failed send WARNs too). */
+    if (cause == comm->rank) return;
     int32_t note = cause;
     for (int r = 0; r < comm->nranks; r++)
-        if (r != comm->rank && r != cause)
+        if (r != comm->rank && r != cause && bootstrap_peer_connected(comm->bs, r))
             (void)bootstrap_send(comm->bs, r, SETUP_TAG_CAUSE, &note, sizeof(note));
 }
 
-/* The exchange with peer failed: did the peer say which rank failed first before it went away?
- * Its note is queued already if it closed after sending it; a peer that is gone without a note
- * fails this recv at once (or at the bootstrap's probe of a peer that never connected). Only for
- * a peer that closed: a live one would make us wait for its note. */
-static int transport_peer_cause(struct ncclComm *comm, int peer, ncclResult_t xres) {
+/* How long a failed setup looks for the peer's note on who failed first. */
+#define SETUP_CAUSE_WAIT_NS 200000000ull
+
+/* Our setup with peer failed (its exchange or its connect): did the peer say which rank failed
+ * first? A peer that failed elsewhere sends its note before it closes anything, so the note is
+ * queued, or on its way, by the time its closing fails us; a peer that is itself the cause sends
+ * none. So look for a short while only, without ever waiting on the peer. */
+static int transport_peer_cause(struct ncclComm *comm, int peer) {
+    const uint64_t until = chorus_now_ns() + SETUP_CAUSE_WAIT_NS;
+    while (!bootstrap_peek(comm->bs, peer, SETUP_TAG_CAUSE)) {
+        if (chorus_now_ns() > until) return peer;
+        struct timespec ts = {0, 5000000};
+        nanosleep(&ts, NULL);
+    }
     int32_t note = -1;
-    if (xres != ncclRemoteError) return peer;
     if (bootstrap_recv(comm->bs, peer, SETUP_TAG_CAUSE, &note, sizeof(note)) != ncclSuccess)
         return peer;
     return note >= 0 && note < comm->nranks && note != comm->rank ? note : peer;
@@ -256,11 +271,12 @@ ncclResult_t transport_connect(struct ncclComm *comm, chorus_conn_t *conn, int p
     return ncclSuccess;
 
 err_exchange:
-    if (res == ncclSuccess) {
-        res = xres;
-        cause = transport_peer_cause(comm, peer, xres);
-    }
+    if (res == ncclSuccess) res = xres;
 err_close:
+    /* Ours or a peer's failure named in its message: the cause is known. Else ask the peer. */
+    if (cause == peer && mine.status == ncclSuccess && theirs.status == ncclSuccess &&
+        !comm->connect_fail_text[0])
+        cause = transport_peer_cause(comm, peer);
     transport_note_failure(comm, conn, ops, res, cause);
     if (conn->ops) conn->ops->close(conn);
     /* Leave the connection visibly unconnected: callers test ops == NULL to connect again. */

@@ -168,6 +168,12 @@ class Trial:
             p.wait()
         for t in readers:
             t.join(2)
+        if fault_t is None:  # the survivors were faster than the victim's line
+            for r in range(n):
+                for _, l in lines[r]:
+                    m = re.match(r"FAULT rank=\d+ t=([0-9.]+)", l)
+                    if m:
+                        fault_t = float(m.group(1))
         if self.netns and link_down_t is not None:
             self.netns.link(True)
         pids = set()
