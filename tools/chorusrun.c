@@ -54,6 +54,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "transport.h"
+
 typedef struct {
     pid_t pid;
     int rank; /* global rank */
@@ -613,6 +615,14 @@ int main(int argc, char **argv) {
         else
             exit_code = 1;
     }
+    /* Ranks killed while they set up shared-memory connections can leave a segment name behind
+     * (its creator died before the peer mapped and unlinked it): now that no rank runs, remove
+     * the names whose creator is gone. */
+    int swept = shm_sweep_orphans();
+    if (swept > 0)
+        fprintf(stderr, "chorusrun: removed %d shared-memory segment%s left in /dev/shm by ranks "
+                        "that did not finish connection setup\n",
+                swept, swept > 1 ? "s" : "");
     /* A rank that failed only after a forwarded signal still makes the run fail. */
     if (exit_code == 0) {
         for (int i = 0; i < started; i++)

@@ -176,7 +176,9 @@ static ncclResult_t rendezvous_once(bootstrap_t *bs, const chorus_unique_id_t *i
         return ncclRemoteError;
     }
     if (st != BS_IO_OK) {
-        WARN("bootstrap rank %d: cannot reach the root at %s: %s", bs->rank, rbuf,
+        /* With a fixed root address (NCCL_COMM_ID) rank 0 hosts the root: name it. */
+        WARN("bootstrap rank %d: cannot reach the root at %s%s: %s", bs->rank, rbuf,
+             (id->flags & CHORUS_ID_FLAG_RANK0_ROOT) ? ", which rank 0 hosts (NCCL_COMM_ID)" : "",
              bs_io_strerror(st, e, ebuf, sizeof(ebuf)));
         return st == BS_IO_ABORT ? ncclRemoteError : ncclSystemError;
     }

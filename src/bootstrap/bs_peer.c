@@ -435,11 +435,47 @@ ncclResult_t bs_peer_send(bootstrap_t *bs, int peer, int tag, const void *data, 
     return ncclSuccess;
 }
 
+int bootstrap_peer_connected(bootstrap_t *bs, int peer) {
+    if (bs == NULL || peer < 0 || peer >= bs->nranks) return 0;
+    pthread_mutex_lock(&bs->send_lock);
+    int open = bs->out_fd[peer] >= 0;
+    pthread_mutex_unlock(&bs->send_lock);
+    return open;
+}
+
+int bootstrap_peek(bootstrap_t *bs, int peer, int tag) {
+    if (bs == NULL || peer < 0 || peer >= bs->nranks) return 0;
+    pthread_mutex_lock(&bs->lock);
+    const bs_msg_t *m = bs->q_head[peer];
+    while (m && m->tag != tag) m = m->next;
+    pthread_mutex_unlock(&bs->lock);
+    return m != NULL;
+}
+
 /* ---- recv -------------------------------------------------------------------------------- */
+
+/* Whether a peer that never connected to us still listens: refused means its process is gone
+ * (a dead rank's message can never come). A peer that is stopped or far away counts as alive. */
+static int peer_listens(bootstrap_t *bs, int peer) {
+    bs_deadline_t d;
+    bs_deadline_init(&d, 1.0, bs->abort_ext, &bs->abort_int);
+    int fd = -1, e = 0;
+    int st = bs_connect(&bs->addrs[peer], 0, &d, &fd, &e);
+    if (st == BS_IO_OK) bs_close(fd);
+    return st != BS_IO_REFUSED;
+}
+
+/* Seconds of waiting for a peer that has not connected before it is probed, and between probes. */
+#define BS_PROBE_FIRST_S 1.0
+#define BS_PROBE_MAX_S 8.0
 
 ncclResult_t bs_peer_recv(bootstrap_t *bs, int peer, int tag, void *data, size_t size) {
     bs_deadline_t d;
     bs_deadline_for(bs, &d);
+    const uint64_t start_ns = chorus_now_ns();
+    uint64_t warn_next_ns = 0;
+    double probe_gap_s = BS_PROBE_FIRST_S;
+    uint64_t probe_ns = start_ns + (uint64_t)(probe_gap_s * 1e9);
     pthread_mutex_lock(&bs->lock);
     for (;;) {
         bs_msg_t *prev = NULL, *m = bs->q_head[peer];
@@ -481,6 +517,28 @@ ncclResult_t bs_peer_recv(bootstrap_t *bs, int peer, int tag, void *data, size_t
         if (cst != BS_IO_OK) {
             pthread_mutex_unlock(&bs->lock);
             return peer_fail(bs, "recv from", peer, tag, cst, 0);
+        }
+        const uint64_t now = chorus_now_ns();
+        if (chorus_warn_due(start_ns, now, &warn_next_ns)) {
+            char abuf[64], tbuf[32];
+            WARN("bootstrap rank %d: still waiting for rank %d (%s) %s after %.0f s (fails at %lld "
+                 "s, CHORUS_TIMEOUT)",
+                 bs->rank, peer, chorus_sockaddr_str(&bs->addrs[peer], abuf, sizeof(abuf)),
+                 tag_str(tag, tbuf, sizeof(tbuf)), (double)(now - start_ns) * 1e-9,
+                 (long long)chorus_param_int(PARAM_TIMEOUT));
+        }
+        if (peer != bs->rank && st == BS_PEER_NONE && now >= probe_ns) {
+            /* The peer never connected to us: its death would close nothing we watch. */
+            pthread_mutex_unlock(&bs->lock);
+            int alive = peer_listens(bs, peer);
+            pthread_mutex_lock(&bs->lock);
+            if (!alive && bs->q_head[peer] == NULL && bs->in_state[peer] == BS_PEER_NONE) {
+                pthread_mutex_unlock(&bs->lock);
+                return peer_fail(bs, "recv from", peer, tag, BS_IO_REFUSED, ECONNREFUSED);
+            }
+            probe_gap_s = probe_gap_s * 2 > BS_PROBE_MAX_S ? BS_PROBE_MAX_S : probe_gap_s * 2;
+            probe_ns = chorus_now_ns() + (uint64_t)(probe_gap_s * 1e9);
+            continue;
         }
         struct timespec ts;
         clock_gettime(CLOCK_MONOTONIC, &ts);

@@ -241,8 +241,31 @@ static void finish_timeout(root_t *r) {
     free(missing);
 }
 
+/* Every CHORUS_WARN_INTERVAL seconds while ranks are missing: how many, and which. */
+static void report_missing(root_t *r, uint64_t now, uint64_t *warn_next_ns) {
+    if (r->nranks == 0) return; /* nobody arrived yet: the ranks' own waits report */
+    uint64_t first_ns = r->deadline_ns - (uint64_t)r->timeout_s * 1000000000ull;
+    if (!chorus_warn_due(first_ns, now, warn_next_ns)) return;
+    char list[256];
+    int nmissing = 0, off = 0;
+    list[0] = '\0';
+    for (int k = 0; k < r->nranks; k++) {
+        if (r->rank_fd[k] >= 0) continue;
+        nmissing++;
+        if (off < (int)sizeof(list) - 16)
+            off += snprintf(list + off, sizeof(list) - off, "%s%d", nmissing > 1 ? "," : "", k);
+        else if (off < (int)sizeof(list) - 4)
+            off += snprintf(list + off, sizeof(list) - off, "...");
+    }
+    WARN("bootstrap root %s: still waiting for %d of %d ranks after %.0f s (fails at %d s, "
+         "CHORUS_TIMEOUT): rank%s %s",
+         r->addr_str, nmissing, r->nranks, (double)(now - first_ns) * 1e-9, r->timeout_s,
+         nmissing > 1 ? "s" : "", list);
+}
+
 static void *root_main(void *arg) {
     root_t *r = arg;
+    uint64_t warn_next_ns = 0;
     struct pollfd *pfd = malloc(sizeof(struct pollfd) * (1 + BS_MAX_PENDING));
     int *map = malloc(sizeof(int) * (1 + BS_MAX_PENDING));
     int cap = 1 + BS_MAX_PENDING;
@@ -260,6 +283,7 @@ static void *root_main(void *arg) {
             finish_timeout(r);
             break;
         }
+        report_missing(r, now, &warn_next_ns);
         /* Expire pending connections that stay silent. */
         for (int i = r->npending - 1; i >= 0; i--)
             if (now > r->pending[i].deadline_ns) drop_pending(r, i, "no hello in time");

@@ -41,8 +41,12 @@
 #define COLL_TAG_P2P 0x50320000  /* + lo * nranks + hi, direction from the transport's role */
 #define COLL_CONNECT_ALL_MAX_RANKS COLL_ONESHOT_MAX_RANKS
 
+/* After a failed setup the remaining connections are still visited: transport_connect then only
+ * tells their peers (it does not wait), so that they fail at once instead of at the deadline. The
+ * first error is returned. */
 ncclResult_t coll_connect_rings(struct ncclComm *comm) {
     if (comm->nranks == 1) return ncclSuccess;
+    ncclResult_t first = ncclSuccess;
     for (int c = 0; c < comm->nchannels; c++) {
         chorus_channel_t *ch = &comm->channels[c];
         if (ch->connected) continue;
@@ -50,18 +54,21 @@ ncclResult_t coll_connect_rings(struct ncclComm *comm) {
         int recv_tag = COLL_TAG_RING + c * comm->nranks + ch->prev;
         for (int step = 0; step < 2; step++) {
             int do_send = ((ch->index & 1) == 0) == (step == 0);
+            ncclResult_t r = ncclSuccess;
             if (do_send) {
                 if (ch->send.ops == NULL)
-                    CHECK(transport_connect(comm, &ch->send, ch->next, 1, c, send_tag));
+                    r = transport_connect(comm, &ch->send, ch->next, 1, c, send_tag);
             } else if (ch->recv.ops == NULL) {
-                CHECK(transport_connect(comm, &ch->recv, ch->prev, 0, c, recv_tag));
+                r = transport_connect(comm, &ch->recv, ch->prev, 0, c, recv_tag);
             }
+            if (r != ncclSuccess && first == ncclSuccess) first = r;
         }
+        if (first != ncclSuccess) continue;
         ch->connected = 1;
         INFO(SUB_COLL, "channel %d: ring connections to %d (%s) and from %d (%s) ready", c,
              ch->next, ch->send.desc, ch->prev, ch->recv.desc);
     }
-    return ncclSuccess;
+    return first;
 }
 
 static ncclResult_t connect_one_p2p(struct ncclComm *comm, int peer, int is_send) {
@@ -74,11 +81,13 @@ static ncclResult_t connect_one_p2p(struct ncclComm *comm, int peer, int is_send
     }
     int lo = CHORUS_MIN(comm->rank, peer), hi = CHORUS_MAX(comm->rank, peer);
     int tag = COLL_TAG_P2P + lo * comm->nranks + hi;
+    const int failed_before = comm->connect_fail_text[0] != '\0';
     ncclResult_t res = transport_connect(comm, conn, peer, is_send, -1, tag);
     if (res != ncclSuccess) {
         free(conn);
-        WARN("rank %d: could not connect %s rank %d (%s) for point-to-point transfers",
-             comm->rank, is_send ? "to" : "from", peer, comm->peers[peer].hostname);
+        if (!failed_before) /* else it only passed an earlier failure on */
+            WARN("rank %d: could not connect %s rank %d (%s) for point-to-point transfers",
+                 comm->rank, is_send ? "to" : "from", peer, comm->peers[peer].hostname);
         return res;
     }
     *slot = conn;
@@ -88,6 +97,7 @@ static ncclResult_t connect_one_p2p(struct ncclComm *comm, int peer, int is_send
 ncclResult_t coll_connect_p2p(struct ncclComm *comm, const uint8_t *send_peers,
                               const uint8_t *recv_peers) {
     int n = comm->nranks, me = comm->rank;
+    ncclResult_t first = ncclSuccess;
     /* Visit peers in increasing (lo, hi) order: first peers below me (pair (peer, me)), in
      * increasing peer order, then peers above me (pair (me, peer)). Within a pair the direction
      * lo->hi goes first. */
@@ -99,10 +109,12 @@ ncclResult_t coll_connect_p2p(struct ncclComm *comm, const uint8_t *send_peers,
         for (int k = 0; k < 2; k++) {
             int is_send = k == 0 ? first_is_send : !first_is_send;
             const uint8_t *want = is_send ? send_peers : recv_peers;
-            if (want[peer]) CHECK(connect_one_p2p(comm, peer, is_send));
+            if (!want[peer]) continue;
+            ncclResult_t r = connect_one_p2p(comm, peer, is_send);
+            if (r != ncclSuccess && first == ncclSuccess) first = r; /* as in the rings */
         }
     }
-    return ncclSuccess;
+    return first;
 }
 
 /* Set up everything the ops need, then compute their schedules. Runs in the thread that owns
@@ -119,9 +131,11 @@ ncclResult_t coll_engine_connect(struct ncclComm *comm, coll_op_t **ops, int nop
         /* The whole collective set at once (see the file comment). */
         uint8_t all[2 * COLL_CONNECT_ALL_MAX_RANKS];
         memset(all, 1, sizeof(all));
-        if (!e->rings_connected) CHECK(coll_connect_rings(comm));
-        e->rings_connected = 1;
-        CHECK(coll_connect_p2p(comm, all, all));
+        /* The pairs are visited even after the rings failed: their peers hear of it. */
+        ncclResult_t res = e->rings_connected ? ncclSuccess : coll_connect_rings(comm);
+        if (res == ncclSuccess) e->rings_connected = 1;
+        ncclResult_t res_p2p = coll_connect_p2p(comm, all, all);
+        CHECK(res != ncclSuccess ? res : res_p2p);
         /* Nobody starts moving data before every rank has its connections: a rank that finished
          * early and then failed the op (a mismatch) would abort under peers still connecting,
          * which would then report a setup failure instead of the mismatch. Once per comm. */

@@ -28,6 +28,7 @@
 #include "core.h"
 #include "log.h"
 #include "param.h"
+#include "reduce.h"
 #include "waiter.h"
 
 const char *coll_kind_name(int coll) {
@@ -472,6 +473,33 @@ static int op_retired(const coll_op_t *op) {
     return __atomic_load_n(&op->done, __ATOMIC_ACQUIRE) == 2;
 }
 
+/* The ops a blocking wait waits for: what its reports name. */
+typedef struct {
+    coll_op_t **ops;
+    int nops;
+} engine_wait_report_t;
+
+/* Every CHORUS_WARN_INTERVAL seconds of a wait: one WARN per op still running, naming the op
+ * and the peer it waits for (op_where), so a stopped or lost peer shows long before the
+ * timeout. Called from the waiter's step, without any engine lock held. */
+static void engine_wait_report(void *arg, double waited_s, double timeout_s) {
+    const engine_wait_report_t *r = arg;
+    char where[160];
+    for (int i = 0; i < r->nops; i++) {
+        coll_op_t *q = r->ops[i];
+        if (op_retired(q)) continue;
+        struct coll_engine *e = q->engine;
+        engine_lock(&e->lock);
+        if (!q->done && !q->failing)
+            WARN("%s #%llu (%llu x %s) on rank %d (%s): still waiting after %.0f s (fails at "
+                 "%.0f s, CHORUS_TIMEOUT): %s",
+                 coll_kind_name(q->coll), (unsigned long long)q->seq,
+                 (unsigned long long)q->count, chorus_dtype_name(q->dtype), q->comm->rank,
+                 q->comm->host, waited_s, timeout_s, op_where(q, where, sizeof(where)));
+        engine_unlock(&e->lock);
+    }
+}
+
 /* Empty passes of a wait before its waiter starts (and reads the clock). */
 #define ENGINE_EARLY_POLLS 16
 
@@ -547,6 +575,7 @@ static ncclResult_t engine_wait(coll_op_t **ops, int nops, struct coll_engine *h
     /* The waiter starts after ENGINE_EARLY_POLLS passes that found nothing to do: a small op
      * that completes within them never reads the clock. */
     chorus_waiter_t w;
+    engine_wait_report_t report = {ops, nops};
     int waiting = 0, early_polls = 0;
     uint32_t spin = 0;
     uint64_t spin_ns = 0;
@@ -600,6 +629,7 @@ static ncclResult_t engine_wait(coll_op_t **ops, int nops, struct coll_engine *h
         }
         if (!waiting) {
             chorus_waiter_init(&w, NULL);
+            chorus_waiter_set_report(&w, engine_wait_report, &report);
             for (int i = 0; i < nops; i++)
                 if (ops[i]->engine->oversubscribed) chorus_waiter_no_spin(&w);
             spin = w.spin;

@@ -200,7 +200,11 @@ static ncclResult_t group_run_ops(coll_op_t **ops, int nops) {
         free(started);
     }
     for (int k = 0; k < ncomms; k++) {
-        if (cs[k].result != ncclSuccess && res == ncclSuccess) res = cs[k].result;
+        if (cs[k].result == ncclSuccess) continue;
+        if (res == ncclSuccess) res = cs[k].result;
+        struct ncclComm *comm = cs[k].ops[0]->comm;
+        WARN("group: rank %d could not set up the connections its ops need: %s", comm->rank,
+             comm->connect_fail_text[0] ? comm->connect_fail_text : ncclGetErrorString(cs[k].result));
     }
     free(cs);
     if (res != ncclSuccess) {

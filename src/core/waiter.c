@@ -51,9 +51,46 @@ uint64_t chorus_now_ns(void) {
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
+double chorus_warn_interval_s(void) {
+    int64_t s = chorus_param_int(PARAM_WARN_INTERVAL);
+    return s > 0 ? (double)s : 0.0;
+}
+
+int chorus_warn_due(uint64_t start_ns, uint64_t now_ns, uint64_t *next_ns) {
+    double interval = chorus_warn_interval_s();
+    if (interval <= 0) return 0;
+    uint64_t step = (uint64_t)(interval * 1e9);
+    if (*next_ns == 0) *next_ns = start_ns + step;
+    if (now_ns < *next_ns) return 0;
+    while (*next_ns <= now_ns) *next_ns += step;
+    return 1;
+}
+
+void chorus_waiter_set_report(chorus_waiter_t *w, void (*report)(void *, double, double),
+                              void *arg) {
+    w->report = report;
+    w->report_arg = arg;
+    w->report_next_ns = 0;
+    /* Arms the first report at start + interval; leaves 0 (no report) when the interval is 0. */
+    if (report) (void)chorus_warn_due(w->start_ns, w->start_ns, &w->report_next_ns);
+}
+
+/* Every clock read of a step: the deadline, and now and then the caller's report. */
+static inline int waiter_late(chorus_waiter_t *w, uint64_t now) {
+    if (w->report_next_ns && now >= w->report_next_ns &&
+        chorus_warn_due(w->start_ns, now, &w->report_next_ns))
+        w->report(w->report_arg, (double)(now - w->start_ns) * 1e-9,
+                  (double)(w->deadline_ns - w->start_ns) * 1e-9);
+    return now > w->deadline_ns;
+}
+
 void chorus_waiter_init_timeout(chorus_waiter_t *w, volatile int *abort_flag, double seconds) {
     if (seconds <= 0) seconds = (double)chorus_param_int(PARAM_TIMEOUT);
-    w->deadline_ns = chorus_now_ns() + (uint64_t)(seconds * 1e9);
+    w->start_ns = chorus_now_ns();
+    w->deadline_ns = w->start_ns + (uint64_t)(seconds * 1e9);
+    w->report = NULL;
+    w->report_arg = NULL;
+    w->report_next_ns = 0;
     w->polls = 0;
     w->sleep_ns = 0;
     w->abort_flag = abort_flag;
@@ -94,7 +131,7 @@ ncclResult_t chorus_waiter_step(chorus_waiter_t *w) {
     if (polls <= w->spin) return ncclSuccess;
     if (polls == w->spin + 1) {
         uint64_t now = chorus_now_ns();
-        if (now > w->deadline_ns) return ncclSystemError;
+        if (waiter_late(w, now)) return ncclSystemError;
         w->spin_until_ns = w->spin_ns ? now + w->spin_ns : 0;
         w->yield_until_ns = now + w->spin_ns + w->yield_ns;
     }
@@ -102,7 +139,7 @@ ncclResult_t chorus_waiter_step(chorus_waiter_t *w) {
         /* Timed spin: the clock every 16 polls. */
         if ((polls & 15) != 0) return ncclSuccess;
         uint64_t now = chorus_now_ns();
-        if (now > w->deadline_ns) return ncclSystemError;
+        if (waiter_late(w, now)) return ncclSystemError;
         if (now < w->spin_until_ns) return ncclSuccess;
         w->spin_until_ns = 0;
     }
@@ -115,14 +152,14 @@ ncclResult_t chorus_waiter_step(chorus_waiter_t *w) {
                 return ncclSuccess;
             }
             uint64_t now = chorus_now_ns();
-            if (now > w->deadline_ns) return ncclSystemError;
+            if (waiter_late(w, now)) return ncclSystemError;
             if (now < w->yield_until_ns) {
                 sched_yield();
                 return ncclSuccess;
             }
         } else {
             uint64_t t0 = chorus_now_ns();
-            if (t0 > w->deadline_ns) return ncclSystemError;
+            if (waiter_late(w, t0)) return ncclSystemError;
             if (t0 < w->yield_until_ns && t0 >= waiter_no_yield_until_ns) {
                 sched_yield();
                 uint64_t t1 = chorus_now_ns();
@@ -134,7 +171,7 @@ ncclResult_t chorus_waiter_step(chorus_waiter_t *w) {
         }
     }
     uint64_t now = chorus_now_ns();
-    if (now > w->deadline_ns) return ncclSystemError;
+    if (waiter_late(w, now)) return ncclSystemError;
     waiter_lower_slack();
     /* Short sleeps while the yield phase would still run (the wait is likely short), then up to
      * 1 ms. */

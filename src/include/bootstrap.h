@@ -91,6 +91,10 @@ ncclResult_t bootstrap_barrier(bootstrap_t *bs);
 #define BOOTSTRAP_TAG_RESERVED_MIN (-0x7fffff00)
 ncclResult_t bootstrap_send(bootstrap_t *bs, int peer, int tag, const void *data, size_t size);
 ncclResult_t bootstrap_recv(bootstrap_t *bs, int peer, int tag, void *data, size_t size);
+/* 1 when this rank has a connection open to peer (a send then never waits to connect). */
+int bootstrap_peer_connected(bootstrap_t *bs, int peer);
+/* 1 when a message from peer with this tag is queued (a bootstrap_recv of it returns at once). */
+int bootstrap_peek(bootstrap_t *bs, int peer, int tag);
 
 /* Make blocked and future calls fail fast (called from ncclCommAbort / on fatal errors). */
 void bootstrap_abort(bootstrap_t *bs);

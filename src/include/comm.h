@@ -81,6 +81,10 @@ struct ncclComm {
     chorus_conn_t **p2p_send;
     chorus_conn_t **p2p_recv;
     int connect_eager;
+    /* The first connection setup that failed on this rank: which peer, over which transport, why
+     * (filled by transport_connect; the first-op error quotes it). Empty while none failed. */
+    char connect_fail_text[320];
+    int connect_fail_cause; /* the rank whose failure started it (meaningful once the text is set) */
 
     struct coll_engine *engine;
     uint64_t seq; /* collectives issued on this communicator */

@@ -27,6 +27,7 @@ PARAM(DEBUG_SUBSYS, STR, "INIT,ENV", 1, "subsystems logged at INFO (INIT,COLL,P2
 PARAM(DEBUG_FILE, STR, NULL, 1, "log file name; %h host, %p pid")
 /* bootstrap and deadlines */
 PARAM(TIMEOUT, INT, 300, 0, "seconds any wait may last before it fails (init, transfers, collectives)")
+PARAM(WARN_INTERVAL, INT, 30, 0, "seconds between the WARNs of a wait that lasts (which op or setup, which peer, how long so far); 0: none")
 PARAM(COMM_ID, STR, NULL, 1, "host:port of the bootstrap root (rank 0 listens there)")
 PARAM(JOB_SECRET, STR, NULL, 0, "the job's shared secret (any text, best 32+ random characters; never logged): with a fixed root address (COMM_ID, MASTER_ADDR:MASTER_PORT) only processes that know it can join the job. chorusrun sets a random one for the ranks it starts on one node")
 PARAM(JOB_SECRET_FILE, STR, NULL, 0, "file holding JOB_SECRET (first line; must not be accessible by group or others, e.g. mode 0600)")
@@ -126,6 +127,7 @@ PARAM_RANGE(SPIN_NS, 0, 3600000000000)
 PARAM_RANGE(PROGRESS_THREAD, 0, 1)
 PARAM_RANGE(ROOT_CHECK, 0, 1)
 PARAM_RANGE(COMM_ID_INSECURE, 0, 1)
+PARAM_RANGE(WARN_INTERVAL, 0, 31536000)
 PARAM_RANGE(COMM_BLOCKING, -1, 1)
 
 #ifdef CHORUS_PARAM_RANGE_EMPTY_

@@ -125,6 +125,9 @@ ncclResult_t transport_connect(struct ncclComm *comm, chorus_conn_t *conn, int p
 /* Close one end (a sender first waits for send_drained). Leaves ops == NULL; closing twice is
  * harmless. On failure transport_connect also leaves ops == NULL. */
 void transport_close(chorus_conn_t *conn);
+/* Remove the shared-memory segment names in /dev/shm whose creator (a process of our pid
+ * namespace) no longer exists; returns how many. chorusrun calls it after its ranks exit. */
+int shm_sweep_orphans(void);
 
 /* Shared stubs for optional ops. */
 ncclResult_t transport_stub_commit_direct(chorus_conn_t *conn, const void *src, size_t bytes);

@@ -14,6 +14,9 @@
  *   while (!ready) { CHECK(chorus_waiter_step(&w)); }
  *
  * The waiter itself logs nothing: the caller knows what it waited for (rank, host, op) and WARNs.
+ * A caller may hand it a report function (chorus_waiter_set_report): a wait that lasts then calls
+ * it every CHORUS_WARN_INTERVAL seconds, from the step that reads the clock, and the function
+ * WARNs what the wait is for, so a stopped peer is named long before CHORUS_TIMEOUT.
  */
 #ifndef CHORUS_WAITER_H_
 #define CHORUS_WAITER_H_
@@ -32,7 +35,22 @@ typedef struct {
     uint64_t yield_ns;        /* then yields for this long: CHORUS_YIELD_NS */
     uint64_t yield_until_ns;  /* end of the yield phase */
     int yield_always;         /* 1: yield even when yields are slow (oversubscribed by peers) */
+    uint64_t start_ns;        /* when the wait began (chorus_waiter_init) */
+    uint64_t report_next_ns;  /* next call of report (0: no report) */
+    /* Called with the seconds waited so far and the wait's timeout (chorus_waiter_set_report). */
+    void (*report)(void *arg, double waited_s, double timeout_s);
+    void *report_arg;
 } chorus_waiter_t;
+
+/* Seconds between reports of a long wait: CHORUS_WARN_INTERVAL (0: never). */
+double chorus_warn_interval_s(void);
+/* Call report(arg, waited, timeout) every CHORUS_WARN_INTERVAL seconds of this wait. */
+void chorus_waiter_set_report(chorus_waiter_t *w, void (*report)(void *, double, double),
+                              void *arg);
+/* For waits that do not use chorus_waiter_step (poll loops): *next_ns starts at 0; returns 1 when
+ * it is time to report (at most every CHORUS_WARN_INTERVAL seconds after start_ns) and moves
+ * *next_ns on. */
+int chorus_warn_due(uint64_t start_ns, uint64_t now_ns, uint64_t *next_ns);
 
 uint64_t chorus_now_ns(void);
 /* Deadline = now + CHORUS_TIMEOUT seconds. */

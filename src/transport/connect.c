@@ -7,6 +7,18 @@
  * carries the transport name and a status, so a pair that disagrees on the transport or whose
  * other end failed its setup gets an error naming the peer at once instead of a timeout.
  *
+ * A rank whose setup of one connection failed (its peer died, say) cannot make the others, and
+ * the peers of those would wait for it until CHORUS_TIMEOUT. So once a setup failed, every later
+ * transport_connect of the same connect pass only sends its peer a message with a failure status
+ * and the rank that started the failure (the cause), and returns: the peer then fails at once and
+ * passes the same cause on, so every rank errors quickly and names the rank that failed first.
+ *
+ * A peer may also fail after its message for our connection said it was fine (on another of its
+ * connections), and then close: our exchange fails with "connection closed". So a rank's first
+ * failure also sends the cause to every other rank on a tag of its own, and a rank whose exchange
+ * with a peer failed looks for that note from the peer (already queued if the peer closed after
+ * sending it) to name the rank that failed first.
+ *
  * Bootstrap tags are derived from (channel, role of the message's author, caller's tag), so two
  * connections between the same ranks (both directions of a ring, several channels, p2p) do not
  * match each other's messages. The sender sends first and the receiver receives first, which
@@ -14,19 +26,23 @@
  */
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 
 #include "check.h"
 #include "comm.h"
 #include "param.h"
 #include "transport.h"
+#include "waiter.h"
 
 #define SETUP_MSG_MAGIC 0x43535550u /* "CSUP" */
 #define SETUP_TAG_BASE 0x20000000   /* 0x20000000..0x3fffffff */
+#define SETUP_TAG_CAUSE 0x1fffffc0  /* a rank's first setup failure: the rank that started it */
 
 typedef struct {
     uint32_t magic;
     int32_t status; /* ncclResult_t of the author's setup: non-zero means "give up" */
     int32_t channel, tag, author_is_send; /* which setup this is (checked by the reader) */
+    int32_t cause_rank; /* with a failure status: the rank whose failure started it, else -1 */
     uint32_t bytes;
     char transport[20];
     unsigned char blob[TRANSPORT_BLOB_BYTES];
@@ -87,6 +103,68 @@ static void transport_log_connected(struct ncclComm *comm, chorus_conn_t *conn) 
          conn->is_send ? "" : " [receive]", conn->desc);
 }
 
+/* Remember the first failed setup of this rank, naming the peer, its host and the transport:
+ * the op that needed the connection reports it (coll_api.c), and its WARN is the user's last
+ * error. */
+static void transport_note_failure(struct ncclComm *comm, const chorus_conn_t *conn,
+                                   const chorus_transport_ops_t *ops, ncclResult_t res,
+                                   int cause) {
+    if (comm->connect_fail_text[0]) return;
+    char where[32] = "", why[128] = "";
+    if (conn->channel >= 0) snprintf(where, sizeof(where), " (ring channel %d)", conn->channel);
+    if (cause != conn->peer && cause >= 0 && cause < comm->nranks)
+        snprintf(why, sizeof(why), "; the failure started at rank %d (%s)", cause,
+                 comm->peers[cause].hostname);
+    snprintf(comm->connect_fail_text, sizeof(comm->connect_fail_text),
+             "setting up the connection %s rank %d (%s) via %s%s failed (%s)%s",
+             conn->is_send ? "to" : "from", conn->peer, comm->peers[conn->peer].hostname,
+             ops ? ops->name : "(no transport chosen)", where, ncclGetErrorString(res), why);
+    comm->connect_fail_cause = cause;
+    /* Best effort, no answer awaited. Only ranks we have sent to can have an exchange with us
+     * that fails when we close; and a send on an open connection never waits to connect (to a
+     * stopped or unreachable rank, connecting would wait for CHORUS_TIMEOUT). */
+    /* A failure of our own went out as the status of this setup's message, and its WARN must
+     * stay the last error (a failed send WARNs too). */
+    if (cause == comm->rank) return;
+    int32_t note = cause;
+    for (int r = 0; r < comm->nranks; r++)
+        if (r != comm->rank && r != cause && bootstrap_peer_connected(comm->bs, r))
+            (void)bootstrap_send(comm->bs, r, SETUP_TAG_CAUSE, &note, sizeof(note));
+}
+
+/* How long a failed setup looks for the peer's note on who failed first. */
+#define SETUP_CAUSE_WAIT_NS 200000000ull
+
+/* Our setup with peer failed (its exchange or its connect): did the peer say which rank failed
+ * first? A peer that failed elsewhere sends its note before it closes anything, so the note is
+ * queued, or on its way, by the time its closing fails us; a peer that is itself the cause sends
+ * none. So look for a short while only, without ever waiting on the peer. */
+static int transport_peer_cause(struct ncclComm *comm, int peer) {
+    const uint64_t until = chorus_now_ns() + SETUP_CAUSE_WAIT_NS;
+    while (!bootstrap_peek(comm->bs, peer, SETUP_TAG_CAUSE)) {
+        if (chorus_now_ns() > until) return peer;
+        struct timespec ts = {0, 5000000};
+        nanosleep(&ts, NULL);
+    }
+    int32_t note = -1;
+    if (bootstrap_recv(comm->bs, peer, SETUP_TAG_CAUSE, &note, sizeof(note)) != ncclSuccess)
+        return peer;
+    return note >= 0 && note < comm->nranks && note != comm->rank ? note : peer;
+}
+
+/* An earlier setup of this rank failed: only tell the peer (see the file comment). Sending to a
+ * dead peer fails at once; nothing here waits for an answer. */
+static ncclResult_t transport_pass_failure(struct ncclComm *comm, chorus_conn_t *conn, int tag,
+                                           transport_setup_msg_t *mine) {
+    mine->status = (int32_t)ncclRemoteError;
+    mine->cause_rank = comm->connect_fail_cause;
+    if (conn->peer != comm->connect_fail_cause)
+        (void)bootstrap_send(comm->bs, conn->peer,
+                             transport_setup_tag(conn->channel, conn->is_send, tag), mine,
+                             sizeof(*mine));
+    return ncclRemoteError;
+}
+
 /* Exchange setup messages: sender sends first, receiver receives first. */
 static ncclResult_t transport_exchange(struct ncclComm *comm, chorus_conn_t *conn, int tag,
                                        const transport_setup_msg_t *mine,
@@ -124,6 +202,8 @@ ncclResult_t transport_connect(struct ncclComm *comm, chorus_conn_t *conn, int p
     mine.channel = channel;
     mine.tag = tag;
     mine.author_is_send = conn->is_send;
+    mine.cause_rank = -1;
+    if (comm->connect_fail_text[0]) return transport_pass_failure(comm, conn, tag, &mine);
 
     /* A local failure is still sent to the peer (as a status) so that it does not wait for us. */
     const chorus_transport_ops_t *ops = NULL;
@@ -142,6 +222,8 @@ ncclResult_t transport_connect(struct ncclComm *comm, chorus_conn_t *conn, int p
         mine.bytes = (uint32_t)bytes;
     }
     mine.status = (int32_t)res;
+    if (res != ncclSuccess) mine.cause_rank = comm->rank;
+    int cause = res != ncclSuccess ? comm->rank : peer; /* who failed, if this setup fails */
     ncclResult_t xres;
     CHECK_GOTO(transport_exchange(comm, conn, tag, &mine, &theirs), xres, err_exchange);
     if (res != ncclSuccess) goto err_close;
@@ -158,8 +240,16 @@ ncclResult_t transport_connect(struct ncclComm *comm, chorus_conn_t *conn, int p
         goto err_close;
     }
     if (theirs.status != ncclSuccess) {
-        WARN("rank %d (%s) failed to set up its end of the connection %s rank %d (error %d)", peer,
-             comm->peers[peer].hostname, is_send ? "from" : "to", comm->rank, (int)theirs.status);
+        if (theirs.cause_rank >= 0 && theirs.cause_rank < comm->nranks) cause = theirs.cause_rank;
+        if (cause != peer)
+            WARN("rank %d (%s) gave up setting up its end of the connection %s rank %d: rank %d "
+                 "(%s) failed first",
+                 peer, comm->peers[peer].hostname, is_send ? "from" : "to", comm->rank, cause,
+                 comm->peers[cause].hostname);
+        else
+            WARN("rank %d (%s) failed to set up its end of the connection %s rank %d (error %d)",
+                 peer, comm->peers[peer].hostname, is_send ? "from" : "to", comm->rank,
+                 (int)theirs.status);
         res = ncclRemoteError;
         goto err_close;
     }
@@ -183,6 +273,11 @@ ncclResult_t transport_connect(struct ncclComm *comm, chorus_conn_t *conn, int p
 err_exchange:
     if (res == ncclSuccess) res = xres;
 err_close:
+    /* Ours or a peer's failure named in its message: the cause is known. Else ask the peer. */
+    if (cause == peer && mine.status == ncclSuccess && theirs.status == ncclSuccess &&
+        !comm->connect_fail_text[0])
+        cause = transport_peer_cause(comm, peer);
+    transport_note_failure(comm, conn, ops, res, cause);
     if (conn->ops) conn->ops->close(conn);
     /* Leave the connection visibly unconnected: callers test ops == NULL to connect again. */
     conn->ops = NULL;

@@ -398,3 +398,38 @@ TEST(ChorusRun, TwoHostsNetns) {
 }
 
 } // namespace
+
+// Every rank of a job is SIGKILLed while it sets up its shared-memory connections (a random 0-3
+// ms into its first all-reduce, tests/faults/fault_rank.c): a receiver that created its segment
+// before its sender mapped it leaves the name in /dev/shm. Once chorusrun has exited, no segment
+// made by any of its ranks may remain.
+TEST(ChorusRun, NoShmLeftAfterRanksKilledDuringConnect) {
+    const std::string prog = kBin + "fault_rank";
+    int left_total = 0, trials = 0;
+    std::string left_names;
+    for (int t = 0; t < 12; t++) {
+        Cmd c = run("env CHORUS_TIMEOUT=20 FAULT_STAGE=killall FAULT_COUNT=262144 " + kRun +
+                    " -n 4 --bind none " + prog);
+        EXPECT_NE(c.exit_code(), 0) << c.out; // the ranks were killed
+        std::set<int> pids;
+        std::istringstream in(c.out);
+        std::string line;
+        while (std::getline(in, line)) {
+            int r = 0, pid = 0;
+            if (sscanf(line.c_str(), "START rank=%d pid=%d", &r, &pid) == 2) pids.insert(pid);
+        }
+        EXPECT_EQ(pids.size(), 4u) << c.out;
+        trials++;
+        for (const std::string &name : chorus_test::shm_leftovers()) {
+            int pid = 0;
+            if (sscanf(name.c_str(), "chorus-shm-%d-", &pid) == 1 && pids.count(pid)) {
+                left_total++;
+                left_names += " " + name;
+                std::string path = "/dev/shm/" + name;
+                unlink(path.c_str()); // do not leave it to the next trial or test
+            }
+        }
+    }
+    EXPECT_EQ(left_total, 0) << left_total << " segment(s) left after " << trials
+                             << " jobs killed during connect:" << left_names;
+}

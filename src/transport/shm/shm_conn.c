@@ -133,6 +133,15 @@ static ncclResult_t shm_connect_recv(chorus_conn_t *conn, shm_conn_t *sc, const 
     return ncclSuccess;
 }
 
+/* A sender's long wait for the receiver's half of the setup (chorus_waiter_set_report). */
+static void shm_connect_report(void *arg, double waited_s, double timeout_s) {
+    const chorus_conn_t *conn = arg;
+    WARN("shm: rank %d still waiting for rank %d (%s) to finish connection setup after %.0f s "
+         "(fails at %.0f s, CHORUS_TIMEOUT)",
+         conn->comm->rank, conn->peer, conn->comm->peers[conn->peer].hostname, waited_s,
+         timeout_s);
+}
+
 static ncclResult_t shm_connect_send(chorus_conn_t *conn, shm_conn_t *sc, const void *peer_blob,
                                      size_t peer_blob_bytes) {
     if (peer_blob_bytes != sizeof(shm_recv_blob_t)) {
@@ -155,6 +164,7 @@ static ncclResult_t shm_connect_send(chorus_conn_t *conn, shm_conn_t *sc, const 
 
     chorus_waiter_t w;
     chorus_waiter_init(&w, &conn->comm->abort_flag);
+    chorus_waiter_set_report(&w, shm_connect_report, conn);
     uint32_t state;
     while ((state = atomic_load_explicit(&sc->ctrl->cma_state, memory_order_acquire)) ==
            SHM_CMA_UNDECIDED) {

@@ -10,7 +10,9 @@
  *
  * A process killed between the receiver's setup and the sender's mapping leaves the name behind;
  * the next process to create a segment removes names whose creator (same pid namespace, pid in
- * the name) no longer exists.
+ * the name) no longer exists, and so does chorusrun once its ranks have exited. That window (the
+ * receiver's shm_open in setup to the sender's shm_unlink just after its mmap) spans the exchange
+ * of the setup messages; a segment whose creator is gone is unusable anyway.
  *
  * Each end keeps the fd open and holds an open-file-description write lock on its own byte (see
  * shm.h): shm_segment_peer_alive() asks the kernel whether the peer's lock still exists.
@@ -79,16 +81,16 @@ static uint64_t shm_make_name(char *name, size_t len) {
 }
 
 /* A segment has a name only between the receiver's setup and the sender's mapping; a process
- * killed inside that window leaves the name behind. Once per process, before creating its first
- * segment, remove such names: made in our pid namespace by a process that no longer exists. Live
- * processes' segments and other namespaces' are never touched. */
-static void shm_janitor(void) {
-    static int done;
-    if (__atomic_exchange_n(&done, 1, __ATOMIC_ACQ_REL)) return;
+ * killed inside that window leaves the name behind. Remove such names: made in our pid namespace
+ * by a process that no longer exists. Live processes' segments and other namespaces' are never
+ * touched. Runs once per process before its first segment (shm_janitor), and in chorusrun once
+ * its ranks are gone, so a job killed whole during connection setup leaves nothing behind. */
+int shm_sweep_orphans(void) {
+    int removed = 0;
     uint64_t ns = shm_pid_ns();
-    if (ns == 0) return;
+    if (ns == 0) return 0;
     DIR *d = opendir("/dev/shm");
-    if (!d) return;
+    if (!d) return 0;
     struct dirent *e;
     while ((e = readdir(d)) != NULL) {
         int pid = 0;
@@ -97,11 +99,20 @@ static void shm_janitor(void) {
         if (seg_ns != ns || pid <= 0 || kill(pid, 0) == 0 || errno != ESRCH) continue;
         char path[sizeof(e->d_name) + 1];
         snprintf(path, sizeof(path), "/%s", e->d_name);
-        if (shm_unlink(path) == 0)
+        if (shm_unlink(path) == 0) {
+            removed++;
             INFO(SUB_SHM | SUB_INIT, "shm: removed %s, left by pid %d which no longer exists", path,
                  pid);
+        }
     }
     closedir(d);
+    return removed;
+}
+
+static void shm_janitor(void) {
+    static int done;
+    if (__atomic_exchange_n(&done, 1, __ATOMIC_ACQ_REL)) return;
+    (void)shm_sweep_orphans();
 }
 
 static void shm_bind_numa(void *addr, size_t bytes, int numa_node) {

@@ -119,22 +119,25 @@ static ncclResult_t tcp_conn_alloc_data(tcp_conn_t *tc) {
     tc->slot_dsock = calloc(n, sizeof(int));
     if (posix_memalign((void **)&tc->socks, 64, (size_t)tc->nsocks * sizeof(tcp_sock_t)) != 0)
         tc->socks = NULL;
-    /* Before any failure path: tcp_close closes every socket fd that is not -1. */
-    for (int i = 0; tc->socks && i < tc->nsocks; i++) {
-        memset(&tc->socks[i], 0, sizeof(tc->socks[i]));
-        tc->socks[i].fd = -1;
-        tc->socks[i].index = i;
-    }
     if (tc->nthreads > 0 &&
         posix_memalign((void **)&tc->threads, 64, (size_t)tc->nthreads * sizeof(tcp_thread_t)) != 0)
         tc->threads = NULL;
+    /* Zeroed at once: if another allocation fails, close() must see threads that never started
+     * and sockets that were never opened. */
+    if (tc->threads) memset(tc->threads, 0, (size_t)tc->nthreads * sizeof(tcp_thread_t));
+    if (tc->socks) {
+        memset(tc->socks, 0, (size_t)tc->nsocks * sizeof(tcp_sock_t));
+        for (int i = 0; i < tc->nsocks; i++) {
+            tc->socks[i].fd = -1;
+            tc->socks[i].index = i;
+        }
+    }
     if (!tc->slots || !tc->slot_size || !tc->slot_npieces || !tc->slot_done || !tc->slot_ready ||
         !tc->slot_recvd || !tc->slot_rsize || !tc->slot_src || !tc->slot_direct ||
         !tc->slot_dsock || !tc->socks || (tc->nthreads > 0 && !tc->threads)) {
         WARN("tcp: out of memory for %d slots of %zu bytes", tc->nslots, tc->slot_bytes);
         return ncclSystemError;
     }
-    if (tc->nthreads > 0) memset(tc->threads, 0, (size_t)tc->nthreads * sizeof(tcp_thread_t));
     tc->stop_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     if (tc->stop_fd < 0) {
         WARN("tcp: eventfd failed: %s", strerror(errno));
@@ -328,15 +331,24 @@ static ncclResult_t tcp_connect_recv(tcp_conn_t *tc, const tcp_blob_t *b) {
     tcp_pending_t pend[TCP_MAX_PENDING];
     int npend = 0, nready = 0;
     ncclResult_t res = ncclSuccess;
+    uint64_t warn_next_ns = 0;
     while (nready < tc->nsocks) {
         if (__atomic_load_n(abort_flag, __ATOMIC_ACQUIRE)) {
             res = ncclRemoteError;
             break;
         }
-        if (chorus_now_ns() > w.deadline_ns) {
+        const uint64_t now = chorus_now_ns();
+        if (now > w.deadline_ns) {
             res = ncclSystemError;
             break;
         }
+        if (chorus_warn_due(w.start_ns, now, &warn_next_ns))
+            WARN("tcp: rank %d still waiting for rank %d (%s) to connect to %s after %.0f s (%d "
+                 "of %d sockets; fails at %.0f s, CHORUS_TIMEOUT)",
+                 tc->rank, tc->peer, tc->comm->peers[tc->peer].hostname,
+                 tcp_addr_str(&tc->listen_addr, str, sizeof(str)),
+                 (double)(now - w.start_ns) * 1e-9, nready, tc->nsocks,
+                 (double)(w.deadline_ns - w.start_ns) * 1e-9);
         struct pollfd pfd[TCP_MAX_PENDING + 1];
         pfd[0] = (struct pollfd){.fd = tc->listen_fd, .events = POLLIN};
         for (int i = 0; i < npend; i++)

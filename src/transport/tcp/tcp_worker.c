@@ -460,6 +460,9 @@ void tcp_threads_stop(tcp_conn_t *tc) {
         (void)w;
     }
     tcp_event_signal(&tc->release_ev);
+    /* A connection closed before connect() got as far as allocating its threads (its peer died
+     * during setup) has nthreads set but no thread array: nothing was started. */
+    if (tc->threads == NULL) return;
     for (int t = 0; t < tc->nthreads; t++) {
         tcp_thread_t *th = &tc->threads[t];
         tcp_event_signal(&th->ev);
