@@ -95,6 +95,7 @@ class Trial:
         env = dict(os.environ)
         env.update({
             "WORLD_SIZE": str(n), "NCCL_COMM_ID": "%s:%d" % (addr, port),
+            "CHORUS_JOB_SECRET": os.urandom(16).hex(),
             "CHORUS_TIMEOUT": str(a.timeout), "FAULT_VICTIM": str(self.victim),
             "FAULT_SIGNAL": self.sig, "FAULT_STAGE": self.stage,
             "LD_LIBRARY_PATH": os.path.join(a.build, "lib"), "NCCL_DEBUG": "WARN",
