@@ -3,6 +3,7 @@
 
 #include <arpa/inet.h>
 #include <dirent.h>
+#include <errno.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -57,14 +58,35 @@ RunResult run_threads(int nranks, const RankFn &fn, double timeout_s) {
     return res;
 }
 
+// gcc 12's AddressSanitizer does not take its allocator's locks around fork(): a child forked
+// while another thread of the parent (the bootstrap root that ncclGetUniqueId started, busy with
+// the ranks forked before) holds one inherits it locked and hangs at its first allocation. In
+// ASan builds the ranks therefore wait at a gate until all of them are forked, so that no rank
+// has yet talked to the root while the parent forks.
+#if defined(__SANITIZE_ADDRESS__)
+static const bool kForkGate = true;
+#else
+static const bool kForkGate = false;
+#endif
+
 RunResult run_forked(int nranks, const RankFn &fn, double timeout_s) {
     RunResult res;
     fflush(stdout);
     fflush(stderr);
+    int gate[2] = {-1, -1};
+    if (kForkGate && pipe(gate) != 0) gate[0] = gate[1] = -1;
     std::vector<pid_t> pids(nranks, -1);
     for (int r = 0; r < nranks; r++) {
         pid_t pid = fork();
         if (pid == 0) {
+            if (gate[0] >= 0) {
+                // Opens when the parent closes its write end (every child closes its own).
+                close(gate[1]);
+                char c;
+                while (read(gate[0], &c, 1) < 0 && errno == EINTR) {
+                }
+                close(gate[0]);
+            }
             int rc = fn(r, nranks);
             fflush(stdout);
             fflush(stderr);
@@ -76,6 +98,10 @@ RunResult run_forked(int nranks, const RankFn &fn, double timeout_s) {
             continue;
         }
         pids[r] = pid;
+    }
+    if (gate[0] >= 0) {
+        close(gate[1]);
+        close(gate[0]);
     }
     double deadline = now_s() + timeout_s;
     int left = 0;
