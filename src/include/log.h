@@ -42,17 +42,22 @@ extern int chorus_log_level;      /* -1 until initialised */
 extern uint64_t chorus_log_subsys; /* mask of enabled subsystems */
 
 void chorus_log_init(void);
+/* The level, read atomically: ncclResetDebugInit may set it back to -1 while other threads log. */
+static inline int chorus_log_level_now(void) {
+    return __atomic_load_n(&chorus_log_level, __ATOMIC_ACQUIRE);
+}
 void chorus_log_reset(void);
 /* The rank printed in `[rank]`; thread-local, set by whoever works for a communicator. */
 void chorus_log_set_rank(int rank);
 void chorus_log(chorus_log_level_t level, uint64_t subsys, const char *file, int line,
                 const char *fmt, ...) __attribute__((format(printf, 5, 6)));
-/* Text of the last WARN in this process (ncclGetLastError). */
+/* Text of the last WARN in this process (ncclGetLastError): a copy owned by the calling thread,
+ * valid until its next call. */
 const char *chorus_log_last_error(void);
 
 #define CHORUS_LOG_ON(lvl, sub)                                                                    \
-    (__builtin_expect(chorus_log_level < 0, 0) ? (chorus_log_init(), 0) : 0,                       \
-     chorus_log_level >= (lvl) && (chorus_log_subsys & (uint64_t)(sub)))
+    (__builtin_expect(chorus_log_level_now() < 0, 0) ? (chorus_log_init(), 0) : 0,                 \
+     chorus_log_level_now() >= (lvl) && (chorus_log_subsys & (uint64_t)(sub)))
 
 #define WARN(...) chorus_log(LOG_WARN, SUB_ALL, __FILE__, __LINE__, __VA_ARGS__)
 #define INFO(sub, ...)                                                                             \
