@@ -31,7 +31,7 @@ fi
 #   1-8 thread ranks, eager connect, empty group p2p, the DDP ranks, ncclGetLastError under load.
 if [ "${CHORUS_TEST_SANITIZERS:-1}" != 0 ]; then
   CHORUS_TSAN_TESTS="${CHORUS_TSAN_TESTS:-[Tt]hreads|LastError}"
-  CHORUS_TSAN_EXCLUDE="${CHORUS_TSAN_EXCLUDE:-^Transports/|^Tcp|^Coll|^DdpModel}"
+  CHORUS_TSAN_EXCLUDE="${CHORUS_TSAN_EXCLUDE:-^Transports/|^Tcp|^Coll|^DdpModel|^perf_run}"
   cmake -S . -B build-asan -DCHORUS_SANITIZE=address,undefined -DCHORUS_WERROR=ON >/dev/null
   cmake --build build-asan -j"$jobs"
   (cd build-asan && ctest --output-on-failure --timeout 900 -j2 -LE nightly)
