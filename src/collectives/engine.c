@@ -178,7 +178,7 @@ ncclResult_t coll_engine_finalize(struct ncclComm *comm) {
             for (coll_op_t *op = e->head; op; op = op->next) {
                 if (!op->done) {
                     op->result = r;
-                    op->done = 1;
+                    __atomic_store_n(&op->done, 1, __ATOMIC_RELAXED);
                 }
             }
             while (e->head) op_retire_locked(e);
@@ -200,7 +200,7 @@ void coll_engine_destroy(struct ncclComm *comm) {
     for (coll_op_t *op = e->head; op; op = op->next) {
         if (!op->done) {
             op->result = ncclInvalidUsage;
-            op->done = 1;
+            __atomic_store_n(&op->done, 1, __ATOMIC_RELAXED);
         }
     }
     while (e->head) op_retire_locked(e);
@@ -298,7 +298,7 @@ static void engine_enqueue_locked(coll_op_t *op) {
     if (e->broken) {
         op->result = ncclInvalidUsage;
         snprintf(op->fail_text, sizeof(op->fail_text), "%s", e->broken_text);
-        op->done = 1;
+        __atomic_store_n(&op->done, 1, __ATOMIC_RELAXED);
         WARN("%s #%llu: communicator is unusable after an earlier failure: %s",
              coll_kind_name(op->coll), (unsigned long long)op->seq, e->broken_text);
     }
@@ -339,7 +339,7 @@ void coll_op_fail(coll_op_t *op, ncclResult_t res, const char *fmt, ...) {
     double t = (double)chorus_param_int(PARAM_TIMEOUT);
     if (t > 10) t = 10;
     /* An abort or a passed deadline gives no time to drain: the peers are not coming. */
-    if (res == ncclSystemError || comm->abort_flag) t = 0.5;
+    if (res == ncclSystemError || __atomic_load_n(&comm->abort_flag, __ATOMIC_ACQUIRE)) t = 0.5;
     op->fail_deadline = chorus_now_ns() + (uint64_t)(t * 1e9);
     if (!e->broken) {
         e->broken = res;
@@ -375,7 +375,9 @@ static ncclResult_t op_fail_progress(coll_op_t *op) {
         else ok = 1;
         all &= ok;
     }
-    if (all || chorus_now_ns() > op->fail_deadline || op->comm->abort_flag) op->done = 1;
+    if (all || chorus_now_ns() > op->fail_deadline ||
+        __atomic_load_n(&op->comm->abort_flag, __ATOMIC_ACQUIRE))
+        __atomic_store_n(&op->done, 1, __ATOMIC_RELAXED);
     return ncclSuccess;
 }
 
@@ -392,7 +394,7 @@ static void engine_progress_locked(struct coll_engine *e, int *progressed_p) {
             if (!started) {
                 op->result = ncclInvalidUsage;
                 snprintf(op->fail_text, sizeof(op->fail_text), "%s", e->broken_text);
-                op->done = 1;
+                __atomic_store_n(&op->done, 1, __ATOMIC_RELAXED);
                 *progressed_p = 1;
                 continue;
             }
@@ -417,7 +419,7 @@ static void engine_progress_locked(struct coll_engine *e, int *progressed_p) {
         }
         if (done == 2) *progressed_p = 1; /* moved without finishing */
         if (done == 1) {
-            op->done = 1;
+            __atomic_store_n(&op->done, 1, __ATOMIC_RELAXED);
             op->result = ncclSuccess;
             if (op->uses_ring) e->ring_served++;
             *progressed_p = 1;
@@ -469,6 +471,7 @@ static const char *op_where(const coll_op_t *op, char *buf, size_t len) {
     return buf;
 }
 
+/* Read without the engine lock: every store to op->done is atomic for that reason. */
 static int op_retired(const coll_op_t *op) {
     return __atomic_load_n(&op->done, __ATOMIC_ACQUIRE) == 2;
 }
@@ -542,7 +545,7 @@ void coll_engine_async_stalled(struct coll_engine *e, int progressed) {
         return;
     }
     const uint64_t stalled = now - e->async_stall_t0_ns;
-    const int aborted = e->comm->abort_flag;
+    const int aborted = __atomic_load_n(&e->comm->abort_flag, __ATOMIC_ACQUIRE);
     engine_unlock(&e->lock);
     coll_mismatch_stalled_engine(e, stalled);
     const uint64_t limit = (uint64_t)chorus_param_int(PARAM_TIMEOUT) * 1000000000ull;
@@ -559,7 +562,8 @@ void coll_engine_async_stalled(struct coll_engine *e, int progressed) {
  * held: e, if this thread holds its lock already. Lets the lock go. */
 static void api_ref_drop(struct ncclComm *comm, struct coll_engine *e, struct coll_engine *held) {
     if (held == NULL) engine_lock(&e->lock);
-    comm->api_refs_locked--;
+    /* Atomic although under the lock: wait_api_quiet (destroy.c) reads it without the lock. */
+    __atomic_sub_fetch(&comm->api_refs_locked, 1, __ATOMIC_RELEASE);
     engine_unlock(&e->lock);
 }
 
@@ -618,7 +622,7 @@ static ncclResult_t engine_wait(coll_op_t **ops, int nops, struct coll_engine *h
              * whose waits yield at once. */
             int aborted = 0, oversubscribed = 0;
             for (int i = 0; i < nops; i++) {
-                aborted |= ops[i]->comm->abort_flag;
+                aborted |= __atomic_load_n(&ops[i]->comm->abort_flag, __ATOMIC_ACQUIRE);
                 oversubscribed |= ops[i]->engine->oversubscribed;
             }
             if (!aborted && !oversubscribed) {
@@ -642,7 +646,8 @@ static ncclResult_t engine_wait(coll_op_t **ops, int nops, struct coll_engine *h
             held = NULL;
         }
         int aborted = 0;
-        for (int i = 0; i < nops; i++) aborted |= ops[i]->comm->abort_flag;
+        for (int i = 0; i < nops; i++)
+            aborted |= __atomic_load_n(&ops[i]->comm->abort_flag, __ATOMIC_ACQUIRE);
         ncclResult_t r = aborted ? ncclRemoteError : chorus_waiter_step(&w);
         if (r == ncclSuccess) {
             /* Stalled: now and then look for a peer that runs another op (mismatch.c). */
@@ -701,7 +706,7 @@ ncclResult_t coll_engine_wait(coll_op_t **ops, int nops) {
 ncclResult_t coll_engine_run(coll_op_t *op) {
     struct coll_engine *e = op->engine;
     engine_lock(&e->lock);
-    op->comm->api_refs_locked++;
+    __atomic_add_fetch(&op->comm->api_refs_locked, 1, __ATOMIC_ACQ_REL); /* see api_ref_drop */
     engine_enqueue_locked(op);
     return engine_wait(&op, 1, e, 1);
 }

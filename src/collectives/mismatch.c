@@ -197,7 +197,7 @@ static int mm_post(chorus_conn_t *conn, ncclResult_t res, int rank, const char *
 /* Tell every peer this rank can send to that the communicator is broken (engine lock held). */
 static void mm_spread_locked(struct coll_engine *e) {
     struct ncclComm *comm = e->comm;
-    if (!e->broken || comm->abort_flag || comm->nranks < 2) return;
+    if (!e->broken || __atomic_load_n(&comm->abort_flag, __ATOMIC_ACQUIRE) || comm->nranks < 2) return;
     const int nc = comm->nchannels, n = comm->nranks;
     if (e->err_posted == NULL) {
         e->err_posted = calloc((size_t)(nc + 2 * n), 1); /* then: which peers failed */

@@ -103,7 +103,7 @@ ncclResult_t coll_api_prepare(const coll_args_t *a, coll_op_t *mem, coll_op_t **
     const char *api = a->api;
     struct ncclComm *comm = a->comm;
     CHECK(comm_check_usable(comm, api));
-    if (comm->abort_flag) {
+    if (__atomic_load_n(&comm->abort_flag, __ATOMIC_ACQUIRE)) {
         WARN("%s: communicator %p was aborted", api, (void *)comm);
         return ncclInvalidUsage;
     }

@@ -83,7 +83,7 @@ int cuda_enqueue_wants(const coll_args_t *a) {
 static ncclResult_t cuda_op_check(coll_args_t *a) {
     struct ncclComm *comm = a->comm;
     CHECK(comm_check_usable(comm, a->api));
-    if (comm->abort_flag) {
+    if (__atomic_load_n(&comm->abort_flag, __ATOMIC_ACQUIRE)) {
         WARN("%s: communicator %p was aborted", a->api, (void *)comm);
         return ncclInvalidUsage;
     }

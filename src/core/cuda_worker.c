@@ -65,7 +65,7 @@ static void *cuda_worker_main(void *arg) {
         pthread_mutex_unlock(&st->lock);
         if (b == NULL) break; /* stop requested and nothing left */
         ncclResult_t res;
-        if (comm->abort_flag) res = ncclRemoteError;
+        if (__atomic_load_n(&comm->abort_flag, __ATOMIC_ACQUIRE)) res = ncclRemoteError;
         else res = cuda_batch_run(st, b);
         if (res != ncclSuccess) {
             comm_set_async_error(comm, res);

@@ -40,7 +40,10 @@ static int wait_api_quiet(struct ncclComm *comm, const char *api) {
         if (chorus_waiter_step(&w) != ncclSuccess) {
             WARN("%s: rank %d: %d call(s) on comm %p did not return within CHORUS_TIMEOUT; the "
                  "comm is left allocated",
-                 api, comm->rank, comm->api_refs + comm->api_refs_locked, (void *)comm);
+                 api, comm->rank,
+                 __atomic_load_n(&comm->api_refs, __ATOMIC_RELAXED) +
+                     __atomic_load_n(&comm->api_refs_locked, __ATOMIC_RELAXED),
+                 (void *)comm);
             return 0;
         }
     }

@@ -121,7 +121,7 @@ void chorus_log_set_rank(int rank) { t_rank = rank; }
 
 void chorus_log(chorus_log_level_t level, uint64_t subsys, const char *file, int line,
                 const char *fmt, ...) {
-    if (chorus_log_level < 0) chorus_log_init();
+    if (chorus_log_level_now() < 0) chorus_log_init();
     char msg[1024];
     va_list ap;
     va_start(ap, fmt);
@@ -132,7 +132,7 @@ void chorus_log(chorus_log_level_t level, uint64_t subsys, const char *file, int
         snprintf(g_last_error, sizeof(g_last_error), "%s", msg);
         pthread_mutex_unlock(&g_log_lock);
     }
-    if (chorus_log_level < (int)level) return;
+    if (chorus_log_level_now() < (int)level) return;
     if (level != LOG_WARN && !(chorus_log_subsys & subsys)) return;
     char head[160];
     int tid = (int)syscall(SYS_gettid);
@@ -150,14 +150,23 @@ void chorus_log(chorus_log_level_t level, uint64_t subsys, const char *file, int
     fflush(out);
 }
 
+/* The caller gets its own copy, taken under the lock: another thread's WARN may rewrite
+ * g_last_error at any moment, and a pointer to it could be read half old, half new. The copy
+ * stays valid until this thread's next call. */
+const char *chorus_log_last_error(void) {
+    static __thread char t_last_error[sizeof(g_last_error)];
+    pthread_mutex_lock(&g_log_lock);
+    memcpy(t_last_error, g_last_error, sizeof(t_last_error));
+    pthread_mutex_unlock(&g_log_lock);
+    return t_last_error;
+}
+
 static void chorus_log_version_line(void) {
     FILE *out = g_log_file ? g_log_file : stdout;
     fprintf(out, "%s:%d NCCL VERSION Chorus %s (NCCL API %d.%d.%d) from %s\n", g_host, (int)getpid(),
             CHORUS_VERSION_STRING, NCCL_MAJOR, NCCL_MINOR, NCCL_PATCH, chorus_library_path());
     fflush(out);
 }
-
-const char *chorus_log_last_error(void) { return g_last_error; }
 
 const char *chorus_library_path(void) {
     static char path[4096];

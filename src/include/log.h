@@ -42,6 +42,10 @@ extern int chorus_log_level;      /* -1 until initialised */
 extern uint64_t chorus_log_subsys; /* mask of enabled subsystems */
 
 void chorus_log_init(void);
+/* The level, read atomically: ncclResetDebugInit may set it back to -1 while other threads log. */
+static inline int chorus_log_level_now(void) {
+    return __atomic_load_n(&chorus_log_level, __ATOMIC_ACQUIRE);
+}
 void chorus_log_reset(void);
 /* The rank printed in `[rank]`; thread-local, set by whoever works for a communicator. */
 void chorus_log_set_rank(int rank);
@@ -52,12 +56,13 @@ const char *chorus_library_path(void);
 /* Once per process, at NCCL_DEBUG=VERSION or above: the line that tells Chorus from NVIDIA's
  * NCCL, which reports the same version code. Called at communicator init. */
 void chorus_log_version_once(void);
-/* Text of the last WARN in this process (ncclGetLastError). */
+/* Text of the last WARN in this process (ncclGetLastError): a copy owned by the calling thread,
+ * valid until its next call. */
 const char *chorus_log_last_error(void);
 
 #define CHORUS_LOG_ON(lvl, sub)                                                                    \
-    (__builtin_expect(chorus_log_level < 0, 0) ? (chorus_log_init(), 0) : 0,                       \
-     chorus_log_level >= (lvl) && (chorus_log_subsys & (uint64_t)(sub)))
+    (__builtin_expect(chorus_log_level_now() < 0, 0) ? (chorus_log_init(), 0) : 0,                 \
+     chorus_log_level_now() >= (lvl) && (chorus_log_subsys & (uint64_t)(sub)))
 
 #define WARN(...) chorus_log(LOG_WARN, SUB_ALL, __FILE__, __LINE__, __VA_ARGS__)
 #define INFO(sub, ...)                                                                             \

@@ -16,7 +16,8 @@
  * no op is NULL (optional ones point at the shared stubs in registry.c).
  *
  * Setup: each end calls setup(), which fills a blob (<= TRANSPORT_BLOB_BYTES) that the core sends to
- * the other end through the bootstrap; then each end calls connect() with the peer's blob.
+ * the other end through the bootstrap; then each end calls connect() with the peer's blob. Both
+ * blob pointers are aligned for any type (max_align_t), so a transport may use them as its struct.
  */
 #ifndef CHORUS_TRANSPORT_H_
 #define CHORUS_TRANSPORT_H_

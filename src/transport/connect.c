@@ -45,7 +45,10 @@ typedef struct {
     int32_t cause_rank; /* with a failure status: the rank whose failure started it, else -1 */
     uint32_t bytes;
     char transport[20];
-    unsigned char blob[TRANSPORT_BLOB_BYTES];
+    /* Aligned for any type: transports read and write their blob as a struct (transport.h).
+     * After the 44 bytes above it would otherwise sit at offset 44, misaligned for 8-byte
+     * fields. */
+    _Alignas(max_align_t) unsigned char blob[TRANSPORT_BLOB_BYTES];
 } transport_setup_msg_t;
 
 /* Bootstrap tag of a setup message: a 28-bit hash of (channel, caller's tag) plus the author's

@@ -3,6 +3,7 @@
 
 #include <arpa/inet.h>
 #include <dirent.h>
+#include <errno.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -13,6 +14,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <thread>
@@ -57,14 +59,63 @@ RunResult run_threads(int nranks, const RankFn &fn, double timeout_s) {
     return res;
 }
 
+// gcc 12's AddressSanitizer does not take its allocator's locks around fork(): a child forked
+// while another thread of the parent (the bootstrap root that ncclGetUniqueId started, setting
+// itself up or serving the ranks forked before) holds one inherits it locked and hangs at its
+// first allocation. In ASan builds the ranks therefore wait at a gate until all of them are
+// forked, so that no rank talks to the root while the parent forks, and each fork waits (at most
+// a second) until every other thread of the parent sleeps in the kernel, out of the allocator.
+#if defined(__SANITIZE_ADDRESS__)
+static const bool kForkGate = true;
+#else
+static const bool kForkGate = false;
+#endif
+
+static void wait_other_threads_asleep() {
+    double until = now_s() + 1.0;
+    const long self = (long)gettid();
+    for (;;) {
+        bool busy = false;
+        if (DIR *d = opendir("/proc/self/task")) {
+            while (dirent *e = readdir(d)) {
+                long tid = atol(e->d_name);
+                if (tid <= 0 || tid == self) continue;
+                char path[64], buf[512];
+                snprintf(path, sizeof(path), "/proc/self/task/%ld/stat", tid);
+                FILE *f = fopen(path, "r");
+                if (!f) continue;
+                size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+                fclose(f);
+                buf[n] = '\0';
+                const char *close_paren = strrchr(buf, ')'); // "tid (name) S ..."
+                if (close_paren && close_paren[1] == ' ' && close_paren[2] == 'R') busy = true;
+            }
+            closedir(d);
+        }
+        if (!busy || now_s() > until) return;
+        usleep(1000);
+    }
+}
+
 RunResult run_forked(int nranks, const RankFn &fn, double timeout_s) {
     RunResult res;
     fflush(stdout);
     fflush(stderr);
+    int gate[2] = {-1, -1};
+    if (kForkGate && pipe(gate) != 0) gate[0] = gate[1] = -1;
     std::vector<pid_t> pids(nranks, -1);
     for (int r = 0; r < nranks; r++) {
+        if (kForkGate) wait_other_threads_asleep();
         pid_t pid = fork();
         if (pid == 0) {
+            if (gate[0] >= 0) {
+                // Opens when the parent closes its write end (every child closes its own).
+                close(gate[1]);
+                char c;
+                while (read(gate[0], &c, 1) < 0 && errno == EINTR) {
+                }
+                close(gate[0]);
+            }
             int rc = fn(r, nranks);
             fflush(stdout);
             fflush(stderr);
@@ -76,6 +127,10 @@ RunResult run_forked(int nranks, const RankFn &fn, double timeout_s) {
             continue;
         }
         pids[r] = pid;
+    }
+    if (gate[0] >= 0) {
+        close(gate[1]);
+        close(gate[0]);
     }
     double deadline = now_s() + timeout_s;
     int left = 0;

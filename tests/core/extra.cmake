@@ -50,7 +50,7 @@ else()
 endif()
 
 add_test(NAME core_package_consumer
-         COMMAND ${CMAKE_COMMAND} -DCHORUS_BUILD_DIR=${CMAKE_BINARY_DIR}
+         COMMAND ${CMAKE_COMMAND} -DCHORUS_BUILD_DIR=${CMAKE_BINARY_DIR} -DSANITIZE=${CHORUS_SANITIZE}
                  -DCONSUMER_SOURCE_DIR=${CMAKE_CURRENT_LIST_DIR}/package_consumer
                  -DWORK_DIR=${CMAKE_BINARY_DIR}/tests/package_consumer
                  -P ${CMAKE_CURRENT_LIST_DIR}/package_consumer/run.cmake)

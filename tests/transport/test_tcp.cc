@@ -21,6 +21,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstddef>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -511,7 +512,9 @@ int stray_rank(const chorus_unique_id_t &id, int rank, int nranks) {
     conn.nslots = 4;
     conn.slot_bytes = 1 << 18;
     conn.ops = &tcp_transport_ops;
-    unsigned char blob[TRANSPORT_BLOB_BYTES], peer_blob[TRANSPORT_BLOB_BYTES];
+    // Aligned as transport_connect aligns the blobs it passes (transport.h).
+    alignas(max_align_t) unsigned char blob[TRANSPORT_BLOB_BYTES];
+    alignas(max_align_t) unsigned char peer_blob[TRANSPORT_BLOB_BYTES];
     size_t bytes = sizeof(blob);
     RANK_NCCL(tcp_transport_ops.setup(&conn, blob, &bytes));
     RANK_CHECK(bytes == sizeof(tcp_blob_t), "blob of %zu bytes", bytes);

@@ -512,11 +512,17 @@ RK_DEFINE(e4m3, uint8_t, rk_vf32, RK_W32, f32, float, RK_FSCALAR)
 RK_DEFINE(e5m2, uint8_t, rk_vf32, RK_W32, f32, float, RK_FSCALAR)
 
 /* SUMDIV's divide. Integers divide in 64 bits so that a divisor wider than the type (300 ranks
- * of int8) is not truncated; this runs once per collective, not per step, so scalar is fine. */
+ * of int8) is not truncated; this runs once per collective, not per step, so scalar is fine.
+ * Elements go through memcpy: user buffers need not be aligned to the element size (a misaligned
+ * int32_t or int64_t lvalue is undefined behaviour); the compiler makes each a plain move. */
 #define RK_DIV_INT(X, ST, WT)                                                                      \
     static void X##_divide(void *d, const void *x, size_t n, int nranks) {                         \
-        for (size_t i = 0; i < n; i++)                                                             \
-            ((ST *)d)[i] = (ST)((WT)((const ST *)x)[i] / (WT)nranks);                              \
+        for (size_t i = 0; i < n; i++) {                                                           \
+            ST v;                                                                                  \
+            memcpy(&v, (const char *)x + i * sizeof(ST), sizeof(ST));                              \
+            v = (ST)((WT)v / (WT)nranks);                                                          \
+            memcpy((char *)d + i * sizeof(ST), &v, sizeof(ST));                                    \
+        }                                                                                          \
     }
 #define RK_DIV_FLOAT(X, ST, CV, W, F, SCT)                                                         \
     static void X##_divide(void *d, const void *x, size_t n, int nranks) {                         \

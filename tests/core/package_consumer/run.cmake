@@ -24,8 +24,14 @@ foreach(f include/nccl.h include/chorus.h lib/libnccl.so.2 lib/libnccl.so lib/li
 endforeach()
 
 set(ENV{PKG_CONFIG_PATH} ${prefix}/lib/pkgconfig)
+# A sanitizer build of Chorus (-DSANITIZE=address,undefined etc.): the consumer links the same
+# sanitizer, whose runtime must come first in the program's library list.
+set(san_flags "")
+if(SANITIZE)
+  set(san_flags -DCMAKE_EXE_LINKER_FLAGS=-fsanitize=${SANITIZE})
+endif()
 run("configure consumer" ${CMAKE_COMMAND} -S ${CONSUMER_SOURCE_DIR} -B ${WORK_DIR}/build
-    -DCMAKE_PREFIX_PATH=${prefix} -DCMAKE_BUILD_TYPE=Release)
+    -DCMAKE_PREFIX_PATH=${prefix} -DCMAKE_BUILD_TYPE=Release ${san_flags})
 run("build consumer" ${CMAKE_COMMAND} --build ${WORK_DIR}/build)
 set(ENV{LD_LIBRARY_PATH} ${prefix}/lib)
 set(ENV{CHORUS_TIMEOUT} 60)
