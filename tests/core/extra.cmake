@@ -35,12 +35,18 @@ if(CHORUS_NCCL_H_DIR)
     set_tests_properties(core_abi_consumer_${n} PROPERTIES TIMEOUT 120 LABELS quick
                          ENVIRONMENT "CHORUS_TIMEOUT=60")
   endforeach()
-  # NCCL_DEBUG=VERSION tells Chorus from NVIDIA's NCCL (same version code) and says which file.
-  add_test(NAME core_version_line COMMAND abi_consumer 2)
-  set_tests_properties(core_version_line PROPERTIES TIMEOUT 120 LABELS quick
-    ENVIRONMENT "CHORUS_TIMEOUT=60;NCCL_DEBUG=VERSION"
-    PASS_REGULAR_EXPRESSION "NCCL VERSION Chorus [0-9.]+ \\(NCCL API 2\\.28\\.[0-9]+\\) from /[^ ]*libnccl\\.so")
+  # gcc 12's ASan does not take its allocator lock around fork(): a child forked while the
+  # parent's bootstrap root thread allocates can hang on it. abi_consumer N forks after
+  # ncclGetUniqueId, as many NCCL programs do, so under ASan only its chorusrun form runs.
+  if(CHORUS_SANITIZE MATCHES "address")
+    set_tests_properties(core_abi_consumer_2 core_abi_consumer_4 PROPERTIES DISABLED TRUE)
+  endif()
   if(TARGET chorusrun)
+    # NCCL_DEBUG=VERSION tells Chorus from NVIDIA's NCCL (same version code) and says which file.
+    add_test(NAME core_version_line COMMAND chorusrun -n 2 $<TARGET_FILE:abi_consumer>)
+    set_tests_properties(core_version_line PROPERTIES TIMEOUT 120 LABELS quick
+      ENVIRONMENT "CHORUS_TIMEOUT=60;NCCL_DEBUG=VERSION"
+      PASS_REGULAR_EXPRESSION "NCCL VERSION Chorus [0-9.]+ \\(NCCL API 2\\.28\\.[0-9]+\\) from /[^ ]*libnccl\\.so")
     add_test(NAME core_abi_consumer_chorusrun COMMAND chorusrun -n 4 $<TARGET_FILE:abi_consumer>)
     set_tests_properties(core_abi_consumer_chorusrun PROPERTIES TIMEOUT 120 LABELS quick
                          ENVIRONMENT "CHORUS_TIMEOUT=60")
