@@ -26,11 +26,14 @@
 
 extern "C" {
 #include "bootstrap.h"
+#include "bs_test_util.h"
 #include "log.h"
 #include "param.h"
 }
 
 using chorus_test::Launch;
+
+using chorus_test::connect_to;
 
 namespace {
 
@@ -64,16 +67,6 @@ struct ScopedEnv {
     }
 };
 
-int connect_to(const chorus_sockaddr_t &a) {
-    int fd = socket(a.sa.sa_family, SOCK_STREAM, 0);
-    if (fd < 0) return -1;
-    socklen_t len = a.sa.sa_family == AF_INET6 ? sizeof(sockaddr_in6) : sizeof(sockaddr_in);
-    if (connect(fd, &a.sa, len) != 0) {
-        close(fd);
-        return -1;
-    }
-    return fd;
-}
 
 // A free port below the ephemeral range (launch.h says why); a failure if there is none.
 int free_port() {

@@ -16,10 +16,13 @@
 #include "nccl.h"
 extern "C" {
 #include "bootstrap.h"
+#include "bs_test_util.h"
 #include "bootstrap/bs_internal.h"
 #include "log.h"
 #include "param.h"
 }
+
+using chorus_test::connect_to;
 
 namespace {
 
@@ -36,16 +39,6 @@ struct TimeoutEnv {
     }
 };
 
-int connect_to(const chorus_sockaddr_t &a) {
-    int fd = socket(a.sa.sa_family, SOCK_STREAM, 0);
-    if (fd < 0) return -1;
-    socklen_t len = a.sa.sa_family == AF_INET6 ? sizeof(sockaddr_in6) : sizeof(sockaddr_in);
-    if (connect(fd, &a.sa, len) != 0) {
-        close(fd);
-        return -1;
-    }
-    return fd;
-}
 
 bs_hello_t peer_hello(uint64_t secret, int rank, int nranks, int to_rank) {
     bs_hello_t h;

@@ -31,9 +31,12 @@
 
 extern "C" {
 #include "bootstrap.h"
+#include "bs_test_util.h"
 #include "log.h"
 #include "param.h"
 }
+
+using chorus_test::connect_to;
 
 namespace {
 
@@ -80,16 +83,6 @@ std::string root_addr() {
     return "127.0.0.1:" + std::to_string(port);
 }
 
-int connect_to(const chorus_sockaddr_t &a) {
-    int fd = socket(a.sa.sa_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0) return -1;
-    socklen_t len = a.sa.sa_family == AF_INET6 ? sizeof(sockaddr_in6) : sizeof(sockaddr_in);
-    if (connect(fd, &a.sa, len) != 0) {
-        close(fd);
-        return -1;
-    }
-    return fd;
-}
 
 // n silent connections to a; they stay open until the vector is closed with close_all.
 std::vector<int> open_silent(const chorus_sockaddr_t &a, int n) {
