@@ -562,8 +562,11 @@ void coll_engine_async_stalled(struct coll_engine *e, int progressed) {
  * held: e, if this thread holds its lock already. Lets the lock go. */
 static void api_ref_drop(struct ncclComm *comm, struct coll_engine *e, struct coll_engine *held) {
     if (held == NULL) engine_lock(&e->lock);
-    /* Atomic although under the lock: wait_api_quiet (destroy.c) reads it without the lock. */
-    __atomic_sub_fetch(&comm->api_refs_locked, 1, __ATOMIC_RELEASE);
+    /* Written only under the engine lock, read without it by wait_api_quiet (destroy.c): an
+     * atomic load and store, not a locked read-modify-write, on the small-call path. */
+    __atomic_store_n(&comm->api_refs_locked,
+                     __atomic_load_n(&comm->api_refs_locked, __ATOMIC_RELAXED) - 1,
+                     __ATOMIC_RELEASE);
     engine_unlock(&e->lock);
 }
 
@@ -706,7 +709,9 @@ ncclResult_t coll_engine_wait(coll_op_t **ops, int nops) {
 ncclResult_t coll_engine_run(coll_op_t *op) {
     struct coll_engine *e = op->engine;
     engine_lock(&e->lock);
-    __atomic_add_fetch(&op->comm->api_refs_locked, 1, __ATOMIC_ACQ_REL); /* see api_ref_drop */
+    __atomic_store_n(&op->comm->api_refs_locked, /* see api_ref_drop */
+                     __atomic_load_n(&op->comm->api_refs_locked, __ATOMIC_RELAXED) + 1,
+                     __ATOMIC_RELEASE);
     engine_enqueue_locked(op);
     return engine_wait(&op, 1, e, 1);
 }
