@@ -541,6 +541,23 @@ ncclResult_t prim_fail_send(coll_op_t *op, coll_use_t *send, int *ok_p) {
     *ok_p = 1;
     if (send->err_done) return ncclSuccess;
     chorus_conn_t *sc = send->conn;
+    if (send->used_direct) {
+        /* A direct chunk leaves the data in our buffer, which the caller may free as soon as
+         * this op returns: the receiver must be past it first (it reads it, or discards it in
+         * its own failure drain). A peer that is gone ends the wait; the drain deadline bounds
+         * it. The error chunk follows, so it cannot overtake the data it stands for. */
+        int drained = 0;
+        if (sc->ops->progress(sc) != ncclSuccess ||
+            sc->ops->send_drained(sc, &drained) != ncclSuccess) {
+            send->err_done = 1; /* the peer is gone: nothing to tell it */
+            return ncclSuccess;
+        }
+        if (!drained) {
+            *ok_p = 0;
+            return ncclSuccess;
+        }
+        send->used_direct = 0;
+    }
     void *slot;
     int ready = 0;
     if (sc->slot_bytes < sizeof(coll_err_chunk_t) ||
