@@ -115,13 +115,21 @@ int coll_ring_direct(const coll_op_t *op, int c) {
  * only sends), so a rank that disagrees about the root (or the count, dtype, ...) could not make
  * it fail. The rank at the edge's tail sends a header-only chunk on it when the op starts, and
  * the rank at its head takes and checks it (prims.c's header check) before its channel is done:
- * every edge of the ring then carries exactly one header per op, each rank checks its
- * predecessor's, and ranks that disagree about the root, which take different edges for the
- * data, meet a header they do not expect instead of waiting for each other. The head peeks for
- * it at every pass while it sends, so a mismatch there is seen even when its sends are stuck.
+ * every edge of the ring then carries a header per op, each rank checks its predecessor's, and
+ * ranks that disagree about the root, which take different edges for the data, meet a header
+ * they do not expect instead of waiting for each other. The head peeks for it at every pass
+ * while it sends, so a mismatch there is seen even when its sends are stuck.
+ *
+ * On 3 or more ranks that early header only says that the root's predecessor agrees: a rank
+ * further down the chain that takes itself for the root fails, and so does everyone after it,
+ * but the root would not hear of it. So a broadcast's tail sends a second header once its first
+ * data chunk has arrived and passed its own check: every rank before it on the chain checked
+ * its predecessor's header before forwarding, so the second header reaches the root only when
+ * the whole chain agrees; otherwise the tail fails and the root takes its error chunk instead.
  * ECHO_SEND: this rank is the edge's tail, ECHO_RECV: its head. The head's wait costs a
- * broadcast root (a reduce chain's first rank) about one hop on small ops, which it used to
- * finish without waiting for anyone: CHORUS_ROOT_CHECK=0 leaves the edge unused. */
+ * broadcast root one trip of the first chunk round the ring (a reduce chain's first rank one
+ * hop), which it used to finish without waiting for anyone: CHORUS_ROOT_CHECK=0 leaves the edge
+ * unused. */
 enum { ECHO_NONE = 0, ECHO_SEND, ECHO_RECV };
 
 static int ring_echo_role(const coll_op_t *op, const coll_ring_at_t *at) {
@@ -136,25 +144,44 @@ static int ring_echo_role(const coll_op_t *op, const coll_ring_at_t *at) {
     return ECHO_NONE;
 }
 
-/* Send or take the closing edge's header (nothing once done); *pending_p: still to do. */
+/* Send or take the closing edge's headers (nothing once done); *pending_p: still to do. */
 static ncclResult_t ring_echo_step(coll_op_t *op, coll_chan_t *ch, int role, int *moved_p,
                                    int *pending_p) {
     static char echo_sink; /* a header-only chunk copies no data */
-    coll_chunk_t cc = {0};
-    int ok = 0;
+    const int late = op->coll == COLL_BROADCAST && op->comm->nranks >= 3;
     *pending_p = 0;
-    if (role == ECHO_SEND && ch->send.hdr_pending) {
-        cc.kind = PRIM_SEND;
-        CHECK(prim_step(op, NULL, &ch->send, &cc, &ok));
-        *pending_p = !ok;
-    } else if (role == ECHO_RECV && ch->recv.hdr_pending) {
-        cc.kind = PRIM_RECV;
-        cc.dst = &echo_sink;
-        CHECK(prim_step(op, &ch->recv, NULL, &cc, &ok));
-        *pending_p = !ok;
+    for (;;) {
+        coll_chunk_t cc = {0};
+        int ok = 0;
+        if (role == ECHO_SEND) {
+            if (!ch->send.hdr_pending) {
+                /* The early header is out; the late one follows the first data chunk. */
+                if (!late || ch->echo_late) return ncclSuccess;
+                if (ch->recv.hdr_pending) {
+                    *pending_p = 1;
+                    return ncclSuccess;
+                }
+                ch->send.hdr_pending = 1;
+                ch->echo_late = 1;
+            }
+            cc.kind = PRIM_SEND;
+            CHECK(prim_step(op, NULL, &ch->send, &cc, &ok));
+        } else {
+            if (!ch->recv.hdr_pending) {
+                if (!late || ch->echo_late) return ncclSuccess;
+                ch->recv.hdr_pending = 1;
+                ch->echo_late = 1;
+            }
+            cc.kind = PRIM_RECV;
+            cc.dst = &echo_sink;
+            CHECK(prim_step(op, &ch->recv, NULL, &cc, &ok));
+        }
+        if (!ok) {
+            *pending_p = 1;
+            return ncclSuccess;
+        }
+        *moved_p = 1;
     }
-    if (ok) *moved_p = 1;
-    return ncclSuccess;
 }
 
 ncclResult_t coll_ring_drive(coll_op_t *op, size_t loop_elems, long loop_steps,
@@ -174,6 +201,7 @@ ncclResult_t coll_ring_drive(coll_op_t *op, size_t loop_elems, long loop_steps,
         while (!ch->done) {
             if (ch->base >= ch->end) {
                 int d;
+                if (echo_pending) CHECK(ring_echo_step(op, ch, echo, &moved, &echo_pending));
                 if (echo_pending) break;
                 CHECK(coll_ring_channel_end(op, ch, &d));
                 break;
@@ -188,6 +216,7 @@ ncclResult_t coll_ring_drive(coll_op_t *op, size_t loop_elems, long loop_steps,
                             uses & COLL_RING_TX ? &ch->send : NULL, &cc, &ok));
             if (!ok) break;
             moved = 1;
+            if (echo_pending) CHECK(ring_echo_step(op, ch, echo, &moved, &echo_pending));
             if (++ch->step == loop_steps) {
                 ch->step = 0;
                 ch->base += at.len;

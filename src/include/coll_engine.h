@@ -94,6 +94,7 @@ typedef struct {
     size_t base;       /* start of the current loop */
     int step;          /* step within the loop */
     int done;
+    int echo_late;     /* broadcast on 3+ ranks: the closing edge's second header has passed */
     coll_use_t send, recv;
 } coll_chan_t;
 
