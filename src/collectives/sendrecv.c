@@ -16,6 +16,18 @@
  * of one header-only chunk, matched like any other (as in NCCL since 2.12.10: programs synchronise
  * with empty messages, and a count-0 send against a receive of more is a reported mismatch).
  * Count-0 all-to-all, gather and scatter are collectives, and no-ops.
+ *
+ * Gather and scatter check the root (CHORUS_ROOT_CHECK, on by default): a rank that talks only to
+ * the root cannot see that another rank disagrees about who the root is, and two ranks that each
+ * take themselves for a gather's root would only receive, waiting for each other until the
+ * timeout. So every pair (root, rank) carries traffic both ways, and the root confirms last:
+ *   gather:  the root sends each rank a header-only chunk first (two self-taken roots then meet
+ *            a header they do not expect), receives the blocks, then sends each a second header;
+ *   scatter: the root sends the blocks, each rank answers with a header-only chunk, and once all
+ *            answers are in the root sends each a second header.
+ * The root's second header leaves only after every receive of its op passed its header check, so
+ * a rank that takes it knows the whole op agreed; a root that failed sends its error chunk there
+ * instead. The cost is about one round trip to the root for every rank.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -24,6 +36,7 @@
 #include "coll_engine.h"
 #include "comm.h"
 #include "core.h"
+#include "param.h"
 
 static void xfer_add(coll_op_t *op, int peer, int is_send, const void *buf, size_t bytes) {
     coll_xfer_t *x = &op->xfer[op->nxfer++];
@@ -34,11 +47,26 @@ static void xfer_add(coll_op_t *op, int peer, int is_send, const void *buf, size
     x->bytes = bytes;
 }
 
+/* The header-only transfers of the gather/scatter root check, on the root or another rank. */
+static void xfer_add_root_check(coll_op_t *op, int late) {
+    const int n = op->comm->nranks, me = op->comm->rank;
+    if (me != op->root) {
+        xfer_add(op, op->root, 0, NULL, 0);
+        return;
+    }
+    for (int i = 1; i < n; i++) {
+        xfer_add(op, (me + i) % n, 1, NULL, 0);
+        op->xfer[op->nxfer - 1].after_recvs = late;
+    }
+}
+
 static ncclResult_t p2p_setup(coll_op_t *op) {
     struct ncclComm *comm = op->comm;
     const int n = comm->nranks, me = comm->rank;
     const size_t blk = op->count * op->esize;
-    int max = op->coll == COLL_SEND || op->coll == COLL_RECV ? 1 : 2 * n;
+    const int check = (op->coll == COLL_GATHER || op->coll == COLL_SCATTER) &&
+                      chorus_param_int(PARAM_ROOT_CHECK) != 0;
+    int max = op->coll == COLL_SEND || op->coll == COLL_RECV ? 1 : 3 * n;
     if (max <= 2) {
         op->xfer = op->xfer_inline;
     } else {
@@ -62,6 +90,7 @@ static ncclResult_t p2p_setup(coll_op_t *op) {
         }
         break;
     case COLL_GATHER:
+        if (check) xfer_add_root_check(op, 0);
         if (me != op->root) {
             xfer_add(op, op->root, 1, sb, blk);
         } else {
@@ -70,16 +99,21 @@ static ncclResult_t p2p_setup(coll_op_t *op) {
                 xfer_add(op, from, 0, rb + (size_t)from * blk, blk);
             }
         }
+        if (check) xfer_add_root_check(op, 1);
         break;
     case COLL_SCATTER:
         if (me != op->root) {
             xfer_add(op, op->root, 0, rb, blk);
+            if (check) xfer_add(op, op->root, 1, NULL, 0);
         } else {
             for (int i = 1; i < n; i++) {
                 int to = (me + i) % n;
                 xfer_add(op, to, 1, sb + (size_t)to * blk, blk);
             }
+            if (check)
+                for (int i = 1; i < n; i++) xfer_add(op, (me + i) % n, 0, NULL, 0);
         }
+        if (check) xfer_add_root_check(op, 1);
         break;
     default: return ncclInternalError;
     }
@@ -143,9 +177,15 @@ static ncclResult_t p2p_progress(coll_op_t *op, int *done_p) {
         op->round = 1;
         moved = 1;
     }
+    int recvs_done = 1;
+    for (int i = 0; i < op->nxfer; i++) recvs_done &= op->xfer[i].is_send || op->xfer[i].done;
     for (int i = 0; i < op->nxfer; i++) {
         coll_xfer_t *x = &op->xfer[i];
         if (x->done) continue;
+        if (x->after_recvs && !recvs_done) {
+            all = 0;
+            continue;
+        }
         uint64_t *served = x->is_send ? &e->p2p_send_served[x->peer] : &e->p2p_recv_served[x->peer];
         if (*served != x->use.ticket) {
             all = 0;

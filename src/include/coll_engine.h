@@ -108,6 +108,7 @@ typedef struct {
     int started;
     int done;
     int round;         /* low-latency algorithms: which round this transfer belongs to */
+    int after_recvs;   /* starts once every receive of the op is done (gather/scatter check) */
     coll_use_t use;
 } coll_xfer_t;
 
