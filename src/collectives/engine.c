@@ -124,14 +124,67 @@ static void op_retire_locked(struct coll_engine *e) {
     if (last) op_free(op);
 }
 
+/* Take and drop every chunk that waits on this rank's receive connections. Called once no op is
+ * queued, so nothing will read them: they are sends that no receive matched (an ncclSend whose
+ * peer never called ncclRecv, or received less), or what a failed op left. A direct chunk is read
+ * into scratch first, as TCP keeps its payload in the socket ahead of the next chunk. The first
+ * unmatched chunk from each peer is reported with the op its header names. Returns how many
+ * connections had one. */
+static int engine_discard_unmatched(struct ncclComm *comm, int quiet) {
+    int n = comm->nranks, found = 0;
+    for (int i = 0; i < comm->nchannels + n; i++) {
+        chorus_conn_t *conn = i < comm->nchannels ? &comm->channels[i].recv
+                                                  : (comm->p2p_recv ? comm->p2p_recv[i - comm->nchannels] : NULL);
+        if (conn == NULL || !__atomic_load_n(&conn->connected, __ATOMIC_ACQUIRE)) continue;
+        int reported = 0;
+        for (int k = 0; k < 64; k++) {
+            const void *data;
+            size_t bytes;
+            int ready = 0;
+            if (conn->ops->recv_peek(conn, &data, &bytes, &ready) != ncclSuccess || !ready) break;
+            if (!reported && !quiet) {
+                char what[128] = "a chunk without an op header";
+                const coll_hdr_t *h = data;
+                if (data && bytes >= COLL_HDR_BYTES && h->magic == COLL_HDR_MAGIC) {
+                    char d[96];
+                    coll_hdr_describe(h, d, sizeof(d));
+                    snprintf(what, sizeof(what), "%s #%llu", d, (unsigned long long)h->seq);
+                } else if (data && bytes == sizeof(coll_err_chunk_t) &&
+                           ((const coll_err_chunk_t *)data)->magic == COLL_ERR_MAGIC) {
+                    snprintf(what, sizeof(what), "an error report");
+                }
+                WARN("rank %d: data from rank %d (%s) that no receive took is dropped at "
+                     "finalize: %s (%s)", comm->rank, conn->peer,
+                     comm->peers ? comm->peers[conn->peer].hostname : "?", what,
+                     conn->channel < 0 ? "a send with no matching ncclRecv, or a receive of "
+                                         "fewer bytes"
+                                       : "a collective's chunk");
+                reported = 1;
+                found++;
+            }
+            if (data == NULL) {
+                void *scratch = malloc(bytes ? bytes : 1);
+                ncclResult_t cr = scratch ? conn->ops->recv_copy(conn, scratch, bytes) : ncclSystemError;
+                free(scratch);
+                if (cr != ncclSuccess) break;
+            }
+            if (conn->ops->recv_release(conn) != ncclSuccess) break;
+        }
+    }
+    return found;
+}
+
 /* Before the transports close: wait until every chunk this rank committed has been consumed, so
  * a rank that finished early (the start of a chain, a sender) does not tear down a connection
- * whose data is still in flight (TCP helper threads, slots not yet read). A peer that is gone or
- * already closed ends the wait for that connection; the deadline bounds it. */
-static void engine_drain_sends(struct ncclComm *comm) {
+ * whose data is still in flight (TCP helper threads, slots not yet read). Meanwhile drop what
+ * arrives that no receive took, so that two ranks that each sent the other a message nobody
+ * receives do not wait for each other until the deadline. A peer that is gone or already closed
+ * ends the wait for that connection; the deadline bounds it. Returns ncclInvalidUsage when data
+ * was dropped. */
+static ncclResult_t engine_drain_sends(struct ncclComm *comm) {
     chorus_waiter_t w;
     chorus_waiter_init(&w, &comm->abort_flag);
-    int n = comm->nranks;
+    int n = comm->nranks, dropped = engine_discard_unmatched(comm, 0);
     for (int i = 0; i < comm->nchannels + n; i++) {
         chorus_conn_t *conn = i < comm->nchannels ? &comm->channels[i].send
                                                   : (comm->p2p_send ? comm->p2p_send[i - comm->nchannels] : NULL);
@@ -139,18 +192,26 @@ static void engine_drain_sends(struct ncclComm *comm) {
          * setting up (ncclCommAbort runs this while a blocked call may be inside its setup) must
          * not be touched. Aborting: nothing waits for peers. */
         if (conn == NULL || !__atomic_load_n(&conn->connected, __ATOMIC_ACQUIRE)) continue;
-        if (__atomic_load_n(&comm->abort_flag, __ATOMIC_ACQUIRE)) return;
+        if (__atomic_load_n(&comm->abort_flag, __ATOMIC_ACQUIRE)) break;
         while (1) {
             int done = 0;
             if (conn->ops->progress(conn) != ncclSuccess) break;
             if (conn->ops->send_drained(conn, &done) != ncclSuccess || done) break;
+            int more = engine_discard_unmatched(comm, 0);
+            dropped += more;
+            if (more) {
+                chorus_waiter_progress(&w);
+                continue;
+            }
             if (chorus_waiter_step(&w) != ncclSuccess) {
                 INFO(SUB_COLL, "rank %d: chunks to rank %d not consumed before close", comm->rank,
                      conn->peer);
-                return;
+                return dropped ? ncclInvalidUsage : ncclSuccess;
             }
         }
     }
+    dropped += engine_discard_unmatched(comm, 0); /* what came while ours drained */
+    return dropped ? ncclInvalidUsage : ncclSuccess;
 }
 
 ncclResult_t coll_engine_finalize(struct ncclComm *comm) {
@@ -188,7 +249,10 @@ ncclResult_t coll_engine_finalize(struct ncclComm *comm) {
         }
     }
     engine_stop_thread(e);
-    if (res == ncclSuccess && !e->broken) engine_drain_sends(comm);
+    if (res == ncclSuccess && !e->broken) res = engine_drain_sends(comm);
+    /* After a failure, still release the peers that wait for our receives to take their data
+     * (what a failed op left is already reported). */
+    else if (!__atomic_load_n(&comm->abort_flag, __ATOMIC_ACQUIRE)) (void)engine_discard_unmatched(comm, 1);
     return res;
 }
 

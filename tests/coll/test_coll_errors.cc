@@ -223,6 +223,52 @@ TEST(CollMismatch, FirstOpOfNineRanksPicksDifferentConnections) {
     EXPECT_TRUE(res.ok()) << res.detail;
 }
 
+// Two ranks each send the other a message that no ncclRecv takes (the sends complete: the data
+// fits the connection's slots, as in NCCL). Finalize used to wait until CHORUS_TIMEOUT for the
+// data to be consumed and then return success; now each rank drops what it was sent, names it
+// in a WARN and returns ncclInvalidUsage at once.
+class CollUnmatched : public ::testing::TestWithParam<std::tuple<Launch, const char *>> {};
+TEST_P(CollUnmatched, SendsNoReceiveTookAreReportedAtFinalize) {
+    setenv("CHORUS_TIMEOUT", "60", 1);
+    const bool tcp = std::get<1>(GetParam())[0] != 0;
+    if (tcp) setenv("CHORUS_TRANSPORT", std::get<1>(GetParam()), 1);
+    ncclResetDebugInit();
+    ncclUniqueId id = chorus_test::make_unique_id();
+    auto res = chorus_test::run_ranks(std::get<0>(GetParam()), 2, [&](int rank, int nr) -> int {
+        ncclComm_t comm;
+        RANK_NCCL(ncclCommInitRank(&comm, nr, id, rank));
+        std::vector<float> a(1000, 1.0f);
+        // A small all-reduce first: it connects both directions between the pair (each end of
+        // a point-to-point connection is set up by the rank that uses it, so two ranks that
+        // only send to each other would wait in the setup until the timeout).
+        RANK_NCCL(ncclAllReduce(a.data(), a.data(), 4, ncclFloat32, ncclSum, comm, nullptr));
+        RANK_NCCL(ncclSend(a.data(), a.size(), ncclFloat32, 1 - rank, comm, nullptr));
+        const double t0 = now_s();
+        ncclResult_t r = ncclCommFinalize(comm);
+        const double took = now_s() - t0;
+        // Over TCP a send is drained once it is in the socket, so the rank that finalizes first
+        // may close before the other's message reaches it: that rank cannot report it.
+        RANK_CHECK(r == ncclInvalidUsage || (tcp && r == ncclSuccess),
+                   "rank %d: finalize returned %s after %.1f s", rank, ncclGetErrorString(r), took);
+        RANK_CHECK(took < 10, "rank %d: finalize took %.1f s", rank, took);
+        ncclCommDestroy(comm);
+        return 0;
+    }, 120);
+    unsetenv("CHORUS_TRANSPORT");
+    unsetenv("CHORUS_TIMEOUT");
+    ncclResetDebugInit();
+    EXPECT_FALSE(res.timed_out) << res.detail;
+    EXPECT_TRUE(res.ok()) << res.detail;
+}
+INSTANTIATE_TEST_SUITE_P(Coll, CollUnmatched,
+                         ::testing::Combine(::testing::Values(Launch::Threads, Launch::Forked),
+                                            ::testing::Values("", "tcp")),
+                         [](const auto &info) {
+                             const char *t = std::get<1>(info.param);
+                             return std::string(chorus_test::launch_name(std::get<0>(info.param))) +
+                                    "_" + (t[0] ? t : "shm");
+                         });
+
 // A rank is SIGKILLed while the others are inside all-reduces: every survivor gets an error that
 // names the op, within the deadline (CHORUS_TIMEOUT=20 here), and nobody hangs.
 class CollKill : public ::testing::TestWithParam<std::tuple<int, const char *>> {};
