@@ -39,6 +39,14 @@
 
 #define COLL_TAG_RING 0x52490000 /* same as the core's CORE_TAG_RING (eager connect) */
 #define COLL_TAG_P2P 0x50320000  /* + lo * nranks + hi, direction from the transport's role */
+
+/* A setup tag base + a * nranks + b, folded to an int without signed overflow (past about 28,000
+ * ranks the sum leaves int's range). Setup messages travel between the two ranks of a connection
+ * only, and transport_connect hashes the tag with the channel and role, so a fold that maps two
+ * different pairs to one tag cannot mix their messages. */
+static inline int coll_setup_tag(uint32_t base, int a, int nranks, int b) {
+    return (int)(base + (uint32_t)a * (uint32_t)nranks + (uint32_t)b);
+}
 #define COLL_CONNECT_ALL_MAX_RANKS COLL_ONESHOT_MAX_RANKS
 
 /* After a failed setup the remaining connections are still visited: transport_connect then only
@@ -50,8 +58,8 @@ ncclResult_t coll_connect_rings(struct ncclComm *comm) {
     for (int c = 0; c < comm->nchannels; c++) {
         chorus_channel_t *ch = &comm->channels[c];
         if (ch->connected) continue;
-        int send_tag = COLL_TAG_RING + c * comm->nranks + comm->rank;
-        int recv_tag = COLL_TAG_RING + c * comm->nranks + ch->prev;
+        int send_tag = coll_setup_tag(COLL_TAG_RING, c, comm->nranks, comm->rank);
+        int recv_tag = coll_setup_tag(COLL_TAG_RING, c, comm->nranks, ch->prev);
         for (int step = 0; step < 2; step++) {
             int do_send = ((ch->index & 1) == 0) == (step == 0);
             ncclResult_t r = ncclSuccess;
@@ -80,7 +88,7 @@ static ncclResult_t connect_one_p2p(struct ncclComm *comm, int peer, int is_send
         return ncclSystemError;
     }
     int lo = CHORUS_MIN(comm->rank, peer), hi = CHORUS_MAX(comm->rank, peer);
-    int tag = COLL_TAG_P2P + lo * comm->nranks + hi;
+    int tag = coll_setup_tag(COLL_TAG_P2P, lo, comm->nranks, hi);
     const int failed_before = comm->connect_fail_text[0] != '\0';
     ncclResult_t res = transport_connect(comm, conn, peer, is_send, -1, tag);
     if (res != ncclSuccess) {
