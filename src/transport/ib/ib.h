@@ -8,6 +8,7 @@
  * symbol. Files:
  *   ib_loader.c   dlopen/dlsym of libibverbs
  *   ib_device.c   device enumeration (NCCL_IB_HCA filter, active ports, GID choice), opened once
+ *                 per process; this rank's verbs record in the locality record
  *   ib_conn.c     the ops: RC queue pair per connection, RDMA write with immediate, credits
  *
  * Data path (one RC queue pair per connection). The receiver's slots are registered for remote
@@ -50,6 +51,9 @@ typedef struct {
     int (*modify_qp)(struct ibv_qp *qp, struct ibv_qp_attr *attr, int attr_mask);
     int (*destroy_qp)(struct ibv_qp *qp);
     const char *(*wc_status_str)(enum ibv_wc_status status);
+    /* optional (NULL when the library lacks it) */
+    int (*query_gid_ex)(struct ibv_context *context, uint32_t port_num, uint32_t gid_index,
+                        struct ibv_gid_entry *entry, uint32_t flags, size_t entry_size);
 } ib_symbols_t;
 
 typedef struct {
@@ -60,6 +64,7 @@ typedef struct {
     struct ibv_port_attr port_attr;
     int link_layer; /* IBV_LINK_LAYER_INFINIBAND or IBV_LINK_LAYER_ETHERNET */
     int gid_index;
+    int gid_type; /* IBV_GID_TYPE_IB, _ROCE_V1 or _ROCE_V2; -1 unknown */
     union ibv_gid gid;
     int max_qp_wr;
 } ib_device_t;
@@ -67,9 +72,13 @@ typedef struct {
 /* ib_loader.c: NULL when libibverbs cannot be loaded (logged once at INFO). */
 const ib_symbols_t *ib_symbols(void);
 
-/* ib_device.c: usable devices (active port, matching NCCL_IB_HCA), opened on first call. */
+/* ib_device.c: usable devices (active port, matching NCCL_IB_HCA), opened on first call in each
+ * process (a forked child scans again: contexts do not cross fork). */
 int ib_device_count(void);
 ib_device_t *ib_device_get(int index);
+/* The GID index of a RoCE port chosen as NCCL does (NCCL_IB_GID_INDEX, NCCL_IB_ROCE_VERSION_NUM,
+ * NCCL_IB_ADDR_FAMILY); sets d->gid and d->gid_type. */
+int ib_choose_gid(const ib_symbols_t *ibv, ib_device_t *d);
 /* NCCL_IB_HCA syntax: "[^][=]name[:port],..." -> whether (name, port) is selected. */
 int ib_hca_match(const char *filter, const char *name, int port);
 
