@@ -1,20 +1,29 @@
-// test_ib.cc: the verbs transport's shell (src/transport/ib/) on machines with or without RDMA.
+// test_ib.cc: the verbs transport (src/transport/ib/) on the software verbs provider of
+// tests/ibsoft (libchorus_softib.so, loaded through CHORUS_IB_LIBRARY).
 //
-// The data path needs RDMA hardware and is not exercised here. What runs everywhere: the
-// NCCL_IB_HCA filter syntax, the ops table's shape, and can_connect's rule (a peer without a verbs
-// NIC is never reachable; one with a verbs NIC is reachable exactly when this process found a
-// usable port), which is what makes TCP carry the traffic on machines without RDMA.
+// What runs here, besides the data and failure suites of test_transport_data.cc and
+// test_transport_fail.cc (which include ib): the NCCL_IB_HCA filter, can_connect's rule (both ends
+// need a usable port of the same link layer), the GID choice, the fallback to TCP of a pair where
+// one port is down or the link layers differ, NCCL_NET and NCCL_IB_DISABLE, two ranks with
+// different slot geometry, and every fault knob of the provider turning into an error that names
+// the peer before the deadline.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <cstring>
+#include <string>
 
-#include "nccl.h"
+#include "launch.h"
+#include "transport_transfer.h"
 
 extern "C" {
 #include "locality.h"
 #include "transport.h"
 #include "transport/ib/ib.h"
 }
+
+namespace chorus_test {
+namespace {
 
 TEST(IbUnit, HcaFilter) {
     EXPECT_TRUE(ib_hca_match(nullptr, "mlx5_0", 1));
@@ -42,33 +51,197 @@ TEST(IbUnit, OpsTable) {
     EXPECT_STREQ(ib_transport_ops.name, "ib");
     EXPECT_EQ(ib_transport_ops.abi_version, TRANSPORT_ABI_VERSION);
     EXPECT_TRUE(ib_transport_ops.caps & TRANSPORT_CAP_INTER_HOST);
-    const void *ops[] = {
-        (void *)ib_transport_ops.can_connect,  (void *)ib_transport_ops.setup,
-        (void *)ib_transport_ops.connect,      (void *)ib_transport_ops.send_acquire,
-        (void *)ib_transport_ops.send_commit,  (void *)ib_transport_ops.send_commit_direct,
-        (void *)ib_transport_ops.send_drained, (void *)ib_transport_ops.recv_peek,
-        (void *)ib_transport_ops.recv_copy,    (void *)ib_transport_ops.recv_release,
-        (void *)ib_transport_ops.progress,     (void *)ib_transport_ops.close};
-    for (const void *op : ops)
-        EXPECT_NE(op, nullptr);
+    EXPECT_EQ(transport_find("ib"), &ib_transport_ops);
 }
 
-TEST(IbUnit, CanConnectNeedsDevicesOnBothSides) {
+// can_connect reads both locality records: each end must have a usable port, of one link layer.
+TEST(IbUnit, CanConnectNeedsBothEnds) {
+    ScopedEnv env;
+    use_soft_verbs(env);
+    ASSERT_GT(ib_device_count(), 0) << "the software provider did not load";
     chorus_locality_t self, peer;
     memset(&self, 0, sizeof(self));
     memset(&peer, 0, sizeof(peer));
-    peer.nnics = 1;
-    snprintf(peer.nics[0].name, sizeof(peer.nics[0].name), "eth0");
-    peer.nics[0].kind = 0;
+    peer.rank = 1;
     int ok = -1;
     ASSERT_EQ(ib_transport_ops.can_connect(nullptr, &self, &peer, &ok), ncclSuccess);
-    EXPECT_EQ(ok, 0) << "a peer without a verbs NIC";
-    peer.nnics = 2;
-    snprintf(peer.nics[1].name, sizeof(peer.nics[1].name), "mlx5_0");
-    peer.nics[1].kind = 1;
+    EXPECT_EQ(ok, 0) << "neither end has a port";
+    ib_fill_locality(&self.verbs);
+    EXPECT_EQ(self.verbs.usable, 1);
+    EXPECT_EQ(self.verbs.link_layer, IBV_LINK_LAYER_ETHERNET);
+    EXPECT_STREQ(self.verbs.dev, "softib_0");
     ASSERT_EQ(ib_transport_ops.can_connect(nullptr, &self, &peer, &ok), ncclSuccess);
-    EXPECT_EQ(ok, ib_device_count() > 0 ? 1 : 0);
-    if (ib_device_count() == 0)
-        printf("no usable RDMA port here (libibverbs %s): verbs off, TCP carries the traffic\n",
-               ib_symbols() ? "loaded" : "not loadable");
+    EXPECT_EQ(ok, 0) << "the peer's port is down";
+    peer.verbs = self.verbs;
+    ASSERT_EQ(ib_transport_ops.can_connect(nullptr, &self, &peer, &ok), ncclSuccess);
+    EXPECT_EQ(ok, 1);
+    peer.verbs.link_layer = IBV_LINK_LAYER_INFINIBAND;
+    ASSERT_EQ(ib_transport_ops.can_connect(nullptr, &self, &peer, &ok), ncclSuccess);
+    EXPECT_EQ(ok, 0) << "RoCE to InfiniBand";
 }
+
+// The provider's RoCE GID table: 0 link-local v1, 1 link-local v2, 2 IPv4-mapped v1, 3 IPv4-mapped
+// v2. NCCL's rule picks the routable v2 address unless told otherwise.
+TEST(IbUnit, GidChoice) {
+    ScopedEnv env;
+    use_soft_verbs(env);
+    ASSERT_GT(ib_device_count(), 0);
+    ib_device_t d = *ib_device_get(0);
+    EXPECT_EQ(d.gid_index, 3);
+    EXPECT_EQ(d.gid_type, IBV_GID_TYPE_ROCE_V2);
+    EXPECT_EQ(d.gid.raw[10], 0xff);
+    EXPECT_EQ(d.gid.raw[12], 127);
+    env.set("NCCL_IB_ROCE_VERSION_NUM", "1");
+    EXPECT_EQ(ib_choose_gid(ib_symbols(), &d), 2);
+    EXPECT_EQ(d.gid_type, IBV_GID_TYPE_ROCE_V1);
+    env.set("NCCL_IB_ROCE_VERSION_NUM", nullptr);
+    env.set("NCCL_IB_ADDR_FAMILY", "AF_INET6");
+    EXPECT_EQ(ib_choose_gid(ib_symbols(), &d), 1);
+    EXPECT_EQ(d.gid.raw[0], 0xfe);
+    env.set("NCCL_IB_ADDR_FAMILY", nullptr);
+    env.set("NCCL_IB_GID_INDEX", "0");
+    EXPECT_EQ(ib_choose_gid(ib_symbols(), &d), 0);
+    EXPECT_EQ(d.gid_type, IBV_GID_TYPE_ROCE_V1);
+}
+
+// ---- pairs of forked ranks ---------------------------------------------------------------------
+
+class IbPair : public ::testing::Test {
+  protected:
+    void SetUp() override {
+        use_soft_verbs(env_);
+        env_.set("CHORUS_TIMEOUT", "5");
+        env_.set("CHORUS_TRANSPORT", nullptr);
+        env_.set("NCCL_SHM_DISABLE", "1"); // two local ranks: ib or tcp, never shm
+    }
+    // Run plan on two forked ranks; rank 1 first sets the variables in rank1_env.
+    RunResult run(const TransferPlan &plan, std::vector<std::pair<const char *, const char *>> rank1_env = {}) {
+        chorus_unique_id_t id = transport_make_id();
+        return run_forked(
+            2,
+            [&](int r, int n) {
+                if (r == 1) {
+                    for (auto &kv : rank1_env)
+                        setenv(kv.first, kv.second, 1);
+                    chorus_param_reset();
+                }
+                return transfer_rank(id, r, n, plan);
+            },
+            60);
+    }
+    static TransferPlan plan(const char *prefix) {
+        TransferPlan p;
+        p.edges = both_ways_edges(0, 1);
+        p.sizes = {1, 4097, 300000, (1 << 20) + 3, 64, 8u << 20};
+        p.expect_desc_prefix = prefix;
+        return p;
+    }
+    ScopedEnv env_;
+};
+
+TEST_F(IbPair, BothPortsUpUseIb) {
+    RunResult res = run(plan("IB/softib_0"));
+    EXPECT_TRUE(res.ok()) << res.detail;
+}
+
+TEST_F(IbPair, PortDownFallsBackToTcp) {
+    RunResult res = run(plan("TCP"), {{"CHORUS_SOFTIB_PORT_DOWN", "1"}});
+    EXPECT_TRUE(res.ok()) << res.detail;
+}
+
+TEST_F(IbPair, LinkLayerMismatchFallsBackToTcp) {
+    RunResult res = run(plan("TCP"), {{"CHORUS_SOFTIB_LINK", "ib"}});
+    EXPECT_TRUE(res.ok()) << res.detail;
+}
+
+TEST_F(IbPair, InfiniBandLinkLayer) {
+    env_.set("CHORUS_SOFTIB_LINK", "ib");
+    RunResult res = run(plan("IB/softib_0"));
+    EXPECT_TRUE(res.ok()) << res.detail;
+}
+
+TEST_F(IbPair, NetSocketLeavesIbOut) {
+    env_.set("NCCL_NET", "Socket");
+    RunResult res = run(plan("TCP"));
+    EXPECT_TRUE(res.ok()) << res.detail;
+}
+
+TEST_F(IbPair, NetIbPicksIb) {
+    env_.set("NCCL_NET", "IB");
+    RunResult res = run(plan("IB"));
+    EXPECT_TRUE(res.ok()) << res.detail;
+}
+
+TEST_F(IbPair, IbDisableLeavesIbOut) {
+    env_.set("NCCL_IB_DISABLE", "1");
+    RunResult res = run(plan("TCP"));
+    EXPECT_TRUE(res.ok()) << res.detail;
+}
+
+// The sender writes at the receiver's stride: ranks with different NCCL_BUFFSIZE and slot counts
+// (4 MiB in 8 slots against 256 KiB in 4), every byte checked both ways.
+TEST_F(IbPair, DifferentGeometry) {
+    env_.set("CHORUS_TRANSPORT", "ib");
+    TransferPlan p = plan("IB");
+    p.sizes = {1, 65535, 65536, 65537, 524287, 524288, 524289, (3u << 20) + 1, 17};
+    RunResult res = run(p, {{"NCCL_BUFFSIZE", "262144"}, {"CHORUS_NSLOTS", "4"}});
+    EXPECT_TRUE(res.ok()) << res.detail;
+}
+
+// ---- fault knobs -------------------------------------------------------------------------------
+
+struct Fault {
+    const char *name;
+    const char *var;
+    const char *value;
+};
+
+class IbFault : public ::testing::TestWithParam<Fault> {};
+
+// Both ranks run with the knob; each must fail with an error naming the other rank, well before
+// CHORUS_TIMEOUT (so the error is the fault's, not the deadline's).
+TEST_P(IbFault, ErrorNamesPeerBeforeDeadline) {
+    const Fault &f = GetParam();
+    ScopedEnv env;
+    use_soft_verbs(env);
+    env.set("CHORUS_TIMEOUT", "5");
+    env.set("CHORUS_TRANSPORT", "ib");
+    env.set(f.var, f.value);
+    TransferPlan p;
+    p.edges = both_ways_edges(0, 1);
+    for (int i = 0; i < 40; i++)
+        p.sizes.push_back(1 << 20);
+    chorus_unique_id_t id = transport_make_id();
+    RunResult res = run_forked(
+        2,
+        [&](int r, int n) {
+            double t0 = now_s();
+            int rc = transfer_rank(id, r, n, p);
+            double dt = now_s() - t0;
+            const char *last = chorus_log_last_error();
+            std::string peer = "rank " + std::to_string(1 - r);
+            RANK_CHECK(rc != 0, "the transfer succeeded despite %s", f.var);
+            RANK_CHECK(dt < 4.0, "the error took %.1f s (deadline 5 s)", dt);
+            RANK_CHECK(last && strstr(last, peer.c_str()), "the error does not name %s: '%s'",
+                       peer.c_str(), last ? last : "");
+            return 0;
+        },
+        60);
+    EXPECT_TRUE(res.ok()) << res.detail;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Knobs, IbFault,
+    ::testing::Values(Fault{"RegMr", "CHORUS_SOFTIB_FAIL_REG_MR", "1"},
+                      Fault{"RegMrLater", "CHORUS_SOFTIB_FAIL_REG_MR", "3"},
+                      Fault{"CreateQp", "CHORUS_SOFTIB_FAIL_CREATE_QP", "1"},
+                      Fault{"ModifyQpInit", "CHORUS_SOFTIB_FAIL_MODIFY_QP", "1"},
+                      Fault{"ModifyQpRtr", "CHORUS_SOFTIB_FAIL_MODIFY_QP", "2"},
+                      Fault{"ModifyQpRts", "CHORUS_SOFTIB_FAIL_MODIFY_QP", "3"},
+                      Fault{"CompletionError", "CHORUS_SOFTIB_FAIL_WC", "7"},
+                      Fault{"PeerDeath", "CHORUS_SOFTIB_PEER_DEATH", "7"},
+                      Fault{"PortDown", "CHORUS_SOFTIB_PORT_DOWN", "1"}),
+    [](const ::testing::TestParamInfo<Fault> &info) { return std::string(info.param.name); });
+
+} // namespace
+} // namespace chorus_test
