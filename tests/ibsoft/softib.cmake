@@ -8,3 +8,9 @@ target_link_libraries(chorus_softib PRIVATE Threads::Threads)
 # The same symbol versions as libibverbs, so that the loader's versioned lookup (dlvsym) finds them.
 target_link_options(chorus_softib PRIVATE -Wl,--version-script=${CMAKE_CURRENT_LIST_DIR}/softib.map)
 set_target_properties(chorus_softib PROPERTIES LINK_DEPENDS ${CMAKE_CURRENT_LIST_DIR}/softib.map)
+# The suites that run the verbs transport load the provider at run time.
+foreach(t test_transport test_coll)
+  if(TARGET ${t})
+    add_dependencies(${t} chorus_softib)
+  endif()
+endforeach()
