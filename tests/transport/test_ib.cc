@@ -56,6 +56,7 @@ TEST(IbUnit, OpsTable) {
 
 // can_connect reads both locality records: each end must have a usable port, of one link layer.
 TEST(IbUnit, CanConnectNeedsBothEnds) {
+    if (ib_hardware_run()) GTEST_SKIP() << "checks the software provider's device";
     ScopedEnv env;
     use_soft_verbs(env);
     ASSERT_GT(ib_device_count(), 0) << "the software provider did not load";
@@ -83,6 +84,7 @@ TEST(IbUnit, CanConnectNeedsBothEnds) {
 // The provider's RoCE GID table: 0 link-local v1, 1 link-local v2, 2 IPv4-mapped v1, 3 IPv4-mapped
 // v2. NCCL's rule picks the routable v2 address unless told otherwise.
 TEST(IbUnit, GidChoice) {
+    if (ib_hardware_run()) GTEST_SKIP() << "checks the software provider's GID table";
     ScopedEnv env;
     use_soft_verbs(env);
     ASSERT_GT(ib_device_count(), 0);
@@ -102,6 +104,36 @@ TEST(IbUnit, GidChoice) {
     env.set("NCCL_IB_GID_INDEX", "0");
     EXPECT_EQ(ib_choose_gid(ib_symbols(), &d), 0);
     EXPECT_EQ(d.gid_type, IBV_GID_TYPE_ROCE_V1);
+}
+
+// The device nearest the rank (locality near_nic, a verbs NIC by name) wins over spreading the
+// channels; socket NICs and unknown names are passed over.
+TEST(IbUnit, DeviceByTopology) {
+    if (ib_hardware_run()) GTEST_SKIP() << "checks the software provider's devices";
+    ScopedEnv env("CHORUS_SOFTIB_DEVICES", "2"); // read when the provider loads
+    use_soft_verbs(env);
+    if (ib_device_count() == 1)
+        GTEST_SKIP() << "the provider was loaded earlier in this process with one device: run "
+                        "this case alone (ctest runs one case per process)";
+    ASSERT_EQ(ib_device_count(), 2);
+    chorus_locality_t self;
+    memset(&self, 0, sizeof(self));
+    self.near_nic = -1;
+    EXPECT_EQ(ib_pick_device(&self, 0), 0);
+    EXPECT_EQ(ib_pick_device(&self, 3), 1) << "no topology: channels spread";
+    EXPECT_EQ(ib_pick_device(nullptr, 2), 0);
+    self.nnics = 3;
+    snprintf(self.nics[0].name, sizeof(self.nics[0].name), "eth0");
+    snprintf(self.nics[1].name, sizeof(self.nics[1].name), "mlx5_9");
+    self.nics[1].kind = 1;
+    snprintf(self.nics[2].name, sizeof(self.nics[2].name), "softib_1");
+    self.nics[2].kind = 1;
+    self.near_nic = 0; // a socket NIC is nearest: the first verbs NIC we have comes next
+    EXPECT_EQ(ib_pick_device(&self, 0), 1);
+    EXPECT_EQ(ib_pick_device(&self, 2), 1);
+    snprintf(self.nics[0].name, sizeof(self.nics[0].name), "softib_0");
+    self.nics[0].kind = 1;
+    EXPECT_EQ(ib_pick_device(&self, 1), 0) << "the nearest verbs NIC";
 }
 
 // ---- pairs of forked ranks ---------------------------------------------------------------------
@@ -140,21 +172,24 @@ class IbPair : public ::testing::Test {
 };
 
 TEST_F(IbPair, BothPortsUpUseIb) {
-    RunResult res = run(plan("IB/softib_0"));
+    RunResult res = run(plan(ib_hardware_run() ? "IB/" : "IB/softib_0"));
     EXPECT_TRUE(res.ok()) << res.detail;
 }
 
 TEST_F(IbPair, PortDownFallsBackToTcp) {
+    if (ib_hardware_run()) GTEST_SKIP() << "needs a knob of the software provider";
     RunResult res = run(plan("TCP"), {{"CHORUS_SOFTIB_PORT_DOWN", "1"}});
     EXPECT_TRUE(res.ok()) << res.detail;
 }
 
 TEST_F(IbPair, LinkLayerMismatchFallsBackToTcp) {
+    if (ib_hardware_run()) GTEST_SKIP() << "needs a knob of the software provider";
     RunResult res = run(plan("TCP"), {{"CHORUS_SOFTIB_LINK", "ib"}});
     EXPECT_TRUE(res.ok()) << res.detail;
 }
 
 TEST_F(IbPair, InfiniBandLinkLayer) {
+    if (ib_hardware_run()) GTEST_SKIP() << "needs a knob of the software provider";
     env_.set("CHORUS_SOFTIB_LINK", "ib");
     RunResult res = run(plan("IB/softib_0"));
     EXPECT_TRUE(res.ok()) << res.detail;
@@ -201,6 +236,7 @@ class IbFault : public ::testing::TestWithParam<Fault> {};
 // Both ranks run with the knob; each must fail with an error naming the other rank, well before
 // CHORUS_TIMEOUT (so the error is the fault's, not the deadline's).
 TEST_P(IbFault, ErrorNamesPeerBeforeDeadline) {
+    if (ib_hardware_run()) GTEST_SKIP() << "needs a knob of the software provider";
     const Fault &f = GetParam();
     ScopedEnv env;
     use_soft_verbs(env);

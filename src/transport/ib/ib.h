@@ -76,6 +76,8 @@ const ib_symbols_t *ib_symbols(void);
  * process (a forked child scans again: contexts do not cross fork). */
 int ib_device_count(void);
 ib_device_t *ib_device_get(int index);
+/* Index of the device a connection on `channel` uses (see ib_device.c), -1 without devices. */
+int ib_pick_device(const chorus_locality_t *self, int channel);
 /* The GID index of a RoCE port chosen as NCCL does (NCCL_IB_GID_INDEX, NCCL_IB_ROCE_VERSION_NUM,
  * NCCL_IB_ADDR_FAMILY); sets d->gid and d->gid_type. */
 int ib_choose_gid(const ib_symbols_t *ibv, ib_device_t *d);

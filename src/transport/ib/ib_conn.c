@@ -129,8 +129,10 @@ static ncclResult_t ib_setup(chorus_conn_t *conn, void *blob, size_t *blob_bytes
     ib_conn_t *ic = calloc(1, sizeof(*ic));
     if (!ic) return ncclSystemError;
     conn->priv = ic;
-    /* Spread channels over the ports. */
-    ic->dev = ib_device_get((conn->channel < 0 ? 0 : conn->channel) % ndev);
+    /* The device nearest this rank (topology), else channels spread over the ports. */
+    const chorus_locality_t *self =
+        conn->comm && conn->comm->peers ? &conn->comm->peers[conn->comm->rank] : NULL;
+    ic->dev = ib_device_get(ib_pick_device(self, conn->channel));
     ic->nslots = conn->nslots > 0 ? conn->nslots : 8;
     ic->slot_bytes = conn->slot_bytes > 0 ? conn->slot_bytes : 1 << 19;
     conn->nslots = ic->nslots;

@@ -235,3 +235,25 @@ ib_device_t *ib_device_get(int index) {
     if (index < 0 || index >= ib_device_count()) return NULL;
     return &g_devs[index];
 }
+
+/* The device a connection of this rank uses: the RDMA device the topology found nearest the rank
+ * (its GPU's PCI switch, else its CPUs: locality near_nic) when it is a usable one; else the
+ * verbs NICs of the record in order; else channels spread over every usable port. */
+int ib_pick_device(const chorus_locality_t *self, int channel) {
+    int ndev = ib_device_count();
+    if (ndev <= 0) return -1;
+    int spread = (channel < 0 ? 0 : channel) % ndev;
+    if (!self) return spread;
+    int order[CHORUS_MAX_NICS + 1], n = 0;
+    if (self->near_nic >= 0 && self->near_nic < self->nnics && self->near_nic < CHORUS_MAX_NICS)
+        order[n++] = self->near_nic;
+    for (int i = 0; i < self->nnics && i < CHORUS_MAX_NICS; i++)
+        if (i != self->near_nic) order[n++] = i;
+    for (int k = 0; k < n; k++) {
+        const chorus_nic_t *nic = &self->nics[order[k]];
+        if (nic->kind != 1) continue;
+        for (int d = 0; d < ndev; d++)
+            if (strncmp(g_devs[d].name, nic->name, sizeof(nic->name)) == 0) return d;
+    }
+    return spread;
+}
