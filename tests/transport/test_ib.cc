@@ -9,6 +9,8 @@
 // the peer before the deadline.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -134,6 +136,76 @@ TEST(IbUnit, DeviceByTopology) {
     snprintf(self.nics[0].name, sizeof(self.nics[0].name), "softib_0");
     self.nics[0].kind = 1;
     EXPECT_EQ(ib_pick_device(&self, 1), 0) << "the nearest verbs NIC";
+}
+
+// connect() refuses a peer blob that is corrupt, from the wrong role, of another link layer or
+// with an impossible geometry, before touching the queue pair; a good blob then still connects,
+// and a chunk crosses (one process: the provider's helper delivers to itself).
+TEST(IbUnit, SetupBlobs) {
+    if (ib_hardware_run()) GTEST_SKIP() << "checks the software provider";
+    ScopedEnv env;
+    use_soft_verbs(env);
+    ASSERT_GT(ib_device_count(), 0);
+    chorus_conn_t s, r;
+    memset(&s, 0, sizeof(s));
+    memset(&r, 0, sizeof(r));
+    s.ops = r.ops = &ib_transport_ops;
+    s.peer = 1;
+    s.is_send = 1;
+    r.peer = 0;
+    s.nslots = r.nslots = 4;
+    s.slot_bytes = r.slot_bytes = 4096;
+    s.channel = r.channel = 0;
+    alignas(16) unsigned char sb[TRANSPORT_BLOB_BYTES], rb[TRANSPORT_BLOB_BYTES];
+    size_t sn = sizeof(sb), rn = sizeof(rb);
+    ASSERT_EQ(ib_transport_ops.setup(&s, sb, &sn), ncclSuccess);
+    ASSERT_EQ(ib_transport_ops.setup(&r, rb, &rn), ncclSuccess);
+    ASSERT_EQ(rn, sizeof(ib_blob_t));
+    ib_blob_t good;
+    memcpy(&good, rb, sizeof(good));
+    struct Bad {
+        const char *what;
+        void (*edit)(ib_blob_t *);
+        ncclResult_t want;
+    };
+    const Bad bad[] = {
+        {"magic", [](ib_blob_t *b) { b->magic ^= 1; }, ncclInternalError},
+        {"role", [](ib_blob_t *b) { b->is_send = 1; }, ncclInternalError},
+        {"link layer", [](ib_blob_t *b) { b->link_layer = IBV_LINK_LAYER_INFINIBAND; },
+         ncclSystemError},
+        {"no slots", [](ib_blob_t *b) { b->nslots = 0; }, ncclInternalError},
+        {"huge slots", [](ib_blob_t *b) { b->slot_bytes = 1ull << 40; }, ncclInternalError},
+    };
+    for (const Bad &c : bad) {
+        ib_blob_t b = good;
+        c.edit(&b);
+        EXPECT_EQ(ib_transport_ops.connect(&s, &b, sizeof(b)), c.want) << c.what;
+    }
+    EXPECT_NE(ib_transport_ops.connect(&s, &good, sizeof(good) - 1), ncclSuccess) << "short blob";
+    ASSERT_EQ(ib_transport_ops.connect(&s, rb, rn), ncclSuccess);
+    ASSERT_EQ(ib_transport_ops.connect(&r, sb, sn), ncclSuccess);
+    void *slot = nullptr;
+    int ready = 0;
+    for (int i = 0; i < 1000 && !ready; i++)
+        ASSERT_EQ(ib_transport_ops.send_acquire(&s, 100, &slot, &ready), ncclSuccess);
+    ASSERT_TRUE(ready);
+    memset(slot, 0x5a, 100);
+    ASSERT_EQ(ib_transport_ops.send_commit(&s, 100), ncclSuccess);
+    const void *data = nullptr;
+    size_t bytes = 0;
+    ready = 0;
+    for (double t0 = now_s(); !ready && now_s() - t0 < 10; usleep(100))
+        ASSERT_EQ(ib_transport_ops.recv_peek(&r, &data, &bytes, &ready), ncclSuccess);
+    ASSERT_TRUE(ready);
+    EXPECT_EQ(bytes, 100u);
+    EXPECT_EQ(((const unsigned char *)data)[99], 0x5a);
+    ASSERT_EQ(ib_transport_ops.recv_release(&r), ncclSuccess);
+    int done = 0;
+    for (double t0 = now_s(); !done && now_s() - t0 < 10; usleep(100))
+        ASSERT_EQ(ib_transport_ops.send_drained(&s, &done), ncclSuccess);
+    EXPECT_TRUE(done);
+    ib_transport_ops.close(&s);
+    ib_transport_ops.close(&r);
 }
 
 // ---- pairs of forked ranks ---------------------------------------------------------------------

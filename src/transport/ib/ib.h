@@ -56,6 +56,21 @@ typedef struct {
                         struct ibv_gid_entry *entry, uint32_t flags, size_t entry_size);
 } ib_symbols_t;
 
+/* The setup blob each end publishes (ib_conn.c). */
+#define IB_BLOB_MAGIC 0x49424c42u /* "IBLB" */
+typedef struct {
+    uint32_t magic;
+    uint32_t is_send;
+    uint32_t qpn, psn;
+    uint16_t lid;
+    uint8_t link_layer, mtu;
+    union ibv_gid gid;
+    uint64_t addr; /* receiver: slots; sender: credit word */
+    uint32_t rkey;
+    uint32_t nslots;
+    uint64_t slot_bytes;
+} ib_blob_t;
+
 typedef struct {
     char name[64];
     int port;

@@ -36,24 +36,11 @@
 #include "param.h"
 #include "waiter.h"
 
-#define IB_BLOB_MAGIC 0x49424c42u /* "IBLB" */
 #define IB_WR_DATA 1
 #define IB_WR_CREDIT 2
 #define IB_MAX_CREDIT_WRITES 4
 #define IB_KEEPALIVE_NS 100000000ull
 
-typedef struct {
-    uint32_t magic;
-    uint32_t is_send;
-    uint32_t qpn, psn;
-    uint16_t lid;
-    uint8_t link_layer, mtu;
-    union ibv_gid gid;
-    uint64_t addr; /* receiver: slots; sender: credit word */
-    uint32_t rkey;
-    uint32_t nslots;
-    uint64_t slot_bytes;
-} ib_blob_t;
 
 typedef struct {
     ib_device_t *dev;
