@@ -28,6 +28,9 @@
  *                                  completions fail with IBV_WC_RETRY_EXC_ERR after the QP's
  *                                  timeout x retries, as on a fabric whose peer died
  *   CHORUS_SOFTIB_PORT_DOWN=1      every port reports IBV_PORT_DOWN
+ *   CHORUS_SOFTIB_PORT_DOWN_AFTER=N  after the Nth send work request the port goes down: every
+ *                                  open context gets IBV_EVENT_PORT_ERR (ibv_get_async_event),
+ *                                  and writes are no longer answered (retry exceeded)
  */
 #ifndef CHORUS_SOFTIB_H_
 #define CHORUS_SOFTIB_H_
@@ -55,6 +58,17 @@ typedef struct {
     uint32_t gid_type;  /* WRITE/HELLO: the sender's source GID type (RoCE v1/v2), or IB */
     uint32_t pad;
 } sib_msg_t;
+
+#define SIB_MAX_EVENTS 64
+
+typedef struct sib_ctx {
+    struct ibv_context ibv;
+    int dev;
+    int event_wfd; /* write end of the async_fd pipe */
+    struct ibv_async_event events[SIB_MAX_EVENTS];
+    uint64_t ev_head, ev_tail;
+    struct sib_ctx *next;
+} sib_ctx_t;
 
 typedef struct sib_mr {
     struct ibv_mr ibv;
@@ -127,7 +141,8 @@ typedef struct {
     uint32_t next_qp, next_mr;
     uint64_t n_reg_mr, n_create_qp, n_modify_qp, n_send_wr;
     /* knobs */
-    int64_t fail_reg_mr, fail_create_qp, fail_modify_qp, fail_wc, peer_death;
+    int64_t fail_reg_mr, fail_create_qp, fail_modify_qp, fail_wc, peer_death, port_down_after;
+    struct sib_ctx *ctxs; /* open device contexts (async events) */
     int port_down, link_layer, ndevs;
 } sib_state_t;
 
@@ -149,6 +164,7 @@ int sib_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_send_wr 
 int sib_post_recv(struct ibv_qp *qp, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad);
 int sib_poll_cq(struct ibv_cq *cq, int n, struct ibv_wc *wc);
 void sib_wake(void);
+void sib_port_went_down(void); /* lock held: events to every context, writes unanswered */
 void sib_qp_ready(sib_qp_t *qp); /* reached RTR: apply the writes that waited */
 
 #endif

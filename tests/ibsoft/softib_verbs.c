@@ -3,6 +3,8 @@
  * queues and the queue pair state machine of the software verbs provider (model in softib.h).
  */
 #include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,11 +19,6 @@ sib_state_t sib = {.lock = PTHREAD_MUTEX_INITIALIZER, .listen_fd = -1, .wake_fd 
 
 static struct ibv_device g_devices[SIB_MAX_DEVS];
 static struct ibv_device *g_list[SIB_MAX_DEVS + 1];
-
-typedef struct {
-    struct ibv_context ibv;
-    int dev;
-} sib_ctx_t;
 
 uint64_t sib_now_ns(void) {
     struct timespec ts;
@@ -53,6 +50,7 @@ __attribute__((constructor)) static void sib_init(void) {
     sib.fail_wc = knob("CHORUS_SOFTIB_FAIL_WC", 0);
     sib.peer_death = knob("CHORUS_SOFTIB_PEER_DEATH", 0);
     sib.port_down = (int)knob("CHORUS_SOFTIB_PORT_DOWN", 0);
+    sib.port_down_after = knob("CHORUS_SOFTIB_PORT_DOWN_AFTER", 0);
     const char *link = getenv("CHORUS_SOFTIB_LINK");
     sib.link_layer = link && strcmp(link, "ib") == 0 ? IBV_LINK_LAYER_INFINIBAND
                                                       : IBV_LINK_LAYER_ETHERNET;
@@ -104,12 +102,72 @@ SIB_EXPORT struct ibv_context *ibv_open_device(struct ibv_device *device) {
     c->ibv.ops.post_send = sib_post_send;
     c->ibv.ops.post_recv = sib_post_recv;
     c->ibv.ops.poll_cq = sib_poll_cq;
+    int p[2];
+    if (pipe2(p, O_CLOEXEC | O_NONBLOCK) != 0) {
+        free(c);
+        return NULL;
+    }
+    c->ibv.async_fd = p[0];
+    c->event_wfd = p[1];
+    pthread_mutex_lock(&sib.lock);
+    c->next = sib.ctxs;
+    sib.ctxs = c;
+    pthread_mutex_unlock(&sib.lock);
     return &c->ibv;
 }
 
 SIB_EXPORT int ibv_close_device(struct ibv_context *context) {
-    free(context);
+    sib_ctx_t *c = (sib_ctx_t *)context;
+    pthread_mutex_lock(&sib.lock);
+    for (sib_ctx_t **p = &sib.ctxs; *p; p = &(*p)->next)
+        if (*p == c) {
+            *p = c->next;
+            break;
+        }
+    pthread_mutex_unlock(&sib.lock);
+    close(c->ibv.async_fd);
+    close(c->event_wfd);
+    free(c);
     return 0;
+}
+
+/* Caller holds the lock. The port went down: each context learns it through its async events,
+ * the port reports DOWN, and no write is answered any more (the senders' retries run out). */
+void sib_port_went_down(void) {
+    if (sib.port_down) return;
+    sib.port_down = 1;
+    for (sib_ctx_t *c = sib.ctxs; c; c = c->next) {
+        if (c->ev_head - c->ev_tail >= SIB_MAX_EVENTS) continue;
+        struct ibv_async_event *e = &c->events[c->ev_head % SIB_MAX_EVENTS];
+        memset(e, 0, sizeof(*e));
+        e->event_type = IBV_EVENT_PORT_ERR;
+        e->element.port_num = 1;
+        c->ev_head++;
+        char b = 1;
+        (void)!write(c->event_wfd, &b, 1);
+    }
+}
+
+/* Blocks until an event is there, as libibverbs does on a blocking async_fd. */
+SIB_EXPORT int ibv_get_async_event(struct ibv_context *context, struct ibv_async_event *event) {
+    sib_ctx_t *c = (sib_ctx_t *)context;
+    for (;;) {
+        pthread_mutex_lock(&sib.lock);
+        if (c->ev_tail < c->ev_head) {
+            *event = c->events[c->ev_tail % SIB_MAX_EVENTS];
+            c->ev_tail++;
+            char b;
+            (void)!read(c->ibv.async_fd, &b, 1);
+            pthread_mutex_unlock(&sib.lock);
+            return 0;
+        }
+        pthread_mutex_unlock(&sib.lock);
+        struct pollfd pf = {.fd = c->ibv.async_fd, .events = POLLIN};
+        if (poll(&pf, 1, -1) < 0 && errno != EINTR) return -1;
+    }
+}
+
+SIB_EXPORT void ibv_ack_async_event(struct ibv_async_event *event) {
 }
 
 SIB_EXPORT int ibv_query_device(struct ibv_context *context, struct ibv_device_attr *attr) {

@@ -429,6 +429,7 @@ void sib_reset_after_fork(void) {
     g_wake_pipe[0] = g_wake_pipe[1] = -1;
     sib.qps = NULL;
     sib.mrs = NULL;
+    sib.ctxs = NULL;
     sib.npending = sib.nclosing = 0;
     sib.listen_fd = sib.wake_fd = -1;
     sib.started = 0;
@@ -516,7 +517,9 @@ int sib_post_send(struct ibv_qp *iqp, struct ibv_send_wr *wr, struct ibv_send_wr
             sib_qp_error(q, IBV_WC_REM_OP_ERR);
             continue;
         }
+        if (sib.port_down_after > 0 && nth >= (uint64_t)sib.port_down_after) sib_port_went_down();
         if (sib.peer_death > 0 && nth >= (uint64_t)sib.peer_death) q->dead = 1;
+        if (sib.port_down) q->dead = 1;
         if (!q->dead) sib_connect(q);
         if (q->dead) {
             sib_arm_retry(q);

@@ -301,6 +301,7 @@ struct Fault {
     const char *name;
     const char *var;
     const char *value;
+    const char *says = nullptr; // the error must also contain this
 };
 
 class IbFault : public ::testing::TestWithParam<Fault> {};
@@ -332,6 +333,8 @@ TEST_P(IbFault, ErrorNamesPeerBeforeDeadline) {
             RANK_CHECK(dt < 4.0, "the error took %.1f s (deadline 5 s)", dt);
             RANK_CHECK(last && strstr(last, peer.c_str()), "the error does not name %s: '%s'",
                        peer.c_str(), last ? last : "");
+            RANK_CHECK(!f.says || strstr(last, f.says), "the error does not say '%s': '%s'",
+                       f.says, last);
             return 0;
         },
         60);
@@ -348,7 +351,8 @@ INSTANTIATE_TEST_SUITE_P(
                       Fault{"ModifyQpRts", "CHORUS_SOFTIB_FAIL_MODIFY_QP", "3"},
                       Fault{"CompletionError", "CHORUS_SOFTIB_FAIL_WC", "7"},
                       Fault{"PeerDeath", "CHORUS_SOFTIB_PEER_DEATH", "7"},
-                      Fault{"PortDown", "CHORUS_SOFTIB_PORT_DOWN", "1"}),
+                      Fault{"PortDown", "CHORUS_SOFTIB_PORT_DOWN", "1"},
+                      Fault{"PortDownMidRun", "CHORUS_SOFTIB_PORT_DOWN_AFTER", "7", "went down"}),
     [](const ::testing::TestParamInfo<Fault> &info) { return std::string(info.param.name); });
 
 } // namespace

@@ -8,7 +8,8 @@
  * symbol. Files:
  *   ib_loader.c   dlopen/dlsym of libibverbs
  *   ib_device.c   device enumeration (NCCL_IB_HCA filter, active ports, GID choice), opened once
- *                 per process; this rank's verbs record in the locality record
+ *                 per process; this rank's verbs record in the locality record; one thread per
+ *                 device context that reads its async events (port error, device fatal)
  *   ib_conn.c     the ops: RC queue pair per connection, RDMA write with immediate, credits
  *
  * Data path (one RC queue pair per connection). The receiver's slots are registered for remote
@@ -51,7 +52,9 @@ typedef struct {
     int (*modify_qp)(struct ibv_qp *qp, struct ibv_qp_attr *attr, int attr_mask);
     int (*destroy_qp)(struct ibv_qp *qp);
     const char *(*wc_status_str)(enum ibv_wc_status status);
-    /* optional (NULL when the library lacks it) */
+    /* optional (NULL when the library lacks them) */
+    int (*get_async_event)(struct ibv_context *context, struct ibv_async_event *event);
+    void (*ack_async_event)(struct ibv_async_event *event);
     int (*query_gid_ex)(struct ibv_context *context, uint32_t port_num, uint32_t gid_index,
                         struct ibv_gid_entry *entry, uint32_t flags, size_t entry_size);
 } ib_symbols_t;
@@ -82,6 +85,7 @@ typedef struct {
     int gid_type; /* IBV_GID_TYPE_IB, _ROCE_V1 or _ROCE_V2; -1 unknown */
     union ibv_gid gid;
     int max_qp_wr;
+    int fatal; /* async event that made the port unusable (IBV_EVENT_*), 0 none; atomic */
 } ib_device_t;
 
 /* ib_loader.c: NULL when libibverbs cannot be loaded (logged once at INFO). */
@@ -91,6 +95,8 @@ const ib_symbols_t *ib_symbols(void);
  * process (a forked child scans again: contexts do not cross fork). */
 int ib_device_count(void);
 ib_device_t *ib_device_get(int index);
+/* What made the device's port unusable (an async event's name), or NULL while it is fine. */
+const char *ib_device_fatal(const ib_device_t *d);
 /* Index of the device a connection on `channel` uses (see ib_device.c), -1 without devices. */
 int ib_pick_device(const chorus_locality_t *self, int channel);
 /* The GID index of a RoCE port chosen as NCCL does (NCCL_IB_GID_INDEX, NCCL_IB_ROCE_VERSION_NUM,

@@ -18,7 +18,8 @@
  * carries the byte count of the next step; release reposts the receive request and writes the new
  * released count into the sender's credit word (an 8-byte RDMA WRITE; a later value supersedes an
  * earlier one, so at most a few are outstanding). A receiver waiting for data repeats its count
- * now and then, so that a sender that died shows up as a failed write. A completion with an error
+ * now and then, so that a sender that died shows up as a failed write. A port that an async
+ * event reported down (ib_device.c) fails every connection on it. A completion with an error
  * status fails the connection: ncclRemoteError when the peer or the path caused it, else
  * ncclSystemError, with a WARN naming the peer.
  *
@@ -319,6 +320,15 @@ static ncclResult_t ib_connect(chorus_conn_t *conn, const void *peer_blob, size_
 /* Reap completions: data writes (sender), credit writes and arrivals (receiver). */
 static ncclResult_t ib_poll(chorus_conn_t *conn, ib_conn_t *ic) {
     if (ic->error) return (ncclResult_t)ic->error;
+    const char *down = ib_device_fatal(ic->dev);
+    if (down) {
+        WARN("ib: %s rank %d (%s) via %s failed: %s:%d went down (%s)",
+             conn->is_send ? "write to" : "receive from", conn->peer,
+             conn->comm && conn->comm->peers ? conn->comm->peers[conn->peer].hostname : "?",
+             conn->desc, ic->dev->name, ic->dev->port, down);
+        ic->error = ncclSystemError;
+        return ncclSystemError;
+    }
     struct ibv_wc wc[16];
     int n = ibv_poll_cq(ic->cq, 16, wc);
     if (n < 0) {

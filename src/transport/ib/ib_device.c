@@ -7,6 +7,8 @@
  * does (ib_choose_gid). The table lives until the process exits; a forked child scans again.
  * NCCL_IB_DISABLE=1 skips all of this.
  */
+#include <errno.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -141,6 +143,60 @@ int ib_choose_gid(const ib_symbols_t *ibv, ib_device_t *d) {
     return 0;
 }
 
+static const char *ib_event_name(enum ibv_event_type t) {
+    switch (t) {
+    case IBV_EVENT_PORT_ERR: return "port error";
+    case IBV_EVENT_DEVICE_FATAL: return "device fatal error";
+    case IBV_EVENT_QP_FATAL: return "queue pair fatal error";
+    case IBV_EVENT_CQ_ERR: return "completion queue error";
+    default: return "event";
+    }
+}
+
+/* One per device context, for the life of the process: waits (1 s at a time) for async events.
+ * A port error or a fatal device error marks the ports it concerns; every connection on them
+ * then fails at its next poll with a message naming its peer (ib_conn.c). */
+static void *ib_async_thread(void *arg) {
+    struct ibv_context *ctx = arg;
+    const ib_symbols_t *ibv = ib_symbols();
+    for (;;) {
+        struct pollfd pf = {.fd = ctx->async_fd, .events = POLLIN};
+        int n = poll(&pf, 1, 1000);
+        if (n < 0 && errno != EINTR) return NULL;
+        if (n <= 0) continue;
+        struct ibv_async_event ev;
+        if (ibv->get_async_event(ctx, &ev) != 0) return NULL;
+        int port = ev.event_type == IBV_EVENT_PORT_ERR ? (int)ev.element.port_num : 0;
+        int fatal = ev.event_type == IBV_EVENT_PORT_ERR || ev.event_type == IBV_EVENT_DEVICE_FATAL;
+        ibv->ack_async_event(&ev);
+        if (!fatal) continue;
+        pthread_mutex_lock(&g_scan_lock);
+        for (int i = 0; i < g_ndevs; i++) {
+            ib_device_t *d = &g_devs[i];
+            if (d->ctx != ctx || (port && d->port != port)) continue;
+            __atomic_store_n(&d->fatal, (int)ev.event_type, __ATOMIC_RELEASE);
+            WARN("ib: %s:%d went down (%s)", d->name, d->port, ib_event_name(ev.event_type));
+        }
+        pthread_mutex_unlock(&g_scan_lock);
+    }
+}
+
+const char *ib_device_fatal(const ib_device_t *d) {
+    int ev = __atomic_load_n(&d->fatal, __ATOMIC_ACQUIRE);
+    return ev ? ib_event_name((enum ibv_event_type)ev) : NULL;
+}
+
+static void ib_watch(const ib_symbols_t *ibv, struct ibv_context *ctx) {
+    if (!ibv->get_async_event || ctx->async_fd < 0) return;
+    pthread_t t;
+    pthread_attr_t at;
+    pthread_attr_init(&at);
+    pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+    if (pthread_create(&t, &at, ib_async_thread, ctx) != 0)
+        INFO(SUB_INIT | SUB_NET, "ib: no thread for the async events of a device");
+    pthread_attr_destroy(&at);
+}
+
 static void ib_scan(void) {
     g_ndevs = 0;
     if (chorus_param_int(PARAM_IB_DISABLE)) return;
@@ -200,6 +256,7 @@ static void ib_scan(void) {
             g_ndevs++;
         }
         if (!pd) ibv->close_device(ctx);
+        else ib_watch(ibv, ctx);
     }
     ibv->free_device_list(list);
     if (g_ndevs == 0) INFO(SUB_INIT | SUB_NET, "ib: no usable RDMA port: verbs transport off");

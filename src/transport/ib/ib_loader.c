@@ -8,7 +8,8 @@
  * describes (IBVERBS_1.1, _ibv_query_gid_ex at IBVERBS_1.11), so a later libibverbs that changed a
  * function under a new version still hands us the one we were compiled for. A missing library or
  * symbol is not an error: the transport just reports no devices, and TCP carries the traffic
- * (_ibv_query_gid_ex is optional: without it the GID type comes from sysfs). The handle is kept
+ * (_ibv_query_gid_ex is optional: without it the GID type comes from sysfs; so are the async
+ * event calls: without them no thread watches for port errors). The handle is kept
  * for the life of the process (device contexts opened through it stay in use until exit).
  */
 #include <dlfcn.h>
@@ -73,6 +74,9 @@ static void ib_load(void) {
     IB_SYM(destroy_qp, "ibv_destroy_qp");
     IB_SYM(wc_status_str, "ibv_wc_status_str");
     *(void **)(&g_syms.query_gid_ex) = dlvsym(handle, "_ibv_query_gid_ex", "IBVERBS_1.11");
+    *(void **)(&g_syms.get_async_event) = dlvsym(handle, "ibv_get_async_event", IB_VERSION);
+    *(void **)(&g_syms.ack_async_event) = dlvsym(handle, "ibv_ack_async_event", IB_VERSION);
+    if (!g_syms.ack_async_event) g_syms.get_async_event = NULL;
     INFO(SUB_INIT | SUB_NET, "ib: loaded %s%s", lib,
          g_syms.query_gid_ex ? "" : " (no _ibv_query_gid_ex: GID types from sysfs)");
     g_syms_p = &g_syms;
