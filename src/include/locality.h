@@ -19,6 +19,18 @@ typedef struct {
     char pci_bus_id[16]; /* empty when virtual */
 } chorus_nic_t;
 
+/* What the verbs transport (src/transport/ib) can use on this rank: filled by ib_fill_locality,
+ * compared by its can_connect on both ends of a pair. */
+typedef struct {
+    uint8_t usable;     /* 1: an active RDMA port passed NCCL_IB_HCA and NCCL_IB_DISABLE */
+    uint8_t link_layer; /* IBV_LINK_LAYER_INFINIBAND (1) or _ETHERNET (2) of the first such port */
+    uint8_t gid_type;   /* 0 IB, 1 RoCE v1, 2 RoCE v2; 255 unknown */
+    uint8_t ndevs;      /* usable ports */
+    uint16_t lid;
+    uint8_t gid[16];
+    char dev[16]; /* device name of the first usable port */
+} chorus_verbs_loc_t;
+
 typedef struct {
     int rank;
     char hostname[64];
@@ -36,6 +48,7 @@ typedef struct {
     int nnics;
     chorus_nic_t nics[CHORUS_MAX_NICS];
     uint32_t transports; /* bit per registry entry this rank can use */
+    chorus_verbs_loc_t verbs;
     uint32_t l2_bytes;   /* smallest L2 cache among the rank's CPUs (hwloc); 0 unknown */
     chorus_sockaddr_t net_addr; /* address peers use for TCP data connections (IP, port 0) */
     char net_ifname[16];
@@ -44,6 +57,8 @@ typedef struct {
 /* Fill this rank's record (topology/detect.c). */
 ncclResult_t topo_fill_locality(int rank, int cuda_dev, const chorus_sockaddr_t *bs_addr,
                                 chorus_locality_t *loc);
+/* This rank's verbs record (src/transport/ib/ib_device.c); all zero without a usable port. */
+void ib_fill_locality(chorus_verbs_loc_t *v);
 static inline int locality_same_host(const chorus_locality_t *a, const chorus_locality_t *b) {
     return a->host_hash == b->host_hash;
 }

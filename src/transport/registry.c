@@ -5,7 +5,7 @@
  * can_connect accepts it, so the order is the preference (fastest local transport first, the
  * network last). CHORUS_TRANSPORT forces one transport by name for every peer, and an error names
  * it when it cannot reach a peer. NCCL_SHM_DISABLE, NCCL_P2P_DISABLE and NCCL_IB_DISABLE remove
- * shm, cuda_ipc and ib from the automatic choice.
+ * shm, cuda_ipc and ib from the automatic choice; NCCL_NET=Socket removes ib and NCCL_NET=IB tcp.
  *
  * Also here: the shared stubs that optional ops point at, so the hot path never tests for NULL.
  */
@@ -19,6 +19,7 @@
 /* Strong references on purpose: they also make a static link pull each transport in. */
 extern const chorus_transport_ops_t shm_transport_ops;
 extern const chorus_transport_ops_t tcp_transport_ops;
+extern const chorus_transport_ops_t ib_transport_ops; /* src/transport/ib */
 #if CHORUS_HAVE_CUDA
 extern const chorus_transport_ops_t cuda_ipc_transport_ops; /* src/transport/cuda_ipc */
 #endif
@@ -30,6 +31,7 @@ static const chorus_transport_ops_t *const transport_table[] = {
     &cuda_ipc_transport_ops, /* refuses host-only ranks (cuda_dev -1); see cuda_ipc_conn.c */
 #endif
     &shm_transport_ops,
+    &ib_transport_ops, /* refuses pairs without a usable RDMA port on both ends */
     &tcp_transport_ops,
 };
 #define TRANSPORT_TABLE_SIZE ((int)(sizeof(transport_table) / sizeof(transport_table[0])))
@@ -69,6 +71,13 @@ static const char *transport_disabled_by(const chorus_transport_ops_t *t) {
     if (strcmp(t->name, "cuda_ipc") == 0 && chorus_param_int(PARAM_P2P_DISABLE))
         return "NCCL_P2P_DISABLE";
     if (strcmp(t->name, "ib") == 0 && chorus_param_int(PARAM_IB_DISABLE)) return "NCCL_IB_DISABLE";
+    /* NCCL_NET names the network transport between hosts: Socket leaves ib out, IB leaves tcp
+     * out (a pair that neither shm nor ib reaches then fails, as NCCL fails without its net). */
+    const char *net = chorus_param_str(PARAM_NET);
+    if (net && net[0]) {
+        if (strcmp(t->name, "ib") == 0 && strcasecmp(net, "IB") != 0) return "NCCL_NET";
+        if (strcmp(t->name, "tcp") == 0 && strcasecmp(net, "IB") == 0) return "NCCL_NET";
+    }
     return NULL;
 }
 
@@ -117,8 +126,10 @@ ncclResult_t transport_select(struct ncclComm *comm, int peer,
             return ncclSuccess;
         }
     }
-    WARN("no transport found from rank %d (%s) to rank %d (%s)", comm->rank,
-         comm->peers[comm->rank].hostname, peer, pl->hostname);
+    const char *net = chorus_param_str(PARAM_NET);
+    WARN("no transport found from rank %d (%s) to rank %d (%s)%s%s%s", comm->rank,
+         comm->peers[comm->rank].hostname, peer, pl->hostname, net && net[0] ? " (NCCL_NET=" : "",
+         net && net[0] ? net : "", net && net[0] ? ")" : "");
     return ncclSystemError;
 }
 

@@ -101,6 +101,32 @@ TEST_P(CollTcp, Forked) {
 }
 INSTANTIATE_TEST_SUITE_P(Coll, CollTcp, ::testing::Values(2, 3));
 
+// The verbs transport forced for every peer, on the software verbs provider (tests/ibsoft).
+class CollIb : public ::testing::TestWithParam<std::tuple<int, Launch>> {};
+TEST_P(CollIb, Forced) {
+    int n = std::get<0>(GetParam());
+    auto cases = cross(kAllColls, {ncclFloat32, ncclFloat16, ncclInt64}, {T_SUM, T_AVG},
+                       {0, 1, 7, 1023, 65537});
+    auto more = cross({C_ALLREDUCE, C_ALLGATHER}, {ncclFloat32}, {T_SUM}, {(1 << 20) + 3});
+    cases.insert(cases.end(), more.begin(), more.end());
+    const char *hw = getenv("CHORUS_TEST_IB_HARDWARE"); // perf/ib_check.sh: the real libibverbs
+    if (!hw || hw[0] != '1')
+        setenv("CHORUS_IB_LIBRARY", CHORUS_BINARY_DIR "/lib/libchorus_softib.so", 1);
+    setenv("NCCL_IB_TIMEOUT", "14", 1);
+    Env env;
+    env.transport = "ib";
+    EXPECT_RUN_OK(run_cases(std::get<1>(GetParam()), n, cases, env));
+    unsetenv("CHORUS_IB_LIBRARY");
+    unsetenv("NCCL_IB_TIMEOUT");
+}
+INSTANTIATE_TEST_SUITE_P(Coll, CollIb,
+                         ::testing::Combine(::testing::Values(2, 3, 5),
+                                            ::testing::Values(Launch::Threads, Launch::Forked)),
+                         [](const auto &info) {
+                             return std::to_string(std::get<0>(info.param)) + "ranks_" +
+                                    launch_word(std::get<1>(info.param));
+                         });
+
 // Forked processes over shared memory, all ops on a few dtypes.
 TEST(CollForked, ThreeRanksShm) {
     auto cases = cross(kAllColls, {ncclFloat32, ncclUint8, ncclFloat8e4m3}, kAllOps, {1, 1023, 65537});

@@ -1,5 +1,5 @@
 // test_transport_data.cc: point-to-point transfers through every transport, parametrized by
-// transport name (shm, tcp) and launch mode (ranks as threads of one process, or forked
+// transport name (shm, ib on the software verbs provider, tcp) and launch mode (ranks as threads of one process, or forked
 // processes). Every byte is checked (pattern of src, dst, message, offset); sizes from 1 B to
 // 64 MiB; more steps than slots; both directions at once; ring neighbours and all pairs for 2..8
 // ranks; shared memory with single copy forced off and (where the kernel allows it) on.
@@ -30,6 +30,7 @@ class TransportData : public ::testing::TestWithParam<Param> {
         if (!transport_find(name_.c_str()))
             GTEST_SKIP() << "transport " << name_ << " is not in this build";
         env_.set("CHORUS_TRANSPORT", name_.c_str());
+        if (name_ == "ib") use_soft_verbs(env_);
         before_ = shm_leftovers();
     }
     void TearDown() override {
@@ -212,7 +213,7 @@ std::string param_name(const ::testing::TestParamInfo<Param> &info) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Transports, TransportData,
-                         ::testing::Combine(::testing::Values("shm", "tcp"),
+                         ::testing::Combine(::testing::Values("shm", "ib", "tcp"),
                                             ::testing::Values(Launch::Threads, Launch::Forked)),
                          param_name);
 

@@ -32,6 +32,7 @@ class TransportFail : public ::testing::TestWithParam<Param> {
             GTEST_SKIP() << "transport " << name_ << " is not in this build";
         env_.set("CHORUS_TRANSPORT", name_.c_str());
         env_.set("CHORUS_TIMEOUT", "5");
+        if (name_ == "ib") use_soft_verbs(env_);
         before_ = shm_leftovers();
     }
     void TearDown() override {
@@ -125,7 +126,7 @@ std::string param_name(const ::testing::TestParamInfo<Param> &info) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Transports, TransportFail,
-                         ::testing::Combine(::testing::Values("shm", "tcp"),
+                         ::testing::Combine(::testing::Values("shm", "ib", "tcp"),
                                             ::testing::Values(Launch::Threads, Launch::Forked)),
                          param_name);
 
@@ -160,12 +161,12 @@ const char *selected(FakeComm &fc, ncclResult_t *res_p) {
 TEST(TransportRegistry, OrderAndLookup) {
     ASSERT_GE(transport_count(), 1);
     // The table is the preference order (registry.c): cuda_ipc (GPU peers on one host, only in
-    // CUDA builds) before shm, ib (when built) before tcp, tcp last. shm and tcp are always
-    // built. A host-only pair still gets shm: cuda_ipc refuses it (SelectLocalPeer checks that).
+    // CUDA builds) before shm, ib before tcp, tcp last. shm, ib and tcp are always built. A host-only pair still gets shm: cuda_ipc refuses it (SelectLocalPeer checks that).
     std::vector<std::string> want;
     for (const char *n : {"cuda_ipc", "shm", "ib", "tcp"})
         if (transport_find(n)) want.push_back(n);
     ASSERT_NE(transport_find("shm"), nullptr);
+    ASSERT_NE(transport_find("ib"), nullptr);
     ASSERT_NE(transport_find("tcp"), nullptr);
     ASSERT_EQ(transport_count(), (int)want.size()) << "a transport outside the known order";
     for (int i = 0; i < transport_count(); i++)

@@ -148,4 +148,18 @@ long long pattern_check(const void *buf, uint64_t seed, size_t offset, size_t by
     return -1;
 }
 
+std::string soft_verbs_library() {
+    return std::string(CHORUS_BINARY_DIR) + "/lib/libchorus_softib.so";
+}
+
+bool ib_hardware_run() {
+    const char *v = getenv("CHORUS_TEST_IB_HARDWARE");
+    return v && v[0] == '1';
+}
+
+void use_soft_verbs(ScopedEnv &env) {
+    if (!ib_hardware_run()) env.set("CHORUS_IB_LIBRARY", soft_verbs_library().c_str());
+    env.set("NCCL_IB_TIMEOUT", "14");
+}
+
 } // namespace chorus_test

@@ -53,6 +53,15 @@ class ScopedEnv {
     std::vector<Saved> saved_;
 };
 
+// Run the verbs transport on the software provider of tests/ibsoft (libchorus_softib.so): sets
+// CHORUS_IB_LIBRARY and a short NCCL_IB_TIMEOUT (a peer that stopped answering fails a queue pair
+// after 8 tries of 67 ms instead of 34 s, well inside the tests' CHORUS_TIMEOUT).
+// With CHORUS_TEST_IB_HARDWARE=1 (perf/ib_check.sh on a machine with an RDMA port) it leaves
+// CHORUS_IB_LIBRARY alone, so the same tests run on the real libibverbs.
+void use_soft_verbs(ScopedEnv &env);
+bool ib_hardware_run();
+std::string soft_verbs_library();
+
 // /dev/shm entries made by this transport ("chorus-shm-<pid>-...") that appeared since `before`
 // and belong to this process or to a process that is gone (a real leak). Other processes' live
 // segments (other tests running at the same time) are not counted.

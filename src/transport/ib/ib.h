@@ -8,6 +8,8 @@
  * symbol. Files:
  *   ib_loader.c   dlopen/dlsym of libibverbs
  *   ib_device.c   device enumeration (NCCL_IB_HCA filter, active ports, GID choice), opened once
+ *                 per process; this rank's verbs record in the locality record; one thread per
+ *                 device context that reads its async events (port error, device fatal)
  *   ib_conn.c     the ops: RC queue pair per connection, RDMA write with immediate, credits
  *
  * Data path (one RC queue pair per connection). The receiver's slots are registered for remote
@@ -50,7 +52,27 @@ typedef struct {
     int (*modify_qp)(struct ibv_qp *qp, struct ibv_qp_attr *attr, int attr_mask);
     int (*destroy_qp)(struct ibv_qp *qp);
     const char *(*wc_status_str)(enum ibv_wc_status status);
+    /* optional (NULL when the library lacks them) */
+    int (*get_async_event)(struct ibv_context *context, struct ibv_async_event *event);
+    void (*ack_async_event)(struct ibv_async_event *event);
+    int (*query_gid_ex)(struct ibv_context *context, uint32_t port_num, uint32_t gid_index,
+                        struct ibv_gid_entry *entry, uint32_t flags, size_t entry_size);
 } ib_symbols_t;
+
+/* The setup blob each end publishes (ib_conn.c). */
+#define IB_BLOB_MAGIC 0x49424c42u /* "IBLB" */
+typedef struct {
+    uint32_t magic;
+    uint32_t is_send;
+    uint32_t qpn, psn;
+    uint16_t lid;
+    uint8_t link_layer, mtu;
+    union ibv_gid gid;
+    uint64_t addr; /* receiver: slots; sender: credit word */
+    uint32_t rkey;
+    uint32_t nslots;
+    uint64_t slot_bytes;
+} ib_blob_t;
 
 typedef struct {
     char name[64];
@@ -60,16 +82,26 @@ typedef struct {
     struct ibv_port_attr port_attr;
     int link_layer; /* IBV_LINK_LAYER_INFINIBAND or IBV_LINK_LAYER_ETHERNET */
     int gid_index;
+    int gid_type; /* IBV_GID_TYPE_IB, _ROCE_V1 or _ROCE_V2; -1 unknown */
     union ibv_gid gid;
     int max_qp_wr;
+    int fatal; /* async event that made the port unusable (IBV_EVENT_*), 0 none; atomic */
 } ib_device_t;
 
 /* ib_loader.c: NULL when libibverbs cannot be loaded (logged once at INFO). */
 const ib_symbols_t *ib_symbols(void);
 
-/* ib_device.c: usable devices (active port, matching NCCL_IB_HCA), opened on first call. */
+/* ib_device.c: usable devices (active port, matching NCCL_IB_HCA), opened on first call in each
+ * process (a forked child scans again: contexts do not cross fork). */
 int ib_device_count(void);
 ib_device_t *ib_device_get(int index);
+/* What made the device's port unusable (an async event's name), or NULL while it is fine. */
+const char *ib_device_fatal(const ib_device_t *d);
+/* Index of the device a connection on `channel` uses (see ib_device.c), -1 without devices. */
+int ib_pick_device(const chorus_locality_t *self, int channel);
+/* The GID index of a RoCE port chosen as NCCL does (NCCL_IB_GID_INDEX, NCCL_IB_ROCE_VERSION_NUM,
+ * NCCL_IB_ADDR_FAMILY); sets d->gid and d->gid_type. */
+int ib_choose_gid(const ib_symbols_t *ibv, ib_device_t *d);
 /* NCCL_IB_HCA syntax: "[^][=]name[:port],..." -> whether (name, port) is selected. */
 int ib_hca_match(const char *filter, const char *name, int port);
 

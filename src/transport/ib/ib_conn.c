@@ -1,22 +1,30 @@
 /*
  * ib_conn.c: the verbs transport's operations (protocol in ib.h).
  *
+ * can_connect: both ranks' locality records must show a usable port (ib_fill_locality) of the
+ * same link layer; otherwise the pair goes to the next transport (tcp).
+ *
  * setup() creates the queue pair (RC, moved to INIT), its completion queue and the registered
- * memory, and publishes LID, GID, QP number, first PSN and, for the receiver, the slots' address
- * and rkey (for the sender, the credit word's). connect() moves the QP to RTR and RTS with the
- * peer's numbers; the receiver first posts one receive request per slot. RNR retries are infinite,
- * so a sender that writes before the receiver is ready waits instead of failing.
+ * memory, and publishes LID, GID, QP number, first PSN, link layer, slot geometry and, for the
+ * receiver, the slots' address and rkey (for the sender, the credit word's). connect() checks the
+ * link layers, makes the sender adopt the receiver's slot count and size (it writes at the
+ * receiver's stride), and moves the QP to RTR and RTS with the peer's numbers; the receiver first
+ * posts one receive request per slot. RNR retries are infinite, so a sender that writes before the
+ * receiver is ready waits instead of failing.
  *
  * Sender: commit posts one signalled RDMA WRITE WITH IMMEDIATE per step; completions are polled
  * (in order) by acquire/drained/progress and free the local slot; the remote slot is free when
  * the credit word, written by the receiver, says it was released. Receiver: a receive completion
  * carries the byte count of the next step; release reposts the receive request and writes the new
  * released count into the sender's credit word (an 8-byte RDMA WRITE; a later value supersedes an
- * earlier one, so at most a few are outstanding). A completion with an error status is
- * ncclRemoteError naming the peer.
+ * earlier one, so at most a few are outstanding). A receiver waiting for data repeats its count
+ * now and then, so that a sender that died shows up as a failed write. A port that an async
+ * event reported down (ib_device.c) fails every connection on it. A completion with an error
+ * status fails the connection: ncclRemoteError when the peer or the path caused it, else
+ * ncclSystemError, with a WARN naming the peer.
  *
- * Written against the verbs API but NOT exercised on RDMA hardware (none on the development
- * machines): on such machines can_connect is 0 and TCP carries the traffic.
+ * The tests run all of this on the software provider of tests/ibsoft; it has not run on RDMA
+ * hardware (perf/ib_check.sh is the check for a machine that has a port).
  */
 #include <arpa/inet.h>
 #include <stdio.h>
@@ -27,24 +35,13 @@
 #include "comm.h"
 #include "ib.h"
 #include "param.h"
+#include "waiter.h"
 
-#define IB_BLOB_MAGIC 0x49424c42u /* "IBLB" */
 #define IB_WR_DATA 1
 #define IB_WR_CREDIT 2
 #define IB_MAX_CREDIT_WRITES 4
+#define IB_KEEPALIVE_NS 100000000ull
 
-typedef struct {
-    uint32_t magic;
-    uint32_t is_send;
-    uint32_t qpn, psn;
-    uint16_t lid;
-    uint8_t link_layer, mtu;
-    union ibv_gid gid;
-    uint64_t addr; /* receiver: slots; sender: credit word */
-    uint32_t rkey;
-    uint32_t nslots;
-    uint64_t slot_bytes;
-} ib_blob_t;
 
 typedef struct {
     ib_device_t *dev;
@@ -59,21 +56,36 @@ typedef struct {
     uint32_t remote_rkey;
     int nslots;
     size_t slot_bytes;
+    int sq_room; /* data writes the send queue holds at once */
     /* sender */
     uint64_t head, sent;
     /* receiver */
     uint64_t arrived, released, credit_posted;
+    uint64_t credit_ns; /* when the last credit write went */
     int credit_writes; /* outstanding */
     uint32_t *rsize;
     int error;
 } ib_conn_t;
 
+static const char *ib_link_name(int link_layer) {
+    return link_layer == IBV_LINK_LAYER_ETHERNET ? "RoCE" : "InfiniBand";
+}
+
+/* Both ends must have a usable port (their locality records say so) of the same link layer: a
+ * rank whose port is down, or whose peer's is, leaves the pair to the next transport (tcp). */
 static ncclResult_t ib_can_connect(struct ncclComm *comm, const chorus_locality_t *self,
                                    const chorus_locality_t *peer, int *ok_p) {
     *ok_p = 0;
-    if (ib_device_count() == 0) return ncclSuccess;
-    for (int i = 0; i < peer->nnics && i < CHORUS_MAX_NICS; i++)
-        if (peer->nics[i].kind == 1) *ok_p = 1;
+    if (!self->verbs.usable || !peer->verbs.usable || ib_device_count() == 0) return ncclSuccess;
+    if (self->verbs.link_layer != peer->verbs.link_layer) {
+        INFO(SUB_INIT | SUB_NET,
+             "ib: rank %d (%s, %.16s %s) and rank %d (%s, %.16s %s) have different link layers: "
+             "not connected by verbs",
+             self->rank, self->hostname, self->verbs.dev, ib_link_name(self->verbs.link_layer),
+             peer->rank, peer->hostname, peer->verbs.dev, ib_link_name(peer->verbs.link_layer));
+        return ncclSuccess;
+    }
+    *ok_p = 1;
     return ncclSuccess;
 }
 
@@ -105,8 +117,10 @@ static ncclResult_t ib_setup(chorus_conn_t *conn, void *blob, size_t *blob_bytes
     ib_conn_t *ic = calloc(1, sizeof(*ic));
     if (!ic) return ncclSystemError;
     conn->priv = ic;
-    /* Spread channels over the ports. */
-    ic->dev = ib_device_get((conn->channel < 0 ? 0 : conn->channel) % ndev);
+    /* The device nearest this rank (topology), else channels spread over the ports. */
+    const chorus_locality_t *self =
+        conn->comm && conn->comm->peers ? &conn->comm->peers[conn->comm->rank] : NULL;
+    ic->dev = ib_device_get(ib_pick_device(self, conn->channel));
     ic->nslots = conn->nslots > 0 ? conn->nslots : 8;
     ic->slot_bytes = conn->slot_bytes > 0 ? conn->slot_bytes : 1 << 19;
     conn->nslots = ic->nslots;
@@ -114,13 +128,15 @@ static ncclResult_t ib_setup(chorus_conn_t *conn, void *blob, size_t *blob_bytes
     snprintf(conn->desc, sizeof(conn->desc), "IB/%.20s:%d", ic->dev->name, ic->dev->port);
 
     int depth = 2 * ic->nslots + IB_MAX_CREDIT_WRITES + 4;
+    ic->sq_room = depth - IB_MAX_CREDIT_WRITES;
     ic->cq = ibv->create_cq(ic->dev->ctx, 2 * depth, NULL, NULL, 0);
     if (posix_memalign((void **)&ic->slots, 4096, (size_t)ic->nslots * ic->slot_bytes) != 0)
         ic->slots = NULL;
     ic->word = calloc(1, 64);
     ic->rsize = calloc((size_t)ic->nslots, sizeof(uint32_t));
     if (!ic->cq || !ic->slots || !ic->word || !ic->rsize) {
-        WARN("ib: cannot create a completion queue or slots on %s", ic->dev->name);
+        WARN("ib: cannot create a completion queue or slots for rank %d on %s", conn->peer,
+             ic->dev->name);
         goto err_free;
     }
     int access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE;
@@ -129,8 +145,8 @@ static ncclResult_t ib_setup(chorus_conn_t *conn, void *blob, size_t *blob_bytes
     ic->word_mr =
         ibv->reg_mr(ic->dev->pd, ic->word, 64, conn->is_send ? access : IBV_ACCESS_LOCAL_WRITE);
     if (!ic->slots_mr || !ic->word_mr) {
-        WARN("ib: cannot register %zu bytes on %s", (size_t)ic->nslots * ic->slot_bytes,
-             ic->dev->name);
+        WARN("ib: cannot register %zu bytes for rank %d on %s",
+             (size_t)ic->nslots * ic->slot_bytes, conn->peer, ic->dev->name);
         goto err_free;
     }
     struct ibv_qp_init_attr qa;
@@ -144,7 +160,7 @@ static ncclResult_t ib_setup(chorus_conn_t *conn, void *blob, size_t *blob_bytes
     qa.cap.max_recv_sge = 1;
     ic->qp = ibv->create_qp(ic->dev->pd, &qa);
     if (!ic->qp) {
-        WARN("ib: cannot create a queue pair on %s", ic->dev->name);
+        WARN("ib: cannot create a queue pair for rank %d on %s", conn->peer, ic->dev->name);
         goto err_free;
     }
     struct ibv_qp_attr at;
@@ -155,7 +171,8 @@ static ncclResult_t ib_setup(chorus_conn_t *conn, void *blob, size_t *blob_bytes
     at.qp_access_flags = IBV_ACCESS_REMOTE_WRITE;
     if (ibv->modify_qp(ic->qp, &at,
                        IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS) != 0) {
-        WARN("ib: cannot move the queue pair to INIT on %s", ic->dev->name);
+        WARN("ib: cannot move the queue pair for rank %d to INIT on %s", conn->peer,
+             ic->dev->name);
         goto err_free;
     }
     ic->psn = (uint32_t)rand() & 0xffffff;
@@ -181,14 +198,50 @@ err_free:
     return ncclSystemError;
 }
 
-static ncclResult_t ib_post_recv(ib_conn_t *ic) {
+static ncclResult_t ib_post_recv(chorus_conn_t *conn, ib_conn_t *ic) {
     struct ibv_recv_wr wr, *bad;
     memset(&wr, 0, sizeof(wr));
     wr.wr_id = IB_WR_DATA;
-    if (ibv_post_recv(ic->qp, &wr, &bad) != 0) {
-        WARN("ib: ibv_post_recv failed");
+    int rc = ibv_post_recv(ic->qp, &wr, &bad);
+    if (rc != 0) {
+        WARN("ib: posting a receive for rank %d via %s failed: %s", conn->peer, conn->desc,
+             strerror(rc));
         return ncclSystemError;
     }
+    return ncclSuccess;
+}
+
+/* The sender writes into the receiver's slots at the receiver's stride, so it takes the receiver's
+ * slot count and size (NCCL_BUFFSIZE and CHORUS_NSLOTS may differ between ranks): its own slots
+ * are allocated and registered again when they differ. */
+static ncclResult_t ib_adopt_geometry(chorus_conn_t *conn, ib_conn_t *ic, const ib_blob_t *b) {
+    const ib_symbols_t *ibv = ib_symbols();
+    if (b->nslots == 0 || b->nslots > 1024 || b->slot_bytes < 64 || b->slot_bytes > (1u << 30)) {
+        WARN("ib: rank %d offers %u slots of %llu bytes", conn->peer, b->nslots,
+             (unsigned long long)b->slot_bytes);
+        return ncclInternalError;
+    }
+    if ((int)b->nslots == ic->nslots && b->slot_bytes == ic->slot_bytes) return ncclSuccess;
+    INFO(SUB_INIT | SUB_NET, "ib: send to rank %d with its geometry, %u slots of %llu bytes (ours: "
+         "%d of %zu)", conn->peer, b->nslots, (unsigned long long)b->slot_bytes, ic->nslots,
+         ic->slot_bytes);
+    if (ic->slots_mr) ibv->dereg_mr(ic->slots_mr);
+    ic->slots_mr = NULL;
+    free(ic->slots);
+    ic->slots = NULL;
+    size_t total = (size_t)b->nslots * (size_t)b->slot_bytes;
+    if (posix_memalign((void **)&ic->slots, 4096, total) != 0) ic->slots = NULL;
+    if (ic->slots)
+        ic->slots_mr = ibv->reg_mr(ic->dev->pd, ic->slots, total, IBV_ACCESS_LOCAL_WRITE);
+    if (!ic->slots_mr) {
+        WARN("ib: cannot register %zu bytes of slots for rank %d on %s", total, conn->peer,
+             ic->dev->name);
+        return ncclSystemError;
+    }
+    ic->nslots = (int)b->nslots;
+    ic->slot_bytes = (size_t)b->slot_bytes;
+    conn->nslots = ic->nslots;
+    conn->slot_bytes = ic->slot_bytes;
     return ncclSuccess;
 }
 
@@ -202,16 +255,18 @@ static ncclResult_t ib_connect(chorus_conn_t *conn, const void *peer_blob, size_
         WARN("ib: bad setup blob from rank %d", conn->peer);
         return ncclInternalError;
     }
-    if (conn->is_send && b.slot_bytes < ic->slot_bytes) {
-        WARN("ib: rank %d has slots of %llu bytes, smaller than ours", conn->peer,
-             (unsigned long long)b.slot_bytes);
-        return ncclInternalError;
+    if (b.link_layer != ic->dev->link_layer) {
+        WARN("ib: rank %d reaches rank %d through %s:%d (%s), but rank %d uses a %s port", 
+             conn->comm ? conn->comm->rank : -1, conn->peer, ic->dev->name, ic->dev->port,
+             ib_link_name(ic->dev->link_layer), conn->peer, ib_link_name(b.link_layer));
+        return ncclSystemError;
     }
+    if (conn->is_send) CHECK(ib_adopt_geometry(conn, ic, &b));
     ic->remote_addr = b.addr;
     ic->remote_rkey = b.rkey;
     if (!conn->is_send)
         for (int i = 0; i < ic->nslots; i++)
-            CHECK(ib_post_recv(ic));
+            CHECK(ib_post_recv(conn, ic));
 
     struct ibv_qp_attr at;
     memset(&at, 0, sizeof(at));
@@ -223,18 +278,22 @@ static ncclResult_t ib_connect(chorus_conn_t *conn, const void *peer_blob, size_
     at.max_dest_rd_atomic = 1;
     at.min_rnr_timer = 12;
     at.ah_attr.port_num = (uint8_t)ic->dev->port;
+    at.ah_attr.sl = (uint8_t)chorus_param_int(PARAM_IB_SL);
     if (ic->dev->link_layer == IBV_LINK_LAYER_ETHERNET || b.lid == 0) {
         at.ah_attr.is_global = 1;
         at.ah_attr.grh.dgid = b.gid;
         at.ah_attr.grh.sgid_index = (uint8_t)ic->dev->gid_index;
         at.ah_attr.grh.hop_limit = 255;
+        at.ah_attr.grh.traffic_class = (uint8_t)chorus_param_int(PARAM_IB_TC);
     } else {
         at.ah_attr.dlid = b.lid;
     }
-    if (ibv->modify_qp(ic->qp, &at,
-                       IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
-                           IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER) != 0) {
-        WARN("ib: cannot move the queue pair to rank %d to RTR", conn->peer);
+    int rc = ibv->modify_qp(ic->qp, &at,
+                            IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
+                                IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER);
+    if (rc != 0) {
+        WARN("ib: cannot move the queue pair to rank %d to RTR on %s: %s", conn->peer,
+             ic->dev->name, strerror(rc));
         return ncclSystemError;
     }
     memset(&at, 0, sizeof(at));
@@ -244,10 +303,12 @@ static ncclResult_t ib_connect(chorus_conn_t *conn, const void *peer_blob, size_
     at.rnr_retry = 7; /* infinite: a receiver that has not posted yet makes us wait, not fail */
     at.sq_psn = ic->psn;
     at.max_rd_atomic = 1;
-    if (ibv->modify_qp(ic->qp, &at,
-                       IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
-                           IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC) != 0) {
-        WARN("ib: cannot move the queue pair to rank %d to RTS", conn->peer);
+    rc = ibv->modify_qp(ic->qp, &at,
+                        IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
+                            IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC);
+    if (rc != 0) {
+        WARN("ib: cannot move the queue pair to rank %d to RTS on %s: %s", conn->peer,
+             ic->dev->name, strerror(rc));
         return ncclSystemError;
     }
     conn->connected = 1;
@@ -259,6 +320,15 @@ static ncclResult_t ib_connect(chorus_conn_t *conn, const void *peer_blob, size_
 /* Reap completions: data writes (sender), credit writes and arrivals (receiver). */
 static ncclResult_t ib_poll(chorus_conn_t *conn, ib_conn_t *ic) {
     if (ic->error) return (ncclResult_t)ic->error;
+    const char *down = ib_device_fatal(ic->dev);
+    if (down) {
+        WARN("ib: %s rank %d (%s) via %s failed: %s:%d went down (%s)",
+             conn->is_send ? "write to" : "receive from", conn->peer,
+             conn->comm && conn->comm->peers ? conn->comm->peers[conn->peer].hostname : "?",
+             conn->desc, ic->dev->name, ic->dev->port, down);
+        ic->error = ncclSystemError;
+        return ncclSystemError;
+    }
     struct ibv_wc wc[16];
     int n = ibv_poll_cq(ic->cq, 16, wc);
     if (n < 0) {
@@ -268,11 +338,22 @@ static ncclResult_t ib_poll(chorus_conn_t *conn, ib_conn_t *ic) {
     }
     for (int i = 0; i < n; i++) {
         if (wc[i].status != IBV_WC_SUCCESS) {
-            WARN("ib: rank %d via %s: %s (completion status %d, vendor error %u)", conn->peer,
-                 conn->desc, ib_symbols()->wc_status_str(wc[i].status), (int)wc[i].status,
+            /* Errors the peer or the path caused are remote; a local protection or length error
+             * or a flush without an earlier error is ours. */
+            enum ibv_wc_status st = wc[i].status;
+            int remote = st == IBV_WC_RETRY_EXC_ERR || st == IBV_WC_RNR_RETRY_EXC_ERR ||
+                         st == IBV_WC_REM_ACCESS_ERR || st == IBV_WC_REM_OP_ERR ||
+                         st == IBV_WC_REM_INV_REQ_ERR || st == IBV_WC_REM_ABORT_ERR;
+            const char *host = conn->comm && conn->comm->peers ? conn->comm->peers[conn->peer].hostname
+                                                               : "?";
+            WARN("ib: %s rank %d (%s) via %s failed: %s (completion status %d, vendor error %u)",
+                 wc[i].wr_id == IB_WR_CREDIT ? "credit update to"
+                 : conn->is_send             ? "write to"
+                                             : "receive from",
+                 conn->peer, host, conn->desc, ib_symbols()->wc_status_str(st), (int)st,
                  wc[i].vendor_err);
-            ic->error = ncclRemoteError;
-            return ncclRemoteError;
+            ic->error = remote ? ncclRemoteError : ncclSystemError;
+            return (ncclResult_t)ic->error;
         }
         if (wc[i].opcode == IBV_WC_RECV_RDMA_WITH_IMM) {
             ic->rsize[ic->arrived % (uint64_t)ic->nslots] = ntohl(wc[i].imm_data);
@@ -293,7 +374,8 @@ static ncclResult_t ib_send_acquire(chorus_conn_t *conn, size_t bytes,
     *ready_p = 0;
     CHECK(ib_poll(conn, ic));
     uint64_t credit = __atomic_load_n(ic->word, __ATOMIC_ACQUIRE); /* steps the peer released */
-    if (ic->head - ic->sent >= (uint64_t)ic->nslots || ic->head - credit >= (uint64_t)ic->nslots)
+    if (ic->head - ic->sent >= (uint64_t)ic->nslots || ic->head - ic->sent >= (uint64_t)ic->sq_room ||
+        ic->head - credit >= (uint64_t)ic->nslots)
         return ncclSuccess;
     *slot_p = ic->slots + (size_t)(ic->head % (uint64_t)ic->nslots) * ic->slot_bytes;
     *ready_p = 1;
@@ -333,10 +415,18 @@ static ncclResult_t ib_send_drained(chorus_conn_t *conn, int *done_p) {
     return ncclSuccess;
 }
 
-/* Tell the sender how far we released, if it does not know yet and the queue has room. */
-static ncclResult_t ib_post_credit(chorus_conn_t *conn, ib_conn_t *ic) {
-    if (ic->credit_posted == ic->released || ic->credit_writes >= IB_MAX_CREDIT_WRITES)
-        return ncclSuccess;
+/* Tell the sender how far we released, if it does not know yet and the queue has room. With
+ * keepalive (a receiver waiting for data), the count goes again when nothing went for
+ * IB_KEEPALIVE_NS: a write to a sender that died completes with an error once the queue pair's
+ * retries run out, so the receiver learns of it instead of waiting until CHORUS_TIMEOUT. */
+static ncclResult_t ib_post_credit(chorus_conn_t *conn, ib_conn_t *ic, int keepalive) {
+    if (ic->credit_writes >= IB_MAX_CREDIT_WRITES) return ncclSuccess;
+    uint64_t now = 0;
+    if (ic->credit_posted == ic->released) {
+        if (!keepalive || ic->credit_writes > 0) return ncclSuccess;
+        now = chorus_now_ns();
+        if (now - ic->credit_ns < IB_KEEPALIVE_NS) return ncclSuccess;
+    }
     __atomic_store_n(ic->word, ic->released, __ATOMIC_RELEASE);
     struct ibv_sge sge = {
         .addr = (uint64_t)(uintptr_t)ic->word, .length = 8, .lkey = ic->word_mr->lkey};
@@ -355,6 +445,7 @@ static ncclResult_t ib_post_credit(chorus_conn_t *conn, ib_conn_t *ic) {
     }
     ic->credit_writes++;
     ic->credit_posted = ic->released;
+    ic->credit_ns = now ? now : chorus_now_ns();
     return ncclSuccess;
 }
 
@@ -364,7 +455,7 @@ static ncclResult_t ib_recv_peek(chorus_conn_t *conn, const void **data_p, size_
     *ready_p = 0;
     if (ic->arrived == ic->released) {
         CHECK(ib_poll(conn, ic));
-        CHECK(ib_post_credit(conn, ic));
+        CHECK(ib_post_credit(conn, ic, 1));
         if (ic->arrived == ic->released) return ncclSuccess;
     }
     int slot = (int)(ic->released % (uint64_t)ic->nslots);
@@ -377,17 +468,17 @@ static ncclResult_t ib_recv_peek(chorus_conn_t *conn, const void **data_p, size_
 static ncclResult_t ib_recv_release(chorus_conn_t *conn) {
     ib_conn_t *ic = conn->priv;
     if (ic->arrived == ic->released) return ncclInternalError;
-    CHECK(ib_post_recv(ic));
+    CHECK(ib_post_recv(conn, ic));
     ic->released++;
     conn->step = ic->released;
-    return ib_post_credit(conn, ic);
+    return ib_post_credit(conn, ic, 0);
 }
 
 static ncclResult_t ib_progress(chorus_conn_t *conn) {
     ib_conn_t *ic = conn->priv;
     if (!ic) return ncclSuccess;
     CHECK(ib_poll(conn, ic));
-    if (!conn->is_send) CHECK(ib_post_credit(conn, ic));
+    if (!conn->is_send) CHECK(ib_post_credit(conn, ic, 0));
     return ncclSuccess;
 }
 
