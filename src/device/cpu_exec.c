@@ -16,6 +16,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "ce_prog.h"
 #include "ch_proto.h"
 #include "sched.h"
 
@@ -305,6 +306,36 @@ static uint32_t run_step(ch_blk_t *b, const ch_step_t *s) {
     return CH_OK;
 }
 
+static const ch_conn_t *ce_conn(void *arg, int c, int src, int dst) {
+    return world_conn((const ch_cpu_world_t *)arg, c, src, dst);
+}
+
+/* The channel as a copy-engine program: built from the schedule, then interpreted. The
+ * connections' counters continue from where the previous op left them. */
+static uint32_t run_ce(ch_blk_t *b) {
+    ch_cpu_world_t *w = b->t->w;
+    const int n = w->nranks, r = b->plan.rank, c = b->t->c;
+    uint64_t *next = calloc(2 * (size_t)n, sizeof(uint64_t));
+    if (!next) return ch_set_once32(&w->err, CH_ERR_ABORT);
+    for (int q = 0; q < n; q++) {
+        if (q == r) continue;
+        next[q] = ch_ld_relaxed(&world_conn(w, c, r, q)->ctrl->head);
+        next[n + q] = ch_ld_relaxed(&world_conn(w, c, q, r)->ctrl->tail);
+    }
+    ch_ce_env_t env = {.conn = ce_conn, .arg = w, .next_send = next, .next_recv = next + n};
+    ch_ce_prog_t prog = {0};
+    const ch_cpu_op_t *op = b->t->op;
+    uint32_t e = CH_OK;
+    if (ch_ce_build(&b->plan, c, op->sendbuff, op->recvbuff, &op->redop, &env, &prog) !=
+        ncclSuccess)
+        e = ch_set_once32(&w->err, CH_ERR_ABORT);
+    else
+        e = ch_ce_run(&prog, &ch_ce_cpu_ops, &b->wait, &op->redop);
+    ch_ce_prog_free(&prog);
+    free(next);
+    return e;
+}
+
 static void *thr_main(void *arg) {
     ch_thr_t *t = (ch_thr_t *)arg;
     ch_cpu_world_t *w = t->w;
@@ -344,6 +375,10 @@ static void *thr_main(void *arg) {
             t->result = ch_set_once32(&w->err, CH_ERR_ABORT);
             goto out;
         }
+    }
+    if (t->proto == CH_CPU_CE) {
+        t->result = run_ce(&b);
+        goto out;
     }
     uint32_t e = exchange_headers(&b);
     ch_iter_t it;

@@ -45,7 +45,12 @@ ch_cpu_world_t *ch_cpu_world_create(int nranks, int max_ch, int nslots, size_t s
                                     size_t ll_bytes, int64_t timeout_ms);
 void ch_cpu_world_destroy(ch_cpu_world_t *w);
 
-/* Run ops[0..nranks-1] (one per rank) with protocol proto (CH_PROTO_SIMPLE or CH_PROTO_LL) and
+/* ch_cpu_run's proto for copy-engine programs (ce_prog.h): each thread builds its channel's
+ * program from the schedule and interprets it (no op header exchange). */
+#define CH_CPU_CE 2
+
+/* Run ops[0..nranks-1] (one per rank) with protocol proto (CH_PROTO_SIMPLE, CH_PROTO_LL or
+ * CH_CPU_CE) and
  * wait for every thread. results[r]: CH_OK, or the error rank r's threads met; a rank that
  * finished while another failed gets the error word too, as every rank of a failed
  * communicator does. The error word stays set: a failed world runs nothing more. */

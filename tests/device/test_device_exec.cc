@@ -1,8 +1,9 @@
 // test_device_exec.cc: the device protocol and schedules run by CPU threads (src/device/
 // cpu_exec.c): every collective, dtype and reduction, 1-8 ranks, two slots per connection
-// (every op wraps around), SIMPLE and LL, in and out of place, against a serial reference; and
-// the failure paths: an abort while ranks spin, a wait past its deadline, and mismatched op
-// headers. The suite also runs under ThreadSanitizer (scripts/test.sh's TSan stage).
+// (every op wraps around), SIMPLE, LL and copy-engine programs, in and out of place, against a
+// serial reference; and the failure paths: an abort while ranks spin, a wait past its deadline,
+// and mismatched op headers. The suite also runs under ThreadSanitizer (scripts/test.sh's TSan
+// stage).
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -47,7 +48,10 @@ std::string describe(const Case &c) {
     return std::string(colls[c.coll]) + " " + chorus_dtype_name(c.t) + " " +
            kOpNames[c.op == kPremul ? 5 : c.op] + " n=" + std::to_string(c.n) +
            " count=" + std::to_string(c.count) + (c.inplace ? " inplace" : "") +
-           (c.proto == CH_PROTO_LL ? " LL" : " SIMPLE") + " root=" + std::to_string(c.root);
+           (c.proto == CH_PROTO_LL ? " LL"
+            : c.proto == CH_CPU_CE ? " CE"
+                                   : " SIMPLE") +
+           " root=" + std::to_string(c.root);
 }
 
 // Input elements of rank r and output elements, per collective.
@@ -187,6 +191,28 @@ TEST_P(DeviceCpuExec, DataMovement) {
                 }
 }
 
+// The same ops as copy-engine programs (ce_prog.h) built from the schedules and interpreted with
+// the host kernels: every collective, reduction and size class, 1-8 ranks.
+TEST_P(DeviceCpuExec, CopyEnginePrograms) {
+    const ncclDataType_t t = GetParam();
+    for (int coll = 0; coll < CH_COLL_COUNT; coll++) {
+        const bool reduces =
+            coll == CH_COLL_ALLREDUCE || coll == CH_COLL_REDUCESCATTER || coll == CH_COLL_REDUCE;
+        for (int op : kOps) {
+            if (!reduces && op != ncclSum) continue;
+            for (int n = 1; n <= 8; n++)
+                for (size_t count : counts(t, n))
+                    for (bool inplace : {false, true}) {
+                        if (inplace && (coll == CH_COLL_SENDRECV || coll == CH_COLL_ALLTOALL))
+                            continue;
+                        run_case(
+                            {coll, t, op, n, count, inplace, CH_CPU_CE, (int)((count + 1) % n)});
+                        if (HasFailure()) return;
+                    }
+        }
+    }
+}
+
 INSTANTIATE_TEST_SUITE_P(Dtypes, DeviceCpuExec, ::testing::ValuesIn(kDtypes),
                          [](const ::testing::TestParamInfo<ncclDataType_t> &i) {
                              return std::string(chorus_dtype_name(i.param));
@@ -254,7 +280,7 @@ std::vector<uint32_t> run_stuck(ch_cpu_world_t *w, int n, std::vector<int> skip,
 }
 
 TEST(DeviceCpuExecFixed, AbortReleasesSpinningRanks) {
-    for (int proto : {CH_PROTO_SIMPLE, CH_PROTO_LL}) {
+    for (int proto : {(int)CH_PROTO_SIMPLE, (int)CH_PROTO_LL, CH_CPU_CE}) {
         const int n = 4;
         ch_cpu_world_t *w = ch_cpu_world_create(n, kChannels, kSlots, kSlot, kLL, 600000);
         ASSERT_NE(w, nullptr);
