@@ -82,6 +82,14 @@ uint32_t ch_ce_run(const ch_ce_prog_t *prog, const ch_ce_ops_t *ops, void *ctx,
 /* The CPU interpreter: ctx is a ch_wait_t (error word and deadline of the waits). */
 extern const ch_ce_ops_t ch_ce_cpu_ops;
 
+#if CHORUS_HAVE_CUDA
+/* The CUDA table (ce_cuda.c): ctx is a cudaStream_t; each operation is enqueued on it
+ * (cuStreamWaitValue64 GEQ, cuStreamWriteValue64, cudaMemcpyAsync, rk_dev_*) and returns
+ * CH_ERR_CUDA, with a WARN, when enqueueing fails. *ops_p is NULL, with ncclInvalidUsage, where
+ * the driver has no 64-bit stream memory operations. */
+ncclResult_t ch_ce_cuda_ops(const ch_ce_ops_t **ops_p);
+#endif
+
 #ifdef __cplusplus
 }
 #endif

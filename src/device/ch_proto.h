@@ -39,7 +39,8 @@
 
 #include "ch_hd.h"
 
-enum { CH_OK = 0, CH_ERR_ABORT = 1, CH_ERR_MISMATCH = 2, CH_ERR_TIMEOUT = 3 };
+/* Error word values. CH_ERR_CUDA: a CUDA call that enqueues a program's operation failed. */
+enum { CH_OK = 0, CH_ERR_ABORT = 1, CH_ERR_MISMATCH = 2, CH_ERR_TIMEOUT = 3, CH_ERR_CUDA = 4 };
 enum { CH_PROTO_SIMPLE = 0, CH_PROTO_LL = 1 };
 
 /* Spins between two calls of the side's check. */

@@ -56,6 +56,8 @@ ncclResult_t ch_error_result(uint32_t err) {
     case CH_ERR_ABORT:
     case CH_ERR_TIMEOUT:
         return ncclRemoteError;
+    case CH_ERR_CUDA:
+        return ncclUnhandledCudaError;
     default:
         return ncclInternalError;
     }
@@ -71,8 +73,8 @@ static ch_conn_t *world_conn(const ch_cpu_world_t *w, int c, int src, int dst) {
 
 ch_cpu_world_t *ch_cpu_world_create(int nranks, int max_ch, int nslots, size_t slot_bytes,
                                     size_t ll_bytes, int64_t timeout_ms) {
-    if (nranks < 1 || max_ch < 1 || nslots < 1 || slot_bytes < 64 || slot_bytes % 64 ||
-        ll_bytes < 64 || ll_bytes % 8)
+    if (nranks < 1 || nranks > CH_CPU_MAX_RANKS || max_ch < 1 || nslots < 1 || slot_bytes < 64 ||
+        slot_bytes % 64 || ll_bytes < 64 || ll_bytes % 8)
         return NULL;
     ch_cpu_world_t *w = calloc(1, sizeof(*w));
     if (!w) return NULL;
@@ -175,7 +177,7 @@ static uint32_t exchange_headers(ch_blk_t *b) {
     const int r = p->rank, c = b->t->c, n = p->nranks;
     ch_op_hdr_t h;
     make_hdr(b, &h);
-    int tx[64], rx[64], ntx = 0, nrx = 0;
+    int tx[CH_CPU_MAX_RANKS], rx[CH_CPU_MAX_RANKS], ntx = 0, nrx = 0;
     if (ch_coll_is_ring(p->coll)) {
         if (n > 1) {
             tx[ntx++] = ch_ring_next(p, c);
@@ -185,7 +187,7 @@ static uint32_t exchange_headers(ch_blk_t *b) {
         if (p->send_peer >= 0 && p->send_peer != r) tx[ntx++] = p->send_peer;
         if (p->recv_peer >= 0 && p->recv_peer != r) rx[nrx++] = p->recv_peer;
     } else {
-        for (int i = 1; i < n && i < 64; i++) {
+        for (int i = 1; i < n; i++) {
             tx[ntx++] = (r + i) % n;
             rx[nrx++] = (r - i + n) % n;
         }

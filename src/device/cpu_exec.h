@@ -37,10 +37,11 @@ typedef struct {
 } ch_cpu_op_t;
 
 typedef struct ch_cpu_world ch_cpu_world_t;
+#define CH_CPU_MAX_RANKS 64
 
-/* nslots slots per connection, SIMPLE slots of slot_bytes (a multiple of 64), LL slots carrying
- * ll_bytes (a multiple of 8, at least 64). timeout_ms: how long a wait may spin before the op
- * fails with CH_ERR_TIMEOUT. NULL on bad arguments or no memory. */
+/* nranks: 1 .. CH_CPU_MAX_RANKS; nslots slots per connection, SIMPLE slots of slot_bytes (a
+ * multiple of 64), LL slots carrying ll_bytes (a multiple of 8, at least 64). timeout_ms: how long
+ * a wait may spin before the op fails with CH_ERR_TIMEOUT. NULL on bad arguments or no memory. */
 ch_cpu_world_t *ch_cpu_world_create(int nranks, int max_ch, int nslots, size_t slot_bytes,
                                     size_t ll_bytes, int64_t timeout_ms);
 void ch_cpu_world_destroy(ch_cpu_world_t *w);
