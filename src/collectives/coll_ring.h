@@ -85,5 +85,11 @@ typedef int (*coll_ring_step_fn)(const coll_op_t *op, const coll_ring_at_t *at, 
  * *done_p gets the algorithm's progress answer (coll_algo_t.progress). */
 ncclResult_t coll_ring_drive(coll_op_t *op, size_t loop_elems, long loop_steps,
                              coll_ring_step_fn fill, int *done_p);
+#if CHORUS_RING_TRACE
+/* Each step coll_ring_drive has run, when this file is compiled with CHORUS_RING_TRACE=1 (the
+ * schedule comparison of tests/device defines it; the library never is). */
+void coll_ring_trace(const coll_op_t *op, const coll_ring_at_t *at, const coll_chunk_t *cc,
+                     int uses);
+#endif
 
 #endif

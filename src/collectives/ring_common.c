@@ -215,6 +215,9 @@ ncclResult_t coll_ring_drive(coll_op_t *op, size_t loop_elems, long loop_steps,
             CHECK(prim_step(op, uses & COLL_RING_RX ? &ch->recv : NULL,
                             uses & COLL_RING_TX ? &ch->send : NULL, &cc, &ok));
             if (!ok) break;
+#if CHORUS_RING_TRACE
+            coll_ring_trace(op, &at, &cc, uses);
+#endif
             moved = 1;
             if (echo_pending) CHECK(ring_echo_step(op, ch, echo, &moved, &echo_pending));
             if (++ch->step == loop_steps) {

@@ -1,0 +1,98 @@
+/*
+ * ce_cuda.c: the CUDA executor of copy-engine programs (ce_prog.h): every operation is enqueued
+ * on the rank's stream, where the GPU's front end and copy engines run it in order. The driver's
+ * stream memory operations are looked up once through the runtime.
+ */
+#include "ce_prog.h"
+
+#if CHORUS_HAVE_CUDA
+#include <cuda.h>
+#include <cuda_runtime.h>
+#include <pthread.h>
+
+#include "log.h"
+
+typedef CUresult (*ce_wait64_fn)(CUstream, CUdeviceptr, cuuint64_t, unsigned int);
+typedef CUresult (*ce_write64_fn)(CUstream, CUdeviceptr, cuuint64_t, unsigned int);
+
+static pthread_once_t ce_once = PTHREAD_ONCE_INIT;
+static ce_wait64_fn ce_wait64;
+static ce_write64_fn ce_write64;
+
+static void *ce_lookup_one(const char *name) {
+    void *fn = NULL;
+    enum cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+    cudaError_t err = cudaGetDriverEntryPointByVersion(name, &fn, 12000, cudaEnableDefault, &q);
+    if (err != cudaSuccess || q != cudaDriverEntryPointSuccess) {
+        (void)cudaGetLastError();
+        return NULL;
+    }
+    return fn;
+}
+
+static void ce_lookup(void) {
+    ce_wait64 = (ce_wait64_fn)ce_lookup_one("cuStreamWaitValue64");
+    ce_write64 = (ce_write64_fn)ce_lookup_one("cuStreamWriteValue64");
+}
+
+static uint32_t ce_cu_result(const char *what, CUresult r) {
+    if (r == CUDA_SUCCESS) return CH_OK;
+    WARN("copy-engine program: %s failed (CUresult %d)", what, (int)r);
+    return CH_ERR_CUDA;
+}
+
+static uint32_t ce_cuda_wait(void *ctx, uint64_t *addr, uint64_t value) {
+    return ce_cu_result(
+        "cuStreamWaitValue64",
+        ce_wait64((CUstream)ctx, (CUdeviceptr)(uintptr_t)addr, value, CU_STREAM_WAIT_VALUE_GEQ));
+}
+
+static uint32_t ce_cuda_write(void *ctx, uint64_t *addr, uint64_t value) {
+    return ce_cu_result("cuStreamWriteValue64",
+                        ce_write64((CUstream)ctx, (CUdeviceptr)(uintptr_t)addr, value,
+                                   CU_STREAM_WRITE_VALUE_DEFAULT));
+}
+
+static uint32_t ce_cuda_copy(void *ctx, void *dst, const void *src, size_t bytes) {
+    cudaError_t e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, (cudaStream_t)ctx);
+    if (e == cudaSuccess) return CH_OK;
+    WARN("copy-engine program: cudaMemcpyAsync of %zu bytes failed: %s", bytes,
+         cudaGetErrorString(e));
+    return CH_ERR_CUDA;
+}
+
+static uint32_t ce_cuda_reduce(void *ctx, int shape, void *dst, const void *in, const void *acc,
+                               size_t count, const chorus_redop_t *rop) {
+    ncclResult_t r;
+    if (shape == CH_CE_PREPARE)
+        r = rk_dev_prepare(dst, in, count, rop, ctx);
+    else if (shape == CH_CE_COMBINE)
+        r = rk_dev_reduce(dst, in, acc, count, rop, ctx);
+    else
+        r = rk_dev_finish(dst, in, count, rop, ctx);
+    return r == ncclSuccess ? CH_OK : CH_ERR_CUDA; /* rk_dev_* WARN themselves */
+}
+
+static const ch_ce_ops_t ce_cuda_table = {
+    .wait_geq = ce_cuda_wait,
+    .write = ce_cuda_write,
+    .copy = ce_cuda_copy,
+    .reduce = ce_cuda_reduce,
+};
+
+ncclResult_t ch_ce_cuda_ops(const ch_ce_ops_t **ops_p) {
+    pthread_once(&ce_once, ce_lookup);
+    if (!ce_wait64 || !ce_write64) {
+        *ops_p = NULL;
+        WARN("copy-engine programs need cuStreamWaitValue64/cuStreamWriteValue64, which this "
+             "CUDA driver does not give");
+        return ncclInvalidUsage;
+    }
+    *ops_p = &ce_cuda_table;
+    return ncclSuccess;
+}
+
+#else
+/* Without CUDA this file only keeps the translation unit non-empty (ISO C). */
+typedef int ce_cuda_unused_t;
+#endif
