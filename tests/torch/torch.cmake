@@ -8,6 +8,7 @@
 #  torch_kill            a SIGKILLed rank makes the others raise with a message naming it
 #  torch_initenv_{chorusrun,torchrun}  chorusCommInitFromEnv and the chorus backend beside
 #                        torch's store on MASTER_PORT, under chorusrun and real torchrun
+#  torch_example_ddp     examples/torch_ddp.py on 4096 Fashion-MNIST samples, 2 ranks
 
 # The first Python that imports torch: Debian's python3-torch lives in /usr/bin/python3, which a
 # pyenv or venv python3 earlier in PATH does not see.
@@ -44,8 +45,14 @@ if(CHORUS_TORCH_PYTHON AND TARGET chorusrun)
   # Real torchrun (torch.distributed.run), whose agent's store holds MASTER_PORT.
   add_test(NAME torch_initenv_torchrun
            COMMAND ${CHORUS_TORCH_PYTHON} ${_dir}/torch_initenv.py --torchrun 2)
+  add_test(NAME torch_example_ddp
+           COMMAND $<TARGET_FILE:chorusrun> -n 2 ${CHORUS_TORCH_PYTHON}
+                   ${CMAKE_SOURCE_DIR}/examples/torch_ddp.py --backend chorus --epochs 1
+                   --limit 4096)
+  set_tests_properties(torch_example_ddp PROPERTIES
+                       PASS_REGULAR_EXPRESSION "test accuracy [0-9.]+%.*samples/s")
   set(_tests torch_ops_2 torch_ops_3 torch_ddp_2 torch_ddp_4 torch_kill torch_initenv_chorusrun
-      torch_initenv_torchrun)
+      torch_initenv_torchrun torch_example_ddp)
   set_tests_properties(${_tests} PROPERTIES TIMEOUT 300 LABELS "torch" SKIP_RETURN_CODE 77
                        ENVIRONMENT "${_env}")
   unset(_dir)
