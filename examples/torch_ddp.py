@@ -92,8 +92,8 @@ def main():
             acc = (model.module(xte).argmax(1) == yte).float().mean().item()
         if rank == 0:
             print(f"epoch {epoch + 1}: test accuracy {acc * 100:.2f}%  "
-                  f"{steps * per_rank * world / secs:.0f} samples/s  ({args.backend}, {world} ranks)",
-                  flush=True)
+                  f"{steps * per_rank * world / secs:.0f} samples/s  "
+                  f"({args.backend}, {world} ranks)", flush=True)
     dist.destroy_process_group()
 
 

@@ -3,7 +3,6 @@
 CHORUS_LIB=/path/libchorus.so uses an already built library instead; CHORUS_CMAKE_ARGS adds
 CMake options (the default builds without CUDA and without tests, which takes about a minute).
 """
-import glob
 import os
 import shlex
 import shutil

@@ -18,7 +18,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python"))
-import chorus_torch  # noqa: E402,F401
+import chorus_torch  # noqa: E402,F401  (registers the backend)
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--mib", type=float, default=10)
@@ -37,7 +37,8 @@ torch.manual_seed(0)
 
 
 def make():
-    return torch.nn.Sequential(torch.nn.Linear(width, h), torch.nn.ReLU(), torch.nn.Linear(h, width))
+    return torch.nn.Sequential(torch.nn.Linear(width, h), torch.nn.ReLU(),
+                               torch.nn.Linear(h, width))
 
 
 nparam = sum(p.numel() for p in make().parameters())
@@ -64,7 +65,8 @@ if R == 0:
     for k in runs:
         print(f"  {k:7s} median step {med[k]:8.2f} ms")
     cc, cg = med["chorus"] - med["floor"], med["gloo"] - med["floor"]
+    share = f"{cc / cg * 100:.0f} %" if cg > 0 else "n/a"
     print(f"  step ratio gloo/chorus {med['gloo'] / med['chorus']:.2f}x; communication above the "
-          f"floor: chorus {cc:.2f} ms, gloo {cg:.2f} ms ({cc / cg * 100 if cg > 0 else float('nan'):.0f} %)")
+          f"floor: chorus {cc:.2f} ms, gloo {cg:.2f} ms ({share})")
 dist.destroy_process_group(ch)
 dist.destroy_process_group()

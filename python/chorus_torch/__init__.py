@@ -9,7 +9,6 @@ a Chorus group while the program keeps gloo (or another backend) for everything 
 import atexit
 import inspect
 
-import torch
 import torch.distributed as dist
 
 from . import _lib

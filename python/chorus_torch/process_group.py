@@ -180,6 +180,8 @@ class Work(_Work):
         self.wait()
 
     def get_future(self):
+        if self._pending_p2p:  # issue held-back send/recv here, not on the reaper thread
+            self._pg._flush_p2p()
         if self._future is None:
             self._future = torch.futures.Future()
             if self._done.is_set():
@@ -656,6 +658,8 @@ class _AllWork(Work):
         return all(w.is_completed() for w in self._works)
 
 
+# Groups whose communicator is still open. torch 1.13's destroy_process_group only drops its
+# reference; the communicator then closes at exit (torch 2.x calls shutdown()).
 _live_groups = set()
 
 

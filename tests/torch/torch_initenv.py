@@ -16,7 +16,7 @@ except ImportError as e:
     print(f"SKIP: torch is not importable ({e})")
     sys.exit(77)
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python"))
-import chorus_torch  # noqa: E402
+import chorus_torch  # noqa: E402,F401  (registers the backend)
 from chorus_torch import _lib  # noqa: E402
 
 
