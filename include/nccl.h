@@ -266,6 +266,63 @@ ncclResult_t pncclCommWindowRegister(ncclComm_t comm, void *buff, size_t size, n
 ncclResult_t ncclCommWindowDeregister(ncclComm_t comm, ncclWindow_t win);
 ncclResult_t pncclCommWindowDeregister(ncclComm_t comm, ncclWindow_t win);
 
+/* ---- NCCL 2.30 additions. Chorus exports them all, with NCCL's prototypes, so that programs
+ * built against NCCL 2.30 (PyTorch 2.x) load; the README says which ones work. ---- */
+
+/* The user pointer a window was registered with. */
+ncclResult_t ncclWinGetUserPtr(ncclComm_t comm, ncclWindow_t win, void **outUserPtr);
+ncclResult_t pncclWinGetUserPtr(ncclComm_t comm, ncclWindow_t win, void **outUserPtr);
+
+/* Release (NCCL_SUSPEND_MEM) and take back a communicator's dynamic GPU memory. */
+#define NCCL_SUSPEND_MEM 0x01
+ncclResult_t ncclCommSuspend(ncclComm_t comm, int flags);
+ncclResult_t pncclCommSuspend(ncclComm_t comm, int flags);
+ncclResult_t ncclCommResume(ncclComm_t comm);
+ncclResult_t pncclCommResume(ncclComm_t comm);
+
+/* Memory statistics of a communicator, in bytes (ncclStatGpuMemSuspended: 0 or 1). */
+typedef enum {
+    ncclStatGpuMemSuspend = 0,
+    ncclStatGpuMemSuspended = 1,
+    ncclStatGpuMemPersist = 2,
+    ncclStatGpuMemTotal = 3
+} ncclCommMemStat_t;
+ncclResult_t ncclCommMemStats(ncclComm_t comm, ncclCommMemStat_t stat, uint64_t *value);
+ncclResult_t pncclCommMemStats(ncclComm_t comm, ncclCommMemStat_t stat, uint64_t *value);
+
+/* Growing a communicator: an id made by an existing rank, then ncclCommGrow on old and new ranks. */
+ncclResult_t ncclCommGetUniqueId(ncclComm_t comm, ncclUniqueId *uniqueId);
+ncclResult_t pncclCommGetUniqueId(ncclComm_t comm, ncclUniqueId *uniqueId);
+ncclResult_t ncclCommGrow(ncclComm_t comm, int nRanks, const ncclUniqueId *uniqueId, int rank, ncclComm_t *newcomm, ncclConfig_t *config);
+ncclResult_t pncclCommGrow(ncclComm_t comm, int nRanks, const ncclUniqueId *uniqueId, int rank, ncclComm_t *newcomm, ncclConfig_t *config);
+
+/* One-sided operations on registered windows, ordered on a stream. */
+typedef struct {
+    int opCnt;  /* signals to wait for */
+    int peer;   /* from this rank */
+    int sigIdx; /* on this signal index */
+    int ctx;    /* in this context */
+} ncclWaitSignalDesc_t;
+ncclResult_t ncclPutSignal(const void *localbuff, size_t count, ncclDataType_t datatype, int peer, ncclWindow_t peerWin, size_t peerWinOffset, int sigIdx, int ctx, unsigned int flags, ncclComm_t comm, cudaStream_t stream);
+ncclResult_t pncclPutSignal(const void *localbuff, size_t count, ncclDataType_t datatype, int peer, ncclWindow_t peerWin, size_t peerWinOffset, int sigIdx, int ctx, unsigned int flags, ncclComm_t comm, cudaStream_t stream);
+ncclResult_t ncclSignal(int peer, int sigIdx, int ctx, unsigned int flags, ncclComm_t comm, cudaStream_t stream);
+ncclResult_t pncclSignal(int peer, int sigIdx, int ctx, unsigned int flags, ncclComm_t comm, cudaStream_t stream);
+ncclResult_t ncclWaitSignal(int nDesc, ncclWaitSignalDesc_t *signalDescs, ncclComm_t comm, cudaStream_t stream);
+ncclResult_t pncclWaitSignal(int nDesc, ncclWaitSignalDesc_t *signalDescs, ncclComm_t comm, cudaStream_t stream);
+
+/* Host entry points of NCCL's device API (nccl_device/core.h there). The structures stay
+ * incomplete here: Chorus has no device communicator, and a caller only passes pointers. */
+typedef struct ncclDevCommRequirements ncclDevCommRequirements_t;
+typedef struct ncclDevComm ncclDevComm_t;
+ncclResult_t ncclDevCommCreate(ncclComm_t comm, const ncclDevCommRequirements_t *reqs, ncclDevComm_t *outDevComm);
+ncclResult_t pncclDevCommCreate(ncclComm_t comm, const ncclDevCommRequirements_t *reqs, ncclDevComm_t *outDevComm);
+ncclResult_t ncclDevCommDestroy(ncclComm_t comm, const ncclDevComm_t *devComm);
+ncclResult_t pncclDevCommDestroy(ncclComm_t comm, const ncclDevComm_t *devComm);
+ncclResult_t ncclGetLsaMultimemDevicePointer(ncclWindow_t window, size_t offset, void **outPtr);
+ncclResult_t pncclGetLsaMultimemDevicePointer(ncclWindow_t window, size_t offset, void **outPtr);
+ncclResult_t ncclGetPeerDevicePointer(ncclWindow_t window, size_t offset, int peer, void **outPtr);
+ncclResult_t pncclGetPeerDevicePointer(ncclWindow_t window, size_t offset, int peer, void **outPtr);
+
 /* An op that multiplies each input by *scalar, then sums. */
 ncclResult_t ncclRedOpCreatePreMulSum(ncclRedOp_t *op, void *scalar, ncclDataType_t datatype, ncclScalarResidence_t residence, ncclComm_t comm);
 ncclResult_t pncclRedOpCreatePreMulSum(ncclRedOp_t *op, void *scalar, ncclDataType_t datatype, ncclScalarResidence_t residence, ncclComm_t comm);

@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
 # Install the Debian packages that building and testing Chorus need. Used by .ci/run and the README.
 #   scripts/install_deps.sh          build + test dependencies
-#   scripts/install_deps.sh --peers  also the peers for perf/compare (Open MPI, PyTorch/Gloo, gnuplot)
+#   scripts/install_deps.sh --peers  also the peers for perf/compare (gnuplot, iperf3)
 # The CUDA toolkit comes from the machine image; without it Chorus builds without the CUDA path.
 set -euo pipefail
+# python3-torch: Debian's CPU torch 1.13, for the tests of the PyTorch package (tests/torch).
 # libasan8, libubsan1, libtsan2: the runtimes of gcc 12's sanitizers for the build-asan and
 # build-tsan stages of scripts/test.sh (gcc-12 pulls them in already; named so that they stay).
 pkgs=(build-essential cmake pkg-config libhwloc-dev hwloc libgtest-dev googletest libibverbs-dev
       zlib1g-dev iproute2 util-linux procps openmpi-bin libopenmpi-dev dataset-fashion-mnist
-      clang libclang-rt-14-dev libasan8 libubsan1 libtsan2)
+      clang libclang-rt-14-dev libasan8 libubsan1 libtsan2 python3-torch)
 if [ "${1:-}" = "--peers" ]; then
-  pkgs+=(python3-torch gnuplot-nox iperf3)
+  pkgs+=(gnuplot-nox iperf3)
 fi
 missing=()
 for p in "${pkgs[@]}"; do

@@ -6,7 +6,9 @@
  *
  * Each rank is a child process with the variables torchrun sets: RANK, WORLD_SIZE, LOCAL_RANK,
  * LOCAL_WORLD_SIZE, NODE_RANK, MASTER_ADDR, MASTER_PORT (chorusCommInitFromEnv reads them), and
- * NCCL_COMM_ID=MASTER_ADDR:MASTER_PORT unless CHORUS_COMM_ID or NCCL_COMM_ID is already set. With
+ * NCCL_COMM_ID=MASTER_ADDR:port unless CHORUS_COMM_ID or NCCL_COMM_ID is already set, on a port
+ * of its own (MASTER_PORT stays free for torch's store: a second free port on one node,
+ * MASTER_PORT + 1 across nodes or with --master-port). With
  * NCCL_COMM_ID, ncclGetUniqueId returns the same fixed id in every rank and rank 0 hosts the
  * rendezvous on that address (NCCL's semantics), so a plain NCCL program that calls
  * ncclGetUniqueId in every rank works unchanged. On one node the master port is a free port picked
@@ -94,7 +96,7 @@ static void usage(FILE *f) {
         "usage: chorusrun -n N [options] [--] program [args...]\n"
         "\n"
         "Start N local ranks of a Chorus/NCCL job. Each rank gets RANK, WORLD_SIZE, LOCAL_RANK,\n"
-        "LOCAL_WORLD_SIZE, NODE_RANK, MASTER_ADDR, MASTER_PORT and NCCL_COMM_ID=addr:port\n"
+        "LOCAL_WORLD_SIZE, NODE_RANK, MASTER_ADDR, MASTER_PORT and NCCL_COMM_ID=addr:port2\n"
         "(unless CHORUS_COMM_ID/NCCL_COMM_ID is set): rank 0 hosts the rendezvous there.\n"
         "On one node the ranks also get a random CHORUS_JOB_SECRET (unless CHORUS_JOB_SECRET\n"
         "or CHORUS_JOB_SECRET_FILE is set); with --nnodes > 1 set one of them on every node.\n"
@@ -362,12 +364,25 @@ int main(int argc, char **argv) {
         return 2;
     }
     if (master_addr == NULL) master_addr = "127.0.0.1";
+    /* Chorus's root gets a port of its own: torch's TCPStore (init_process_group) binds
+     * MASTER_PORT in rank 0, so the two cannot share it. On one node both are free ports picked
+     * here; otherwise the root port is MASTER_PORT + 1, which every node computes alike. */
+    int root_port = -1;
     if (master_port < 0) {
         master_port = nnodes > 1 ? 29500 : pick_free_port(master_addr);
-        if (master_port < 0) {
+        if (master_port >= 0 && nnodes == 1) root_port = pick_free_port(master_addr);
+        if (master_port < 0 || (nnodes == 1 && root_port < 0)) {
             fprintf(stderr, "chorusrun: cannot find a free port on %s\n", master_addr);
             return 1;
         }
+    }
+    if (root_port < 0) {
+        if (master_port >= 65535) {
+            fprintf(stderr, "chorusrun: --master-port %d leaves no port above it for Chorus's "
+                            "root (it uses MASTER_PORT + 1)\n", master_port);
+            return 2;
+        }
+        root_port = master_port + 1;
     }
     long world = (long)nnodes * nlocal;
     if (world > 1 << 24) {
@@ -378,9 +393,9 @@ int main(int argc, char **argv) {
     /* Variables common to every rank. */
     char comm_id[300];
     if (strchr(master_addr, ':') && master_addr[0] != '[')
-        snprintf(comm_id, sizeof(comm_id), "[%s]:%d", master_addr, master_port);
+        snprintf(comm_id, sizeof(comm_id), "[%s]:%d", master_addr, root_port);
     else
-        snprintf(comm_id, sizeof(comm_id), "%s:%d", master_addr, master_port);
+        snprintf(comm_id, sizeof(comm_id), "%s:%d", master_addr, root_port);
     setenv("MASTER_ADDR", master_addr, 1);
     setenv_int("MASTER_PORT", master_port);
     setenv_int("WORLD_SIZE", (int)world);

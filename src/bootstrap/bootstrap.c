@@ -106,11 +106,18 @@ static bootstrap_t *bs_alloc(int rank, int nranks) {
     return bs;
 }
 
+/* How long rank 0 retries a root address that is in use. The root of a previous communicator
+ * at the same address lets it go within milliseconds of its last rank joining; an address still
+ * held after this is owned by another program (torch's TCPStore on MASTER_PORT, say). */
+#define FIXED_ROOT_BUSY_NS (5ull * 1000000000ull)
+
 /* Rank 0 of a fixed-address id: listen on the root address and start the root thread. The
- * address may still be held by the root of a previous communicator that is finishing: retry. */
+ * address may still be held by the root of a previous communicator that is finishing: retry a
+ * few seconds, then fail naming the address rather than wait for CHORUS_TIMEOUT. */
 static ncclResult_t start_fixed_root(const chorus_unique_id_t *id, bs_deadline_t *d) {
     char abuf[64];
     chorus_sockaddr_str(&id->root, abuf, sizeof(abuf));
+    uint64_t busy_since = chorus_now_ns();
     for (int attempt = 0;; attempt++) {
         int fd;
         /* A root given by host name listens on every address of this host: the name may resolve
@@ -132,6 +139,13 @@ static ncclResult_t start_fixed_root(const chorus_unique_id_t *id, bs_deadline_t
         }
         if (attempt == 0)
             INFO(SUB_BOOTSTRAP, "bootstrap rank 0: root address %s in use; retrying", abuf);
+        if (chorus_now_ns() - busy_since > FIXED_ROOT_BUSY_NS) {
+            WARN("bootstrap rank 0: the root address %s is held by another program, not a Chorus "
+                 "root (under torchrun or with torch's init_process_group, MASTER_PORT belongs to "
+                 "torch's store): give Chorus a free port with NCCL_COMM_ID=host:port",
+                 abuf);
+            return ncclSystemError;
+        }
         int st = bs_deadline_check(d);
         if (st != BS_IO_OK) {
             WARN("bootstrap rank 0: root address %s stays in use: %s", abuf,

@@ -5,8 +5,10 @@
  *   torchrun / chorusrun   RANK, WORLD_SIZE, LOCAL_RANK
  *   Open MPI's mpirun      OMPI_COMM_WORLD_RANK, OMPI_COMM_WORLD_SIZE, OMPI_COMM_WORLD_LOCAL_RANK
  *   Slurm's srun           SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID
- * The root address is CHORUS_COMM_ID / NCCL_COMM_ID when set, else MASTER_ADDR:MASTER_PORT (which
- * torchrun and chorusrun set, and which a Slurm batch script exports for srun). Every rank builds
+ * The root address is CHORUS_COMM_ID / NCCL_COMM_ID when set, else MASTER_ADDR:(MASTER_PORT + 1)
+ * (torchrun and chorusrun set MASTER_*, and a Slurm batch script exports them for srun). The port
+ * above MASTER_PORT, because MASTER_PORT itself is held by torchrun's agent or by the TCPStore of
+ * torch's init_process_group in rank 0. Every rank builds
  * the same unique id from that text (bootstrap_id_from_string) and rank 0 hosts the rendezvous
  * there, so no id needs to be broadcast. Foreign variables are read through chorus_env_foreign.
  *
@@ -109,16 +111,19 @@ static ncclResult_t env_root(char *buf, size_t len, const char **what_p) {
     }
     int p;
     CHECK(env_int("MASTER_PORT", port, &p));
-    if (p < 1 || p > 65535) {
-        WARN("chorusCommInitFromEnv: MASTER_PORT=%s is not a port (1..65535)", port);
+    if (p < 1 || p > 65534) {
+        WARN("chorusCommInitFromEnv: MASTER_PORT=%s is not a port below 65535 (Chorus's root "
+             "listens on MASTER_PORT + 1)",
+             port);
         return ncclInvalidArgument;
     }
+    p++;
     /* A bare IPv6 address needs brackets to be told from its port. */
     if (strchr(addr, ':') != NULL && addr[0] != '[')
         snprintf(buf, len, "[%s]:%d", addr, p);
     else
         snprintf(buf, len, "%s:%d", addr, p);
-    *what_p = "MASTER_ADDR:MASTER_PORT";
+    *what_p = "MASTER_ADDR:MASTER_PORT+1";
     return ncclSuccess;
 }
 

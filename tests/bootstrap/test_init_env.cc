@@ -8,6 +8,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -65,6 +66,21 @@ int free_port() {
     int port = chorus_test::free_tcp_port();
     if (port == 0) ADD_FAILURE() << "no free TCP port below the ephemeral range";
     return port;
+}
+
+// A listening TCP socket on 127.0.0.1:port, as torch's TCPStore holds MASTER_PORT; -1 on failure.
+int listen_on(int port) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a;
+    memset(&a, 0, sizeof(a));
+    a.sin_family = AF_INET;
+    a.sin_port = htons((uint16_t)port);
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (fd < 0 || bind(fd, reinterpret_cast<sockaddr *>(&a), sizeof(a)) != 0 || listen(fd, 8) != 0) {
+        if (fd >= 0) close(fd);
+        return -1;
+    }
+    return fd;
 }
 
 TEST_F(InitFromEnv, NullComm) {
@@ -150,7 +166,11 @@ TEST_F(InitFromEnv, EachLauncherBuildsAComm) {
                   {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK"},
                   {"SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"}};
     for (const Style &s : styles) {
-        std::string port = std::to_string(free_port());
+        int p = free_port();
+        std::string port = std::to_string(p);
+        // Another program (torchrun's agent, torch's store) listens on MASTER_PORT meanwhile.
+        int held = listen_on(p);
+        ASSERT_GE(held, 0) << "cannot listen on " << p;
         auto res = chorus_test::run_forked(
             3,
             [&](int rank, int nranks) {
@@ -171,8 +191,32 @@ TEST_F(InitFromEnv, EachLauncherBuildsAComm) {
                 return 0;
             },
             60);
+        close(held);
         EXPECT_TRUE(res.ok()) << s.rank << ": " << res.detail;
     }
+}
+
+// A root address held by a program that is not Chorus fails within seconds, saying so, instead of
+// waiting for CHORUS_TIMEOUT.
+TEST_F(InitFromEnv, RootAddressHeldByAnotherProgramFailsFast) {
+    int p = free_port();
+    int held = listen_on(p);
+    ASSERT_GE(held, 0) << "cannot listen on " << p;
+    std::string id = "127.0.0.1:" + std::to_string(p);
+    setenv("RANK", "0", 1);
+    setenv("WORLD_SIZE", "1", 1);
+    setenv("NCCL_COMM_ID", id.c_str(), 1);
+    setenv("CHORUS_JOB_SECRET", "init-env-test-secret", 1);
+    chorus_param_reset();
+    ncclComm_t comm = nullptr;
+    auto t0 = std::chrono::steady_clock::now();
+    EXPECT_NE(chorusCommInitFromEnv(&comm), ncclSuccess);
+    double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    close(held);
+    EXPECT_EQ(comm, nullptr);
+    EXPECT_LT(secs, 30.0) << "should fail within seconds, not at CHORUS_TIMEOUT";
+    EXPECT_NE(strstr(chorus_log_last_error(), "held by another program"), nullptr)
+        << "last error: " << chorus_log_last_error();
 }
 
 } // namespace

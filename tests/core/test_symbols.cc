@@ -1,15 +1,19 @@
-// test_symbols.cc: what libnccl.so.2 exports. Exactly the NCCL 2.28 API list, each as a
-// weak nccl* symbol with a strong pnccl* alias, plus the chorus* extensions declared in the
-// installed chorus headers, and nothing else (no internal helper leaks out).
+// test_symbols.cc: what libnccl.so.2 exports. Exactly the NCCL 2.28 API list and the functions
+// NCCL 2.30 added, each as a weak nccl* symbol with a strong pnccl* alias, plus the chorus*
+// extensions declared in the installed chorus headers, and nothing else (no internal helper leaks
+// out); every name PyTorch 2.x binds (the recorded list) is among them.
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <map>
 #include <regex>
 #include <set>
 #include <sstream>
 #include <string>
+
+#include "nccl.h"
 
 namespace {
 
@@ -53,7 +57,21 @@ const char *kApi[] = {"AllGather",
                       "ReduceScatter",
                       "ResetDebugInit",
                       "Scatter",
-                      "Send"};
+                      "Send",
+                      // NCCL 2.30
+                      "CommGetUniqueId",
+                      "CommGrow",
+                      "CommMemStats",
+                      "CommResume",
+                      "CommSuspend",
+                      "DevCommCreate",
+                      "DevCommDestroy",
+                      "GetLsaMultimemDevicePointer",
+                      "GetPeerDevicePointer",
+                      "PutSignal",
+                      "Signal",
+                      "WaitSignal",
+                      "WinGetUserPtr"};
 
 // name -> nm type letter, for the defined dynamic symbols of a library.
 std::map<std::string, char> exported(const std::string &lib) {
@@ -119,6 +137,71 @@ TEST(Symbols, ExactlyTheApi) {
         bool ok = expected.count(name) || chorus_allowed.count(name);
         EXPECT_TRUE(ok) << "unexpected export: " << name << " (" << s.second << ")";
     }
+}
+
+// The recorded list of nccl* functions PyTorch 2.x binds at load: every one is exported.
+TEST(Symbols, TorchImports) {
+    std::string lib = std::string(CHORUS_BINARY_DIR) + "/lib/libnccl.so.2";
+    auto syms = exported(lib);
+    ASSERT_FALSE(syms.empty()) << "nm found nothing in " << lib;
+    std::ifstream f(std::string(CHORUS_SOURCE_DIR) + "/tests/core/torch_nccl_symbols.txt");
+    ASSERT_TRUE(f.good()) << "tests/core/torch_nccl_symbols.txt is missing";
+    std::string line;
+    int n = 0;
+    while (std::getline(f, line)) {
+        if (line.empty() || line[0] == '#') continue;
+        n++;
+        EXPECT_TRUE(syms.count(line)) << line << " (torch imports it) is not exported";
+    }
+    EXPECT_GE(n, 50) << "the recorded list looks truncated";
+}
+
+// The NCCL 2.30 functions Chorus has no equivalent for answer ncclInvalidUsage with a WARN that
+// names them; ncclWinGetUserPtr returns the registered pointer.
+TEST(Symbols, Nccl230Functions) {
+    ncclUniqueId id;
+    ASSERT_EQ(ncclGetUniqueId(&id), ncclSuccess);
+    ncclComm_t comm = nullptr;
+    ASSERT_EQ(ncclCommInitRank(&comm, 1, id, 0), ncclSuccess);
+    uint64_t v = 0;
+    void *p = nullptr;
+    ncclComm_t nc = nullptr;
+    struct Case {
+        const char *name;
+        ncclResult_t r;
+    } cases[] = {
+        {"ncclCommSuspend", ncclCommSuspend(comm, NCCL_SUSPEND_MEM)},
+        {"ncclCommResume", ncclCommResume(comm)},
+        {"ncclCommMemStats", ncclCommMemStats(comm, ncclStatGpuMemTotal, &v)},
+        {"ncclCommGetUniqueId", ncclCommGetUniqueId(comm, &id)},
+        {"ncclCommGrow", ncclCommGrow(comm, 2, &id, -1, &nc, nullptr)},
+        {"ncclPutSignal", ncclPutSignal(&v, 1, ncclUint64, 0, nullptr, 0, 0, 0, 0, comm, nullptr)},
+        {"ncclSignal", ncclSignal(0, 0, 0, 0, comm, nullptr)},
+        {"ncclWaitSignal", ncclWaitSignal(0, nullptr, comm, nullptr)},
+        {"ncclDevCommCreate", ncclDevCommCreate(comm, nullptr, nullptr)},
+        {"ncclDevCommDestroy", ncclDevCommDestroy(comm, nullptr)},
+        {"ncclGetLsaMultimemDevicePointer", ncclGetLsaMultimemDevicePointer(nullptr, 0, &p)},
+        {"ncclGetPeerDevicePointer", ncclGetPeerDevicePointer(nullptr, 0, 0, &p)},
+    };
+    for (const Case &c : cases) {
+        EXPECT_EQ(c.r, ncclInvalidUsage) << c.name;
+    }
+    // The WARN of the last call names it.
+    EXPECT_NE(strstr(ncclGetLastError(comm), "ncclGetPeerDevicePointer"), nullptr)
+        << ncclGetLastError(comm);
+    EXPECT_EQ(nc, nullptr);
+    EXPECT_EQ(p, nullptr);
+
+    char buf[256];
+    ncclWindow_t win = nullptr;
+    ASSERT_EQ(ncclCommWindowRegister(comm, buf, sizeof(buf), &win, 0), ncclSuccess);
+    void *user = nullptr;
+    EXPECT_EQ(ncclWinGetUserPtr(comm, win, &user), ncclSuccess);
+    EXPECT_EQ(user, static_cast<void *>(buf));
+    EXPECT_EQ(ncclWinGetUserPtr(comm, reinterpret_cast<ncclWindow_t>(buf), &user),
+              ncclInvalidArgument);
+    EXPECT_EQ(ncclCommWindowDeregister(comm, win), ncclSuccess);
+    EXPECT_EQ(ncclCommDestroy(comm), ncclSuccess);
 }
 
 } // namespace

@@ -1,0 +1,72 @@
+"""DDP step time over chorus against gloo, side by side, rounds alternated, medians.
+
+    build/bin/chorusrun -n 2 /usr/bin/python3 perf/torch/ddp_step.py --mib 10 --rounds 5 --steps 20
+
+Every rank holds one MLP whose gradients take --mib MiB (float32) and trains it in three ways,
+alternating in each round: no communication (the floor), DDP over a chorus group, DDP over gloo.
+Rank 0 prints the median step time of each, the ratio gloo/chorus (> 1: chorus faster) and the
+communication time above the floor.
+"""
+import argparse
+import os
+import statistics
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python"))
+import chorus_torch  # noqa: E402,F401  (registers the backend)
+
+ap = argparse.ArgumentParser()
+ap.add_argument("--mib", type=float, default=10)
+ap.add_argument("--rounds", type=int, default=5)
+ap.add_argument("--steps", type=int, default=20)
+ap.add_argument("--batch", type=int, default=32)
+args = ap.parse_args()
+torch.set_num_threads(1)
+dist.init_process_group("gloo")
+ch = dist.new_group(backend="chorus")
+R = dist.get_rank()
+width = 1024
+# Two layers: width -> h -> width, so params ~= 2 * width * h.
+h = max(16, int(args.mib * 2**20 / 4 / (2 * width)))
+torch.manual_seed(0)
+
+
+def make():
+    return torch.nn.Sequential(torch.nn.Linear(width, h), torch.nn.ReLU(),
+                               torch.nn.Linear(h, width))
+
+
+nparam = sum(p.numel() for p in make().parameters())
+runs = {"floor": make(), "chorus": DDP(make(), process_group=ch), "gloo": DDP(make())}
+opt = {k: torch.optim.SGD(m.parameters(), lr=1e-3) for k, m in runs.items()}
+x = torch.randn(args.batch, width)
+times = {k: [] for k in runs}
+for rnd in range(args.rounds):
+    order = list(runs) if rnd % 2 == 0 else list(reversed(list(runs)))
+    for k in order:
+        m = runs[k]
+        dist.barrier()
+        for s in range(args.steps + 1):
+            t0 = time.perf_counter()
+            opt[k].zero_grad()
+            m(x).square().mean().backward()
+            opt[k].step()
+            if s:  # the first step of a block warms up
+                times[k].append(time.perf_counter() - t0)
+med = {k: statistics.median(v) * 1e3 for k, v in times.items()}
+if R == 0:
+    print(f"{dist.get_world_size()} ranks, {nparam * 4 / 2**20:.1f} MiB of gradients, "
+          f"{args.rounds} rounds x {args.steps} steps, load {os.getloadavg()[0]:.1f}")
+    for k in runs:
+        print(f"  {k:7s} median step {med[k]:8.2f} ms")
+    cc, cg = med["chorus"] - med["floor"], med["gloo"] - med["floor"]
+    share = f"{cc / cg * 100:.0f} %" if cg > 0 else "n/a"
+    print(f"  step ratio gloo/chorus {med['gloo'] / med['chorus']:.2f}x; communication above the "
+          f"floor: chorus {cc:.2f} ms, gloo {cg:.2f} ms ({share})")
+dist.destroy_process_group(ch)
+dist.destroy_process_group()

@@ -1,0 +1,76 @@
+"""chorus_torch: Chorus as a torch.distributed backend for CPU tensors.
+
+    import chorus_torch                       # registers the backend "chorus"
+    dist.init_process_group("chorus")         # under torchrun or chorusrun
+
+Also chorus_torch.allreduce_hook, a DDP communication hook that all-reduces gradient buckets over
+a Chorus group while the program keeps gloo (or another backend) for everything else.
+"""
+import atexit
+import inspect
+
+import torch.distributed as dist
+
+from . import _lib
+from ._lib import ChorusError
+from .process_group import ProcessGroupChorus, Work, create, _at_exit
+
+__all__ = ["ProcessGroupChorus", "Work", "ChorusError", "allreduce_hook",
+           "all_reduce_premul_sum", "library_path", "version"]
+
+
+def _register():
+    if "CHORUS" in getattr(dist.Backend, "_plugins", {}):
+        return
+    params = inspect.signature(dist.Backend.register_backend).parameters
+    if "devices" in params:  # torch 2.x: say which devices the backend serves
+        dist.Backend.register_backend("chorus", create, devices=["cpu"])
+    else:
+        dist.Backend.register_backend("chorus", create)
+
+
+_register()
+atexit.register(_at_exit)
+
+
+def library_path():
+    """The file of the Chorus library in use."""
+    return _lib.lib().path
+
+
+def version():
+    """Chorus's NCCL-style version code (ncclGetVersion)."""
+    return _lib.lib().version()
+
+
+def _chorus_group(group):
+    pg = group if group is not None else dist.distributed_c10d._get_default_group()
+    if not isinstance(pg, ProcessGroupChorus):
+        raise TypeError("chorus_torch: the group must be a chorus group "
+                        "(dist.new_group(backend='chorus'))")
+    return pg
+
+
+def all_reduce_premul_sum(tensor, factor, group=None, async_op=False):
+    """all_reduce of factor * tensor summed over the ranks, in one pass (NCCL's PreMulSum)."""
+    pg = _chorus_group(group)
+    work = pg._allreduce_premul(tensor, float(factor))
+    if async_op:
+        return work
+    work.wait()
+    return None
+
+
+def allreduce_hook(state, bucket):
+    """DDP comm hook: average the bucket over a chorus group.
+
+    state is that group (from dist.new_group(backend="chorus")), or None for the default group.
+    Register with ddp_model.register_comm_hook(chorus_group, chorus_torch.allreduce_hook).
+    """
+    pg = _chorus_group(state)
+    buf = bucket.buffer() if hasattr(bucket, "buffer") else bucket.get_tensor()
+    if buf.is_floating_point():
+        work = pg.allreduce([buf], dist.ReduceOp.AVG)
+        return work.get_future().then(lambda f: f.value()[0])
+    work = pg.allreduce([buf], dist.ReduceOp.SUM)
+    return work.get_future().then(lambda f: f.value()[0].div_(pg.size()))
