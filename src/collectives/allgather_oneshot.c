@@ -16,7 +16,7 @@
 #include "check.h"
 #include "coll_engine.h"
 #include "comm.h"
-#include "core.h"
+#include "util.h"
 
 /* Sends carry this rank's block; peer p's block is received into its place in recvbuff. */
 static ncclResult_t ag_oneshot_setup(coll_op_t *op) {

@@ -28,7 +28,7 @@
 #include "check.h"
 #include "coll_engine.h"
 #include "comm.h"
-#include "core.h"
+#include "util.h"
 #include "log.h"
 
 /* The sends' buf is set at start (the input, or its copy in place); receives fold into

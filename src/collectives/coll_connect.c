@@ -34,7 +34,7 @@
 #include "check.h"
 #include "coll_engine.h"
 #include "comm.h"
-#include "core.h"
+#include "util.h"
 #include "log.h"
 
 #define COLL_TAG_RING 0x52490000 /* same as the core's CORE_TAG_RING (eager connect) */

@@ -45,6 +45,7 @@
 #include <string.h>
 
 #include "check.h"
+#include "errors.h"
 #include "coll_engine.h"
 #include "comm.h"
 #include "log.h"
@@ -233,7 +234,7 @@ static ncclResult_t prim_conn_error(coll_op_t *op, const coll_use_t *u, ncclResu
                  u->conn->peer, peer_host(op->comm, u->conn->peer),
                  u->conn->is_send ? "while sending to" : "while receiving from",
                  u->conn->channel >= 0 ? "ring" : "point-to-point", u->conn->desc,
-                 ncclGetErrorString(res));
+                 chorus_result_text(res));
     return res;
 }
 

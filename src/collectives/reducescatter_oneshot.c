@@ -17,7 +17,7 @@
 #include "check.h"
 #include "coll_engine.h"
 #include "comm.h"
-#include "core.h"
+#include "util.h"
 
 /* Sends carry block p of the input to peer p; receives land in recvbuff (the fold reads them
  * there from the slots). */

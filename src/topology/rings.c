@@ -14,7 +14,7 @@
 
 #include "check.h"
 #include "comm.h"
-#include "core.h"
+#include "util.h"
 #include "param.h"
 #include "topo.h"
 #include "topo_internal.h"

@@ -29,6 +29,7 @@
 #include <time.h>
 
 #include "check.h"
+#include "errors.h"
 #include "comm.h"
 #include "param.h"
 #include "transport.h"
@@ -121,7 +122,7 @@ static void transport_note_failure(struct ncclComm *comm, const chorus_conn_t *c
     snprintf(comm->connect_fail_text, sizeof(comm->connect_fail_text),
              "setting up the connection %s rank %d (%s) via %s%s failed (%s)%s",
              conn->is_send ? "to" : "from", conn->peer, comm->peers[conn->peer].hostname,
-             ops ? ops->name : "(no transport chosen)", where, ncclGetErrorString(res), why);
+             ops ? ops->name : "(no transport chosen)", where, chorus_result_text(res), why);
     comm->connect_fail_cause = cause;
     /* Best effort, no answer awaited. Only ranks we have sent to can have an exchange with us
      * that fails when we close; and a send on an open connection never waits to connect (to a

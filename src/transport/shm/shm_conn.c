@@ -21,7 +21,7 @@
 
 #include "check.h"
 #include "comm.h"
-#include "core.h"
+#include "util.h"
 #include "param.h"
 #include "shm.h"
 #include "slot_store.h"

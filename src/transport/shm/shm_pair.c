@@ -32,7 +32,7 @@
 #include <stdlib.h>
 
 #include "check.h"
-#include "core.h"
+#include "util.h"
 #include "shm.h"
 
 typedef struct shm_reg {

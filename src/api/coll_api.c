@@ -7,7 +7,7 @@
  * ncclGroupStart and ncclGroupEnd) or runs it: connect what it needs, enqueue, and drive progress
  * in this thread until it retires. Count 0 is a no-op once the arguments are checked. A CUDA
  * stream, when given, is synchronised first so earlier GPU work into a host buffer is ordered.
- * Device buffers go to the CUDA path first (cuda_enqueue_hook, src/core/cuda_enqueue.c: ordered
+ * Device buffers go to the CUDA path first (cuda_enqueue_hook, src/api/cuda_enqueue.c: ordered
  * on the user's stream, run by the communicator's CUDA worker on pinned staging copies, which
  * come back here with a->staged set); without a GPU they cannot occur.
  */
@@ -18,7 +18,8 @@
 #include "coll_api.h"
 #include "coll_engine.h"
 #include "comm.h"
-#include "core.h"
+#include "group.h"
+#include "api.h"
 #include "cuda_enqueue.h"
 #include "log.h"
 

@@ -1,6 +1,6 @@
 /*
  * coll_engine.h: the collective engine's internal types, shared by src/collectives and the API
- * entry points in src/core/coll_*.c and group.c.
+ * entry points in src/api/coll_*.c and group.c.
  *
  * An op (coll_op_t) is one nonblocking collective or point-to-point transfer set. It is built by
  * an entry point, gets an algorithm from the tuner, declares the connections it needs, and is then
@@ -442,12 +442,5 @@ void coll_mismatch_stalled_engine(struct coll_engine *e, uint64_t stalled_ns);
  * peers that wait on other connections than the failed op's fail too instead of timing out. */
 void coll_mismatch_spread(coll_op_t **ops, int nops);
 void coll_mismatch_spread_engine(struct coll_engine *e);
-
-/* Group (group.c) integration: queue an op for the outermost ncclGroupEnd. */
-ncclResult_t group_add_op(coll_op_t *op);
-/* Whether op is queued in this thread's open group (not issued before the outermost End). */
-int group_holds_op(const coll_op_t *op);
-/* Record the error of a call made inside a group: ncclGroupEnd returns the first one. */
-void group_note_error(ncclResult_t res);
 
 #endif

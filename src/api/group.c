@@ -31,7 +31,8 @@
 #include "check.h"
 #include "coll_engine.h"
 #include "comm.h"
-#include "core.h"
+#include "group.h"
+#include "api.h"
 #include "cuda_enqueue.h"
 #include "log.h"
 

@@ -23,7 +23,8 @@
 #include "coll_api.h"
 #include "coll_engine.h"
 #include "comm.h"
-#include "core.h"
+#include "group.h"
+#include "api.h"
 #include "log.h"
 
 /* A request is the op itself; a completed no-op request is this sentinel. */
