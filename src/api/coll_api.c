@@ -167,18 +167,8 @@ ncclResult_t coll_api_prepare(const coll_args_t *a, coll_op_t *mem, coll_op_t **
 #endif
     coll_op_t *op;
     CHECK(coll_op_alloc(comm, a->coll, mem, &op));
-    op->sendbuff = a->sendbuff;
-    op->recvbuff = a->recvbuff;
-    op->count = a->count;
-    op->dtype = a->dtype;
-    op->esize = esize;
-    op->root = a->root;
-    if (reduces) {
-        op->user_op = (int)a->op;
-        op->redop = redop;
-        op->combine = redop;
-        if (redop.kind == RK_PREMULSUM || redop.kind == RK_SUMDIV) op->combine.kind = RK_SUM;
-    }
+    coll_op_set_call(op, a->sendbuff, a->recvbuff, a->count, a->dtype, esize, a->root);
+    if (reduces) coll_op_set_reduction(op, (int)a->op, redop);
     ncclResult_t res = coll_tuner_pick(op);
     if (res != ncclSuccess) {
         coll_op_release(op);

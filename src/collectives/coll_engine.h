@@ -296,6 +296,25 @@ void coll_op_release(coll_op_t *op);
  * points to. */
 ncclResult_t coll_op_alloc(struct ncclComm *comm, coll_kind_t coll, coll_op_t *mem,
                            coll_op_t **op_p);
+/* What a call gives an op that coll_op_alloc made: its buffers, count (elements, as
+ * coll_op_t.count), dtype with its element size, and root or peer. */
+static inline void coll_op_set_call(coll_op_t *op, const void *sendbuff, void *recvbuff,
+                                    size_t count, ncclDataType_t dtype, size_t esize, int root) {
+    op->sendbuff = sendbuff;
+    op->recvbuff = recvbuff;
+    op->count = count;
+    op->dtype = dtype;
+    op->esize = esize;
+    op->root = root;
+}
+/* A reducing op's reduction: user_op as the user gave it, redop as the kernels run it
+ * (comm_resolve_redop); partial results combine with redop's plain form. */
+static inline void coll_op_set_reduction(coll_op_t *op, int user_op, chorus_redop_t redop) {
+    op->user_op = user_op;
+    op->redop = redop;
+    op->combine = redop;
+    if (redop.kind == RK_PREMULSUM || redop.kind == RK_SUMDIV) op->combine.kind = RK_SUM;
+}
 ncclResult_t coll_engine_start_thread(struct coll_engine *e);
 
 /* prims.c: chunk primitives. Each works on one chunk and reports *ok_p = 0 (nothing done, try
