@@ -14,7 +14,7 @@
  * n <= COLL_ONESHOT_MAX_RANKS (the op's inline transfer array).
  */
 #include "check.h"
-#include "coll_engine.h"
+#include "coll_internal.h"
 #include "comm.h"
 #include "util.h"
 

@@ -26,7 +26,7 @@
 #include <stdlib.h>
 
 #include "check.h"
-#include "coll_engine.h"
+#include "coll_internal.h"
 #include "comm.h"
 #include "util.h"
 #include "log.h"

@@ -32,7 +32,7 @@
 
 #include "bootstrap.h"
 #include "check.h"
-#include "coll_engine.h"
+#include "coll_internal.h"
 #include "comm.h"
 #include "util.h"
 #include "log.h"

@@ -24,7 +24,7 @@
 
 #include "check.h"
 #include "errors.h"
-#include "coll_engine.h"
+#include "coll_internal.h"
 #include "comm.h"
 #include "util.h"
 #include "log.h"

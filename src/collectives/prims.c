@@ -46,7 +46,7 @@
 
 #include "check.h"
 #include "errors.h"
-#include "coll_engine.h"
+#include "coll_internal.h"
 #include "comm.h"
 #include "log.h"
 #include "param.h"

@@ -15,7 +15,7 @@
  * block fits one chunk and n <= COLL_ONESHOT_MAX_RANKS (the op's inline transfer array).
  */
 #include "check.h"
-#include "coll_engine.h"
+#include "coll_internal.h"
 #include "comm.h"
 #include "util.h"
 

@@ -27,7 +27,7 @@
 #include <strings.h>
 
 #include "check.h"
-#include "coll_engine.h"
+#include "coll_internal.h"
 #include "coll_ring.h"
 #include "comm.h"
 #include "log.h"

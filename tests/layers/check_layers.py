@@ -10,8 +10,9 @@ the build resolves it: first next to the including file, then in include/ (the i
 which every layer may use), then in src/<layer>/ of each layer (the build's include path), then
 relative to src/ ("topology/topo_internal.h"). Every include must resolve to exactly one file, and
 every header must live in a layer's folder: a header in src/include/ or another folder without a
-layer has no owner and fails the check. src/ddp/ is a client of the library: it may include the
-installed headers and its own only.
+layer has no owner and fails the check. A header named *_internal.h is private to its layer: no
+other layer may include it, not even one above. src/ddp/ is a client of the library: it may
+include the installed headers and its own only.
 
 KNOWN lists the upward edges that exist today, each with the reason; the check fails on any edge
 that is not listed, and on a listed edge that no longer exists, so the list shrinks as they go.
@@ -122,6 +123,10 @@ def check(root, known):
                     continue
                 if theirs == "public" or theirs == mine:
                     continue
+                if os.path.basename(target).endswith("_internal.h"):
+                    problems.append(f"{rel} ({mine}) includes {target}, which is private to "
+                                    f"{theirs}")
+                    continue
                 if mine == CLIENT or theirs == CLIENT:
                     problems.append(f"{rel} ({mine}) includes {target} ({theirs}): src/ddp sees "
                                     "the installed headers only")
@@ -162,6 +167,8 @@ def selftest():
         ("header without a layer", {"src/include/x.h": ""}, {}, 1),
         ("unresolved include", {"src/base/y.c": '#include "nothere.h"\n'}, {}, 1),
         ("client sees internals", {"src/ddp/d.c": '#include "log.h"\n'}, {}, 1),
+        ("private header", {"src/base/b_internal.h": "",
+                            "src/api/x.c": '#include "b_internal.h"\n'}, {}, 1),
         ("known edge", {"src/base/log.c": '#include "transport.h"\n'},
          {("src/base/log.c", "src/transport/transport.h"): "test"}, 0),
         ("stale known edge", {}, {("src/base/log.c", "src/transport/transport.h"): "test"}, 1),
