@@ -209,7 +209,7 @@ ncclResult_t coll_api_run(const coll_args_t *a) {
         WARN("%s: rank %d could not set up the connections this op needs: %s; the "
              "communicator cannot run collectives",
              a->api, comm->rank,
-             comm->connect_fail_text[0] ? comm->connect_fail_text : ncclGetErrorString(res));
+             comm->tctx.fail_text[0] ? comm->tctx.fail_text : ncclGetErrorString(res));
     if (res == ncclSuccess) res = coll_engine_run(op);
     coll_op_release(op);
     if (may_connect) comm_api_leave(comm);

@@ -82,10 +82,10 @@ struct ncclComm {
     chorus_conn_t **p2p_send;
     chorus_conn_t **p2p_recv;
     int connect_eager;
-    /* The first connection setup that failed on this rank: which peer, over which transport, why
-     * (filled by transport_connect; the first-op error quotes it). Empty while none failed. */
-    char connect_fail_text[320];
-    int connect_fail_cause; /* the rank whose failure started it (meaningful once the text is set) */
+    /* What the transports see of this communicator (rank, peers, abort flag, bootstrap) and
+     * where transport_connect records the first failed setup; filled at init after the
+     * locality allgather (comm_fill_transport_ctx). */
+    chorus_transport_ctx_t tctx;
 
     struct coll_engine *engine;
     uint64_t seq; /* collectives issued on this communicator */
@@ -155,6 +155,16 @@ ncclResult_t comm_check(const struct ncclComm *comm, const char *api);
 /* Record the first asynchronous error; later ones do not overwrite it. */
 static inline void comm_set_async_error(struct ncclComm *comm, ncclResult_t res) {
     chorus_error_keep_first(&comm->async_error, res);
+}
+/* Fill comm->tctx from the communicator, once rank, peers and the bootstrap are known. */
+static inline void comm_fill_transport_ctx(struct ncclComm *comm) {
+    chorus_transport_ctx_t *t = &comm->tctx;
+    t->rank = comm->rank;
+    t->nranks = comm->nranks;
+    t->cuda_dev = comm->cuda_dev;
+    t->peers = comm->peers;
+    t->abort_flag = &comm->abort_flag;
+    t->bs = comm->bs;
 }
 /* Set the abort flag and make blocked bootstrap/transport waits return. */
 void comm_abort_flag(struct ncclComm *comm);

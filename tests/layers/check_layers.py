@@ -34,37 +34,13 @@ INCLUDE_RE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
 # (including file relative to the root, included file relative to the root): why it is there.
 KNOWN = {
     ("src/topology/rings.c", "src/collectives/comm.h"):
-        "rings.c writes the channels into the communicator",
-    ("src/transport/connect.c", "src/collectives/comm.h"):
-        "transport_connect takes the communicator",
-    ("src/transport/registry.c", "src/collectives/comm.h"):
-        "the registry reads the communicator's parameters and peers",
-    ("src/transport/cuda_ipc/cuda_ipc_conn.c", "src/collectives/comm.h"):
-        "cuda_ipc reads rank, peers and abort flag from the communicator",
-    ("src/transport/cuda_ipc/cuda_ipc_data.c", "src/collectives/comm.h"):
-        "cuda_ipc reads rank, peers and abort flag from the communicator",
-    ("src/transport/ib/ib_conn.c", "src/collectives/comm.h"):
-        "ib reads rank, peers and abort flag from the communicator",
-    ("src/transport/shm/shm_conn.c", "src/collectives/comm.h"):
-        "shm reads rank, peers and abort flag from the communicator",
-    ("src/transport/shm/shm_coop.c", "src/collectives/comm.h"):
-        "shm reads rank, peers and abort flag from the communicator",
-    ("src/transport/shm/shm_cma.c", "src/collectives/comm.h"):
-        "shm reads rank, peers and abort flag from the communicator",
-    ("src/transport/shm/shm_progress.c", "src/collectives/comm.h"):
-        "shm reads rank, peers and abort flag from the communicator",
-    ("src/transport/tcp/tcp_conn.c", "src/collectives/comm.h"):
-        "tcp reads rank, peers and abort flag from the communicator",
-    ("src/transport/tcp/tcp_setup.c", "src/collectives/comm.h"):
-        "tcp reads rank, peers and abort flag from the communicator",
-    ("src/transport/tcp/tcp_worker.c", "src/collectives/comm.h"):
-        "tcp reads rank, peers and abort flag from the communicator",
+        "topo_build writes the channels and each edge's transport into the communicator",
     ("src/transport/shm/shm_cma.c", "src/collectives/reduce.h"):
-        "shm copies chunks with the collectives' rk_copy",
+        "shm copies chunks with the collectives' vectorised rk_copy",
     ("src/transport/shm/shm_progress.c", "src/collectives/reduce.h"):
-        "shm copies chunks with the collectives' rk_copy",
+        "shm copies chunks with the collectives' vectorised rk_copy",
     ("src/transport/shm/shm_conn.c", "src/collectives/slot_store.h"):
-        "a connection embeds the collectives' slot store",
+        "a send connection's store mode (slot_store_t) is set up by the collectives' slot store",
 }
 
 

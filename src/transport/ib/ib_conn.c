@@ -24,7 +24,6 @@
 #include <string.h>
 
 #include "check.h"
-#include "comm.h"
 #include "ib.h"
 #include "param.h"
 
@@ -68,7 +67,7 @@ typedef struct {
     int error;
 } ib_conn_t;
 
-static ncclResult_t ib_can_connect(struct ncclComm *comm, const chorus_locality_t *self,
+static ncclResult_t ib_can_connect(const chorus_transport_ctx_t *ctx, const chorus_locality_t *self,
                                    const chorus_locality_t *peer, int *ok_p) {
     *ok_p = 0;
     if (ib_device_count() == 0) return ncclSuccess;

@@ -18,7 +18,6 @@
 #include <string.h>
 
 #include "check.h"
-#include "comm.h"
 #include "tcp.h"
 #include "waiter.h"
 
