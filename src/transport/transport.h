@@ -36,6 +36,10 @@ enum {
     TRANSPORT_CAP_DIRECT = 1 << 2,     /* send_commit_direct/recv_copy: single copy */
     TRANSPORT_CAP_PROXY = 1 << 3,      /* needs progress() calls (or its own threads) to move data */
     TRANSPORT_CAP_INTER_HOST = 1 << 4, /* can connect ranks on different hosts */
+    /* Each chunk crosses a kernel socket (high latency per message), and connect() keeps
+     * chunk_room for the op header past a power-of-two payload: the tuner's socket-ring
+     * choices (tuner.c) apply to rings made only of such edges. */
+    TRANSPORT_CAP_SOCKET_RING = 1 << 5,
 };
 
 typedef struct chorus_conn chorus_conn_t;
