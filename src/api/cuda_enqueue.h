@@ -55,10 +55,10 @@ void cuda_enqueue_comm_init(struct ncclComm *comm);
 void cuda_enqueue_comm_free(struct ncclComm *comm);
 
 #if CHORUS_HAVE_CUDA
-/* Stream and event waits that follow the Chorus waiting rules (deadline, abort flag): a worker
- * never blocks inside cudaStreamSynchronize without a way out (cuda_stream.c). */
-/* Poll until all work queued on `stream` so far has completed, with the Chorus deadline
- * (CHORUS_TIMEOUT) and abort flag; `what` names the wait in the WARN on timeout/abort/error. */
+/* cuda_stream.c. Poll until all work queued on `stream` so far has completed, with the Chorus
+ * deadline (CHORUS_TIMEOUT) and abort flag, so a worker never blocks inside
+ * cudaStreamSynchronize without a way out; `what` names the wait in the WARN on
+ * timeout/abort/error. */
 ncclResult_t chorus_cuda_stream_wait(cudaStream_t stream, volatile int *abort_flag,
                                      const char *what);
 /* Same for one recorded event. */

@@ -157,8 +157,8 @@ static int transport_peer_cause(chorus_transport_ctx_t *ctx, int peer) {
 
 /* An earlier setup of this rank failed: only tell the peer (see the file comment). Sending to a
  * dead peer fails at once; nothing here waits for an answer. */
-static ncclResult_t transport_pass_failure(chorus_transport_ctx_t *ctx, chorus_conn_t *conn, int tag,
-                                           transport_setup_msg_t *mine) {
+static ncclResult_t transport_pass_failure(chorus_transport_ctx_t *ctx, chorus_conn_t *conn,
+                                           int tag, transport_setup_msg_t *mine) {
     mine->status = (int32_t)ncclRemoteError;
     mine->cause_rank = ctx->fail_cause;
     if (conn->peer != ctx->fail_cause)
@@ -184,8 +184,8 @@ static ncclResult_t transport_exchange(chorus_transport_ctx_t *ctx, chorus_conn_
     return ncclSuccess;
 }
 
-ncclResult_t transport_connect(chorus_transport_ctx_t *ctx, chorus_conn_t *conn, int peer, int is_send,
-                               int channel, int tag) {
+ncclResult_t transport_connect(chorus_transport_ctx_t *ctx, chorus_conn_t *conn, int peer,
+                               int is_send, int channel, int tag) {
     memset(conn, 0, sizeof(*conn));
     conn->ctx = ctx;
     conn->peer = peer;

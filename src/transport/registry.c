@@ -71,8 +71,8 @@ static const char *transport_disabled_by(const chorus_transport_ops_t *t) {
     return NULL;
 }
 
-static ncclResult_t transport_try(const chorus_transport_ctx_t *ctx, const chorus_transport_ops_t *t, int peer,
-                                  int *ok_p) {
+static ncclResult_t transport_try(const chorus_transport_ctx_t *ctx,
+                                  const chorus_transport_ops_t *t, int peer, int *ok_p) {
     *ok_p = 0;
     if (t->abi_version != TRANSPORT_ABI_VERSION) return ncclSuccess;
     CHECK(t->can_connect(ctx, &ctx->peers[ctx->rank], &ctx->peers[peer], ok_p));

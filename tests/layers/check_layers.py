@@ -62,7 +62,8 @@ def resolve(root, rel_file, name):
     groups = [[os.path.join(here, name)], [os.path.join("include", name)],
               [os.path.join("src", l, name) for l in LAYERS], [os.path.join("src", name)]]
     for group in groups:
-        found = sorted({os.path.normpath(p) for p in group if os.path.isfile(os.path.join(root, p))})
+        found = sorted({os.path.normpath(p) for p in group
+                        if os.path.isfile(os.path.join(root, p))})
         if found:
             return found
     return []

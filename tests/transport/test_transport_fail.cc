@@ -21,7 +21,7 @@
 namespace chorus_test {
 namespace {
 
-using Param = std::tuple<std::string, Launch>;
+using Param = TransportLaunch;
 
 class TransportFail : public ::testing::TestWithParam<Param> {
   protected:
@@ -120,14 +120,7 @@ TEST_P(TransportFail, UnknownForcedTransport) {
     EXPECT_TRUE(res.ok()) << res.detail;
 }
 
-std::string param_name(const ::testing::TestParamInfo<Param> &info) {
-    return std::get<0>(info.param) + "_" + launch_name(std::get<1>(info.param));
-}
-
-INSTANTIATE_TEST_SUITE_P(Transports, TransportFail,
-                         ::testing::Combine(::testing::Values("shm", "tcp"),
-                                            ::testing::Values(Launch::Threads, Launch::Forked)),
-                         param_name);
+INSTANTIATE_TEST_SUITE_P(Transports, TransportFail, transport_launch_values(), transport_launch_name);
 
 // ---- the registry and transport_select (no ranks launched) ----------------------------------
 

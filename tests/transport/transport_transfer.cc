@@ -381,7 +381,8 @@ int pingpong_rank(const chorus_unique_id_t &id, int rank, int nranks,
     size_t maxb = *std::max_element(sizes.begin(), sizes.end());
     std::vector<uint8_t> sbuf(maxb), rbuf(maxb);
     // 0 -> 1 first, then 1 -> 0, on both ranks.
-    ncclResult_t r = transport_connect(&comm->tctx, rank == 0 ? &out : &in, peer, rank == 0, -1, 100);
+    ncclResult_t r =
+        transport_connect(&comm->tctx, rank == 0 ? &out : &in, peer, rank == 0, -1, 100);
     if (r == ncclSuccess) {
         (rank == 0 ? out_open : in_open) = true;
         r = transport_connect(&comm->tctx, rank == 0 ? &in : &out, peer, rank == 1, -1, 101);
