@@ -24,7 +24,7 @@
 # busbw = algbw x 2(n-1)/n <= D / n. The same argument gives D / n for all-gather and
 # reduce-scatter (busbw = algbw x (n-1)/n, total copy volume (n-1) x S). With 1 rank busbw is 0 by
 # definition (nothing moves between ranks), so the column shows n/a.
-# The current device path stages through pinned host memory (see src/core/cuda_enqueue.c), so its
+# The current device path stages through pinned host memory (see src/api/cuda_enqueue.c), so its
 # practical ceiling is PCIe (h2d/d2h_GBps), also printed.
 #
 # Exit status: 0 when the tests passed and every perf row had #wrong = 0; 1 otherwise.

@@ -1,6 +1,6 @@
 #!/bin/sh
 # gen_param_table.sh: the parameter table of docs/parameters.md, generated from the one parameter
-# table (src/include/param_table.h) through `chorus_info --params --markdown`.
+# table (src/base/param_table.h) through `chorus_info --params --markdown`.
 #
 #   scripts/gen_param_table.sh [BUILD_DIR]            print the table (BUILD_DIR defaults to build)
 #   scripts/gen_param_table.sh --update [BUILD_DIR]   rewrite the table in docs/parameters.md in
@@ -43,7 +43,7 @@ if [ $mode = check ]; then
         rm -f "$tmp"
         exit 0
     fi
-    echo "gen_param_table.sh: $doc does not match src/include/param_table.h:" >&2
+    echo "gen_param_table.sh: $doc does not match src/base/param_table.h:" >&2
     diff "$doc" "$tmp" >&2 || true
     echo "run scripts/gen_param_table.sh --update" >&2
     rm -f "$tmp"

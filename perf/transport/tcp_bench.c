@@ -243,12 +243,13 @@ static int rank_main(const chorus_unique_id_t *id, int rank, const opts_t *o, re
             ncclSuccess ||
         bootstrap_allgather(comm->bs, comm->peers, sizeof(chorus_locality_t)) != ncclSuccess)
         return 1;
+    comm_fill_transport_ctx(comm);
     r.ubuf = malloc(o->max_bytes > 1 ? o->max_bytes : 1);
     memset(r.ubuf, 7, o->max_bytes);
     for (int step = 0; step < 2; step++) {
         ncclResult_t res = (step == 0) == (rank == 0)
-                               ? transport_connect(comm, &r.out, 1 - rank, 1, -1, 500 + rank)
-                               : transport_connect(comm, &r.in, 1 - rank, 0, -1, 501 - rank);
+                               ? transport_connect(&comm->tctx, &r.out, 1 - rank, 1, -1, 500 + rank)
+                               : transport_connect(&comm->tctx, &r.in, 1 - rank, 0, -1, 501 - rank);
         if (res != ncclSuccess) return 1;
     }
     if (rank == 0) snprintf(out->desc, sizeof(out->desc), "%s", r.out.desc);

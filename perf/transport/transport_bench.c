@@ -260,6 +260,7 @@ static ncclResult_t rank_comm_init(const chorus_unique_id_t *id, int rank,
     CHECK(bootstrap_init(id, rank, 2, &comm->bs_abort_flag, &comm->bs));
     CHECK(topo_fill_locality(rank, -1, bootstrap_addr(comm->bs, rank), &comm->peers[rank]));
     CHECK(bootstrap_allgather(comm->bs, comm->peers, sizeof(chorus_locality_t)));
+    comm_fill_transport_ctx(comm);
     *comm_p = comm;
     return ncclSuccess;
 }
@@ -281,11 +282,11 @@ static ncclResult_t rank_mode(bench_rank_t *br, int m, const bench_opts_t *o,
     chorus_param_reset();
     /* Both ranks connect 0 -> 1 first, then 1 -> 0. */
     if (rank == 0) {
-        CHECK(transport_connect(comm, &br->out, peer, 1, -1, 2 * m));
-        CHECK(transport_connect(comm, &br->in, peer, 0, -1, 2 * m + 1));
+        CHECK(transport_connect(&comm->tctx, &br->out, peer, 1, -1, 2 * m));
+        CHECK(transport_connect(&comm->tctx, &br->in, peer, 0, -1, 2 * m + 1));
     } else {
-        CHECK(transport_connect(comm, &br->in, peer, 0, -1, 2 * m));
-        CHECK(transport_connect(comm, &br->out, peer, 1, -1, 2 * m + 1));
+        CHECK(transport_connect(&comm->tctx, &br->in, peer, 0, -1, 2 * m));
+        CHECK(transport_connect(&comm->tctx, &br->out, peer, 1, -1, 2 * m + 1));
     }
     bench_conns[0] = &br->out;
     bench_conns[1] = &br->in;

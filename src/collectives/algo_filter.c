@@ -22,7 +22,7 @@
 #include <string.h>
 #include <strings.h>
 
-#include "coll_engine.h"
+#include "coll_internal.h"
 #include "log.h"
 #include "param.h"
 

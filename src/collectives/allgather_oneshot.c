@@ -14,9 +14,9 @@
  * n <= COLL_ONESHOT_MAX_RANKS (the op's inline transfer array).
  */
 #include "check.h"
-#include "coll_engine.h"
+#include "coll_internal.h"
 #include "comm.h"
-#include "core.h"
+#include "util.h"
 
 /* Sends carry this rank's block; peer p's block is received into its place in recvbuff. */
 static ncclResult_t ag_oneshot_setup(coll_op_t *op) {

@@ -26,9 +26,9 @@
 #include <stdlib.h>
 
 #include "check.h"
-#include "coll_engine.h"
+#include "coll_internal.h"
 #include "comm.h"
-#include "core.h"
+#include "util.h"
 #include "log.h"
 
 /* The sends' buf is set at start (the input, or its copy in place); receives fold into

@@ -13,9 +13,9 @@
 #include <string.h>
 
 #include "check.h"
-#include "coll_engine.h"
+#include "coll_internal.h"
 #include "comm.h"
-#include "core.h"
+#include "util.h"
 
 /* Transfer kinds (kept in coll_xfer_t.off: each transfer is a single chunk). */
 enum { RD_SEND = 0, RD_RECV_COMBINE = 1, RD_RECV_RESULT = 2 };

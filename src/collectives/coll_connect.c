@@ -32,9 +32,9 @@
 
 #include "bootstrap.h"
 #include "check.h"
-#include "coll_engine.h"
+#include "coll_internal.h"
 #include "comm.h"
-#include "core.h"
+#include "util.h"
 #include "log.h"
 
 #define COLL_TAG_RING 0x52490000 /* same as the core's CORE_TAG_RING (eager connect) */
@@ -65,9 +65,9 @@ ncclResult_t coll_connect_rings(struct ncclComm *comm) {
             ncclResult_t r = ncclSuccess;
             if (do_send) {
                 if (ch->send.ops == NULL)
-                    r = transport_connect(comm, &ch->send, ch->next, 1, c, send_tag);
+                    r = transport_connect(&comm->tctx, &ch->send, ch->next, 1, c, send_tag);
             } else if (ch->recv.ops == NULL) {
-                r = transport_connect(comm, &ch->recv, ch->prev, 0, c, recv_tag);
+                r = transport_connect(&comm->tctx, &ch->recv, ch->prev, 0, c, recv_tag);
             }
             if (r != ncclSuccess && first == ncclSuccess) first = r;
         }
@@ -89,8 +89,8 @@ static ncclResult_t connect_one_p2p(struct ncclComm *comm, int peer, int is_send
     }
     int lo = CHORUS_MIN(comm->rank, peer), hi = CHORUS_MAX(comm->rank, peer);
     int tag = coll_setup_tag(COLL_TAG_P2P, lo, comm->nranks, hi);
-    const int failed_before = comm->connect_fail_text[0] != '\0';
-    ncclResult_t res = transport_connect(comm, conn, peer, is_send, -1, tag);
+    const int failed_before = comm->tctx.fail_text[0] != '\0';
+    ncclResult_t res = transport_connect(&comm->tctx, conn, peer, is_send, -1, tag);
     if (res != ncclSuccess) {
         free(conn);
         if (!failed_before) /* else it only passed an earlier failure on */

@@ -27,7 +27,7 @@
 #ifndef CHORUS_COLL_RING_H_
 #define CHORUS_COLL_RING_H_
 
-#include "coll_engine.h"
+#include "coll_internal.h"
 
 /* The bytes an op writes on each rank, for the streaming and single-copy decisions. */
 size_t coll_ring_out_bytes(const coll_op_t *op);

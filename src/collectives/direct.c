@@ -42,7 +42,7 @@
 #include <unistd.h>
 
 #include "check.h"
-#include "coll_engine.h"
+#include "coll_internal.h"
 #include "coll_ring.h"
 #include "comm.h"
 #include "log.h"

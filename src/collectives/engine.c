@@ -23,9 +23,10 @@
 #include <unistd.h>
 
 #include "check.h"
-#include "coll_engine.h"
+#include "errors.h"
+#include "coll_internal.h"
 #include "comm.h"
-#include "core.h"
+#include "util.h"
 #include "log.h"
 #include "param.h"
 #include "reduce.h"
@@ -475,7 +476,7 @@ static void engine_progress_locked(struct coll_engine *e, int *progressed_p) {
         ncclResult_t r = op->algo->progress(op, &done);
         if (r != ncclSuccess && !op->failing) {
             coll_op_fail(op, r, "%s #%llu failed (%s)", coll_kind_name(op->coll),
-                         (unsigned long long)op->seq, ncclGetErrorString(r));
+                         (unsigned long long)op->seq, chorus_result_text(r));
         }
         if (op->failing) {
             *progressed_p = 1;

@@ -48,7 +48,7 @@
 #include <string.h>
 
 #include "check.h"
-#include "coll_engine.h"
+#include "coll_internal.h"
 #include "comm.h"
 #include "log.h"
 #include "waiter.h"

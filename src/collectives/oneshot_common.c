@@ -10,7 +10,7 @@
  */
 #include <string.h>
 
-#include "coll_engine.h"
+#include "coll_internal.h"
 #include "comm.h"
 
 int coll_oneshot_supports(const coll_op_t *op) {

@@ -45,7 +45,8 @@
 #include <string.h>
 
 #include "check.h"
-#include "coll_engine.h"
+#include "errors.h"
+#include "coll_internal.h"
 #include "comm.h"
 #include "log.h"
 #include "param.h"
@@ -124,8 +125,7 @@ static inline int prim_kind_reads_recv_data(coll_prim_t kind) {
 /* Sender side: whether this reduce-kind chunk may go direct (the transport's own conditions,
  * direct and the size threshold, are checked by the caller). */
 static inline int prim_direct_reduce_ok(const coll_op_t *op, const coll_chunk_t *c) {
-    if (!c->direct_reduce_ok || (chorus_param_int(PARAM_DIRECT_REDUCE) == 0 &&
-                                 !op->tune.direct_reduce)) /* tuner.c: TCP rings */
+    if (!c->direct_reduce_ok || !op->tune.direct_reduce) /* tuner.c: DIRECT_REDUCE, TCP rings */
         return 0;
     if (c->kind == PRIM_PREP_SEND) return rk_pre_is_copy(&op->redop);
     return c->kind == PRIM_RECV_REDUCE_SEND && c->dst != NULL;
@@ -233,7 +233,7 @@ static ncclResult_t prim_conn_error(coll_op_t *op, const coll_use_t *u, ncclResu
                  u->conn->peer, peer_host(op->comm, u->conn->peer),
                  u->conn->is_send ? "while sending to" : "while receiving from",
                  u->conn->channel >= 0 ? "ring" : "point-to-point", u->conn->desc,
-                 ncclGetErrorString(res));
+                 chorus_result_text(res));
     return res;
 }
 

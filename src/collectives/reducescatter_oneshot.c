@@ -15,9 +15,9 @@
  * block fits one chunk and n <= COLL_ONESHOT_MAX_RANKS (the op's inline transfer array).
  */
 #include "check.h"
-#include "coll_engine.h"
+#include "coll_internal.h"
 #include "comm.h"
-#include "core.h"
+#include "util.h"
 
 /* Sends carry block p of the input to peer p; receives land in recvbuff (the fold reads them
  * there from the slots). */

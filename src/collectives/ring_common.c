@@ -10,7 +10,7 @@
 #include "check.h"
 #include "coll_ring.h"
 #include "comm.h"
-#include "core.h"
+#include "util.h"
 #include "param.h"
 
 /* Ops from this size use single copy between processes (CHORUS_RING_DIRECT=-1). */

@@ -33,10 +33,10 @@
 #include <string.h>
 
 #include "check.h"
-#include "coll_engine.h"
+#include "coll_internal.h"
 #include "comm.h"
-#include "core.h"
 #include "param.h"
+#include "util.h"
 
 static void xfer_add(coll_op_t *op, int peer, int is_send, const void *buf, size_t bytes) {
     coll_xfer_t *x = &op->xfer[op->nxfer++];

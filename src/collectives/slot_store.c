@@ -125,7 +125,7 @@ static void slot_store_sample(chorus_conn_t *conn, slot_store_t *st, int mode, u
     INFO(SUB_SHM,
          "rank %d -> %d (%s, channel %d): slot writes now %s (plain %llu, streaming %llu "
          "ticks/KiB)",
-         conn->comm ? conn->comm->rank : -1, conn->peer, conn->desc, conn->channel,
+         conn->ctx ? conn->ctx->rank : -1, conn->peer, conn->desc, conn->channel,
          want == SLOT_STORE_STREAM ? "streaming" : "plain", (unsigned long long)plain,
          (unsigned long long)stream);
 }

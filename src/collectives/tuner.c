@@ -27,7 +27,7 @@
 #include <strings.h>
 
 #include "check.h"
-#include "coll_engine.h"
+#include "coll_internal.h"
 #include "coll_ring.h"
 #include "comm.h"
 #include "log.h"
@@ -139,7 +139,7 @@ static int tuner_tcp_rings(struct ncclComm *comm) {
     int all = comm->nranks > 1 && comm->edge_transport != NULL && comm->peers != NULL;
     for (int p = 0; all && p < comm->nranks; p++) {
         const chorus_transport_ops_t *t = comm->edge_transport[p];
-        if (p != comm->rank && (t == NULL || strcmp(t->name, "tcp") != 0)) all = 0;
+        if (p != comm->rank && (t == NULL || !(t->caps & TRANSPORT_CAP_SOCKET_RING))) all = 0;
     }
     const char *forced = chorus_param_str(PARAM_TRANSPORT);
     if (all && !(forced && strcasecmp(forced, "tcp") == 0)) {
@@ -468,6 +468,8 @@ ncclResult_t coll_tuner_pick(coll_op_t *op) {
         if (op->tune.chunk_bytes)
             snprintf(tuned, sizeof(tuned), ", shm ring chunk %zu KiB", op->tune.chunk_bytes >> 10);
     }
+    /* Read here once per choice rather than by the primitives once per chunk. */
+    if (chorus_param_int(PARAM_DIRECT_REDUCE) != 0) op->tune.direct_reduce = 1;
     tuner_say(op, why, tuned);
     if (op->engine) tuner_memo_keep(op, gen, why, tuned);
     return ncclSuccess;

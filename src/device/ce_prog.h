@@ -8,7 +8,7 @@
  *   WRITE  addr value    *addr = value, after all before   (cuStreamWriteValue64)
  *   COPY   dst src n     copy n bytes                      (cudaMemcpyAsync)
  *   REDUCE shape ...     one reduction kernel launch       (rk_dev_prepare/reduce/finish)
- * ch_ce_build turns a channel's schedule (sched.h) into such a program over the SIMPLE slots of
+ * ch_ce_build turns a channel's schedule (ch_sched.h) into such a program over the SIMPLE slots of
  * ch_proto.h: a receive waits for the sender's head and writes the tail back, a send waits for a
  * free slot (tail) and writes the head once its data is in. Step counters persist across ops,
  * so the builder keeps the next step of every connection (ch_ce_env_t). ch_ce_run executes a
@@ -27,7 +27,7 @@
 
 #include "ch_proto.h"
 #include "reduce.h"
-#include "sched.h"
+#include "ch_sched.h"
 
 #ifdef __cplusplus
 extern "C" {

@@ -15,7 +15,7 @@
 
 #include "collectives/kernels/reduce_traits.cuh"
 #include "device/ch_kernel.h"
-#include "device/sched.h"
+#include "device/ch_sched.h"
 extern "C" {
 #include "log.h"
 }

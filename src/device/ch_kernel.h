@@ -3,7 +3,7 @@
  *
  * One launch runs one op of one rank: grid = the op's channels, one block per channel; each
  * block exchanges the op headers on its channel's connections and walks the channel's schedule
- * (sched.h) over the slot protocol (ch_proto.h), its threads copying and reducing each chunk
+ * (ch_sched.h) over the slot protocol (ch_proto.h), its threads copying and reducing each chunk
  * together with the device reduction traits, so a chunk gets the host kernels' bits. Everything
  * the kernel reads lives in memory the GPU can reach: the ring table, the connection views and
  * their slots and counters, the error word.

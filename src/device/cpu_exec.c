@@ -18,7 +18,7 @@
 
 #include "ce_prog.h"
 #include "ch_proto.h"
-#include "sched.h"
+#include "ch_sched.h"
 
 struct ch_cpu_world {
     int nranks, max_ch, nslots;

@@ -5,7 +5,7 @@
  * A world stands in for a communicator on GPUs: nranks ranks, each with max_ch channels (a GPU
  * block each), connected all to all by ch_conn_t connections in ordinary host memory, and one
  * error word. ch_cpu_run runs one op: a thread per rank and channel takes the op's header
- * exchange and then its channel's steps (sched.h), moving chunks through the slots with the host
+ * exchange and then its channel's steps (ch_sched.h), moving chunks through the slots with the host
  * reduction kernels (reduce.h) - the same code paths, step for step, that a GPU block takes with
  * the device kernels, so races, memory orders, wraparound and error paths are checked here.
  */

@@ -14,7 +14,7 @@
 
 #include "check.h"
 #include "comm.h"
-#include "core.h"
+#include "util.h"
 #include "param.h"
 #include "topo.h"
 #include "topo_internal.h"
@@ -104,7 +104,7 @@ ncclResult_t topo_build(struct ncclComm *comm) {
     }
     for (int p = 0; p < n; p++) {
         if (p == comm->rank) continue;
-        CHECK_GOTO(transport_select(comm, p, &comm->edge_transport[p]), res, out);
+        CHECK_GOTO(transport_select(&comm->tctx, p, &comm->edge_transport[p]), res, out);
     }
     int hosts = 0;
     for (int r = 0; r < n; r++) hosts = CHORUS_MAX(hosts, places[r].host + 1);

@@ -29,7 +29,7 @@
 #include <time.h>
 
 #include "check.h"
-#include "comm.h"
+#include "errors.h"
 #include "param.h"
 #include "transport.h"
 #include "waiter.h"
@@ -84,16 +84,16 @@ static ncclResult_t transport_geometry(chorus_conn_t *conn) {
     return ncclSuccess;
 }
 
-static void transport_log_connected(struct ncclComm *comm, chorus_conn_t *conn) {
-    int src = conn->is_send ? comm->rank : conn->peer;
-    int dst = conn->is_send ? conn->peer : comm->rank;
+static void transport_log_connected(chorus_transport_ctx_t *ctx, chorus_conn_t *conn) {
+    int src = conn->is_send ? ctx->rank : conn->peer;
+    int dst = conn->is_send ? conn->peer : ctx->rank;
     if (conn->channel < 0) {
         INFO(SUB_INIT | SUB_P2P, "P2P %d -> %d%s via %s", src, dst,
              conn->is_send ? "" : " [receive]", conn->desc);
         return;
     }
     char sdev[16], ddev[16];
-    int sd = comm->peers[src].cuda_dev, dd = comm->peers[dst].cuda_dev;
+    int sd = ctx->peers[src].cuda_dev, dd = ctx->peers[dst].cuda_dev;
     if (sd >= 0)
         snprintf(sdev, sizeof(sdev), "%d", sd);
     else
@@ -109,30 +109,30 @@ static void transport_log_connected(struct ncclComm *comm, chorus_conn_t *conn) 
 /* Remember the first failed setup of this rank, naming the peer, its host and the transport:
  * the op that needed the connection reports it (coll_api.c), and its WARN is the user's last
  * error. */
-static void transport_note_failure(struct ncclComm *comm, const chorus_conn_t *conn,
+static void transport_note_failure(chorus_transport_ctx_t *ctx, const chorus_conn_t *conn,
                                    const chorus_transport_ops_t *ops, ncclResult_t res,
                                    int cause) {
-    if (comm->connect_fail_text[0]) return;
+    if (ctx->fail_text[0]) return;
     char where[32] = "", why[128] = "";
     if (conn->channel >= 0) snprintf(where, sizeof(where), " (ring channel %d)", conn->channel);
-    if (cause != conn->peer && cause >= 0 && cause < comm->nranks)
+    if (cause != conn->peer && cause >= 0 && cause < ctx->nranks)
         snprintf(why, sizeof(why), "; the failure started at rank %d (%s)", cause,
-                 comm->peers[cause].hostname);
-    snprintf(comm->connect_fail_text, sizeof(comm->connect_fail_text),
+                 ctx->peers[cause].hostname);
+    snprintf(ctx->fail_text, sizeof(ctx->fail_text),
              "setting up the connection %s rank %d (%s) via %s%s failed (%s)%s",
-             conn->is_send ? "to" : "from", conn->peer, comm->peers[conn->peer].hostname,
-             ops ? ops->name : "(no transport chosen)", where, ncclGetErrorString(res), why);
-    comm->connect_fail_cause = cause;
+             conn->is_send ? "to" : "from", conn->peer, ctx->peers[conn->peer].hostname,
+             ops ? ops->name : "(no transport chosen)", where, chorus_result_text(res), why);
+    ctx->fail_cause = cause;
     /* Best effort, no answer awaited. Only ranks we have sent to can have an exchange with us
      * that fails when we close; and a send on an open connection never waits to connect (to a
      * stopped or unreachable rank, connecting would wait for CHORUS_TIMEOUT). */
     /* A failure of our own went out as the status of this setup's message, and its WARN must
      * stay the last error (a failed send WARNs too). */
-    if (cause == comm->rank) return;
+    if (cause == ctx->rank) return;
     int32_t note = cause;
-    for (int r = 0; r < comm->nranks; r++)
-        if (r != comm->rank && r != cause && bootstrap_peer_connected(comm->bs, r))
-            (void)bootstrap_send(comm->bs, r, SETUP_TAG_CAUSE, &note, sizeof(note));
+    for (int r = 0; r < ctx->nranks; r++)
+        if (r != ctx->rank && r != cause && bootstrap_peer_connected(ctx->bs, r))
+            (void)bootstrap_send(ctx->bs, r, SETUP_TAG_CAUSE, &note, sizeof(note));
 }
 
 /* How long a failed setup looks for the peer's note on who failed first. */
@@ -142,59 +142,59 @@ static void transport_note_failure(struct ncclComm *comm, const chorus_conn_t *c
  * first? A peer that failed elsewhere sends its note before it closes anything, so the note is
  * queued, or on its way, by the time its closing fails us; a peer that is itself the cause sends
  * none. So look for a short while only, without ever waiting on the peer. */
-static int transport_peer_cause(struct ncclComm *comm, int peer) {
+static int transport_peer_cause(chorus_transport_ctx_t *ctx, int peer) {
     const uint64_t until = chorus_now_ns() + SETUP_CAUSE_WAIT_NS;
-    while (!bootstrap_peek(comm->bs, peer, SETUP_TAG_CAUSE)) {
+    while (!bootstrap_peek(ctx->bs, peer, SETUP_TAG_CAUSE)) {
         if (chorus_now_ns() > until) return peer;
         struct timespec ts = {0, 5000000};
         nanosleep(&ts, NULL);
     }
     int32_t note = -1;
-    if (bootstrap_recv(comm->bs, peer, SETUP_TAG_CAUSE, &note, sizeof(note)) != ncclSuccess)
+    if (bootstrap_recv(ctx->bs, peer, SETUP_TAG_CAUSE, &note, sizeof(note)) != ncclSuccess)
         return peer;
-    return note >= 0 && note < comm->nranks && note != comm->rank ? note : peer;
+    return note >= 0 && note < ctx->nranks && note != ctx->rank ? note : peer;
 }
 
 /* An earlier setup of this rank failed: only tell the peer (see the file comment). Sending to a
  * dead peer fails at once; nothing here waits for an answer. */
-static ncclResult_t transport_pass_failure(struct ncclComm *comm, chorus_conn_t *conn, int tag,
-                                           transport_setup_msg_t *mine) {
+static ncclResult_t transport_pass_failure(chorus_transport_ctx_t *ctx, chorus_conn_t *conn,
+                                           int tag, transport_setup_msg_t *mine) {
     mine->status = (int32_t)ncclRemoteError;
-    mine->cause_rank = comm->connect_fail_cause;
-    if (conn->peer != comm->connect_fail_cause)
-        (void)bootstrap_send(comm->bs, conn->peer,
+    mine->cause_rank = ctx->fail_cause;
+    if (conn->peer != ctx->fail_cause)
+        (void)bootstrap_send(ctx->bs, conn->peer,
                              transport_setup_tag(conn->channel, conn->is_send, tag), mine,
                              sizeof(*mine));
     return ncclRemoteError;
 }
 
 /* Exchange setup messages: sender sends first, receiver receives first. */
-static ncclResult_t transport_exchange(struct ncclComm *comm, chorus_conn_t *conn, int tag,
+static ncclResult_t transport_exchange(chorus_transport_ctx_t *ctx, chorus_conn_t *conn, int tag,
                                        const transport_setup_msg_t *mine,
                                        transport_setup_msg_t *theirs) {
     int my_tag = transport_setup_tag(conn->channel, conn->is_send, tag);
     int peer_tag = transport_setup_tag(conn->channel, !conn->is_send, tag);
     if (conn->is_send) {
-        CHECK(bootstrap_send(comm->bs, conn->peer, my_tag, mine, sizeof(*mine)));
-        CHECK(bootstrap_recv(comm->bs, conn->peer, peer_tag, theirs, sizeof(*theirs)));
+        CHECK(bootstrap_send(ctx->bs, conn->peer, my_tag, mine, sizeof(*mine)));
+        CHECK(bootstrap_recv(ctx->bs, conn->peer, peer_tag, theirs, sizeof(*theirs)));
     } else {
-        CHECK(bootstrap_recv(comm->bs, conn->peer, peer_tag, theirs, sizeof(*theirs)));
-        CHECK(bootstrap_send(comm->bs, conn->peer, my_tag, mine, sizeof(*mine)));
+        CHECK(bootstrap_recv(ctx->bs, conn->peer, peer_tag, theirs, sizeof(*theirs)));
+        CHECK(bootstrap_send(ctx->bs, conn->peer, my_tag, mine, sizeof(*mine)));
     }
     return ncclSuccess;
 }
 
-ncclResult_t transport_connect(struct ncclComm *comm, chorus_conn_t *conn, int peer, int is_send,
-                               int channel, int tag) {
+ncclResult_t transport_connect(chorus_transport_ctx_t *ctx, chorus_conn_t *conn, int peer,
+                               int is_send, int channel, int tag) {
     memset(conn, 0, sizeof(*conn));
-    conn->comm = comm;
+    conn->ctx = ctx;
     conn->peer = peer;
     conn->is_send = is_send ? 1 : 0;
     conn->channel = channel;
-    if (peer == comm->rank || peer < 0 || peer >= comm->nranks) {
+    if (peer == ctx->rank || peer < 0 || peer >= ctx->nranks) {
         WARN("transport_connect: rank %d cannot connect to rank %d (%d ranks; a rank copies to "
              "itself without a transport)",
-             comm->rank, peer, comm->nranks);
+             ctx->rank, peer, ctx->nranks);
         return ncclInternalError;
     }
     ncclResult_t res = ncclSuccess;
@@ -206,12 +206,12 @@ ncclResult_t transport_connect(struct ncclComm *comm, chorus_conn_t *conn, int p
     mine.tag = tag;
     mine.author_is_send = conn->is_send;
     mine.cause_rank = -1;
-    if (comm->connect_fail_text[0]) return transport_pass_failure(comm, conn, tag, &mine);
+    if (ctx->fail_text[0]) return transport_pass_failure(ctx, conn, tag, &mine);
 
     /* A local failure is still sent to the peer (as a status) so that it does not wait for us. */
     const chorus_transport_ops_t *ops = NULL;
     res = transport_geometry(conn);
-    if (res == ncclSuccess) res = transport_select(comm, peer, &ops);
+    if (res == ncclSuccess) res = transport_select(ctx, peer, &ops);
     if (res == ncclSuccess) {
         conn->ops = ops;
         snprintf(mine.transport, sizeof(mine.transport), "%s", ops->name);
@@ -225,10 +225,10 @@ ncclResult_t transport_connect(struct ncclComm *comm, chorus_conn_t *conn, int p
         mine.bytes = (uint32_t)bytes;
     }
     mine.status = (int32_t)res;
-    if (res != ncclSuccess) mine.cause_rank = comm->rank;
-    int cause = res != ncclSuccess ? comm->rank : peer; /* who failed, if this setup fails */
+    if (res != ncclSuccess) mine.cause_rank = ctx->rank;
+    int cause = res != ncclSuccess ? ctx->rank : peer; /* who failed, if this setup fails */
     ncclResult_t xres;
-    CHECK_GOTO(transport_exchange(comm, conn, tag, &mine, &theirs), xres, err_exchange);
+    CHECK_GOTO(transport_exchange(ctx, conn, tag, &mine, &theirs), xres, err_exchange);
     if (res != ncclSuccess) goto err_close;
     if (theirs.magic != SETUP_MSG_MAGIC) {
         WARN("transport setup message from rank %d is corrupt", peer);
@@ -243,22 +243,22 @@ ncclResult_t transport_connect(struct ncclComm *comm, chorus_conn_t *conn, int p
         goto err_close;
     }
     if (theirs.status != ncclSuccess) {
-        if (theirs.cause_rank >= 0 && theirs.cause_rank < comm->nranks) cause = theirs.cause_rank;
+        if (theirs.cause_rank >= 0 && theirs.cause_rank < ctx->nranks) cause = theirs.cause_rank;
         if (cause != peer)
             WARN("rank %d (%s) gave up setting up its end of the connection %s rank %d: rank %d "
                  "(%s) failed first",
-                 peer, comm->peers[peer].hostname, is_send ? "from" : "to", comm->rank, cause,
-                 comm->peers[cause].hostname);
+                 peer, ctx->peers[peer].hostname, is_send ? "from" : "to", ctx->rank, cause,
+                 ctx->peers[cause].hostname);
         else
             WARN("rank %d (%s) failed to set up its end of the connection %s rank %d (error %d)",
-                 peer, comm->peers[peer].hostname, is_send ? "from" : "to", comm->rank,
+                 peer, ctx->peers[peer].hostname, is_send ? "from" : "to", ctx->rank,
                  (int)theirs.status);
         res = ncclRemoteError;
         goto err_close;
     }
     theirs.transport[sizeof(theirs.transport) - 1] = '\0';
     if (strcmp(theirs.transport, ops->name) != 0) {
-        WARN("rank %d chose transport %s to reach rank %d, but rank %d chose %s", comm->rank,
+        WARN("rank %d chose transport %s to reach rank %d, but rank %d chose %s", ctx->rank,
              ops->name, peer, peer, theirs.transport);
         res = ncclSystemError;
         goto err_close;
@@ -270,7 +270,7 @@ ncclResult_t transport_connect(struct ncclComm *comm, chorus_conn_t *conn, int p
     }
     CHECK_GOTO(ops->connect(conn, theirs.blob, theirs.bytes), res, err_close);
     __atomic_store_n(&conn->connected, 1, __ATOMIC_RELEASE); /* engine_drain_sends may look */
-    transport_log_connected(comm, conn);
+    transport_log_connected(ctx, conn);
     return ncclSuccess;
 
 err_exchange:
@@ -278,9 +278,9 @@ err_exchange:
 err_close:
     /* Ours or a peer's failure named in its message: the cause is known. Else ask the peer. */
     if (cause == peer && mine.status == ncclSuccess && theirs.status == ncclSuccess &&
-        !comm->connect_fail_text[0])
-        cause = transport_peer_cause(comm, peer);
-    transport_note_failure(comm, conn, ops, res, cause);
+        !ctx->fail_text[0])
+        cause = transport_peer_cause(ctx, peer);
+    transport_note_failure(ctx, conn, ops, res, cause);
     if (conn->ops) conn->ops->close(conn);
     /* Leave the connection visibly unconnected: callers test ops == NULL to connect again. */
     conn->ops = NULL;

@@ -12,7 +12,6 @@
 #include <strings.h>
 
 #include "check.h"
-#include "comm.h"
 #include "param.h"
 #include "transport.h"
 
@@ -81,22 +80,22 @@ static const char *transport_disabled_by(const chorus_transport_ops_t *t) {
     return NULL;
 }
 
-static ncclResult_t transport_try(struct ncclComm *comm, const chorus_transport_ops_t *t, int peer,
-                                  int *ok_p) {
+static ncclResult_t transport_try(const chorus_transport_ctx_t *ctx,
+                                  const chorus_transport_ops_t *t, int peer, int *ok_p) {
     *ok_p = 0;
     if (t->abi_version != TRANSPORT_ABI_VERSION) return ncclSuccess;
-    CHECK(t->can_connect(comm, &comm->peers[comm->rank], &comm->peers[peer], ok_p));
+    CHECK(t->can_connect(ctx, &ctx->peers[ctx->rank], &ctx->peers[peer], ok_p));
     return ncclSuccess;
 }
 
-ncclResult_t transport_select(struct ncclComm *comm, int peer,
+ncclResult_t transport_select(const chorus_transport_ctx_t *ctx, int peer,
                               const chorus_transport_ops_t **ops_p) {
     *ops_p = NULL;
-    if (peer < 0 || peer >= comm->nranks) {
-        WARN("transport_select: peer %d out of range (%d ranks)", peer, comm->nranks);
+    if (peer < 0 || peer >= ctx->nranks) {
+        WARN("transport_select: peer %d out of range (%d ranks)", peer, ctx->nranks);
         return ncclInternalError;
     }
-    const chorus_locality_t *pl = &comm->peers[peer];
+    const chorus_locality_t *pl = &ctx->peers[peer];
     const char *forced = chorus_param_str(PARAM_TRANSPORT);
     if (forced && forced[0]) {
         const chorus_transport_ops_t *t = transport_find(forced);
@@ -105,11 +104,11 @@ ncclResult_t transport_select(struct ncclComm *comm, int peer,
             return ncclInvalidUsage;
         }
         int ok;
-        CHECK(transport_try(comm, t, peer, &ok));
+        CHECK(transport_try(ctx, t, peer, &ok));
         if (!ok) {
             const char *knob = transport_disabled_by(t);
             WARN("CHORUS_TRANSPORT=%s cannot connect rank %d (%s) to rank %d (%s)%s%s", forced,
-                 comm->rank, comm->peers[comm->rank].hostname, peer, pl->hostname,
+                 ctx->rank, ctx->peers[ctx->rank].hostname, peer, pl->hostname,
                  knob ? ": disabled by " : "", knob ? knob : "");
             return ncclSystemError;
         }
@@ -120,15 +119,15 @@ ncclResult_t transport_select(struct ncclComm *comm, int peer,
         const chorus_transport_ops_t *t = transport_table[i];
         if (!t || transport_disabled_by(t)) continue;
         int ok;
-        CHECK(transport_try(comm, t, peer, &ok));
+        CHECK(transport_try(ctx, t, peer, &ok));
         if (ok) {
             *ops_p = t;
             return ncclSuccess;
         }
     }
     const char *net = chorus_param_str(PARAM_NET);
-    WARN("no transport found from rank %d (%s) to rank %d (%s)%s%s%s", comm->rank,
-         comm->peers[comm->rank].hostname, peer, pl->hostname, net && net[0] ? " (NCCL_NET=" : "",
+    WARN("no transport found from rank %d (%s) to rank %d (%s)%s%s%s", ctx->rank,
+         ctx->peers[ctx->rank].hostname, peer, pl->hostname, net && net[0] ? " (NCCL_NET=" : "",
          net && net[0] ? net : "", net && net[0] ? ")" : "");
     return ncclSystemError;
 }

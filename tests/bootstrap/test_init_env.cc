@@ -14,6 +14,8 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "chorus.h"
 #include "launch.h"
@@ -87,76 +89,50 @@ TEST_F(InitFromEnv, NullComm) {
     EXPECT_EQ(chorusCommInitFromEnv(nullptr), ncclInvalidArgument);
 }
 
-TEST_F(InitFromEnv, NothingSet) {
-    expect_invalid("RANK");
+// Variable sets that chorusCommInitFromEnv must refuse with ncclInvalidArgument, and a piece of
+// the WARN that must name the culprit.
+struct BadEnv {
+    const char *name;
+    std::vector<std::pair<const char *, const char *>> vars;
+    const char *needle;
+};
+
+const BadEnv kBadEnvs[] = {
+    {"NothingSet", {}, "RANK"},
+    {"RankWithoutSize", {{"RANK", "0"}}, "WORLD_SIZE"},
+    {"SizeWithoutRank", {{"OMPI_COMM_WORLD_SIZE", "2"}}, "OMPI_COMM_WORLD_RANK"},
+    {"MalformedRank", {{"RANK", "one"}, {"WORLD_SIZE", "2"}}, "RANK='one'"},
+    {"RankNotBelowSize", {{"SLURM_PROCID", "4"}, {"SLURM_NTASKS", "4"}}, "SLURM_PROCID=4"},
+    {"ZeroSize", {{"RANK", "0"}, {"WORLD_SIZE", "0"}}, "WORLD_SIZE"},
+    {"MissingMasterAddr", {{"RANK", "0"}, {"WORLD_SIZE", "1"}, {"MASTER_PORT", "29500"}},
+     "MASTER_ADDR"},
+    {"MissingMasterPort", {{"RANK", "0"}, {"WORLD_SIZE", "1"}, {"MASTER_ADDR", "127.0.0.1"}},
+     "MASTER_PORT"},
+    {"BadMasterPort",
+     {{"RANK", "0"}, {"WORLD_SIZE", "1"}, {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", "99999"}},
+     "MASTER_PORT"},
+    {"BadCommId", {{"RANK", "0"}, {"WORLD_SIZE", "1"}, {"NCCL_COMM_ID", "nocolon"}},
+     "NCCL_COMM_ID"},
+    {"BadLocalRank",
+     {{"RANK", "0"},
+      {"WORLD_SIZE", "1"},
+      {"LOCAL_RANK", "-1"},
+      {"MASTER_ADDR", "127.0.0.1"},
+      {"MASTER_PORT", "29500"}},
+     "LOCAL_RANK"},
+};
+
+class InitFromEnvBad : public InitFromEnv, public ::testing::WithParamInterface<BadEnv> {};
+
+TEST_P(InitFromEnvBad, RefusedNamingTheVariable) {
+    for (const auto &v : GetParam().vars)
+        setenv(v.first, v.second, 1);
+    chorus_param_reset(); // NCCL_COMM_ID is a parameter: parsed again with the new value
+    expect_invalid(GetParam().needle);
 }
 
-TEST_F(InitFromEnv, RankWithoutSize) {
-    setenv("RANK", "0", 1);
-    expect_invalid("WORLD_SIZE");
-}
-
-TEST_F(InitFromEnv, SizeWithoutRank) {
-    setenv("OMPI_COMM_WORLD_SIZE", "2", 1);
-    expect_invalid("OMPI_COMM_WORLD_RANK");
-}
-
-TEST_F(InitFromEnv, MalformedRank) {
-    setenv("RANK", "one", 1);
-    setenv("WORLD_SIZE", "2", 1);
-    expect_invalid("RANK='one'");
-}
-
-TEST_F(InitFromEnv, RankNotBelowSize) {
-    setenv("SLURM_PROCID", "4", 1);
-    setenv("SLURM_NTASKS", "4", 1);
-    expect_invalid("SLURM_PROCID=4");
-}
-
-TEST_F(InitFromEnv, ZeroSize) {
-    setenv("RANK", "0", 1);
-    setenv("WORLD_SIZE", "0", 1);
-    expect_invalid("WORLD_SIZE");
-}
-
-TEST_F(InitFromEnv, MissingMasterAddr) {
-    setenv("RANK", "0", 1);
-    setenv("WORLD_SIZE", "1", 1);
-    setenv("MASTER_PORT", "29500", 1);
-    expect_invalid("MASTER_ADDR");
-}
-
-TEST_F(InitFromEnv, MissingMasterPort) {
-    setenv("RANK", "0", 1);
-    setenv("WORLD_SIZE", "1", 1);
-    setenv("MASTER_ADDR", "127.0.0.1", 1);
-    expect_invalid("MASTER_PORT");
-}
-
-TEST_F(InitFromEnv, BadMasterPort) {
-    setenv("RANK", "0", 1);
-    setenv("WORLD_SIZE", "1", 1);
-    setenv("MASTER_ADDR", "127.0.0.1", 1);
-    setenv("MASTER_PORT", "99999", 1);
-    expect_invalid("MASTER_PORT");
-}
-
-TEST_F(InitFromEnv, BadCommId) {
-    setenv("RANK", "0", 1);
-    setenv("WORLD_SIZE", "1", 1);
-    setenv("NCCL_COMM_ID", "nocolon", 1);
-    chorus_param_reset();
-    expect_invalid("NCCL_COMM_ID");
-}
-
-TEST_F(InitFromEnv, BadLocalRank) {
-    setenv("RANK", "0", 1);
-    setenv("WORLD_SIZE", "1", 1);
-    setenv("LOCAL_RANK", "-1", 1);
-    setenv("MASTER_ADDR", "127.0.0.1", 1);
-    setenv("MASTER_PORT", "29500", 1);
-    expect_invalid("LOCAL_RANK");
-}
+INSTANTIATE_TEST_SUITE_P(InitFromEnv, InitFromEnvBad, ::testing::ValuesIn(kBadEnvs),
+                         [](const ::testing::TestParamInfo<BadEnv> &i) { return i.param.name; });
 
 // Each launcher's variable set builds a communicator of 3 forked ranks.
 TEST_F(InitFromEnv, EachLauncherBuildsAComm) {

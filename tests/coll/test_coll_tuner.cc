@@ -15,7 +15,7 @@
 
 #include "coll_util.h"
 extern "C" { // internal headers are C without extern "C" guards
-#include "coll_engine.h"
+#include "coll_internal.h"
 }
 #include "launch.h"
 

@@ -11,7 +11,7 @@
 
 #include "nccl.h"
 extern "C" { // internal headers are C without extern "C" guards
-#include "coll_engine.h"
+#include "coll_internal.h"
 #include "comm.h"
 }
 

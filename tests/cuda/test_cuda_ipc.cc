@@ -76,7 +76,7 @@ int ipc_rank(const chorus_unique_id_t &id, int rank, int n) {
     memset(&conn, 0, sizeof(conn));
     const int peer = 1 - rank;
     const int is_send = rank == 0;
-    ncclResult_t res = transport_connect(comm, &conn, peer, is_send, -1, 11);
+    ncclResult_t res = transport_connect(&comm->tctx, &conn, peer, is_send, -1, 11);
     if (res != ncclSuccess) {
         transport_comm_free(comm);
         RANK_CHECK(false, "transport_connect: %s", ncclGetErrorString(res));

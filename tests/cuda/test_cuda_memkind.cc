@@ -1,4 +1,4 @@
-// test_cuda_memkind.cc: memory-kind detection and GPU availability (src/core/cuda_memkind.c).
+// test_cuda_memkind.cc: memory-kind detection and GPU availability (src/base/cuda_memkind.c).
 //
 // The host half runs everywhere (it checks that host memory is never taken for device memory and
 // that availability agrees with a separate probe); the device half needs a GPU and skips without.
@@ -66,7 +66,7 @@ TEST(CudaMemKind, DeviceManagedPinned) {
 #include <cuda_runtime.h> // C++ headers stay outside extern "C"
 #endif
 extern "C" {
-#include "core/cuda_enqueue.h"
+#include "api/cuda_enqueue.h"
 }
 
 TEST(CudaEnqueue, HostBuffersStayOnHostPath) {

@@ -14,7 +14,7 @@
 
 #include "device/ch_proto.h"
 #include "device/cpu_exec.h"
-#include "device/sched.h"
+#include "device/ch_sched.h"
 #include "device_ref.h"
 
 namespace {

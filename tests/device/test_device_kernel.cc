@@ -16,7 +16,7 @@
 
 #include "device/ce_prog.h"
 #include "device/ch_kernel.h"
-#include "device/sched.h"
+#include "device/ch_sched.h"
 #include "device_ref.h"
 
 namespace {

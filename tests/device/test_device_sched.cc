@@ -22,7 +22,7 @@
 #include "coll_engine.h"
 #include "coll_ring.h"
 #include "comm.h"
-#include "device/sched.h"
+#include "device/ch_sched.h"
 #include "launch.h"
 
 namespace {

@@ -3,7 +3,7 @@
  * (coll_algo_filter_parse), for every collective. Checks: the allowed set only names Chorus's
  * algorithms; an unset or empty value allows all of them.
  */
-#include "coll_engine.h"
+#include "coll_internal.h"
 #include "fuzz_common.h"
 
 int LLVMFuzzerInitialize(int *argc, char ***argv) {

@@ -390,7 +390,7 @@ int stream_rank(const chorus_unique_id_t &id, int rank, const StreamOpts &o) {
     ncclComm *comm = nullptr;
     if (transport_comm_init(id, rank, 2, &comm) != ncclSuccess) return 1;
     chorus_conn_t conn;
-    ncclResult_t r = transport_connect(comm, &conn, 1 - rank, rank == 0, -1, 0);
+    ncclResult_t r = transport_connect(&comm->tctx, &conn, 1 - rank, rank == 0, -1, 0);
     if (r != ncclSuccess) {
         fprintf(stderr, "rank %d: connect failed: %s\n", rank, chorus_log_last_error());
         transport_comm_free(comm);

@@ -234,9 +234,9 @@ int ring_rank(const chorus_unique_id_t &id, int rank, int nranks, size_t max_byt
     for (int step = 0; step < 2; step++) {
         bool do_send = ((rank & 1) == 0) == (step == 0);
         if (do_send)
-            RANK_NCCL(transport_connect(comm, &sc, next, 1, -1, 100 + rank));
+            RANK_NCCL(transport_connect(&comm->tctx, &sc, next, 1, -1, 100 + rank));
         else
-            RANK_NCCL(transport_connect(comm, &rc, prev, 0, -1, 100 + prev));
+            RANK_NCCL(transport_connect(&comm->tctx, &rc, prev, 0, -1, 100 + prev));
     }
     RANK_CHECK(sc.ops == &tcp_transport_ops && rc.ops == &tcp_transport_ops,
                "transport is %s/%s, expected tcp", sc.ops->name, rc.ops->name);
@@ -434,7 +434,7 @@ int oversize_rank(const chorus_unique_id_t &id, int rank, int nranks) {
     ncclComm *comm = nullptr;
     RANK_NCCL(transport_comm_init(id, rank, nranks, &comm));
     chorus_conn_t conn;
-    RANK_NCCL(transport_connect(comm, &conn, 1 - rank, rank == 0, -1, 300));
+    RANK_NCCL(transport_connect(&comm->tctx, &conn, 1 - rank, rank == 0, -1, 300));
     RANK_CHECK(conn.chunk_room == TCP_SLOT_ROOM, "chunk room %zu", conn.chunk_room);
     Stream s;
     s.conn = &conn;
@@ -505,7 +505,7 @@ int stray_rank(const chorus_unique_id_t &id, int rank, int nranks) {
     RANK_NCCL(transport_comm_init(id, rank, nranks, &comm));
     chorus_conn_t conn;
     memset(&conn, 0, sizeof(conn));
-    conn.comm = comm;
+    conn.ctx = &comm->tctx;
     conn.peer = 1 - rank;
     conn.is_send = rank == 0;
     conn.channel = -1;
@@ -574,7 +574,7 @@ int fault_rank(const chorus_unique_id_t &id, int rank, int nranks, Fault fault) 
     ncclComm *comm = nullptr;
     RANK_NCCL(transport_comm_init(id, rank, nranks, &comm));
     chorus_conn_t conn;
-    RANK_NCCL(transport_connect(comm, &conn, 1 - rank, rank == 0, -1, 200));
+    RANK_NCCL(transport_connect(&comm->tctx, &conn, 1 - rank, rank == 0, -1, 200));
     RANK_NCCL(bootstrap_barrier(comm->bs));
     Stream s;
     s.conn = &conn;

@@ -20,7 +20,7 @@ extern "C" void shm_pair_stats(uint64_t *ack_credits_p, uint64_t *head_loads_p);
 namespace chorus_test {
 namespace {
 
-using Param = std::tuple<std::string, Launch>;
+using Param = TransportLaunch;
 
 class TransportData : public ::testing::TestWithParam<Param> {
   protected:
@@ -208,14 +208,7 @@ TEST_P(TransportData, ShmPairedCreditsRideOnReverseChunks) {
     EXPECT_TRUE(res.ok()) << res.detail;
 }
 
-std::string param_name(const ::testing::TestParamInfo<Param> &info) {
-    return std::get<0>(info.param) + "_" + launch_name(std::get<1>(info.param));
-}
-
-INSTANTIATE_TEST_SUITE_P(Transports, TransportData,
-                         ::testing::Combine(::testing::Values("shm", "ib", "tcp"),
-                                            ::testing::Values(Launch::Threads, Launch::Forked)),
-                         param_name);
+INSTANTIATE_TEST_SUITE_P(Transports, TransportData, transport_launch_values(), transport_launch_name);
 
 } // namespace
 } // namespace chorus_test

@@ -21,7 +21,7 @@
 namespace chorus_test {
 namespace {
 
-using Param = std::tuple<std::string, Launch>;
+using Param = TransportLaunch;
 
 class TransportFail : public ::testing::TestWithParam<Param> {
   protected:
@@ -110,7 +110,7 @@ TEST_P(TransportFail, UnknownForcedTransport) {
             ncclComm *comm = nullptr;
             RANK_CHECK(transport_comm_init(id, rank, nranks, &comm) == ncclSuccess, "init");
             chorus_conn_t conn;
-            ncclResult_t r = transport_connect(comm, &conn, 1 - rank, rank == 0, 0, 0);
+            ncclResult_t r = transport_connect(&comm->tctx, &conn, 1 - rank, rank == 0, 0, 0);
             const char *last = chorus_log_last_error();
             transport_comm_free(comm);
             RANK_CHECK(r == ncclInvalidUsage, "connect -> %d", (int)r);
@@ -121,14 +121,7 @@ TEST_P(TransportFail, UnknownForcedTransport) {
     EXPECT_TRUE(res.ok()) << res.detail;
 }
 
-std::string param_name(const ::testing::TestParamInfo<Param> &info) {
-    return std::get<0>(info.param) + "_" + launch_name(std::get<1>(info.param));
-}
-
-INSTANTIATE_TEST_SUITE_P(Transports, TransportFail,
-                         ::testing::Combine(::testing::Values("shm", "ib", "tcp"),
-                                            ::testing::Values(Launch::Threads, Launch::Forked)),
-                         param_name);
+INSTANTIATE_TEST_SUITE_P(Transports, TransportFail, transport_launch_values(), transport_launch_name);
 
 // ---- the registry and transport_select (no ranks launched) ----------------------------------
 
@@ -149,12 +142,13 @@ struct FakeComm {
         peers[1] = peers[0];
         peers[1].rank = 1;
         peers[1].pid = peers[0].pid + 1;
+        comm_fill_transport_ctx(&comm);
     }
 };
 
 const char *selected(FakeComm &fc, ncclResult_t *res_p) {
     const chorus_transport_ops_t *ops = nullptr;
-    *res_p = transport_select(&fc.comm, 1, &ops);
+    *res_p = transport_select(&fc.comm.tctx, 1, &ops);
     return ops ? ops->name : nullptr;
 }
 

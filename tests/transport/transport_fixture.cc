@@ -46,6 +46,7 @@ ncclResult_t transport_comm_init(const chorus_unique_id_t &id, int rank, int nra
     if (r == ncclSuccess)
         r = topo_fill_locality(rank, -1, bootstrap_addr(comm->bs, rank), &comm->peers[rank]);
     if (r == ncclSuccess) r = bootstrap_allgather(comm->bs, comm->peers, sizeof(chorus_locality_t));
+    comm_fill_transport_ctx(comm);
     if (r != ncclSuccess) {
         fprintf(stderr, "rank %d: transport test comm init failed: %s\n", rank,
                 chorus_log_last_error());

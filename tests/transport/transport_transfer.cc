@@ -197,7 +197,7 @@ int transfer_rank(const chorus_unique_id_t &id, int rank, int nranks, const Tran
         l->is_send = src == rank;
         l->peer = l->is_send ? dst : src;
         if (l->peer == plan.fail_rank) touches_victim = true;
-        res = transport_connect(comm, &l->conn, l->peer, l->is_send ? 1 : 0, plan.channel,
+        res = transport_connect(&comm->tctx, &l->conn, l->peer, l->is_send ? 1 : 0, plan.channel,
                                 plan.channel >= 0 ? (int)e : (int)e);
         if (res != ncclSuccess) {
             fprintf(stderr, "rank %d: transport_connect %d -> %d failed: %d (%s)\n", rank, src, dst,
@@ -381,10 +381,11 @@ int pingpong_rank(const chorus_unique_id_t &id, int rank, int nranks,
     size_t maxb = *std::max_element(sizes.begin(), sizes.end());
     std::vector<uint8_t> sbuf(maxb), rbuf(maxb);
     // 0 -> 1 first, then 1 -> 0, on both ranks.
-    ncclResult_t r = transport_connect(comm, rank == 0 ? &out : &in, peer, rank == 0, -1, 100);
+    ncclResult_t r =
+        transport_connect(&comm->tctx, rank == 0 ? &out : &in, peer, rank == 0, -1, 100);
     if (r == ncclSuccess) {
         (rank == 0 ? out_open : in_open) = true;
-        r = transport_connect(comm, rank == 0 ? &in : &out, peer, rank == 1, -1, 101);
+        r = transport_connect(&comm->tctx, rank == 0 ? &in : &out, peer, rank == 1, -1, 101);
         if (r == ncclSuccess) (rank == 0 ? in_open : out_open) = true;
     }
     if (r != ncclSuccess) {

@@ -12,13 +12,28 @@
 // of messages; the survivors must then get ncclRemoteError that names it, before the deadline.
 #pragma once
 
+#include <gtest/gtest.h>
+
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
+#include "launch.h"
 #include "transport_fixture.h"
 
 namespace chorus_test {
+
+// The parameter of the tests that run over every host transport in both launch modes (ranks as
+// threads, ranks as forked processes), its values, and its test names ("shm_threads", ...).
+using TransportLaunch = std::tuple<std::string, Launch>;
+inline auto transport_launch_values() {
+    return ::testing::Combine(::testing::Values("shm", "ib", "tcp"),
+                              ::testing::Values(Launch::Threads, Launch::Forked));
+}
+inline std::string transport_launch_name(const ::testing::TestParamInfo<TransportLaunch> &info) {
+    return std::get<0>(info.param) + "_" + launch_name(std::get<1>(info.param));
+}
 
 struct TransferPlan {
     std::vector<std::pair<int, int>> edges; // (src, dst), in the order every rank connects them

@@ -1,4 +1,4 @@
-// test_last_error.cc: ncclGetLastError while other threads log WARNs (src/core/log.c). The text a
+// test_last_error.cc: ncclGetLastError while other threads log WARNs (src/base/log.c). The text a
 // caller gets must be one whole WARN, never a mix of two that were written while it read.
 #include <gtest/gtest.h>
 

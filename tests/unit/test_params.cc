@@ -1,4 +1,4 @@
-// test_params.cc: the parameter table (src/core/param.c): spellings, precedence, integer syntax,
+// test_params.cc: the parameter table (src/base/param.c): spellings, precedence, integer syntax,
 // malformed values, reset, and the introspection that chorus_info and the README table use.
 #include <gtest/gtest.h>
 

@@ -1,4 +1,4 @@
-// test_waiter.cc: the wait policy (src/core/waiter.c). Every phase (spin, timed spin, yield,
+// test_waiter.cc: the wait policy (src/base/waiter.c). Every phase (spin, timed spin, yield,
 // sleep) must end at the deadline and at the abort flag, however long its own budget; a thread
 // whose yields lose the core to a busy task that is not a peer switches to sleeping; a waiter
 // told the host is oversubscribed by its own ranks keeps yielding.

@@ -25,7 +25,6 @@
 #include <unistd.h>
 
 #include "check.h"
-#include "comm.h"
 #include "cuda_ipc.h"
 #include "cuda_util.h"
 #include "param.h"
@@ -62,9 +61,9 @@ static int cuda_ipc_devices_ok(const chorus_locality_t *self, const chorus_local
     return can;
 }
 
-ncclResult_t cuda_ipc_can_connect(struct ncclComm *comm, const chorus_locality_t *self,
+ncclResult_t cuda_ipc_can_connect(const chorus_transport_ctx_t *ctx, const chorus_locality_t *self,
                                   const chorus_locality_t *peer, int *ok_p) {
-    (void)comm;
+    (void)ctx;
     *ok_p = 0;
     if (self->cuda_dev < 0 || peer->cuda_dev < 0) return ncclSuccess;
     if (!chorus_cuda_available() || chorus_param_int(PARAM_P2P_DISABLE)) return ncclSuccess;
@@ -78,8 +77,8 @@ ncclResult_t cuda_ipc_can_connect(struct ncclComm *comm, const chorus_locality_t
 }
 
 static int cuda_ipc_same_process(chorus_conn_t *conn, uint32_t peer_pid) {
-    const chorus_locality_t *self = &conn->comm->peers[conn->comm->rank];
-    const chorus_locality_t *peer = &conn->comm->peers[conn->peer];
+    const chorus_locality_t *self = &conn->ctx->peers[conn->ctx->rank];
+    const chorus_locality_t *peer = &conn->ctx->peers[conn->peer];
     return peer_pid == (uint32_t)getpid() && self->pid_ns_ok && peer->pid_ns_ok &&
            self->pid_ns == peer->pid_ns;
 }
@@ -92,7 +91,7 @@ ncclResult_t cuda_ipc_setup(chorus_conn_t *conn, void *blob, size_t *blob_bytes_
     }
     ic->sc.fd = -1;
     ic->sc.is_send = conn->is_send;
-    ic->dev = conn->comm->cuda_dev;
+    ic->dev = conn->ctx->cuda_dev;
     conn->priv = ic;
     if (conn->nslots <= 0 || conn->slot_bytes == 0 || ic->dev < 0) {
         WARN("cuda_ipc: bad connection (%d slots of %zu bytes, device %d)", conn->nslots,
@@ -117,7 +116,7 @@ ncclResult_t cuda_ipc_setup(chorus_conn_t *conn, void *blob, size_t *blob_bytes_
     cuda_ipc_recv_blob_t *b = blob;
     memset(b, 0, sizeof(*b));
     CUDACHECK(cudaIpcGetMemHandle(&b->handle, slots));
-    int numa = conn->comm->peers[conn->comm->rank].numa_node;
+    int numa = conn->ctx->peers[conn->ctx->rank].numa_node;
     CHECK(shm_segment_create(&ic->sc, conn->nslots, 0, numa));
     memcpy(b->shm.name, ic->sc.name, sizeof(b->shm.name));
     b->shm.pid = (uint32_t)getpid();
@@ -130,7 +129,7 @@ ncclResult_t cuda_ipc_setup(chorus_conn_t *conn, void *blob, size_t *blob_bytes_
     b->pid = (uint32_t)getpid();
     *blob_bytes_p = sizeof(*b);
     INFO(SUB_P2P, "cuda_ipc: rank %d exports %d slots of %zu bytes on device %d to rank %d",
-         conn->comm->rank, conn->nslots, conn->slot_bytes, ic->dev, conn->peer);
+         conn->ctx->rank, conn->nslots, conn->slot_bytes, ic->dev, conn->peer);
     return ncclSuccess;
 }
 
@@ -141,8 +140,8 @@ static ncclResult_t cuda_ipc_connect_send(chorus_conn_t *conn, cuda_ipc_conn_t *
     ic->sc.peer_pid = (int)rb->pid;
     CHECK(shm_segment_attach(&ic->sc, &rb->shm));
     int same = cuda_ipc_same_process(conn, rb->pid);
-    ic->sc.peer_pid_ok = same || conn->comm->peers[conn->peer].pid_ns ==
-                                     conn->comm->peers[conn->comm->rank].pid_ns;
+    ic->sc.peer_pid_ok = same || conn->ctx->peers[conn->peer].pid_ns ==
+                                     conn->ctx->peers[conn->ctx->rank].pid_ns;
     if (same) {
         ic->slots = (char *)(uintptr_t)rb->dev_ptr;
         if (rb->dev != ic->dev) {
@@ -163,7 +162,7 @@ static ncclResult_t cuda_ipc_connect_send(chorus_conn_t *conn, cuda_ipc_conn_t *
             (void)cudaGetLastError();
             WARN("cuda_ipc: cannot open the slots of rank %d (%s, pid %u, device %d) from device "
                  "%d: %s",
-                 conn->peer, conn->comm->peers[conn->peer].hostname, rb->pid, rb->dev, ic->dev,
+                 conn->peer, conn->ctx->peers[conn->peer].hostname, rb->pid, rb->dev, ic->dev,
                  cudaGetErrorString(e));
             return ncclUnhandledCudaError;
         }
@@ -192,8 +191,8 @@ ncclResult_t cuda_ipc_connect(chorus_conn_t *conn, const void *peer_blob, size_t
         }
         const cuda_ipc_send_blob_t *sb = peer_blob;
         ic->sc.peer_pid = (int)sb->pid;
-        ic->sc.peer_pid_ok = conn->comm->peers[conn->peer].pid_ns ==
-                             conn->comm->peers[conn->comm->rank].pid_ns;
+        ic->sc.peer_pid_ok = conn->ctx->peers[conn->peer].pid_ns ==
+                             conn->ctx->peers[conn->ctx->rank].pid_ns;
         if (atomic_load_explicit(&ic->sc.ctrl->send_mapped, memory_order_acquire))
             shm_segment_unlink(&ic->sc);
         snprintf(conn->desc, sizeof(conn->desc), "CUDA/IPC");

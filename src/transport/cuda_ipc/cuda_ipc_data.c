@@ -15,7 +15,6 @@
 #include <string.h>
 
 #include "check.h"
-#include "comm.h"
 #include "cuda_ipc.h"
 #include "cuda_util.h"
 #include "waiter.h"
@@ -28,10 +27,10 @@
 static ncclResult_t cuda_ipc_peer_failed(chorus_conn_t *conn, cuda_ipc_conn_t *ic,
                                          const char *why) {
     if (!ic->sc.failed) {
-        const struct ncclComm *comm = conn->comm;
+        const chorus_transport_ctx_t *ctx = conn->ctx;
         WARN("rank %d (%s, pid %d) %s (rank %d was %s it over CUDA IPC, %s %d, step %llu)",
-             conn->peer, comm->peers ? comm->peers[conn->peer].hostname : "?", ic->sc.peer_pid,
-             why, comm->rank, conn->is_send ? "sending to" : "receiving from",
+             conn->peer, ctx->peers ? ctx->peers[conn->peer].hostname : "?", ic->sc.peer_pid,
+             why, ctx->rank, conn->is_send ? "sending to" : "receiving from",
              conn->channel >= 0 ? "channel" : "point-to-point", conn->channel,
              (unsigned long long)conn->step);
     }

@@ -32,7 +32,6 @@
 #include <string.h>
 
 #include "check.h"
-#include "comm.h"
 #include "ib.h"
 #include "param.h"
 #include "waiter.h"
@@ -73,7 +72,7 @@ static const char *ib_link_name(int link_layer) {
 
 /* Both ends must have a usable port (their locality records say so) of the same link layer: a
  * rank whose port is down, or whose peer's is, leaves the pair to the next transport (tcp). */
-static ncclResult_t ib_can_connect(struct ncclComm *comm, const chorus_locality_t *self,
+static ncclResult_t ib_can_connect(const chorus_transport_ctx_t *ctx, const chorus_locality_t *self,
                                    const chorus_locality_t *peer, int *ok_p) {
     *ok_p = 0;
     if (!self->verbs.usable || !peer->verbs.usable || ib_device_count() == 0) return ncclSuccess;
@@ -119,7 +118,7 @@ static ncclResult_t ib_setup(chorus_conn_t *conn, void *blob, size_t *blob_bytes
     conn->priv = ic;
     /* The device nearest this rank (topology), else channels spread over the ports. */
     const chorus_locality_t *self =
-        conn->comm && conn->comm->peers ? &conn->comm->peers[conn->comm->rank] : NULL;
+        conn->ctx && conn->ctx->peers ? &conn->ctx->peers[conn->ctx->rank] : NULL;
     ic->dev = ib_device_get(ib_pick_device(self, conn->channel));
     ic->nslots = conn->nslots > 0 ? conn->nslots : 8;
     ic->slot_bytes = conn->slot_bytes > 0 ? conn->slot_bytes : 1 << 19;
@@ -257,7 +256,7 @@ static ncclResult_t ib_connect(chorus_conn_t *conn, const void *peer_blob, size_
     }
     if (b.link_layer != ic->dev->link_layer) {
         WARN("ib: rank %d reaches rank %d through %s:%d (%s), but rank %d uses a %s port", 
-             conn->comm ? conn->comm->rank : -1, conn->peer, ic->dev->name, ic->dev->port,
+             conn->ctx ? conn->ctx->rank : -1, conn->peer, ic->dev->name, ic->dev->port,
              ib_link_name(ic->dev->link_layer), conn->peer, ib_link_name(b.link_layer));
         return ncclSystemError;
     }
@@ -324,7 +323,7 @@ static ncclResult_t ib_poll(chorus_conn_t *conn, ib_conn_t *ic) {
     if (down) {
         WARN("ib: %s rank %d (%s) via %s failed: %s:%d went down (%s)",
              conn->is_send ? "write to" : "receive from", conn->peer,
-             conn->comm && conn->comm->peers ? conn->comm->peers[conn->peer].hostname : "?",
+             conn->ctx && conn->ctx->peers ? conn->ctx->peers[conn->peer].hostname : "?",
              conn->desc, ic->dev->name, ic->dev->port, down);
         ic->error = ncclSystemError;
         return ncclSystemError;
@@ -344,7 +343,7 @@ static ncclResult_t ib_poll(chorus_conn_t *conn, ib_conn_t *ic) {
             int remote = st == IBV_WC_RETRY_EXC_ERR || st == IBV_WC_RNR_RETRY_EXC_ERR ||
                          st == IBV_WC_REM_ACCESS_ERR || st == IBV_WC_REM_OP_ERR ||
                          st == IBV_WC_REM_INV_REQ_ERR || st == IBV_WC_REM_ABORT_ERR;
-            const char *host = conn->comm && conn->comm->peers ? conn->comm->peers[conn->peer].hostname
+            const char *host = conn->ctx && conn->ctx->peers ? conn->ctx->peers[conn->peer].hostname
                                                                : "?";
             WARN("ib: %s rank %d (%s) via %s failed: %s (completion status %d, vendor error %u)",
                  wc[i].wr_id == IB_WR_CREDIT ? "credit update to"

@@ -202,7 +202,7 @@ typedef struct shm_pair {
 extern const chorus_transport_ops_t shm_transport_ops;
 
 /* shm_conn.c */
-ncclResult_t shm_can_connect(struct ncclComm *comm, const chorus_locality_t *self,
+ncclResult_t shm_can_connect(const chorus_transport_ctx_t *ctx, const chorus_locality_t *self,
                              const chorus_locality_t *peer, int *ok_p);
 ncclResult_t shm_setup(chorus_conn_t *conn, void *blob, size_t *blob_bytes_p);
 ncclResult_t shm_connect(chorus_conn_t *conn, const void *peer_blob, size_t peer_blob_bytes);

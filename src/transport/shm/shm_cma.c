@@ -23,18 +23,17 @@
 #include <unistd.h>
 
 #include "check.h"
-#include "comm.h"
 #include "reduce.h"
 #include "param.h"
 #include "shm.h"
 
 static const char *shm_peer_host(chorus_conn_t *conn) {
-    return conn->comm && conn->comm->peers ? conn->comm->peers[conn->peer].hostname : "?";
+    return conn->ctx && conn->ctx->peers ? conn->ctx->peers[conn->peer].hostname : "?";
 }
 
 ncclResult_t shm_cma_probe(chorus_conn_t *conn, shm_conn_t *sc, const shm_send_blob_t *sb) {
     int64_t mode = chorus_param_int(PARAM_SHM_CMA);
-    const chorus_locality_t *self = &conn->comm->peers[conn->comm->rank];
+    const chorus_locality_t *self = &conn->ctx->peers[conn->ctx->rank];
     int state = SHM_CMA_OFF;
     char why[160] = "";
 

@@ -20,14 +20,13 @@
 #include <unistd.h>
 
 #include "check.h"
-#include "comm.h"
-#include "core.h"
+#include "util.h"
 #include "param.h"
 #include "shm.h"
 #include "slot_store.h"
 #include "waiter.h"
 
-ncclResult_t shm_can_connect(struct ncclComm *comm, const chorus_locality_t *self,
+ncclResult_t shm_can_connect(const chorus_transport_ctx_t *ctx, const chorus_locality_t *self,
                              const chorus_locality_t *peer, int *ok_p) {
     /* Same host hash covers hostname + boot id + /dev/shm identity; the explicit shm_ns test
      * keeps this right even if the hash definition changes. */
@@ -56,13 +55,13 @@ ncclResult_t shm_setup(chorus_conn_t *conn, void *blob, size_t *blob_bytes_p) {
         memset(b, 0, sizeof(*b));
         sc->probe_word = 0x53484d50524f4245ull ^ chorus_now_ns() ^ (uint64_t)(uintptr_t)sc;
         b->pid = (uint32_t)getpid();
-        b->pid_ns = conn->comm->peers[conn->comm->rank].pid_ns;
+        b->pid_ns = conn->ctx->peers[conn->ctx->rank].pid_ns;
         b->probe_addr = (uint64_t)(uintptr_t)&sc->probe_word;
         b->probe_value = sc->probe_word;
         *blob_bytes_p = sizeof(*b);
         return ncclSuccess;
     }
-    int numa = conn->comm->peers[conn->comm->rank].numa_node;
+    int numa = conn->ctx->peers[conn->ctx->rank].numa_node;
     CHECK(shm_segment_create(sc, conn->nslots, conn->slot_bytes, numa));
     shm_recv_blob_t *b = blob;
     memset(b, 0, sizeof(*b));
@@ -106,8 +105,8 @@ static void shm_set_desc(chorus_conn_t *conn, shm_conn_t *sc) {
 
 /* Whether the peer's pid means the same process to us (same pid namespace). */
 static int shm_peer_pid_ok(chorus_conn_t *conn) {
-    const chorus_locality_t *self = &conn->comm->peers[conn->comm->rank];
-    const chorus_locality_t *peer = &conn->comm->peers[conn->peer];
+    const chorus_locality_t *self = &conn->ctx->peers[conn->ctx->rank];
+    const chorus_locality_t *peer = &conn->ctx->peers[conn->peer];
     return self->pid_ns_ok && peer->pid_ns_ok && self->pid_ns == peer->pid_ns;
 }
 
@@ -138,7 +137,7 @@ static void shm_connect_report(void *arg, double waited_s, double timeout_s) {
     const chorus_conn_t *conn = arg;
     WARN("shm: rank %d still waiting for rank %d (%s) to finish connection setup after %.0f s "
          "(fails at %.0f s, CHORUS_TIMEOUT)",
-         conn->comm->rank, conn->peer, conn->comm->peers[conn->peer].hostname, waited_s,
+         conn->ctx->rank, conn->peer, conn->ctx->peers[conn->peer].hostname, waited_s,
          timeout_s);
 }
 
@@ -163,7 +162,7 @@ static ncclResult_t shm_connect_send(chorus_conn_t *conn, shm_conn_t *sc, const 
     CHECK(shm_segment_attach(sc, rb));
 
     chorus_waiter_t w;
-    chorus_waiter_init(&w, &conn->comm->abort_flag);
+    chorus_waiter_init(&w, conn->ctx->abort_flag);
     chorus_waiter_set_report(&w, shm_connect_report, conn);
     uint32_t state;
     while ((state = atomic_load_explicit(&sc->ctrl->cma_state, memory_order_acquire)) ==
@@ -171,14 +170,14 @@ static ncclResult_t shm_connect_send(chorus_conn_t *conn, shm_conn_t *sc, const 
         if (atomic_load_explicit(&sc->ctrl->recv_closed, memory_order_acquire)) {
             WARN("shm: rank %d (%s, pid %d) gave up on its end of the connection during setup "
                  "(its log says why)",
-                 conn->peer, conn->comm->peers[conn->peer].hostname, sc->peer_pid);
+                 conn->peer, conn->ctx->peers[conn->peer].hostname, sc->peer_pid);
             return ncclRemoteError;
         }
         CHECK(shm_idle_check(conn, sc));
         ncclResult_t res = chorus_waiter_step(&w);
         if (res != ncclSuccess) {
             WARN("shm: rank %d (%s, pid %d) did not finish connection setup: %s", conn->peer,
-                 conn->comm->peers[conn->peer].hostname, sc->peer_pid,
+                 conn->ctx->peers[conn->peer].hostname, sc->peer_pid,
                  res == ncclSystemError ? "timeout" : "aborted");
             return res;
         }

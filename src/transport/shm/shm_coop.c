@@ -37,7 +37,6 @@
 #include <unistd.h>
 
 #include "check.h"
-#include "comm.h"
 #include "param.h"
 #include "shm.h"
 #include "waiter.h"
@@ -46,7 +45,7 @@
 #define SHM_COOP_LIVENESS_NS 2000000ull /* 2 ms between peer probes while waiting */
 
 static const char *shm_coop_host(chorus_conn_t *conn) {
-    return conn->comm && conn->comm->peers ? conn->comm->peers[conn->peer].hostname : "?";
+    return conn->ctx && conn->ctx->peers ? conn->ctx->peers[conn->peer].hostname : "?";
 }
 
 void shm_coop_recv_init(shm_conn_t *sc) {
@@ -149,7 +148,7 @@ static ncclResult_t shm_coop_wait(chorus_conn_t *conn, shm_conn_t *sc, uint32_t 
     for (int spin = 0; spin < 256; spin++)
         if (atomic_load_explicit(&co->helped, memory_order_acquire) >= expect) return ncclSuccess;
     chorus_waiter_t w;
-    chorus_waiter_init(&w, conn->comm ? &conn->comm->abort_flag : NULL);
+    chorus_waiter_init(&w, conn->ctx ? conn->ctx->abort_flag : NULL);
     uint64_t next_check = chorus_now_ns() + SHM_COOP_LIVENESS_NS;
     while (atomic_load_explicit(&co->helped, memory_order_acquire) < expect) {
         uint64_t now = chorus_now_ns();

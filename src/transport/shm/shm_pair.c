@@ -32,11 +32,11 @@
 #include <stdlib.h>
 
 #include "check.h"
-#include "core.h"
+#include "util.h"
 #include "shm.h"
 
 typedef struct shm_reg {
-    const void *comm;
+    const void *ctx; /* the owning communicator's transport context */
     int peer, channel, is_send;
     shm_conn_t *sc;
     struct shm_reg *next;
@@ -45,14 +45,14 @@ typedef struct shm_reg {
 static pthread_mutex_t shm_reg_lock = PTHREAD_MUTEX_INITIALIZER;
 static shm_reg_t *shm_reg_head;
 
-static int shm_reg_same_key(const shm_reg_t *r, const void *comm, int peer, int channel) {
-    return r->comm == comm && r->peer == peer && r->channel == channel;
+static int shm_reg_same_key(const shm_reg_t *r, const void *ctx, int peer, int channel) {
+    return r->ctx == ctx && r->peer == peer && r->channel == channel;
 }
 
 void shm_pair_register(chorus_conn_t *conn, shm_conn_t *sc) {
     shm_reg_t *me = calloc(1, sizeof(*me));
     if (me == NULL) return; /* no pairing: the head counter still works */
-    me->comm = conn->comm;
+    me->ctx = conn->ctx;
     me->peer = conn->peer;
     me->channel = conn->channel;
     me->is_send = conn->is_send;
@@ -61,7 +61,7 @@ void shm_pair_register(chorus_conn_t *conn, shm_conn_t *sc) {
     shm_reg_t *other = NULL;
     int others = 0, twins = 0;
     for (shm_reg_t *r = shm_reg_head; r; r = r->next) {
-        if (!shm_reg_same_key(r, conn->comm, conn->peer, conn->channel)) continue;
+        if (!shm_reg_same_key(r, conn->ctx, conn->peer, conn->channel)) continue;
         if (r->is_send == conn->is_send) {
             twins++;
         } else {

@@ -25,7 +25,6 @@
 #include <string.h>
 
 #include "check.h"
-#include "comm.h"
 #include "reduce.h"
 #include "shm.h"
 #include "waiter.h"
@@ -36,15 +35,15 @@
 
 ncclResult_t shm_peer_failed(chorus_conn_t *conn, shm_conn_t *sc, const char *why) {
     if (!sc->failed) {
-        const struct ncclComm *comm = conn->comm;
-        const char *host = comm && comm->peers ? comm->peers[conn->peer].hostname : "?";
+        const chorus_transport_ctx_t *ctx = conn->ctx;
+        const char *host = ctx && ctx->peers ? ctx->peers[conn->peer].hostname : "?";
         char where[48];
         if (conn->channel >= 0)
             snprintf(where, sizeof(where), "channel %d", conn->channel);
         else
             snprintf(where, sizeof(where), "point-to-point");
         WARN("rank %d (%s, pid %d) %s (rank %d was %s it over shm, %s, step %llu)", conn->peer,
-             host, sc->peer_pid, why, comm ? comm->rank : -1,
+             host, sc->peer_pid, why, ctx ? ctx->rank : -1,
              conn->is_send ? "sending to" : "receiving from", where,
              (unsigned long long)conn->step);
     }

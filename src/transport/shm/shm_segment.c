@@ -30,7 +30,7 @@
 #include <unistd.h>
 
 #include "check.h"
-#include "core.h"
+#include "util.h"
 #include "shm.h"
 
 #ifndef MPOL_PREFERRED

@@ -161,7 +161,7 @@ typedef struct {
 
 typedef struct tcp_conn {
     chorus_conn_t *conn;
-    struct ncclComm *comm;
+    const chorus_transport_ctx_t *ctx;
     int is_send;
     int rank, peer;
     int nslots;
@@ -247,7 +247,7 @@ void tcp_conn_fail(tcp_conn_t *tc, ncclResult_t res, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
 /* tcp_setup.c: the control-path ops (the data-path ops live in tcp_conn.c). */
-ncclResult_t tcp_can_connect(struct ncclComm *comm, const chorus_locality_t *self,
+ncclResult_t tcp_can_connect(const chorus_transport_ctx_t *ctx, const chorus_locality_t *self,
                              const chorus_locality_t *peer, int *ok_p);
 ncclResult_t tcp_setup(chorus_conn_t *conn, void *blob, size_t *blob_bytes_p);
 ncclResult_t tcp_connect(chorus_conn_t *conn, const void *peer_blob, size_t peer_blob_bytes);

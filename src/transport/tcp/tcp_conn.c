@@ -18,7 +18,6 @@
 #include <string.h>
 
 #include "check.h"
-#include "comm.h"
 #include "tcp.h"
 #include "waiter.h"
 
@@ -233,7 +232,7 @@ const chorus_transport_ops_t tcp_transport_ops = {
     .name = "tcp",
     .abi_version = TRANSPORT_ABI_VERSION,
     .caps = TRANSPORT_CAP_HOST_MEM | TRANSPORT_CAP_DIRECT | TRANSPORT_CAP_INTER_HOST |
-            TRANSPORT_CAP_PROXY,
+            TRANSPORT_CAP_PROXY | TRANSPORT_CAP_SOCKET_RING,
     .can_connect = tcp_can_connect,
     .setup = tcp_setup,
     .connect = tcp_connect,

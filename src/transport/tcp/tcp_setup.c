@@ -21,14 +21,13 @@
 #include <unistd.h>
 
 #include "check.h"
-#include "comm.h"
 #include "param.h"
 #include "tcp.h"
 #include "waiter.h"
 
 #define TCP_MAX_PENDING 32
 
-ncclResult_t tcp_can_connect(struct ncclComm *comm, const chorus_locality_t *self,
+ncclResult_t tcp_can_connect(const chorus_transport_ctx_t *ctx, const chorus_locality_t *self,
                              const chorus_locality_t *peer, int *ok_p) {
     int fam_self = self->net_addr.sa.sa_family, fam_peer = peer->net_addr.sa.sa_family;
     *ok_p = (fam_self == AF_INET || fam_self == AF_INET6) && fam_self == fam_peer;
@@ -42,9 +41,9 @@ static ncclResult_t tcp_conn_alloc(chorus_conn_t *conn, tcp_conn_t **tc_p) {
         return ncclSystemError;
     }
     tc->conn = conn;
-    tc->comm = conn->comm;
+    tc->ctx = conn->ctx;
     tc->is_send = conn->is_send;
-    tc->rank = conn->comm->rank;
+    tc->rank = conn->ctx->rank;
     tc->peer = conn->peer;
     tc->listen_fd = -1;
     tc->stop_fd = -1;
@@ -93,7 +92,7 @@ static ncclResult_t tcp_conn_alloc(chorus_conn_t *conn, tcp_conn_t **tc_p) {
     tc->nthreads = (int)nthreads;
     snprintf(tc->peer_str, sizeof(tc->peer_str), "(not connected)");
 
-    const chorus_locality_t *self = &conn->comm->peers[conn->comm->rank];
+    const chorus_locality_t *self = &conn->ctx->peers[conn->ctx->rank];
     if (self->net_ifname[0])
         snprintf(tc->ifname, sizeof(tc->ifname), "%s", self->net_ifname);
     else
@@ -166,7 +165,7 @@ ncclResult_t tcp_setup(chorus_conn_t *conn, void *blob, size_t *blob_bytes_p) {
         tc->nsocks = (int)nsocks;
         b.nsocks = (uint32_t)nsocks;
     } else {
-        const chorus_locality_t *self = &conn->comm->peers[conn->comm->rank];
+        const chorus_locality_t *self = &conn->ctx->peers[conn->ctx->rank];
         CHECK_GOTO(
             tcp_socket_listen(&self->net_addr, TCP_MAX_SOCKS, &tc->listen_fd, &tc->listen_addr),
             res, err_free);
@@ -222,12 +221,12 @@ int tcp_blob_problem(const tcp_blob_t *b, int is_send, int peer, size_t slot_byt
 
 static ncclResult_t tcp_connect_send(tcp_conn_t *tc, const tcp_blob_t *b) {
     chorus_waiter_t w;
-    volatile int *abort_flag = &tc->comm->abort_flag;
+    volatile int *abort_flag = tc->ctx->abort_flag;
     chorus_waiter_init(&w, abort_flag);
     tc->peer_addr = b->addr;
     tcp_addr_str(&b->addr, tc->peer_str, sizeof(tc->peer_str));
     CHECK(tcp_conn_alloc_data(tc));
-    uint64_t secret = bootstrap_secret(tc->comm->bs);
+    uint64_t secret = bootstrap_secret(tc->ctx->bs);
     for (int i = 0; i < tc->nsocks; i++) {
         ncclResult_t res =
             tcp_socket_connect(&b->addr, w.deadline_ns, abort_flag, &tc->socks[i].fd);
@@ -324,9 +323,9 @@ static ncclResult_t tcp_connect_recv(tcp_conn_t *tc, const tcp_blob_t *b) {
     tc->nsocks = (int)b->nsocks;
     CHECK(tcp_conn_alloc_data(tc));
     chorus_waiter_t w;
-    volatile int *abort_flag = &tc->comm->abort_flag;
+    volatile int *abort_flag = tc->ctx->abort_flag;
     chorus_waiter_init(&w, abort_flag);
-    uint64_t secret = bootstrap_secret(tc->comm->bs);
+    uint64_t secret = bootstrap_secret(tc->ctx->bs);
 
     tcp_pending_t pend[TCP_MAX_PENDING];
     int npend = 0, nready = 0;
@@ -345,7 +344,7 @@ static ncclResult_t tcp_connect_recv(tcp_conn_t *tc, const tcp_blob_t *b) {
         if (chorus_warn_due(w.start_ns, now, &warn_next_ns))
             WARN("tcp: rank %d still waiting for rank %d (%s) to connect to %s after %.0f s (%d "
                  "of %d sockets; fails at %.0f s, CHORUS_TIMEOUT)",
-                 tc->rank, tc->peer, tc->comm->peers[tc->peer].hostname,
+                 tc->rank, tc->peer, tc->ctx->peers[tc->peer].hostname,
                  tcp_addr_str(&tc->listen_addr, str, sizeof(str)),
                  (double)(now - w.start_ns) * 1e-9, nready, tc->nsocks,
                  (double)(w.deadline_ns - w.start_ns) * 1e-9);

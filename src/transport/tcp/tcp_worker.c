@@ -29,7 +29,6 @@
 #include <unistd.h>
 
 #include "check.h"
-#include "comm.h"
 #include "log.h"
 #include "tcp.h"
 #include "waiter.h"
@@ -298,7 +297,7 @@ int tcp_sock_recv_pass(tcp_conn_t *tc, tcp_sock_t *s) {
 ncclResult_t tcp_recv_direct(tcp_conn_t *tc, int slot, void *dst, size_t bytes) {
     tcp_sock_t *s = &tc->socks[tc->slot_dsock[slot]];
     chorus_waiter_t w;
-    chorus_waiter_init(&w, &tc->comm->abort_flag);
+    chorus_waiter_init(&w, tc->ctx->abort_flag);
     ncclResult_t res;
     /* The socket's helper holds the lock for one pass at most. */
     while (__atomic_load_n(&s->lock, __ATOMIC_RELAXED) ||

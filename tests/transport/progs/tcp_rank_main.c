@@ -62,12 +62,13 @@ int main(void) {
             ncclSuccess ||
         bootstrap_allgather(comm->bs, comm->peers, sizeof(chorus_locality_t)) != ncclSuccess)
         FAIL("locality exchange failed");
+    comm_fill_transport_ctx(comm);
     int next = (rank + 1) % nranks, prev = (rank + nranks - 1) % nranks;
     chorus_conn_t sc, rc;
     for (int step = 0; step < 2; step++) {
         ncclResult_t r = ((rank & 1) == 0) == (step == 0)
-                             ? transport_connect(comm, &sc, next, 1, -1, 300 + rank)
-                             : transport_connect(comm, &rc, prev, 0, -1, 300 + prev);
+                             ? transport_connect(&comm->tctx, &sc, next, 1, -1, 300 + rank)
+                             : transport_connect(&comm->tctx, &rc, prev, 0, -1, 300 + prev);
         if (r != ncclSuccess) FAIL("transport_connect failed: %s", ncclGetErrorString(r));
     }
     for (int e = 0; e < 2; e++) {

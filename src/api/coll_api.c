@@ -7,7 +7,7 @@
  * ncclGroupStart and ncclGroupEnd) or runs it: connect what it needs, enqueue, and drive progress
  * in this thread until it retires. Count 0 is a no-op once the arguments are checked. A CUDA
  * stream, when given, is synchronised first so earlier GPU work into a host buffer is ordered.
- * Device buffers go to the CUDA path first (cuda_enqueue_hook, src/core/cuda_enqueue.c: ordered
+ * Device buffers go to the CUDA path first (cuda_enqueue_hook, src/api/cuda_enqueue.c: ordered
  * on the user's stream, run by the communicator's CUDA worker on pinned staging copies, which
  * come back here with a->staged set); without a GPU they cannot occur.
  */
@@ -18,7 +18,8 @@
 #include "coll_api.h"
 #include "coll_engine.h"
 #include "comm.h"
-#include "core.h"
+#include "group.h"
+#include "api.h"
 #include "cuda_enqueue.h"
 #include "log.h"
 
@@ -166,18 +167,8 @@ ncclResult_t coll_api_prepare(const coll_args_t *a, coll_op_t *mem, coll_op_t **
 #endif
     coll_op_t *op;
     CHECK(coll_op_alloc(comm, a->coll, mem, &op));
-    op->sendbuff = a->sendbuff;
-    op->recvbuff = a->recvbuff;
-    op->count = a->count;
-    op->dtype = a->dtype;
-    op->esize = esize;
-    op->root = a->root;
-    if (reduces) {
-        op->user_op = (int)a->op;
-        op->redop = redop;
-        op->combine = redop;
-        if (redop.kind == RK_PREMULSUM || redop.kind == RK_SUMDIV) op->combine.kind = RK_SUM;
-    }
+    coll_op_set_call(op, a->sendbuff, a->recvbuff, a->count, a->dtype, esize, a->root);
+    if (reduces) coll_op_set_reduction(op, (int)a->op, redop);
     ncclResult_t res = coll_tuner_pick(op);
     if (res != ncclSuccess) {
         coll_op_release(op);
@@ -218,7 +209,7 @@ ncclResult_t coll_api_run(const coll_args_t *a) {
         WARN("%s: rank %d could not set up the connections this op needs: %s; the "
              "communicator cannot run collectives",
              a->api, comm->rank,
-             comm->connect_fail_text[0] ? comm->connect_fail_text : ncclGetErrorString(res));
+             comm->tctx.fail_text[0] ? comm->tctx.fail_text : ncclGetErrorString(res));
     if (res == ncclSuccess) res = coll_engine_run(op);
     coll_op_release(op);
     if (may_connect) comm_api_leave(comm);

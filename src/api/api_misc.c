@@ -14,7 +14,8 @@
 
 #include "check.h"
 #include "comm.h"
-#include "core.h"
+#include "api.h"
+#include "errors.h"
 #include "log.h"
 #include "param.h"
 
@@ -31,27 +32,7 @@ ncclResult_t ncclGetVersion(int *version) {
 
 NCCL_API(const char *, ncclGetErrorString, ncclResult_t result);
 const char *ncclGetErrorString(ncclResult_t result) {
-    switch (result) {
-    case ncclSuccess:
-        return "success";
-    case ncclUnhandledCudaError:
-        return "a CUDA call failed (NCCL_DEBUG=WARN shows which)";
-    case ncclSystemError:
-        return "a system call or network operation failed, or a deadline passed "
-               "(NCCL_DEBUG=WARN shows which)";
-    case ncclInternalError:
-        return "internal error in Chorus (please report it)";
-    case ncclInvalidArgument:
-        return "invalid argument (NCCL_DEBUG=WARN names it)";
-    case ncclInvalidUsage:
-        return "invalid usage of the API (NCCL_DEBUG=WARN says why)";
-    case ncclRemoteError:
-        return "a peer rank failed, exited or aborted, or the network broke";
-    case ncclInProgress:
-        return "operation in progress";
-    default:
-        return "unknown result code";
-    }
+    return chorus_result_text(result);
 }
 
 NCCL_API(const char *, ncclGetLastError, ncclComm_t comm);

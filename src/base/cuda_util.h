@@ -1,5 +1,5 @@
 /*
- * cuda_util.h: the small CUDA layer every other Chorus file uses (src/core/cuda_*.c).
+ * cuda_util.h: the small CUDA layer every other Chorus file uses (src/base/cuda_memkind.c).
  *
  * What it gives:
  *   - chorus_cuda_available(): 1 when the CUDA runtime sees at least one GPU (evaluated once per
@@ -10,9 +10,9 @@
  *   - CUDACHECK / CUDACHECK_GOTO: wrap a cudaError_t call; a failure WARNs with the call's text and
  *     CUDA's message and maps to ncclUnhandledCudaError (NCCL's code for it). The sticky error state
  *     of the runtime is cleared so that later calls are not poisoned by a non-sticky error.
- *   - stream and event waits that follow the Chorus waiting rules (deadline, abort flag): a
- *     progress thread never blocks inside cudaStreamSynchronize without a way out.
- *   - pinned host memory for staging device buffers through host-memory transports.
+ *   - chorus_cuda_set_device(dev): make a device current on the calling thread.
+ * The stream and event waits and the pinned staging memory of the device-buffer path are in
+ * src/api/cuda_enqueue.h.
  *
  * Everything CUDA-specific is under CHORUS_HAVE_CUDA; the kind query and availability exist in
  * every build so callers need no #if.
@@ -69,19 +69,6 @@ chorus_mem_kind_t chorus_mem_kind_dev(const void *p, int *dev_p);
         }                                                                                          \
     } while (0)
 
-/* Poll until all work queued on `stream` so far has completed, with the Chorus deadline
- * (CHORUS_TIMEOUT) and abort flag; `what` names the wait in the WARN on timeout/abort/error. */
-ncclResult_t chorus_cuda_stream_wait(cudaStream_t stream, volatile int *abort_flag,
-                                     const char *what);
-/* Same for one recorded event. */
-ncclResult_t chorus_cuda_event_wait(cudaEvent_t event, volatile int *abort_flag, const char *what);
-/* Whether `stream` is being captured into a CUDA graph (1) or not (0). A capture mode that forbids
- * the query itself is reported as capturing. */
-ncclResult_t chorus_cuda_stream_capturing(cudaStream_t stream, int *capturing_p);
-/* Pinned host memory, mapped into the device address space (usable by copies and by stream memory
- * operations); *dev_p (may be NULL) receives the device-side address. */
-ncclResult_t chorus_cuda_host_alloc(void **host_p, void **dev_p, size_t bytes);
-void chorus_cuda_host_free(void *host);
 /* Make `dev` current on this thread when it is not already (no-op for dev < 0). */
 ncclResult_t chorus_cuda_set_device(int dev);
 #endif

@@ -25,7 +25,8 @@
 #include "check.h"
 #include "coll.h"
 #include "comm_impl.h"
-#include "core.h"
+#include "group.h"
+#include "api.h"
 #include "cuda_util.h"
 #include "cuda_enqueue.h"
 #include "param.h"
@@ -64,9 +65,9 @@ static ncclResult_t connect_rings(struct ncclComm *comm) {
         for (int step = 0; step < 2; step++) {
             int do_send = ((ch->index & 1) == 0) == (step == 0);
             if (do_send)
-                CHECK(transport_connect(comm, &ch->send, ch->next, 1, c, send_tag));
+                CHECK(transport_connect(&comm->tctx, &ch->send, ch->next, 1, c, send_tag));
             else
-                CHECK(transport_connect(comm, &ch->recv, ch->prev, 0, c, recv_tag));
+                CHECK(transport_connect(&comm->tctx, &ch->recv, ch->prev, 0, c, recv_tag));
         }
         ch->connected = 1;
     }
@@ -123,6 +124,7 @@ ncclResult_t comm_init_run(struct ncclComm *comm, const ncclUniqueId *id) {
         }
     }
 
+    comm_fill_transport_ctx(comm);
     CHECK_GOTO(topo_build(comm), res, fail);
     /* config.maxCTAs caps the channel count (NCCL's CTAs are Chorus's channels); every rank gets
      * the same config, so every rank drops the same channels. */

@@ -1,5 +1,5 @@
 /*
- * sched.h: the step sequence of any op, one channel at a time.
+ * ch_sched.h: the step sequence of any op, one channel at a time.
  *
  *   ch_iter_t it;
  *   ch_sched_begin(plan, c, &it);

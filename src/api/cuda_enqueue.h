@@ -20,6 +20,7 @@
 #define CHORUS_CUDA_ENQUEUE_H_
 
 #include "coll_api.h"
+#include "cuda_util.h"
 #include "nccl.h"
 
 struct ncclComm;
@@ -54,6 +55,21 @@ void cuda_enqueue_comm_init(struct ncclComm *comm);
 void cuda_enqueue_comm_free(struct ncclComm *comm);
 
 #if CHORUS_HAVE_CUDA
+/* cuda_stream.c. Poll until all work queued on `stream` so far has completed, with the Chorus
+ * deadline (CHORUS_TIMEOUT) and abort flag, so a worker never blocks inside
+ * cudaStreamSynchronize without a way out; `what` names the wait in the WARN on
+ * timeout/abort/error. */
+ncclResult_t chorus_cuda_stream_wait(cudaStream_t stream, volatile int *abort_flag,
+                                     const char *what);
+/* Same for one recorded event. */
+ncclResult_t chorus_cuda_event_wait(cudaEvent_t event, volatile int *abort_flag, const char *what);
+/* Whether `stream` is being captured into a CUDA graph (1) or not (0). A capture mode that forbids
+ * the query itself is reported as capturing. */
+ncclResult_t chorus_cuda_stream_capturing(cudaStream_t stream, int *capturing_p);
+/* Pinned host memory, mapped into the device address space (usable by copies and by stream memory
+ * operations); *dev_p (may be NULL) receives the device-side address. */
+ncclResult_t chorus_cuda_host_alloc(void **host_p, void **dev_p, size_t bytes);
+void chorus_cuda_host_free(void *host);
 #include <cuda_runtime.h>
 #include <pthread.h>
 #include <stdint.h>

@@ -31,7 +31,8 @@
 #include "check.h"
 #include "coll_engine.h"
 #include "comm.h"
-#include "core.h"
+#include "group.h"
+#include "api.h"
 #include "cuda_enqueue.h"
 #include "log.h"
 
@@ -204,7 +205,7 @@ static ncclResult_t group_run_ops(coll_op_t **ops, int nops) {
         if (res == ncclSuccess) res = cs[k].result;
         struct ncclComm *comm = cs[k].ops[0]->comm;
         WARN("group: rank %d could not set up the connections its ops need: %s", comm->rank,
-             comm->connect_fail_text[0] ? comm->connect_fail_text : ncclGetErrorString(cs[k].result));
+             comm->tctx.fail_text[0] ? comm->tctx.fail_text : ncclGetErrorString(cs[k].result));
     }
     free(cs);
     if (res != ncclSuccess) {

@@ -5,7 +5,7 @@
  * CHORUS_YIELD_NS (50 ms), then sleep with exponential backoff (1 us to 1 ms, timer slack lowered
  * to 1 us), so short waits stay short and 8 ranks on 2 cores make progress without livelock. A
  * thread whose yield lost the core for long to a task that is not a peer sleeps instead of
- * yielding for a while (src/core/waiter.c has the reasons and the measurements). Callers that
+ * yielding for a while (src/base/waiter.c has the reasons and the measurements). Callers that
  * know the host is oversubscribed by their own ranks call chorus_waiter_no_spin after init: no
  * spin, and yields whatever they cost. Every wait has a deadline (CHORUS_TIMEOUT) and checks an
  * abort flag. Usage:

@@ -89,6 +89,14 @@ chorus_mem_kind_t chorus_mem_kind_dev(const void *p, int *dev_p) {
     return CHORUS_MEM_HOST;
 }
 
+ncclResult_t chorus_cuda_set_device(int dev) {
+    if (dev < 0) return ncclSuccess;
+    int cur = -1;
+    CUDACHECK(cudaGetDevice(&cur));
+    if (cur != dev) CUDACHECK(cudaSetDevice(dev));
+    return ncclSuccess;
+}
+
 #else /* !CHORUS_HAVE_CUDA */
 
 int chorus_cuda_device_count(void) {

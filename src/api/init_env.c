@@ -22,7 +22,7 @@
 
 #include "bootstrap.h"
 #include "check.h"
-#include "core.h"
+#include "api.h"
 #include "param.h"
 #if CHORUS_HAVE_CUDA
 #include <cuda_runtime.h>

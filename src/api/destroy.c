@@ -15,7 +15,7 @@
 #include "check.h"
 #include "coll.h"
 #include "comm_impl.h"
-#include "core.h"
+#include "api.h"
 #include "cuda_enqueue.h"
 #include "waiter.h"
 

@@ -13,7 +13,7 @@
  *   ncclInvalidArgument and a WARN naming the variable, the value and the range. Every INT
  *   parameter has a row (a unit test checks it).
  *
- * This table generates the parsing step (src/core/param.c), `chorus_info --params` and the README
+ * This table generates the parsing step (src/base/param.c), `chorus_info --params` and the README
  * table. No other file reads the environment. An includer defines PARAM, and PARAM_RANGE where it
  * wants the ranges (otherwise they expand to nothing).
  */

@@ -23,7 +23,8 @@
 #include "coll_api.h"
 #include "coll_engine.h"
 #include "comm.h"
-#include "core.h"
+#include "group.h"
+#include "api.h"
 #include "log.h"
 
 /* A request is the op itself; a completed no-op request is this sentinel. */
@@ -67,7 +68,7 @@ static ncclResult_t async_issue(const coll_args_t *a, chorusRequest_t *request) 
     res = coll_engine_connect(op->comm, &op, 1);
     if (res != ncclSuccess)
         WARN("rank %d could not set up the connections this op needs: %s", op->comm->rank,
-             op->comm->connect_fail_text[0] ? op->comm->connect_fail_text
+             op->comm->tctx.fail_text[0] ? op->comm->tctx.fail_text
                                             : ncclGetErrorString(res));
     if (res == ncclSuccess) res = coll_engine_enqueue(op);
     if (res != ncclSuccess) {

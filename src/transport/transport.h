@@ -36,10 +36,30 @@ enum {
     TRANSPORT_CAP_DIRECT = 1 << 2,     /* send_commit_direct/recv_copy: single copy */
     TRANSPORT_CAP_PROXY = 1 << 3,      /* needs progress() calls (or its own threads) to move data */
     TRANSPORT_CAP_INTER_HOST = 1 << 4, /* can connect ranks on different hosts */
+    /* Each chunk crosses a kernel socket (high latency per message), and connect() keeps
+     * chunk_room for the op header past a power-of-two payload: the tuner's socket-ring
+     * choices (tuner.c) apply to rings made only of such edges. */
+    TRANSPORT_CAP_SOCKET_RING = 1 << 5,
 };
 
-struct ncclComm;
 typedef struct chorus_conn chorus_conn_t;
+struct bootstrap;
+
+/* What a transport sees of the communicator that owns its connections: filled once by the
+ * communicator after the locality allgather, before any transport is selected or connected, and
+ * valid until the communicator's connections are closed. */
+typedef struct chorus_transport_ctx {
+    int rank, nranks;
+    int cuda_dev;                   /* this rank's GPU, -1 for a host-only communicator */
+    const chorus_locality_t *peers; /* nranks locality records; peers[rank] is this rank's */
+    volatile int *abort_flag;       /* every wait checks it */
+    struct bootstrap *bs;           /* setup blobs and the secret of the job */
+    /* The first connection setup that failed on this rank: which peer, over which transport,
+     * why (filled by transport_connect; the first op's error quotes it). Empty while none
+     * failed. fail_cause: the rank whose failure started it (meaningful once the text is set). */
+    char fail_text[320];
+    int fail_cause;
+} chorus_transport_ctx_t;
 
 /* A send connection's choice of plain or streaming stores for large chunks written into its
  * slots (slot_store.h, slot_store.c). Zeroed with the connection: plain, not measuring; the
@@ -62,7 +82,7 @@ typedef struct chorus_transport_ops {
     int abi_version;
     uint32_t caps;
     /* Whether this transport can carry data from `self` to `peer` (and back). */
-    ncclResult_t (*can_connect)(struct ncclComm *comm, const chorus_locality_t *self,
+    ncclResult_t (*can_connect)(const chorus_transport_ctx_t *ctx, const chorus_locality_t *self,
                                 const chorus_locality_t *peer, int *ok_p);
     ncclResult_t (*setup)(chorus_conn_t *conn, void *blob, size_t *blob_bytes_p);
     ncclResult_t (*connect)(chorus_conn_t *conn, const void *peer_blob, size_t peer_blob_bytes);
@@ -86,7 +106,7 @@ typedef struct chorus_transport_ops {
 struct chorus_conn {
     const chorus_transport_ops_t *ops;
     void *priv; /* transport state */
-    struct ncclComm *comm;
+    const chorus_transport_ctx_t *ctx;
     int peer;
     int is_send;
     int channel; /* channel id, or -1 for a point-to-point connection */
@@ -114,15 +134,16 @@ const chorus_transport_ops_t *transport_get(int index);
 const chorus_transport_ops_t *transport_find(const char *name);
 /* First registry entry whose can_connect accepts (self, peer), honouring CHORUS_TRANSPORT,
  * NCCL_SHM_DISABLE, NCCL_P2P_DISABLE, NCCL_IB_DISABLE. */
-ncclResult_t transport_select(struct ncclComm *comm, int peer, const chorus_transport_ops_t **ops_p);
+ncclResult_t transport_select(const chorus_transport_ctx_t *ctx, int peer,
+                              const chorus_transport_ops_t **ops_p);
 /* Set up both ends of a connection through the bootstrap. Called by the two ranks at the same
  * time (one with is_send=1, the other is_send=0); tag separates concurrent setups between the
  * same two ranks (any int; bootstrap tags 0x20000000..0x3fffffff are derived from it, the
  * channel and the direction). conn is overwritten (it must not hold an open connection); geometry comes from
  * NCCL_BUFFSIZE / CHORUS_NSLOTS (the receiver's values win). A failure on either end fails both,
  * with a WARN naming the peer. A rank never connects to itself. */
-ncclResult_t transport_connect(struct ncclComm *comm, chorus_conn_t *conn, int peer, int is_send,
-                               int channel, int tag);
+ncclResult_t transport_connect(chorus_transport_ctx_t *ctx, chorus_conn_t *conn, int peer,
+                               int is_send, int channel, int tag);
 /* Close one end (a sender first waits for send_drained). Leaves ops == NULL; closing twice is
  * harmless. On failure transport_connect also leaves ops == NULL. */
 void transport_close(chorus_conn_t *conn);

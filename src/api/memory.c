@@ -20,7 +20,7 @@
 
 #include "check.h"
 #include "comm.h"
-#include "core.h"
+#include "api.h"
 #include "cuda_util.h"
 
 #if CHORUS_HAVE_CUDA

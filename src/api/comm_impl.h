@@ -1,5 +1,5 @@
 /*
- * comm_impl.h: private to src/core. How the lifecycle files (init.c, split.c, destroy.c) share
+ * comm_impl.h: private to src/api. How the lifecycle files (init.c, split.c, destroy.c) share
  * the communicator's construction and teardown.
  *
  * A communicator is allocated and registered first (so the handle is valid at once, as a

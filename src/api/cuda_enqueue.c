@@ -28,6 +28,7 @@
 #include "check.h"
 #include "coll.h"
 #include "comm.h"
+#include "group.h"
 #include "cuda_enqueue.h"
 #include "cuda_util.h"
 #include "log.h"

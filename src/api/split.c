@@ -24,7 +24,8 @@
 #include "check.h"
 #include "coll.h"
 #include "comm_impl.h"
-#include "core.h"
+#include "group.h"
+#include "api.h"
 
 /* Leader side: make an id and send it to members[1..n-1]. If making it fails, a zeroed id goes out
  * instead, so the members fail at once rather than waiting for the deadline. */

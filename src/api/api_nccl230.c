@@ -11,7 +11,8 @@
 
 #include "check.h"
 #include "comm.h"
-#include "core.h"
+#include "api.h"
+#include "util.h"
 #include "log.h"
 
 static ncclResult_t unsupported(const char *api, const char *what) {

@@ -112,14 +112,6 @@ void chorus_cuda_host_free(void *host) {
     if (cudaFreeHost(host) != cudaSuccess) (void)cudaGetLastError();
 }
 
-ncclResult_t chorus_cuda_set_device(int dev) {
-    if (dev < 0) return ncclSuccess;
-    int cur = -1;
-    CUDACHECK(cudaGetDevice(&cur));
-    if (cur != dev) CUDACHECK(cudaSetDevice(dev));
-    return ncclSuccess;
-}
-
 cudaError_t cuda_wait_flag_kernel_launch(const void *flag_dev, uint32_t value, cudaStream_t stream);
 
 typedef CUresult (*cuda_wait_value32_fn)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);

@@ -15,7 +15,7 @@
 #include "check.h"
 #include "coll.h"
 #include "comm_impl.h"
-#include "core.h"
+#include "api.h"
 #include "cuda_enqueue.h"
 #include "topo.h"
 
@@ -105,13 +105,6 @@ ncclResult_t comm_check_usable(const struct ncclComm *comm, const char *api) {
         return ncclInvalidUsage;
     }
     return ncclSuccess;
-}
-
-void comm_set_async_error(struct ncclComm *comm, ncclResult_t res) {
-    if (res == ncclSuccess || res == ncclInProgress) return;
-    int expected = ncclSuccess;
-    __atomic_compare_exchange_n(&comm->async_error, &expected, (int)res, 0, __ATOMIC_ACQ_REL,
-                                __ATOMIC_ACQUIRE);
 }
 
 void comm_abort_flag(struct ncclComm *comm) {

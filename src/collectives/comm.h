@@ -6,7 +6,7 @@
  * created on demand, the collective engine (queue of nonblocking ops, progress thread), the abort
  * flag that every wait checks, and the sticky asynchronous error.
  *
- * Lifecycle (src/core/init.c): param init -> bootstrap -> locality allgather -> topology (rings,
+ * Lifecycle (src/api/init.c): param init -> bootstrap -> locality allgather -> topology (rings,
  * channel count, transport per edge) -> optional eager connect -> ready.
  */
 #ifndef CHORUS_COMM_H_
@@ -16,7 +16,8 @@
 #include <stdint.h>
 
 #include "bootstrap.h"
-#include "core.h"
+#include "errors.h"
+#include "util.h"
 #include "locality.h"
 #include "nccl.h"
 #include "reduce.h"
@@ -81,10 +82,10 @@ struct ncclComm {
     chorus_conn_t **p2p_send;
     chorus_conn_t **p2p_recv;
     int connect_eager;
-    /* The first connection setup that failed on this rank: which peer, over which transport, why
-     * (filled by transport_connect; the first-op error quotes it). Empty while none failed. */
-    char connect_fail_text[320];
-    int connect_fail_cause; /* the rank whose failure started it (meaningful once the text is set) */
+    /* What the transports see of this communicator (rank, peers, abort flag, bootstrap) and
+     * where transport_connect records the first failed setup; filled at init after the
+     * locality allgather (comm_fill_transport_ctx). */
+    chorus_transport_ctx_t tctx;
 
     struct coll_engine *engine;
     uint64_t seq; /* collectives issued on this communicator */
@@ -105,7 +106,7 @@ struct ncclComm {
     int destroyed;
     pthread_mutex_t lock;
 
-    /* Added by the core (src/core/init.c and friends). */
+    /* Added by the core (src/api/init.c and friends). */
     char net_name[64];         /* copy of config.netName (the user's string may not outlive init) */
     uint64_t split_seq;        /* splits/shrinks issued on this comm: tags their bootstrap messages */
     int engine_finalized;      /* coll_engine_finalize already ran (Finalize, Revoke, Shrink+ABORT) */
@@ -114,7 +115,7 @@ struct ncclComm {
     volatile int api_refs;     /* API calls inside this comm now (comm_api_enter/leave) */
     volatile int api_refs_locked; /* blocking calls inside coll_engine_run now: changed only
                                    * under the engine lock (engine.c) */
-    /* Added by the CUDA path (src/core/cuda_enqueue.c): the device-buffer worker and its
+    /* Added by the CUDA path (src/api/cuda_enqueue.c): the device-buffer worker and its
      * staging memory; NULL until the first collective on device buffers. */
     struct cuda_comm_state *cuda_state;
 };
@@ -152,7 +153,19 @@ ncclResult_t comm_check(const struct ncclComm *comm, const char *api);
  * once per comm (engine_finalized), and coll_engine_destroy afterwards in every case. */
 
 /* Record the first asynchronous error; later ones do not overwrite it. */
-void comm_set_async_error(struct ncclComm *comm, ncclResult_t res);
+static inline void comm_set_async_error(struct ncclComm *comm, ncclResult_t res) {
+    chorus_error_keep_first(&comm->async_error, res);
+}
+/* Fill comm->tctx from the communicator, once rank, peers and the bootstrap are known. */
+static inline void comm_fill_transport_ctx(struct ncclComm *comm) {
+    chorus_transport_ctx_t *t = &comm->tctx;
+    t->rank = comm->rank;
+    t->nranks = comm->nranks;
+    t->cuda_dev = comm->cuda_dev;
+    t->peers = comm->peers;
+    t->abort_flag = &comm->abort_flag;
+    t->bs = comm->bs;
+}
 /* Set the abort flag and make blocked bootstrap/transport waits return. */
 void comm_abort_flag(struct ncclComm *comm);
 
@@ -161,7 +174,7 @@ void comm_abort_flag(struct ncclComm *comm);
 ncclResult_t comm_check_usable(const struct ncclComm *comm, const char *api);
 
 /* Resolve a user ncclConfig_t (may be NULL: defaults) with NCCL's version-tolerant rules into a
- * complete config (src/core/config.c). `inherit` (may be NULL) supplies the defaults instead of
+ * complete config (src/api/config.c). `inherit` (may be NULL) supplies the defaults instead of
  * the built-in ones (ncclCommSplit/Shrink with a NULL config inherit the parent's). */
 ncclResult_t comm_config_parse(const ncclConfig_t *user, const ncclConfig_t *inherit,
                                ncclConfig_t *out_p);
@@ -181,10 +194,10 @@ ncclResult_t comm_snapshot_redop(struct ncclComm *comm, ncclRedOp_t op, ncclData
 /* Fill a PreMulSum op's scalar from the bytes of one element of its dtype. */
 void comm_redop_set_scalar(chorus_redop_t *r, const void *bytes);
 
-/* The registration covering [ptr, ptr+bytes) on this comm, or NULL (src/core/memory.c). */
+/* The registration covering [ptr, ptr+bytes) on this comm, or NULL (src/api/memory.c). */
 const comm_reg_t *comm_reg_find(struct ncclComm *comm, const void *ptr, size_t bytes);
 
-/* CUDA helpers (src/core/memory.c); without CUDA they report "no device". */
+/* CUDA helpers (src/api/memory.c); without CUDA they report "no device". */
 int comm_cuda_current_device(void);         /* -1 when no usable GPU */
 int comm_ptr_is_device(const void *ptr);    /* 1 for device or managed memory */
 

@@ -1,0 +1,147 @@
+/*
+ * coll_internal.h: the collective engine's internals, for src/collectives only: the chunk
+ * primitives, the algorithms' tables and helpers, tickets, connection setup for an op, mismatch
+ * detection and the NCCL_ALGO filter. Other layers use coll_engine.h.
+ */
+#ifndef CHORUS_COLL_INTERNAL_H_
+#define CHORUS_COLL_INTERNAL_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "coll_engine.h"
+
+/* prims.c: chunk primitives. Each works on one chunk and reports *ok_p = 0 (nothing done, try
+ * again later) or 1 (done). `hdr` is the op; the header is sent/checked when use->hdr_pending. */
+typedef enum {
+    PRIM_SEND,             /* slot = src (copy) or direct from src */
+    PRIM_SEND_COPY,        /* slot = in and dst = in, one read of in (or direct from in) */
+    PRIM_PREP_SEND,        /* slot = pre(in) */
+    PRIM_RECV,             /* dst = recv */
+    PRIM_RECV_FINISH,      /* dst = post(recv) */
+    PRIM_RECV_REDUCE_SEND, /* slot = pre(in) (+) recv */
+    PRIM_RECV_REDUCE_COPY, /* dst = post(pre(in) (+) recv) */
+    PRIM_RECV_REDUCE_COPY_SEND, /* dst = post(pre(in) (+) recv); send dst */
+    PRIM_RECV_COPY_SEND,   /* dst = recv; send dst */
+    PRIM_RECV_COMBINE,     /* dst = recv (+) acc, no pre/post (partials) */
+} coll_prim_t;
+
+typedef struct {
+    coll_prim_t kind;
+    const void *in;   /* this rank's input for the chunk (reduce/prepare/send source) */
+    void *dst;        /* output for the chunk */
+    size_t count;     /* elements */
+    int direct_ok;    /* the receiver does a pure copy and the source stays valid (sender side) */
+    int recv_direct_ok; /* the sender may have used direct (receiver side: any kind; a reduce
+                         * kind pulls a direct chunk into a cache-sized bounce buffer first) */
+    /* Sender side, reduce kinds: the receiver reduces from this chunk and the source stays valid
+     * until the op completes, so it may go direct: PREP_SEND sends `in` itself (when pre() is
+     * the identity), RECV_REDUCE_SEND writes its partial result to `dst` (which the schedule
+     * overwrites later) and sends that. CHORUS_DIRECT_REDUCE turns it off. */
+    int direct_reduce_ok;
+    /* dst is final output of an op far larger than the cache (coll_ring_stream): write it with
+     * streaming stores (rk_reduce_nt/rk_copy_nt), pulling a direct chunk through the bounce
+     * buffer first. */
+    int stream;
+} coll_chunk_t;
+
+ncclResult_t prim_step(coll_op_t *op, coll_use_t *recv, coll_use_t *send, const coll_chunk_t *c,
+                       int *ok_p);
+/* A point-to-point transfer of one chunk (one-shot and direct algorithms): when its ticket is
+ * served on its connection, marks it started and runs prim_step (a send or a receive as
+ * x->is_send says; an op's first chunk of a plain send, copy-pre send, copy or combine receive
+ * takes prim_step's common case in a few instructions first); once the chunk moved, the transfer
+ * is done and the connection's line moves on. *ok_p = 1 when the transfer is done (also when it
+ * already was). */
+ncclResult_t prim_xfer_chunk(coll_op_t *op, coll_xfer_t *x, const coll_chunk_t *c, int *ok_p);
+/* Sender side: all direct chunks consumed (poll). */
+ncclResult_t prim_send_drained(coll_op_t *op, coll_use_t *send, int *ok_p);
+/* Failure handling: post error chunks, drain; *ok_p = 1 when finished with the connection. */
+ncclResult_t prim_fail_send(coll_op_t *op, coll_use_t *send, int *ok_p);
+ncclResult_t prim_fail_recv(coll_op_t *op, coll_use_t *recv, int *ok_p);
+/* Chunks per path, counted per process since it started (tests check that a path ran; relaxed
+ * atomics, one add per chunk): reduce-step chunks sent direct (PREP_SEND/RECV_REDUCE_SEND),
+ * direct chunks received on a reduce step (pulled into the bounce buffer and reduced), and
+ * chunks whose output was written with streaming stores (chunk.stream). Plain arguments, so
+ * that C++ tests can declare it. */
+void prim_path_stats(uint64_t *reduce_sent_p, uint64_t *reduce_recv_p, uint64_t *streamed_p);
+/* Capacity of one chunk in elements for a connection (header room included). */
+size_t prim_chunk_elems(const chorus_conn_t *conn, size_t esize);
+void coll_op_fail(coll_op_t *op, ncclResult_t res, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* connect.c */
+ncclResult_t coll_connect_rings(struct ncclComm *comm);
+/* Make sure the p2p connections listed exist (send_peers/recv_peers: flags per rank). */
+ncclResult_t coll_connect_p2p(struct ncclComm *comm, const uint8_t *send_peers,
+                              const uint8_t *recv_peers);
+
+/* Ticket lines (engine.c). */
+static inline int coll_use_ready(const coll_use_t *u, const uint64_t *served) {
+    return *served == u->ticket;
+}
+
+/* Algorithms (one file each) and the tuner. */
+extern const coll_algo_t coll_algo_allreduce_ring;
+extern const coll_algo_t coll_algo_allreduce_rd;
+extern const coll_algo_t coll_algo_allreduce_oneshot;
+extern const coll_algo_t coll_algo_allreduce_direct;
+extern const coll_algo_t coll_algo_reducescatter_direct;
+extern const coll_algo_t coll_algo_allgather_direct;
+/* allreduce_rd.c: peers[p] = 1 for every rank p that recursive doubling exchanges with on rank
+ * `me` of n (peers: n bytes); the relation is symmetric. */
+void coll_rd_peers(int n, int me, uint8_t *peers);
+/* direct.c: every rank of the communicator is a thread of this process (cached). */
+int coll_direct_one_process(struct ncclComm *comm);
+/* Ops this process finished with the direct algorithm (tests check that it ran). */
+void coll_direct_stats(uint64_t *ops_p);
+extern const coll_algo_t coll_algo_reducescatter_ring;
+extern const coll_algo_t coll_algo_reducescatter_oneshot;
+extern const coll_algo_t coll_algo_allgather_ring;
+extern const coll_algo_t coll_algo_allgather_oneshot;
+extern const coll_algo_t coll_algo_broadcast_chain;
+extern const coll_algo_t coll_algo_reduce_chain;
+extern const coll_algo_t coll_algo_p2p;
+/* oneshot_common.c: the one-shot algorithms apply with one rank, or up to COLL_ONESHOT_MAX_RANKS
+ * ranks when a block (count elements) fits one chunk. Their transfers, in op->xfer_inline: sends
+ * [0, n-1) to r+1, r+2, ..., receives [n-1, 2n-2) in ascending peer order. A send's buf is
+ * sendbuff, or sendbuff + peer's block with send_per_peer; a receive's is recvbuff, or recvbuff +
+ * peer's block with recv_per_peer. */
+int coll_oneshot_supports(const coll_op_t *op);
+void coll_oneshot_setup(coll_op_t *op, int send_per_peer, int recv_per_peer);
+/* algo_filter.c: the algorithms NCCL_ALGO / CHORUS_ALGO allow for a collective (NCCL's syntax:
+ * "ring,oneshot;allreduce:^ll"), as a mask of 1 << COLL_ALGO_*. */
+#define COLL_ALLOW_ALL                                                                             \
+    ((1u << COLL_ALGO_RING) | (1u << COLL_ALGO_LL) | (1u << COLL_ALGO_ONESHOT) |                   \
+     (1u << COLL_ALGO_DIRECT))
+typedef struct {
+    unsigned allow;   /* COLL_ALLOW_ALL when the variable is unset or says nothing for coll */
+    int set;          /* the variable has a list for this collective */
+    int foreign_only; /* ... naming only NCCL algorithms Chorus lacks (tree, nvls, ...): allow
+                         is then COLL_ALLOW_ALL */
+} coll_algo_filter_t;
+void coll_algo_filter(int coll, coll_algo_filter_t *f);
+/* The same for a given value of the variable (tests). */
+void coll_algo_filter_parse(const char *spec, int coll, coll_algo_filter_t *f);
+
+/* Ticket helpers shared by the algorithms. */
+uint64_t *coll_served_line(coll_op_t *op, const coll_use_t *u);
+
+/* prims.c: the op header this rank sends for op (what the first chunk carries), and a readable
+ * form of a header for error messages ("all-reduce count=100 float32 sum"). */
+void coll_hdr_fill(const coll_op_t *op, coll_hdr_t *h);
+void coll_hdr_describe(const coll_hdr_t *h, char *buf, size_t len);
+
+/* mismatch.c: ranks whose headers never meet (they chose different connection sets). Called by
+ * coll_engine_wait every 64 empty polls (polls: the waiter's count since the last progress);
+ * after a few ms without progress it peeks the other receive connections for a peer's header of
+ * the same op (-> ncclInvalidUsage naming both sides) or a peer's error chunk. */
+void coll_mismatch_stalled(coll_op_t **ops, int nops, uint32_t polls);
+/* The same look for one engine stalled for stalled_ns (async ops that nobody waits on). */
+void coll_mismatch_stalled_engine(struct coll_engine *e, uint64_t stalled_ns);
+/* After a failure: post one error chunk on every send connection of the ops' communicators, so
+ * peers that wait on other connections than the failed op's fail too instead of timing out. */
+void coll_mismatch_spread(coll_op_t **ops, int nops);
+void coll_mismatch_spread_engine(struct coll_engine *e);
+
+#endif
