@@ -59,9 +59,9 @@ static ncclResult_t connect_rings(struct ncclComm *comm) {
     if (comm->nranks == 1) return ncclSuccess;
     for (int c = 0; c < comm->nchannels; c++) {
         chorus_channel_t *ch = &comm->channels[c];
-        /* The same tags as coll_connect_rings, folded the same way (unsigned: no overflow). */
-        int send_tag = (int)(CORE_TAG_RING + (uint32_t)c * (uint32_t)comm->nranks + (uint32_t)comm->rank);
-        int recv_tag = (int)(CORE_TAG_RING + (uint32_t)c * (uint32_t)comm->nranks + (uint32_t)ch->prev);
+        /* The same tags as coll_connect_rings. */
+        int send_tag = coll_setup_tag(CORE_TAG_RING, c, comm->nranks, comm->rank);
+        int recv_tag = coll_setup_tag(CORE_TAG_RING, c, comm->nranks, ch->prev);
         for (int step = 0; step < 2; step++) {
             int do_send = ((ch->index & 1) == 0) == (step == 0);
             if (do_send)

@@ -7,6 +7,8 @@
 #ifndef CHORUS_COLL_H_
 #define CHORUS_COLL_H_
 
+#include <stdint.h>
+
 #include "nccl.h"
 
 struct ncclComm;
@@ -15,5 +17,13 @@ ncclResult_t coll_engine_create(struct ncclComm *comm);
 /* Complete (finalize=1) or drop (abort) outstanding ops, join the progress thread, free. */
 ncclResult_t coll_engine_finalize(struct ncclComm *comm);
 void coll_engine_destroy(struct ncclComm *comm);
+
+/* A setup tag base + a * nranks + b, folded to an int without signed overflow (past about 28,000
+ * ranks the sum leaves int's range). Setup messages travel between the two ranks of a connection
+ * only, and transport_connect hashes the tag with the channel and role, so a fold that maps two
+ * different pairs to one tag cannot mix their messages. */
+static inline int coll_setup_tag(uint32_t base, int a, int nranks, int b) {
+    return (int)(base + (uint32_t)a * (uint32_t)nranks + (uint32_t)b);
+}
 
 #endif

@@ -39,14 +39,6 @@
 
 #define COLL_TAG_RING 0x52490000 /* same as the core's CORE_TAG_RING (eager connect) */
 #define COLL_TAG_P2P 0x50320000  /* + lo * nranks + hi, direction from the transport's role */
-
-/* A setup tag base + a * nranks + b, folded to an int without signed overflow (past about 28,000
- * ranks the sum leaves int's range). Setup messages travel between the two ranks of a connection
- * only, and transport_connect hashes the tag with the channel and role, so a fold that maps two
- * different pairs to one tag cannot mix their messages. */
-static inline int coll_setup_tag(uint32_t base, int a, int nranks, int b) {
-    return (int)(base + (uint32_t)a * (uint32_t)nranks + (uint32_t)b);
-}
 #define COLL_CONNECT_ALL_MAX_RANKS COLL_ONESHOT_MAX_RANKS
 
 /* After a failed setup the remaining connections are still visited: transport_connect then only

@@ -59,6 +59,9 @@ ncclResult_t prim_send_drained(coll_op_t *op, coll_use_t *send, int *ok_p);
 /* Failure handling: post error chunks, drain; *ok_p = 1 when finished with the connection. */
 ncclResult_t prim_fail_send(coll_op_t *op, coll_use_t *send, int *ok_p);
 ncclResult_t prim_fail_recv(coll_op_t *op, coll_use_t *recv, int *ok_p);
+/* Drop the chunk at the head of a receive connection (data/bytes from its recv_peek): a direct
+ * chunk is read into scratch first, then the slot is released. Failure and teardown paths. */
+ncclResult_t prim_drop_chunk(chorus_conn_t *rc, const void *data, size_t bytes);
 /* Chunks per path, counted per process since it started (tests check that a path ran; relaxed
  * atomics, one add per chunk): reduce-step chunks sent direct (PREP_SEND/RECV_REDUCE_SEND),
  * direct chunks received on a reduce step (pulled into the bounce buffer and reduced), and

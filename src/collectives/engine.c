@@ -127,10 +127,9 @@ static void op_retire_locked(struct coll_engine *e) {
 
 /* Take and drop every chunk that waits on this rank's receive connections. Called once no op is
  * queued, so nothing will read them: they are sends that no receive matched (an ncclSend whose
- * peer never called ncclRecv, or received less), or what a failed op left. A direct chunk is read
- * into scratch first, as TCP keeps its payload in the socket ahead of the next chunk. The first
- * unmatched chunk from each peer is reported with the op its header names. Returns how many
- * connections had one. */
+ * peer never called ncclRecv, or received less), or what a failed op left (prim_drop_chunk).
+ * The first unmatched chunk from each peer is reported with the op its header names. Returns how
+ * many connections had one. */
 static int engine_discard_unmatched(struct ncclComm *comm, int quiet) {
     int n = comm->nranks, found = 0;
     for (int i = 0; i < comm->nchannels + n; i++) {
@@ -163,13 +162,7 @@ static int engine_discard_unmatched(struct ncclComm *comm, int quiet) {
                 reported = 1;
                 found++;
             }
-            if (data == NULL) {
-                void *scratch = malloc(bytes ? bytes : 1);
-                ncclResult_t cr = scratch ? conn->ops->recv_copy(conn, scratch, bytes) : ncclSystemError;
-                free(scratch);
-                if (cr != ncclSuccess) break;
-            }
-            if (conn->ops->recv_release(conn) != ncclSuccess) break;
+            if (prim_drop_chunk(conn, data, bytes) != ncclSuccess) break;
         }
     }
     return found;

@@ -580,6 +580,18 @@ ncclResult_t prim_fail_send(coll_op_t *op, coll_use_t *send, int *ok_p) {
     return ncclSuccess;
 }
 
+ncclResult_t prim_drop_chunk(chorus_conn_t *rc, const void *data, size_t bytes) {
+    if (data == NULL) {
+        /* A direct chunk must be read before it is released (TCP keeps its payload in the
+         * socket, ahead of the next chunk): read it into scratch. Failure paths only. */
+        void *scratch = malloc(bytes ? bytes : 1);
+        ncclResult_t cr = scratch ? rc->ops->recv_copy(rc, scratch, bytes) : ncclSystemError;
+        free(scratch);
+        if (cr != ncclSuccess) return cr;
+    }
+    return rc->ops->recv_release(rc);
+}
+
 ncclResult_t prim_fail_recv(coll_op_t *op, coll_use_t *recv, int *ok_p) {
     *ok_p = 1;
     if (recv->err_done) return ncclSuccess;
@@ -596,20 +608,9 @@ ncclResult_t prim_fail_recv(coll_op_t *op, coll_use_t *recv, int *ok_p) {
         if (!ready) break;
         const coll_err_chunk_t *ec = data;
         int is_err = data && bytes == sizeof(*ec) && ec->magic == COLL_ERR_MAGIC;
-        if (data == NULL) {
-            /* A direct chunk must be read before it is released (TCP keeps its payload in the
-             * socket, ahead of the error chunk): read it into scratch. Failure path only. */
-            void *scratch = malloc(bytes ? bytes : 1);
-            ncclResult_t cr = scratch ? rc->ops->recv_copy(rc, scratch, bytes) : ncclSystemError;
-            free(scratch);
-            if (cr != ncclSuccess) {
-                recv->err_done = 1;
-                return ncclSuccess;
-            }
-        }
-        /* A connection that refuses the release cannot advance to the error chunk: stop
-         * draining it rather than peek the same chunk until the deadline. */
-        if (rc->ops->recv_release(rc) != ncclSuccess || is_err) {
+        /* A connection that refuses the drop cannot advance to the error chunk: stop draining
+         * it rather than peek the same chunk until the deadline. */
+        if (prim_drop_chunk(rc, data, bytes) != ncclSuccess || is_err) {
             recv->err_done = 1;
             return ncclSuccess;
         }

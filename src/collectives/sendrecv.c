@@ -177,14 +177,20 @@ static ncclResult_t p2p_progress(coll_op_t *op, int *done_p) {
         op->round = 1;
         moved = 1;
     }
-    int recvs_done = 1;
-    for (int i = 0; i < op->nxfer; i++) recvs_done &= op->xfer[i].is_send || op->xfer[i].done;
+    int recvs_done = -1; /* computed when a transfer first needs it */
     for (int i = 0; i < op->nxfer; i++) {
         coll_xfer_t *x = &op->xfer[i];
         if (x->done) continue;
-        if (x->after_recvs && !recvs_done) {
-            all = 0;
-            continue;
+        if (x->after_recvs) { /* the root check's last headers: only gather/scatter roots */
+            if (recvs_done < 0) {
+                recvs_done = 1;
+                for (int j = 0; j < op->nxfer; j++)
+                    recvs_done &= op->xfer[j].is_send || op->xfer[j].done;
+            }
+            if (!recvs_done) {
+                all = 0;
+                continue;
+            }
         }
         uint64_t *served = x->is_send ? &e->p2p_send_served[x->peer] : &e->p2p_recv_served[x->peer];
         if (*served != x->use.ticket) {
