@@ -61,7 +61,7 @@ typedef struct chorus_transport_ctx {
     /* The first connection setup that failed on this rank: which peer, over which transport,
      * why (filled by transport_connect; the first op's error quotes it). Empty while none
      * failed. fail_cause: the rank whose failure started it (meaningful once the text is set). */
-    char fail_text[320];
+    char fail_text[512];
     int fail_cause;
 } chorus_transport_ctx_t;
 
