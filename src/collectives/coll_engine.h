@@ -119,7 +119,8 @@ struct coll_algo;
  * defaults). Every rank makes the same choice for the same op, since both ends of a connection
  * must agree on every chunk's size. */
 typedef struct {
-    size_t chunk_bytes; /* ring chunk payload (must fit slot_bytes + chunk_room) */
+    size_t chunk_bytes; /* ring chunk payload (must fit slot_bytes + chunk_room); the tree's
+                         * pipeline chunk */
     int direct;         /* 1: single copy wherever the connection allows (RING_DIRECT=-1) */
     int direct_reduce;  /* 1: reduce steps go single copy too (as DIRECT_REDUCE=1) */
     int no_stream;      /* 1: never the streamed mode (coll_ring.h) */
@@ -209,6 +210,7 @@ enum {
     COLL_ALGO_P2P = 2,
     COLL_ALGO_ONESHOT = 3,
     COLL_ALGO_DIRECT = 4,
+    COLL_ALGO_TREE = 5,
     COLL_ALGO_NIDS
 };
 

@@ -406,6 +406,11 @@ static const coll_algo_t *tuner_choose(coll_op_t *op, unsigned allow, int forced
         *why_p = oneshot_why;
         return oneshot;
     }
+    /* The tree all-reduce runs where NCCL_ALGO/CHORUS_ALGO asks for it alone. */
+    if (op->coll == COLL_ALLREDUCE && (allow & (1u << COLL_ALGO_TREE)) && forced) {
+        *why_p = "double binary tree";
+        return &coll_algo_allreduce_tree;
+    }
     if (ll && (allow & (1u << COLL_ALGO_LL)) && ll->supports(op) && (forced || ll_fits)) {
         *why_p = "size below LL_THRESHOLD";
         return ll;
@@ -450,7 +455,7 @@ ncclResult_t coll_tuner_pick(coll_op_t *op) {
     } else if (forced) {
         why = "forced by NCCL_ALGO/CHORUS_ALGO";
     } else if (f.foreign_only) {
-        why = "NCCL_ALGO/CHORUS_ALGO names only algorithms Chorus lacks (tree, nvls, ...): "
+        why = "NCCL_ALGO/CHORUS_ALGO names only algorithms Chorus lacks (nvls, pat, ...): "
               "default choice";
     } else if (f.set) {
         why = "the choice by size among those NCCL_ALGO/CHORUS_ALGO allows";
