@@ -133,8 +133,8 @@ size_t coll_tree_chunk_elems(const coll_op_t *op) {
     const size_t es = op->esize, align = 64 / es;
     const size_t max = prim_chunk_elems(NULL, es);
     size_t want;
-    if (op->tune.chunk_bytes) {
-        want = op->tune.chunk_bytes / es;
+    if (op->plan.chunk_bytes) {
+        want = op->plan.chunk_bytes / es;
     } else {
         /* No chunk in the plan: about 8 chunks per tree, at least 32 KiB. */
         want = CHORUS_MAX(CHORUS_DIV_UP(op->count, 16), ((size_t)32 << 10) / es);

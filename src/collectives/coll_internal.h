@@ -91,7 +91,7 @@ extern const coll_algo_t coll_algo_allreduce_rd;
 extern const coll_algo_t coll_algo_allreduce_tree;
 /* allreduce_tree.c: rank's parent (-1: the root) and children (-1: none) in tree t (0 or 1) of
  * the double binary tree over n ranks; the depth (levels) of one tree; the chunk (elements) the
- * tree all-reduce moves for op (op->tune.chunk_bytes, clamped to one slot). */
+ * tree all-reduce moves for op (op->plan.chunk_bytes, clamped to one slot). */
 void coll_tree_links(int n, int rank, int t, int *parent, int child[2]);
 int coll_tree_depth(int n);
 size_t coll_tree_chunk_elems(const coll_op_t *op);

@@ -125,7 +125,7 @@ static inline int prim_kind_reads_recv_data(coll_prim_t kind) {
 /* Sender side: whether this reduce-kind chunk may go direct (the transport's own conditions,
  * direct and the size threshold, are checked by the caller). */
 static inline int prim_direct_reduce_ok(const coll_op_t *op, const coll_chunk_t *c) {
-    if (!c->direct_reduce_ok || !op->tune.direct_reduce) /* tuner.c: DIRECT_REDUCE, TCP rings */
+    if (!c->direct_reduce_ok || !op->plan.direct_reduce) /* tuner.c: DIRECT_REDUCE, TCP rings */
         return 0;
     if (c->kind == PRIM_PREP_SEND) return rk_pre_is_copy(&op->redop);
     return c->kind == PRIM_RECV_REDUCE_SEND && c->dst != NULL;
