@@ -289,11 +289,7 @@ ncclResult_t ncclGroupSimulateEnd(ncclSimInfo_t *simInfo) {
                         "issued in a group that ended with ncclGroupSimulateEnd: not run");
     for (int i = 0; i < g->nops; i++) {
         coll_op_t *op = g->ops[i];
-        size_t bytes = op->count * op->esize;
-        if (op->coll == COLL_ALLGATHER || op->coll == COLL_REDUCESCATTER ||
-            op->coll == COLL_ALLTOALL)
-            bytes *= (size_t)op->comm->nranks;
-        us += coll_tuner_estimate_us(op->comm, op->coll, bytes);
+        us += op->plan.est_us; /* the cost model's time for the op's plan (tuner.c) */
         coll_op_release(op);
     }
     cuda_enqueue_group_discard(); /* CUDA path: device-buffer calls are not simulated */

@@ -74,8 +74,11 @@ PARAM(MIN_NCHANNELS, INT, 1, 1, "fewest rings")
 PARAM(MAX_NCHANNELS, INT, 16, 1, "most rings")
 /* collectives and tuning */
 PARAM(ALGO, STR, NULL, 1,
-      "algorithms allowed (ring, ll, oneshot, direct), NCCL's syntax: ^ excludes, per collective "
-      "after ';' (ring,oneshot;allreduce:^ll)")
+      "algorithms allowed (ring, ll, oneshot, direct, tree), NCCL's syntax: ^ excludes, per "
+      "collective after ';' (ring,oneshot;allreduce:^ll)")
+PARAM(COST_MODEL, STR, NULL, 0,
+      "the tuner's link constants, class=alpha_us/GBps entries for shm, tcp_intra, tcp_inter, ib "
+      "(tcp_inter=1000/0.125: 1 ms per hop, 1 Gbit/s), or @file holding such entries")
 PARAM(LL_THRESHOLD, INT, -1, 0, "bytes below which the low-latency algorithm runs (-1: tuner decides)")
 PARAM(ONESHOT_THRESHOLD, INT, -1, 0, "bytes up to which all-reduce, reduce-scatter and all-gather (total size) between ranks of one host run one-shot (every rank sends to every rank; -1: tuner decides, 0: off)")
 PARAM(DIRECT_THRESHOLD, INT, -1, 0, "bytes (total for reduce-scatter and all-gather) from which all-reduce, reduce-scatter and all-gather between ranks that are threads of one process run the direct algorithm (each rank reads its share of every input and writes every output it produces; -1: tuner decides, 0: never)")

@@ -10,9 +10,9 @@
  * for that function ("ring,oneshot;allreduce:^ll": ring or one-shot everywhere, anything but
  * recursive doubling for all-reduce). Function names are NCCL's (allreduce, reducescatter,
  * allgather, broadcast, reduce); names are case-insensitive. Chorus's algorithms: ring, ll
- * (recursive doubling), oneshot, direct. NCCL's other algorithms (tree, collnetdirect,
- * collnetchain, nvls, nvlstree, pat) are accepted and have no counterpart here: a list that
- * allows only those leaves the tuner's own choice, and says so. An unknown name is WARNed once
+ * (recursive doubling), oneshot, direct, tree (all-reduce only). NCCL's other algorithms
+ * (collnetdirect, collnetchain, nvls, nvlstree, pat) are accepted and have no counterpart here:
+ * a list that allows only those leaves the tuner's own choice, and says so. An unknown name is WARNed once
  * and ignored (NCCL fails the op; a variable copied from an NCCL job should not stop a Chorus
  * one). The older Chorus form with ',' between function sections ("allreduce:ll,broadcast:ring")
  * is still read: a name with a ':' starts a new section.
@@ -34,7 +34,7 @@ static const struct {
     {"ll", COLL_ALGO_LL},
     {"oneshot", COLL_ALGO_ONESHOT},
     {"direct", COLL_ALGO_DIRECT},
-    {"tree", -1},
+    {"tree", COLL_ALGO_TREE},
     {"collnetdirect", -1},
     {"collnetchain", -1},
     {"collnet", -1},
@@ -73,7 +73,7 @@ static void filter_list(char *list, const char *spec, coll_algo_filter_t *f) {
             pthread_mutex_unlock(&warned_lock);
             if (first) {
                 WARN("NCCL_ALGO/CHORUS_ALGO '%s': unknown algorithm '%s' ignored (Chorus has "
-                     "ring, ll, oneshot, direct; NCCL's tree, collnet*, nvls*, pat are accepted "
+                     "ring, ll, oneshot, direct, tree; NCCL's collnet*, nvls*, pat are accepted "
                      "and run Chorus's default)",
                      spec, tok);
             }

@@ -115,15 +115,18 @@ typedef struct {
 
 struct coll_algo;
 
-/* What the tuner chose for an op beyond the algorithm (tuner.c; all zero: the schedule's
- * defaults). Every rank makes the same choice for the same op, since both ends of a connection
+/* The op's plan beyond its algorithm (op->algo), made once per op by the tuner (tuner.c, from the
+ * cost model of cost_model.c); schedules and primitives only read it (all zero: the schedule's
+ * defaults). Every rank makes the same plan for the same op, since both ends of a connection
  * must agree on every chunk's size. */
 typedef struct {
-    size_t chunk_bytes; /* ring chunk payload (must fit slot_bytes + chunk_room) */
+    size_t chunk_bytes; /* ring chunk payload (must fit slot_bytes + chunk_room); the tree's
+                         * pipeline chunk */
     int direct;         /* 1: single copy wherever the connection allows (RING_DIRECT=-1) */
     int direct_reduce;  /* 1: reduce steps go single copy too (as DIRECT_REDUCE=1) */
     int no_stream;      /* 1: never the streamed mode (coll_ring.h) */
-} coll_tune_t;
+    double est_us;      /* the cost model's time for the op (ncclGroupSimulateEnd) */
+} coll_plan_t;
 
 /* One-shot all-reduce (allreduce_oneshot.c): largest rank count, and inline transfers per op. */
 #define COLL_ONESHOT_MAX_RANKS 8
@@ -154,7 +157,7 @@ typedef struct coll_op {
     size_t chunk_elems;
     int stream; /* output far larger than the cache: streaming stores, chunks through the slots
                  * (coll_ring_plan) */
-    coll_tune_t tune;
+    coll_plan_t plan;
 
     /* point-to-point transfers */
     int nxfer;
@@ -209,6 +212,7 @@ enum {
     COLL_ALGO_P2P = 2,
     COLL_ALGO_ONESHOT = 3,
     COLL_ALGO_DIRECT = 4,
+    COLL_ALGO_TREE = 5,
     COLL_ALGO_NIDS
 };
 
@@ -328,9 +332,8 @@ void coll_engine_async_stalled(struct coll_engine *e, int progressed);
 /* A finished op's result; a failed one's text is WARNed again unless it is the last error
  * already, so that ncclGetLastError names what happened to the op. */
 ncclResult_t coll_op_report(const coll_op_t *op);
-/* tuner.c: pick the algorithm for op (NCCL_ALGO/CHORUS_ALGO override), log at INFO. */
+/* tuner.c: make op's plan: its algorithm (NCCL_ALGO/CHORUS_ALGO override) and op->plan, with
+ * the cost model's time for it in op->plan.est_us; log at INFO. */
 ncclResult_t coll_tuner_pick(coll_op_t *op);
-/* Estimated time (microseconds) of an op with this shape, from the tuner's model. */
-double coll_tuner_estimate_us(struct ncclComm *comm, int coll, size_t bytes);
 
 #endif

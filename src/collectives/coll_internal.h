@@ -24,6 +24,7 @@ typedef enum {
     PRIM_RECV_REDUCE_COPY_SEND, /* dst = post(pre(in) (+) recv); send dst */
     PRIM_RECV_COPY_SEND,   /* dst = recv; send dst */
     PRIM_RECV_COMBINE,     /* dst = recv (+) acc, no pre/post (partials) */
+    PRIM_RECV_REDUCE,      /* dst = pre(in) (+) recv, no post (a partial kept locally) */
 } coll_prim_t;
 
 typedef struct {
@@ -87,6 +88,13 @@ static inline int coll_use_ready(const coll_use_t *u, const uint64_t *served) {
 /* Algorithms (one file each) and the tuner. */
 extern const coll_algo_t coll_algo_allreduce_ring;
 extern const coll_algo_t coll_algo_allreduce_rd;
+extern const coll_algo_t coll_algo_allreduce_tree;
+/* allreduce_tree.c: rank's parent (-1: the root) and children (-1: none) in tree t (0 or 1) of
+ * the double binary tree over n ranks; the depth (levels) of one tree; the chunk (elements) the
+ * tree all-reduce moves for op (op->plan.chunk_bytes, clamped to one slot). */
+void coll_tree_links(int n, int rank, int t, int *parent, int child[2]);
+int coll_tree_depth(int n);
+size_t coll_tree_chunk_elems(const coll_op_t *op);
 extern const coll_algo_t coll_algo_allreduce_oneshot;
 extern const coll_algo_t coll_algo_allreduce_direct;
 extern const coll_algo_t coll_algo_reducescatter_direct;
@@ -116,11 +124,11 @@ void coll_oneshot_setup(coll_op_t *op, int send_per_peer, int recv_per_peer);
  * "ring,oneshot;allreduce:^ll"), as a mask of 1 << COLL_ALGO_*. */
 #define COLL_ALLOW_ALL                                                                             \
     ((1u << COLL_ALGO_RING) | (1u << COLL_ALGO_LL) | (1u << COLL_ALGO_ONESHOT) |                   \
-     (1u << COLL_ALGO_DIRECT))
+     (1u << COLL_ALGO_DIRECT) | (1u << COLL_ALGO_TREE))
 typedef struct {
     unsigned allow;   /* COLL_ALLOW_ALL when the variable is unset or says nothing for coll */
     int set;          /* the variable has a list for this collective */
-    int foreign_only; /* ... naming only NCCL algorithms Chorus lacks (tree, nvls, ...): allow
+    int foreign_only; /* ... naming only NCCL algorithms Chorus lacks (nvls, pat, ...): allow
                          is then COLL_ALLOW_ALL */
 } coll_algo_filter_t;
 void coll_algo_filter(int coll, coll_algo_filter_t *f);

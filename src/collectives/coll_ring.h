@@ -13,7 +13,7 @@
  *    (coll_ring_direct: always between threads, between processes from 4 MiB). Over shared
  *    memory with up to 4 ranks the tuner gives all-reduce, reduce-scatter and all-gather chunks
  *    sized to the smallest L2 of the ranks here (L2 / NSLOTS, 32-128 KiB) instead of whole slots
- *    (op->tune.chunk_bytes, CHORUS_SHM_RING_CHUNK; tuner.c has the measurements): several loops
+ *    (op->plan.chunk_bytes, CHORUS_SHM_RING_CHUNK; tuner.c has the measurements): several loops
  *    pipeline, the chunks in flight stay in cache, and they stay below the single-copy
  *    threshold, in the slots;
  *  - above it, DRAM traffic decides. Every chunk then goes through the slots in chunks of

@@ -67,8 +67,10 @@ struct ncclComm {
     int nchannels;
     chorus_channel_t channels[CHORUS_MAXCHANNELS];
     const chorus_transport_ops_t **edge_transport; /* [nranks]: transport chosen for each peer */
-    int net_class; /* tuner: 1 when any peer is reached over a network transport (same on every
-                      rank, so every rank picks the same algorithm); -1 until computed */
+    int net_class; /* tuner: the cost model's link class (COLL_LINK_*, coll_model.h), the
+                      slowest any two ranks use (same on every rank, so every rank picks the same
+                      algorithm); -1 until computed */
+    int nhosts;    /* tuner: hosts the ranks span (locality records); 0 until computed */
     int one_process; /* tuner: 2 when every rank is a thread of this process (direct
                         algorithm, direct.c), 1 when not, 0 until computed */
     int tcp_rings; /* tuner: 2 when every ring edge of every rank is TCP (TCP-only op tuning,

@@ -119,13 +119,13 @@ static inline void *prim_bounce_get(size_t bytes) {
 static inline int prim_kind_reads_recv_data(coll_prim_t kind) {
     return kind == PRIM_RECV_FINISH || kind == PRIM_RECV_REDUCE_SEND ||
            kind == PRIM_RECV_REDUCE_COPY || kind == PRIM_RECV_REDUCE_COPY_SEND ||
-           kind == PRIM_RECV_COMBINE;
+           kind == PRIM_RECV_COMBINE || kind == PRIM_RECV_REDUCE;
 }
 
 /* Sender side: whether this reduce-kind chunk may go direct (the transport's own conditions,
  * direct and the size threshold, are checked by the caller). */
 static inline int prim_direct_reduce_ok(const coll_op_t *op, const coll_chunk_t *c) {
-    if (!c->direct_reduce_ok || !op->tune.direct_reduce) /* tuner.c: DIRECT_REDUCE, TCP rings */
+    if (!c->direct_reduce_ok || !op->plan.direct_reduce) /* tuner.c: DIRECT_REDUCE, TCP rings */
         return 0;
     if (c->kind == PRIM_PREP_SEND) return rk_pre_is_copy(&op->redop);
     return c->kind == PRIM_RECV_REDUCE_SEND && c->dst != NULL;
@@ -427,6 +427,9 @@ ncclResult_t prim_step(coll_op_t *op, coll_use_t *recv, coll_use_t *send, const 
         break;
     case PRIM_RECV_COMBINE:
         rk_reduce(c->dst, rdata, c->in, c->count, &op->combine);
+        break;
+    case PRIM_RECV_REDUCE:
+        rk_reduce(c->dst, c->in, rdata, c->count, rop);
         break;
     }
     if (direct_in && res != ncclSuccess) return prim_conn_error(op, recv, res);

@@ -24,11 +24,11 @@ size_t coll_ring_out_bytes(const coll_op_t *op) {
 void coll_ring_plan(coll_op_t *op, size_t total, size_t loop_chunks) {
     struct ncclComm *comm = op->comm;
     size_t chunk = prim_chunk_elems(NULL, op->esize);
-    if (op->tune.chunk_bytes >= 64) /* the tuner's choice (TCP rings: tuner.c) */
-        chunk = op->tune.chunk_bytes / 64 * (64 / op->esize);
+    if (op->plan.chunk_bytes >= 64) /* the tuner's choice (TCP rings: tuner.c) */
+        chunk = op->plan.chunk_bytes / 64 * (64 / op->esize);
     op->stream = 0;
     if ((op->coll == COLL_ALLREDUCE || op->coll == COLL_REDUCESCATTER ||
-         op->coll == COLL_ALLGATHER) && !op->tune.no_stream &&
+         op->coll == COLL_ALLGATHER) && !op->plan.no_stream &&
         coll_ring_stream(coll_ring_out_bytes(op))) {
         /* Streamed ops copy through the slots (see coll_ring.h): small chunks keep the slots
          * of every connection in cache. */
@@ -95,7 +95,7 @@ int coll_ring_direct(const coll_op_t *op, int c) {
     if (op->stream) return 0;
     int64_t mode = chorus_param_int(PARAM_RING_DIRECT);
     if (mode >= 0) return mode > 0;
-    if (op->tune.direct) return 1; /* the tuner's choice (TCP rings: tuner.c) */
+    if (op->plan.direct) return 1; /* the tuner's choice (TCP rings: tuner.c) */
     /* Auto: a direct chunk between threads of one process is a plain vector copy: always. Between
      * processes it is process_vm_readv, whose kernel copy (plus page pinning) measured slower on
      * the project's machine than the two cache-resident copies through the slots up to 2 MiB

@@ -1,73 +1,36 @@
 /*
- * tuner.c: which algorithm runs an op, and the cost model behind it.
+ * tuner.c: the plan of an op: its algorithm and how it runs (chunk, single copy, streaming), made
+ * once per op from the cost model (cost_model.c), and the model's estimate of its time.
  *
- * Candidates per collective: all-reduce has the ring, the low-latency recursive doubling ("ll")
- * and, between ranks of one host, the one-shot all-reduce ("oneshot": one message latency instead
- * of log2(n)); reduce-scatter and all-gather have the ring and a one-shot version (same
- * threshold, on the total size); the others have one schedule each (ring/chain, or p2p for the
- * transfer-based ones). The choice for all-reduce is by size: up to ONESHOT_THRESHOLD bytes
- * one-shot (shared memory only, see DEFAULT_ONESHOT_*), below LL_THRESHOLD bytes (default from
- * measurements on this machine class: see DEFAULT_LL_*) recursive doubling, above it the ring;
- * between ranks that are threads of one process, from DIRECT_THRESHOLD bytes (the total for
- * reduce-scatter and all-gather) the direct algorithm of all three (direct.c). NCCL_ALGO /
- * CHORUS_ALGO restrict the candidates, in NCCL's syntax (algo_filter.c:
+ * Candidates per collective: all-reduce has the ring, the low-latency recursive doubling ("ll"),
+ * the double binary tree ("tree") and, between ranks of one host, the one-shot all-reduce
+ * ("oneshot": one message latency instead of log2(n)); reduce-scatter and all-gather have the
+ * ring and a one-shot version; between ranks that are threads of one process all three have the
+ * direct algorithm (direct.c); the others have one schedule each (ring/chain, or p2p for the
+ * transfer-based ones). On one host the measured crossovers of the model's calibration rows pick
+ * among them by size (direct from its threshold, one-shot, recursive doubling, the ring); with
+ * ranks on several hosts the model's fastest of recursive doubling, the ring and the tree runs.
+ * NCCL_ALGO / CHORUS_ALGO restrict the candidates, in NCCL's syntax (algo_filter.c:
  * "ring,oneshot;allreduce:^ll"): one algorithm allowed runs whatever the size, several are chosen
- * among by size as above, and when none of them can run the op (ll on a message larger than one
- * chunk) the usual choice runs, with an INFO line saying so. INFO TUNING/COLL says what was chosen
- * and why. Rings whose every edge is TCP also get their own chunk size and copy choices (the TCP
- * rings section, CHORUS_SOCKET_RING_TUNE).
- *
- * The model (for ncclGroupSimulateEnd): time = steps * latency + traffic / bandwidth with
- * per-transport constants.
+ * among as above, and when none of them can run the op (ll on a message larger than one chunk,
+ * tree for a broadcast) the usual choice runs, with an INFO line saying so. INFO TUNING/COLL says
+ * what was chosen, why, and the model's time. Rings whose every edge is TCP also get their own
+ * chunk size and copy choices (the TCP rings section, CHORUS_SOCKET_RING_TUNE).
  */
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 
 #include "check.h"
 #include "coll_internal.h"
+#include "coll_model.h"
 #include "coll_ring.h"
 #include "comm.h"
 #include "log.h"
 #include "param.h"
-
-/* Crossover between recursive doubling and the ring for all-reduce (bytes). Recursive doubling
- * moves log2(n) full messages per rank in log2(n) hops, the ring 2(n-1)/n messages in 2(n-1)
- * hops: up to 4 ranks it wins up to its one-chunk limit (measured with all_reduce_perf, 2 ranks
- * over shm: 256 KiB in ~0.1-0.9 ms against 1.9-2.1 ms for the ring on the loaded 2-core VM);
- * beyond 4 ranks its extra traffic makes 64 KiB the default, and 3 or 4 ranks measured lower
- * crossovers (below). */
-#define DEFAULT_LL_SHM_SMALL (256 * 1024)
-#define DEFAULT_LL_SHM (64 * 1024)
-/* 3 and 4 ranks: measured on an Intel guest (2 cores, 2 MiB L2 each; all_reduce_perf -W 0, p50,
- * CHORUS_ALGO=ll vs ring): 3 ranks 32 KiB 10.0 vs 13.4 us, 64 KiB 19.7 vs 18.2, 256 KiB 77 vs
- * 64; 4 ranks 16 KiB 11.2 vs 14.5, 32 KiB 21.8 vs 18.9, 256 KiB 155 vs 107. (2 ranks there:
- * even from 64 KiB to 256 KiB, so 2 ranks keep the 256 KiB measured on the AMD guest.) */
-#define DEFAULT_LL_SHM_3 (32 * 1024)
-#define DEFAULT_LL_SHM_4 (16 * 1024)
-#define DEFAULT_LL_TCP (128 * 1024)
-/* Up to these sizes the one-shot all-reduce (every rank sends its input to every rank, one
- * message latency) replaces recursive doubling between ranks of one host. With 2 ranks the two
- * move the same bytes, so one-shot takes the whole low-latency range; with more ranks it sends
- * n-1 copies instead of log2(n) and wins while latency dominates. Measured on the 2-core VM
- * (oversubscribed from 3 ranks; p50 per call, CHORUS_ALGO=ll vs oneshot alternated): 3 ranks
- * 512 B 4.0-6.6 us vs 7.4-9.0, 4 KiB 5.7-10.0 vs 8.4-9.9, 32 KiB 18-20 vs 17-19; 4 ranks 8 B
- * ~9.2 vs ~9.7, 2-8 KiB even, 32 KiB ~33 vs ~26; 8 ranks 8-256 B 28-31 vs 29-36, 8 KiB 53-62
- * vs 41-50. */
-#define DEFAULT_ONESHOT_SHM_3 (8 * 1024)
-#define DEFAULT_ONESHOT_SHM_4 (4 * 1024)
-#define DEFAULT_ONESHOT_SHM (1024) /* 5..COLL_ONESHOT_MAX_RANKS ranks */
-
-/* From these sizes all-reduce between threads of one process runs the direct algorithm
- * (direct.c: one pass over every input and output, no slots). Measured with
- * all_reduce_perf -t N (p50 per call, out of place, direct vs the default before it): 2 ranks
- * 4 KiB 2.3 vs 1.4 us, 16 KiB 2.8 vs 3.5, 64 KiB 6.5 vs 10.7, 1 MiB 82 vs 143; 3 ranks 4 KiB
- * 5.4 vs 3.6, 32 KiB 9.8 vs 15.1, 2 MiB 342 vs 689; 4 ranks 32 KiB 15 vs 28; 8 ranks 32 KiB
- * 43 vs 74, 2 MiB 862 vs 1574. */
-#define DEFAULT_DIRECT_2 ((size_t)16 * 1024)
-#define DEFAULT_DIRECT ((size_t)32 * 1024)
 
 static const coll_algo_t *tuner_ring_algo(int coll) {
     switch (coll) {
@@ -80,21 +43,48 @@ static const coll_algo_t *tuner_ring_algo(int coll) {
     }
 }
 
-/* Whether the communicator spans a network link. Every rank must pick the same algorithm for the same
- * op, so this looks at all of this rank's peers, not at its own ring neighbour: in a job over two
- * hosts each rank has some peer behind TCP even when its neighbour is local (shm), while a rank that
- * looked only at its neighbour would choose differently from the others and the op would never meet. */
-static int tuner_edge_is_tcp(struct ncclComm *comm) {
-    if (comm->nranks < 2 || comm->edge_transport == NULL) return 0;
-    if (comm->net_class < 0) {
-        int net = 0;
-        for (int p = 0; p < comm->nranks; p++) {
-            const chorus_transport_ops_t *t = comm->edge_transport[p];
-            if (p != comm->rank && t && (t->caps & TRANSPORT_CAP_INTER_HOST)) net = 1;
+static int tuner_cmp_u64(const void *a, const void *b) {
+    const uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* What the cost model needs of the communicator, computed once: the hosts its ranks span (the
+ * locality records' host hashes, sorted: O(n log n)) and the slowest link class. Every rank must
+ * pick the same algorithm for the same op, so the class looks at all of this rank's peers, not at
+ * its own ring neighbour: in a job over two hosts each rank has some peer on the other host even
+ * when its neighbour is local (shm), while a rank that looked only at its neighbour would choose
+ * differently from the others and the op would never meet. */
+static void tuner_model_comm(struct ncclComm *comm, coll_model_comm_t *m) {
+    if (comm->net_class < 0 || comm->nhosts == 0) {
+        const int n = comm->nranks;
+        int hosts = 1;
+        uint64_t *h = comm->peers && n > 1 ? malloc((size_t)n * sizeof(*h)) : NULL;
+        if (h) {
+            for (int p = 0; p < n; p++) h[p] = comm->peers[p].host_hash;
+            qsort(h, (size_t)n, sizeof(*h), tuner_cmp_u64);
+            for (int p = 1; p < n; p++) hosts += h[p] != h[p - 1];
+            free(h);
         }
-        comm->net_class = net;
+        int link = COLL_LINK_SHM;
+        for (int p = 0; comm->edge_transport && n > 1 && p < n; p++) {
+            const chorus_transport_ops_t *t = comm->edge_transport[p];
+            if (p == comm->rank || t == NULL || !(t->caps & TRANSPORT_CAP_INTER_HOST)) continue;
+            const int remote =
+                comm->peers && comm->peers[p].host_hash != comm->peers[comm->rank].host_hash;
+            const int sock = (t->caps & TRANSPORT_CAP_SOCKET_RING) != 0;
+            const int cls = remote ? (sock ? COLL_LINK_TCP_INTER : COLL_LINK_IB)
+                                   : (sock ? COLL_LINK_TCP_INTRA : COLL_LINK_IB);
+            /* The slowest: TCP between hosts, then TCP on one host, then verbs. */
+            static const int rank_of[COLL_LINK_NCLASSES] = {0, 2, 3, 1};
+            if (rank_of[cls] > rank_of[link]) link = cls;
+        }
+        comm->nhosts = hosts;
+        comm->net_class = link;
     }
-    return comm->net_class;
+    m->nranks = comm->nranks;
+    m->nhosts = comm->nhosts;
+    m->link = comm->net_class;
+    m->one_process = 0;
 }
 
 /* ---- TCP rings ------------------------------------------------------------------------------
@@ -161,11 +151,11 @@ static void tuner_tune_tcp(coll_op_t *op) {
         int64_t slot = chorus_param_int(PARAM_BUFFSIZE) / (nslots > 0 ? nslots : 1);
         size_t chunk = 64;
         while (chunk * 2 <= (size_t)slot) chunk *= 2;
-        op->tune.chunk_bytes = chunk + TUNER_TCP_CHUNK_SKEW;
+        op->plan.chunk_bytes = chunk + TUNER_TCP_CHUNK_SKEW;
     }
-    op->tune.direct = (bits & TUNER_TCP_DIRECT) != 0;
-    op->tune.direct_reduce = (bits & TUNER_TCP_DIRECT_REDUCE) != 0;
-    op->tune.no_stream = (bits & TUNER_TCP_NO_STREAM) != 0;
+    op->plan.direct = (bits & TUNER_TCP_DIRECT) != 0;
+    op->plan.direct_reduce = (bits & TUNER_TCP_DIRECT_REDUCE) != 0;
+    op->plan.no_stream = (bits & TUNER_TCP_NO_STREAM) != 0;
 }
 
 /* ---- shared-memory rings, large sizes --------------------------------------------------------
@@ -255,64 +245,32 @@ static void tuner_tune_shm(coll_op_t *op) {
     int64_t nslots = chorus_param_int(PARAM_NSLOTS);
     int64_t slot = chorus_param_int(PARAM_BUFFSIZE) / (nslots > 0 ? nslots : 1) / 64 * 64;
     if (want + COLL_HDR_BYTES > slot) return;
-    op->tune.chunk_bytes = (size_t)want;
+    op->plan.chunk_bytes = (size_t)want;
     atomic_fetch_add_explicit(&tuner_stat_shm_chunk, 1, memory_order_relaxed);
 }
 
-static size_t tuner_ll_threshold(struct ncclComm *comm) {
-    int64_t t = chorus_param_int(PARAM_LL_THRESHOLD);
-    if (t >= 0) return (size_t)t;
-    if (tuner_edge_is_tcp(comm)) return DEFAULT_LL_TCP;
-    return comm->nranks <= 2   ? DEFAULT_LL_SHM_SMALL
-           : comm->nranks == 3 ? DEFAULT_LL_SHM_3
-           : comm->nranks == 4 ? DEFAULT_LL_SHM_4
-                               : DEFAULT_LL_SHM;
-}
-
-/* Bytes up to which all-reduce runs one-shot (0: never): shared memory only. */
-static size_t tuner_oneshot_threshold(struct ncclComm *comm) {
-    if (comm->nranks > COLL_ONESHOT_MAX_RANKS || tuner_edge_is_tcp(comm)) return 0;
-    int64_t t = chorus_param_int(PARAM_ONESHOT_THRESHOLD);
-    if (t >= 0) return (size_t)t;
-    /* Within the low-latency range only: LL_THRESHOLD=0 still means "always the ring". */
-    size_t ll = tuner_ll_threshold(comm);
-    size_t def = comm->nranks <= 2   ? ll
-                 : comm->nranks == 3 ? DEFAULT_ONESHOT_SHM_3
-                 : comm->nranks == 4 ? DEFAULT_ONESHOT_SHM_4
-                                     : DEFAULT_ONESHOT_SHM;
-    return def < ll ? def : ll;
-}
-
-/* One-shot all-gather moves the same bytes as the ring (each rank receives every other block
- * once), in one step over n-1 connections instead of n-1 forwarding steps: between ranks of one
- * host it runs up to DEFAULT_ONESHOT_AG bytes in all (ONESHOT_THRESHOLD overrides). Measured
- * (2-core VM, load 4-5, all_gather_perf / ab_cpu.py p50, CHORUS_ALGO=ring vs oneshot alternated):
- * 4 ranks 64 B 8.2-9.0 vs 4.5-5.1 us, 4 KiB 11-19 vs 7, 32 KiB 12.1-13.8 vs 8.4-8.6, 256 KiB
- * 41-80 vs 34-61, but 1 MiB 177-183 vs 207-220; 2 ranks equal within noise up to 256 KiB, 1 MiB
- * 120-125 vs 127-128. */
-#define DEFAULT_ONESHOT_AG (512 * 1024)
-static int tuner_ag_oneshot(struct ncclComm *comm, size_t total) {
-    if (comm->nranks > COLL_ONESHOT_MAX_RANKS || tuner_edge_is_tcp(comm)) return 0;
-    int64_t t = chorus_param_int(PARAM_ONESHOT_THRESHOLD);
-    return total <= (t < 0 ? (size_t)DEFAULT_ONESHOT_AG : (size_t)t);
-}
-
-/* The direct schedule of a collective, or NULL. */
-static const coll_algo_t *tuner_direct_algo(int coll) {
+/* The schedule of algorithm id for a collective, or NULL. */
+static const coll_algo_t *tuner_algo(int coll, int id) {
+    if (id == COLL_ALGO_RING) return tuner_ring_algo(coll);
     switch (coll) {
-    case COLL_ALLREDUCE: return &coll_algo_allreduce_direct;
-    case COLL_REDUCESCATTER: return &coll_algo_reducescatter_direct;
-    case COLL_ALLGATHER: return &coll_algo_allgather_direct;
+    case COLL_ALLREDUCE:
+        return id == COLL_ALGO_LL        ? &coll_algo_allreduce_rd
+               : id == COLL_ALGO_ONESHOT ? &coll_algo_allreduce_oneshot
+               : id == COLL_ALGO_DIRECT  ? &coll_algo_allreduce_direct
+               : id == COLL_ALGO_TREE    ? &coll_algo_allreduce_tree
+                                         : NULL;
+    case COLL_REDUCESCATTER:
+        return id == COLL_ALGO_ONESHOT  ? &coll_algo_reducescatter_oneshot
+               : id == COLL_ALGO_DIRECT ? &coll_algo_reducescatter_direct
+                                        : NULL;
+    case COLL_ALLGATHER:
+        return id == COLL_ALGO_ONESHOT  ? &coll_algo_allgather_oneshot
+               : id == COLL_ALGO_DIRECT ? &coll_algo_allgather_direct
+                                        : NULL;
     default: return NULL;
     }
 }
-/* Bytes from which all-reduce between threads of one process runs direct (0: never); the total
- * size for reduce-scatter and all-gather. */
-static size_t tuner_direct_threshold(struct ncclComm *comm) {
-    int64_t t = chorus_param_int(PARAM_DIRECT_THRESHOLD);
-    if (t >= 0) return (size_t)t;
-    return comm->nranks == 2 ? DEFAULT_DIRECT_2 : DEFAULT_DIRECT;
-}
+
 /* The last choice this thread made, for the next op of the same engine, collective, count and
  * element size: nothing else goes into a choice but parameters (the generation) and the
  * communicator's fixed properties, so it is the same again. A blocking loop of small ops would
@@ -326,7 +284,7 @@ typedef struct {
     size_t count, esize;
     const coll_algo_t *algo;
     int uses_ring;
-    coll_tune_t tune;
+    coll_plan_t plan;
     const char *why;
     char tuned[48];
 } tuner_memo_t;
@@ -340,7 +298,7 @@ static int tuner_memo_take(coll_op_t *op, uint64_t gen) {
         return 0;
     op->algo = m->algo;
     op->uses_ring = m->uses_ring;
-    op->tune = m->tune;
+    op->plan = m->plan;
     return 1;
 }
 
@@ -354,69 +312,45 @@ static void tuner_memo_keep(const coll_op_t *op, uint64_t gen, const char *why,
     m->esize = op->esize;
     m->algo = op->algo;
     m->uses_ring = op->uses_ring;
-    m->tune = op->tune;
+    m->plan = op->plan;
     m->why = why;
     snprintf(m->tuned, sizeof(m->tuned), "%s", tuned);
 }
 
 static void tuner_say(const coll_op_t *op, const char *why, const char *tuned) {
     struct ncclComm *comm = op->comm;
-    INFO(SUB_TUNING | SUB_COLL, "%s: %zu bytes, %d ranks, %s -> algorithm %s (%s)%s",
+    coll_model_comm_t m;
+    tuner_model_comm(comm, &m);
+    char hosts[24] = "";
+    if (m.nhosts > 1) snprintf(hosts, sizeof(hosts), ", %d hosts", m.nhosts);
+    INFO(SUB_TUNING | SUB_COLL, "%s: %zu bytes, %d ranks, %s%s -> algorithm %s (%s)%s, model %.1f us",
          coll_kind_name(op->coll), op->count * op->esize, comm->nranks,
-         tuner_edge_is_tcp(comm) ? "tcp" : "shm", op->algo->name, why, tuned);
+         m.link != COLL_LINK_SHM ? "tcp" : "shm", hosts, op->algo->name, why, tuned,
+         op->plan.est_us);
 }
 
-/* The algorithm for op among those in allow (1 << COLL_ALGO_*), in the order of preference:
- * direct (threads of one process, from DIRECT_THRESHOLD), one-shot (up to ONESHOT_THRESHOLD),
- * recursive doubling (up to LL_THRESHOLD), the ring. forced: the sizes do not matter (one
- * algorithm allowed). NULL when none of them can run the op. */
-static const coll_algo_t *tuner_choose(coll_op_t *op, unsigned allow, int forced,
+/* The algorithm for op among those in allow (1 << COLL_ALGO_*), by the cost model
+ * (coll_model_choose). forced: the sizes do not matter (one algorithm allowed). NULL when none of
+ * them can run the op. */
+static const coll_algo_t *tuner_choose(coll_op_t *op, const coll_model_comm_t *m,
+                                       const coll_link_cost_t *links, unsigned allow, int forced,
                                        const char **why_p) {
-    struct ncclComm *comm = op->comm;
-    const size_t bytes = op->count * op->esize;
-    const coll_algo_t *direct = tuner_direct_algo(op->coll);
-    const coll_algo_t *oneshot = NULL, *ll = NULL;
-    int oneshot_fits = 0, ll_fits = 0;
-    const char *oneshot_why = NULL;
-    if (op->coll == COLL_ALLREDUCE) {
-        oneshot = &coll_algo_allreduce_oneshot;
-        oneshot_fits = bytes <= tuner_oneshot_threshold(comm);
-        oneshot_why = "size below ONESHOT_THRESHOLD";
-        ll = &coll_algo_allreduce_rd;
-        ll_fits = bytes <= tuner_ll_threshold(comm);
-    } else if (op->coll == COLL_REDUCESCATTER || op->coll == COLL_ALLGATHER) {
-        /* One-shot by the total size (what each rank sends to its peers plus its own block),
-         * like all-reduce's. */
-        const size_t total = bytes * (size_t)comm->nranks;
-        oneshot = op->coll == COLL_REDUCESCATTER ? &coll_algo_reducescatter_oneshot
-                                                 : &coll_algo_allgather_oneshot;
-        oneshot_fits = op->coll == COLL_ALLGATHER ? tuner_ag_oneshot(comm, total)
-                                                  : total <= tuner_oneshot_threshold(comm);
-        oneshot_why = "total size below ONESHOT_THRESHOLD";
+    coll_plan_in_t in;
+    in.coll = op->coll;
+    in.bytes = op->count * op->esize;
+    in.total = op->coll == COLL_REDUCESCATTER || op->coll == COLL_ALLGATHER
+                   ? in.bytes * (size_t)m->nranks
+                   : in.bytes;
+    in.esize = op->esize;
+    in.allow = allow;
+    in.forced = forced;
+    in.supported = 0;
+    for (int id = 0; id < COLL_ALGO_NIDS; id++) {
+        const coll_algo_t *a = tuner_algo(op->coll, id);
+        if (a && a->supports(op)) in.supported |= 1u << id;
     }
-    const size_t dbytes = op->coll == COLL_ALLREDUCE ? bytes : bytes * (size_t)comm->nranks;
-    const size_t dthr = tuner_direct_threshold(comm);
-    if (direct && (allow & (1u << COLL_ALGO_DIRECT)) && direct->supports(op) &&
-        (forced || (dthr && dbytes >= dthr && !tuner_edge_is_tcp(comm)))) {
-        *why_p = "threads of one process, size above DIRECT_THRESHOLD";
-        return direct;
-    }
-    if (oneshot && (allow & (1u << COLL_ALGO_ONESHOT)) && oneshot->supports(op) &&
-        (forced || oneshot_fits)) {
-        *why_p = oneshot_why;
-        return oneshot;
-    }
-    if (ll && (allow & (1u << COLL_ALGO_LL)) && ll->supports(op) && (forced || ll_fits)) {
-        *why_p = "size below LL_THRESHOLD";
-        return ll;
-    }
-    if (allow & (1u << COLL_ALGO_RING)) {
-        *why_p = oneshot || direct ? "no low-latency algorithm applies to this size, transport "
-                                     "and rank count"
-                                   : "only schedule";
-        return tuner_ring_algo(op->coll);
-    }
-    return NULL;
+    const int id = coll_model_choose(m, links, &in, why_p);
+    return id < 0 ? NULL : tuner_algo(op->coll, id);
 }
 
 ncclResult_t coll_tuner_pick(coll_op_t *op) {
@@ -427,6 +361,10 @@ ncclResult_t coll_tuner_pick(coll_op_t *op) {
         return ncclSuccess;
     }
     struct ncclComm *comm = op->comm;
+    coll_model_comm_t m;
+    tuner_model_comm(comm, &m);
+    coll_link_cost_t links[COLL_LINK_NCLASSES];
+    coll_model_links(links);
     const char *why;
     coll_algo_filter_t f;
     coll_algo_filter(op->coll, &f);
@@ -437,12 +375,12 @@ ncclResult_t coll_tuner_pick(coll_op_t *op) {
         f.foreign_only = 0;
     }
     /* One algorithm allowed: it runs whatever the size, where it can. Several: the usual choice
-     * by size among them. None of them able to run the op: the usual choice. */
+     * among them. None of them able to run the op: the usual choice. */
     const int forced = f.set && !f.foreign_only && (f.allow & (f.allow - 1)) == 0;
     const char *why_size = NULL;
-    const coll_algo_t *pick = tuner_choose(op, f.allow, forced, &why_size);
+    const coll_algo_t *pick = tuner_choose(op, &m, links, f.allow, forced, &why_size);
     if (pick == NULL) {
-        pick = tuner_choose(op, COLL_ALLOW_ALL, 0, &why_size);
+        pick = tuner_choose(op, &m, links, COLL_ALLOW_ALL, 0, &why_size);
         why = forced ? "the algorithm NCCL_ALGO/CHORUS_ALGO forces cannot run this op here: "
                        "default choice"
                      : "no algorithm NCCL_ALGO/CHORUS_ALGO allows can run this op here: default "
@@ -450,7 +388,7 @@ ncclResult_t coll_tuner_pick(coll_op_t *op) {
     } else if (forced) {
         why = "forced by NCCL_ALGO/CHORUS_ALGO";
     } else if (f.foreign_only) {
-        why = "NCCL_ALGO/CHORUS_ALGO names only algorithms Chorus lacks (tree, nvls, ...): "
+        why = "NCCL_ALGO/CHORUS_ALGO names only algorithms Chorus lacks (nvls, pat, ...): "
               "default choice";
     } else if (f.set) {
         why = "the choice by size among those NCCL_ALGO/CHORUS_ALGO allows";
@@ -463,54 +401,20 @@ ncclResult_t coll_tuner_pick(coll_op_t *op) {
     if (op->uses_ring && tuner_tcp_rings(comm)) {
         tuner_tune_tcp(op);
         snprintf(tuned, sizeof(tuned), ", tcp ring tuning");
-    } else if (op->uses_ring && !tuner_edge_is_tcp(comm)) {
+    } else if (op->uses_ring && m.link == COLL_LINK_SHM) {
         tuner_tune_shm(op);
-        if (op->tune.chunk_bytes)
-            snprintf(tuned, sizeof(tuned), ", shm ring chunk %zu KiB", op->tune.chunk_bytes >> 10);
+        if (op->plan.chunk_bytes)
+            snprintf(tuned, sizeof(tuned), ", shm ring chunk %zu KiB", op->plan.chunk_bytes >> 10);
+    } else if (pick->id == COLL_ALGO_TREE && comm->nranks > 1) {
+        op->plan.chunk_bytes = coll_model_tree_chunk(op->count * op->esize, op->esize,
+                                                     prim_chunk_elems(NULL, 1));
+        snprintf(tuned, sizeof(tuned), ", tree chunk %zu KiB", op->plan.chunk_bytes >> 10);
     }
     /* Read here once per choice rather than by the primitives once per chunk. */
-    if (chorus_param_int(PARAM_DIRECT_REDUCE) != 0) op->tune.direct_reduce = 1;
+    if (chorus_param_int(PARAM_DIRECT_REDUCE) != 0) op->plan.direct_reduce = 1;
+    op->plan.est_us = coll_model_time_us(&m, links, op->coll, pick->id, op->count * op->esize,
+                                         op->plan.chunk_bytes);
     tuner_say(op, why, tuned);
     if (op->engine) tuner_memo_keep(op, gen, why, tuned);
     return ncclSuccess;
-}
-
-double coll_tuner_estimate_us(struct ncclComm *comm, int coll, size_t bytes) {
-    const int n = comm->nranks;
-    if (n <= 1) return 0.1 + (double)bytes / 20e3; /* a local copy at ~20 GB/s */
-    int tcp = tuner_edge_is_tcp(comm);
-    double lat_us = tcp ? 12.0 : 1.0;
-    double bw = tcp ? 3.0e3 : 8.0e3; /* bytes per microsecond */
-    double steps, traffic;
-    switch (coll) {
-    case COLL_ALLREDUCE:
-        if (bytes <= tuner_oneshot_threshold(comm)) {
-            steps = 1;
-            traffic = (double)bytes * (n - 1);
-        } else if (bytes <= tuner_ll_threshold(comm)) {
-            int r = 0;
-            while ((2 << r) <= n) r++;
-            steps = r + ((n & (n - 1)) ? 2 : 0);
-            traffic = (double)bytes * steps;
-        } else {
-            steps = 2.0 * (n - 1);
-            traffic = 2.0 * (n - 1) / n * (double)bytes;
-        }
-        break;
-    case COLL_REDUCESCATTER:
-    case COLL_ALLGATHER:
-        steps = n - 1;
-        traffic = (double)(n - 1) / n * (double)bytes;
-        break;
-    case COLL_BROADCAST:
-    case COLL_REDUCE:
-        steps = n - 1;
-        traffic = (double)bytes;
-        break;
-    default:
-        steps = 1;
-        traffic = (double)bytes;
-        break;
-    }
-    return steps * lat_us + traffic / bw;
 }

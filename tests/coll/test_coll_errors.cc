@@ -183,7 +183,12 @@ INSTANTIATE_TEST_SUITE_P(
                       std::make_tuple(3, 2, Launch::Forked, "oneshot"),
                       std::make_tuple(3, 0, Launch::Threads, "direct"),
                       std::make_tuple(4, 1, Launch::Threads, "direct"),
-                      std::make_tuple(5, 2, Launch::Threads, "direct")),
+                      std::make_tuple(5, 2, Launch::Threads, "direct"),
+                      std::make_tuple(4, 0, Launch::Threads, "tree"),
+                      std::make_tuple(3, 0, Launch::Forked, "tree"),
+                      std::make_tuple(5, 2, Launch::Forked, "tree"),
+                      std::make_tuple(4, 4, Launch::Threads, "tree"),
+                      std::make_tuple(3, 1, Launch::Forked, "tree")),
     [](const auto &info) {
         const char *algo = std::get<3>(info.param);
         return std::to_string(std::get<0>(info.param)) + "ranks_" + mismatch_kind(std::get<1>(info.param)) +

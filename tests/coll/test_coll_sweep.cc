@@ -51,7 +51,7 @@ TEST_P(CollTypesOps, SmallCounts) {
 INSTANTIATE_TEST_SUITE_P(Coll, CollTypesOps,
                          ::testing::Combine(::testing::Values(2, 3),
                                             ::testing::Values("", "ring", "ll", "oneshot",
-                                                              "direct")),
+                                                              "direct", "tree")),
                          [](const auto &info) {
                              return std::to_string(std::get<0>(info.param)) + "ranks_" +
                                     word(std::get<1>(info.param), "tuner");
@@ -71,7 +71,8 @@ TEST_P(CollRanks, Float32Sum) {
 }
 INSTANTIATE_TEST_SUITE_P(Coll, CollRanks,
                          ::testing::Combine(::testing::Values(1, 2, 3, 4, 5, 6, 7, 8),
-                                            ::testing::Values("ring", "ll", "oneshot", "direct")),
+                                            ::testing::Values("ring", "ll", "oneshot", "direct",
+                                                              "tree")),
                          [](const auto &info) {
                              return std::to_string(std::get<0>(info.param)) + "ranks_" +
                                     word(std::get<1>(info.param), "tuner");
@@ -88,6 +89,29 @@ TEST_P(CollLarge, Forked) {
     EXPECT_RUN_OK(run_cases(Launch::Forked, n, cases, {}));
 }
 INSTANTIATE_TEST_SUITE_P(Coll, CollLarge, ::testing::Values(2, 3));
+
+// The tree all-reduce forced: large counts (many pipelined pieces) and every op on a few
+// dtypes, forked processes over shared memory and over TCP, 2..7 ranks.
+class CollTreeForked : public ::testing::TestWithParam<std::tuple<int, const char *>> {};
+TEST_P(CollTreeForked, AllReduce) {
+    int n = std::get<0>(GetParam());
+    auto cases = cross({C_ALLREDUCE}, {ncclFloat32, ncclBfloat16, ncclInt64}, kAllOps,
+                       {1, 7, 1023, 65537});
+    auto more = cross({C_ALLREDUCE}, {ncclFloat32}, {T_SUM, T_AVG}, {4 * 1024 * 1024 + 3});
+    cases.insert(cases.end(), more.begin(), more.end());
+    Env env;
+    env.algo = "tree";
+    const char *tr = std::get<1>(GetParam());
+    env.transport = tr[0] ? tr : nullptr;
+    EXPECT_RUN_OK(run_cases(Launch::Forked, n, cases, env));
+}
+INSTANTIATE_TEST_SUITE_P(Coll, CollTreeForked,
+                         ::testing::Combine(::testing::Values(2, 3, 5, 7),
+                                            ::testing::Values("", "tcp")),
+                         [](const auto &info) {
+                             return std::to_string(std::get<0>(info.param)) + "ranks_" +
+                                    word(std::get<1>(info.param), "shm");
+                         });
 
 // TCP between forked processes.
 class CollTcp : public ::testing::TestWithParam<int> {};
@@ -158,7 +182,7 @@ TEST_P(CollNightly, Full) {
 }
 INSTANTIATE_TEST_SUITE_P(Coll, CollNightly,
                          ::testing::Combine(::testing::Values(1, 2, 3, 4, 5, 6, 7, 8),
-                                            ::testing::Values("ring", "ll", "oneshot"),
+                                            ::testing::Values("ring", "ll", "oneshot", "tree"),
                                             ::testing::Values("", "tcp"),
                                             ::testing::Values(Launch::Threads, Launch::Forked)),
                          [](const auto &info) {

@@ -22,7 +22,8 @@ extern "C" { // internal headers are C without extern "C" guards
 namespace {
 
 constexpr unsigned kRing = 1u << COLL_ALGO_RING, kLL = 1u << COLL_ALGO_LL,
-                   kOneshot = 1u << COLL_ALGO_ONESHOT, kDirect = 1u << COLL_ALGO_DIRECT;
+                   kOneshot = 1u << COLL_ALGO_ONESHOT, kDirect = 1u << COLL_ALGO_DIRECT,
+                   kTree = 1u << COLL_ALGO_TREE;
 
 coll_algo_filter_t parse(const char *spec, int coll) {
     coll_algo_filter_t f;
@@ -41,10 +42,10 @@ TEST(AlgoFilter, NcclSyntax) {
     EXPECT_EQ(f.set, 1);
     EXPECT_EQ(parse("ring,oneshot", COLL_ALLGATHER).allow, kRing | kOneshot);
     // ^ excludes the whole list.
-    EXPECT_EQ(parse("^ll,direct", COLL_ALLREDUCE).allow, kRing | kOneshot);
+    EXPECT_EQ(parse("^ll,direct", COLL_ALLREDUCE).allow, kRing | kOneshot | kTree);
     // Per-function sections replace the general list for that function only.
     const char *spec = "ring,oneshot;allreduce:^ll;broadcast:ring";
-    EXPECT_EQ(parse(spec, COLL_ALLREDUCE).allow, kRing | kOneshot | kDirect);
+    EXPECT_EQ(parse(spec, COLL_ALLREDUCE).allow, kRing | kOneshot | kDirect | kTree);
     EXPECT_EQ(parse(spec, COLL_REDUCESCATTER).allow, kRing | kOneshot);
     EXPECT_EQ(parse(spec, COLL_BROADCAST).allow, kRing);
     // Only a function section: other functions are untouched.
@@ -55,14 +56,19 @@ TEST(AlgoFilter, NcclSyntax) {
     // The older Chorus form, ',' between function sections.
     EXPECT_EQ(parse("allreduce:ll,oneshot,broadcast:ring", COLL_ALLREDUCE).allow, kLL | kOneshot);
     EXPECT_EQ(parse("allreduce:ll,oneshot,broadcast:ring", COLL_BROADCAST).allow, kRing);
-    // NCCL algorithms Chorus lacks: accepted, and alone they leave the default choice.
+    // The tree is Chorus's too.
     f = parse("Tree", COLL_ALLREDUCE);
+    EXPECT_EQ(f.foreign_only, 0);
+    EXPECT_EQ(f.allow, kTree);
+    EXPECT_EQ(parse("tree,ring", COLL_ALLREDUCE).allow, kRing | kTree);
+    EXPECT_EQ(parse("^tree", COLL_ALLREDUCE).allow, COLL_ALLOW_ALL & ~kTree);
+    // NCCL algorithms Chorus lacks: accepted, and alone they leave the default choice.
+    f = parse("nvls", COLL_ALLREDUCE);
     EXPECT_EQ(f.foreign_only, 1);
     EXPECT_EQ(f.allow, COLL_ALLOW_ALL);
-    f = parse("tree,ring", COLL_ALLREDUCE);
+    f = parse("pat,ring", COLL_ALLREDUCE);
     EXPECT_EQ(f.foreign_only, 0);
     EXPECT_EQ(f.allow, kRing);
-    EXPECT_EQ(parse("^tree", COLL_ALLREDUCE).allow, COLL_ALLOW_ALL);
     EXPECT_EQ(parse("NVLS,nvlstree,collnetdirect,collnetchain,pat", COLL_ALLREDUCE).foreign_only,
               1);
     // An unknown name is ignored (with a WARN); the known ones still count.
@@ -173,8 +179,20 @@ TEST(Tuner, NcclAlgoRestrictsTheChoice) {
                            "algorithm NCCL_ALGO/CHORUS_ALGO forces cannot run",
                        &all))
         << all;
+    auto nvls = run_and_log({"NVLS", "shm", 2});
+    EXPECT_TRUE(logged(nvls, "allreduce: 8 bytes, 2 ranks, shm -> algorithm oneshot (NCCL_ALGO",
+                       &all))
+        << all;
+    // The tree runs all-reduce at every size; the other collectives have no tree, so the
+    // default runs them, with an INFO line saying so.
     auto tree = run_and_log({"Tree", "shm", 2});
-    EXPECT_TRUE(logged(tree, "allreduce: 8 bytes, 2 ranks, shm -> algorithm oneshot (NCCL_ALGO",
+    EXPECT_TRUE(logged(tree, "allreduce: 8 bytes, 2 ranks, shm -> algorithm tree (forced", &all))
+        << all;
+    EXPECT_TRUE(logged(tree, "allreduce: 4194304 bytes, 2 ranks, shm -> algorithm tree (forced",
+                       &all))
+        << all;
+    EXPECT_TRUE(logged(tree, "allgather: 8 bytes, 2 ranks, shm -> algorithm oneshot (the "
+                             "algorithm NCCL_ALGO/CHORUS_ALGO forces cannot run",
                        &all))
         << all;
 }

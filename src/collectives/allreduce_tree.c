@@ -1,0 +1,280 @@
+/*
+ * allreduce_tree.c: double binary tree all-reduce, pipelined chunk by chunk over the
+ * point-to-point connections.
+ *
+ * Two trees span the ranks. Tree 0 is the balanced in-order binary tree over labels 0..n-1 (the
+ * middle label of a range is the root of its subtree, the two halves its children); tree 1 is the
+ * same tree with every label moved to the next rank (label l is rank (l + 1) mod n), so most ranks
+ * that are leaves in one tree are inner nodes in the other, and the two roots differ. Each tree
+ * carries half of the buffer: tree 0 the first half, tree 1 the second (aligned to 64 bytes). Each
+ * half is cut into chunks, and piece p of the op is chunk p/2 of tree p%2, so the trees alternate.
+ *
+ * Per piece, in its tree: a leaf sends pre(in) to its parent; an inner node receives its first
+ * child's chunk as out = pre(in) (+) recv, folds in its second child's as out = recv (+) out, and
+ * sends out to its parent; the root's out is then the result (post() applied: integer average's
+ * divide). Down the tree, every rank receives the result from its parent into out and sends it on
+ * to its children. The fold order is fixed (own input, first child, second child), and every
+ * rank's result is the root's, so all ranks end with bitwise identical results.
+ *
+ * Each rank holds one transfer per connection and direction it uses (to and from its parents and
+ * children of both trees, at most 6 peers), and moves its chunks on a connection in piece order:
+ * in one tree an edge carries one chunk per piece in each direction, so both ends of a connection
+ * know its chunk sequence (x->off is the next piece the transfer has to look at). A chunk moves
+ * when its own inputs are there (the children's chunks of the piece for a send up, the parent's
+ * for a send down) and the connection has room; every dependency points to the same piece earlier
+ * in its tree or to an earlier piece, so the pieces flow through the trees without a cycle and up
+ * to NSLOTS chunks of a connection are in flight: a pipeline of depth ~2 log2(n) instead of the
+ * ring's 2(n-1) steps. Every chunk goes through prim_step, so a connection's first chunk carries
+ * the op header (mismatches fail with ncclInvalidUsage naming both sides), error chunks and dead
+ * peers are reported naming the rank, and the engine's waiter owns deadlines and aborts.
+ */
+#include <string.h>
+
+#include "check.h"
+#include "coll_ring.h"
+#include "comm.h"
+
+/* Roles of a transfer's peer in one tree (two bits per tree in coll_xfer_t.round). */
+enum { TREE_NONE = 0, TREE_PARENT = 1, TREE_CHILD0 = 2, TREE_CHILD1 = 3 };
+
+/* The links of label `me` in the balanced in-order tree over labels 0..n-1. */
+static void tree_links_label(int n, int me, int *parent, int child[2]) {
+    int lo = 0, hi = n - 1, up = -1;
+    for (;;) {
+        const int mid = lo + (hi - lo) / 2;
+        if (mid == me) {
+            child[0] = lo <= mid - 1 ? lo + (mid - 1 - lo) / 2 : -1;
+            child[1] = mid + 1 <= hi ? mid + 1 + (hi - mid - 1) / 2 : -1;
+            *parent = up;
+            return;
+        }
+        up = mid;
+        if (me < mid) hi = mid - 1;
+        else lo = mid + 1;
+    }
+}
+
+void coll_tree_links(int n, int rank, int t, int *parent, int child[2]) {
+    /* Tree t puts label l on rank (l + t) mod n. */
+    int lp, lc[2];
+    tree_links_label(n, (rank - t + n) % n, &lp, lc);
+    *parent = lp < 0 ? -1 : (lp + t) % n;
+    /* A single child is child[0] (the first fold adds this rank's own input). */
+    if (lc[0] < 0) {
+        lc[0] = lc[1];
+        lc[1] = -1;
+    }
+    for (int k = 0; k < 2; k++) child[k] = lc[k] < 0 ? -1 : (lc[k] + t) % n;
+}
+
+int coll_tree_depth(int n) {
+    int d = 0;
+    while ((1 << d) <= n) d++;
+    return d; /* levels of a balanced tree of n nodes: floor(log2 n) + 1 */
+}
+
+/* The links of this rank in both trees. */
+typedef struct {
+    int parent[2], child[2][2];
+} tree_t;
+
+static void tree_get(const struct ncclComm *comm, tree_t *tr) {
+    for (int t = 0; t < 2; t++)
+        coll_tree_links(comm->nranks, comm->rank, t, &tr->parent[t], tr->child[t]);
+}
+
+/* Element range of piece p: tree p%2's half, chunk p/2 of it. */
+static void tree_piece(const coll_op_t *op, long p, size_t *beg_p, size_t *len_p) {
+    const size_t es = op->esize, count = op->count;
+    const size_t half = CHORUS_MIN(count, CHORUS_ALIGN_UP(CHORUS_DIV_UP(count, 2), 64 / es));
+    const size_t base = (p & 1) ? half : 0, end = (p & 1) ? count : half;
+    const size_t beg = base + (size_t)(p >> 1) * op->chunk_elems;
+    *beg_p = beg;
+    *len_p = beg < end ? CHORUS_MIN(op->chunk_elems, end - beg) : 0;
+}
+
+/* Pieces of the op: both halves in chunks, interleaved. */
+static long tree_npieces(const coll_op_t *op) {
+    const size_t es = op->esize, count = op->count;
+    const size_t half = CHORUS_MIN(count, CHORUS_ALIGN_UP(CHORUS_DIV_UP(count, 2), 64 / es));
+    const size_t big = CHORUS_MAX(half, count - half);
+    return 2 * (long)CHORUS_DIV_UP(big, op->chunk_elems);
+}
+
+static int tree_role(const coll_xfer_t *x, long p) { return (x->round >> (2 * (p & 1))) & 3; }
+
+static coll_xfer_t *tree_xfer(coll_op_t *op, int peer, int is_send) {
+    for (int i = 0; i < op->nxfer; i++)
+        if (op->xfer[i].peer == peer && op->xfer[i].is_send == is_send) return &op->xfer[i];
+    return NULL;
+}
+
+/* Whether the transfer to/from peer has moved its chunk of piece p (it has one there). */
+static int tree_moved(coll_op_t *op, int peer, int is_send, long p) {
+    const coll_xfer_t *x = tree_xfer(op, peer, is_send);
+    return x && (x->done || (long)x->off > p);
+}
+
+static void tree_add_role(coll_op_t *op, int peer, int t, int role) {
+    if (peer < 0) return;
+    for (int is_send = 1; is_send >= 0; is_send--) {
+        coll_xfer_t *x = tree_xfer(op, peer, is_send);
+        if (x == NULL) {
+            x = &op->xfer[op->nxfer++];
+            memset(x, 0, sizeof(*x));
+            x->peer = peer;
+            x->is_send = is_send;
+        }
+        x->round |= role << (2 * t);
+    }
+}
+
+size_t coll_tree_chunk_elems(const coll_op_t *op) {
+    const size_t es = op->esize, align = 64 / es;
+    const size_t max = prim_chunk_elems(NULL, es);
+    size_t want;
+    if (op->plan.chunk_bytes) {
+        want = op->plan.chunk_bytes / es;
+    } else {
+        /* No chunk in the plan: about 8 chunks per tree, at least 32 KiB. */
+        want = CHORUS_MAX(CHORUS_DIV_UP(op->count, 16), ((size_t)32 << 10) / es);
+    }
+    want = CHORUS_ALIGN_UP(want, align);
+    return CHORUS_MAX(align, CHORUS_MIN(want, max));
+}
+
+static ncclResult_t tree_setup(coll_op_t *op) {
+    struct ncclComm *comm = op->comm;
+    if (comm->nranks == 1) return ncclSuccess;
+    op->chunk_elems = coll_tree_chunk_elems(op);
+    op->xfer = op->xfer_inline;
+    op->nxfer = 0;
+    tree_t tr;
+    tree_get(comm, &tr);
+    for (int t = 0; t < 2; t++) {
+        tree_add_role(op, tr.parent[t], t, TREE_PARENT);
+        tree_add_role(op, tr.child[t][0], t, TREE_CHILD0);
+        tree_add_role(op, tr.child[t][1], t, TREE_CHILD1);
+    }
+    return ncclSuccess;
+}
+
+/* Try to move transfer x's chunk of piece p: *ok_p = 1 when it moved. */
+static ncclResult_t tree_event(coll_op_t *op, const tree_t *tr, coll_xfer_t *x, long p,
+                               int *ok_p) {
+    const int t = (int)(p & 1), role = tree_role(x, p);
+    const int parent = tr->parent[t], c0 = tr->child[t][0], c1 = tr->child[t][1];
+    const int last_child = c1 >= 0 ? c1 : c0; /* -1: a leaf */
+    size_t beg, len;
+    tree_piece(op, p, &beg, &len);
+    const size_t es = op->esize;
+    const char *in = (const char *)op->sendbuff + beg * es;
+    char *out = (char *)op->recvbuff + beg * es;
+    coll_chunk_t cc = {0};
+    cc.count = len;
+    *ok_p = 0;
+    int finish = 0; /* the root's last fold of the piece: apply post() after it */
+    if (x->is_send && role == TREE_PARENT) {
+        if (last_child < 0) { /* leaf: pre(in) up */
+            cc.kind = PRIM_PREP_SEND;
+            cc.in = in;
+        } else {
+            if (!tree_moved(op, last_child, 0, p)) return ncclSuccess;
+            cc.kind = PRIM_SEND;
+            cc.in = out;
+        }
+    } else if (x->is_send) { /* the result down to a child */
+        if (parent >= 0 ? !tree_moved(op, parent, 0, p) : !tree_moved(op, last_child, 0, p))
+            return ncclSuccess;
+        cc.kind = PRIM_SEND;
+        cc.in = out;
+        cc.direct_ok = 1; /* final output: it stays put until the op completes */
+    } else if (role == TREE_PARENT) { /* the result from the parent */
+        if (!tree_moved(op, parent, 1, p)) return ncclSuccess;
+        cc.kind = PRIM_RECV;
+        cc.dst = out;
+        cc.recv_direct_ok = 1;
+    } else if (role == TREE_CHILD0) { /* out = pre(in) (+) first child's */
+        cc.kind = PRIM_RECV_REDUCE;
+        cc.in = in;
+        cc.dst = out;
+        cc.recv_direct_ok = 1;
+        finish = parent < 0 && c1 < 0;
+    } else { /* out = second child's (+) out */
+        if (!tree_moved(op, c0, 0, p)) return ncclSuccess;
+        cc.kind = PRIM_RECV_COMBINE;
+        cc.in = out;
+        cc.dst = out;
+        cc.recv_direct_ok = 1;
+        finish = parent < 0;
+    }
+    CHECK(prim_step(op, x->is_send ? NULL : &x->use, x->is_send ? &x->use : NULL, &cc, ok_p));
+    if (*ok_p && finish && op->redop.kind == RK_SUMDIV) rk_finish(out, out, len, &op->redop);
+    return ncclSuccess;
+}
+
+static ncclResult_t tree_progress(coll_op_t *op, int *done_p) {
+    struct coll_engine *e = op->engine;
+    if (op->comm->nranks == 1) {
+        coll_local_reduce(op, op->recvbuff, op->sendbuff, op->count);
+        *done_p = 1;
+        return ncclSuccess;
+    }
+    tree_t tr;
+    tree_get(op->comm, &tr);
+    const long np = tree_npieces(op);
+    int moved = 0, pass_moved, all;
+    do {
+        pass_moved = 0;
+        all = 1;
+        for (int i = 0; i < op->nxfer; i++) {
+            coll_xfer_t *x = &op->xfer[i];
+            if (x->done) continue;
+            uint64_t *served =
+                x->is_send ? &e->p2p_send_served[x->peer] : &e->p2p_recv_served[x->peer];
+            if (*served != x->use.ticket) {
+                all = 0;
+                continue;
+            }
+            x->started = 1;
+            for (;;) {
+                long p = (long)x->off;
+                size_t beg, len;
+                while (p < np) {
+                    tree_piece(op, p, &beg, &len);
+                    if (len > 0 && tree_role(x, p) != TREE_NONE) break;
+                    p++;
+                }
+                x->off = (size_t)p;
+                if (p >= np) break;
+                int ok;
+                CHECK(tree_event(op, &tr, x, p, &ok));
+                if (!ok) break;
+                x->off = (size_t)p + 1;
+                pass_moved = 1;
+            }
+            if ((long)x->off >= np) {
+                int ok = 1;
+                if (x->is_send) CHECK(prim_send_drained(op, &x->use, &ok));
+                if (ok) {
+                    x->done = 1;
+                    (*served)++;
+                    pass_moved = 1;
+                }
+            }
+            all &= x->done;
+        }
+        moved |= pass_moved;
+    } while (pass_moved && !all);
+    *done_p = all ? 1 : moved ? 2 : 0;
+    return ncclSuccess;
+}
+
+const coll_algo_t coll_algo_allreduce_tree = {
+    .name = "tree",
+    .coll = COLL_ALLREDUCE,
+    .id = COLL_ALGO_TREE,
+    .supports = coll_algo_supports_all,
+    .setup = tree_setup,
+    .progress = tree_progress,
+};

@@ -1,0 +1,200 @@
+// test_coll_tree.cc: what the double binary tree all-reduce (src/collectives/allreduce_tree.c)
+// promises beyond a correct result, which the sweep (test_coll_sweep.cc, algorithm "tree")
+// checks against the reference:
+//   - both trees span every rank, each link is known to both its ends, a single child is child
+//     0, and a tree is floor(log2 n) + 1 levels deep; the two roots differ;
+//   - every rank ends with bitwise identical results, on inputs whose float sum depends on the
+//     order of the additions, over many pipelined pieces;
+//   - a rank that dies while the others run tree all-reduces gives each survivor an error naming
+//     the dead rank, before the deadline (also ranks that never talk to it directly).
+#include <gtest/gtest.h>
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "coll_util.h"
+extern "C" { // internal headers are C without extern "C" guards
+#include "coll_internal.h"
+}
+#include "launch.h"
+#include "nccl.h"
+
+namespace {
+
+void tree_env(const char *algo) {
+    setenv("CHORUS_ALGO", algo, 1);
+    ncclResetDebugInit();
+}
+
+void tree_env_clear() {
+    unsetenv("CHORUS_ALGO");
+    unsetenv("CHORUS_TIMEOUT");
+    ncclResetDebugInit();
+}
+
+} // namespace
+
+TEST(CollTree, ShapeOfBothTrees) {
+    for (int n = 1; n <= 130; n++) {
+        const int depth = coll_tree_depth(n);
+        int log2n = 0;
+        while ((2 << log2n) <= n) log2n++;
+        ASSERT_EQ(depth, log2n + 1) << n << " ranks";
+        int roots[2] = {-1, -1};
+        for (int t = 0; t < 2; t++) {
+            std::vector<int> parent(n), seen(n, 0);
+            for (int r = 0; r < n; r++) {
+                int c[2];
+                coll_tree_links(n, r, t, &parent[r], c);
+                ASSERT_TRUE(c[1] < 0 || c[0] >= 0) << "a single child must be child 0";
+                for (int k = 0; k < 2; k++) {
+                    if (c[k] < 0) continue;
+                    ASSERT_TRUE(c[k] >= 0 && c[k] < n && c[k] != r) << n << " ranks";
+                    int pc, cc[2];
+                    coll_tree_links(n, c[k], t, &pc, cc);
+                    ASSERT_EQ(pc, r) << "tree " << t << ", " << n << " ranks: child " << c[k]
+                                     << " of " << r << " has parent " << pc;
+                    seen[c[k]]++;
+                }
+                if (parent[r] < 0) {
+                    ASSERT_EQ(roots[t], -1) << "two roots in tree " << t << ", " << n << " ranks";
+                    roots[t] = r;
+                }
+            }
+            ASSERT_NE(roots[t], -1);
+            // Every rank but the root is exactly one rank's child, and its way up is at most
+            // depth - 1 links long (so no cycles).
+            for (int r = 0; r < n; r++) {
+                ASSERT_EQ(seen[r], r == roots[t] ? 0 : 1) << "tree " << t << " rank " << r;
+                int hops = 0;
+                for (int q = r; parent[q] >= 0; q = parent[q]) ASSERT_LT(++hops, depth);
+            }
+        }
+        if (n >= 2) {
+            EXPECT_NE(roots[0], roots[1]) << n << " ranks";
+        }
+    }
+}
+
+class CollTreeIdentical : public ::testing::TestWithParam<int> {};
+TEST_P(CollTreeIdentical, SameBitsOnEveryRank) {
+    const int n = GetParam();
+    const size_t count = 300001; // ~1.2 MB: several pieces per tree
+    tree_env("tree");
+    ncclUniqueId id = chorus_test::make_unique_id();
+    std::vector<std::vector<std::vector<float>>> outs(n, std::vector<std::vector<float>>(2));
+    auto res = chorus_test::run_threads(n, [&](int rank, int nr) -> int {
+        ncclComm_t comm;
+        RANK_NCCL(ncclCommInitRank(&comm, nr, id, rank));
+        for (int inplace = 0; inplace < 2; inplace++) {
+            std::vector<float> in(count), out(count, -1.0f);
+            for (size_t i = 0; i < count; i++) in[i] = coll_test::order_sensitive_value(rank, i);
+            if (inplace) out = in;
+            RANK_NCCL(ncclAllReduce(inplace ? out.data() : in.data(), out.data(), count,
+                                    ncclFloat32, ncclSum, comm, nullptr));
+            outs[rank][inplace] = out;
+        }
+        RANK_NCCL(ncclCommDestroy(comm));
+        return 0;
+    });
+    tree_env_clear();
+    ASSERT_TRUE(res.ok()) << res.detail;
+    for (int inplace = 0; inplace < 2; inplace++) {
+        // Close to the exact sum (the order differs from a plain loop), and the same bits on
+        // every rank.
+        for (size_t i = 0; i < count; i += 97) {
+            double want = 0, mag = 0;
+            for (int r = 0; r < n; r++) {
+                want += coll_test::order_sensitive_value(r, i);
+                mag += std::fabs(coll_test::order_sensitive_value(r, i));
+            }
+            ASSERT_NEAR(outs[0][inplace][i], want, 1e-6 * mag + 1e-30) << "element " << i;
+        }
+        for (int r = 1; r < n; r++)
+            EXPECT_EQ(std::memcmp(outs[0][inplace].data(), outs[r][inplace].data(),
+                                  count * sizeof(float)),
+                      0)
+                << "rank " << r << " differs from rank 0" << (inplace ? " (in place)" : "");
+    }
+}
+INSTANTIATE_TEST_SUITE_P(Coll, CollTreeIdentical, ::testing::Values(2, 3, 5, 8));
+
+// Many tree all-reduces queued at once (a group and async ops): each holds its connections in
+// ticket order and pieces of different ops never mix.
+TEST(CollTree, GroupOfManyOps) {
+    const int n = 5, nops = 6;
+    tree_env("tree");
+    ncclUniqueId id = chorus_test::make_unique_id();
+    auto res = chorus_test::run_threads(n, [&](int rank, int nr) -> int {
+        ncclComm_t comm;
+        RANK_NCCL(ncclCommInitRank(&comm, nr, id, rank));
+        std::vector<std::vector<int32_t>> bufs(nops);
+        for (int o = 0; o < nops; o++) {
+            bufs[o].resize((size_t)1000 << o);
+            for (size_t i = 0; i < bufs[o].size(); i++)
+                bufs[o][i] = (int32_t)(rank * 1000 + o * 100 + (int)(i % 7919));
+        }
+        RANK_NCCL(ncclGroupStart());
+        for (int o = 0; o < nops; o++)
+            RANK_NCCL(ncclAllReduce(bufs[o].data(), bufs[o].data(), bufs[o].size(), ncclInt32,
+                                    ncclSum, comm, nullptr));
+        RANK_NCCL(ncclGroupEnd());
+        for (int o = 0; o < nops; o++)
+            for (size_t i = 0; i < bufs[o].size(); i++) {
+                int32_t want = 0;
+                for (int q = 0; q < nr; q++) want += (int32_t)(q * 1000 + o * 100 + (int)(i % 7919));
+                RANK_CHECK(bufs[o][i] == want, "rank %d op %d element %zu: %d, want %d", rank, o,
+                           i, bufs[o][i], want);
+            }
+        RANK_NCCL(ncclCommDestroy(comm));
+        return 0;
+    });
+    tree_env_clear();
+    EXPECT_TRUE(res.ok()) << res.detail;
+}
+
+// A rank dies while the others are inside tree all-reduces: every survivor, also those with no
+// link to it in either tree, gets an error naming the dead rank before the deadline.
+class CollTreeDeath : public ::testing::TestWithParam<const char *> {};
+TEST_P(CollTreeDeath, NamesTheDeadRank) {
+    const int n = 5, victim = 2;
+    const std::string transport = GetParam();
+    tree_env("tree");
+    setenv("CHORUS_TIMEOUT", "20", 1);
+    if (transport == "tcp") setenv("CHORUS_TRANSPORT", "tcp", 1);
+    ncclResetDebugInit();
+    ncclUniqueId id = chorus_test::make_unique_id();
+    auto res = chorus_test::run_forked(n, [&](int rank, int nr) -> int {
+        ncclComm_t comm;
+        RANK_NCCL(ncclCommInitRank(&comm, nr, id, rank));
+        std::vector<float> a(100000, 1.0f), b(100000);
+        for (int it = 0; it < 10000000; it++) {
+            if (rank == victim && it == 20) kill(getpid(), SIGKILL);
+            ncclResult_t r = ncclAllReduce(a.data(), b.data(), a.size(), ncclFloat32, ncclSum,
+                                           comm, nullptr);
+            if (r != ncclSuccess) {
+                const char *msg = ncclGetLastError(comm);
+                RANK_CHECK(r == ncclRemoteError || r == ncclSystemError, "rank %d: %s", rank,
+                           ncclGetErrorString(r));
+                RANK_CHECK(strstr(msg, "rank 2") != nullptr,
+                           "rank %d: message lacks the dead rank: %s", rank, msg);
+                ncclCommAbort(comm);
+                return 0;
+            }
+        }
+        fprintf(stderr, "rank %d: never saw an error\n", rank);
+        return 1;
+    }, 90);
+    unsetenv("CHORUS_TRANSPORT");
+    tree_env_clear();
+    EXPECT_FALSE(res.timed_out) << res.detail;
+    EXPECT_EQ(res.failed, 1) << res.detail;
+    EXPECT_NE(res.detail.find("rank 2: signal 9"), std::string::npos) << res.detail;
+}
+INSTANTIATE_TEST_SUITE_P(Coll, CollTreeDeath, ::testing::Values("shm", "tcp"));
