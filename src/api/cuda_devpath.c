@@ -606,6 +606,10 @@ ncclResult_t devpath_drain(struct ncclComm *comm) {
     return res;
 }
 
+int devpath_kernel_on(const struct ncclComm *comm) {
+    return comm != NULL && comm->dev_path != NULL;
+}
+
 void devpath_comm_free(struct ncclComm *comm) {
     devpath_comm_t *dp = comm->dev_path;
     if (dp == NULL) return;

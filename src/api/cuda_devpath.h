@@ -41,6 +41,8 @@ ncclResult_t devpath_drain(struct ncclComm *comm);
 void devpath_abort(struct ncclComm *comm);
 /* The error word as comm's async error (ncclCommGetAsyncError). */
 void devpath_poll_error(struct ncclComm *comm);
+/* 1 when comm runs device-buffer ops as the collective kernel (tests). */
+int devpath_kernel_on(const struct ncclComm *comm);
 /* comm_free: drain, then drop this rank's share of the world. */
 void devpath_comm_free(struct ncclComm *comm);
 
