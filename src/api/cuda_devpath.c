@@ -438,6 +438,8 @@ static __thread dp_pending_t dp_pending;
 ncclResult_t devpath_hook(const coll_args_t *call, int *handled_p) {
     *handled_p = 0;
     if (call->staged) return ncclSuccess;
+    /* No device memory can exist: no GPU, and no emulated memory allocated. */
+    if (!ch_emu_in_use() && !chorus_cuda_available()) return ncclSuccess;
     const int dev = chorus_mem_kind(call->sendbuff) == CHORUS_MEM_DEVICE ||
                     chorus_mem_kind(call->recvbuff) == CHORUS_MEM_DEVICE;
     if (!dev) return ncclSuccess;

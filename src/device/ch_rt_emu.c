@@ -34,6 +34,11 @@ typedef struct {
 static pthread_mutex_t g_mem_lock = PTHREAD_MUTEX_INITIALIZER;
 static emu_alloc_t *g_allocs;
 static size_t g_nallocs, g_cap_allocs;
+static int g_in_use;
+
+int ch_emu_in_use(void) {
+    return __atomic_load_n(&g_in_use, __ATOMIC_ACQUIRE);
+}
 
 int ch_emu_is_device(const void *p) {
     const uintptr_t u = (uintptr_t)p;
@@ -67,6 +72,7 @@ void *ch_emu_malloc(size_t bytes) {
     g_nallocs++;
     pthread_mutex_unlock(&g_mem_lock);
     chorus_mem_kind_set_emu(ch_emu_is_device);
+    __atomic_store_n(&g_in_use, 1, __ATOMIC_RELEASE);
     return p;
 }
 

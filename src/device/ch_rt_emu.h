@@ -25,6 +25,8 @@ void *ch_emu_malloc(size_t bytes);
 void ch_emu_free(void *p);
 /* 1 when p points into emulated device memory. */
 int ch_emu_is_device(const void *p);
+/* 1 once any emulated device memory was allocated in this process. */
+int ch_emu_in_use(void);
 
 ch_emu_stream_t *ch_emu_stream_create(void);
 /* Waits for the stream's work, then ends its thread. */
