@@ -447,6 +447,10 @@ ncclResult_t devpath_hook(const coll_args_t *call, int *handled_p) {
     if (comm_check(comm, call->api) != ncclSuccess) return ncclSuccess; /* reported later */
     devpath_comm_t *dp = comm->dev_path;
     const int emu_mem = ch_emu_is_device(call->sendbuff) || ch_emu_is_device(call->recvbuff);
+    if (dp != NULL && dp->rt->emulated != emu_mem) {
+        if (!emu_mem) return ncclSuccess; /* real device memory under the emulator: staged */
+        dp = NULL;                        /* emulated memory on a GPU's kernel path: refused */
+    }
     if (dp == NULL || dp_coll(call->coll) < 0) {
         if (!emu_mem) return ncclSuccess; /* staged (cuda_enqueue.c) */
         *handled_p = 1;
