@@ -245,7 +245,8 @@ ncclResult_t ch_emu_stream_sync(ch_emu_stream_t *stream) {
     if (s == NULL) return ncclSuccess;
     struct timespec dl;
     clock_gettime(CLOCK_REALTIME, &dl);
-    dl.tv_sec += (time_t)chorus_param_int(PARAM_TIMEOUT);
+    /* Past the deadline of the launches it waits for (each ends by CHORUS_TIMEOUT). */
+    dl.tv_sec += 2 * (time_t)chorus_param_int(PARAM_TIMEOUT) + 5;
     ncclResult_t res = ncclSuccess;
     pthread_mutex_lock(&s->lock);
     const uint64_t want = s->queued;

@@ -32,7 +32,7 @@ ch_emu_stream_t *ch_emu_stream_create(void);
 /* Waits for the stream's work, then ends its thread. */
 void ch_emu_stream_destroy(ch_emu_stream_t *s);
 /* Waits until the work queued on s (NULL: the default stream) so far has run; ncclSystemError
- * past CHORUS_TIMEOUT. */
+ * past twice CHORUS_TIMEOUT (each launch ends by CHORUS_TIMEOUT). */
 ncclResult_t ch_emu_stream_sync(ch_emu_stream_t *s);
 /* Launches the stream has run (tests count them). */
 unsigned long ch_emu_stream_launches(ch_emu_stream_t *s);

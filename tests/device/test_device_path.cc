@@ -5,7 +5,8 @@
 // device_ref.h: every collective x dtypes x every reduction, counts 0, 1, odd and large, in and out
 // of place, 1-8 ranks; ops back to back on one stream (the connections' counters persist across
 // launches); a group of collectives and sends/receives; a mismatched op (ncclInvalidUsage on
-// every rank); an abort that releases a launch waiting for a peer. Each call's launch is counted
+// every rank); an abort that releases a launch waiting for a peer; finalize draining the stream;
+// a launch whose peer never calls ending at CHORUS_TIMEOUT. Each call's launch is counted
 // on its stream, so a call that the device path did not take fails the test.
 #include <gtest/gtest.h>
 
@@ -399,6 +400,72 @@ TEST_F(DevicePath, AbortReleasesLaunchThreads) {
         ch_emu_stream_destroy(st);
         return 0;
     });
+    EXPECT_TRUE(res.ok()) << res.detail;
+}
+
+} // namespace
+
+namespace {
+
+// ncclCommFinalize waits for the launched work: right after it returns, every queued launch has
+// run and its results are there, without a stream sync.
+TEST_F(DevicePath, FinalizeDrainsThreads) {
+    with_ranks(3, [&](Rank &k) -> int {
+        const int nops = 6;
+        std::vector<Bufs> b(nops);
+        for (int i = 0; i < nops; i++) {
+            make_bufs(k, CH_COLL_ALLREDUCE, ncclFloat32, ncclSum, 20000, false, &b[i]);
+            RANK_NCCL(ncclAllReduce(b[i].in, b[i].out, 20000, ncclFloat32, ncclSum, k.comm,
+                                    k.stream()));
+        }
+        RANK_NCCL(ncclCommFinalize(k.comm));
+        RANK_CHECK(ch_emu_stream_launches(k.st) == (unsigned long)nops,
+                   "finalize returned with %lu of %d launches run\n",
+                   ch_emu_stream_launches(k.st), nops);
+        int bad = 0;
+        for (int i = 0; i < nops; i++)
+            bad += check(k, CH_COLL_ALLREDUCE, ncclFloat32, ncclSum, 20000, 0, b[i],
+                         "finalize " + std::to_string(i)) != 0;
+        return bad;
+    });
+}
+
+// A launch whose peer never calls ends at CHORUS_TIMEOUT with an error, not a hang.
+TEST_F(DevicePath, DeadlineEndsAWaitingLaunchThreads) {
+    const char *old = getenv("CHORUS_TIMEOUT");
+    const std::string old_timeout = old ? old : "";
+    setenv("CHORUS_TIMEOUT", "2", 1);
+    chorus_param_reset();
+    ncclUniqueId id = chorus_test::make_unique_id();
+    auto res = chorus_test::run_threads(2, [&](int rank, int nr) -> int {
+        ch_emu_stream_t *st = ch_emu_stream_create();
+        ncclComm_t comm;
+        RANK_NCCL(ncclCommInitRank(&comm, nr, id, rank));
+        if (rank == 0) {
+            Rank k{comm, st, rank, nr, false};
+            Bufs b;
+            make_bufs(k, CH_COLL_ALLREDUCE, ncclInt32, ncclSum, 5000, false, &b);
+            const double t0 = chorus_test::now_s();
+            RANK_NCCL(ncclAllReduce(b.in, b.out, 5000, ncclInt32, ncclSum, comm,
+                                    (cudaStream_t)st));
+            RANK_NCCL(ch_emu_stream_sync(st));
+            const double took = chorus_test::now_s() - t0;
+            RANK_CHECK(took >= 1.5 && took < 30, "the launch ended after %.1f s\n", took);
+            ncclResult_t async = ncclSuccess;
+            RANK_NCCL(ncclCommGetAsyncError(comm, &async));
+            RANK_CHECK(async == ncclRemoteError, "async error %s\n", ncclGetErrorString(async));
+        }
+        ncclResult_t d = ncclCommDestroy(comm);
+        RANK_CHECK(d == ncclSuccess || d == ncclRemoteError, "destroy: %s\n",
+                   ncclGetErrorString(d));
+        ch_emu_stream_destroy(st);
+        return 0;
+    });
+    if (old)
+        setenv("CHORUS_TIMEOUT", old_timeout.c_str(), 1);
+    else
+        unsetenv("CHORUS_TIMEOUT");
+    chorus_param_reset();
     EXPECT_TRUE(res.ok()) << res.detail;
 }
 
