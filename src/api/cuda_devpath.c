@@ -16,6 +16,7 @@
  * protocols with small buffers.
  */
 #include "cuda_devpath.h"
+#include "cuda_devpath_ce.h"
 
 #include <pthread.h>
 #include <stdlib.h>
@@ -59,8 +60,11 @@ typedef struct {
 } dp_world_t;
 
 typedef struct devpath_comm {
-    dp_world_t *w;
+    dp_world_t *w; /* the kernel's world (threads), or NULL */
+    dp_ce_t *ce;   /* copy-engine programs (processes), or NULL */
     const ch_rt_t *rt;
+    dp_sizes_t sz;
+    uint32_t *err_host, *err_dev; /* the error word */
     uint64_t coll_seq; /* collectives launched (the op header's seq) */
     pthread_mutex_t lock;
     struct {
@@ -145,7 +149,7 @@ static ncclResult_t dp_set_device(const ch_rt_t *rt, int dev) {
 }
 
 static uint32_t dp_err(const devpath_comm_t *dp) {
-    return ch_ld32_relaxed((const uint32_t *)dp->w->err_host);
+    return ch_ld32_relaxed(dp->err_host);
 }
 
 /* ---- init: which path ----------------------------------------------------------------------- */
@@ -161,45 +165,114 @@ static int dp_threads_one_device(const struct ncclComm *comm) {
     return 1;
 }
 
-/* The runtime the kernel would run on, or NULL (with the reason in why) when this communicator
- * runs device-buffer ops staged. Every rank decides alike. */
-static const ch_rt_t *dp_choose(const struct ncclComm *comm, const char **why) {
+/* 1 when every rank runs on this host. */
+static int dp_one_host(const struct ncclComm *comm) {
+    const chorus_locality_t *me = &comm->peers[comm->rank];
+    for (int r = 0; r < comm->nranks; r++)
+        if (!locality_same_host(&comm->peers[r], me)) return 0;
+    return 1;
+}
+
+enum { DP_MODE_KERNEL = 1, DP_MODE_CE = 2 };
+
+/* The runtime and mode (DP_MODE_*) device-buffer ops run with, or NULL (with the reason in why)
+ * when this communicator runs them staged. Every rank decides alike. */
+static const ch_rt_t *dp_choose(const struct ncclComm *comm, int *mode, const char **why) {
     const char *path = chorus_param_str(PARAM_DEVICE_PATH);
     if (path == NULL || path[0] == '\0') path = "auto";
     const int emu = chorus_param_int(PARAM_DEVICE_EMU) != 0;
-    int want_kernel;
-    if (strcmp(path, "kernel") == 0) {
-        want_kernel = 1;
-    } else if (strcmp(path, "auto") == 0) {
-        want_kernel = emu; /* on a GPU: staged until the kernel is validated there */
-    } else if (strcmp(path, "staged") == 0 || strcmp(path, "ce") == 0) {
-        want_kernel = 0;
-    } else {
+    if (strcmp(path, "auto") != 0 && strcmp(path, "kernel") != 0 && strcmp(path, "ce") != 0 &&
+        strcmp(path, "staged") != 0) {
         WARN("CHORUS_DEVICE_PATH=%s is not one of auto, kernel, ce, staged: using auto", path);
-        want_kernel = emu;
+        path = "auto";
     }
-    if (!want_kernel) {
-        *why = emu ? "CHORUS_DEVICE_PATH asks for staging, which the emulator does not have"
-                   : "CHORUS_DEVICE_PATH (auto stages on a GPU)";
+    if (strcmp(path, "staged") == 0) {
+        *why = "CHORUS_DEVICE_PATH=staged";
         return NULL;
     }
-    if (comm->peers == NULL || !dp_threads_one_device(comm)) {
-        *why = "the ranks are not all threads of one process on one device";
+    if (comm->peers == NULL) {
+        *why = "no locality records";
         return NULL;
     }
-    if (emu) return ch_rt_emu();
+    const int threads = dp_threads_one_device(comm);
+    if (emu) {
+        /* auto: the kernel between threads, copy-engine programs between processes. */
+        const int want_ce = strcmp(path, "ce") == 0 || (strcmp(path, "auto") == 0 && !threads);
+        if (want_ce) {
+            if (!dp_one_host(comm)) {
+                *why = "copy-engine programs need every rank on one host";
+                return NULL;
+            }
+            *mode = DP_MODE_CE;
+            return ch_rt_emu();
+        }
+        if (!threads) {
+            *why = "the kernel needs ranks that are threads of one process on one device";
+            return NULL;
+        }
+        *mode = DP_MODE_KERNEL;
+        return ch_rt_emu();
+    }
+    if (strcmp(path, "kernel") != 0) {
+        *why = strcmp(path, "ce") == 0
+                   ? "CHORUS_DEVICE_PATH=ce: copy-engine programs are not wired on a GPU yet"
+                   : "CHORUS_DEVICE_PATH=auto stages on a GPU until the kernel path is validated";
+        return NULL;
+    }
+    if (!threads) {
+        *why = "the kernel needs ranks that are threads of one process on one device";
+        return NULL;
+    }
     if (comm->cuda_dev < 0 || !chorus_cuda_available() || ch_rt_cuda() == NULL) {
         *why = "no GPU";
         return NULL;
     }
+    *mode = DP_MODE_KERNEL;
     return ch_rt_cuda();
+}
+
+static void dp_attach(struct ncclComm *comm, devpath_comm_t *dp) {
+    pthread_mutex_init(&dp->lock, NULL);
+    comm->dev_path = dp;
+    INFO(SUB_INIT,
+         "rank %d: device-buffer ops run as %s on the user's stream (%s runtime, %d channels, %d "
+         "slots of %zu bytes)",
+         comm->rank, dp->ce ? "copy-engine programs" : "the collective kernel", dp->rt->name,
+         dp->sz.nch, dp->sz.nslots, dp->sz.slot_bytes);
+}
+
+static void dp_ce_init(struct ncclComm *comm, const ch_rt_t *rt) {
+    const dp_sizes_t *sz = &dp_sizes_emu;
+    dp_ce_t *ce = dp_ce_setup(comm, rt, sz->nch, sz->nslots, sz->slot_bytes);
+    if (ce == NULL) {
+        WARN("rank %d: the device path's shared connections could not be set up: device-buffer "
+             "ops run staged",
+             comm->rank);
+        return;
+    }
+    devpath_comm_t *dp = calloc(1, sizeof(*dp));
+    if (dp == NULL) {
+        WARN("rank %d: out of memory setting up the device path", comm->rank);
+        dp_ce_free(ce);
+        return;
+    }
+    dp->ce = ce;
+    dp->rt = rt;
+    dp->sz = *sz;
+    dp->err_host = dp->err_dev = dp_ce_err(ce);
+    dp_attach(comm, dp);
 }
 
 void devpath_comm_init(struct ncclComm *comm) {
     const char *why = NULL;
-    const ch_rt_t *rt = dp_choose(comm, &why);
+    int mode = 0;
+    const ch_rt_t *rt = dp_choose(comm, &mode, &why);
     if (rt == NULL) {
         INFO(SUB_INIT, "rank %d: device-buffer ops run staged: %s", comm->rank, why);
+        return;
+    }
+    if (mode == DP_MODE_CE) {
+        dp_ce_init(comm, rt);
         return;
     }
     if (rt && dp_set_device(rt, comm->cuda_dev) != ncclSuccess) rt = NULL;
@@ -227,12 +300,10 @@ void devpath_comm_init(struct ncclComm *comm) {
     }
     dp->w = w;
     dp->rt = w->rt;
-    pthread_mutex_init(&dp->lock, NULL);
-    comm->dev_path = dp;
-    INFO(SUB_INIT,
-         "rank %d: device-buffer ops run as the collective kernel on the user's stream (%s "
-         "runtime, %d channels, %d slots of %zu bytes)",
-         comm->rank, w->rt->name, sz->nch, sz->nslots, sz->slot_bytes);
+    dp->sz = w->sz;
+    dp->err_host = (uint32_t *)w->err_host;
+    dp->err_dev = w->err_dev;
+    dp_attach(comm, dp);
 }
 
 /* ---- calls ---------------------------------------------------------------------------------- */
@@ -282,7 +353,7 @@ static ncclResult_t dp_track(struct ncclComm *comm, devpath_comm_t *dp, void *st
 static ncclResult_t dp_launch(struct ncclComm *comm, devpath_comm_t *dp, int coll,
                               const coll_args_t *a, const void *sendbuff, void *recvbuff,
                               size_t count, int send_peer, int recv_peer) {
-    const dp_world_t *w = dp->w;
+    const dp_sizes_t *sz = &dp->sz;
     const int n = comm->nranks;
     const size_t esize = chorus_dtype_size(a->dtype);
     const int scaled = coll == CH_COLL_REDUCESCATTER || coll == CH_COLL_ALLGATHER ||
@@ -290,9 +361,10 @@ static ncclResult_t dp_launch(struct ncclComm *comm, devpath_comm_t *dp, int col
     const size_t bytes = count * esize * (scaled ? (size_t)n : 1);
     ch_kernel_args_t k;
     memset(&k, 0, sizeof(k));
-    k.proto = bytes <= w->sz.ll_max_bytes ? CH_PROTO_LL : CH_PROTO_SIMPLE;
-    k.ll_bytes = (uint32_t)w->sz.ll_bytes;
-    const size_t room = k.proto == CH_PROTO_LL ? w->sz.ll_bytes : w->sz.slot_bytes;
+    /* Copy-engine programs move SIMPLE slots only. */
+    k.proto = dp->ce == NULL && bytes <= sz->ll_max_bytes ? CH_PROTO_LL : CH_PROTO_SIMPLE;
+    k.ll_bytes = (uint32_t)sz->ll_bytes;
+    const size_t room = k.proto == CH_PROTO_LL ? sz->ll_bytes : sz->slot_bytes;
     ch_plan_t *p = &k.plan;
     p->coll = coll;
     p->nranks = n;
@@ -303,13 +375,13 @@ static ncclResult_t dp_launch(struct ncclComm *comm, devpath_comm_t *dp, int col
     p->count = count;
     p->esize = esize;
     p->chunk_elems = ch_plan_chunk_elems(room, esize);
-    p->ring = w->ring;
-    p->nch = ch_plan_channels(coll, n, count, p->chunk_elems, w->sz.nch);
+    p->ring = dp->ce ? dp_ce_ring(dp->ce) : dp->w->ring;
+    p->nch = ch_plan_channels(coll, n, count, p->chunk_elems, sz->nch);
     p->inplace = ch_plan_inplace(coll, sendbuff, recvbuff, comm->rank, count, esize);
     k.sendbuff = sendbuff;
     k.recvbuff = recvbuff;
-    k.conns = w->conns;
-    k.err = w->err_dev;
+    k.conns = dp->w ? dp->w->conns : NULL;
+    k.err = dp->err_dev;
     if (a->redop_fixed) {
         k.redop = a->redop;
     } else { /* a collective that does not reduce: the kernel still picks its dtype from here */
@@ -319,7 +391,8 @@ static ncclResult_t dp_launch(struct ncclComm *comm, devpath_comm_t *dp, int col
     }
     const uint64_t seq = coll == CH_COLL_SENDRECV ? 0 : dp->coll_seq++;
     ch_op_hdr_make(&k.hdr, coll, a->dtype, k.redop.kind, count, p->root, seq);
-    ncclResult_t res = dp->rt->launch(&k, a->stream);
+    ncclResult_t res = dp->ce ? dp_ce_launch(dp->ce, p, sendbuff, recvbuff, &k.redop, a->stream)
+                              : dp->rt->launch(&k, a->stream);
     if (res != ncclSuccess) {
         WARN("%s: rank %d: the device launch failed: %s", a->api, comm->rank,
              ncclGetErrorString(res));
@@ -565,7 +638,7 @@ void devpath_poll_error(struct ncclComm *comm) {
 void devpath_abort(struct ncclComm *comm) {
     devpath_comm_t *dp = comm ? comm->dev_path : NULL;
     if (dp == NULL) return;
-    ch_set_once32((uint32_t *)dp->w->err_host, CH_ERR_ABORT);
+    ch_set_once32(dp->err_host, CH_ERR_ABORT);
 }
 
 ncclResult_t devpath_drain(struct ncclComm *comm) {
@@ -581,14 +654,14 @@ ncclResult_t devpath_drain(struct ncclComm *comm) {
         int q;
         while ((q = dp->rt->event_query(dp->evs[i].ev)) == 0) {
             if (__atomic_load_n(&comm->abort_flag, __ATOMIC_ACQUIRE))
-                ch_set_once32((uint32_t *)dp->w->err_host, CH_ERR_ABORT);
+                ch_set_once32(dp->err_host, CH_ERR_ABORT);
             if (ch_host_now_ns() > deadline) {
                 if (timed_out) break;
                 /* Past the deadline: the error word makes every spinning block return. */
                 WARN("rank %d: device work on stream %p has not finished within CHORUS_TIMEOUT: "
                      "releasing it",
                      comm->rank, dp->evs[i].stream);
-                ch_set_once32((uint32_t *)dp->w->err_host, CH_ERR_TIMEOUT);
+                ch_set_once32(dp->err_host, CH_ERR_TIMEOUT);
                 timed_out = 1;
                 deadline = ch_host_now_ns() + 1000000000LL;
             }
@@ -628,7 +701,8 @@ void devpath_comm_free(struct ncclComm *comm) {
     }
     for (int i = 0; i < dp->nevs; i++)
         dp->rt->event_destroy(dp->evs[i].ev);
-    if (__atomic_sub_fetch(&dp->w->refs, 1, __ATOMIC_ACQ_REL) == 0) dp_world_free(dp->w);
+    if (dp->ce) dp_ce_free(dp->ce);
+    if (dp->w && __atomic_sub_fetch(&dp->w->refs, 1, __ATOMIC_ACQ_REL) == 0) dp_world_free(dp->w);
     pthread_mutex_destroy(&dp->lock);
     free(dp);
 }

@@ -7,8 +7,10 @@
  *  - ch_rt_emu() (ch_rt_emu.c, always built): "device memory" is host memory kept in a registry
  *    (chorus_mem_kind reports it as device memory), a stream is an ordered work queue run by a
  *    host thread, and a launch runs the kernel's block code (ch_cpu_block: the same header
- *    exchange, schedule and slot protocol) on one host thread per channel. CHORUS_DEVICE_EMU=1
- *    selects it; tests reach its streams and memory through ch_rt_emu.h.
+ *    exchange, schedule and slot protocol) on one host thread per channel. Copy-engine programs
+ *    run on the stream's thread with the host kernels; memory shared between processes is a
+ *    memfd that a peer maps through /proc/<pid>/fd. CHORUS_DEVICE_EMU=1 selects it; tests reach
+ *    its streams and memory through ch_rt_emu.h.
  *
  * Streams are the caller's (a cudaStream_t, or an emulated stream; NULL is the default stream).
  * Events order nothing: they tell the host when the work queued before them has run (drain at
@@ -20,12 +22,21 @@
 
 #include <stddef.h>
 
+#include "ce_prog.h"
 #include "ch_kernel.h"
 #include "nccl.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+/* What another process of this host needs to map a block of device memory. */
+typedef struct {
+    int64_t pid;
+    int64_t fd;
+    uint64_t bytes;
+    uint64_t pad[5];
+} ch_ipc_handle_t;
 
 typedef struct {
     const char *name; /* "cuda" or "emulator" (logs) */
@@ -48,6 +59,16 @@ typedef struct {
     ncclResult_t (*event_record)(void *ev, void *stream);
     int (*event_query)(void *ev);
     void (*event_destroy)(void *ev);
+    /* Processes sharing a device (NULL where the runtime does not have them yet: the CUDA table).
+     * ipc_alloc: zeroed device memory and its handle; ipc_open: map a peer's block; ipc_free:
+     * unmap a block (own or opened). */
+    ncclResult_t (*ipc_alloc)(void **p, size_t bytes, ch_ipc_handle_t *h);
+    ncclResult_t (*ipc_open)(const ch_ipc_handle_t *h, void **p);
+    void (*ipc_free)(void *p, size_t bytes);
+    /* Queue copy-engine programs (ce_prog.h) on stream, one after the other; their waits poll
+     * the error word err. */
+    ncclResult_t (*ce_launch)(const ch_ce_prog_t *progs, int nprogs, const chorus_redop_t *rop,
+                              uint32_t *err, void *stream);
 } ch_rt_t;
 
 /* The emulator (always there) and the CUDA runtime (NULL in a build without CUDA). */

@@ -93,6 +93,10 @@ static const ch_rt_t g_cuda_rt = {
     .event_record = cuda_rt_event_record,
     .event_query = cuda_rt_event_query,
     .event_destroy = cuda_rt_event_destroy,
+    .ipc_alloc = NULL, /* processes sharing a GPU run staged (not wired to the runtime yet) */
+    .ipc_open = NULL,
+    .ipc_free = NULL,
+    .ce_launch = NULL,
 };
 
 const ch_rt_t *ch_rt_cuda(void) {

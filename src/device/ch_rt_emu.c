@@ -7,15 +7,22 @@
  * stream's thread and channels 1..nch-1 on threads of their own, each as ch_cpu_block: what one
  * block of the kernel does, with the host reduction kernels. The waits of an emulated block have
  * the CHORUS_TIMEOUT deadline (a GPU block has none: there the host's drain writes the error word
- * once its own deadline passes).
+ * once its own deadline passes). Copy-engine programs run on the stream's thread, one after the
+ * other, with the host kernels (ch_cpu_ce_run). Shared memory between processes: a memfd that a
+ * peer opens through /proc/<pid>/fd/<fd> and maps.
  */
 #include "ch_rt_emu.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "ch_proto.h"
 #include "ch_rt.h"
@@ -101,11 +108,15 @@ typedef struct emu_event {
     uint64_t completed; /* records run (the stream's thread) */
 } emu_event_t;
 
-enum { EMU_LAUNCH = 0, EMU_EVENT };
+enum { EMU_LAUNCH = 0, EMU_EVENT, EMU_CE };
 
 typedef struct emu_item {
     int kind;
     ch_kernel_args_t args;
+    ch_ce_prog_t *progs; /* EMU_CE: owned copies */
+    int nprogs;
+    chorus_redop_t rop;
+    uint32_t *err;
     emu_event_t *ev;
     uint64_t ev_gen;
     struct emu_item *next;
@@ -178,6 +189,13 @@ static void *emu_stream_main(void *arg) {
         pthread_mutex_unlock(&s->lock);
         if (it->kind == EMU_LAUNCH) {
             emu_run_launch(&it->args);
+        } else if (it->kind == EMU_CE) {
+            const int64_t deadline = ch_host_now_ns() + emu_timeout_ns();
+            for (int i = 0; i < it->nprogs; i++)
+                if (ch_cpu_ce_run(&it->progs[i], &it->rop, it->err, deadline) != CH_OK) break;
+            for (int i = 0; i < it->nprogs; i++)
+                ch_ce_prog_free(&it->progs[i]);
+            free(it->progs);
         } else {
             uint64_t cur = __atomic_load_n(&it->ev->completed, __ATOMIC_RELAXED);
             if (it->ev_gen > cur) __atomic_store_n(&it->ev->completed, it->ev_gen, __ATOMIC_RELEASE);
@@ -185,7 +203,7 @@ static void *emu_stream_main(void *arg) {
         pthread_mutex_lock(&s->lock);
         s->head = it->next;
         if (s->head == NULL) s->tail = NULL;
-        if (it->kind == EMU_LAUNCH) s->launches++;
+        if (it->kind != EMU_EVENT) s->launches++;
         s->ran++;
         free(it);
         pthread_cond_broadcast(&s->cond);
@@ -349,6 +367,112 @@ static void emu_event_destroy(void *ev) {
     free(ev);
 }
 
+/* Shared device memory: a memfd mapped here; a peer of this host opens /proc/<pid>/fd/<fd>. The
+ * owner keeps the fd while the block lives (ipc_free closes it). */
+typedef struct {
+    void *p;
+    int fd;
+} emu_ipc_t;
+static emu_ipc_t g_ipc[64];
+static pthread_mutex_t g_ipc_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static ncclResult_t emu_ipc_alloc(void **p, size_t bytes, ch_ipc_handle_t *h) {
+    const size_t size = (bytes + 4095) / 4096 * 4096;
+    int fd = memfd_create("chorus-devemu", MFD_CLOEXEC);
+    if (fd < 0 || ftruncate(fd, (off_t)size) != 0) {
+        WARN("device emulator: shared memory of %zu bytes: %s", bytes, strerror(errno));
+        if (fd >= 0) close(fd);
+        return ncclSystemError;
+    }
+    void *m = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (m == MAP_FAILED) {
+        WARN("device emulator: mmap of %zu shared bytes: %s", size, strerror(errno));
+        close(fd);
+        return ncclSystemError;
+    }
+    pthread_mutex_lock(&g_ipc_lock);
+    int slot = -1;
+    for (int i = 0; i < 64 && slot < 0; i++)
+        if (g_ipc[i].p == NULL) slot = i;
+    if (slot >= 0) {
+        g_ipc[slot].p = m;
+        g_ipc[slot].fd = fd;
+    }
+    pthread_mutex_unlock(&g_ipc_lock);
+    if (slot < 0) {
+        WARN("device emulator: more than 64 shared blocks");
+        munmap(m, size);
+        close(fd);
+        return ncclSystemError;
+    }
+    memset(h, 0, sizeof(*h));
+    h->pid = getpid();
+    h->fd = fd;
+    h->bytes = size;
+    *p = m;
+    return ncclSuccess;
+}
+
+static ncclResult_t emu_ipc_open(const ch_ipc_handle_t *h, void **p) {
+    char path[64];
+    snprintf(path, sizeof(path), "/proc/%lld/fd/%lld", (long long)h->pid, (long long)h->fd);
+    int fd = open(path, O_RDWR | O_CLOEXEC);
+    if (fd < 0) {
+        WARN("device emulator: cannot open the shared block %s: %s", path, strerror(errno));
+        return ncclSystemError;
+    }
+    void *m = mmap(NULL, (size_t)h->bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    if (m == MAP_FAILED) {
+        WARN("device emulator: mmap of the shared block %s: %s", path, strerror(errno));
+        return ncclSystemError;
+    }
+    *p = m;
+    return ncclSuccess;
+}
+
+static void emu_ipc_free(void *p, size_t bytes) {
+    if (p == NULL) return;
+    const size_t size = (bytes + 4095) / 4096 * 4096;
+    pthread_mutex_lock(&g_ipc_lock);
+    for (int i = 0; i < 64; i++) {
+        if (g_ipc[i].p == p) {
+            close(g_ipc[i].fd);
+            g_ipc[i].p = NULL;
+        }
+    }
+    pthread_mutex_unlock(&g_ipc_lock);
+    munmap(p, size);
+}
+
+static ncclResult_t emu_ce_launch(const ch_ce_prog_t *progs, int nprogs, const chorus_redop_t *rop,
+                                  uint32_t *err, void *stream) {
+    emu_item_t *it = calloc(1, sizeof(*it));
+    ch_ce_prog_t *copy = calloc((size_t)(nprogs > 0 ? nprogs : 1), sizeof(*copy));
+    if (it == NULL || copy == NULL) goto oom;
+    for (int i = 0; i < nprogs; i++) {
+        copy[i].nops = copy[i].cap = progs[i].nops;
+        if (progs[i].nops == 0) continue;
+        copy[i].ops = malloc(progs[i].nops * sizeof(ch_ce_op_t));
+        if (copy[i].ops == NULL) goto oom;
+        memcpy(copy[i].ops, progs[i].ops, progs[i].nops * sizeof(ch_ce_op_t));
+    }
+    it->kind = EMU_CE;
+    it->progs = copy;
+    it->nprogs = nprogs;
+    it->rop = *rop;
+    it->err = err;
+    return emu_push(stream, it);
+oom:
+    if (copy)
+        for (int i = 0; i < nprogs; i++)
+            free(copy[i].ops);
+    free(copy);
+    free(it);
+    WARN("device emulator: out of memory queuing copy-engine programs");
+    return ncclSystemError;
+}
+
 static const ch_rt_t g_emu_rt = {
     .name = "emulator",
     .emulated = 1,
@@ -362,6 +486,10 @@ static const ch_rt_t g_emu_rt = {
     .event_record = emu_event_record,
     .event_query = emu_event_query,
     .event_destroy = emu_event_destroy,
+    .ipc_alloc = emu_ipc_alloc,
+    .ipc_open = emu_ipc_open,
+    .ipc_free = emu_ipc_free,
+    .ce_launch = emu_ce_launch,
 };
 
 const ch_rt_t *ch_rt_emu(void) {

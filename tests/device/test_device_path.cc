@@ -198,10 +198,11 @@ int run_op(const Rank &k, int coll, ncclDataType_t t, int op, size_t count, bool
 }
 
 // Each of n thread ranks: init, fn, destroy.
-void with_ranks(int n, const std::function<int(Rank &)> &fn, double timeout_s = 240) {
+void with_ranks(int n, const std::function<int(Rank &)> &fn, double timeout_s = 240,
+                chorus_test::Launch how = chorus_test::Launch::Threads) {
     ncclUniqueId id = chorus_test::make_unique_id();
-    auto res = chorus_test::run_threads(
-        n,
+    auto res = chorus_test::run_ranks(
+        how, n,
         [&](int rank, int nr) -> int {
             Rank k;
             k.r = rank;
@@ -467,6 +468,65 @@ TEST_F(DevicePath, DeadlineEndsAWaitingLaunchThreads) {
         unsetenv("CHORUS_TIMEOUT");
     chorus_param_reset();
     EXPECT_TRUE(res.ok()) << res.detail;
+}
+
+} // namespace
+
+namespace {
+
+// The sweep of one rank for the copy-engine programs: every collective, sum/avg/max/premulsum,
+// int32 and float32, counts 0, 1, 1001 and 40003, in and out of place.
+int ce_sweep(Rank &k) {
+    for (int coll = 0; coll < CH_COLL_COUNT; coll++)
+        for (ncclDataType_t t : {ncclInt32, ncclFloat32})
+            for (int op : {(int)ncclSum, (int)ncclAvg, (int)ncclMax, kPremul}) {
+                if (!reduces(coll) && op != ncclSum) continue;
+                for (size_t count : {(size_t)0, (size_t)1, (size_t)1001, (size_t)40003})
+                    for (bool inplace : {false, true}) {
+                        if (inplace && (coll == CH_COLL_SENDRECV || coll == CH_COLL_ALLTOALL))
+                            continue;
+                        if (run_op(k, coll, t, op, count, inplace, (int)(count % k.n))) return 1;
+                    }
+            }
+    return 0;
+}
+
+class DevicePathProcs : public DevicePath, public ::testing::WithParamInterface<int> {};
+
+// Ranks in separate processes: copy-engine programs over connections in shared device memory
+// (the emulator's memfd blocks), one program per channel on the rank's stream.
+TEST_P(DevicePathProcs, CopyEngineForked) {
+    with_ranks(GetParam(), ce_sweep, 240, chorus_test::Launch::Forked);
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, DevicePathProcs, ::testing::Values(1, 2, 3, 5),
+                         [](const ::testing::TestParamInfo<int> &i) {
+                             return "n" + std::to_string(i.param);
+                         });
+
+// Thread ranks can take the copy-engine programs too (CHORUS_DEVICE_PATH=ce), with a group of
+// sends and receives among them.
+TEST_F(DevicePath, CopyEngineThreads) {
+    setenv("CHORUS_DEVICE_PATH", "ce", 1);
+    chorus_param_reset();
+    with_ranks(4, [&](Rank &k) -> int {
+        if (ce_sweep(k)) return 1;
+        const size_t count = 2001;
+        Bufs a2a;
+        make_bufs(k, CH_COLL_ALLTOALL, ncclFloat32, ncclSum, count, false, &a2a);
+        RANK_NCCL(ncclGroupStart());
+        for (int q = 0; q < k.n; q++) {
+            RANK_NCCL(ncclSend((const char *)a2a.in + q * count * 4, count, ncclFloat32, q, k.comm,
+                               k.stream()));
+            RANK_NCCL(ncclRecv((char *)a2a.out + q * count * 4, count, ncclFloat32, q, k.comm,
+                               k.stream()));
+        }
+        RANK_NCCL(ncclGroupEnd());
+        RANK_NCCL(ch_emu_stream_sync(k.st));
+        return check(k, CH_COLL_ALLTOALL, ncclFloat32, ncclSum, count, 0, a2a, "ce a2a") ? 1 : 0;
+    });
+    unsetenv("CHORUS_DEVICE_PATH");
+    chorus_param_reset();
 }
 
 } // namespace
