@@ -65,7 +65,7 @@ typedef struct devpath_comm {
     const ch_rt_t *rt;
     dp_sizes_t sz;
     uint32_t *err_host, *err_dev; /* the error word */
-    uint64_t coll_seq; /* collectives launched (the op header's seq) */
+    uint64_t coll_seq;            /* collectives launched (the op header's seq) */
     pthread_mutex_t lock;
     struct {
         void *stream, *ev;
@@ -310,22 +310,31 @@ void devpath_comm_init(struct ncclComm *comm) {
 
 static int dp_coll(coll_kind_t k) {
     switch (k) {
-    case COLL_ALLREDUCE: return CH_COLL_ALLREDUCE;
-    case COLL_REDUCESCATTER: return CH_COLL_REDUCESCATTER;
-    case COLL_ALLGATHER: return CH_COLL_ALLGATHER;
-    case COLL_BROADCAST: return CH_COLL_BROADCAST;
-    case COLL_REDUCE: return CH_COLL_REDUCE;
+    case COLL_ALLREDUCE:
+        return CH_COLL_ALLREDUCE;
+    case COLL_REDUCESCATTER:
+        return CH_COLL_REDUCESCATTER;
+    case COLL_ALLGATHER:
+        return CH_COLL_ALLGATHER;
+    case COLL_BROADCAST:
+        return CH_COLL_BROADCAST;
+    case COLL_REDUCE:
+        return CH_COLL_REDUCE;
     case COLL_SEND:
-    case COLL_RECV: return CH_COLL_SENDRECV;
-    case COLL_ALLTOALL: return CH_COLL_ALLTOALL;
-    default: return -1;
+    case COLL_RECV:
+        return CH_COLL_SENDRECV;
+    case COLL_ALLTOALL:
+        return CH_COLL_ALLTOALL;
+    default:
+        return -1;
     }
 }
 
 /* Remember the launch on `stream` so drain can wait for it; the caller holds dp->lock. */
 static ncclResult_t dp_track(struct ncclComm *comm, devpath_comm_t *dp, void *stream) {
     int i = 0;
-    while (i < dp->nevs && dp->evs[i].stream != stream) i++;
+    while (i < dp->nevs && dp->evs[i].stream != stream)
+        i++;
     if (i == DP_MAX_STREAMS) { /* full: reuse the first entry once its work has run */
         const int64_t deadline = ch_host_now_ns() + chorus_param_int(PARAM_TIMEOUT) * 1000000000LL;
         int q;
@@ -356,8 +365,8 @@ static ncclResult_t dp_launch(struct ncclComm *comm, devpath_comm_t *dp, int col
     const dp_sizes_t *sz = &dp->sz;
     const int n = comm->nranks;
     const size_t esize = chorus_dtype_size(a->dtype);
-    const int scaled = coll == CH_COLL_REDUCESCATTER || coll == CH_COLL_ALLGATHER ||
-                       coll == CH_COLL_ALLTOALL;
+    const int scaled =
+        coll == CH_COLL_REDUCESCATTER || coll == CH_COLL_ALLGATHER || coll == CH_COLL_ALLTOALL;
     const size_t bytes = count * esize * (scaled ? (size_t)n : 1);
     ch_kernel_args_t k;
     memset(&k, 0, sizeof(k));
@@ -453,10 +462,10 @@ static ncclResult_t dp_op_check(coll_args_t *a, devpath_comm_t *dp) {
     int ns, nr;
     cuda_op_shape(a, n, comm->rank, &sc, &rc, &ns, &nr);
     CHECK(coll_api_check_sizes(a, n, ns, nr));
-    ARGCHECK(!(ns && sc > 0 && a->sendbuff == NULL), "%s: sendbuff is NULL with count %zu",
-             a->api, sc);
-    ARGCHECK(!(nr && rc > 0 && a->recvbuff == NULL), "%s: recvbuff is NULL with count %zu",
-             a->api, rc);
+    ARGCHECK(!(ns && sc > 0 && a->sendbuff == NULL), "%s: sendbuff is NULL with count %zu", a->api,
+             sc);
+    ARGCHECK(!(nr && rc > 0 && a->recvbuff == NULL), "%s: recvbuff is NULL with count %zu", a->api,
+             rc);
 #if CHORUS_HAVE_CUDA
     if (!dp->rt->emulated) {
         int capturing = 0;
@@ -495,8 +504,8 @@ static ncclResult_t dp_launch_pair(const coll_args_t *s, const coll_args_t *r) {
     devpath_comm_t *dp = comm->dev_path;
     CHECK(dp_set_device(dp->rt, comm->cuda_dev));
     pthread_mutex_lock(&dp->lock);
-    ncclResult_t res = dp_launch(comm, dp, CH_COLL_SENDRECV, s, s->sendbuff, r->recvbuff,
-                                 s->count, s->root, r->root);
+    ncclResult_t res = dp_launch(comm, dp, CH_COLL_SENDRECV, s, s->sendbuff, r->recvbuff, s->count,
+                                 s->root, r->root);
     pthread_mutex_unlock(&dp->lock);
     return res;
 }
@@ -578,8 +587,10 @@ static ncclResult_t dp_group_comm(coll_args_t *ops, int n) {
         const int to = (me + d) % nr, from = (me - d + nr) % nr;
         int si = 0, ri = 0;
         for (;;) {
-            while (si < n && !(ops[si].coll == COLL_SEND && ops[si].root == to)) si++;
-            while (ri < n && !(ops[ri].coll == COLL_RECV && ops[ri].root == from)) ri++;
+            while (si < n && !(ops[si].coll == COLL_SEND && ops[si].root == to))
+                si++;
+            while (ri < n && !(ops[ri].coll == COLL_RECV && ops[ri].root == from))
+                ri++;
             if (si == n && ri == n) break;
             if (si < n && ri < n && ops[si].count == ops[ri].count &&
                 ops[si].dtype == ops[ri].dtype) {
@@ -695,8 +706,7 @@ void devpath_comm_free(struct ncclComm *comm) {
     (void)devpath_drain(comm);
     comm->dev_path = NULL;
     if (dp->drain_failed) {
-        WARN("rank %d: device work did not finish: its device memory stays allocated",
-             comm->rank);
+        WARN("rank %d: device work did not finish: its device memory stays allocated", comm->rank);
         return;
     }
     for (int i = 0; i < dp->nevs; i++)

@@ -20,9 +20,9 @@ struct dp_ce {
     const ch_rt_t *rt;
     int nranks, rank, nch, nslots;
     size_t slot_bytes, block_bytes;
-    void **blocks;      /* [rank]: every rank's block, mapped here (own included) */
-    ch_conn_t *conns;   /* [c][src][dst] */
-    int *ring;          /* [c][pos] */
+    void **blocks;       /* [rank]: every rank's block, mapped here (own included) */
+    ch_conn_t *conns;    /* [c][src][dst] */
+    int *ring;           /* [c][pos] */
     uint64_t *next_send; /* [c][peer]: steps built on conn(c, rank, peer) */
     uint64_t *next_recv; /* [c][peer]: steps built on conn(c, peer, rank) */
 };
@@ -74,8 +74,10 @@ dp_ce_t *dp_ce_setup(struct ncclComm *comm, const ch_rt_t *rt, int nch, int nslo
     ncclResult_t res = hs ? bootstrap_allgather(comm->bs, hs, sizeof(*hs)) : ncclSystemError;
     if (res != ncclSuccess) goto fail; /* the bootstrap failed: nothing more can be agreed */
     for (int q = 0; q < n && ok; q++) {
-        if (hs[q].bytes == 0) ok = 0; /* that rank could not allocate */
-        else if (q != me && rt->ipc_open(&hs[q], &ce->blocks[q]) != ncclSuccess) ok = 0;
+        if (hs[q].bytes == 0)
+            ok = 0; /* that rank could not allocate */
+        else if (q != me && rt->ipc_open(&hs[q], &ce->blocks[q]) != ncclSuccess)
+            ok = 0;
     }
     if (oks) oks[me] = ok;
     res = oks ? bootstrap_allgather(comm->bs, oks, sizeof(int)) : ncclSystemError;

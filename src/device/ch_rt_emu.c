@@ -198,7 +198,8 @@ static void *emu_stream_main(void *arg) {
             free(it->progs);
         } else {
             uint64_t cur = __atomic_load_n(&it->ev->completed, __ATOMIC_RELAXED);
-            if (it->ev_gen > cur) __atomic_store_n(&it->ev->completed, it->ev_gen, __ATOMIC_RELEASE);
+            if (it->ev_gen > cur)
+                __atomic_store_n(&it->ev->completed, it->ev_gen, __ATOMIC_RELEASE);
         }
         pthread_mutex_lock(&s->lock);
         s->head = it->next;

@@ -1,10 +1,10 @@
 // test_cuda_devpath.cc: the device path's collective kernel on a real GPU (CHORUS_DEVICE_PATH=
 // kernel): thread ranks of this process share GPU 0, buffers from cudaMalloc, one cudaStream per
-// rank; every collective (send/recv as a group), sum and avg (and max for int32), float32 and int32,
-// counts 1, 1001 and 1 Mi, in and out of place, 2 and 4 ranks; plus ops back to back on one stream
-// and a mismatched op (ncclInvalidUsage on every rank). The same cases run on the CPU under the
-// device emulator (tests/device/test_device_path.cc); here they check the kernel itself. Skipped
-// without a GPU.
+// rank; every collective (send/recv as a group), sum and avg (and max for int32), float32 and
+// int32, counts 1, 1001 and 1 Mi, in and out of place, 2 and 4 ranks; plus ops back to back on one
+// stream and a mismatched op (ncclInvalidUsage on every rank). The same cases run on the CPU under
+// the device emulator (tests/device/test_device_path.cc); here they check the kernel itself.
+// Skipped without a GPU.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -71,11 +71,16 @@ size_t out_elems(int coll, size_t count, int n) {
 ncclResult_t issue(const R &k, int coll, ncclDataType_t t, ncclRedOp_t o, size_t count, int root,
                    const void *in, void *out) {
     switch (coll) {
-    case CH_COLL_ALLREDUCE: return ncclAllReduce(in, out, count, t, o, k.comm, k.st);
-    case CH_COLL_REDUCESCATTER: return ncclReduceScatter(in, out, count, t, o, k.comm, k.st);
-    case CH_COLL_ALLGATHER: return ncclAllGather(in, out, count, t, k.comm, k.st);
-    case CH_COLL_BROADCAST: return ncclBroadcast(in, out, count, t, root, k.comm, k.st);
-    case CH_COLL_REDUCE: return ncclReduce(in, out, count, t, o, root, k.comm, k.st);
+    case CH_COLL_ALLREDUCE:
+        return ncclAllReduce(in, out, count, t, o, k.comm, k.st);
+    case CH_COLL_REDUCESCATTER:
+        return ncclReduceScatter(in, out, count, t, o, k.comm, k.st);
+    case CH_COLL_ALLGATHER:
+        return ncclAllGather(in, out, count, t, k.comm, k.st);
+    case CH_COLL_BROADCAST:
+        return ncclBroadcast(in, out, count, t, root, k.comm, k.st);
+    case CH_COLL_REDUCE:
+        return ncclReduce(in, out, count, t, o, root, k.comm, k.st);
     case CH_COLL_SENDRECV: {
         ncclResult_t r = ncclGroupStart();
         if (r == ncclSuccess) r = ncclSend(in, count, t, (k.r + 1) % k.n, k.comm, k.st);
@@ -83,7 +88,8 @@ ncclResult_t issue(const R &k, int coll, ncclDataType_t t, ncclRedOp_t o, size_t
         ncclResult_t e = ncclGroupEnd();
         return r != ncclSuccess ? r : e;
     }
-    default: return ncclAlltoAll(in, out, count, t, k.comm, k.st);
+    default:
+        return ncclAlltoAll(in, out, count, t, k.comm, k.st);
     }
 }
 
@@ -103,8 +109,8 @@ int run_op(const R &k, int coll, ncclDataType_t t, int op, size_t count, bool in
         out = coll == CH_COLL_REDUCESCATTER ? rbuf + (size_t)r * count * es : rbuf;
     }
     RANK_CUDA(cudaMemcpy(in, input.data(), ni * es, cudaMemcpyHostToDevice));
-    ncclResult_t res = issue(k, coll, t, reduces(coll) ? (ncclRedOp_t)op : ncclSum, count, root,
-                             in, out);
+    ncclResult_t res =
+        issue(k, coll, t, reduces(coll) ? (ncclRedOp_t)op : ncclSum, count, root, in, out);
     RANK_CHECK(res == ncclSuccess, "coll %d: %s\n", coll, ncclGetErrorString(res));
     RANK_CUDA(cudaStreamSynchronize(k.st));
     RANK_CUDA(cudaMemcpy(host.data(), out, no * es, cudaMemcpyDeviceToHost));
@@ -115,14 +121,18 @@ int run_op(const R &k, int coll, ncclDataType_t t, int op, size_t count, bool in
         double want_d = 0;
         switch (coll) {
         case CH_COLL_ALLREDUCE:
-        case CH_COLL_REDUCE: want = devref::reduce_ref(op, t, n, i, &want_d); break;
+        case CH_COLL_REDUCE:
+            want = devref::reduce_ref(op, t, n, i, &want_d);
+            break;
         case CH_COLL_REDUCESCATTER:
             want = devref::reduce_ref(op, t, n, (size_t)r * count + i, &want_d);
             break;
         case CH_COLL_ALLGATHER:
             want = devref::encode(t, devref::input_value(op, t, (int)(i / count), i % count));
             break;
-        case CH_COLL_BROADCAST: want = devref::encode(t, devref::input_value(op, t, root, i)); break;
+        case CH_COLL_BROADCAST:
+            want = devref::encode(t, devref::input_value(op, t, root, i));
+            break;
         case CH_COLL_SENDRECV:
             want = devref::encode(t, devref::input_value(op, t, (r - 1 + n) % n, i));
             break;
@@ -133,8 +143,9 @@ int run_op(const R &k, int coll, ncclDataType_t t, int op, size_t count, bool in
         if (!devref::is_int(t) && want_d == 0) want_d = rkref::to_double(t, want);
         const uint64_t got = rkref::load_raw(t, host.data(), i);
         if (!devref::matches(t, n, got, want, want_d) && wrong++ < 3)
-            fprintf(stderr, "rank %d coll %d %s op %d count %zu%s: element %zu is 0x%llx, want 0x%llx\n",
-                    r, coll, chorus_dtype_name(t), op, count, inplace ? " inplace" : "", i,
+            fprintf(stderr,
+                    "rank %d coll %d %s op %d count %zu%s: element %zu is 0x%llx, want 0x%llx\n", r,
+                    coll, chorus_dtype_name(t), op, count, inplace ? " inplace" : "", i,
                     (unsigned long long)got, (unsigned long long)want);
     }
     return wrong ? 1 : 0;
@@ -188,18 +199,21 @@ TEST_F(CudaDevPath, EveryCollectiveThreads) {
 }
 
 TEST_F(CudaDevPath, MismatchThreads) {
-    with_ranks(2, [&](R &k) -> int {
-        float *b = (float *)k.rbuf;
-        ncclResult_t first = ncclAllReduce(b, b, k.r ? 1000 : 1001, ncclFloat32, ncclSum, k.comm,
-                                           k.st);
-        RANK_CHECK(first == ncclSuccess || first == ncclInvalidUsage, "%s\n",
-                   ncclGetErrorString(first));
-        RANK_CUDA(cudaStreamSynchronize(k.st));
-        ncclResult_t async = ncclSuccess;
-        RANK_NCCL(ncclCommGetAsyncError(k.comm, &async));
-        RANK_CHECK(async == ncclInvalidUsage, "async %s\n", ncclGetErrorString(async));
-        return 0;
-    }, true);
+    with_ranks(
+        2,
+        [&](R &k) -> int {
+            float *b = (float *)k.rbuf;
+            ncclResult_t first =
+                ncclAllReduce(b, b, k.r ? 1000 : 1001, ncclFloat32, ncclSum, k.comm, k.st);
+            RANK_CHECK(first == ncclSuccess || first == ncclInvalidUsage, "%s\n",
+                       ncclGetErrorString(first));
+            RANK_CUDA(cudaStreamSynchronize(k.st));
+            ncclResult_t async = ncclSuccess;
+            RANK_NCCL(ncclCommGetAsyncError(k.comm, &async));
+            RANK_CHECK(async == ncclInvalidUsage, "async %s\n", ncclGetErrorString(async));
+            return 0;
+        },
+        true);
 }
 
 } // namespace

@@ -46,7 +46,9 @@ struct Rank {
     ch_emu_stream_t *st;
     int r, n;
     bool destroyed = false; // the rank function destroyed comm itself
-    cudaStream_t stream() const { return (cudaStream_t)st; }
+    cudaStream_t stream() const {
+        return (cudaStream_t)st;
+    }
 };
 
 bool reduces(int coll) {
@@ -89,8 +91,8 @@ void make_bufs(const Rank &k, int coll, ncclDataType_t t, int op, size_t count, 
 }
 
 // Issue the op (a send/recv ring step for CH_COLL_SENDRECV) on the rank's stream.
-ncclResult_t issue(const Rank &k, int coll, ncclDataType_t t, ncclRedOp_t o, size_t count,
-                   int root, const Bufs &b) {
+ncclResult_t issue(const Rank &k, int coll, ncclDataType_t t, ncclRedOp_t o, size_t count, int root,
+                   const Bufs &b) {
     switch (coll) {
     case CH_COLL_ALLREDUCE:
         return ncclAllReduce(b.in, b.out, count, t, o, k.comm, k.stream());
@@ -104,8 +106,7 @@ ncclResult_t issue(const Rank &k, int coll, ncclDataType_t t, ncclRedOp_t o, siz
         return ncclReduce(b.in, b.out, count, t, o, root, k.comm, k.stream());
     case CH_COLL_SENDRECV: {
         ncclResult_t r = ncclGroupStart();
-        if (r == ncclSuccess)
-            r = ncclSend(b.in, count, t, (k.r + 1) % k.n, k.comm, k.stream());
+        if (r == ncclSuccess) r = ncclSend(b.in, count, t, (k.r + 1) % k.n, k.comm, k.stream());
         if (r == ncclSuccess)
             r = ncclRecv(b.out, count, t, (k.r - 1 + k.n) % k.n, k.comm, k.stream());
         ncclResult_t e = ncclGroupEnd();
@@ -117,8 +118,8 @@ ncclResult_t issue(const Rank &k, int coll, ncclDataType_t t, ncclRedOp_t o, siz
 }
 
 // Elements of this rank's output that differ from the reference (the first few are printed).
-int check(const Rank &k, int coll, ncclDataType_t t, int op, size_t count, int root,
-          const Bufs &b, const std::string &what) {
+int check(const Rank &k, int coll, ncclDataType_t t, int op, size_t count, int root, const Bufs &b,
+          const std::string &what) {
     const int n = k.n, r = k.r;
     if (coll == CH_COLL_REDUCE && r != root) return 0;
     int wrong = 0;
@@ -152,8 +153,8 @@ int check(const Rank &k, int coll, ncclDataType_t t, int op, size_t count, int r
         const uint64_t got = rkref::load_raw(t, b.out, i);
         if (!devref::matches(t, n, got, want, want_d)) {
             if (wrong++ < 3)
-                fprintf(stderr, "rank %d %s: element %zu is 0x%llx, want 0x%llx\n", r,
-                        what.c_str(), i, (unsigned long long)got, (unsigned long long)want);
+                fprintf(stderr, "rank %d %s: element %zu is 0x%llx, want 0x%llx\n", r, what.c_str(),
+                        i, (unsigned long long)got, (unsigned long long)want);
         }
     }
     return wrong;
@@ -177,8 +178,8 @@ int run_op(const Rank &k, int coll, ncclDataType_t t, int op, size_t count, bool
     if (reduces(coll)) o = (ncclRedOp_t)op;
     if (reduces(coll) && op == kPremul) {
         const uint64_t scalar = devref::encode(t, devref::is_int(t) ? 3 : 2);
-        RANK_NCCL(ncclRedOpCreatePreMulSum(&o, (void *)&scalar, t, ncclScalarHostImmediate,
-                                           k.comm));
+        RANK_NCCL(
+            ncclRedOpCreatePreMulSum(&o, (void *)&scalar, t, ncclScalarHostImmediate, k.comm));
     }
     const unsigned long before = ch_emu_stream_launches(k.st);
     ncclResult_t res = issue(k, coll, t, o, count, root, b);
@@ -317,14 +318,14 @@ TEST_F(DevicePath, GroupThreads) {
             make_bufs(k, CH_COLL_ALLTOALL, ncclFloat32, ncclSum, count, false, &a2a);
             const size_t es = sizeof(float);
             RANK_NCCL(ncclGroupStart());
-            RANK_NCCL(ncclAllReduce(ar.in, ar.out, count, ncclFloat32, ncclSum, k.comm,
-                                    k.stream()));
+            RANK_NCCL(
+                ncclAllReduce(ar.in, ar.out, count, ncclFloat32, ncclSum, k.comm, k.stream()));
             RANK_NCCL(ncclAllGather(ag.in, ag.out, count, ncclFloat32, k.comm, k.stream()));
             for (int q = 0; q < k.n; q++) {
                 RANK_NCCL(ncclSend((const char *)a2a.in + q * count * es, count, ncclFloat32, q,
                                    k.comm, k.stream()));
-                RANK_NCCL(ncclRecv((char *)a2a.out + q * count * es, count, ncclFloat32, q,
-                                   k.comm, k.stream()));
+                RANK_NCCL(ncclRecv((char *)a2a.out + q * count * es, count, ncclFloat32, q, k.comm,
+                                   k.stream()));
             }
             RANK_NCCL(ncclGroupEnd());
             RANK_NCCL(ch_emu_stream_sync(k.st));
@@ -379,8 +380,8 @@ TEST_F(DevicePath, AbortReleasesLaunchThreads) {
         if (rank == 0) {
             Bufs b;
             make_bufs(k, CH_COLL_ALLREDUCE, ncclFloat32, ncclSum, 100000, false, &b);
-            RANK_NCCL(ncclAllReduce(b.in, b.out, 100000, ncclFloat32, ncclSum, comm,
-                                    (cudaStream_t)st));
+            RANK_NCCL(
+                ncclAllReduce(b.in, b.out, 100000, ncclFloat32, ncclSum, comm, (cudaStream_t)st));
             std::this_thread::sleep_for(std::chrono::milliseconds(300));
             RANK_CHECK(ch_emu_stream_launches(st) == 0, "the launch ended without its peer\n");
             const double t0 = chorus_test::now_s();
@@ -390,7 +391,8 @@ TEST_F(DevicePath, AbortReleasesLaunchThreads) {
             RANK_CHECK(took < 10, "abort took %.1f s\n", took);
             aborted = 1;
         } else {
-            while (!aborted) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+            while (!aborted)
+                std::this_thread::sleep_for(std::chrono::milliseconds(10));
             ncclResult_t async = ncclSuccess;
             RANK_NCCL(ncclCommGetAsyncError(comm, &async));
             RANK_CHECK(async != ncclSuccess, "the peer's abort left no error\n");
@@ -416,13 +418,13 @@ TEST_F(DevicePath, FinalizeDrainsThreads) {
         std::vector<Bufs> b(nops);
         for (int i = 0; i < nops; i++) {
             make_bufs(k, CH_COLL_ALLREDUCE, ncclFloat32, ncclSum, 20000, false, &b[i]);
-            RANK_NCCL(ncclAllReduce(b[i].in, b[i].out, 20000, ncclFloat32, ncclSum, k.comm,
-                                    k.stream()));
+            RANK_NCCL(
+                ncclAllReduce(b[i].in, b[i].out, 20000, ncclFloat32, ncclSum, k.comm, k.stream()));
         }
         RANK_NCCL(ncclCommFinalize(k.comm));
         RANK_CHECK(ch_emu_stream_launches(k.st) == (unsigned long)nops,
-                   "finalize returned with %lu of %d launches run\n",
-                   ch_emu_stream_launches(k.st), nops);
+                   "finalize returned with %lu of %d launches run\n", ch_emu_stream_launches(k.st),
+                   nops);
         int bad = 0;
         for (int i = 0; i < nops; i++)
             bad += check(k, CH_COLL_ALLREDUCE, ncclFloat32, ncclSum, 20000, 0, b[i],
@@ -447,8 +449,7 @@ TEST_F(DevicePath, DeadlineEndsAWaitingLaunchThreads) {
             Bufs b;
             make_bufs(k, CH_COLL_ALLREDUCE, ncclInt32, ncclSum, 5000, false, &b);
             const double t0 = chorus_test::now_s();
-            RANK_NCCL(ncclAllReduce(b.in, b.out, 5000, ncclInt32, ncclSum, comm,
-                                    (cudaStream_t)st));
+            RANK_NCCL(ncclAllReduce(b.in, b.out, 5000, ncclInt32, ncclSum, comm, (cudaStream_t)st));
             RANK_NCCL(ch_emu_stream_sync(st));
             const double took = chorus_test::now_s() - t0;
             RANK_CHECK(took >= 1.5 && took < 30, "the launch ended after %.1f s\n", took);
