@@ -570,8 +570,15 @@ ncclResult_t devpath_hook(const coll_args_t *call, int *handled_p) {
     return res;
 }
 
+/* The kept ops' array goes with the group, so a thread that ends leaves nothing behind. */
+static void dp_pending_release(void) {
+    free(dp_pending.args);
+    dp_pending.args = NULL;
+    dp_pending.n = dp_pending.cap = 0;
+}
+
 void devpath_group_discard(void) {
-    dp_pending.n = 0;
+    dp_pending_release();
 }
 
 /* One communicator's share of a group: collectives in call order, then point-to-point by ring
@@ -634,6 +641,7 @@ ncclResult_t devpath_group_end(void) {
 out:
     free(mine);
     free(done);
+    dp_pending_release();
     return res;
 }
 
