@@ -39,7 +39,8 @@ fi
 #   the device protocol's CPU executor (DeviceCpuExec: every collective and op on threads standing
 #   in for ranks and GPU blocks, SIMPLE, LL and copy-engine programs, for int8 - the dtype changes
 #   only the kernel that runs, and each dtype takes about 4.5 minutes of CPU under TSan - plus
-#   abort, deadline and header mismatch).
+#   abort, deadline and header mismatch), and the device path through communicators on the
+#   device emulator (DevicePath*: its thread-rank cases, about 45 s under TSan).
 if [ "${CHORUS_TEST_SANITIZERS:-1}" != 0 ]; then
   CHORUS_TSAN_TESTS="${CHORUS_TSAN_TESTS:-[Tt]hreads|LastError|DeviceCpuExecFixed|DeviceCpuExec\..*/int8$}"
   CHORUS_TSAN_EXCLUDE="${CHORUS_TSAN_EXCLUDE:-^Transports/|^Tcp|^Coll|^DdpModel|^perf_run}"
