@@ -141,6 +141,8 @@ void chorus_log(chorus_log_level_t level, uint64_t subsys, const char *file, int
         snprintf(head, sizeof(head), "%s:%d:%d [%d] NCCL %s", g_host, (int)getpid(), tid, t_rank, tag);
     else
         snprintf(head, sizeof(head), "%s:%d:%d NCCL %s", g_host, (int)getpid(), tid, tag);
+    /* Under the lock: ncclResetDebugInit may close the file from another thread. */
+    pthread_mutex_lock(&g_log_lock);
     FILE *out = g_log_file ? g_log_file : stdout;
     if (level == LOG_WARN)
         fprintf(out, "%s %s:%d %s\n", head, strrchr(file, '/') ? strrchr(file, '/') + 1 : file,
@@ -148,6 +150,7 @@ void chorus_log(chorus_log_level_t level, uint64_t subsys, const char *file, int
     else
         fprintf(out, "%s %s\n", head, msg);
     fflush(out);
+    pthread_mutex_unlock(&g_log_lock);
 }
 
 /* The caller gets its own copy, taken under the lock: another thread's WARN may rewrite
@@ -162,10 +165,12 @@ const char *chorus_log_last_error(void) {
 }
 
 static void chorus_log_version_line(void) {
+    pthread_mutex_lock(&g_log_lock);
     FILE *out = g_log_file ? g_log_file : stdout;
     fprintf(out, "%s:%d NCCL VERSION Chorus %s (NCCL API %d.%d.%d) from %s\n", g_host, (int)getpid(),
             CHORUS_VERSION_STRING, NCCL_MAJOR, NCCL_MINOR, NCCL_PATCH, chorus_library_path());
     fflush(out);
+    pthread_mutex_unlock(&g_log_lock);
 }
 
 const char *chorus_library_path(void) {

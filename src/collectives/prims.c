@@ -581,7 +581,7 @@ ncclResult_t prim_fail_send(coll_op_t *op, coll_use_t *send, int *ok_p) {
 }
 
 ncclResult_t prim_drop_chunk(chorus_conn_t *rc, const void *data, size_t bytes) {
-    if (data == NULL) {
+    if (data == NULL && !(rc->ops->caps & TRANSPORT_CAP_DROP_DIRECT)) {
         /* A direct chunk must be read before it is released (TCP keeps its payload in the
          * socket, ahead of the next chunk): read it into scratch. Failure paths only. */
         void *scratch = malloc(bytes ? bytes : 1);

@@ -111,13 +111,24 @@ static void transport_log_connected(chorus_transport_ctx_t *ctx, chorus_conn_t *
  * error. */
 static void transport_note_failure(chorus_transport_ctx_t *ctx, const chorus_conn_t *conn,
                                    const chorus_transport_ops_t *ops, ncclResult_t res,
-                                   int cause) {
+                                   int cause, int unanswered) {
     if (ctx->fail_text[0]) return;
-    char where[32] = "", why[128] = "";
+    char where[32] = "", why[320] = "";
     if (conn->channel >= 0) snprintf(where, sizeof(where), " (ring channel %d)", conn->channel);
     if (cause != conn->peer && cause >= 0 && cause < ctx->nranks)
         snprintf(why, sizeof(why), "; the failure started at rank %d (%s)", cause,
                  ctx->peers[cause].hostname);
+    else if (unanswered && conn->channel < 0)
+        /* The usual cause: both ranks of a pair send first, each outside a group. */
+        snprintf(why, sizeof(why),
+                 "; rank %d never answered: it is not in the matching ncclRecv/ncclSend (two "
+                 "ranks that each ncclSend to the other first wait for each other: group the "
+                 "pair's send and recv)",
+                 conn->peer);
+    else if (unanswered)
+        snprintf(why, sizeof(why),
+                 "; rank %d never answered: it is not in the same collective",
+                 conn->peer);
     snprintf(ctx->fail_text, sizeof(ctx->fail_text),
              "setting up the connection %s rank %d (%s) via %s%s failed (%s)%s",
              conn->is_send ? "to" : "from", conn->peer, ctx->peers[conn->peer].hostname,
@@ -227,7 +238,7 @@ ncclResult_t transport_connect(chorus_transport_ctx_t *ctx, chorus_conn_t *conn,
     mine.status = (int32_t)res;
     if (res != ncclSuccess) mine.cause_rank = ctx->rank;
     int cause = res != ncclSuccess ? ctx->rank : peer; /* who failed, if this setup fails */
-    ncclResult_t xres;
+    ncclResult_t xres = ncclSuccess;
     CHECK_GOTO(transport_exchange(ctx, conn, tag, &mine, &theirs), xres, err_exchange);
     if (res != ncclSuccess) goto err_close;
     if (theirs.magic != SETUP_MSG_MAGIC) {
@@ -280,7 +291,11 @@ err_close:
     if (cause == peer && mine.status == ncclSuccess && theirs.status == ncclSuccess &&
         !ctx->fail_text[0])
         cause = transport_peer_cause(ctx, peer);
-    transport_note_failure(ctx, conn, ops, res, cause);
+    /* The exchange ran out of time (ncclSystemError; a closed peer gives ncclRemoteError) with
+     * nothing from the peer: it is alive but elsewhere. */
+    int unanswered = xres == ncclSystemError && theirs.magic == 0 &&
+                     !(ctx->abort_flag && __atomic_load_n(ctx->abort_flag, __ATOMIC_ACQUIRE));
+    transport_note_failure(ctx, conn, ops, res, cause, unanswered);
     if (conn->ops) conn->ops->close(conn);
     /* Leave the connection visibly unconnected: callers test ops == NULL to connect again. */
     conn->ops = NULL;

@@ -40,6 +40,10 @@ enum {
      * chunk_room for the op header past a power-of-two payload: the tuner's socket-ring
      * choices (tuner.c) apply to rings made only of such edges. */
     TRANSPORT_CAP_SOCKET_RING = 1 << 5,
+    /* A direct chunk may be released without recv_copy (the data stays in the sender's buffer,
+     * nothing queues behind it): a failing receiver drops it without touching that buffer,
+     * which the sender's caller may already have freed once the sender's own drain timed out. */
+    TRANSPORT_CAP_DROP_DIRECT = 1 << 6,
 };
 
 typedef struct chorus_conn chorus_conn_t;
@@ -57,7 +61,7 @@ typedef struct chorus_transport_ctx {
     /* The first connection setup that failed on this rank: which peer, over which transport,
      * why (filled by transport_connect; the first op's error quotes it). Empty while none
      * failed. fail_cause: the rank whose failure started it (meaningful once the text is set). */
-    char fail_text[320];
+    char fail_text[512];
     int fail_cause;
 } chorus_transport_ctx_t;
 

@@ -269,6 +269,37 @@ INSTANTIATE_TEST_SUITE_P(Coll, CollUnmatched,
                                     "_" + (t[0] ? t : "shm");
                          });
 
+// Two ranks that each ncclSend to the other first, outside a group, wait for each other in the
+// connection setup (each end of a point-to-point connection is set up by the rank that uses it).
+// Both get an error at CHORUS_TIMEOUT that says the peer never answered and how to fix the call
+// order, not only "a deadline passed".
+class CollSendSend : public ::testing::TestWithParam<Launch> {};
+TEST_P(CollSendSend, BothSendFirstGetsAnErrorThatSaysWhy) {
+    setenv("CHORUS_TIMEOUT", "2", 1);
+    ncclResetDebugInit();
+    ncclUniqueId id = chorus_test::make_unique_id();
+    auto res = chorus_test::run_ranks(GetParam(), 2, [&](int rank, int nr) -> int {
+        ncclComm_t comm;
+        RANK_NCCL(ncclCommInitRank(&comm, nr, id, rank));
+        std::vector<float> a(16, 1.0f);
+        ncclResult_t r = ncclSend(a.data(), a.size(), ncclFloat32, 1 - rank, comm, nullptr);
+        const std::string msg = ncclGetLastError(comm);
+        RANK_CHECK(r != ncclSuccess, "rank %d: the send succeeded", rank);
+        RANK_CHECK(msg.find("never answered") != std::string::npos &&
+                       msg.find("group the pair's send and recv") != std::string::npos,
+                   "rank %d: the error does not say why: %s", rank, msg.c_str());
+        ncclCommAbort(comm);
+        return 0;
+    }, 60);
+    unsetenv("CHORUS_TIMEOUT");
+    ncclResetDebugInit();
+    EXPECT_FALSE(res.timed_out) << res.detail;
+    EXPECT_TRUE(res.ok()) << res.detail;
+}
+INSTANTIATE_TEST_SUITE_P(Coll, CollSendSend,
+                         ::testing::Values(Launch::Threads, Launch::Forked),
+                         [](const auto &info) { return std::string(chorus_test::launch_name(info.param)); });
+
 // A rank is SIGKILLed while the others are inside all-reduces: every survivor gets an error that
 // names the op, within the deadline (CHORUS_TIMEOUT=20 here), and nobody hangs.
 class CollKill : public ::testing::TestWithParam<std::tuple<int, const char *>> {};

@@ -6,6 +6,9 @@
 #include <string>
 #include <thread>
 
+#include <stdlib.h>
+#include <unistd.h>
+
 #include "nccl.h"
 extern "C" { // internal headers are C without extern "C" guards
 #include "log.h"
@@ -56,4 +59,32 @@ TEST(LastError, ConcurrentWarnsNeverTear) {
     stop.store(true);
     writer.join();
     EXPECT_EQ(torn, 0) << "a torn last-error text: " << example << "...";
+}
+
+// ncclResetDebugInit closes the debug file and the next line opens it again, while other threads
+// go on logging: no line may be written to a closed FILE (a use-after-free the sanitizer stages
+// see; without them it may crash).
+TEST(LastError, ResetDebugInitWhileOtherThreadsLog) {
+    char pattern[] = "/tmp/chorus-logtest-XXXXXX";
+    int fd = mkstemp(pattern);
+    ASSERT_GE(fd, 0);
+    close(fd);
+    ASSERT_EQ(setenv("NCCL_DEBUG", "WARN", 1), 0);
+    ASSERT_EQ(setenv("NCCL_DEBUG_FILE", pattern, 1), 0);
+    ncclResetDebugInit();
+    std::atomic<bool> stop{false};
+    std::thread writers[2];
+    for (auto &w : writers)
+        w = std::thread([&] {
+            while (!stop.load(std::memory_order_relaxed)) warn_letter('c', 64);
+        });
+    for (int i = 0; i < 2000; i++) ncclResetDebugInit();
+    stop.store(true);
+    for (auto &w : writers) w.join();
+    unsetenv("NCCL_DEBUG_FILE");
+    unsetenv("NCCL_DEBUG");
+    ncclResetDebugInit();
+    unlink(pattern);
+    const char *t = ncclGetLastError(nullptr);
+    EXPECT_TRUE(whole(t, 64)) << t;
 }

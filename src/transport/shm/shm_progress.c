@@ -280,7 +280,7 @@ static ncclResult_t shm_recv_release(chorus_conn_t *conn) {
 const chorus_transport_ops_t shm_transport_ops = {
     .name = "shm",
     .abi_version = TRANSPORT_ABI_VERSION,
-    .caps = TRANSPORT_CAP_HOST_MEM | TRANSPORT_CAP_DIRECT,
+    .caps = TRANSPORT_CAP_HOST_MEM | TRANSPORT_CAP_DIRECT | TRANSPORT_CAP_DROP_DIRECT,
     .can_connect = shm_can_connect,
     .setup = shm_setup,
     .connect = shm_connect,

@@ -16,9 +16,17 @@
  *
  * Each end keeps the fd open and holds an open-file-description write lock on its own byte (see
  * shm.h): shm_segment_peer_alive() asks the kernel whether the peer's lock still exists.
+ *
+ * Two ranks of one process (thread ranks) share one mapping of their segment: the sender finds
+ * the receiver's mapping in a process-wide table instead of mapping the pages a second time. The
+ * counters then have one address, which is what ThreadSanitizer needs to see the ordering they
+ * carry, and a process with many thread ranks maps each segment once. The fds, and with them the
+ * liveness locks, stay per end.
  */
 #include <dirent.h>
 #include <fcntl.h>
+#include <pthread.h>
+#include <stdlib.h>
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
@@ -124,6 +132,67 @@ static void shm_bind_numa(void *addr, size_t bytes, int numa_node) {
     }
 }
 
+/* The process's mappings of its own segments (see the top of this file). */
+typedef struct shm_mapping {
+    struct shm_mapping *next;
+    char name[sizeof(((shm_conn_t *)0)->name)];
+    void *base;
+    size_t bytes;
+    int refs;
+} shm_mapping_t;
+
+static pthread_mutex_t g_maps_lock = PTHREAD_MUTEX_INITIALIZER;
+static shm_mapping_t *g_maps;
+
+/* Remembers a mapping this process made; on failure (no memory) the segment just is not shared. */
+static void shm_mapping_add(const char *name, void *base, size_t bytes) {
+    shm_mapping_t *m = calloc(1, sizeof(*m));
+    if (!m) return;
+    snprintf(m->name, sizeof(m->name), "%s", name);
+    m->base = base;
+    m->bytes = bytes;
+    m->refs = 1;
+    pthread_mutex_lock(&g_maps_lock);
+    m->next = g_maps;
+    g_maps = m;
+    pthread_mutex_unlock(&g_maps_lock);
+}
+
+/* This process's mapping of `name` with a reference taken, or NULL. */
+static void *shm_mapping_get(const char *name, size_t bytes) {
+    void *base = NULL;
+    pthread_mutex_lock(&g_maps_lock);
+    for (shm_mapping_t *m = g_maps; m; m = m->next) {
+        if (strcmp(m->name, name) == 0 && m->bytes == bytes) {
+            m->refs++;
+            base = m->base;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&g_maps_lock);
+    return base;
+}
+
+/* Drops one reference to the mapping at base; unmaps it with the last one (or at once when the
+ * table does not know it). */
+static void shm_mapping_put(void *base, size_t bytes) {
+    int unmap = 1;
+    pthread_mutex_lock(&g_maps_lock);
+    for (shm_mapping_t **pp = &g_maps; *pp; pp = &(*pp)->next) {
+        shm_mapping_t *m = *pp;
+        if (m->base != base) continue;
+        if (--m->refs > 0) {
+            unmap = 0;
+        } else {
+            *pp = m->next;
+            free(m);
+        }
+        break;
+    }
+    pthread_mutex_unlock(&g_maps_lock);
+    if (unmap) munmap(base, bytes);
+}
+
 ncclResult_t shm_segment_create(shm_conn_t *sc, int nslots, size_t slot_bytes, int numa_node) {
     size_t ctrl_bytes = shm_ctrl_bytes(nslots);
     size_t map_bytes = ctrl_bytes + (size_t)nslots * slot_bytes;
@@ -157,6 +226,7 @@ ncclResult_t shm_segment_create(shm_conn_t *sc, int nslots, size_t slot_bytes, i
     sc->map_bytes = map_bytes;
     sc->ctrl = (shm_ctrl_t *)p;
     sc->data = (char *)p + ctrl_bytes;
+    shm_mapping_add(sc->name, p, map_bytes);
     shm_bind_numa(p, map_bytes, numa_node);
     /* First touch by the receiver: pages land on its node and the data path takes no faults. */
     memset(p, 0, map_bytes);
@@ -197,7 +267,8 @@ ncclResult_t shm_segment_attach(shm_conn_t *sc, const shm_recv_blob_t *rb) {
         close(fd);
         return ncclSystemError;
     }
-    void *p = mmap(NULL, rb->map_bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+    void *p = rb->pid == (uint32_t)getpid() ? shm_mapping_get(sc->name, rb->map_bytes) : NULL;
+    if (!p) p = mmap(NULL, rb->map_bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
     if (p == MAP_FAILED) {
         WARN("mmap of %s (%llu bytes) failed: %s", sc->name, (unsigned long long)rb->map_bytes,
              strerror(errno));
@@ -231,7 +302,7 @@ void shm_segment_unlink(shm_conn_t *sc) {
 
 void shm_segment_destroy(shm_conn_t *sc) {
     shm_segment_unlink(sc);
-    if (sc->ctrl) munmap(sc->ctrl, sc->map_bytes);
+    if (sc->ctrl) shm_mapping_put(sc->ctrl, sc->map_bytes);
     sc->ctrl = NULL;
     sc->data = NULL;
     /* Closing the fd drops our lock: the peer's next liveness probe sees us gone. */
