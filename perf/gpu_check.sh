@@ -17,6 +17,11 @@
 #    to 16 bytes, so 8 bytes would be an empty op) and at the largest size (bandwidth), with the
 #    results checked (#wrong).
 # 5. Prints one table: busbw at the largest size, as a fraction of the copy limit for that pattern.
+# 6. The device path between thread ranks of one process on GPU 0 (-t n, CHORUS_DEVICE_PATH): the
+#    same three collectives with the collective kernel (kernel) and with staging (staged), side by
+#    side, at 8 bytes (all-reduce; 64 for the others) and the largest size, in a second table. The
+#    kernel path has not run on a GPU before this step passes (test_cuda's CudaDevPath cases check
+#    its results in step 1); CHORUS_DEVICE_PATH=auto keeps staging on a GPU until then.
 #
 # The limit: with n ranks on ONE GPU every byte a rank sends is a copy inside that GPU's memory.
 # For all-reduce a rank sends 2(n-1)/n x S bytes, n ranks send 2(n-1) x S, and the GPU copies at
@@ -61,7 +66,7 @@ if [ "$do_build" = 1 ]; then
         echo "gpu_check: cmake not found; use --no-build with a shipped build dir" >&2; exit 1
     fi
     cmake -B "$build" -S "$root" -DCMAKE_BUILD_TYPE=Release -DCHORUS_CUDA=ON > /dev/null || exit 1
-    cmake --build "$build" -j "$(nproc)" --target test_cuda cuda_copy_bw perf_binaries chorusrun \
+    cmake --build "$build" -j "$(nproc)" --target test_cuda test_device cuda_copy_bw perf_binaries chorusrun \
         > "$build/gpu_check_build.log" 2>&1 || {
         echo "gpu_check: build failed, see $build/gpu_check_build.log" >&2; tail -20 "$build/gpu_check_build.log" >&2; exit 1; }
 fi
@@ -89,6 +94,15 @@ if [ -x "$bin/test_cuda" ]; then
     [ $tests_fail -ne 0 ] && status=1
 else
     echo "gpu_check: $bin/test_cuda missing" >&2; status=1
+fi
+# The device path under the emulator (CPU threads stand in for the GPU) must pass here too.
+if [ -x "$bin/test_device" ]; then
+    if CHORUS_TIMEOUT=120 timeout -k 5 "$tmo" "$bin/test_device" --gtest_filter='*DevicePath*' \
+        > "$log/test_device_path.log" 2>&1; then
+        echo "test_device DevicePath (emulator): passed"
+    else
+        echo "test_device DevicePath (emulator): FAILED (log in $log/test_device_path.log)"; status=1
+    fi
 fi
 
 # ---- 2. copy bandwidth ----------------------------------------------------------------------
@@ -139,10 +153,45 @@ for coll in all_reduce all_gather reduce_scatter; do
     done
 done
 
+# ---- 4. device path: thread ranks, kernel vs staged -------------------------------------------
+dp_rows=()
+for coll in all_reduce all_gather reduce_scatter; do
+    for n in $rank_counts; do
+        [ "$n" -le 1 ] && continue
+        for path in kernel staged; do
+            p="$bin/${coll}_perf"
+            small=64; [ "$coll" = all_reduce ] && small=8
+            echo "running $coll with $n thread ranks on GPU 0, CHORUS_DEVICE_PATH=$path ..." >&2
+            tag="dp_${path}_${coll}_${n}"
+            lat=$(CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0} CHORUS_DEVICE_PATH=$path timeout -k 5 "$tmo" "$p" -t "$n" -b "$small" -e "$small" \
+                -n 100 -w 10 -m device 2>"$log/${tag}_lat.err")
+            rc1=$?
+            bw=$(CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0} CHORUS_DEVICE_PATH=$path timeout -k 5 "$tmo" "$p" -t "$n" -b "$max_bytes" \
+                -e "$max_bytes" -n 10 -w 3 -m device 2>"$log/${tag}_bw.err")
+            rc2=$?
+            printf '%s\n' "$lat" > "$log/${tag}_lat.out"; printf '%s\n' "$bw" > "$log/${tag}_bw.out"
+            lat_us=; lw1=; lw2=; size=; busbw=; bw1=; bw2=
+            read -r _ lat_us _ lw1 lw2 <<< "$(printf '%s\n' "$lat" | last_row)"
+            read -r size _ busbw bw1 bw2 <<< "$(printf '%s\n' "$bw" | last_row)"
+            if [ -n "${lw2:-}" ] && [ -n "${bw2:-}" ]; then wrong=$(( lw1 + lw2 + bw1 + bw2 )); else wrong="?"; fi
+            if [ $rc1 -ne 0 ] || [ $rc2 -ne 0 ] || [ "$wrong" != 0 ]; then status=1; fi
+            frac=$(awk -v b="${busbw:-0}" -v d="$d2d" -v n="$n" 'BEGIN {
+                if (n <= 1 || d <= 0) print "n/a"; else printf "%.0f%%", 100 * b / (d / n) }')
+            dp_rows+=("$(printf '%-15s %5s %-7s %11s %10s %12s %10s %7s %5s' "$coll" "$n" "$path" \
+                "${lat_us:-?}" "${size:-?}" "${busbw:-?}" "$frac" "$wrong" "$rc1/$rc2")")
+        done
+    done
+done
+
 echo
 echo "# Chorus CUDA path on ${gpu:-?}: ranks share GPU 0; limit = d2d / n = busbw ceiling (see header)"
 echo "# d2d ${d2d} GB/s, h2d ${h2d} GB/s, d2h ${d2h} GB/s; test_cuda ${tests_pass} passed ${tests_fail} failed ${tests_skip} skipped"
 printf '%-15s %5s %11s %10s %12s %10s %7s %5s\n' "collective" "ranks" "64B time us" "size B" \
     "busbw GB/s" "of limit" "#wrong" "rc"
 for r in "${rows[@]}"; do echo "$r"; done
+echo
+echo "# Device path, thread ranks of one process on GPU 0 (-t n): collective kernel vs staging"
+printf '%-15s %5s %-7s %11s %10s %12s %10s %7s %5s\n' "collective" "ranks" "path" "small us" \
+    "size B" "busbw GB/s" "of limit" "#wrong" "rc"
+for r in "${dp_rows[@]}"; do echo "$r"; done
 exit $status

@@ -42,7 +42,8 @@ fi
 #   protocol's CPU executor (DeviceCpuExec: every collective and op on threads standing in for
 #   ranks and GPU blocks, SIMPLE, LL and copy-engine programs, for int8 - the dtype changes only
 #   the kernel that runs, and each dtype takes about 4.5 minutes of CPU under TSan - plus abort,
-#   deadline and header mismatch).
+#   deadline and header mismatch), and the device path through communicators on the device
+#   emulator (DevicePath*: its thread-rank cases, about 45 s under TSan).
 if [ "${CHORUS_TEST_SANITIZERS:-1}" != 0 ]; then
   CHORUS_TSAN_TESTS="${CHORUS_TSAN_TESTS:-[Tt]hreads|LastError|DeviceCpuExecFixed|DeviceCpuExec\..*/int8$}"
   CHORUS_TSAN_EXCLUDE="${CHORUS_TSAN_EXCLUDE:-^Coll/CollIb|^Coll/.*[4-8]ranks|^Coll/CollDirectReduce.*3ranks|^Coll/CollSlotStore.Ring.*3ranks|^Coll/CollTcpTune.*buf65536|^DdpModel|^perf_run}"

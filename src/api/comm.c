@@ -16,6 +16,7 @@
 #include "coll.h"
 #include "comm_impl.h"
 #include "api.h"
+#include "cuda_devpath.h"
 #include "cuda_enqueue.h"
 #include "topo.h"
 
@@ -231,6 +232,7 @@ ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t *asyncError) {
         *asyncError = (ncclResult_t)st; /* ncclInProgress, or why the init failed */
         return ncclSuccess;
     }
+    devpath_poll_error(comm); /* the device path's error word */
     *asyncError = (ncclResult_t)__atomic_load_n(&comm->async_error, __ATOMIC_ACQUIRE);
     return ncclSuccess;
 }

@@ -33,18 +33,10 @@
 #include "cuda_util.h"
 #include "log.h"
 #include "param.h"
-
-#if CHORUS_HAVE_CUDA
-#include <cuda_runtime.h>
-
-#define CUDA_BLOCK_MIN (1u << 20)
-#define CUDA_BLOCKS_PREALLOC 4         /* of CUDA_BLOCK_PREALLOC_BYTES, at comm init */
-#define CUDA_BLOCK_PREALLOC_BYTES (4u << 20)
-#define CUDA_BLOCKS_MAX 64               /* staging blocks per communicator ... */
-#define CUDA_STAGING_CAP ((size_t)2 << 30) /* ... and pinned bytes, before a caller waits */
+#include "cuda_devpath.h"
 
 /* Elements in each buffer and whether this rank uses it (the rules of coll_api_prepare). */
-static void cuda_op_shape(const coll_args_t *a, int nranks, int rank, size_t *scount_p,
+void cuda_op_shape(const coll_args_t *a, int nranks, int rank, size_t *scount_p,
                           size_t *rcount_p, int *need_send_p, int *need_recv_p) {
     size_t scount = a->count, rcount = a->count;
     int need_send = 1, need_recv = 1;
@@ -71,6 +63,16 @@ static void cuda_op_shape(const coll_args_t *a, int nranks, int rank, size_t *sc
     *need_send_p = need_send;
     *need_recv_p = need_recv;
 }
+
+
+#if CHORUS_HAVE_CUDA
+#include <cuda_runtime.h>
+
+#define CUDA_BLOCK_MIN (1u << 20)
+#define CUDA_BLOCKS_PREALLOC 4         /* of CUDA_BLOCK_PREALLOC_BYTES, at comm init */
+#define CUDA_BLOCK_PREALLOC_BYTES (4u << 20)
+#define CUDA_BLOCKS_MAX 64               /* staging blocks per communicator ... */
+#define CUDA_STAGING_CAP ((size_t)2 << 30) /* ... and pinned bytes, before a caller waits */
 
 int cuda_enqueue_wants(const coll_args_t *a) {
     if (a->staged || !chorus_cuda_available()) return 0;
@@ -238,7 +240,8 @@ fail:
 }
 
 void cuda_enqueue_comm_init(struct ncclComm *comm) {
-    if (comm->cuda_dev < 0 || !chorus_cuda_available()) return;
+    devpath_comm_init(comm);
+    if (comm->dev_path || comm->cuda_dev < 0 || !chorus_cuda_available()) return;
     int prev = -1;
     if (cudaGetDevice(&prev) != cudaSuccess) (void)cudaGetLastError();
     cuda_comm_state_t *st;
@@ -465,7 +468,8 @@ ncclResult_t cuda_enqueue_call(const coll_args_t *call) {
 }
 
 ncclResult_t cuda_enqueue_hook(const coll_args_t *a, int *handled_p) {
-    *handled_p = 0;
+    ncclResult_t dres = devpath_hook(a, handled_p);
+    if (*handled_p) return dres;
     if (a->staged || !chorus_cuda_available()) return ncclSuccess;
     if (cuda_enqueue_wants(a)) {
         *handled_p = 1;
@@ -482,14 +486,19 @@ ncclResult_t cuda_enqueue_hook(const coll_args_t *a, int *handled_p) {
     return res;
 }
 
-void cuda_enqueue_group_discard(void) { cuda_pending.n = 0; }
+void cuda_enqueue_group_discard(void) {
+    cuda_pending.n = 0;
+    devpath_group_discard();
+}
 
 ncclResult_t cuda_enqueue_group_end(void) {
+    ncclResult_t res = devpath_group_end();
     cuda_pending_t *p = &cuda_pending;
-    if (p->n == 0) return ncclSuccess;
+    if (p->n == 0) return res;
     int n = p->n;
     p->n = 0;
-    return cuda_submit(p->args, n);
+    ncclResult_t r2 = cuda_submit(p->args, n);
+    return res != ncclSuccess ? res : r2;
 }
 
 #else /* !CHORUS_HAVE_CUDA */
@@ -503,17 +512,12 @@ ncclResult_t cuda_enqueue_call(const coll_args_t *a) {
     return ncclInvalidUsage;
 }
 ncclResult_t cuda_enqueue_hook(const coll_args_t *a, int *handled_p) {
-    (void)a;
-    *handled_p = 0;
-    return ncclSuccess;
+    return devpath_hook(a, handled_p); /* the emulated device path */
 }
-ncclResult_t cuda_enqueue_group_end(void) { return ncclSuccess; }
-void cuda_enqueue_group_discard(void) {}
-void cuda_enqueue_comm_init(struct ncclComm *comm) { (void)comm; }
-ncclResult_t cuda_enqueue_drain(struct ncclComm *comm) {
-    (void)comm;
-    return ncclSuccess;
-}
-void cuda_enqueue_comm_free(struct ncclComm *comm) { (void)comm; }
+ncclResult_t cuda_enqueue_group_end(void) { return devpath_group_end(); }
+void cuda_enqueue_group_discard(void) { devpath_group_discard(); }
+void cuda_enqueue_comm_init(struct ncclComm *comm) { devpath_comm_init(comm); }
+ncclResult_t cuda_enqueue_drain(struct ncclComm *comm) { return devpath_drain(comm); }
+void cuda_enqueue_comm_free(struct ncclComm *comm) { devpath_comm_free(comm); }
 
 #endif

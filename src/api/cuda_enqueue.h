@@ -30,6 +30,10 @@ struct ncclComm;
  * call on a communicator that has device ops in flight first waits for them (the engine runs one
  * caller at a time; the worker is a caller). */
 ncclResult_t cuda_enqueue_hook(const coll_args_t *a, int *handled_p);
+/* Elements in each buffer of a call and whether this rank uses it (the rules of
+ * coll_api_prepare). */
+void cuda_op_shape(const coll_args_t *a, int nranks, int rank, size_t *scount_p, size_t *rcount_p,
+                   int *need_send_p, int *need_recv_p);
 /* 1 when this call must take the device path: a GPU exists and one of its buffers is device
  * memory. Always 0 in a build without CUDA. */
 int cuda_enqueue_wants(const coll_args_t *a);

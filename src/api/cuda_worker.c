@@ -22,6 +22,7 @@
 #include "check.h"
 #include "coll.h"
 #include "comm.h"
+#include "cuda_devpath.h"
 #include "cuda_enqueue.h"
 #include "cuda_util.h"
 #include "log.h"
@@ -101,6 +102,7 @@ void cuda_worker_push(cuda_comm_state_t *st, cuda_batch_t *b) {
 }
 
 ncclResult_t cuda_enqueue_drain(struct ncclComm *comm) {
+    CHECK(devpath_drain(comm));
     cuda_comm_state_t *st = comm->cuda_state;
     if (st == NULL) return ncclSuccess;
     pthread_mutex_lock(&st->lock);
@@ -120,6 +122,7 @@ ncclResult_t cuda_enqueue_drain(struct ncclComm *comm) {
 }
 
 void cuda_enqueue_comm_free(struct ncclComm *comm) {
+    devpath_comm_free(comm);
     cuda_comm_state_t *st = comm->cuda_state;
     if (st == NULL) return;
     pthread_mutex_lock(&st->lock);

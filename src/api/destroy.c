@@ -16,6 +16,7 @@
 #include "coll.h"
 #include "comm_impl.h"
 #include "api.h"
+#include "cuda_devpath.h"
 #include "cuda_enqueue.h"
 #include "waiter.h"
 
@@ -115,6 +116,7 @@ ncclResult_t ncclCommAbort(ncclComm_t comm) {
     int rank = comm->rank, nranks = comm->nranks;
     __atomic_store_n(&comm->abort_flag, 1, __ATOMIC_RELEASE);
     __atomic_store_n(&comm->bs_abort_flag, 1, __ATOMIC_RELEASE);
+    devpath_abort(comm); /* releases the device path's launches (the error word) */
     bootstrap_t *bs = __atomic_load_n(&comm->bs, __ATOMIC_ACQUIRE);
     if (bs) bootstrap_abort(bs);
     comm_join_init(comm);

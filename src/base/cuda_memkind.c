@@ -20,6 +20,20 @@
 #include "cuda_util.h"
 #include "log.h"
 
+static int (*g_emu_is_dev)(const void *p);
+
+void chorus_mem_kind_set_emu(int (*is_emu_device)(const void *p)) {
+    __atomic_store_n(&g_emu_is_dev, is_emu_device, __ATOMIC_RELEASE);
+}
+
+/* Emulated device memory (chorus_mem_kind_set_emu). */
+static int mem_kind_emu(const void *p, int *dev_p) {
+    int (*fn)(const void *) = __atomic_load_n(&g_emu_is_dev, __ATOMIC_ACQUIRE);
+    if (fn == NULL || p == NULL || !fn(p)) return 0;
+    if (dev_p) *dev_p = -1;
+    return 1;
+}
+
 #if CHORUS_HAVE_CUDA
 #include <cuda_runtime.h>
 
@@ -66,6 +80,7 @@ static unsigned memkind_slot(uintptr_t p) {
 
 chorus_mem_kind_t chorus_mem_kind_dev(const void *p, int *dev_p) {
     if (dev_p) *dev_p = -1;
+    if (mem_kind_emu(p, dev_p)) return CHORUS_MEM_DEVICE;
     if (p == NULL || !chorus_cuda_available()) return CHORUS_MEM_HOST;
     uintptr_t u = (uintptr_t)p;
     memkind_entry_t *e = &memkind_cache[memkind_slot(u)];
@@ -106,8 +121,8 @@ int chorus_cuda_device_count(void) {
 int chorus_cuda_available(void) { return 0; }
 
 chorus_mem_kind_t chorus_mem_kind_dev(const void *p, int *dev_p) {
-    (void)p;
     if (dev_p) *dev_p = -1;
+    if (mem_kind_emu(p, dev_p)) return CHORUS_MEM_DEVICE;
     return CHORUS_MEM_HOST;
 }
 

@@ -44,6 +44,10 @@ int chorus_cuda_device_count(void);
 chorus_mem_kind_t chorus_mem_kind(const void *p);
 /* Same, also returning the device ordinal that owns a device pointer (-1 for host). */
 chorus_mem_kind_t chorus_mem_kind_dev(const void *p, int *dev_p);
+/* The device runtime's emulator (src/device/ch_rt_emu.c) registers the test of its emulated device
+ * memory here: chorus_mem_kind reports such memory as DEVICE (device ordinal -1), with or without
+ * a GPU or a CUDA build. */
+void chorus_mem_kind_set_emu(int (*is_emu_device)(const void *p));
 
 #if CHORUS_HAVE_CUDA
 #define CUDACHECK(call)                                                                            \

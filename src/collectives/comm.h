@@ -120,6 +120,9 @@ struct ncclComm {
     /* Added by the CUDA path (src/api/cuda_enqueue.c): the device-buffer worker and its
      * staging memory; NULL until the first collective on device buffers. */
     struct cuda_comm_state *cuda_state;
+    /* Added by the device path (src/api/cuda_devpath.c): the collective kernel's connections and
+     * error word when device-buffer ops run as kernels on the user's stream; NULL otherwise. */
+    struct devpath_comm *dev_path;
 };
 
 /* A thread that calls ncclCommAbort (a watchdog) may race with another thread blocked in a

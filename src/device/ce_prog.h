@@ -47,7 +47,7 @@ typedef struct {
     size_t n; /* COPY: bytes; REDUCE: elements */
 } ch_ce_op_t;
 
-typedef struct {
+typedef struct ch_ce_prog {
     ch_ce_op_t *ops;
     size_t nops, cap;
 } ch_ce_prog_t;

@@ -100,6 +100,21 @@ CH_FN int ch_plan_channels(int coll, int nranks, size_t count, size_t chunk_elem
     return (int)n;
 }
 
+/* Elements per chunk for slots of `room` bytes: whole 64-byte lines, at least one. */
+CH_FN size_t ch_plan_chunk_elems(size_t room, size_t esize) {
+    size_t n = room / 64 * (64 / esize);
+    return n ? n : 64 / esize;
+}
+
+/* Whether an op runs in place: all-gather's sendbuff is this rank's block of recvbuff, every
+ * other collective's sendbuff is recvbuff. */
+CH_FN int ch_plan_inplace(int coll, const void *sendbuff, const void *recvbuff, int rank,
+                          size_t count, size_t esize) {
+    if (coll == CH_COLL_ALLGATHER)
+        return sendbuff == (const char *)recvbuff + (size_t)rank * count * esize;
+    return sendbuff == recvbuff;
+}
+
 /* Channel c's slice [*beg, *end) of the op's elements. */
 CH_FN void ch_chan_range(const ch_plan_t *p, int c, size_t *beg, size_t *end) {
     const size_t per = ch_align_up(ch_div_up(p->count, (size_t)p->nch), 64 / p->esize);

@@ -135,48 +135,42 @@ uint32_t ch_cpu_error(const ch_cpu_world_t *w) {
     return ch_ld32_relaxed(&w->err);
 }
 
-/* ---- one thread: one rank's channel ------------------------------------------------------- */
+/* ---- one block: one rank's channel ------------------------------------------------------- */
 
 typedef struct {
-    ch_cpu_world_t *w;
-    const ch_cpu_op_t *op;
-    int rank, c, proto;
-    uint64_t seq;
-    uint32_t result;
-    pthread_t tid;
-} ch_thr_t;
-
-typedef struct {
-    ch_thr_t *t;
-    ch_plan_t plan;
+    const ch_kernel_args_t *a;
+    int c;
     ch_wait_t wait;
     size_t esize;
     unsigned char *bounce, *stage; /* LL: the received chunk, the chunk to send */
 } ch_blk_t;
 
+static const ch_conn_t *blk_conn(const ch_blk_t *b, int src, int dst) {
+    const int n = b->a->plan.nranks;
+    return &b->a->conns[((size_t)b->c * n + src) * n + dst];
+}
+
 static int coll_reduces(int coll) {
     return coll == CH_COLL_ALLREDUCE || coll == CH_COLL_REDUCESCATTER || coll == CH_COLL_REDUCE;
 }
 
-static void make_hdr(const ch_blk_t *b, ch_op_hdr_t *h) {
-    const ch_cpu_op_t *op = b->t->op;
-    h->coll = (uint32_t)op->coll;
-    h->dtype = (uint32_t)op->dtype;
-    h->redop = coll_reduces(op->coll) ? (uint32_t)op->redop.kind : 0;
-    h->root = op->coll == CH_COLL_BROADCAST || op->coll == CH_COLL_REDUCE ? (uint32_t)op->root : 0;
-    h->count = op->count;
-    h->seq = b->t->seq;
+void ch_op_hdr_make(ch_op_hdr_t *h, int coll, ncclDataType_t dtype, int redop_kind, size_t count,
+                    int root, uint64_t seq) {
+    h->coll = (uint32_t)coll;
+    h->dtype = (uint32_t)dtype;
+    h->redop = coll_reduces(coll) ? (uint32_t)redop_kind : 0;
+    h->root = coll == CH_COLL_BROADCAST || coll == CH_COLL_REDUCE ? (uint32_t)root : 0;
+    h->count = count;
+    h->seq = seq;
 }
 
 /* Send this rank's header on every connection the channel uses, then check every header it
  * receives (sends first: they never wait for a peer's step, so no rank waits for another's
  * check). */
 static uint32_t exchange_headers(ch_blk_t *b) {
-    const ch_plan_t *p = &b->plan;
-    ch_cpu_world_t *w = b->t->w;
-    const int r = p->rank, c = b->t->c, n = p->nranks;
-    ch_op_hdr_t h;
-    make_hdr(b, &h);
+    const ch_plan_t *p = &b->a->plan;
+    const int r = p->rank, c = b->c, n = p->nranks;
+    const ch_op_hdr_t h = b->a->hdr;
     int tx[CH_CPU_MAX_RANKS], rx[CH_CPU_MAX_RANKS], ntx = 0, nrx = 0;
     if (ch_coll_is_ring(p->coll)) {
         if (n > 1) {
@@ -195,12 +189,12 @@ static uint32_t exchange_headers(ch_blk_t *b) {
     for (int i = 0; i < ntx; i++) {
         ch_op_hdr_t hs = h;
         if (p->coll == CH_COLL_SENDRECV) hs.root = (uint32_t)tx[i]; /* names its receiver */
-        uint32_t e = ch_hdr_send(world_conn(w, c, r, tx[i]), &hs, &b->wait);
+        uint32_t e = ch_hdr_send(blk_conn(b, r, tx[i]), &hs, &b->wait);
         if (e) return e;
     }
     for (int i = 0; i < nrx; i++) {
         uint32_t want = p->coll == CH_COLL_SENDRECV ? (uint32_t)r : h.root;
-        uint32_t e = ch_hdr_check(world_conn(w, c, rx[i], r), &h, want, &b->wait);
+        uint32_t e = ch_hdr_check(blk_conn(b, rx[i], r), &h, want, &b->wait);
         if (e) return e;
     }
     return CH_OK;
@@ -208,8 +202,7 @@ static uint32_t exchange_headers(ch_blk_t *b) {
 
 static void run_kernel(const ch_blk_t *b, const ch_step_t *s, const char *in, char *dst,
                        const void *rdata, void *sdata) {
-    const ch_cpu_op_t *op = b->t->op;
-    const chorus_redop_t *rop = &op->redop;
+    const chorus_redop_t *rop = &b->a->redop;
     const size_t bytes = s->count * b->esize;
     switch (s->kind) {
     case CH_K_SEND:
@@ -249,14 +242,13 @@ static void run_kernel(const ch_blk_t *b, const ch_step_t *s, const char *in, ch
 }
 
 static uint32_t run_step(ch_blk_t *b, const ch_step_t *s) {
-    ch_cpu_world_t *w = b->t->w;
-    const ch_cpu_op_t *op = b->t->op;
-    const int r = b->plan.rank, c = b->t->c, ll = b->t->proto == CH_PROTO_LL;
+    const ch_kernel_args_t *a = b->a;
+    const int r = a->plan.rank, ll = a->proto == CH_PROTO_LL;
     const size_t es = b->esize, bytes = s->count * es;
-    const char *in = s->in_off != CH_NONE ? (const char *)op->sendbuff + s->in_off * es : NULL;
-    char *dst = s->out_off != CH_NONE ? (char *)op->recvbuff + s->out_off * es : NULL;
-    const ch_conn_t *rx = s->recv_peer >= 0 ? world_conn(w, c, s->recv_peer, r) : NULL;
-    const ch_conn_t *tx = s->send_peer >= 0 ? world_conn(w, c, r, s->send_peer) : NULL;
+    const char *in = s->in_off != CH_NONE ? (const char *)a->sendbuff + s->in_off * es : NULL;
+    char *dst = s->out_off != CH_NONE ? (char *)a->recvbuff + s->out_off * es : NULL;
+    const ch_conn_t *rx = s->recv_peer >= 0 ? blk_conn(b, s->recv_peer, r) : NULL;
+    const ch_conn_t *tx = s->send_peer >= 0 ? blk_conn(b, r, s->send_peer) : NULL;
     uint64_t rs = 0, ts = 0;
     const void *rdata = NULL;
     void *sdata = NULL;
@@ -308,15 +300,69 @@ static uint32_t run_step(ch_blk_t *b, const ch_step_t *s) {
     return CH_OK;
 }
 
+uint32_t ch_cpu_block(const ch_kernel_args_t *a, int c, int64_t deadline_ns) {
+    const ch_plan_t *p = &a->plan;
+    if (c >= p->nch) return CH_OK;
+    ch_blk_t b;
+    memset(&b, 0, sizeof(b));
+    b.a = a;
+    b.c = c;
+    b.esize = p->esize;
+    ch_host_deadline_t dl = {deadline_ns};
+    b.wait.err = a->err;
+    b.wait.host = deadline_ns > 0 ? &dl : NULL;
+    uint32_t e = CH_OK;
+    if (a->proto == CH_PROTO_LL) {
+        b.bounce = malloc(a->ll_bytes);
+        b.stage = malloc(a->ll_bytes);
+        if (!b.bounce || !b.stage) {
+            e = ch_set_once32(a->err, CH_ERR_ABORT);
+            goto out;
+        }
+    }
+    e = exchange_headers(&b);
+    ch_iter_t it;
+    ch_step_t s;
+    ch_sched_begin(p, c, &it);
+    while (!e && ch_sched_next(p, c, &it, &s))
+        e = run_step(&b, &s);
+out:
+    free(b.bounce);
+    free(b.stage);
+    return e;
+}
+
+uint32_t ch_cpu_ce_run(const ch_ce_prog_t *prog, const chorus_redop_t *rop, uint32_t *err,
+                       int64_t deadline_ns) {
+    ch_host_deadline_t dl = {deadline_ns};
+    ch_wait_t wait = {.err = err, .spins = 0, .host = deadline_ns > 0 ? &dl : NULL};
+    return ch_ce_run(prog, &ch_ce_cpu_ops, &wait, rop);
+}
+
+int64_t ch_host_now_ns(void) {
+    return now_ns();
+}
+
+/* ---- one thread of ch_cpu_run: one rank's channel ----------------------------------------- */
+
+typedef struct {
+    ch_cpu_world_t *w;
+    const ch_cpu_op_t *op;
+    int rank, c, proto;
+    uint64_t seq;
+    uint32_t result;
+    pthread_t tid;
+} ch_thr_t;
+
 static const ch_conn_t *ce_conn(void *arg, int c, int src, int dst) {
     return world_conn((const ch_cpu_world_t *)arg, c, src, dst);
 }
 
 /* The channel as a copy-engine program: built from the schedule, then interpreted. The
  * connections' counters continue from where the previous op left them. */
-static uint32_t run_ce(ch_blk_t *b) {
-    ch_cpu_world_t *w = b->t->w;
-    const int n = w->nranks, r = b->plan.rank, c = b->t->c;
+static uint32_t run_ce(ch_thr_t *t, const ch_plan_t *plan, ch_wait_t *wait) {
+    ch_cpu_world_t *w = t->w;
+    const int n = w->nranks, r = plan->rank, c = t->c;
     uint64_t *next = calloc(2 * (size_t)n, sizeof(uint64_t));
     if (!next) return ch_set_once32(&w->err, CH_ERR_ABORT);
     for (int q = 0; q < n; q++) {
@@ -326,13 +372,12 @@ static uint32_t run_ce(ch_blk_t *b) {
     }
     ch_ce_env_t env = {.conn = ce_conn, .arg = w, .next_send = next, .next_recv = next + n};
     ch_ce_prog_t prog = {0};
-    const ch_cpu_op_t *op = b->t->op;
+    const ch_cpu_op_t *op = t->op;
     uint32_t e = CH_OK;
-    if (ch_ce_build(&b->plan, c, op->sendbuff, op->recvbuff, &op->redop, &env, &prog) !=
-        ncclSuccess)
+    if (ch_ce_build(plan, c, op->sendbuff, op->recvbuff, &op->redop, &env, &prog) != ncclSuccess)
         e = ch_set_once32(&w->err, CH_ERR_ABORT);
     else
-        e = ch_ce_run(&prog, &ch_ce_cpu_ops, &b->wait, &op->redop);
+        e = ch_ce_run(&prog, &ch_ce_cpu_ops, wait, &op->redop);
     ch_ce_prog_free(&prog);
     free(next);
     return e;
@@ -342,15 +387,12 @@ static void *thr_main(void *arg) {
     ch_thr_t *t = (ch_thr_t *)arg;
     ch_cpu_world_t *w = t->w;
     const ch_cpu_op_t *op = t->op;
-    ch_blk_t b;
-    memset(&b, 0, sizeof(b));
-    b.t = t;
-    b.esize = chorus_dtype_size(op->dtype);
-    ch_host_deadline_t dl = {now_ns() + w->timeout_ms * 1000000};
-    b.wait.err = &w->err;
-    b.wait.host = &dl;
+    const size_t esize = chorus_dtype_size(op->dtype);
+    const int64_t deadline = now_ns() + w->timeout_ms * 1000000;
+    ch_kernel_args_t a;
+    memset(&a, 0, sizeof(a));
     const size_t room = t->proto == CH_PROTO_LL ? w->ll_bytes : w->slot_bytes;
-    ch_plan_t *p = &b.plan;
+    ch_plan_t *p = &a.plan;
     p->coll = op->coll;
     p->nranks = w->nranks;
     p->rank = t->rank;
@@ -358,40 +400,28 @@ static void *thr_main(void *arg) {
     p->send_peer = op->send_peer;
     p->recv_peer = op->recv_peer;
     p->count = op->count;
-    p->esize = b.esize;
-    p->chunk_elems = room / 64 * (64 / b.esize);
-    if (p->chunk_elems == 0) p->chunk_elems = 64 / b.esize;
+    p->esize = esize;
+    p->chunk_elems = ch_plan_chunk_elems(room, esize);
     p->ring = w->ring;
     p->nch = ch_plan_channels(op->coll, w->nranks, op->count, p->chunk_elems, w->max_ch);
-    if (op->coll == CH_COLL_ALLGATHER)
-        p->inplace =
-            op->sendbuff == (const char *)op->recvbuff + (size_t)t->rank * op->count * b.esize;
-    else
-        p->inplace = op->sendbuff == op->recvbuff;
+    p->inplace = ch_plan_inplace(op->coll, op->sendbuff, op->recvbuff, t->rank, op->count, esize);
+    a.sendbuff = op->sendbuff;
+    a.recvbuff = op->recvbuff;
+    a.conns = w->conns;
+    a.err = &w->err;
+    a.redop = op->redop;
+    a.proto = t->proto == CH_PROTO_LL ? CH_PROTO_LL : CH_PROTO_SIMPLE;
+    a.ll_bytes = (uint32_t)w->ll_bytes;
+    ch_op_hdr_make(&a.hdr, op->coll, op->dtype, op->redop.kind, op->count, op->root, t->seq);
     t->result = CH_OK;
     if (t->c >= p->nch) return NULL;
-    if (t->proto == CH_PROTO_LL) {
-        b.bounce = malloc(w->ll_bytes);
-        b.stage = malloc(w->ll_bytes);
-        if (!b.bounce || !b.stage) {
-            t->result = ch_set_once32(&w->err, CH_ERR_ABORT);
-            goto out;
-        }
-    }
     if (t->proto == CH_CPU_CE) {
-        t->result = run_ce(&b);
-        goto out;
+        ch_host_deadline_t dl = {deadline};
+        ch_wait_t wait = {.err = &w->err, .spins = 0, .host = &dl};
+        t->result = run_ce(t, p, &wait);
+        return NULL;
     }
-    uint32_t e = exchange_headers(&b);
-    ch_iter_t it;
-    ch_step_t s;
-    ch_sched_begin(p, t->c, &it);
-    while (!e && ch_sched_next(p, t->c, &it, &s))
-        e = run_step(&b, &s);
-    t->result = e;
-out:
-    free(b.bounce);
-    free(b.stage);
+    t->result = ch_cpu_block(&a, t->c, deadline);
     return NULL;
 }
 

@@ -15,6 +15,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "ch_kernel.h"
 #include "nccl.h"
 #include "reduce.h"
 
@@ -63,6 +64,24 @@ uint32_t ch_cpu_error(const ch_cpu_world_t *w);
 
 /* The rank at position pos of channel c's ring in a world (channels alternate direction). */
 int ch_cpu_ring_rank(int nranks, int c, int pos);
+
+/* One block of the collective kernel (ch_kernel.h) run by the calling thread: channel c's header
+ * exchange and steps, with the host reduction kernels, exactly as cpu_exec's threads run them.
+ * deadline_ns (CLOCK_MONOTONIC, ch_host_now_ns; 0: none) turns a wait that lasts into
+ * CH_ERR_TIMEOUT in the error word. Returns CH_OK or the error the block met. The device
+ * runtime's emulator (ch_rt_emu.c) runs a launch as one such call per channel. */
+uint32_t ch_cpu_block(const ch_kernel_args_t *a, int c, int64_t deadline_ns);
+int64_t ch_host_now_ns(void);
+
+/* Run a copy-engine program (ce_prog.h) on the calling thread with the host kernels: its waits
+ * poll the error word err and end at deadline_ns (0: none) with CH_ERR_TIMEOUT. */
+struct ch_ce_prog;
+uint32_t ch_cpu_ce_run(const struct ch_ce_prog *prog, const chorus_redop_t *rop, uint32_t *err,
+                       int64_t deadline_ns);
+
+/* This rank's header of an op (the fields a peer must agree on; see ch_proto.h). */
+void ch_op_hdr_make(ch_op_hdr_t *h, int coll, ncclDataType_t dtype, int redop_kind, size_t count,
+                    int root, uint64_t seq);
 
 /* What the host reports for an error word value. */
 ncclResult_t ch_error_result(uint32_t err);

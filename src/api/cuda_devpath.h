@@ -1,0 +1,49 @@
+/*
+ * cuda_devpath.h: collectives on device buffers run as the collective kernel on the user's stream
+ * (the device path of the NCCL entry points; cuda_enqueue.c calls in here first).
+ *
+ * At init a communicator whose ranks are all threads of this process on one device, and whose
+ * CHORUS_DEVICE_PATH (with CHORUS_DEVICE_EMU) selects the kernel, sets up the kernel's world
+ * once: rank 0 allocates through the device runtime (ch_rt.h) every connection (control block,
+ * SIMPLE and LL slots) of every channel, the ring table and the error word, and the bootstrap
+ * allgather hands the world to the other ranks (they share the address space). Each call on
+ * device buffers then builds a plan and kernel arguments and launches on the user's stream: no
+ * worker thread, no staging. The connections' counters persist across launches. Inside a group,
+ * each communicator's collectives launch in call order, then its sends and receives, paired
+ * into one send/receive launch per ring distance d (a send to rank + d with a receive from
+ * rank - d), so every rank works through the distances in the same order.
+ *
+ * Errors: the error word (shared by the ranks) turns into the call's result and the
+ * communicator's async error (ch_error_result: a mismatched op is ncclInvalidUsage on every
+ * rank); ncclCommAbort writes CH_ERR_ABORT into it, which releases a spinning launch; finalize
+ * and destroy wait for the launched work (CHORUS_TIMEOUT, then the error word is set to
+ * CH_ERR_TIMEOUT so the kernels return).
+ */
+#ifndef CHORUS_CUDA_DEVPATH_H_
+#define CHORUS_CUDA_DEVPATH_H_
+
+#include "coll_api.h"
+#include "nccl.h"
+
+struct ncclComm;
+
+/* End of a successful init: choose the path and set up the kernel's world (collective: every
+ * rank takes the same decision from the locality records and the parameters). */
+void devpath_comm_init(struct ncclComm *comm);
+/* A call: *handled_p = 1 when the device path took it (its result is the call's). */
+ncclResult_t devpath_hook(const coll_args_t *a, int *handled_p);
+/* The outermost ncclGroupEnd of this thread: launch the device ops kept since ncclGroupStart. */
+ncclResult_t devpath_group_end(void);
+void devpath_group_discard(void);
+/* Wait until the work launched on comm has run (finalize, destroy). */
+ncclResult_t devpath_drain(struct ncclComm *comm);
+/* ncclCommAbort: release every launch of comm. */
+void devpath_abort(struct ncclComm *comm);
+/* The error word as comm's async error (ncclCommGetAsyncError). */
+void devpath_poll_error(struct ncclComm *comm);
+/* 1 when comm runs device-buffer ops as the collective kernel (tests). */
+int devpath_kernel_on(const struct ncclComm *comm);
+/* comm_free: drain, then drop this rank's share of the world. */
+void devpath_comm_free(struct ncclComm *comm);
+
+#endif

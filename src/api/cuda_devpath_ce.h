@@ -1,0 +1,38 @@
+/*
+ * cuda_devpath_ce.h: the device path between processes that share a device: copy-engine programs
+ * (private to cuda_devpath.c and cuda_devpath_ce.c).
+ *
+ * Each rank allocates, as device memory other processes of the host can map (ch_rt_t ipc_*), the
+ * receiving ends of its connections: for every channel and every sender, a control block and the
+ * SIMPLE slots. Rank 0's block starts with the communicator's error word. The bootstrap allgather
+ * hands out the handles and every rank maps every peer's block, so each rank can address every
+ * connection. An op becomes one program per channel (ch_ce_build over the schedule; the next step
+ * of every connection is kept here, on the host, from op to op), queued on the user's stream
+ * (ce_launch). Programs exchange no op header: a mismatched op is not detected, its waits end at
+ * CHORUS_TIMEOUT.
+ */
+#ifndef CHORUS_CUDA_DEVPATH_CE_H_
+#define CHORUS_CUDA_DEVPATH_CE_H_
+
+#include "device/ch_plan.h"
+#include "device/ch_rt.h"
+#include "nccl.h"
+#include "reduce.h"
+
+struct ncclComm;
+typedef struct dp_ce dp_ce_t;
+
+/* Collective over comm's ranks (all of them call it, and all get NULL if any rank failed). */
+dp_ce_t *dp_ce_setup(struct ncclComm *comm, const ch_rt_t *rt, int nch, int nslots,
+                     size_t slot_bytes);
+void dp_ce_free(dp_ce_t *ce);
+/* The error word (in rank 0's block, mapped here). */
+uint32_t *dp_ce_err(const dp_ce_t *ce);
+/* The ring table and slot size a plan over these connections uses. */
+const int *dp_ce_ring(const dp_ce_t *ce);
+size_t dp_ce_slot_bytes(const dp_ce_t *ce);
+/* Build plan's programs (one per channel) and queue them on stream. */
+ncclResult_t dp_ce_launch(dp_ce_t *ce, const ch_plan_t *plan, const void *sendbuff, void *recvbuff,
+                          const chorus_redop_t *rop, void *stream);
+
+#endif

@@ -1,0 +1,44 @@
+/*
+ * ch_rt_emu.h: what tests (and CHORUS_DEVICE_EMU=1 runs) see of the device runtime's emulator.
+ *
+ * Emulated device memory is host memory that chorus_mem_kind reports as device memory; an
+ * emulated stream is an ordered work queue run by a host thread of its own. Pass an emulated
+ * stream (cast to cudaStream_t) where NCCL takes a stream; NULL is the emulator's default stream.
+ * A collective on emulated device memory takes the device path with the emulator, as one on CUDA
+ * memory takes it with the GPU.
+ */
+#ifndef CHORUS_DEVICE_CH_RT_EMU_H_
+#define CHORUS_DEVICE_CH_RT_EMU_H_
+
+#include <stddef.h>
+
+#include "nccl.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct ch_emu_stream ch_emu_stream_t;
+
+/* Emulated device memory of `bytes` (zeroed, 256-byte aligned); NULL when out of memory. */
+void *ch_emu_malloc(size_t bytes);
+void ch_emu_free(void *p);
+/* 1 when p points into emulated device memory. */
+int ch_emu_is_device(const void *p);
+/* 1 once any emulated device memory was allocated in this process. */
+int ch_emu_in_use(void);
+
+ch_emu_stream_t *ch_emu_stream_create(void);
+/* Waits for the stream's work, then ends its thread. */
+void ch_emu_stream_destroy(ch_emu_stream_t *s);
+/* Waits until the work queued on s (NULL: the default stream) so far has run; ncclSystemError
+ * past twice CHORUS_TIMEOUT (each launch ends by CHORUS_TIMEOUT). */
+ncclResult_t ch_emu_stream_sync(ch_emu_stream_t *s);
+/* Launches the stream has run (tests count them). */
+unsigned long ch_emu_stream_launches(ch_emu_stream_t *s);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

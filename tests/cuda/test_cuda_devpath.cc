@@ -1,0 +1,227 @@
+// test_cuda_devpath.cc: the device path's collective kernel on a real GPU (CHORUS_DEVICE_PATH=
+// kernel): thread ranks of this process share GPU 0, buffers from cudaMalloc, one cudaStream per
+// rank; every collective (send/recv as a group), sum and avg (and max for int32), float32 and
+// int32, counts 1, 1001 and 1 Mi, in and out of place, 2 and 4 ranks; plus ops back to back on one
+// stream and a mismatched op (ncclInvalidUsage on every rank). The same cases run on the CPU under
+// the device emulator (tests/device/test_device_path.cc); here they check the kernel itself.
+// Skipped without a GPU.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "../device/device_ref.h"
+#include "cuda_test_util.h"
+#include "device/ch_plan.h"
+#include "launch.h"
+#include "nccl.h"
+
+extern "C" {
+#include "param.h"
+int devpath_kernel_on(const struct ncclComm *comm);
+}
+
+#if CHORUS_HAVE_CUDA
+#include <cuda_runtime.h>
+
+namespace {
+
+#define RANK_CUDA(call)                                                                            \
+    do {                                                                                           \
+        cudaError_t e_ = (call);                                                                   \
+        RANK_CHECK(e_ == cudaSuccess, "%s: %s\n", #call, cudaGetErrorString(e_));                  \
+    } while (0)
+
+class CudaDevPath : public ::testing::Test {
+  protected:
+    void SetUp() override {
+        SKIP_WITHOUT_GPU_PATH();
+        setenv("CHORUS_DEVICE_PATH", "kernel", 1);
+        chorus_param_reset();
+    }
+    void TearDown() override {
+        unsetenv("CHORUS_DEVICE_PATH");
+        chorus_param_reset();
+    }
+};
+
+// Device buffers are allocated once per rank: cudaFree waits for the whole device, where a peer's
+// kernel may already wait for this rank's next op.
+struct R {
+    ncclComm_t comm;
+    cudaStream_t st;
+    int r, n;
+    char *sbuf, *rbuf;
+    size_t cap;
+};
+const size_t kMaxCount = (size_t)1 << 20;
+
+bool reduces(int coll) {
+    return coll == CH_COLL_ALLREDUCE || coll == CH_COLL_REDUCESCATTER || coll == CH_COLL_REDUCE;
+}
+size_t in_elems(int coll, size_t count, int n) {
+    return coll == CH_COLL_REDUCESCATTER || coll == CH_COLL_ALLTOALL ? count * n : count;
+}
+size_t out_elems(int coll, size_t count, int n) {
+    return coll == CH_COLL_ALLGATHER || coll == CH_COLL_ALLTOALL ? count * n : count;
+}
+
+ncclResult_t issue(const R &k, int coll, ncclDataType_t t, ncclRedOp_t o, size_t count, int root,
+                   const void *in, void *out) {
+    switch (coll) {
+    case CH_COLL_ALLREDUCE:
+        return ncclAllReduce(in, out, count, t, o, k.comm, k.st);
+    case CH_COLL_REDUCESCATTER:
+        return ncclReduceScatter(in, out, count, t, o, k.comm, k.st);
+    case CH_COLL_ALLGATHER:
+        return ncclAllGather(in, out, count, t, k.comm, k.st);
+    case CH_COLL_BROADCAST:
+        return ncclBroadcast(in, out, count, t, root, k.comm, k.st);
+    case CH_COLL_REDUCE:
+        return ncclReduce(in, out, count, t, o, root, k.comm, k.st);
+    case CH_COLL_SENDRECV: {
+        ncclResult_t r = ncclGroupStart();
+        if (r == ncclSuccess) r = ncclSend(in, count, t, (k.r + 1) % k.n, k.comm, k.st);
+        if (r == ncclSuccess) r = ncclRecv(out, count, t, (k.r - 1 + k.n) % k.n, k.comm, k.st);
+        ncclResult_t e = ncclGroupEnd();
+        return r != ncclSuccess ? r : e;
+    }
+    default:
+        return ncclAlltoAll(in, out, count, t, k.comm, k.st);
+    }
+}
+
+// One op on device buffers, checked on the host; 0 when right.
+int run_op(const R &k, int coll, ncclDataType_t t, int op, size_t count, bool inplace) {
+    const int n = k.n, r = k.r, root = (int)(count % n);
+    const size_t es = devref::dsize(t), ni = in_elems(coll, count, n),
+                 no = out_elems(coll, count, n), nb = std::max(ni, no) * es + 64;
+    std::vector<unsigned char> host(nb, 0xa5), input(ni * es);
+    devref::fill(op, t, r, input.data(), 0, ni, 0);
+    RANK_CHECK(nb <= k.cap, "buffers too small\n");
+    char *sbuf = k.sbuf, *rbuf = k.rbuf;
+    RANK_CUDA(cudaMemcpy(rbuf, host.data(), nb, cudaMemcpyHostToDevice));
+    char *in = sbuf, *out = rbuf;
+    if (inplace) {
+        in = coll == CH_COLL_ALLGATHER ? rbuf + (size_t)r * count * es : rbuf;
+        out = coll == CH_COLL_REDUCESCATTER ? rbuf + (size_t)r * count * es : rbuf;
+    }
+    RANK_CUDA(cudaMemcpy(in, input.data(), ni * es, cudaMemcpyHostToDevice));
+    ncclResult_t res =
+        issue(k, coll, t, reduces(coll) ? (ncclRedOp_t)op : ncclSum, count, root, in, out);
+    RANK_CHECK(res == ncclSuccess, "coll %d: %s\n", coll, ncclGetErrorString(res));
+    RANK_CUDA(cudaStreamSynchronize(k.st));
+    RANK_CUDA(cudaMemcpy(host.data(), out, no * es, cudaMemcpyDeviceToHost));
+    if (coll == CH_COLL_REDUCE && r != root) return 0;
+    int wrong = 0;
+    for (size_t i = 0; i < no; i++) {
+        uint64_t want;
+        double want_d = 0;
+        switch (coll) {
+        case CH_COLL_ALLREDUCE:
+        case CH_COLL_REDUCE:
+            want = devref::reduce_ref(op, t, n, i, &want_d);
+            break;
+        case CH_COLL_REDUCESCATTER:
+            want = devref::reduce_ref(op, t, n, (size_t)r * count + i, &want_d);
+            break;
+        case CH_COLL_ALLGATHER:
+            want = devref::encode(t, devref::input_value(op, t, (int)(i / count), i % count));
+            break;
+        case CH_COLL_BROADCAST:
+            want = devref::encode(t, devref::input_value(op, t, root, i));
+            break;
+        case CH_COLL_SENDRECV:
+            want = devref::encode(t, devref::input_value(op, t, (r - 1 + n) % n, i));
+            break;
+        default:
+            want = devref::encode(
+                t, devref::input_value(op, t, (int)(i / count), (size_t)r * count + i % count));
+        }
+        if (!devref::is_int(t) && want_d == 0) want_d = rkref::to_double(t, want);
+        const uint64_t got = rkref::load_raw(t, host.data(), i);
+        if (!devref::matches(t, n, got, want, want_d) && wrong++ < 3)
+            fprintf(stderr,
+                    "rank %d coll %d %s op %d count %zu%s: element %zu is 0x%llx, want 0x%llx\n", r,
+                    coll, chorus_dtype_name(t), op, count, inplace ? " inplace" : "", i,
+                    (unsigned long long)got, (unsigned long long)want);
+    }
+    return wrong ? 1 : 0;
+}
+
+void with_ranks(int n, const std::function<int(R &)> &fn, bool failed_comm = false) {
+    ncclUniqueId id = chorus_test::make_unique_id();
+    auto res = chorus_test::run_threads(n, [&](int rank, int nr) -> int {
+        RANK_CUDA(cudaSetDevice(0));
+        R k;
+        k.r = rank;
+        k.n = nr;
+        RANK_CUDA(cudaStreamCreateWithFlags(&k.st, cudaStreamNonBlocking));
+        k.cap = kMaxCount * nr * 8 + 64;
+        RANK_CUDA(cudaMalloc(&k.sbuf, k.cap));
+        RANK_CUDA(cudaMalloc(&k.rbuf, k.cap));
+        RANK_NCCL(ncclCommInitRank(&k.comm, nr, id, rank));
+        RANK_CHECK(devpath_kernel_on(k.comm), "the communicator did not take the kernel path\n");
+        int bad = fn(k);
+        ncclResult_t d = ncclCommDestroy(k.comm);
+        if (!bad)
+            RANK_CHECK(d == ncclSuccess || (failed_comm && d == ncclInvalidUsage), "destroy: %s\n",
+                       ncclGetErrorString(d));
+        cudaStreamDestroy(k.st);
+        cudaFree(k.sbuf);
+        cudaFree(k.rbuf);
+        return bad;
+    });
+    EXPECT_TRUE(res.ok()) << res.detail;
+}
+
+TEST_F(CudaDevPath, EveryCollectiveThreads) {
+    for (int n : {2, 4}) {
+        SCOPED_TRACE("n=" + std::to_string(n));
+        with_ranks(n, [&](R &k) -> int {
+            for (int coll = 0; coll < CH_COLL_COUNT; coll++)
+                for (ncclDataType_t t : {ncclFloat32, ncclInt32})
+                    for (int op : {(int)ncclSum, (int)ncclAvg, (int)ncclMax}) {
+                        if (!reduces(coll) && op != ncclSum) continue;
+                        for (size_t count : {(size_t)1, (size_t)1001, kMaxCount})
+                            for (bool inplace : {false, true}) {
+                                if (inplace &&
+                                    (coll == CH_COLL_SENDRECV || coll == CH_COLL_ALLTOALL))
+                                    continue;
+                                if (run_op(k, coll, t, op, count, inplace)) return 1;
+                            }
+                    }
+            return 0;
+        });
+    }
+}
+
+TEST_F(CudaDevPath, MismatchThreads) {
+    with_ranks(
+        2,
+        [&](R &k) -> int {
+            float *b = (float *)k.rbuf;
+            ncclResult_t first =
+                ncclAllReduce(b, b, k.r ? 1000 : 1001, ncclFloat32, ncclSum, k.comm, k.st);
+            RANK_CHECK(first == ncclSuccess || first == ncclInvalidUsage, "%s\n",
+                       ncclGetErrorString(first));
+            RANK_CUDA(cudaStreamSynchronize(k.st));
+            ncclResult_t async = ncclSuccess;
+            RANK_NCCL(ncclCommGetAsyncError(k.comm, &async));
+            RANK_CHECK(async == ncclInvalidUsage, "async %s\n", ncclGetErrorString(async));
+            return 0;
+        },
+        true);
+}
+
+} // namespace
+
+#else
+
+TEST(CudaDevPath, NeedsCuda) {
+    GTEST_SKIP() << "SKIPPED, NOT RUN: this build has no CUDA (CHORUS_HAVE_CUDA=0)";
+}
+
+#endif

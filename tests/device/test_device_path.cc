@@ -1,0 +1,533 @@
+// test_device_path.cc: the device path of the NCCL entry points (src/api/cuda_devpath.c) on the
+// device runtime's emulator (CHORUS_DEVICE_EMU=1): thread ranks of one process call ncclAllReduce
+// & co. on emulated device memory and emulated streams; each call launches the collective kernel's
+// block code on the stream (no host engine, no staging). Checked against the serial reference of
+// device_ref.h: every collective x dtypes x every reduction, counts 0, 1, odd and large, in and out
+// of place, 1-8 ranks; ops back to back on one stream (the connections' counters persist across
+// launches); a group of collectives and sends/receives; a mismatched op (ncclInvalidUsage on
+// every rank); an abort that releases a launch waiting for a peer; finalize draining the stream;
+// a launch whose peer never calls ending at CHORUS_TIMEOUT. Each call's launch is counted
+// on its stream, so a call that the device path did not take fails the test.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "device/ch_plan.h"
+#include "device/ch_rt_emu.h"
+#include "device_ref.h"
+#include "launch.h"
+#include "nccl.h"
+extern "C" {
+#include "param.h"
+}
+
+namespace {
+
+const int kPremul = 5; // stands for a ncclRedOpCreatePreMulSum op
+const int kOps[] = {ncclSum, ncclProd, ncclMax, ncclMin, ncclAvg, kPremul};
+
+class DevicePath : public ::testing::Test {
+  protected:
+    static void SetUpTestSuite() {
+        setenv("CHORUS_DEVICE_EMU", "1", 1);
+        chorus_param_reset();
+    }
+};
+
+struct Rank {
+    ncclComm_t comm;
+    ch_emu_stream_t *st;
+    int r, n;
+    bool destroyed = false; // the rank function destroyed comm itself
+    cudaStream_t stream() const {
+        return (cudaStream_t)st;
+    }
+};
+
+bool reduces(int coll) {
+    return coll == CH_COLL_ALLREDUCE || coll == CH_COLL_REDUCESCATTER || coll == CH_COLL_REDUCE;
+}
+size_t in_elems(int coll, size_t count, int n) {
+    return coll == CH_COLL_REDUCESCATTER || coll == CH_COLL_ALLTOALL ? count * n : count;
+}
+size_t out_elems(int coll, size_t count, int n) {
+    return coll == CH_COLL_ALLGATHER || coll == CH_COLL_ALLTOALL ? count * n : count;
+}
+
+// One op's buffers on one rank, filled with its input.
+struct Bufs {
+    char *sbuf = nullptr, *rbuf = nullptr;
+    const void *in = nullptr;
+    void *out = nullptr;
+    ~Bufs() {
+        ch_emu_free(sbuf);
+        ch_emu_free(rbuf);
+    }
+};
+
+void make_bufs(const Rank &k, int coll, ncclDataType_t t, int op, size_t count, bool inplace,
+               Bufs *b) {
+    const size_t es = devref::dsize(t), ni = in_elems(coll, count, k.n),
+                 no = out_elems(coll, count, k.n);
+    b->sbuf = (char *)ch_emu_malloc(ni * es + 64);
+    b->rbuf = (char *)ch_emu_malloc(std::max(no, ni) * es + 64);
+    memset(b->rbuf, 0xa5, std::max(no, ni) * es + 64);
+    char *in = b->sbuf;
+    if (inplace) {
+        in = coll == CH_COLL_ALLGATHER ? b->rbuf + (size_t)k.r * count * es : b->rbuf;
+        b->out = coll == CH_COLL_REDUCESCATTER ? b->rbuf + (size_t)k.r * count * es : b->rbuf;
+    } else {
+        b->out = b->rbuf;
+    }
+    b->in = in;
+    devref::fill(op, t, k.r, in, 0, ni, 0);
+}
+
+// Issue the op (a send/recv ring step for CH_COLL_SENDRECV) on the rank's stream.
+ncclResult_t issue(const Rank &k, int coll, ncclDataType_t t, ncclRedOp_t o, size_t count, int root,
+                   const Bufs &b) {
+    switch (coll) {
+    case CH_COLL_ALLREDUCE:
+        return ncclAllReduce(b.in, b.out, count, t, o, k.comm, k.stream());
+    case CH_COLL_REDUCESCATTER:
+        return ncclReduceScatter(b.in, b.out, count, t, o, k.comm, k.stream());
+    case CH_COLL_ALLGATHER:
+        return ncclAllGather(b.in, b.out, count, t, k.comm, k.stream());
+    case CH_COLL_BROADCAST:
+        return ncclBroadcast(b.in, b.out, count, t, root, k.comm, k.stream());
+    case CH_COLL_REDUCE:
+        return ncclReduce(b.in, b.out, count, t, o, root, k.comm, k.stream());
+    case CH_COLL_SENDRECV: {
+        ncclResult_t r = ncclGroupStart();
+        if (r == ncclSuccess) r = ncclSend(b.in, count, t, (k.r + 1) % k.n, k.comm, k.stream());
+        if (r == ncclSuccess)
+            r = ncclRecv(b.out, count, t, (k.r - 1 + k.n) % k.n, k.comm, k.stream());
+        ncclResult_t e = ncclGroupEnd();
+        return r != ncclSuccess ? r : e;
+    }
+    default:
+        return ncclAlltoAll(b.in, b.out, count, t, k.comm, k.stream());
+    }
+}
+
+// Elements of this rank's output that differ from the reference (the first few are printed).
+int check(const Rank &k, int coll, ncclDataType_t t, int op, size_t count, int root, const Bufs &b,
+          const std::string &what) {
+    const int n = k.n, r = k.r;
+    if (coll == CH_COLL_REDUCE && r != root) return 0;
+    int wrong = 0;
+    const size_t no = out_elems(coll, count, n);
+    for (size_t i = 0; i < no; i++) {
+        uint64_t want;
+        double want_d = 0;
+        switch (coll) {
+        case CH_COLL_ALLREDUCE:
+        case CH_COLL_REDUCE:
+            want = devref::reduce_ref(op, t, n, i, &want_d);
+            break;
+        case CH_COLL_REDUCESCATTER:
+            want = devref::reduce_ref(op, t, n, (size_t)r * count + i, &want_d);
+            break;
+        case CH_COLL_ALLGATHER:
+            want = devref::encode(t, devref::input_value(op, t, (int)(i / count), i % count));
+            break;
+        case CH_COLL_BROADCAST:
+            want = devref::encode(t, devref::input_value(op, t, root, i));
+            break;
+        case CH_COLL_SENDRECV:
+            want = devref::encode(t, devref::input_value(op, t, (r - 1 + n) % n, i));
+            break;
+        default: { // all-to-all: block q of rank r's output is block r of rank q's input
+            const int q = (int)(i / count);
+            want = devref::encode(t, devref::input_value(op, t, q, (size_t)r * count + i % count));
+        }
+        }
+        if (!devref::is_int(t) && want_d == 0) want_d = rkref::to_double(t, want);
+        const uint64_t got = rkref::load_raw(t, b.out, i);
+        if (!devref::matches(t, n, got, want, want_d)) {
+            if (wrong++ < 3)
+                fprintf(stderr, "rank %d %s: element %zu is 0x%llx, want 0x%llx\n", r, what.c_str(),
+                        i, (unsigned long long)got, (unsigned long long)want);
+        }
+    }
+    return wrong;
+}
+
+std::string describe(int coll, ncclDataType_t t, int op, size_t count, bool inplace, int root) {
+    static const char *colls[] = {"allreduce", "reducescatter", "allgather", "broadcast",
+                                  "reduce",    "sendrecv",      "alltoall"};
+    return std::string(colls[coll]) + " " + chorus_dtype_name(t) + " op" + std::to_string(op) +
+           " count=" + std::to_string(count) + (inplace ? " inplace" : "") +
+           " root=" + std::to_string(root);
+}
+
+// Run one op on one rank and check it; 0 when right.
+int run_op(const Rank &k, int coll, ncclDataType_t t, int op, size_t count, bool inplace,
+           int root) {
+    const std::string what = describe(coll, t, op, count, inplace, root);
+    Bufs b;
+    make_bufs(k, coll, t, op, count, inplace, &b);
+    ncclRedOp_t o = ncclSum;
+    if (reduces(coll)) o = (ncclRedOp_t)op;
+    if (reduces(coll) && op == kPremul) {
+        const uint64_t scalar = devref::encode(t, devref::is_int(t) ? 3 : 2);
+        RANK_NCCL(
+            ncclRedOpCreatePreMulSum(&o, (void *)&scalar, t, ncclScalarHostImmediate, k.comm));
+    }
+    const unsigned long before = ch_emu_stream_launches(k.st);
+    ncclResult_t res = issue(k, coll, t, o, count, root, b);
+    RANK_CHECK(res == ncclSuccess, "%s: %s\n", what.c_str(), ncclGetErrorString(res));
+    RANK_NCCL(ch_emu_stream_sync(k.st));
+    if (reduces(coll) && op == kPremul) RANK_NCCL(ncclRedOpDestroy(o, k.comm));
+    const unsigned long launched = ch_emu_stream_launches(k.st) - before;
+    // A collective of count 0 launches nothing; everything else launches once on the stream.
+    const unsigned long want_launches = count == 0 && coll != CH_COLL_SENDRECV ? 0 : 1;
+    RANK_CHECK(launched == want_launches, "%s: %lu launches on the stream, want %lu\n",
+               what.c_str(), launched, want_launches);
+    ncclResult_t async = ncclSuccess;
+    RANK_NCCL(ncclCommGetAsyncError(k.comm, &async));
+    RANK_CHECK(async == ncclSuccess, "%s: async error %s\n", what.c_str(),
+               ncclGetErrorString(async));
+    return check(k, coll, t, op, count, root, b, what) ? 1 : 0;
+}
+
+// Each of n thread ranks: init, fn, destroy.
+void with_ranks(int n, const std::function<int(Rank &)> &fn, double timeout_s = 240,
+                chorus_test::Launch how = chorus_test::Launch::Threads) {
+    ncclUniqueId id = chorus_test::make_unique_id();
+    auto res = chorus_test::run_ranks(
+        how, n,
+        [&](int rank, int nr) -> int {
+            Rank k;
+            k.r = rank;
+            k.n = nr;
+            k.st = ch_emu_stream_create();
+            RANK_CHECK(k.st != nullptr, "no emulated stream\n");
+            RANK_NCCL(ncclCommInitRank(&k.comm, nr, id, rank));
+            int bad = fn(k);
+            if (bad == 0 && !k.destroyed) RANK_NCCL(ncclCommDestroy(k.comm));
+            ch_emu_stream_destroy(k.st);
+            return bad;
+        },
+        timeout_s);
+    EXPECT_TRUE(res.ok()) << res.detail;
+}
+
+class DevicePathRanks : public DevicePath, public ::testing::WithParamInterface<int> {};
+
+// Every collective and reduction, four dtypes, counts 0, 1, odd and large, in and out of place,
+// all on one communicator and stream per rank (the counters carry over from op to op).
+TEST_P(DevicePathRanks, AllCollectivesThreads) {
+    const int n = GetParam();
+    const ncclDataType_t dtypes[] = {ncclInt8, ncclInt32, ncclFloat32, ncclBfloat16};
+    with_ranks(n, [&](Rank &k) -> int {
+        int bad = 0;
+        for (int coll = 0; coll < CH_COLL_COUNT; coll++) {
+            for (ncclDataType_t t : dtypes) {
+                for (int op : kOps) {
+                    if (!reduces(coll) && op != ncclSum) continue;
+                    for (size_t count : {(size_t)0, (size_t)1, (size_t)1001}) {
+                        for (bool inplace : {false, true}) {
+                            if ((coll == CH_COLL_SENDRECV || coll == CH_COLL_ALLTOALL) && inplace)
+                                continue; // NCCL has no in-place form of either
+                            const int root = (int)(count % k.n);
+                            bad += run_op(k, coll, t, op, count, inplace, root);
+                            if (bad) return bad;
+                        }
+                    }
+                }
+            }
+            // Large: many chunks per channel, every slot reused many times, SIMPLE protocol.
+            for (bool inplace : {false, true}) {
+                if ((coll == CH_COLL_SENDRECV || coll == CH_COLL_ALLTOALL) && inplace) continue;
+                bad += run_op(k, coll, ncclFloat32, ncclSum, 40000 + 3, inplace, k.n - 1);
+                if (bad) return bad;
+            }
+        }
+        return bad;
+    });
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, DevicePathRanks, ::testing::Values(1, 2, 3, 4, 5, 8),
+                         [](const ::testing::TestParamInfo<int> &i) {
+                             return "n" + std::to_string(i.param);
+                         });
+
+// Every dtype with the reductions whose arithmetic differs per dtype, on 3 ranks.
+TEST_F(DevicePath, AllDtypesThreads) {
+    const ncclDataType_t dtypes[] = {ncclInt8,    ncclUint8,    ncclInt32,      ncclUint32,
+                                     ncclInt64,   ncclUint64,   ncclFloat16,    ncclFloat32,
+                                     ncclFloat64, ncclBfloat16, ncclFloat8e4m3, ncclFloat8e5m2};
+    with_ranks(3, [&](Rank &k) -> int {
+        for (ncclDataType_t t : dtypes)
+            for (int op : kOps)
+                for (int coll : {CH_COLL_ALLREDUCE, CH_COLL_REDUCESCATTER})
+                    for (size_t count : {(size_t)1, (size_t)777})
+                        if (run_op(k, coll, t, op, count, false, 0)) return 1;
+        for (ncclDataType_t t : dtypes)
+            if (run_op(k, CH_COLL_ALLGATHER, t, ncclSum, 333, false, 0)) return 1;
+        return 0;
+    });
+}
+
+// Many ops queued back to back on one stream before a single sync: all-reduces of growing sizes
+// (LL and SIMPLE), then an all-gather; every result checked afterwards.
+TEST_F(DevicePath, BackToBackThreads) {
+    with_ranks(4, [&](Rank &k) -> int {
+        const int nops = 24;
+        std::vector<Bufs> b(nops + 1);
+        std::vector<size_t> counts(nops);
+        for (int i = 0; i < nops; i++) {
+            counts[i] = 1 + (size_t)i * 617;
+            make_bufs(k, CH_COLL_ALLREDUCE, ncclInt32, ncclSum, counts[i], i % 2, &b[i]);
+            RANK_NCCL(ncclAllReduce(b[i].in, b[i].out, counts[i], ncclInt32, ncclSum, k.comm,
+                                    k.stream()));
+        }
+        make_bufs(k, CH_COLL_ALLGATHER, ncclInt32, ncclSum, 5000, false, &b[nops]);
+        RANK_NCCL(ncclAllGather(b[nops].in, b[nops].out, 5000, ncclInt32, k.comm, k.stream()));
+        RANK_NCCL(ch_emu_stream_sync(k.st));
+        RANK_CHECK(ch_emu_stream_launches(k.st) == (unsigned long)nops + 1, "launches %lu\n",
+                   ch_emu_stream_launches(k.st));
+        int bad = 0;
+        for (int i = 0; i < nops; i++)
+            bad += check(k, CH_COLL_ALLREDUCE, ncclInt32, ncclSum, counts[i], 0, b[i],
+                         "back-to-back allreduce " + std::to_string(i)) != 0;
+        bad += check(k, CH_COLL_ALLGATHER, ncclInt32, ncclSum, 5000, 0, b[nops],
+                     "back-to-back allgather") != 0;
+        return bad;
+    });
+}
+
+// A group: two collectives, then an all-to-all made of sends and receives to every rank
+// (itself included), on 3 and 5 ranks.
+TEST_F(DevicePath, GroupThreads) {
+    for (int n : {3, 5}) {
+        SCOPED_TRACE("n=" + std::to_string(n));
+        with_ranks(n, [&](Rank &k) -> int {
+            const size_t count = 3001;
+            Bufs ar, ag, a2a;
+            make_bufs(k, CH_COLL_ALLREDUCE, ncclFloat32, ncclSum, count, false, &ar);
+            make_bufs(k, CH_COLL_ALLGATHER, ncclFloat32, ncclSum, count, false, &ag);
+            make_bufs(k, CH_COLL_ALLTOALL, ncclFloat32, ncclSum, count, false, &a2a);
+            const size_t es = sizeof(float);
+            RANK_NCCL(ncclGroupStart());
+            RANK_NCCL(
+                ncclAllReduce(ar.in, ar.out, count, ncclFloat32, ncclSum, k.comm, k.stream()));
+            RANK_NCCL(ncclAllGather(ag.in, ag.out, count, ncclFloat32, k.comm, k.stream()));
+            for (int q = 0; q < k.n; q++) {
+                RANK_NCCL(ncclSend((const char *)a2a.in + q * count * es, count, ncclFloat32, q,
+                                   k.comm, k.stream()));
+                RANK_NCCL(ncclRecv((char *)a2a.out + q * count * es, count, ncclFloat32, q, k.comm,
+                                   k.stream()));
+            }
+            RANK_NCCL(ncclGroupEnd());
+            RANK_NCCL(ch_emu_stream_sync(k.st));
+            // Two collectives and one send/receive launch per ring distance.
+            RANK_CHECK(ch_emu_stream_launches(k.st) == 2u + (unsigned long)k.n, "launches %lu\n",
+                       ch_emu_stream_launches(k.st));
+            int bad = check(k, CH_COLL_ALLREDUCE, ncclFloat32, ncclSum, count, 0, ar, "group ar");
+            bad += check(k, CH_COLL_ALLGATHER, ncclFloat32, ncclSum, count, 0, ag, "group ag");
+            bad += check(k, CH_COLL_ALLTOALL, ncclFloat32, ncclSum, count, 0, a2a, "group a2a");
+            return bad ? 1 : 0;
+        });
+    }
+}
+
+// Ranks that call different collectives: the op headers disagree, the error word says so, and
+// every rank gets ncclInvalidUsage (async error, then the next call).
+TEST_F(DevicePath, MismatchThreads) {
+    with_ranks(3, [&](Rank &k) -> int {
+        Bufs b;
+        make_bufs(k, CH_COLL_ALLREDUCE, ncclFloat32, ncclSum, 1000, false, &b);
+        const size_t count = k.r == 1 ? 999 : 1000;
+        // A rank that calls after the mismatch was found gets the error from the call itself.
+        ncclResult_t first =
+            ncclAllReduce(b.in, b.out, count, ncclFloat32, ncclSum, k.comm, k.stream());
+        RANK_CHECK(first == ncclSuccess || first == ncclInvalidUsage, "call: %s\n",
+                   ncclGetErrorString(first));
+        RANK_NCCL(ch_emu_stream_sync(k.st));
+        ncclResult_t async = ncclSuccess;
+        RANK_NCCL(ncclCommGetAsyncError(k.comm, &async));
+        RANK_CHECK(async == ncclInvalidUsage, "async error %s\n", ncclGetErrorString(async));
+        ncclResult_t again =
+            ncclAllReduce(b.in, b.out, 1000, ncclFloat32, ncclSum, k.comm, k.stream());
+        RANK_CHECK(again == ncclInvalidUsage, "next call: %s\n", ncclGetErrorString(again));
+        // Destroy drains the stream's work and reports the communicator's error, or success.
+        ncclResult_t d = ncclCommDestroy(k.comm);
+        RANK_CHECK(d == ncclSuccess || d == ncclInvalidUsage, "destroy: %s\n",
+                   ncclGetErrorString(d));
+        k.destroyed = true;
+        return 0;
+    });
+}
+
+// A launch whose peer never calls spins in its waits; ncclCommAbort releases it at once.
+TEST_F(DevicePath, AbortReleasesLaunchThreads) {
+    ncclUniqueId id = chorus_test::make_unique_id();
+    std::atomic<int> aborted{0};
+    auto res = chorus_test::run_threads(2, [&](int rank, int nr) -> int {
+        ch_emu_stream_t *st = ch_emu_stream_create();
+        ncclComm_t comm;
+        RANK_NCCL(ncclCommInitRank(&comm, nr, id, rank));
+        Rank k{comm, st, rank, nr, false};
+        if (rank == 0) {
+            Bufs b;
+            make_bufs(k, CH_COLL_ALLREDUCE, ncclFloat32, ncclSum, 100000, false, &b);
+            RANK_NCCL(
+                ncclAllReduce(b.in, b.out, 100000, ncclFloat32, ncclSum, comm, (cudaStream_t)st));
+            std::this_thread::sleep_for(std::chrono::milliseconds(300));
+            RANK_CHECK(ch_emu_stream_launches(st) == 0, "the launch ended without its peer\n");
+            const double t0 = chorus_test::now_s();
+            RANK_NCCL(ncclCommAbort(comm));
+            const double took = chorus_test::now_s() - t0;
+            RANK_CHECK(ch_emu_stream_launches(st) == 1, "abort returned before the launch\n");
+            RANK_CHECK(took < 10, "abort took %.1f s\n", took);
+            aborted = 1;
+        } else {
+            while (!aborted)
+                std::this_thread::sleep_for(std::chrono::milliseconds(10));
+            ncclResult_t async = ncclSuccess;
+            RANK_NCCL(ncclCommGetAsyncError(comm, &async));
+            RANK_CHECK(async != ncclSuccess, "the peer's abort left no error\n");
+            ncclResult_t d = ncclCommDestroy(comm); // reports the failed communicator
+            RANK_CHECK(d == ncclSuccess || d == ncclRemoteError, "destroy: %s\n",
+                       ncclGetErrorString(d));
+        }
+        ch_emu_stream_destroy(st);
+        return 0;
+    });
+    EXPECT_TRUE(res.ok()) << res.detail;
+}
+
+} // namespace
+
+namespace {
+
+// ncclCommFinalize waits for the launched work: right after it returns, every queued launch has
+// run and its results are there, without a stream sync.
+TEST_F(DevicePath, FinalizeDrainsThreads) {
+    with_ranks(3, [&](Rank &k) -> int {
+        const int nops = 6;
+        std::vector<Bufs> b(nops);
+        for (int i = 0; i < nops; i++) {
+            make_bufs(k, CH_COLL_ALLREDUCE, ncclFloat32, ncclSum, 20000, false, &b[i]);
+            RANK_NCCL(
+                ncclAllReduce(b[i].in, b[i].out, 20000, ncclFloat32, ncclSum, k.comm, k.stream()));
+        }
+        RANK_NCCL(ncclCommFinalize(k.comm));
+        RANK_CHECK(ch_emu_stream_launches(k.st) == (unsigned long)nops,
+                   "finalize returned with %lu of %d launches run\n", ch_emu_stream_launches(k.st),
+                   nops);
+        int bad = 0;
+        for (int i = 0; i < nops; i++)
+            bad += check(k, CH_COLL_ALLREDUCE, ncclFloat32, ncclSum, 20000, 0, b[i],
+                         "finalize " + std::to_string(i)) != 0;
+        return bad;
+    });
+}
+
+// A launch whose peer never calls ends at CHORUS_TIMEOUT with an error, not a hang.
+TEST_F(DevicePath, DeadlineEndsAWaitingLaunchThreads) {
+    const char *old = getenv("CHORUS_TIMEOUT");
+    const std::string old_timeout = old ? old : "";
+    setenv("CHORUS_TIMEOUT", "2", 1);
+    chorus_param_reset();
+    ncclUniqueId id = chorus_test::make_unique_id();
+    auto res = chorus_test::run_threads(2, [&](int rank, int nr) -> int {
+        ch_emu_stream_t *st = ch_emu_stream_create();
+        ncclComm_t comm;
+        RANK_NCCL(ncclCommInitRank(&comm, nr, id, rank));
+        if (rank == 0) {
+            Rank k{comm, st, rank, nr, false};
+            Bufs b;
+            make_bufs(k, CH_COLL_ALLREDUCE, ncclInt32, ncclSum, 5000, false, &b);
+            const double t0 = chorus_test::now_s();
+            RANK_NCCL(ncclAllReduce(b.in, b.out, 5000, ncclInt32, ncclSum, comm, (cudaStream_t)st));
+            RANK_NCCL(ch_emu_stream_sync(st));
+            const double took = chorus_test::now_s() - t0;
+            RANK_CHECK(took >= 1.5 && took < 30, "the launch ended after %.1f s\n", took);
+            ncclResult_t async = ncclSuccess;
+            RANK_NCCL(ncclCommGetAsyncError(comm, &async));
+            RANK_CHECK(async == ncclRemoteError, "async error %s\n", ncclGetErrorString(async));
+        }
+        ncclResult_t d = ncclCommDestroy(comm);
+        RANK_CHECK(d == ncclSuccess || d == ncclRemoteError, "destroy: %s\n",
+                   ncclGetErrorString(d));
+        ch_emu_stream_destroy(st);
+        return 0;
+    });
+    if (old)
+        setenv("CHORUS_TIMEOUT", old_timeout.c_str(), 1);
+    else
+        unsetenv("CHORUS_TIMEOUT");
+    chorus_param_reset();
+    EXPECT_TRUE(res.ok()) << res.detail;
+}
+
+} // namespace
+
+namespace {
+
+// The sweep of one rank for the copy-engine programs: every collective, sum/avg/max/premulsum,
+// int32 and float32, counts 0, 1, 1001 and 40003, in and out of place.
+int ce_sweep(Rank &k) {
+    for (int coll = 0; coll < CH_COLL_COUNT; coll++)
+        for (ncclDataType_t t : {ncclInt32, ncclFloat32})
+            for (int op : {(int)ncclSum, (int)ncclAvg, (int)ncclMax, kPremul}) {
+                if (!reduces(coll) && op != ncclSum) continue;
+                for (size_t count : {(size_t)0, (size_t)1, (size_t)1001, (size_t)40003})
+                    for (bool inplace : {false, true}) {
+                        if (inplace && (coll == CH_COLL_SENDRECV || coll == CH_COLL_ALLTOALL))
+                            continue;
+                        if (run_op(k, coll, t, op, count, inplace, (int)(count % k.n))) return 1;
+                    }
+            }
+    return 0;
+}
+
+class DevicePathProcs : public DevicePath, public ::testing::WithParamInterface<int> {};
+
+// Ranks in separate processes: copy-engine programs over connections in shared device memory
+// (the emulator's memfd blocks), one program per channel on the rank's stream.
+TEST_P(DevicePathProcs, CopyEngineForked) {
+    with_ranks(GetParam(), ce_sweep, 240, chorus_test::Launch::Forked);
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, DevicePathProcs, ::testing::Values(1, 2, 3, 5),
+                         [](const ::testing::TestParamInfo<int> &i) {
+                             return "n" + std::to_string(i.param);
+                         });
+
+// Thread ranks can take the copy-engine programs too (CHORUS_DEVICE_PATH=ce), with a group of
+// sends and receives among them.
+TEST_F(DevicePath, CopyEngineThreads) {
+    setenv("CHORUS_DEVICE_PATH", "ce", 1);
+    chorus_param_reset();
+    with_ranks(4, [&](Rank &k) -> int {
+        if (ce_sweep(k)) return 1;
+        const size_t count = 2001;
+        Bufs a2a;
+        make_bufs(k, CH_COLL_ALLTOALL, ncclFloat32, ncclSum, count, false, &a2a);
+        RANK_NCCL(ncclGroupStart());
+        for (int q = 0; q < k.n; q++) {
+            RANK_NCCL(ncclSend((const char *)a2a.in + q * count * 4, count, ncclFloat32, q, k.comm,
+                               k.stream()));
+            RANK_NCCL(ncclRecv((char *)a2a.out + q * count * 4, count, ncclFloat32, q, k.comm,
+                               k.stream()));
+        }
+        RANK_NCCL(ncclGroupEnd());
+        RANK_NCCL(ch_emu_stream_sync(k.st));
+        return check(k, CH_COLL_ALLTOALL, ncclFloat32, ncclSum, count, 0, a2a, "ce a2a") ? 1 : 0;
+    });
+    unsetenv("CHORUS_DEVICE_PATH");
+    chorus_param_reset();
+}
+
+} // namespace
