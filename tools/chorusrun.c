@@ -12,7 +12,8 @@
  * NCCL_COMM_ID, ncclGetUniqueId returns the same fixed id in every rank and rank 0 hosts the
  * rendezvous on that address (NCCL's semantics), so a plain NCCL program that calls
  * ncclGetUniqueId in every rank works unchanged. On one node the master port is a free port picked
- * here on 127.0.0.1; across nodes every node must be given the same --master-addr/--master-port.
+ * here below the ephemeral port range (see pick_free_port); across nodes every node must be given
+ * the same --master-addr/--master-port.
  * The ranks also get CHORUS_JOB_SECRET, a random secret made here (unless CHORUS_JOB_SECRET or
  * CHORUS_JOB_SECRET_FILE is set already): only processes that know it can join the job at that
  * fixed address. Ranks on other nodes cannot receive a secret made here, so with --nnodes > 1 the
@@ -152,31 +153,81 @@ static int parse_int_arg(const char *s, const char *opt, int lo, int hi, int *ou
     return 0;
 }
 
-/* A free TCP port on addr for the rendezvous. The probe socket stays bound (SO_REUSEADDR, not
- * listening) until chorusrun exits: rank 0's root, which binds with SO_REUSEADDR too, can still
- * listen on the port, but no other process's bind to port 0 (another chorusrun started at the
- * same moment, as ctest -j runs them) can be handed it meanwhile. Closing it at once let two jobs
- * pick the same port, and one job's ranks then joined the other's root. */
-static int pick_free_port(const char *addr) {
-    struct addrinfo hints, *res = NULL;
-    memset(&hints, 0, sizeof(hints));
-    hints.ai_socktype = SOCK_STREAM;
-    hints.ai_flags = AI_NUMERICSERV;
-    if (getaddrinfo(addr, "0", &hints, &res) != 0 || res == NULL) return -1;
-    int port = -1;
-    int fd = socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    int one = 1;
-    if (fd >= 0) (void)setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-    if (fd >= 0 && bind(fd, res->ai_addr, res->ai_addrlen) == 0) {
-        struct sockaddr_storage ss;
-        socklen_t len = sizeof(ss);
-        if (getsockname(fd, (struct sockaddr *)&ss, &len) == 0)
-            port = ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
-                                                  : ((struct sockaddr_in *)&ss)->sin_port);
+/* The lowest port the kernel hands out for bind(port 0) and connect()
+ * (net.ipv4.ip_local_port_range); 32768 when it cannot be read. */
+static int ephemeral_low(void) {
+    int low = 32768, high = 60999;
+    FILE *f = fopen("/proc/sys/net/ipv4/ip_local_port_range", "r");
+    if (f) {
+        if (fscanf(f, "%d %d", &low, &high) != 2) low = 32768;
+        fclose(f);
     }
-    if (port < 0 && fd >= 0) close(fd); /* else held, on purpose, until exit (see above) */
-    freeaddrinfo(res);
-    return port;
+    return low;
+}
+
+/* A socket bound to the wildcard address on port, without SO_REUSEADDR: it binds only when no
+ * socket of any address or family (listening, connected or in TIME_WAIT) uses the port. IPv6
+ * dual-stack covers both families; IPv4 alone where the host has no IPv6. -1 if it is in use. */
+static int bind_wildcard(int port) {
+    int fd = socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd >= 0) {
+        int zero = 0;
+        struct sockaddr_in6 a6;
+        memset(&a6, 0, sizeof(a6));
+        a6.sin6_family = AF_INET6;
+        a6.sin6_addr = in6addr_any;
+        a6.sin6_port = htons((uint16_t)port);
+        if (setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof(zero)) == 0 &&
+            bind(fd, (struct sockaddr *)&a6, sizeof(a6)) == 0)
+            return fd;
+        int e = errno;
+        close(fd);
+        if (e != EAFNOSUPPORT && e != EADDRNOTAVAIL) return -1;
+    }
+    fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) return -1;
+    struct sockaddr_in a4;
+    memset(&a4, 0, sizeof(a4));
+    a4.sin_family = AF_INET;
+    a4.sin_addr.s_addr = htonl(INADDR_ANY);
+    a4.sin_port = htons((uint16_t)port);
+    if (bind(fd, (struct sockaddr *)&a4, sizeof(a4)) == 0) return fd;
+    close(fd);
+    return -1;
+}
+
+/* A free TCP port for a rendezvous on this node (torch's TCPStore on MASTER_PORT, Chorus's root).
+ *
+ * The port is drawn at random below the ephemeral range, so no bind to port 0 and no connect() of
+ * another process is ever handed it. A port from bind(127.0.0.1:0) was not safe: another test's
+ * socket bound to the host's other address (eth0's) with port 0 could be given the same port,
+ * since the two addresses do not overlap, and torch's store, which binds the wildcard address,
+ * then failed with "Address already in use".
+ *
+ * The port is checked free on every address by a wildcard bind without SO_REUSEADDR, and that
+ * socket then stays bound, with SO_REUSEADDR set and never listening, until chorusrun exits:
+ * rank 0's store and Chorus's root, which bind with SO_REUSEADDR, can still listen on the port,
+ * while the checking bind of another chorusrun started at the same moment fails on it. */
+static int pick_free_port(void) {
+    int high = ephemeral_low() - 1;
+    int low = high - 16383;
+    if (low < 1024) low = 1024;
+    if (high < low + 255) return -1;
+    int span = high - low + 1;
+    for (int attempt = 0; attempt < 256; attempt++) {
+        uint32_t r = 0;
+        if (getrandom(&r, sizeof(r), 0) != (ssize_t)sizeof(r)) r = (uint32_t)rand();
+        int port = low + (int)(r % (uint32_t)span);
+        int fd = bind_wildcard(port);
+        if (fd < 0) continue;
+        int one = 1;
+        if (setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) != 0) {
+            close(fd);
+            continue;
+        }
+        return port; /* fd is held, on purpose, until exit (see above) */
+    }
+    return -1;
 }
 
 static void setenv_int(const char *name, int v) {
@@ -369,8 +420,8 @@ int main(int argc, char **argv) {
      * here; otherwise the root port is MASTER_PORT + 1, which every node computes alike. */
     int root_port = -1;
     if (master_port < 0) {
-        master_port = nnodes > 1 ? 29500 : pick_free_port(master_addr);
-        if (master_port >= 0 && nnodes == 1) root_port = pick_free_port(master_addr);
+        master_port = nnodes > 1 ? 29500 : pick_free_port();
+        if (master_port >= 0 && nnodes == 1) root_port = pick_free_port();
         if (master_port < 0 || (nnodes == 1 && root_port < 0)) {
             fprintf(stderr, "chorusrun: cannot find a free port on %s\n", master_addr);
             return 1;

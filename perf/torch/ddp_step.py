@@ -5,11 +5,13 @@
 Every rank holds one MLP whose gradients take --mib MiB (float32) and trains it in three ways,
 alternating in each round: no communication (the floor), DDP over a chorus group, DDP over gloo.
 Rank 0 prints the median step time of each, the ratio gloo/chorus (> 1: chorus faster) and the
-communication time above the floor.
+communication time above the floor. --busy K: rank 0 starts K CPU-bound processes (busy loops)
+that run beside the ranks for the whole measurement (a loaded host).
 """
 import argparse
 import os
 import statistics
+import subprocess
 import sys
 import time
 
@@ -25,6 +27,7 @@ ap.add_argument("--mib", type=float, default=10)
 ap.add_argument("--rounds", type=int, default=5)
 ap.add_argument("--steps", type=int, default=20)
 ap.add_argument("--batch", type=int, default=32)
+ap.add_argument("--busy", type=int, default=0, help="CPU-bound processes beside the ranks")
 args = ap.parse_args()
 torch.set_num_threads(1)
 dist.init_process_group("gloo")
@@ -45,6 +48,10 @@ nparam = sum(p.numel() for p in make().parameters())
 runs = {"floor": make(), "chorus": DDP(make(), process_group=ch), "gloo": DDP(make())}
 opt = {k: torch.optim.SGD(m.parameters(), lr=1e-3) for k, m in runs.items()}
 x = torch.randn(args.batch, width)
+busy = []
+if R == 0:
+    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
+            for _ in range(args.busy)]
 times = {k: [] for k in runs}
 for rnd in range(args.rounds):
     order = list(runs) if rnd % 2 == 0 else list(reversed(list(runs)))
@@ -58,10 +65,15 @@ for rnd in range(args.rounds):
             opt[k].step()
             if s:  # the first step of a block warms up
                 times[k].append(time.perf_counter() - t0)
+load = os.getloadavg()[0]
+for p in busy:
+    p.kill()
+    p.wait()
 med = {k: statistics.median(v) * 1e3 for k, v in times.items()}
 if R == 0:
     print(f"{dist.get_world_size()} ranks, {nparam * 4 / 2**20:.1f} MiB of gradients, "
-          f"{args.rounds} rounds x {args.steps} steps, load {os.getloadavg()[0]:.1f}")
+          f"{args.rounds} rounds x {args.steps} steps, {args.busy} busy processes beside, "
+          f"load {load:.1f}")
     for k in runs:
         print(f"  {k:7s} median step {med[k]:8.2f} ms")
     cc, cg = med["chorus"] - med["floor"], med["gloo"] - med["floor"]

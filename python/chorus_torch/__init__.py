@@ -7,13 +7,14 @@ Also chorus_torch.allreduce_hook, a DDP communication hook that all-reduces grad
 a Chorus group while the program keeps gloo (or another backend) for everything else.
 """
 import atexit
+import functools
 import inspect
 
 import torch.distributed as dist
 
 from . import _lib
 from ._lib import ChorusError
-from .process_group import ProcessGroupChorus, Work, create, _at_exit
+from .process_group import ProcessGroupChorus, Work, create, _at_exit, _live_groups
 
 __all__ = ["ProcessGroupChorus", "Work", "ChorusError", "allreduce_hook",
            "all_reduce_premul_sum", "library_path", "version"]
@@ -29,7 +30,32 @@ def _register():
         dist.Backend.register_backend("chorus", create)
 
 
+def _wrap_destroy():
+    """destroy_process_group also frees the communicator of the chorus groups it destroys.
+
+    torch 2.x calls the group's shutdown() itself; torch 1.13 only drops its references, and the
+    communicator (progress thread, sockets, shared memory) would stay open until exit.
+    """
+    c10d = dist.distributed_c10d
+    orig = c10d.destroy_process_group
+    if getattr(orig, "_chorus_wrapped", False):
+        return
+
+    @functools.wraps(orig)
+    def destroy_process_group(group=None):
+        targets = list(_live_groups) if group is None else [group]
+        orig(group)
+        for pg in targets:
+            if isinstance(pg, ProcessGroupChorus):
+                pg.shutdown()
+    destroy_process_group._chorus_wrapped = True
+    c10d.destroy_process_group = destroy_process_group
+    if dist.destroy_process_group is orig:
+        dist.destroy_process_group = destroy_process_group
+
+
 _register()
+_wrap_destroy()
 atexit.register(_at_exit)
 
 

@@ -240,6 +240,26 @@ class ProcessGroupChorus(_ProcessGroup):
     def name(self):
         return "chorus"
 
+    # torch 2.x keeps a group's name and description in its C++ backends, which a group written
+    # in Python has none of: keep them here.
+    def _set_group_name(self, name):
+        self._group_name = name
+
+    def _set_group_desc(self, desc):
+        self._group_desc = desc
+
+    @property
+    def group_name(self):
+        return getattr(self, "_group_name", "")
+
+    @property
+    def group_desc(self):
+        return getattr(self, "_group_desc", "")
+
+    def _get_backend(self, device=None):
+        """This group is its own backend (torch 2.x asks, e.g. in batch_isend_irecv)."""
+        return self
+
     def _issue(self, what, fn, *args):
         """Call one chorus*Async function; return its request."""
         if self._closed:
@@ -516,6 +536,46 @@ class ProcessGroupChorus(_ProcessGroup):
                                 keep=tuple(output_tensors) + tuple(input_tensors),
                                 result=list(output_tensors))
 
+    def gather_single(self, output, input, opts):
+        """gather into one tensor on the root (torch 2.15's gather_single)."""
+        _check_tensor(input, "gather_single")
+        root = opts.rootRank
+        self._check_root(root, "gather_single")
+        if self._rank == root:
+            _check_tensor(output, "gather_single")
+            self._same_dtype(output, input, "gather_single")
+            if output.numel() != input.numel() * self._size:
+                raise ValueError(f"chorus: gather_single: output has {output.numel()} "
+                                 f"elements, not {self._size} x {input.numel()}")
+            buf = output
+        else:
+            buf = torch.empty(0, dtype=input.dtype)
+        lib = self._lib
+        return self._collective(
+            "gather_single",
+            lambda: [self._issue("gather_single", lib.chorusGatherAsync, _ptr(input), _ptr(buf),
+                                 input.numel(), _dtype(input), root)],
+            keep=(input, buf), result=[output])
+
+    def all_gather_single_coalesced(self, outputs, inputs, opts=None):
+        # Ops complete in issue order: the last one's Work completes the batch.
+        works = [self._allgather_base(o, i, opts) for o, i in zip(outputs, inputs)]
+        return works[-1] if works else Work(self, [])
+
+    def reduce_scatter_single_coalesced(self, outputs, inputs, opts=None):
+        works = [self._reduce_scatter_base(o, i, opts) for o, i in zip(outputs, inputs)]
+        return works[-1] if works else Work(self, [])
+
+    # torch 2.15 calls the single-tensor collectives by these names.
+    def all_gather_single(self, output, input, opts=None):
+        return self._allgather_base(output, input, opts)
+
+    def reduce_scatter_single(self, output, input, opts=None):
+        return self._reduce_scatter_base(output, input, opts)
+
+    def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts=None):
+        return self.alltoall_base(output, input, output_split_sizes, input_split_sizes, opts)
+
     def barrier(self, opts=None):
         t = torch.zeros(1, dtype=torch.int32)
         return self.allreduce([t], dist.ReduceOp.SUM)
@@ -634,6 +694,10 @@ class ProcessGroupChorus(_ProcessGroup):
             else:
                 self._lib.ncclCommDestroy(comm)
         _live_groups.discard(self)
+
+    def abort(self):
+        """Free the communicator without waiting for peers (torch 2.x's abort path)."""
+        self.shutdown(abort=True)
 
     def __del__(self):
         try:

@@ -123,6 +123,14 @@ TEST(ChorusRun, SetsRankVariables) {
         ASSERT_EQ(sscanf(id, "127.0.0.1:%d", &port2), 1) << id;
         EXPECT_GT(port2, 0);
         EXPECT_NE(port2, port) << "Chorus's root must leave MASTER_PORT to torch's store";
+        // Below the ephemeral range no other process's bind to port 0 or connect() is handed them.
+        int low = 32768, high = 60999;
+        if (FILE *f = fopen("/proc/sys/net/ipv4/ip_local_port_range", "r")) {
+            if (fscanf(f, "%d %d", &low, &high) != 2) low = 32768;
+            fclose(f);
+        }
+        EXPECT_LT(port, low) << "MASTER_PORT is in the ephemeral range";
+        EXPECT_LT(port2, low) << "the root port is in the ephemeral range";
     }
 }
 

@@ -6,9 +6,12 @@
 #  torch_ddp_{2,4}       DDP over chorus, and gloo DDP with chorus_torch.allreduce_hook, reach
 #                        gloo's parameters after 100 steps
 #  torch_kill            a SIGKILLed rank makes the others raise with a message naming it
+#  torch_destroy         20 chorus groups created and destroyed in one process leak no thread,
+#                        file descriptor or shared-memory mapping
 #  torch_initenv_{chorusrun,torchrun}  chorusCommInitFromEnv and the chorus backend beside
 #                        torch's store on MASTER_PORT, under chorusrun and real torchrun
 #  torch_example_ddp     examples/torch_ddp.py on 4096 Fashion-MNIST samples, 2 ranks
+#  torch2_*              the same with CHORUS_TORCH2_PYTHON's torch, under torchrun
 
 # The first Python that imports torch: Debian's python3-torch lives in /usr/bin/python3, which a
 # pyenv or venv python3 earlier in PATH does not see.
@@ -31,36 +34,60 @@ endif()
 # Not in sanitizer builds: Python does not start with the sanitizer runtime first in its library
 # list, so it cannot load an instrumented libchorus.so (and preloading the runtime into Python and
 # torch reports their own allocations). The plain build runs them.
-if(CHORUS_SANITIZE)
-  message(STATUS "torch tests: not in a sanitizer build (CHORUS_SANITIZE=${CHORUS_SANITIZE})")
-elseif(CHORUS_TORCH_PYTHON AND TARGET chorusrun)
-  set(_dir ${CMAKE_CURRENT_LIST_DIR})
-  set(_env "CHORUS_LIB=$<TARGET_FILE:chorus>" "OMP_NUM_THREADS=1")
+# A second interpreter with another torch (tests/torch/run_torch2.sh sets it to a venv with a
+# pinned PyPI torch 2.x): the same tests again, named torch2_*, label torch2, every multi-rank one
+# under real torchrun instead of chorusrun.
+set(CHORUS_TORCH2_PYTHON "" CACHE FILEPATH
+    "a Python whose torch the torch2_* tests use under torchrun (empty: none)")
+
+# The tests for one interpreter. prefix names them (torch, torch2), launcher is chorusrun or
+# torchrun (tests/torch/torchrun_launch.py) for the programs that run as N ranks.
+function(chorus_torch_tests prefix py launcher)
+  set(dir ${CMAKE_CURRENT_FUNCTION_LIST_DIR})
+  if(launcher STREQUAL "torchrun")
+    set(run ${py} ${dir}/torchrun_launch.py)  # + N program
+    set(prog "")
+  else()
+    set(run $<TARGET_FILE:chorusrun> -n)       # + N python program
+    set(prog ${py})
+  endif()
   foreach(n 2 3)
-    add_test(NAME torch_ops_${n}
-             COMMAND $<TARGET_FILE:chorusrun> -n ${n} ${CHORUS_TORCH_PYTHON} ${_dir}/torch_ops.py)
+    add_test(NAME ${prefix}_ops_${n} COMMAND ${run} ${n} ${prog} ${dir}/torch_ops.py)
   endforeach()
   foreach(n 2 4)
-    add_test(NAME torch_ddp_${n}
-             COMMAND $<TARGET_FILE:chorusrun> -n ${n} ${CHORUS_TORCH_PYTHON} ${_dir}/torch_ddp.py)
+    add_test(NAME ${prefix}_ddp_${n} COMMAND ${run} ${n} ${prog} ${dir}/torch_ddp.py)
   endforeach()
-  add_test(NAME torch_kill COMMAND ${CHORUS_TORCH_PYTHON} ${_dir}/torch_kill.py 2)
-  add_test(NAME torch_initenv_chorusrun
-           COMMAND $<TARGET_FILE:chorusrun> -n 2 ${CHORUS_TORCH_PYTHON} ${_dir}/torch_initenv.py)
+  add_test(NAME ${prefix}_kill COMMAND ${py} ${dir}/torch_kill.py 2)
+  add_test(NAME ${prefix}_destroy COMMAND ${run} 2 ${prog} ${dir}/torch_destroy.py)
+  set(tests ${prefix}_ops_2 ${prefix}_ops_3 ${prefix}_ddp_2 ${prefix}_ddp_4 ${prefix}_kill
+      ${prefix}_destroy)
+  if(NOT launcher STREQUAL "torchrun")
+    add_test(NAME ${prefix}_initenv_chorusrun
+             COMMAND $<TARGET_FILE:chorusrun> -n 2 ${py} ${dir}/torch_initenv.py)
+    list(APPEND tests ${prefix}_initenv_chorusrun)
+  endif()
   # Real torchrun (torch.distributed.run), whose agent's store holds MASTER_PORT.
-  add_test(NAME torch_initenv_torchrun
-           COMMAND ${CHORUS_TORCH_PYTHON} ${_dir}/torch_initenv.py --torchrun 2)
-  add_test(NAME torch_example_ddp
-           COMMAND $<TARGET_FILE:chorusrun> -n 2 ${CHORUS_TORCH_PYTHON}
-                   ${CMAKE_SOURCE_DIR}/examples/torch_ddp.py --backend chorus --epochs 1
-                   --limit 4096)
-  set_tests_properties(torch_example_ddp PROPERTIES
+  add_test(NAME ${prefix}_initenv_torchrun COMMAND ${py} ${dir}/torch_initenv.py --torchrun 2)
+  add_test(NAME ${prefix}_example_ddp
+           COMMAND ${run} 2 ${prog} ${CMAKE_SOURCE_DIR}/examples/torch_ddp.py --backend chorus
+                   --epochs 1 --limit 4096)
+  set_tests_properties(${prefix}_example_ddp PROPERTIES
                        PASS_REGULAR_EXPRESSION "test accuracy [0-9.]+%.*samples/s")
-  set(_tests torch_ops_2 torch_ops_3 torch_ddp_2 torch_ddp_4 torch_kill torch_initenv_chorusrun
-      torch_initenv_torchrun torch_example_ddp)
-  set_tests_properties(${_tests} PROPERTIES TIMEOUT 300 LABELS "torch" SKIP_RETURN_CODE 77
-                       ENVIRONMENT "${_env}")
-  unset(_dir)
-  unset(_env)
-  unset(_tests)
+  list(APPEND tests ${prefix}_initenv_torchrun ${prefix}_example_ddp)
+  set_tests_properties(${tests} PROPERTIES TIMEOUT 300 LABELS "${prefix}" SKIP_RETURN_CODE 77
+                       ENVIRONMENT "CHORUS_LIB=$<TARGET_FILE:chorus>;OMP_NUM_THREADS=1")
+endfunction()
+
+# Not in sanitizer builds: Python does not start with the sanitizer runtime first in its library
+# list, so it cannot load an instrumented libchorus.so (and preloading the runtime into Python and
+# torch reports their own allocations). The plain build runs them.
+if(CHORUS_SANITIZE)
+  message(STATUS "torch tests: not in a sanitizer build (CHORUS_SANITIZE=${CHORUS_SANITIZE})")
+elseif(TARGET chorusrun)
+  if(CHORUS_TORCH_PYTHON)
+    chorus_torch_tests(torch ${CHORUS_TORCH_PYTHON} chorusrun)
+  endif()
+  if(CHORUS_TORCH2_PYTHON)
+    chorus_torch_tests(torch2 ${CHORUS_TORCH2_PYTHON} torchrun)
+  endif()
 endif()

@@ -19,30 +19,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import chorus_torch  # noqa: E402,F401  (registers the backend)
 from chorus_torch import _lib  # noqa: E402
 
-
-def torchrun(n):
-    """Start this file under real torchrun with n ranks on a free master port."""
-    import socket
-    import subprocess
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    # torch 1.13's torchrun passes --master_port 0 on to the ranks as is, and on Python 3.11 its
-    # default --redirects/--tee of 0 do not parse (enum.Flag iteration skips 0): give both.
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(n),
-           "--master_addr", "127.0.0.1", "--master_port", str(port), "--redirects", "1",
-           "--tee", "1", os.path.abspath(__file__)]
-    print(" ".join(cmd), flush=True)
-    # A fixed root address needs a job secret that every rank knows (chorusrun makes one).
-    env = dict(os.environ, CHORUS_JOB_SECRET=os.urandom(16).hex())
-    for v in ("NCCL_COMM_ID", "CHORUS_COMM_ID"):
-        env.pop(v, None)
-    return subprocess.call(cmd, env=env, timeout=240)
-
-
 if len(sys.argv) > 2 and sys.argv[1] == "--torchrun":
-    sys.exit(torchrun(int(sys.argv[2])))
+    from torchrun_launch import torchrun
+    sys.exit(torchrun(int(sys.argv[2]), [__file__]))
 dist.init_process_group("gloo")
 R, N = dist.get_rank(), dist.get_world_size()
 lib = _lib.lib().dll

@@ -7,7 +7,6 @@ Exit 77: torch is missing.
 """
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -47,11 +46,9 @@ def rank_main():
 if __name__ == "__main__":
     if os.environ.get("CHORUS_KILL_TEST_RANK"):
         sys.exit(rank_main())
+    from free_port import free_port
     n = int(sys.argv[1]) if len(sys.argv) > 1 else 2
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
+    port = free_port()
     procs = []
     for r in range(n):
         env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(r),

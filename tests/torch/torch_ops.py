@@ -171,7 +171,8 @@ chorus_torch.all_reduce_premul_sum(x, 0.5, group=ch)
 check("all_reduce_premul_sum float32", x, ref * 0.5, torch.float32)
 try:
     dist.all_reduce(x, op=dist._make_nccl_premul_sum(0.5), group=ch)
-    check("all_reduce PREMUL_SUM float32", x, ref * 0.25, torch.float32)
+    # x is 0.5 * ref on every rank now: the sum of 0.5 * x over N ranks is 0.25 * N * ref.
+    check("all_reduce PREMUL_SUM float32", x, ref * (0.25 * N), torch.float32)
 except ValueError as e:
     assert "all_reduce_premul_sum" in str(e), e
 # Bad input gives a clear error.
