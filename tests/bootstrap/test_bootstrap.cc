@@ -91,10 +91,15 @@ int exercise_bs(bootstrap_t *bs, int rank, int nranks) {
     }
     RANK_NCCL(bootstrap_barrier(bs));
     RANK_NCCL(bootstrap_barrier(bs));
-    // every address in the table is distinct and has a port
+    // every address in the table has a port and is the one that rank listens on (each rank's
+    // own, gathered through an allgather)
+    std::vector<chorus_sockaddr_t> own(nranks);
+    own[rank] = *bootstrap_addr(bs, rank);
+    RANK_NCCL(bootstrap_allgather(bs, own.data(), sizeof(chorus_sockaddr_t)));
     for (int r = 0; r < nranks; r++) {
         const chorus_sockaddr_t *a = bootstrap_addr(bs, r);
         RANK_CHECK(a != nullptr && a->sin.sin_port != 0, "address of rank %d", r);
+        RANK_CHECK(memcmp(a, &own[r], sizeof(*a)) == 0, "table entry of rank %d", r);
     }
     // ring send/recv with a rank-dependent payload
     int next = (rank + 1) % nranks, prev = (rank + nranks - 1) % nranks;
@@ -131,11 +136,19 @@ TEST_P(BootstrapRanks, AllgatherBarrierSendRecv) {
 
 INSTANTIATE_TEST_SUITE_P(All, BootstrapRanks,
                          ::testing::Combine(::testing::Values(Launch::Threads, Launch::Forked),
-                                            ::testing::Values(1, 2, 3, 4, 5, 7, 8, 16)),
+                                            ::testing::Values(1, 2, 3, 4, 5, 6, 7, 8, 16, 33)),
                          [](const auto &info) {
                              return std::string(chorus_test::launch_name(std::get<0>(info.param))) +
                                     "_" + std::to_string(std::get<1>(info.param));
                          });
+
+// Many thread ranks: the relay tree and the address rounds at a size that is not a power of 2.
+TEST(Bootstrap, SeventyThreadRanks) {
+    chorus_unique_id_t id = new_id();
+    auto res = chorus_test::run_threads(
+        70, [&](int rank, int n) { return exercise(id, rank, n); }, 120);
+    EXPECT_TRUE(res.ok()) << res.detail;
+}
 
 TEST(Bootstrap, OutOfOrderTagsAndSelf) {
     chorus_unique_id_t id = new_id();
@@ -551,8 +564,8 @@ struct WireHello {
     uint32_t pad;
 };
 
-// A rank that joined and then died before the others came is forgotten; a rank that takes its
-// place later completes the rendezvous.
+// A rank that joined and then died before the others came (nothing listens at its address any
+// more) is replaced by a rank that takes its place later, which completes the rendezvous.
 TEST(Bootstrap, RankThatLeftTheRootCanBeReplaced) {
     chorus_unique_id_t id = new_id();
     WireHello h;
@@ -563,7 +576,19 @@ TEST(Bootstrap, RankThatLeftTheRootCanBeReplaced) {
     h.rank = 2;
     h.nranks = 3;
     h.to_rank = -1;
-    h.addr = id.root; // any address: it is never used
+    // The dead rank's listen address: a port that was bound and let go, so nothing listens there.
+    h.addr = id.root;
+    {
+        int tmp = socket(AF_INET, SOCK_STREAM, 0);
+        ASSERT_GE(tmp, 0);
+        struct sockaddr_in a = id.root.sin;
+        a.sin_port = 0;
+        ASSERT_EQ(bind(tmp, (struct sockaddr *)&a, sizeof(a)), 0);
+        socklen_t len = sizeof(a);
+        ASSERT_EQ(getsockname(tmp, (struct sockaddr *)&a, &len), 0);
+        h.addr.sin.sin_port = a.sin_port;
+        close(tmp);
+    }
     int fd = connect_to(id.root);
     ASSERT_GE(fd, 0);
     ASSERT_EQ(write(fd, &h, sizeof(h)), (ssize_t)sizeof(h));
