@@ -7,11 +7,13 @@
 #ifndef CHORUS_BOOTSTRAP_FAKE_H_
 #define CHORUS_BOOTSTRAP_FAKE_H_
 
-#include "bootstrap.h"
+#include "nccl.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+#include "bootstrap.h"
 
 typedef struct {
     double fanout_ms;  /* last hello written -> fake rank 0 had the whole table */
