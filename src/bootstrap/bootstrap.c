@@ -189,8 +189,8 @@ static void format_missing(const int32_t *miss, int listed, int nmissing, char *
 
 /* One attempt: connect, hello, wait for the root's short answer. BS_IO_CLOSED before any answer
  * means "retry". */
-static ncclResult_t rendezvous_once(bootstrap_t *bs, const chorus_unique_id_t *id,
-                                    const bs_deadline_t *d, int *retry_p) {
+static ncclResult_t rendezvous_once(bootstrap_t *bs, const chorus_unique_id_t *id, int root,
+                                    int nroots, const bs_deadline_t *d, int *retry_p) {
     char rbuf[64], ebuf[96];
     chorus_sockaddr_str(&id->root, rbuf, sizeof(rbuf));
     *retry_p = 0;
@@ -217,12 +217,13 @@ static ncclResult_t rendezvous_once(bootstrap_t *bs, const chorus_unique_id_t *i
     bs_hello_t h;
     memset(&h, 0, sizeof(h));
     h.magic = CHORUS_ID_MAGIC;
-    h.secret = bs->secret;
+    h.secret = id->secret;
     h.kind = BS_HELLO_ROOT;
     h.rank = bs->rank;
     h.nranks = bs->nranks;
-    h.to_rank = -1;
+    h.to_rank = nroots > 1 ? root : -1;
     h.addr = bs->addrs[bs->rank];
+    h.nroots = (uint32_t)nroots;
     bs_reply_t rep;
     st = bs_send_all(fd, &h, sizeof(h), d, &e);
     if (st == BS_IO_OK) st = bs_recv_all(fd, &rep, sizeof(rep), d, &e);
@@ -272,21 +273,22 @@ static ncclResult_t report_timeout(bootstrap_t *bs, const char *rbuf, const bs_r
     return ncclSystemError;
 }
 
-/* After BS_REPLY_JOINED: the rendezvous result. Rank 0 gets the whole address table from the
- * root; every other rank gets the addresses of its scatter range (bs_scatter_place) and of the
- * ranks on either side from its parent, and relays the parts of its range to its own children.
+/* After BS_REPLY_JOINED: the rendezvous result. The first rank lo of the root's range [lo,
+ * root_hi) gets the addresses of that range and of the ranks on either side (the whole table with
+ * one root); every other rank gets those of its scatter range (bs_scatter_place) from its parent,
+ * and relays the parts of its range to its own children.
  * So each rank learns at least its ring neighbours r-1 and r+1 after at most ceil(log2 n) relay
  * steps, and the root sends one table instead of n messages. If ranks never came, the root sends
  * every rank that did the list of missing ones directly instead. */
-static ncclResult_t rendezvous_result(bootstrap_t *bs, const chorus_unique_id_t *id,
-                                      const bs_deadline_t *d) {
+static ncclResult_t rendezvous_result(bootstrap_t *bs, const chorus_unique_id_t *id, int lo,
+                                      int root_hi, const bs_deadline_t *d) {
     char rbuf[64];
     chorus_sockaddr_str(&id->root, rbuf, sizeof(rbuf));
     const size_t as = sizeof(chorus_sockaddr_t);
     int n = bs->nranks, r = bs->rank;
     bs->addrs[n] = id->root;
     int parent, hi;
-    bs_scatter_place(n, r, &parent, &hi);
+    bs_scatter_place(lo, root_hi, r, &parent, &hi);
     int peers[2] = {n, parent}, tags[2] = {BS_TAG_ROOT, BS_TAG_SCATTER};
     int which = 0;
     bs_msg_t *m = NULL;
@@ -306,7 +308,7 @@ static ncclResult_t rendezvous_result(bootstrap_t *bs, const chorus_unique_id_t 
             bs_msg_free(m);
             return res;
         }
-        if (rep.status != BS_REPLY_OK || r != 0 || follows != want) goto bad;
+        if (rep.status != BS_REPLY_OK || r != lo || follows != want) goto bad;
         tbl = m->data + sizeof(rep);
     } else {
         if (m->size != want) goto bad;
@@ -380,25 +382,66 @@ out:
     return res;
 }
 
+/* Hello to one root, retried while it closes the connection before answering. */
+static ncclResult_t join_root(bootstrap_t *bs, const chorus_unique_id_t *id, int root,
+                              int nroots, const bs_deadline_t *d) {
+    char abuf[64];
+    for (;;) {
+        int retry = 0;
+        ncclResult_t res = rendezvous_once(bs, id, root, nroots, d, &retry);
+        if (!retry) return res;
+        int st = bs_deadline_check(d);
+        if (st != BS_IO_OK) {
+            WARN("bootstrap rank %d: the root at %s kept closing the connection until %s",
+                 bs->rank, chorus_sockaddr_str(&id->root, abuf, sizeof(abuf)),
+                 st == BS_IO_ABORT ? "the abort" : "CHORUS_TIMEOUT");
+            return st == BS_IO_ABORT ? ncclRemoteError : ncclSystemError;
+        }
+        INFO(SUB_BOOTSTRAP, "bootstrap rank %d: root closed the connection early; retrying",
+             bs->rank);
+        struct timespec ts = {0, 20 * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+}
+
 ncclResult_t bootstrap_init(const chorus_unique_id_t *id, int rank, int nranks,
                             volatile int *abort_flag, bootstrap_t **bs_p) {
+    return bootstrap_init_multi(id, 1, rank, nranks, abort_flag, bs_p);
+}
+
+ncclResult_t bootstrap_init_multi(const chorus_unique_id_t *ids, int nids, int rank, int nranks,
+                                  volatile int *abort_flag, bootstrap_t **bs_p) {
     ARGCHECK(bs_p != NULL, "bootstrap_init: bs_p is NULL");
     *bs_p = NULL;
-    ARGCHECK(id != NULL, "bootstrap_init: id is NULL");
-    const char *id_problem = bootstrap_id_problem(id);
-    ARGCHECK(id_problem == NULL, "bootstrap_init: the unique id cannot be used: %s (magic %016llx)",
-             id_problem, (unsigned long long)id->magic);
+    ARGCHECK(ids != NULL, "bootstrap_init: id is NULL");
+    ARGCHECK(nids >= 1, "bootstrap_init: %d ids", nids);
+    for (int k = 0; k < nids; k++) {
+        const char *id_problem = bootstrap_id_problem(&ids[k]);
+        ARGCHECK(id_problem == NULL,
+                 "bootstrap_init: unique id %d cannot be used: %s (magic %016llx)", k, id_problem,
+                 (unsigned long long)ids[k].magic);
+    }
     ARGCHECK(nranks >= 1 && nranks <= BOOTSTRAP_MAX_NRANKS,
              "bootstrap_init: nranks=%d is not in [1, %d]", nranks, BOOTSTRAP_MAX_NRANKS);
     ARGCHECK(rank >= 0 && rank < nranks, "bootstrap_init: rank=%d is not in [0, %d)", rank, nranks);
     CHECK(chorus_param_init());
     bs_raise_nofile();
+    /* One root per id, at most one per rank; the same id given several times (a fixed
+     * NCCL_COMM_ID returns the same id every time) is one root. */
+    int nroots = nids < nranks ? nids : nranks;
+    for (int k = 1; k < nroots; k++)
+        if (memcmp(&ids[k], &ids[0], sizeof(ids[0])) == 0) nroots = 1;
+    int root = bs_root_of(nranks, nroots, rank), lo, hi;
+    bs_root_range(nranks, nroots, root, &lo, &hi);
+    const chorus_unique_id_t *id = &ids[root];
     bootstrap_t *bs = bs_alloc(rank, nranks);
     if (bs == NULL) {
         WARN("bootstrap rank %d: out of memory for %d ranks", rank, nranks);
         return ncclSystemError;
     }
-    bs->secret = id->secret;
+    /* Peer connections present the first id's secret; the root's connection its own. */
+    bs->secret = ids[0].secret;
+    bs->root_secret = id->secret;
     bs->abort_ext = abort_flag;
     ncclResult_t res = ncclSuccess;
     char abuf[64];
@@ -420,30 +463,22 @@ ncclResult_t bootstrap_init(const chorus_unique_id_t *id, int rank, int nranks,
         goto err_free;
     }
     CHECK_GOTO(bs_peer_start(bs), res, err_free);
-    if ((id->flags & CHORUS_ID_FLAG_RANK0_ROOT) && rank == 0)
+    if ((id->flags & CHORUS_ID_FLAG_RANK0_ROOT) && rank == lo)
         CHECK_GOTO(start_fixed_root(id, &d), res, err_free);
 
-    for (;;) {
-        int retry = 0;
-        res = rendezvous_once(bs, id, &d, &retry);
-        if (!retry) break;
-        int st = bs_deadline_check(&d);
-        if (st != BS_IO_OK) {
-            WARN("bootstrap rank %d: the root at %s kept closing the connection until %s", rank,
-                 chorus_sockaddr_str(&id->root, abuf, sizeof(abuf)),
-                 st == BS_IO_ABORT ? "the abort" : "CHORUS_TIMEOUT");
-            res = st == BS_IO_ABORT ? ncclRemoteError : ncclSystemError;
-            break;
-        }
-        INFO(SUB_BOOTSTRAP, "bootstrap rank %d: root closed the connection early; retrying", rank);
-        struct timespec ts = {0, 20 * 1000000L};
-        nanosleep(&ts, NULL);
+    CHECK_GOTO(join_root(bs, id, root, nroots, &d), res, err_free);
+    if (nroots > 1) {
+        /* The first rank of a range tells the root before, the last one the root after: their
+         * parts of the table end with this rank's address. */
+        int before = (root + nroots - 1) % nroots, after = (root + 1) % nroots;
+        if (rank == lo) CHECK_GOTO(join_root(bs, &ids[before], before, nroots, &d), res, err_free);
+        if (rank == hi - 1 && !(rank == lo && after == before))
+            CHECK_GOTO(join_root(bs, &ids[after], after, nroots, &d), res, err_free);
     }
-    if (res != ncclSuccess) goto err_free;
-    CHECK_GOTO(rendezvous_result(bs, id, &d), res, err_free);
+    CHECK_GOTO(rendezvous_result(bs, id, lo, hi, &d), res, err_free);
     CHECK_GOTO(addr_allgather(bs), res, err_free);
-    INFO(SUB_BOOTSTRAP | SUB_INIT, "bootstrap rank %d of %d ready, listening on %s", rank, nranks,
-         chorus_sockaddr_str(&bs->addrs[rank], abuf, sizeof(abuf)));
+    INFO(SUB_BOOTSTRAP | SUB_INIT, "bootstrap rank %d of %d ready, listening on %s (root %d of %d)",
+         rank, nranks, chorus_sockaddr_str(&bs->addrs[rank], abuf, sizeof(abuf)), root, nroots);
     *bs_p = bs;
     return ncclSuccess;
 err_free:

@@ -74,6 +74,11 @@ const char *bootstrap_id_problem(const chorus_unique_id_t *id);
 /* Collective over all nranks: rendezvous through the root. abort_flag may be NULL. */
 ncclResult_t bootstrap_init(const chorus_unique_id_t *id, int rank, int nranks,
                             volatile int *abort_flag, bootstrap_t **bs_p);
+/* The same through several roots (ncclCommInitRankScalable): every rank passes the same nids
+ * ids; rank r joins the root of ids[floor(r * nroots / nranks)], nroots = min(nids, nranks), so
+ * each root takes about nranks / nroots hellos. Peer connections use ids[0]'s secret. */
+ncclResult_t bootstrap_init_multi(const chorus_unique_id_t *ids, int nids, int rank, int nranks,
+                                  volatile int *abort_flag, bootstrap_t **bs_p);
 
 int bootstrap_rank(const bootstrap_t *bs);
 int bootstrap_nranks(const bootstrap_t *bs);

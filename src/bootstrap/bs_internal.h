@@ -62,11 +62,18 @@ const char *bs_io_strerror(int status, int err, char *buf, int len);
  * timeout and errors -> ncclSystemError. */
 ncclResult_t bs_io_result(int status);
 
-/* The part of the rendezvous result rank r relays (bootstrap.c, a binomial scatter from rank 0,
- * which gets the whole table from the root): r owns ranks [r, *hi_p) and gets their addresses, and
- * those of r-1 and *hi_p, from *parent_p (-1: from the root). A range [lo, hi) of more than one
- * rank splits at mid = lo + (hi - lo + 1) / 2: mid gets [mid, hi), lo keeps [lo, mid). */
-void bs_scatter_place(int nranks, int rank, int *parent_p, int *hi_p);
+/* The part of the rendezvous result rank r relays (bootstrap.c, a binomial scatter over the
+ * root's range [lo, hi) from rank lo, which gets the root's part of the table): r owns ranks
+ * [r, *hi_p) and gets their addresses, and those of r-1 and *hi_p, from *parent_p (-1: from the
+ * root). A range [a, b) of more than one rank splits at mid = a + (b - a + 1) / 2: mid gets
+ * [mid, b), a keeps [a, mid). */
+void bs_scatter_place(int lo, int hi, int rank, int *parent_p, int *hi_p);
+/* Several roots (ncclCommInitRankScalable): rank r reports to root floor(r * nroots / nranks),
+ * so root j serves ranks [ceil(j * nranks / nroots), ceil((j + 1) * nranks / nroots)); nroots is
+ * at most nranks. A root also hears from the rank just before and the rank just after its range
+ * (their ring neighbours' addresses are in its part of the table). */
+int bs_root_of(int nranks, int nroots, int rank);
+void bs_root_range(int nranks, int nroots, int root, int *lo_p, int *hi_p);
 
 /* The rendezvous deadline for nranks: CHORUS_TIMEOUT (base_s) plus one second per 1,000 ranks
  * (rounded up), so that the root's O(nranks) work and the ranks' log2(nranks) address rounds
@@ -120,13 +127,15 @@ typedef struct {
     uint32_t kind; /* BS_HELLO_ROOT or BS_HELLO_PEER */
     int32_t rank;  /* who is speaking */
     int32_t nranks;
-    int32_t to_rank;        /* peer hello: the rank this connection is meant for */
+    int32_t to_rank;        /* peer hello: the rank this connection is meant for; root hello
+                               with nroots >= 2: the index of the root it is meant for */
     chorus_sockaddr_t addr; /* root hello: the speaker's listen address */
-    uint32_t pad;
+    uint32_t nroots;        /* root hello: roots sharing the rendezvous (0 or 1: one) */
 } bs_hello_t;
 
 enum {
-    BS_REPLY_OK = 0,       /* to rank 0: nranks + 2 chorus_sockaddr_t, ranks -1 .. nranks (mod n) */
+    BS_REPLY_OK = 0,       /* to a root's first rank lo: .nmissing chorus_sockaddr_t, those of
+                              ranks lo-1 .. hi (mod nranks) of the root's range [lo, hi) */
     BS_REPLY_TIMEOUT = 1,  /* followed by min(nmissing, BS_MISSING_LISTED) int32 ranks */
     BS_REPLY_NRANKS = 2,   /* nranks differs from the first rank's; .nranks is the root's */
     BS_REPLY_DUP_RANK = 3, /* another connection already holds this rank */
@@ -173,6 +182,9 @@ int bs_reply_follows(const bs_reply_t *rep, int nranks, size_t *bytes_p);
 int bs_msg_hdr_ok(const bs_msg_hdr_t *hdr);
 
 /* ---- root (bs_root.c) ---------------------------------------------------------------------- */
+/* The hello counts of the roots of this process that completed a rendezvous since the last
+ * call, oldest first (at most max; the 64 first are kept): for tests. */
+int bs_root_stats_take(int *hellos, int max);
 /* Start a detached thread that serves one rendezvous on listen_fd (which it then owns). */
 ncclResult_t bs_root_start(int listen_fd, uint64_t secret, const chorus_sockaddr_t *addr);
 
@@ -203,7 +215,8 @@ enum { BS_PEER_NONE = 0, BS_PEER_OPEN, BS_PEER_CLOSED, BS_PEER_FAILED };
 
 struct bootstrap {
     int rank, nranks;
-    uint64_t secret;
+    uint64_t secret;      /* what peers present */
+    uint64_t root_secret; /* what this rank's root presents (its id's) */
     volatile int *abort_ext;
     volatile int abort_int;
     chorus_sockaddr_t *addrs; /* [nranks + 1] listen addresses; [nranks]: the root's */

@@ -66,7 +66,13 @@ static int conn_auth(bootstrap_t *bs, int i) {
     const bs_hello_t *h = &c->u.hello;
     /* The root's one message during the rendezvous: queued on slot nranks, no ack (the root
      * writes it and closes at once). */
-    int from_root = bs_root_msg_hello_ok(h, bs->rank, bs->nranks);
+    int from_root = h->secret == bs->root_secret && bs_root_msg_hello_ok(h, bs->rank, bs->nranks);
+    if (!from_root && h->secret != bs->secret) {
+        INFO(SUB_BOOTSTRAP, "bootstrap rank %d: dropped a peer hello with the root's secret",
+             bs->rank);
+        conn_drop(bs, i, 0, 0);
+        return -1;
+    }
     if (from_root) {
         int from = bs->nranks;
         pthread_mutex_lock(&bs->lock);
@@ -130,7 +136,8 @@ static int conn_read(bootstrap_t *bs, int i) {
             if (n == 0) return 0;
             c->got += (size_t)n;
             if ((c->got >= 8 && c->u.hello.magic != CHORUS_ID_MAGIC) ||
-                (c->got >= 16 && c->u.hello.secret != bs->secret)) {
+                (c->got >= 16 && c->u.hello.secret != bs->secret &&
+                 c->u.hello.secret != bs->root_secret)) {
                 INFO(SUB_BOOTSTRAP,
                      "bootstrap rank %d: dropped a connection with a bad magic or "
                      "secret",

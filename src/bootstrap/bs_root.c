@@ -43,6 +43,28 @@
 #include "param.h"
 #include "waiter.h"
 
+/* Hellos taken by the roots of this process that completed, oldest first, for tests and INFO. */
+#define BS_ROOT_STATS_MAX 64
+static pthread_mutex_t stats_lock = PTHREAD_MUTEX_INITIALIZER;
+static int stats_hellos[BS_ROOT_STATS_MAX];
+static int stats_count;
+
+static void bs_root_stats_add(int hellos) {
+    pthread_mutex_lock(&stats_lock);
+    if (stats_count < BS_ROOT_STATS_MAX) stats_hellos[stats_count++] = hellos;
+    pthread_mutex_unlock(&stats_lock);
+}
+
+int bs_root_stats_take(int *hellos, int max) {
+    pthread_mutex_lock(&stats_lock);
+    int n = stats_count < max ? stats_count : max;
+    for (int i = 0; i < n; i++)
+        hellos[i] = stats_hellos[i];
+    stats_count = 0;
+    pthread_mutex_unlock(&stats_lock);
+    return n;
+}
+
 typedef struct {
     int fd;
     uint64_t deadline_ns;
@@ -59,6 +81,9 @@ typedef struct {
     int base_timeout_s; /* CHORUS_TIMEOUT */
     int timeout_s;      /* for this nranks: bs_timeout_for */
     int nranks;         /* 0 until the first valid hello */
+    int nroots, index;  /* this root is root `index` of nroots (1 and 0: the only one) */
+    int lo, hi;         /* the ranks it serves, [lo, hi) */
+    int expected;       /* hellos it waits for: its ranks, and the ranks on either side */
     int joined;
     uint8_t *present;             /* [nranks] 1 once the rank's hello was accepted */
     chorus_sockaddr_t *rank_addr; /* [nranks] listen addresses */
@@ -104,6 +129,14 @@ static int rank_listens(const chorus_sockaddr_t *a) {
     return st != BS_IO_REFUSED;
 }
 
+/* Whether this root waits for a hello of `rank`: one of its range, or (with several roots) the
+ * rank just before or just after it. */
+static int root_expects(const root_t *r, int rank) {
+    if (rank >= r->lo && rank < r->hi) return 1;
+    if (r->nroots < 2) return 0;
+    return rank == (r->lo - 1 + r->nranks) % r->nranks || rank == r->hi % r->nranks;
+}
+
 /* A complete, authenticated hello: register the rank or reject it; either way the connection
  * is answered and closed. */
 static void handle_hello(root_t *r, int i) {
@@ -124,6 +157,17 @@ static void handle_hello(root_t *r, int i) {
         drop_pending(r, i, "bad rank");
         return;
     }
+    int nroots = h->nroots > 1 ? (int)h->nroots : 1;
+    int index = nroots > 1 ? h->to_rank : 0;
+    if (nroots > h->nranks || index < 0 || index >= nroots ||
+        (r->nranks != 0 && (nroots != r->nroots || index != r->index))) {
+        WARN("bootstrap root %s: rank %d (%s) addresses root %d of %d, this root is %d of %d",
+             r->addr_str, h->rank, buf, index, nroots, r->nranks ? r->index : index,
+             r->nranks ? r->nroots : nroots);
+        send_reply(r, fd, BS_REPLY_BAD_RANK);
+        drop_pending(r, i, "for another root");
+        return;
+    }
     if (r->nranks == 0) {
         r->present = calloc(h->nranks, 1);
         r->rank_addr = calloc(h->nranks, sizeof(chorus_sockaddr_t));
@@ -137,6 +181,12 @@ static void handle_hello(root_t *r, int i) {
             return;
         }
         r->nranks = h->nranks;
+        r->nroots = nroots;
+        r->index = index;
+        bs_root_range(r->nranks, nroots, index, &r->lo, &r->hi);
+        r->expected = r->hi - r->lo;
+        if (nroots > 1) /* the ranks on either side; one when they are the same */
+            r->expected += (r->lo - 1 + r->nranks) % r->nranks == r->hi % r->nranks ? 1 : 2;
         r->timeout_s = bs_timeout_for(r->base_timeout_s, r->nranks);
         /* The missing-rank deadline counts from the first rank that arrived. */
         r->deadline_ns = chorus_now_ns() + (uint64_t)r->timeout_s * 1000000000ull;
@@ -145,6 +195,14 @@ static void handle_hello(root_t *r, int i) {
              r->addr_str, h->rank, buf, h->nranks, r->nranks);
         send_reply(r, fd, BS_REPLY_NRANKS);
         drop_pending(r, i, "nranks mismatch");
+        return;
+    }
+    if (!root_expects(r, h->rank)) {
+        WARN("bootstrap root %s: rank %d (%s) belongs to another root (this one serves ranks %d "
+             "to %d of %d)",
+             r->addr_str, h->rank, buf, r->lo, r->hi - 1, r->nranks);
+        send_reply(r, fd, BS_REPLY_BAD_RANK);
+        drop_pending(r, i, "rank of another root");
         return;
     }
     if (r->present[h->rank]) {
@@ -167,7 +225,7 @@ static void handle_hello(root_t *r, int i) {
     r->rank_addr[h->rank] = h->addr;
     r->joined++;
     INFO(SUB_BOOTSTRAP, "bootstrap root %s: rank %d of %d joined from %s (%d/%d)", r->addr_str,
-         h->rank, r->nranks, buf, r->joined, r->nranks);
+         h->rank, r->nranks, buf, r->joined, r->expected);
     send_reply(r, fd, BS_REPLY_JOINED);
     bs_close(fd);
     r->pending[i] = r->pending[--r->npending];
@@ -318,7 +376,7 @@ static void fan_out(root_t *r, const int32_t *missing, int nmissing) {
     for (;;) {
         while (nslot < BS_FANOUT_WINDOW && next < r->nranks) {
             int k = next++;
-            if (!r->present[k]) continue;
+            if (!r->present[k] || k < r->lo || k >= r->hi) continue;
             int done = 0;
             int fd = fan_connect(r, k, &done);
             if (fd < 0) continue;
@@ -372,43 +430,45 @@ static void fan_out(root_t *r, const int32_t *missing, int nmissing) {
     r->fanout_ns = chorus_now_ns() - t0;
 }
 
-/* Everyone joined: rank 0 gets the whole table, ranks -1 .. nranks (mod nranks), and relays it
- * down a binomial tree (bs_scatter_place). The root waits for rank 0 to close the connection
- * first (see fan_out). */
+/* Everyone joined: the root's first rank lo gets the addresses of ranks lo-1 .. hi (mod nranks),
+ * the whole table when this is the only root, and relays them down a binomial tree
+ * (bs_scatter_place). The root waits for rank lo to close the connection first (see fan_out). */
 static void finish_ok(root_t *r) {
     uint64_t t0 = chorus_now_ns();
-    int n = r->nranks;
-    size_t tbytes = sizeof(chorus_sockaddr_t) * ((size_t)n + 2);
+    int n = r->nranks, lo = r->lo, cnt = r->hi - r->lo + 2;
+    const size_t as = sizeof(chorus_sockaddr_t);
     bs_hello_t h;
-    root_msg_hello(r, 0, &h);
-    bs_msg_hdr_t hdr = {BS_TAG_ROOT, 0, (uint64_t)(sizeof(bs_reply_t) + tbytes)};
-    bs_reply_t rep = {BS_REPLY_OK, n, 0, r->timeout_s};
+    root_msg_hello(r, lo, &h);
+    bs_msg_hdr_t hdr = {BS_TAG_ROOT, 0, (uint64_t)(sizeof(bs_reply_t) + as * (size_t)cnt)};
+    bs_reply_t rep = {BS_REPLY_OK, n, cnt, r->timeout_s};
     bs_deadline_t d;
     bs_deadline_init(&d, (double)r->timeout_s, NULL, NULL);
     int fd = -1, e = 0;
-    int st = bs_connect(&r->rank_addr[0], 0, &d, &fd, &e);
+    int st = bs_connect(&r->rank_addr[lo], 0, &d, &fd, &e);
     if (st == BS_IO_OK) st = bs_send_all(fd, &h, sizeof(h), &d, &e);
     if (st == BS_IO_OK) st = bs_send_all(fd, &hdr, sizeof(hdr), &d, &e);
     if (st == BS_IO_OK) st = bs_send_all(fd, &rep, sizeof(rep), &d, &e);
-    if (st == BS_IO_OK) st = bs_send_all(fd, &r->rank_addr[n - 1], sizeof(chorus_sockaddr_t), &d, &e);
-    if (st == BS_IO_OK) st = bs_send_all(fd, r->rank_addr, sizeof(chorus_sockaddr_t) * n, &d, &e);
-    if (st == BS_IO_OK) st = bs_send_all(fd, &r->rank_addr[0], sizeof(chorus_sockaddr_t), &d, &e);
+    if (st == BS_IO_OK) st = bs_send_all(fd, &r->rank_addr[(lo - 1 + n) % n], as, &d, &e);
+    if (st == BS_IO_OK) st = bs_send_all(fd, &r->rank_addr[lo], as * (size_t)(cnt - 2), &d, &e);
+    if (st == BS_IO_OK) st = bs_send_all(fd, &r->rank_addr[r->hi % n], as, &d, &e);
     if (st == BS_IO_OK) {
-        /* Rank 0 closes once it has the table; a short wait, then close anyway. */
+        /* Rank lo closes once it has the table; a short wait, then close anyway. */
         bs_deadline_t dd;
         bs_deadline_init(&dd, BS_FANOUT_DRAIN_S, NULL, NULL);
         char junk;
         (void)bs_recv_all(fd, &junk, 1, &dd, &e);
     } else {
         char buf[64], eb[160];
-        WARN("bootstrap root %s: sending the address table to rank 0 (%s) failed: %s",
-             r->addr_str, chorus_sockaddr_str(&r->rank_addr[0], buf, sizeof(buf)),
+        WARN("bootstrap root %s: sending the address table to rank %d (%s) failed: %s",
+             r->addr_str, lo, chorus_sockaddr_str(&r->rank_addr[lo], buf, sizeof(buf)),
              bs_io_strerror(st, e, eb, sizeof(eb)));
     }
     bs_close(fd);
     r->fanout_ns = chorus_now_ns() - t0;
-    INFO(SUB_BOOTSTRAP, "bootstrap root %s: rendezvous of %d ranks complete (fan-out %.1f ms)",
-         r->addr_str, n, (double)r->fanout_ns * 1e-6);
+    INFO(SUB_BOOTSTRAP, "bootstrap root %s: rendezvous of %d ranks complete (root %d of %d, %d "
+         "hellos, fan-out %.1f ms)",
+         r->addr_str, n, r->index, r->nroots, r->expected, (double)r->fanout_ns * 1e-6);
+    bs_root_stats_add(r->expected);
 }
 
 /* "3,5,9" or "3,5,...": the first missing ranks, for messages. */
@@ -416,7 +476,7 @@ static int missing_list(const root_t *r, int32_t *missing, char *list, int len) 
     int nmissing = 0, off = 0;
     list[0] = '\0';
     for (int k = 0; k < r->nranks; k++) {
-        if (r->present[k]) continue;
+        if (r->present[k] || !root_expects(r, k)) continue;
         if (missing && nmissing < BS_MISSING_LISTED) missing[nmissing] = k;
         nmissing++;
         if (off < len - 16)
@@ -452,7 +512,7 @@ static void report_missing(root_t *r, uint64_t now, uint64_t *warn_next_ns) {
     int nmissing = missing_list(r, NULL, list, sizeof(list));
     WARN("bootstrap root %s: still waiting for %d of %d ranks after %.0f s (fails at %d s, "
          "CHORUS_TIMEOUT + 1 s per 1000 ranks): rank%s %s",
-         r->addr_str, nmissing, r->nranks, (double)(now - first_ns) * 1e-9, r->timeout_s,
+         r->addr_str, nmissing, r->expected, (double)(now - first_ns) * 1e-9, r->timeout_s,
          nmissing > 1 ? "s" : "", list);
 }
 
@@ -491,7 +551,7 @@ static void *root_main(void *arg) {
     struct pollfd pfd[1 + BS_MAX_PENDING];
     int starved = 0;
     for (;;) {
-        if (r->nranks > 0 && r->joined == r->nranks) {
+        if (r->nranks > 0 && r->joined == r->expected) {
             finish_ok(r);
             break;
         }

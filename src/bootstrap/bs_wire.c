@@ -45,7 +45,8 @@ int bs_reply_follows(const bs_reply_t *rep, int nranks, size_t *bytes_p) {
     switch (rep->status) {
     case BS_REPLY_OK:
         if (rep->nranks != nranks) return -1;
-        *bytes_p = sizeof(chorus_sockaddr_t) * ((size_t)nranks + 2);
+        if (rep->nmissing < 3 || rep->nmissing > nranks + 2) return -1;
+        *bytes_p = sizeof(chorus_sockaddr_t) * (size_t)rep->nmissing;
         return 0;
     case BS_REPLY_TIMEOUT:
         /* A list longer than nranks, or negative, is not read: the WARN then says "?". */
@@ -63,8 +64,8 @@ int bs_msg_hdr_ok(const bs_msg_hdr_t *hdr) {
     return hdr->size <= BS_MAX_MSG_BYTES;
 }
 
-void bs_scatter_place(int nranks, int rank, int *parent_p, int *hi_p) {
-    int lo = 0, hi = nranks, parent = -1;
+void bs_scatter_place(int lo, int hi, int rank, int *parent_p, int *hi_p) {
+    int parent = -1;
     while (lo != rank) {
         int mid = lo + (hi - lo + 1) / 2;
         if (rank >= mid) {
@@ -76,4 +77,13 @@ void bs_scatter_place(int nranks, int rank, int *parent_p, int *hi_p) {
     }
     *parent_p = parent;
     *hi_p = hi;
+}
+
+int bs_root_of(int nranks, int nroots, int rank) {
+    return (int)((int64_t)rank * nroots / nranks);
+}
+
+void bs_root_range(int nranks, int nroots, int root, int *lo_p, int *hi_p) {
+    *lo_p = (int)(((int64_t)root * nranks + nroots - 1) / nroots);
+    *hi_p = (int)(((int64_t)(root + 1) * nranks + nroots - 1) / nroots);
 }

@@ -26,6 +26,7 @@
 
 extern "C" {
 #include "bootstrap.h"
+#include "bootstrap/bs_internal.h"
 #include "bs_test_util.h"
 #include "log.h"
 #include "param.h"
@@ -148,6 +149,54 @@ TEST(Bootstrap, SeventyThreadRanks) {
     auto res = chorus_test::run_threads(
         70, [&](int rank, int n) { return exercise(id, rank, n); }, 120);
     EXPECT_TRUE(res.ok()) << res.detail;
+}
+
+// ncclCommInitRankScalable's several roots: 2 and 4 ids, threads and forked processes. The
+// roots run in this process (the ids are made here), so their hello counts can be read: each
+// takes its ranks (n / nids, rounded) and the ranks on either side of its range.
+TEST(Bootstrap, SeveralRootsShareTheRendezvous) {
+    for (Launch how : {Launch::Threads, Launch::Forked})
+        for (int nids : {2, 4})
+            for (int nranks : {3, 4, 9, 16}) {
+                std::vector<chorus_unique_id_t> ids;
+                for (int k = 0; k < nids; k++)
+                    ids.push_back(new_id());
+                int counts[64];
+                bs_root_stats_take(counts, 64);
+                auto res = chorus_test::run_ranks(
+                    how, nranks,
+                    [&](int rank, int n) {
+                        bootstrap_t *bs = nullptr;
+                        RANK_NCCL(bootstrap_init_multi(ids.data(), nids, rank, n, nullptr, &bs));
+                        int rc = exercise_bs(bs, rank, n);
+                        bootstrap_close(bs);
+                        return rc;
+                    },
+                    60);
+                std::string what = std::string(chorus_test::launch_name(how)) + " " +
+                                   std::to_string(nids) + " ids, " + std::to_string(nranks) +
+                                   " ranks";
+                EXPECT_TRUE(res.ok()) << what << ": " << res.detail;
+                // Give the roots a moment to record their counts after the last rank closed.
+                int got = 0, nroots = std::min(nids, nranks);
+                for (int wait = 0; wait < 100 && got < nroots; wait++) {
+                    got += bs_root_stats_take(counts + got, 64 - got);
+                    if (got < nroots) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+                }
+                ASSERT_EQ(got, nroots) << what;
+                int total = 0;
+                for (int k = 0; k < got; k++) {
+                    total += counts[k];
+                    int own = counts[k] - (nroots > 1 ? 2 : 0);
+                    EXPECT_GE(own, nranks / nroots - 1) << what << ": root " << k;
+                    EXPECT_LE(own, (nranks + nroots - 1) / nroots) << what << ": root " << k;
+                }
+                // Every rank once, plus the ranks on either side of each range (one when they
+                // coincide: two roots, one of them with a single rank).
+                EXPECT_LE(total, nranks + 2 * nroots) << what;
+                EXPECT_GE(total, nranks + 2 * nroots - 2) << what;
+                // The unused roots (more ids than ranks) give up at CHORUS_TIMEOUT on their own.
+            }
 }
 
 TEST(Bootstrap, OutOfOrderTagsAndSelf) {

@@ -7,6 +7,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <string>
@@ -190,7 +191,7 @@ TEST(BootstrapWire, ScatterTreeCoversEveryRankOnce) {
     for (int n = 1; n <= 300; n++) {
         std::vector<int> parent(n), hi(n), got(n, 0);
         for (int r = 0; r < n; r++) {
-            bs_scatter_place(n, r, &parent[r], &hi[r]);
+            bs_scatter_place(0, n, r, &parent[r], &hi[r]);
             ASSERT_GT(hi[r], r) << n << " " << r;
             ASSERT_LE(hi[r], n);
             ASSERT_EQ(parent[r] < 0, r == 0) << n << " " << r;
@@ -215,4 +216,26 @@ TEST(BootstrapWire, ScatterTreeCoversEveryRankOnce) {
         for (int r = 1; r < n; r++)
             ASSERT_EQ(got[r], 1) << n << " " << r;
     }
+}
+
+// Several roots: rank r goes to root floor(r * nroots / n); the ranges are contiguous, cover every
+// rank once and differ in size by at most one.
+TEST(BootstrapWire, RootRangesSplitRanksEvenly) {
+    for (int n = 1; n <= 200; n++)
+        for (int m = 1; m <= n && m <= 16; m++) {
+            int prev_hi = 0, min_size = n, max_size = 0;
+            for (int j = 0; j < m; j++) {
+                int lo, hi;
+                bs_root_range(n, m, j, &lo, &hi);
+                ASSERT_EQ(lo, prev_hi) << n << " " << m << " " << j;
+                ASSERT_GT(hi, lo) << n << " " << m << " " << j;
+                for (int r = lo; r < hi; r++)
+                    ASSERT_EQ(bs_root_of(n, m, r), j) << n << " " << m << " " << r;
+                min_size = std::min(min_size, hi - lo);
+                max_size = std::max(max_size, hi - lo);
+                prev_hi = hi;
+            }
+            ASSERT_EQ(prev_hi, n);
+            ASSERT_LE(max_size - min_size, 1) << n << " " << m;
+        }
 }
