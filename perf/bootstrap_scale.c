@@ -9,7 +9,10 @@
  *   bytes/rank bytes the root sent, divided by N
  * and, at the end, the exponent of fanout_ms between the smallest and largest N (log-log slope).
  *
- *   build/bin/bootstrap_scale [-r rounds] [N ...]      (default 256 512 1024 2048 4096 8192)
+ *   build/bin/bootstrap_scale [-r rounds] [-i nids] [N ...]   (default 256 512 ... 8192, 1 id)
+ *
+ * With -i, the ranks are split over nids roots as ncclCommInitRankScalable splits them, and the
+ * hellos each root took are printed (from the roots' own counts).
  *
  * RLIMIT_NOFILE is raised to the hard limit; an N that needs more descriptors than that is skipped
  * with a line saying so.
@@ -19,7 +22,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <time.h>
 
+#include "bootstrap/bs_internal.h"
 #include "bootstrap_fake.h"
 #include "param.h"
 
@@ -29,11 +34,13 @@ static int cmp_double(const void *a, const void *b) {
 }
 
 int main(int argc, char **argv) {
-    int rounds = 5;
+    int rounds = 5, nids = 1;
     int ns[64], nn = 0;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "-r") == 0 && i + 1 < argc)
             rounds = atoi(argv[++i]);
+        else if (strcmp(argv[i], "-i") == 0 && i + 1 < argc)
+            nids = atoi(argv[++i]);
         else if (nn < 64)
             ns[nn++] = atoi(argv[i]);
     }
@@ -42,14 +49,16 @@ int main(int argc, char **argv) {
             ns[nn++] = n;
     if (rounds < 1) rounds = 1;
     if (rounds > 64) rounds = 64;
+    if (nids < 1) nids = 1;
+    if (nids > 64) nids = 64;
     struct rlimit rl;
     getrlimit(RLIMIT_NOFILE, &rl);
     rl.rlim_cur = rl.rlim_max;
     setrlimit(RLIMIT_NOFILE, &rl);
     getrlimit(RLIMIT_NOFILE, &rl);
     if (chorus_param_init() != ncclSuccess) return 1;
-    printf("# bootstrap_scale: real root, fake ranks in one epoll loop; RLIMIT_NOFILE %llu\n",
-           (unsigned long long)rl.rlim_cur);
+    printf("# bootstrap_scale: %d real root(s), fake ranks in one epoll loop; RLIMIT_NOFILE %llu\n",
+           nids, (unsigned long long)rl.rlim_cur);
     printf("# %8s %12s %12s %12s %12s\n", "nranks", "fanout_ms", "fanout_min", "total_ms",
            "bytes/rank");
     double x0 = 0, y0 = 0, x1 = 0, y1 = 0;
@@ -63,12 +72,25 @@ int main(int argc, char **argv) {
         double fan[64], tot[64];
         bs_fake_result_t r;
         memset(&r, 0, sizeof(r));
+        int hellos[64], nh = 0;
         for (int i = 0; i < rounds; i++) {
-            chorus_unique_id_t id;
-            if (bootstrap_get_unique_id(&id) != ncclSuccess) return 1;
-            if (bs_fake_run(&id, n, &r) != 0) {
+            chorus_unique_id_t ids[64];
+            for (int k = 0; k < nids; k++)
+                if (bootstrap_get_unique_id(&ids[k]) != ncclSuccess) return 1;
+            bs_root_stats_take(hellos, 64);
+            if (bs_fake_run_multi(ids, nids, n, &r) != 0) {
                 fprintf(stderr, "bootstrap_scale: %d ranks failed: %s\n", n, r.error);
                 return 1;
+            }
+            /* The roots record their counts as they finish: wait for all of them. */
+            int want = nids < n ? nids : n;
+            nh = 0;
+            for (int w = 0; w < 200 && nh < want; w++) {
+                nh += bs_root_stats_take(hellos + nh, 64 - nh);
+                if (nh < want) {
+                    struct timespec ts = {0, 5000000L};
+                    nanosleep(&ts, NULL);
+                }
             }
             fan[i] = r.fanout_ms;
             tot[i] = r.total_ms;
@@ -76,7 +98,12 @@ int main(int argc, char **argv) {
         qsort(fan, rounds, sizeof(double), cmp_double);
         qsort(tot, rounds, sizeof(double), cmp_double);
         double fmed = fan[rounds / 2], tmed = tot[rounds / 2];
-        printf("  %8d %12.2f %12.2f %12.2f %12.0f\n", n, fmed, fan[0], tmed, r.root_bytes / n);
+        printf("  %8d %12.2f %12.2f %12.2f %12.0f", n, fmed, fan[0], tmed, r.root_bytes / n);
+        if (nids > 1) {
+            printf("   hellos per root:");
+            for (int k = 0; k < nh; k++) printf(" %d", hellos[k]);
+        }
+        printf("\n");
         fflush(stdout);
         if (x0 == 0) {
             x0 = log((double)n);

@@ -199,6 +199,26 @@ TEST(Bootstrap, SeveralRootsShareTheRendezvous) {
             }
 }
 
+// Two roots, rank 3 of 4 never arrives: both roots miss it (it is root 1's and, as the rank
+// before root 0's range, root 0's too), so every rank fails naming it.
+TEST(Bootstrap, SeveralRootsNameTheMissingRank) {
+    ScopedEnv t("CHORUS_TIMEOUT", "3");
+    std::vector<chorus_unique_id_t> ids = {new_id(), new_id()};
+    auto res = chorus_test::run_threads(
+        3,
+        [&](int rank, int) {
+            bootstrap_t *bs = nullptr;
+            ncclResult_t r = bootstrap_init_multi(ids.data(), 2, rank, 4, nullptr, &bs);
+            RANK_CHECK(r == ncclSystemError || r == ncclRemoteError, "init returned %d", (int)r);
+            RANK_CHECK(bs == nullptr, "no handle on failure");
+            const char *msg = chorus_log_last_error();
+            RANK_CHECK(strstr(msg, "rank 3 of 4 did not join") != nullptr, "message: %s", msg);
+            return 0;
+        },
+        30);
+    EXPECT_TRUE(res.ok()) << res.detail;
+}
+
 TEST(Bootstrap, OutOfOrderTagsAndSelf) {
     chorus_unique_id_t id = new_id();
     auto res = chorus_test::run_threads(2, [&](int rank, int n) {
