@@ -154,6 +154,8 @@ static void close_conn(chorus_conn_t *conn) {
 
 void comm_free(struct ncclComm *comm) {
     if (comm == NULL) return;
+    free(comm->scalable_ids);
+    comm->scalable_ids = NULL;
     comm_registry_remove(comm);
     cuda_enqueue_comm_free(comm); /* CUDA path: its worker uses the comm; stop it first */
     if (comm->engine) {

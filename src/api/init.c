@@ -98,8 +98,24 @@ ncclResult_t comm_init_run(struct ncclComm *comm, const ncclUniqueId *id) {
     }
 
     bootstrap_t *bs = NULL;
-    CHECK_GOTO(bootstrap_init(&cid, comm->rank, comm->nranks, &comm->bs_abort_flag, &bs), res,
-               fail);
+    if (comm->scalable_nids > 1) {
+        /* ncclCommInitRankScalable: one root per id (bootstrap_init_multi). */
+        chorus_unique_id_t *cids = malloc(sizeof(*cids) * (size_t)comm->scalable_nids);
+        if (cids == NULL) {
+            WARN("out of memory for %d unique ids", comm->scalable_nids);
+            res = ncclSystemError;
+            goto fail;
+        }
+        for (int k = 0; k < comm->scalable_nids; k++)
+            memcpy(&cids[k], comm->scalable_ids[k].internal, sizeof(cids[k]));
+        res = bootstrap_init_multi(cids, comm->scalable_nids, comm->rank, comm->nranks,
+                                   &comm->bs_abort_flag, &bs);
+        free(cids);
+        if (res != ncclSuccess) goto fail;
+    } else {
+        CHECK_GOTO(bootstrap_init(&cid, comm->rank, comm->nranks, &comm->bs_abort_flag, &bs), res,
+                   fail);
+    }
     __atomic_store_n(&comm->bs, bs, __ATOMIC_RELEASE); /* ncclCommAbort may read it meanwhile */
 
     comm->peers = calloc((size_t)comm->nranks, sizeof(*comm->peers));
@@ -243,8 +259,8 @@ static ncclResult_t check_unique_id(const ncclUniqueId *id, const char *api) {
     return ncclSuccess;
 }
 
-static ncclResult_t init_rank(ncclComm_t *newcomm, int nranks, const ncclUniqueId *id, int rank,
-                              ncclConfig_t *config, const char *api) {
+static ncclResult_t init_rank(ncclComm_t *newcomm, int nranks, const ncclUniqueId *id, int nids,
+                              int rank, ncclConfig_t *config, const char *api) {
     CHECK(chorus_param_init());
     ARGCHECK(newcomm != NULL, "%s: comm is NULL", api);
     *newcomm = NULL;
@@ -253,11 +269,22 @@ static ncclResult_t init_rank(ncclComm_t *newcomm, int nranks, const ncclUniqueI
              nranks, BOOTSTRAP_MAX_NRANKS);
     ARGCHECK(rank >= 0 && rank < nranks, "%s: rank %d is out of range (nranks %d)", api, rank,
              nranks);
-    CHECK(check_unique_id(id, api));
+    for (int k = 0; k < nids; k++)
+        CHECK(check_unique_id(&id[k], api));
     ncclConfig_t cfg;
     CHECK(comm_config_parse(config, NULL, &cfg));
     struct ncclComm *comm;
     CHECK(comm_alloc(rank, nranks, comm_cuda_current_device(), &cfg, &comm));
+    if (nids > 1) {
+        comm->scalable_ids = malloc(sizeof(*id) * (size_t)nids);
+        if (comm->scalable_ids == NULL) {
+            WARN("%s: out of memory for %d unique ids", api, nids);
+            comm_free(comm);
+            return ncclSystemError;
+        }
+        memcpy(comm->scalable_ids, id, sizeof(*id) * (size_t)nids);
+        comm->scalable_nids = nids;
+    }
     return comm_init_launch(comm, id, api, newcomm);
 }
 
@@ -265,18 +292,18 @@ NCCL_API(ncclResult_t, ncclCommInitRankConfig, ncclComm_t *comm, int nranks, ncc
          int rank, ncclConfig_t *config);
 ncclResult_t ncclCommInitRankConfig(ncclComm_t *comm, int nranks, ncclUniqueId commId, int rank,
                                     ncclConfig_t *config) {
-    return init_rank(comm, nranks, &commId, rank, config, "ncclCommInitRankConfig");
+    return init_rank(comm, nranks, &commId, 1, rank, config, "ncclCommInitRankConfig");
 }
 
 NCCL_API(ncclResult_t, ncclCommInitRank, ncclComm_t *comm, int nranks, ncclUniqueId commId,
          int rank);
 ncclResult_t ncclCommInitRank(ncclComm_t *comm, int nranks, ncclUniqueId commId, int rank) {
-    return init_rank(comm, nranks, &commId, rank, NULL, "ncclCommInitRank");
+    return init_rank(comm, nranks, &commId, 1, rank, NULL, "ncclCommInitRank");
 }
 
-/* NCCL spreads the rendezvous of very large jobs over several roots, one per id. Chorus's
- * bootstrap needs one root: every rank uses commIds[0] (all ranks pass the same array, so the
- * choice is the same everywhere); the roots behind the other ids stay unused. */
+/* NCCL spreads the rendezvous of very large jobs over several roots, one per id; so does Chorus:
+ * rank r joins the root of commIds[floor(r * nId / nranks)] (bootstrap_init_multi), each root
+ * takes about nranks / nId hellos. Every rank passes the same array. */
 NCCL_API(ncclResult_t, ncclCommInitRankScalable, ncclComm_t *newcomm, int nranks, int myrank,
          int nId, ncclUniqueId *commIds, ncclConfig_t *config);
 ncclResult_t ncclCommInitRankScalable(ncclComm_t *newcomm, int nranks, int myrank, int nId,
@@ -284,7 +311,7 @@ ncclResult_t ncclCommInitRankScalable(ncclComm_t *newcomm, int nranks, int myran
     const char *api = "ncclCommInitRankScalable";
     ARGCHECK(nId >= 1, "%s: nId %d must be >= 1", api, nId);
     ARGCHECK(commIds != NULL, "%s: commIds is NULL", api);
-    return init_rank(newcomm, nranks, &commIds[0], myrank, config, api);
+    return init_rank(newcomm, nranks, commIds, nId, myrank, config, api);
 }
 
 /* ---- ncclCommInitAll: every rank in this process, one thread each --------------------------- */

@@ -4,11 +4,15 @@
  *
  * bootstrap_init opens this rank's listening socket (on the address that routes to the root, or on
  * the interface NCCL_SOCKET_IFNAME selects), starts the receiver thread, and sends the root a hello
- * {magic, secret, rank, nranks, listen address}. The root answers, once all ranks are there, with
- * the table of listen addresses, or with the list of ranks that never came. A connection the root
- * closes before answering (a root of a previous communicator on the same fixed address that is just
- * shutting down) is retried until the deadline. With a fixed address (CHORUS_ID_FLAG_RANK0_ROOT),
- * rank 0 first starts the root thread on that address.
+ * {magic, secret, rank, nranks, listen address}. The root answers "joined" and closes; once all
+ * ranks are there it sends rank 0 the table of listen addresses, which is relayed down a binomial
+ * tree so that every rank learns the addresses of its range and of its ring neighbours, and the
+ * ranks complete the table with an all-gather of addresses (addr_allgather). If ranks never came,
+ * the root sends each rank that did the list of missing ranks. A connection the root closes before
+ * answering (a root of a previous communicator on the same fixed address that is just shutting
+ * down) is retried until the deadline: CHORUS_TIMEOUT plus one second per 1,000 ranks, plus 5 s so
+ * that the root's list arrives first. With a fixed address (CHORUS_ID_FLAG_RANK0_ROOT), rank 0
+ * first starts the root thread on that address.
  *
  * allgather is Bruck's algorithm: ceil(log2 nranks) rounds; in the round of distance k, each rank
  * sends the min(k, nranks-k) blocks it holds (its own and those of the ranks after it) to rank-k
@@ -53,7 +57,7 @@ static void bs_free(bootstrap_t *bs) {
         for (int i = 0; i < bs->nranks; i++)
             bs_close(bs->out_fd[i]);
     if (bs->q_head) {
-        for (int i = 0; i < bs->nranks; i++) {
+        for (int i = 0; i <= bs->nranks; i++) {
             bs_msg_t *m = bs->q_head[i];
             while (m) {
                 bs_msg_t *next = m->next;
@@ -90,11 +94,12 @@ static bootstrap_t *bs_alloc(int rank, int nranks) {
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
     pthread_cond_init(&bs->cond, &ca);
     pthread_condattr_destroy(&ca);
-    bs->addrs = calloc(nranks, sizeof(*bs->addrs));
-    bs->q_head = calloc(nranks, sizeof(*bs->q_head));
-    bs->q_tail = calloc(nranks, sizeof(*bs->q_tail));
-    bs->in_state = calloc(nranks, sizeof(int));
-    bs->in_errno = calloc(nranks, sizeof(int));
+    /* One more slot than ranks: the root's message during the rendezvous. */
+    bs->addrs = calloc((size_t)nranks + 1, sizeof(*bs->addrs));
+    bs->q_head = calloc((size_t)nranks + 1, sizeof(*bs->q_head));
+    bs->q_tail = calloc((size_t)nranks + 1, sizeof(*bs->q_tail));
+    bs->in_state = calloc((size_t)nranks + 1, sizeof(int));
+    bs->in_errno = calloc((size_t)nranks + 1, sizeof(int));
     bs->out_fd = malloc(sizeof(int) * (size_t)nranks);
     /* Before any failure path: bs_free closes every out_fd that is not -1. */
     for (int i = 0; bs->out_fd && i < nranks; i++)
@@ -170,9 +175,22 @@ static ncclResult_t pick_listen_addr(const chorus_unique_id_t *id, chorus_sockad
     return chorus_find_interface(addr_p, NULL, 0);
 }
 
-/* One attempt: connect, hello, wait for the reply. BS_IO_CLOSED before any reply means "retry". */
-static ncclResult_t rendezvous_once(bootstrap_t *bs, const chorus_unique_id_t *id,
-                                    const bs_deadline_t *d, int *retry_p) {
+/* "3,5,9" from the list of missing ranks the root sent. */
+static void format_missing(const int32_t *miss, int listed, int nmissing, char *list, int len) {
+    int off = 0;
+    list[0] = '\0';
+    for (int i = 0; i < listed && off < len - 16; i++)
+        off += snprintf(list + off, len - off, "%s%d", i ? "," : "", miss[i]);
+    if (listed == 0)
+        snprintf(list, len, "?");
+    else if (off >= len - 16 || listed < nmissing)
+        snprintf(list + off, len - off, ",...");
+}
+
+/* One attempt: connect, hello, wait for the root's short answer. BS_IO_CLOSED before any answer
+ * means "retry". */
+static ncclResult_t rendezvous_once(bootstrap_t *bs, const chorus_unique_id_t *id, int root,
+                                    int nroots, const bs_deadline_t *d, int *retry_p) {
     char rbuf[64], ebuf[96];
     chorus_sockaddr_str(&id->root, rbuf, sizeof(rbuf));
     *retry_p = 0;
@@ -199,146 +217,268 @@ static ncclResult_t rendezvous_once(bootstrap_t *bs, const chorus_unique_id_t *i
     bs_hello_t h;
     memset(&h, 0, sizeof(h));
     h.magic = CHORUS_ID_MAGIC;
-    h.secret = bs->secret;
+    h.secret = id->secret;
     h.kind = BS_HELLO_ROOT;
     h.rank = bs->rank;
     h.nranks = bs->nranks;
-    h.to_rank = -1;
+    h.to_rank = nroots > 1 ? root : -1;
     h.addr = bs->addrs[bs->rank];
+    h.nroots = (uint32_t)nroots;
     bs_reply_t rep;
     st = bs_send_all(fd, &h, sizeof(h), d, &e);
     if (st == BS_IO_OK) st = bs_recv_all(fd, &rep, sizeof(rep), d, &e);
+    bs_close(fd);
     if (st == BS_IO_CLOSED) {
-        bs_close(fd);
         *retry_p = 1;
         return ncclSystemError;
     }
-    ncclResult_t res = ncclSuccess;
     if (st != BS_IO_OK) {
         if (st == BS_IO_TIMEOUT)
-            WARN("bootstrap rank %d: no answer from the root at %s within %lld s (CHORUS_TIMEOUT)",
-                 bs->rank, rbuf, (long long)chorus_param_int(PARAM_TIMEOUT));
+            WARN("bootstrap rank %d: no answer from the root at %s in time (CHORUS_TIMEOUT)",
+                 bs->rank, rbuf);
         else
             WARN("bootstrap rank %d: rendezvous with the root at %s failed: %s", bs->rank, rbuf,
                  bs_io_strerror(st, e, ebuf, sizeof(ebuf)));
-        res = st == BS_IO_ABORT ? ncclRemoteError : ncclSystemError;
-        goto out_close;
+        return st == BS_IO_ABORT ? ncclRemoteError : ncclSystemError;
     }
-    size_t follows = 0;
-    int reply_ok = bs_reply_follows(&rep, bs->nranks, &follows) == 0;
     switch (rep.status) {
-    case BS_REPLY_OK:
-        if (!reply_ok) {
-            WARN("bootstrap rank %d: the root at %s answered for %d ranks, not %d", bs->rank, rbuf,
-                 rep.nranks, bs->nranks);
-            res = ncclInternalError;
-            break;
-        }
-        st = bs_recv_all(fd, bs->addrs, follows, d, &e);
-        if (st != BS_IO_OK) {
-            WARN("bootstrap rank %d: receiving the address table from the root at %s failed: %s",
-                 bs->rank, rbuf, bs_io_strerror(st, e, ebuf, sizeof(ebuf)));
-            res = bs_io_result(st);
-        }
-        break;
-    case BS_REPLY_TIMEOUT: {
-        int nm = (int)(follows / sizeof(int32_t));
-        int32_t *miss = nm ? malloc(sizeof(int32_t) * nm) : NULL;
-        char list[256];
-        int off = 0;
-        list[0] = '\0';
-        if (miss && bs_recv_all(fd, miss, sizeof(int32_t) * nm, d, &e) == BS_IO_OK) {
-            for (int i = 0; i < nm && off < (int)sizeof(list) - 16; i++)
-                off += snprintf(list + off, sizeof(list) - off, "%s%d", i ? "," : "", miss[i]);
-            if (off >= (int)sizeof(list) - 16) snprintf(list + off, sizeof(list) - off, "...");
-        } else {
-            snprintf(list, sizeof(list), "?");
-        }
-        free(miss);
-        WARN("bootstrap: rank%s %s of %d did not join within %d s (rank %d, root %s)",
-             nm > 1 ? "s" : "", list, bs->nranks, rep.timeout_s, bs->rank, rbuf);
-        res = ncclSystemError;
-        break;
-    }
+    case BS_REPLY_JOINED:
+        return ncclSuccess;
     case BS_REPLY_NRANKS:
         WARN("bootstrap rank %d: nranks=%d does not match nranks=%d of the ranks that joined "
              "first (root %s)",
              bs->rank, bs->nranks, rep.nranks, rbuf);
-        res = ncclInvalidArgument;
-        break;
+        return ncclInvalidArgument;
     case BS_REPLY_DUP_RANK:
         WARN("bootstrap rank %d: another process already joined as rank %d (root %s)", bs->rank,
              bs->rank, rbuf);
-        res = ncclInvalidArgument;
-        break;
+        return ncclInvalidArgument;
     default:
         WARN("bootstrap rank %d: the root at %s rejected rank %d of %d (status %u)", bs->rank, rbuf,
              bs->rank, bs->nranks, rep.status);
-        res = ncclInvalidArgument;
-        break;
+        return ncclInvalidArgument;
     }
-out_close:
-    bs_close(fd);
+}
+
+/* The root's timeout message: WARN naming the missing ranks. */
+static ncclResult_t report_timeout(bootstrap_t *bs, const char *rbuf, const bs_reply_t *rep,
+                                   const char *extra, size_t follows) {
+    int listed = (int)(follows / sizeof(int32_t));
+    int32_t miss[BS_MISSING_LISTED];
+    memcpy(miss, extra, follows);
+    char list[256];
+    format_missing(miss, listed, rep->nmissing, list, sizeof(list));
+    WARN("bootstrap: rank%s %s of %d did not join within %d s (rank %d, root %s)",
+         rep->nmissing > 1 ? "s" : "", list, bs->nranks, rep->timeout_s, bs->rank, rbuf);
+    return ncclSystemError;
+}
+
+/* After BS_REPLY_JOINED: the rendezvous result. The first rank lo of the root's range [lo,
+ * root_hi) gets the addresses of that range and of the ranks on either side (the whole table with
+ * one root); every other rank gets those of its scatter range (bs_scatter_place) from its parent,
+ * and relays the parts of its range to its own children.
+ * So each rank learns at least its ring neighbours r-1 and r+1 after at most ceil(log2 n) relay
+ * steps, and the root sends one table instead of n messages. If ranks never came, the root sends
+ * every rank that did the list of missing ones directly instead. */
+static ncclResult_t rendezvous_result(bootstrap_t *bs, const chorus_unique_id_t *id, int lo,
+                                      int root_hi, const bs_deadline_t *d) {
+    char rbuf[64];
+    chorus_sockaddr_str(&id->root, rbuf, sizeof(rbuf));
+    const size_t as = sizeof(chorus_sockaddr_t);
+    int n = bs->nranks, r = bs->rank;
+    bs->addrs[n] = id->root;
+    int parent, hi;
+    bs_scatter_place(lo, root_hi, r, &parent, &hi);
+    int peers[2] = {n, parent}, tags[2] = {BS_TAG_ROOT, BS_TAG_SCATTER};
+    int which = 0;
+    bs_msg_t *m = NULL;
+    CHECK(bs_peer_wait_any(bs, parent < 0 ? 1 : 2, peers, tags, d, &which, &m));
+    ncclResult_t res = ncclSuccess;
+    /* Addresses of ranks r-1 .. hi (mod n). */
+    const char *tbl = NULL;
+    size_t want = as * ((size_t)(hi - r) + 2);
+    if (which == 0) {
+        bs_reply_t rep;
+        size_t follows = 0;
+        if (m->size < sizeof(rep)) goto bad;
+        memcpy(&rep, m->data, sizeof(rep));
+        if (bs_reply_follows(&rep, n, &follows) != 0 || m->size != sizeof(rep) + follows) goto bad;
+        if (rep.status == BS_REPLY_TIMEOUT) {
+            res = report_timeout(bs, rbuf, &rep, m->data + sizeof(rep), follows);
+            bs_msg_free(m);
+            return res;
+        }
+        if (rep.status != BS_REPLY_OK || r != lo || follows != want) goto bad;
+        tbl = m->data + sizeof(rep);
+    } else {
+        if (m->size != want) goto bad;
+        tbl = m->data;
+    }
+    for (int i = 0; i < hi - r + 2; i++)
+        memcpy(&bs->addrs[((long)r - 1 + i + n) % n], tbl + as * (size_t)i, as);
+    /* Relay: the upper part of the range to its owner, halving what is left each time. */
+    for (int h = hi; h - r > 1 && res == ncclSuccess;) {
+        int mid = r + (h - r + 1) / 2;
+        size_t off = as * (size_t)(mid - r); /* entry of rank mid - 1 */
+        res = bs_peer_send(bs, mid, BS_TAG_SCATTER, tbl + off, as * ((size_t)(h - mid) + 2));
+        h = mid;
+    }
+    bs_msg_free(m);
     return res;
+bad:
+    WARN("bootstrap rank %d: %s sent a rendezvous result of %zu bytes that is not for rank %d of "
+         "%d",
+         r, which == 0 ? "the root" : "its relay rank", m->size, r, n);
+    bs_msg_free(m);
+    return ncclInternalError;
+}
+
+/* The full address table from the ring neighbours' addresses (rendezvous_result): Bruck's all-gather
+ * of the addresses (as bootstrap_allgather), where in the round of distance k rank r sends to r-k
+ * and so needs addr(r-k). Each round also passes on what the next round needs: r tells r-k the
+ * address of r+k (which is r-k's r'+2k) and tells r+k the address of r-k (r+k's r'-2k). So every
+ * rank starts from addr(r-1) and addr(r+1) and the table is complete after ceil(log2 n) rounds
+ * of two messages each. */
+static ncclResult_t addr_allgather(bootstrap_t *bs) {
+    int n = bs->nranks, r = bs->rank;
+    if (n <= 3) return ncclSuccess; /* r-1 and r+1 are everyone else */
+    const size_t as = sizeof(chorus_sockaddr_t);
+    /* tmp[i]: the address of rank (r + i) % n; buf: one round's message (blocks + 1). */
+    chorus_sockaddr_t *tmp = malloc(as * (size_t)n);
+    chorus_sockaddr_t *buf = malloc(as * ((size_t)n / 2 + 2));
+    if (!tmp || !buf) {
+        free(tmp);
+        free(buf);
+        WARN("bootstrap rank %d: out of memory for the address table of %d ranks", r, n);
+        return ncclSystemError;
+    }
+    ncclResult_t res = ncclSuccess;
+    tmp[0] = bs->addrs[r];
+    chorus_sockaddr_t left = bs->addrs[(r + n - 1) % n], right = bs->addrs[(r + 1) % n];
+    for (int k = 1; k < n; k <<= 1) {
+        int cnt = k < n - k ? k : n - k;
+        int more = k < n - k; /* another round follows: pass on what it needs */
+        int dst = (r - k + n) % n, src = (r + k) % n;
+        bs->addrs[dst] = left;
+        bs->addrs[src] = right;
+        memcpy(buf, tmp, as * (size_t)cnt);
+        if (more) buf[cnt] = right;
+        CHECK_GOTO(bs_peer_send(bs, dst, BS_TAG_ADDR_DOWN, buf, as * (size_t)(cnt + more)), res,
+                   out);
+        if (more) CHECK_GOTO(bs_peer_send(bs, src, BS_TAG_ADDR_UP, &left, as), res, out);
+        CHECK_GOTO(bs_peer_recv(bs, src, BS_TAG_ADDR_DOWN, buf, as * (size_t)(cnt + more)), res,
+                   out);
+        memcpy(&tmp[k], buf, as * (size_t)cnt);
+        if (more) {
+            right = buf[cnt];
+            CHECK_GOTO(bs_peer_recv(bs, dst, BS_TAG_ADDR_UP, &left, as), res, out);
+        }
+    }
+    for (int i = 1; i < n; i++)
+        bs->addrs[(r + i) % n] = tmp[i];
+out:
+    free(tmp);
+    free(buf);
+    return res;
+}
+
+/* Hello to one root, retried while it closes the connection before answering. */
+static ncclResult_t join_root(bootstrap_t *bs, const chorus_unique_id_t *id, int root,
+                              int nroots, const bs_deadline_t *d) {
+    char abuf[64];
+    for (;;) {
+        int retry = 0;
+        ncclResult_t res = rendezvous_once(bs, id, root, nroots, d, &retry);
+        if (!retry) return res;
+        int st = bs_deadline_check(d);
+        if (st != BS_IO_OK) {
+            WARN("bootstrap rank %d: the root at %s kept closing the connection until %s",
+                 bs->rank, chorus_sockaddr_str(&id->root, abuf, sizeof(abuf)),
+                 st == BS_IO_ABORT ? "the abort" : "CHORUS_TIMEOUT");
+            return st == BS_IO_ABORT ? ncclRemoteError : ncclSystemError;
+        }
+        INFO(SUB_BOOTSTRAP, "bootstrap rank %d: root closed the connection early; retrying",
+             bs->rank);
+        struct timespec ts = {0, 20 * 1000000L};
+        nanosleep(&ts, NULL);
+    }
 }
 
 ncclResult_t bootstrap_init(const chorus_unique_id_t *id, int rank, int nranks,
                             volatile int *abort_flag, bootstrap_t **bs_p) {
+    return bootstrap_init_multi(id, 1, rank, nranks, abort_flag, bs_p);
+}
+
+ncclResult_t bootstrap_init_multi(const chorus_unique_id_t *ids, int nids, int rank, int nranks,
+                                  volatile int *abort_flag, bootstrap_t **bs_p) {
     ARGCHECK(bs_p != NULL, "bootstrap_init: bs_p is NULL");
     *bs_p = NULL;
-    ARGCHECK(id != NULL, "bootstrap_init: id is NULL");
-    const char *id_problem = bootstrap_id_problem(id);
-    ARGCHECK(id_problem == NULL, "bootstrap_init: the unique id cannot be used: %s (magic %016llx)",
-             id_problem, (unsigned long long)id->magic);
+    ARGCHECK(ids != NULL, "bootstrap_init: id is NULL");
+    ARGCHECK(nids >= 1, "bootstrap_init: %d ids", nids);
+    for (int k = 0; k < nids; k++) {
+        const char *id_problem = bootstrap_id_problem(&ids[k]);
+        ARGCHECK(id_problem == NULL,
+                 "bootstrap_init: unique id %d cannot be used: %s (magic %016llx)", k, id_problem,
+                 (unsigned long long)ids[k].magic);
+    }
     ARGCHECK(nranks >= 1 && nranks <= BOOTSTRAP_MAX_NRANKS,
              "bootstrap_init: nranks=%d is not in [1, %d]", nranks, BOOTSTRAP_MAX_NRANKS);
     ARGCHECK(rank >= 0 && rank < nranks, "bootstrap_init: rank=%d is not in [0, %d)", rank, nranks);
     CHECK(chorus_param_init());
+    bs_raise_nofile();
+    /* One root per id, at most one per rank; the same id given several times (a fixed
+     * NCCL_COMM_ID returns the same id every time) is one root. */
+    int nroots = nids < nranks ? nids : nranks;
+    for (int k = 1; k < nroots; k++)
+        if (memcmp(&ids[k], &ids[0], sizeof(ids[0])) == 0) nroots = 1;
+    int root = bs_root_of(nranks, nroots, rank), lo, hi;
+    bs_root_range(nranks, nroots, root, &lo, &hi);
+    const chorus_unique_id_t *id = &ids[root];
     bootstrap_t *bs = bs_alloc(rank, nranks);
     if (bs == NULL) {
         WARN("bootstrap rank %d: out of memory for %d ranks", rank, nranks);
         return ncclSystemError;
     }
-    bs->secret = id->secret;
+    /* Peer connections present the first id's secret; the root's connection its own. */
+    bs->secret = ids[0].secret;
+    bs->root_secret = id->secret;
     bs->abort_ext = abort_flag;
     ncclResult_t res = ncclSuccess;
     char abuf[64];
     bs_deadline_t d;
     /* Ranks wait a little longer than the root so that the root's list of missing ranks (sent at
      * CHORUS_TIMEOUT) arrives before a rank gives up on its own. */
-    bs_deadline_init(&d, (double)chorus_param_int(PARAM_TIMEOUT) + 5.0, abort_flag, &bs->abort_int);
+    bs_deadline_init(&d, (double)bs_timeout_for((int)chorus_param_int(PARAM_TIMEOUT), nranks) + 5.0,
+                     abort_flag, &bs->abort_int);
 
     chorus_sockaddr_t local;
     CHECK_GOTO(pick_listen_addr(id, &local), res, err_free);
     if (bs_listen(&local, 0, &bs->listen_fd, &bs->addrs[rank]) != 0) {
+        int e = errno;
+        char ebuf[160];
         WARN("bootstrap rank %d: cannot listen on %s: %s", rank,
-             chorus_sockaddr_str(&local, abuf, sizeof(abuf)), strerror(errno));
+             chorus_sockaddr_str(&local, abuf, sizeof(abuf)),
+             bs_io_strerror(BS_IO_ERROR, e, ebuf, sizeof(ebuf)));
         res = ncclSystemError;
         goto err_free;
     }
     CHECK_GOTO(bs_peer_start(bs), res, err_free);
-    if ((id->flags & CHORUS_ID_FLAG_RANK0_ROOT) && rank == 0)
+    if ((id->flags & CHORUS_ID_FLAG_RANK0_ROOT) && rank == lo)
         CHECK_GOTO(start_fixed_root(id, &d), res, err_free);
 
-    for (;;) {
-        int retry = 0;
-        res = rendezvous_once(bs, id, &d, &retry);
-        if (!retry) break;
-        int st = bs_deadline_check(&d);
-        if (st != BS_IO_OK) {
-            WARN("bootstrap rank %d: the root at %s kept closing the connection until %s", rank,
-                 chorus_sockaddr_str(&id->root, abuf, sizeof(abuf)),
-                 st == BS_IO_ABORT ? "the abort" : "CHORUS_TIMEOUT");
-            res = st == BS_IO_ABORT ? ncclRemoteError : ncclSystemError;
-            break;
-        }
-        INFO(SUB_BOOTSTRAP, "bootstrap rank %d: root closed the connection early; retrying", rank);
-        struct timespec ts = {0, 20 * 1000000L};
-        nanosleep(&ts, NULL);
+    CHECK_GOTO(join_root(bs, id, root, nroots, &d), res, err_free);
+    if (nroots > 1) {
+        /* The first rank of a range tells the root before, the last one the root after: their
+         * parts of the table end with this rank's address. */
+        int before = (root + nroots - 1) % nroots, after = (root + 1) % nroots;
+        if (rank == lo) CHECK_GOTO(join_root(bs, &ids[before], before, nroots, &d), res, err_free);
+        if (rank == hi - 1 && !(rank == lo && after == before))
+            CHECK_GOTO(join_root(bs, &ids[after], after, nroots, &d), res, err_free);
     }
-    if (res != ncclSuccess) goto err_free;
-    INFO(SUB_BOOTSTRAP | SUB_INIT, "bootstrap rank %d of %d ready, listening on %s", rank, nranks,
-         chorus_sockaddr_str(&bs->addrs[rank], abuf, sizeof(abuf)));
+    CHECK_GOTO(rendezvous_result(bs, id, lo, hi, &d), res, err_free);
+    CHECK_GOTO(addr_allgather(bs), res, err_free);
+    INFO(SUB_BOOTSTRAP | SUB_INIT, "bootstrap rank %d of %d ready, listening on %s (root %d of %d)",
+         rank, nranks, chorus_sockaddr_str(&bs->addrs[rank], abuf, sizeof(abuf)), root, nroots);
     *bs_p = bs;
     return ncclSuccess;
 err_free:

@@ -4,8 +4,9 @@
  * ncclUniqueId carries a random 64-bit secret and the root's socket address (chorus_unique_id_t).
  * ncclGetUniqueId starts a root listener thread in the calling process; with NCCL_COMM_ID=host:port
  * the id is derived from that address and rank 0 runs the root inside bootstrap_init. Ranks connect
- * to the root, present the secret, and learn every rank's listen address. After that the root is no
- * longer needed: allgather, barrier and tagged point-to-point messages go directly between ranks.
+ * to the root, present the secret, and learn every rank's listen address (the root sends the table
+ * to rank 0 only; the ranks relay and complete it). After that the root is no longer needed:
+ * allgather, barrier and tagged point-to-point messages go directly between ranks.
  *
  * Every call has a deadline (CHORUS_TIMEOUT) and checks the abort flag given at init. A failure names
  * the peer rank and its address. Not thread-safe per handle: one communicator, one caller at a time.
@@ -73,6 +74,11 @@ const char *bootstrap_id_problem(const chorus_unique_id_t *id);
 /* Collective over all nranks: rendezvous through the root. abort_flag may be NULL. */
 ncclResult_t bootstrap_init(const chorus_unique_id_t *id, int rank, int nranks,
                             volatile int *abort_flag, bootstrap_t **bs_p);
+/* The same through several roots (ncclCommInitRankScalable): every rank passes the same nids
+ * ids; rank r joins the root of ids[floor(r * nroots / nranks)], nroots = min(nids, nranks), so
+ * each root takes about nranks / nroots hellos. Peer connections use ids[0]'s secret. */
+ncclResult_t bootstrap_init_multi(const chorus_unique_id_t *ids, int nids, int rank, int nranks,
+                                  volatile int *abort_flag, bootstrap_t **bs_p);
 
 int bootstrap_rank(const bootstrap_t *bs);
 int bootstrap_nranks(const bootstrap_t *bs);

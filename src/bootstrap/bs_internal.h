@@ -23,9 +23,16 @@
 /* Connections that have not yet said who they are; beyond this the oldest silent one is dropped
  * for each new one (silent connections must not keep real ranks out). */
 #define BS_MAX_PENDING 256
+/* Connections the root has in flight at once while it sends each rank its rendezvous result. */
+#define BS_FANOUT_WINDOW 64
 /* Reserved tags: allgather and barrier rounds. User tags should stay above this range. */
 #define BS_TAG_ALLGATHER (BOOTSTRAP_TAG_RESERVED_MIN + 0)
 #define BS_TAG_BARRIER (BOOTSTRAP_TAG_RESERVED_MIN + 1) /* + round, up to 32 rounds */
+/* The root's message to a rank (on the root slot) and the rendezvous' address all-gather. */
+#define BS_TAG_ROOT (BOOTSTRAP_TAG_RESERVED_MIN + 40)
+#define BS_TAG_ADDR_DOWN (BOOTSTRAP_TAG_RESERVED_MIN + 41)
+#define BS_TAG_ADDR_UP (BOOTSTRAP_TAG_RESERVED_MIN + 42)
+#define BS_TAG_SCATTER (BOOTSTRAP_TAG_RESERVED_MIN + 43)
 #define BS_ACK_MAGIC 0x4b434153u                        /* "SACK" */
 
 typedef struct {
@@ -54,6 +61,28 @@ const char *bs_io_strerror(int status, int err, char *buf, int len);
 /* Map a failed status to the result the API returns: abort and closed -> ncclRemoteError,
  * timeout and errors -> ncclSystemError. */
 ncclResult_t bs_io_result(int status);
+
+/* The part of the rendezvous result rank r relays (bootstrap.c, a binomial scatter over the
+ * root's range [lo, hi) from rank lo, which gets the root's part of the table): r owns ranks
+ * [r, *hi_p) and gets their addresses, and those of r-1 and *hi_p, from *parent_p (-1: from the
+ * root). A range [a, b) of more than one rank splits at mid = a + (b - a + 1) / 2: mid gets
+ * [mid, b), a keeps [a, mid). */
+void bs_scatter_place(int lo, int hi, int rank, int *parent_p, int *hi_p);
+/* Several roots (ncclCommInitRankScalable): rank r reports to root floor(r * nroots / nranks),
+ * so root j serves ranks [ceil(j * nranks / nroots), ceil((j + 1) * nranks / nroots)); nroots is
+ * at most nranks. A root also hears from the rank just before and the rank just after its range
+ * (their ring neighbours' addresses are in its part of the table). */
+int bs_root_of(int nranks, int nroots, int rank);
+void bs_root_range(int nranks, int nroots, int root, int *lo_p, int *hi_p);
+
+/* The rendezvous deadline for nranks: CHORUS_TIMEOUT (base_s) plus one second per 1,000 ranks
+ * (rounded up), so that the root's O(nranks) work and the ranks' log2(nranks) address rounds
+ * never eat into the time given to late ranks. */
+int bs_timeout_for(int base_s, int nranks);
+/* Raise RLIMIT_NOFILE's soft limit to the hard limit, once per process (INFO line). */
+void bs_raise_nofile(void);
+/* WARN that `who` ran out of file descriptors (err EMFILE or ENFILE), naming the limit. */
+void bs_warn_fd_limit(const char *who, int err);
 
 /* ---- sockets (bs_socket.c) ---------------------------------------------------------------- */
 socklen_t bs_sockaddr_len(const chorus_sockaddr_t *a);
@@ -88,7 +117,9 @@ long bs_write_some(int fd, const void *buf, size_t len, int *errno_p);
 void bs_close(int fd);
 
 /* ---- wire format --------------------------------------------------------------------------- */
-enum { BS_HELLO_ROOT = 1, BS_HELLO_PEER = 2 };
+/* BS_HELLO_ROOT: a rank to the root (the rendezvous). BS_HELLO_PEER: a rank to a rank.
+ * BS_HELLO_FROM_ROOT: the root to a rank's listen socket, once, with its one message (rank -1). */
+enum { BS_HELLO_ROOT = 1, BS_HELLO_PEER = 2, BS_HELLO_FROM_ROOT = 3 };
 
 typedef struct {
     uint64_t magic; /* CHORUS_ID_MAGIC */
@@ -96,18 +127,23 @@ typedef struct {
     uint32_t kind; /* BS_HELLO_ROOT or BS_HELLO_PEER */
     int32_t rank;  /* who is speaking */
     int32_t nranks;
-    int32_t to_rank;        /* peer hello: the rank this connection is meant for */
+    int32_t to_rank;        /* peer hello: the rank this connection is meant for; root hello
+                               with nroots >= 2: the index of the root it is meant for */
     chorus_sockaddr_t addr; /* root hello: the speaker's listen address */
-    uint32_t pad;
+    uint32_t nroots;        /* root hello: roots sharing the rendezvous (0 or 1: one) */
 } bs_hello_t;
 
 enum {
-    BS_REPLY_OK = 0,       /* followed by nranks chorus_sockaddr_t */
-    BS_REPLY_TIMEOUT = 1,  /* followed by nmissing int32 ranks */
+    BS_REPLY_OK = 0,       /* to a root's first rank lo: .nmissing chorus_sockaddr_t, those of
+                              ranks lo-1 .. hi (mod nranks) of the root's range [lo, hi) */
+    BS_REPLY_TIMEOUT = 1,  /* followed by min(nmissing, BS_MISSING_LISTED) int32 ranks */
     BS_REPLY_NRANKS = 2,   /* nranks differs from the first rank's; .nranks is the root's */
     BS_REPLY_DUP_RANK = 3, /* another connection already holds this rank */
     BS_REPLY_BAD_RANK = 4, /* rank outside [0, nranks) or nranks < 1 */
+    BS_REPLY_JOINED = 5,   /* on the hello's connection: registered; the rest comes later */
 };
+/* A timeout message lists at most this many missing ranks (nmissing counts them all). */
+#define BS_MISSING_LISTED 64
 
 typedef struct {
     uint32_t status;
@@ -137,13 +173,18 @@ int bs_root_hello_verdict(const bs_hello_t *h, int root_nranks);
  * communicator and names a sender in range other than this rank (a rank's messages to itself never
  * cross a socket: a hello claiming to be it is forged). */
 int bs_peer_hello_ok(const bs_hello_t *h, int rank, int nranks);
+/* 1 when a complete hello (magic and secret checked) is the root's message to this rank. */
+int bs_root_msg_hello_ok(const bs_hello_t *h, int rank, int nranks);
 /* The root's reply as a rank of nranks reads it: 0 with *bytes_p = how many bytes follow it (the
- * address table, the list of missing ranks, or none), -1 when it cannot be for this rank. */
+ * neighbours' addresses, the list of missing ranks, or none), -1 when it cannot be for this rank. */
 int bs_reply_follows(const bs_reply_t *rep, int nranks, size_t *bytes_p);
 /* 1 when a tagged message header may be accepted (its size is at most BS_MAX_MSG_BYTES). */
 int bs_msg_hdr_ok(const bs_msg_hdr_t *hdr);
 
 /* ---- root (bs_root.c) ---------------------------------------------------------------------- */
+/* The hello counts of the roots of this process that completed a rendezvous since the last
+ * call, oldest first (at most max; the 64 first are kept): for tests. */
+int bs_root_stats_take(int *hellos, int max);
 /* Start a detached thread that serves one rendezvous on listen_fd (which it then owns). */
 ncclResult_t bs_root_start(int listen_fd, uint64_t secret, const chorus_sockaddr_t *addr);
 
@@ -174,10 +215,11 @@ enum { BS_PEER_NONE = 0, BS_PEER_OPEN, BS_PEER_CLOSED, BS_PEER_FAILED };
 
 struct bootstrap {
     int rank, nranks;
-    uint64_t secret;
+    uint64_t secret;      /* what peers present */
+    uint64_t root_secret; /* what this rank's root presents (its id's) */
     volatile int *abort_ext;
     volatile int abort_int;
-    chorus_sockaddr_t *addrs; /* [nranks] listen addresses */
+    chorus_sockaddr_t *addrs; /* [nranks + 1] listen addresses; [nranks]: the root's */
     int listen_fd;
     int wake_fd; /* eventfd: wakes the receiver thread on close/abort */
 
@@ -187,9 +229,10 @@ struct bootstrap {
 
     pthread_mutex_t lock; /* protects queues, in_state and the connection list */
     pthread_cond_t cond;
-    bs_msg_t **q_head, **q_tail; /* [nranks] unexpected messages per peer, FIFO */
-    int *in_state;               /* [nranks] BS_PEER_* of the incoming connection */
-    int *in_errno;               /* [nranks] errno when FAILED */
+    /* Per peer, and one more slot (index nranks) for the root's message during the rendezvous */
+    bs_msg_t **q_head, **q_tail; /* [nranks + 1] unexpected messages per peer, FIFO */
+    int *in_state;               /* [nranks + 1] BS_PEER_* of the incoming connection */
+    int *in_errno;               /* [nranks + 1] errno when FAILED */
     bs_in_conn_t *conns;         /* receiver thread only */
     int nconns, conns_cap;
 
@@ -205,6 +248,14 @@ void bs_peer_wake(bootstrap_t *bs);
 int bs_peer_aborted(const bootstrap_t *bs);
 ncclResult_t bs_peer_send(bootstrap_t *bs, int peer, int tag, const void *data, size_t size);
 ncclResult_t bs_peer_recv(bootstrap_t *bs, int peer, int tag, void *data, size_t size);
+/* Wait until *dl for the first message with (peer, tag) and hand it over (*m_p, freed with
+ * bs_msg_free). peer may be nranks: the root's slot (its one message during the rendezvous). */
+ncclResult_t bs_peer_wait(bootstrap_t *bs, int peer, int tag, const bs_deadline_t *dl,
+                          bs_msg_t **m_p);
+/* The same for the first of npeers (1 or 2) (peer, tag) pairs to arrive; *which_p tells which. */
+ncclResult_t bs_peer_wait_any(bootstrap_t *bs, int npeers, const int *peers, const int *tags,
+                              const bs_deadline_t *dl, int *which_p, bs_msg_t **m_p);
+void bs_msg_free(bs_msg_t *m);
 void bs_deadline_for(bootstrap_t *bs, bs_deadline_t *d);
 /* The receiver thread's step for one incoming connection, bs->conns[i]: read what is available
  * (hello, then message headers and payloads into the queues). -1 when it dropped the connection.

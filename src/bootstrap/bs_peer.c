@@ -64,6 +64,32 @@ static void conn_drop(bootstrap_t *bs, int i, int state, int err) {
 static int conn_auth(bootstrap_t *bs, int i) {
     bs_in_conn_t *c = &bs->conns[i];
     const bs_hello_t *h = &c->u.hello;
+    /* The root's one message during the rendezvous: queued on slot nranks, no ack (the root
+     * writes it and closes at once). */
+    int from_root = h->secret == bs->root_secret && bs_root_msg_hello_ok(h, bs->rank, bs->nranks);
+    if (!from_root && h->secret != bs->secret) {
+        INFO(SUB_BOOTSTRAP, "bootstrap rank %d: dropped a peer hello with the root's secret",
+             bs->rank);
+        conn_drop(bs, i, 0, 0);
+        return -1;
+    }
+    if (from_root) {
+        int from = bs->nranks;
+        pthread_mutex_lock(&bs->lock);
+        int busy = bs->in_state[from] != BS_PEER_NONE;
+        if (!busy) bs->in_state[from] = BS_PEER_OPEN;
+        pthread_mutex_unlock(&bs->lock);
+        if (busy) {
+            INFO(SUB_BOOTSTRAP, "bootstrap rank %d: a second message from the root; dropped",
+                 bs->rank);
+            conn_drop(bs, i, 0, 0);
+            return -1;
+        }
+        c->authed = 1;
+        c->from = from;
+        c->got = 0;
+        return 0;
+    }
     if (!bs_peer_hello_ok(h, bs->rank, bs->nranks)) {
         INFO(SUB_BOOTSTRAP, "bootstrap rank %d: dropped a hello for rank %d of %d from rank %d",
              bs->rank, h->to_rank, h->nranks, h->rank);
@@ -110,7 +136,8 @@ static int conn_read(bootstrap_t *bs, int i) {
             if (n == 0) return 0;
             c->got += (size_t)n;
             if ((c->got >= 8 && c->u.hello.magic != CHORUS_ID_MAGIC) ||
-                (c->got >= 16 && c->u.hello.secret != bs->secret)) {
+                (c->got >= 16 && c->u.hello.secret != bs->secret &&
+                 c->u.hello.secret != bs->root_secret)) {
                 INFO(SUB_BOOTSTRAP,
                      "bootstrap rank %d: dropped a connection with a bad magic or "
                      "secret",
@@ -189,6 +216,11 @@ static int conn_read(bootstrap_t *bs, int i) {
             pthread_mutex_unlock(&bs->lock);
             c->cur = NULL;
             c->got = 0;
+            /* The root sends one message; closing first leaves TIME_WAIT here, not at the root. */
+            if (c->from == bs->nranks) {
+                conn_drop(bs, i, BS_PEER_CLOSED, 0);
+                return -1;
+            }
         }
     }
 }
@@ -337,6 +369,10 @@ void bs_peer_wake(bootstrap_t *bs) {
 static const char *tag_str(int tag, char *buf, int len) {
     if (tag == BS_TAG_ALLGATHER)
         snprintf(buf, len, "(allgather)");
+    else if (tag == BS_TAG_ROOT)
+        snprintf(buf, len, "(rendezvous result)");
+    else if (tag == BS_TAG_ADDR_DOWN || tag == BS_TAG_ADDR_UP)
+        snprintf(buf, len, "(address exchange)");
     else if (tag >= BS_TAG_BARRIER && tag < BS_TAG_BARRIER + 32)
         snprintf(buf, len, "(barrier round %d)", tag - BS_TAG_BARRIER);
     else
@@ -349,13 +385,17 @@ static ncclResult_t peer_fail(bootstrap_t *bs, const char *what, int peer, int t
     chorus_sockaddr_str(&bs->addrs[peer], abuf, sizeof(abuf));
     bs_io_strerror(st, e, ebuf, sizeof(ebuf));
     tag_str(tag, tbuf, sizeof(tbuf));
+    char who[24];
+    if (peer == bs->nranks)
+        snprintf(who, sizeof(who), "the root");
+    else
+        snprintf(who, sizeof(who), "rank %d", peer);
     /* An abort is asked for (ncclCommAbort, a failure seen elsewhere): not worth a WARN. */
     if (st == BS_IO_ABORT)
-        INFO(SUB_BOOTSTRAP, "bootstrap rank %d: %s rank %d (%s) %s: %s", bs->rank, what, peer, abuf,
-             tbuf, ebuf);
-    else
-        WARN("bootstrap rank %d: %s rank %d (%s) %s failed: %s", bs->rank, what, peer, abuf, tbuf,
+        INFO(SUB_BOOTSTRAP, "bootstrap rank %d: %s %s (%s) %s: %s", bs->rank, what, who, abuf, tbuf,
              ebuf);
+    else
+        WARN("bootstrap rank %d: %s %s (%s) %s failed: %s", bs->rank, what, who, abuf, tbuf, ebuf);
     return bs_io_result(st);
 }
 
@@ -472,74 +512,129 @@ static int peer_listens(bootstrap_t *bs, int peer) {
 ncclResult_t bs_peer_recv(bootstrap_t *bs, int peer, int tag, void *data, size_t size) {
     bs_deadline_t d;
     bs_deadline_for(bs, &d);
+    bs_msg_t *m = NULL;
+    CHECK(bs_peer_wait(bs, peer, tag, &d, &m));
+    ncclResult_t res = ncclSuccess;
+    if (m->size != size) {
+        char abuf[64];
+        char tbuf[32];
+        WARN("bootstrap rank %d: message from rank %d (%s) %s has %zu bytes, expected %zu",
+             bs->rank, peer, chorus_sockaddr_str(&bs->addrs[peer], abuf, sizeof(abuf)),
+             tag_str(tag, tbuf, sizeof(tbuf)), m->size, size);
+        res = ncclInternalError;
+    } else if (size) {
+        memcpy(data, m->data, size);
+    }
+    bs_msg_free(m);
+    return res;
+}
+
+void bs_msg_free(bs_msg_t *m) {
+    if (m == NULL) return;
+    free(m->data);
+    free(m);
+}
+
+ncclResult_t bs_peer_wait(bootstrap_t *bs, int peer, int tag, const bs_deadline_t *dl,
+                          bs_msg_t **m_p) {
+    int which;
+    return bs_peer_wait_any(bs, 1, &peer, &tag, dl, &which, m_p);
+}
+
+/* Take the first queued message with (peer, tag) off its queue; NULL when none. Under bs->lock. */
+static bs_msg_t *dequeue(bootstrap_t *bs, int peer, int tag) {
+    bs_msg_t *prev = NULL, *m = bs->q_head[peer];
+    while (m && m->tag != tag) {
+        prev = m;
+        m = m->next;
+    }
+    if (m == NULL) return NULL;
+    if (prev)
+        prev->next = m->next;
+    else
+        bs->q_head[peer] = m->next;
+    if (bs->q_tail[peer] == m) bs->q_tail[peer] = prev;
+    m->next = NULL;
+    return m;
+}
+
+ncclResult_t bs_peer_wait_any(bootstrap_t *bs, int npeers, const int *peers, const int *tags,
+                              const bs_deadline_t *dl, int *which_p, bs_msg_t **m_p) {
+    const bs_deadline_t d = *dl;
+    /* The root's slot: it connects only once everyone joined, so silence is normal; it counts as
+     * gone after two refused probes a probe gap apart (a refusal right after its last message is
+     * the root exiting while that message still waits in our accept queue). Waiting for the root
+     * (or for a rank that relays the root's result) means waiting for other ranks to join: the
+     * root names them, so no "still waiting" WARN here. */
+    int any_root = 0;
+    for (int j = 0; j < npeers; j++)
+        any_root |= peers[j] == bs->nranks;
+    int refusals[2] = {0, 0};
     const uint64_t start_ns = chorus_now_ns();
     uint64_t warn_next_ns = 0;
-    double probe_gap_s = BS_PROBE_FIRST_S;
-    uint64_t probe_ns = start_ns + (uint64_t)(probe_gap_s * 1e9);
+    double probe_gap_s[2];
+    uint64_t probe_ns[2];
+    for (int j = 0; j < npeers && j < 2; j++) {
+        probe_gap_s[j] = peers[j] == bs->nranks ? BS_PROBE_MAX_S : BS_PROBE_FIRST_S;
+        probe_ns[j] = start_ns + (uint64_t)(probe_gap_s[j] * 1e9);
+    }
+    if (npeers < 1 || npeers > 2) return ncclInternalError;
     pthread_mutex_lock(&bs->lock);
     for (;;) {
-        bs_msg_t *prev = NULL, *m = bs->q_head[peer];
-        while (m && m->tag != tag) {
-            prev = m;
-            m = m->next;
-        }
-        if (m) {
-            if (prev)
-                prev->next = m->next;
-            else
-                bs->q_head[peer] = m->next;
-            if (bs->q_tail[peer] == m) bs->q_tail[peer] = prev;
-            pthread_mutex_unlock(&bs->lock);
-            ncclResult_t res = ncclSuccess;
-            if (m->size != size) {
-                char abuf[64];
-                char tbuf[32];
-                WARN("bootstrap rank %d: message from rank %d (%s) %s has %zu bytes, "
-                     "expected %zu",
-                     bs->rank, peer, chorus_sockaddr_str(&bs->addrs[peer], abuf, sizeof(abuf)),
-                     tag_str(tag, tbuf, sizeof(tbuf)), m->size, size);
-                res = ncclInternalError;
-            } else if (size) {
-                memcpy(data, m->data, size);
-            }
-            free(m->data);
-            free(m);
-            return res;
-        }
-        int st = bs->in_state[peer];
-        if (peer != bs->rank && (st == BS_PEER_CLOSED || st == BS_PEER_FAILED)) {
-            int e = bs->in_errno[peer];
-            pthread_mutex_unlock(&bs->lock);
-            return peer_fail(bs, "recv from", peer, tag,
-                             st == BS_PEER_CLOSED ? BS_IO_CLOSED : BS_IO_ERROR, e);
-        }
-        int cst = bs_deadline_check(&d);
-        if (cst != BS_IO_OK) {
-            pthread_mutex_unlock(&bs->lock);
-            return peer_fail(bs, "recv from", peer, tag, cst, 0);
-        }
-        const uint64_t now = chorus_now_ns();
-        if (chorus_warn_due(start_ns, now, &warn_next_ns)) {
-            char abuf[64], tbuf[32];
-            WARN("bootstrap rank %d: still waiting for rank %d (%s) %s after %.0f s (fails at %lld "
-                 "s, CHORUS_TIMEOUT)",
-                 bs->rank, peer, chorus_sockaddr_str(&bs->addrs[peer], abuf, sizeof(abuf)),
-                 tag_str(tag, tbuf, sizeof(tbuf)), (double)(now - start_ns) * 1e-9,
-                 (long long)chorus_param_int(PARAM_TIMEOUT));
-        }
-        if (peer != bs->rank && st == BS_PEER_NONE && now >= probe_ns) {
-            /* The peer never connected to us: its death would close nothing we watch. */
-            pthread_mutex_unlock(&bs->lock);
-            int alive = peer_listens(bs, peer);
-            pthread_mutex_lock(&bs->lock);
-            if (!alive && bs->q_head[peer] == NULL && bs->in_state[peer] == BS_PEER_NONE) {
+        for (int j = 0; j < npeers; j++) {
+            bs_msg_t *m = dequeue(bs, peers[j], tags[j]);
+            if (m) {
                 pthread_mutex_unlock(&bs->lock);
-                return peer_fail(bs, "recv from", peer, tag, BS_IO_REFUSED, ECONNREFUSED);
+                *which_p = j;
+                *m_p = m;
+                return ncclSuccess;
             }
-            probe_gap_s = probe_gap_s * 2 > BS_PROBE_MAX_S ? BS_PROBE_MAX_S : probe_gap_s * 2;
-            probe_ns = chorus_now_ns() + (uint64_t)(probe_gap_s * 1e9);
-            continue;
         }
+        int probed = 0;
+        const uint64_t now = chorus_now_ns();
+        for (int j = 0; j < npeers; j++) {
+            int peer = peers[j], tag = tags[j];
+            int st = bs->in_state[peer];
+            if (peer != bs->rank && (st == BS_PEER_CLOSED || st == BS_PEER_FAILED)) {
+                int e = bs->in_errno[peer];
+                pthread_mutex_unlock(&bs->lock);
+                return peer_fail(bs, "recv from", peer, tag,
+                                 st == BS_PEER_CLOSED ? BS_IO_CLOSED : BS_IO_ERROR, e);
+            }
+            int cst = bs_deadline_check(&d);
+            if (cst != BS_IO_OK) {
+                pthread_mutex_unlock(&bs->lock);
+                return peer_fail(bs, "recv from", peer, tag, cst, 0);
+            }
+            if (!any_root && chorus_warn_due(start_ns, now, &warn_next_ns)) {
+                char abuf[64], tbuf[32];
+                WARN("bootstrap rank %d: still waiting for rank %d (%s) %s after %.0f s (fails at "
+                     "%lld s, CHORUS_TIMEOUT)",
+                     bs->rank, peer, chorus_sockaddr_str(&bs->addrs[peer], abuf, sizeof(abuf)),
+                     tag_str(tag, tbuf, sizeof(tbuf)), (double)(now - start_ns) * 1e-9,
+                     (long long)chorus_param_int(PARAM_TIMEOUT));
+            }
+            /* A peer whose address is not known yet cannot be probed. */
+            if (peer != bs->rank && st == BS_PEER_NONE && now >= probe_ns[j] &&
+                bs->addrs[peer].sa.sa_family != 0) {
+                /* The peer never connected to us: its death would close nothing we watch. */
+                pthread_mutex_unlock(&bs->lock);
+                int alive = peer_listens(bs, peer);
+                pthread_mutex_lock(&bs->lock);
+                refusals[j] = alive ? 0 : refusals[j] + 1;
+                if (!alive && bs->q_head[peer] == NULL && bs->in_state[peer] == BS_PEER_NONE &&
+                    (peer != bs->nranks || refusals[j] >= 2)) {
+                    pthread_mutex_unlock(&bs->lock);
+                    return peer_fail(bs, "recv from", peer, tag, BS_IO_REFUSED, ECONNREFUSED);
+                }
+                probe_gap_s[j] =
+                    probe_gap_s[j] * 2 > BS_PROBE_MAX_S ? BS_PROBE_MAX_S : probe_gap_s[j] * 2;
+                probe_ns[j] = chorus_now_ns() + (uint64_t)(probe_gap_s[j] * 1e9);
+                probed = 1;
+                break;
+            }
+        }
+        if (probed) continue;
         struct timespec ts;
         clock_gettime(CLOCK_MONOTONIC, &ts);
         long add_ns = (long)bs_deadline_slice_ms(&d) * 1000000L;

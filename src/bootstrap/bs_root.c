@@ -8,24 +8,62 @@
  * one more arrives, the oldest silent one is dropped, so connections that never speak (hundreds
  * held open by another process) cannot keep real ranks out: a rank's hello usually arrives with
  * its connection and is read as soon as it is accepted. The first valid hello fixes nranks; later
- * hellos that disagree,
- * name a rank out of range or a rank already present get an error reply so that rank fails at once.
- * A registered rank whose connection closes before the end is forgotten (it may reconnect).
+ * hellos that disagree, name a rank out of range or a rank already present get an error reply so
+ * that rank fails at once.
  *
- * When all nranks are present, every rank receives the table of listen addresses and the thread
- * exits. If CHORUS_TIMEOUT passes first (counted from the first valid hello, or from the start when
- * nobody came), the root WARNs with the missing ranks, tells the ranks that did arrive which ranks
- * are missing, and exits. Everything it owns is freed on exit.
+ * A valid hello is answered BS_REPLY_JOINED and its connection closed at once: the root holds no
+ * socket per rank, only the rank's listen address (28 bytes), so its descriptors stay bounded by
+ * BS_MAX_PENDING + BS_FANOUT_WINDOW whatever nranks is. A second hello for a registered rank
+ * replaces the first when it comes from the same address (a rank retrying) or when nothing listens
+ * any more at the first one's address (that rank died and another took its place); otherwise it is
+ * a duplicate and rejected.
+ *
+ * When all nranks are present the root connects to rank 0's listen address and sends it one
+ * message: a BS_HELLO_FROM_ROOT hello carrying the job secret, then BS_REPLY_OK and the address
+ * table. Rank 0 relays parts of it down a binomial tree (bootstrap.c, bs_scatter_place) and the
+ * ranks complete the table among themselves. So the root's work and traffic are O(nranks): a
+ * short connection and 16 bytes per hello, 28 bytes per rank in the table. If the deadline passes
+ * first, the root WARNs with the missing ranks and connects to each rank that did arrive, a window
+ * of BS_FANOUT_WINDOW connections at a time, to send it BS_REPLY_TIMEOUT with (up to
+ * BS_MISSING_LISTED of) the missing ranks, and exits.
+ *
+ * The deadline is CHORUS_TIMEOUT plus one second per 1,000 ranks (bs_timeout_for), counted from
+ * the first valid hello, or CHORUS_TIMEOUT from the start while nobody came. Everything the root
+ * owns is freed on exit.
  */
+#include <errno.h>
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "bs_internal.h"
 #include "check.h"
 #include "param.h"
 #include "waiter.h"
+
+/* Hellos taken by the roots of this process that completed, oldest first, for tests and INFO. */
+#define BS_ROOT_STATS_MAX 64
+static pthread_mutex_t stats_lock = PTHREAD_MUTEX_INITIALIZER;
+static int stats_hellos[BS_ROOT_STATS_MAX];
+static int stats_count;
+
+static void bs_root_stats_add(int hellos) {
+    pthread_mutex_lock(&stats_lock);
+    if (stats_count < BS_ROOT_STATS_MAX) stats_hellos[stats_count++] = hellos;
+    pthread_mutex_unlock(&stats_lock);
+}
+
+int bs_root_stats_take(int *hellos, int max) {
+    pthread_mutex_lock(&stats_lock);
+    int n = stats_count < max ? stats_count : max;
+    for (int i = 0; i < n; i++)
+        hellos[i] = stats_hellos[i];
+    stats_count = 0;
+    pthread_mutex_unlock(&stats_lock);
+    return n;
+}
 
 typedef struct {
     int fd;
@@ -40,25 +78,27 @@ typedef struct {
     uint64_t secret;
     chorus_sockaddr_t addr;
     char addr_str[64];
-    int timeout_s;
-    int nranks; /* 0 until the first valid hello */
+    int base_timeout_s; /* CHORUS_TIMEOUT */
+    int timeout_s;      /* for this nranks: bs_timeout_for */
+    int nranks;         /* 0 until the first valid hello */
+    int nroots, index;  /* this root is root `index` of nroots (1 and 0: the only one) */
+    int lo, hi;         /* the ranks it serves, [lo, hi) */
+    int expected;       /* hellos it waits for: its ranks, and the ranks on either side */
     int joined;
-    int *rank_fd;
-    chorus_sockaddr_t *rank_addr;
+    uint8_t *present;             /* [nranks] 1 once the rank's hello was accepted */
+    chorus_sockaddr_t *rank_addr; /* [nranks] listen addresses */
     root_pending_t pending[BS_MAX_PENDING];
     int npending;
     uint64_t deadline_ns;
+    int emfile_warned;
+    uint64_t fanout_ns; /* how long the last fan-out took (INFO) */
 } root_t;
 
 static void root_free(root_t *r) {
     bs_close(r->listen_fd);
     for (int i = 0; i < r->npending; i++)
         bs_close(r->pending[i].fd);
-    if (r->rank_fd) {
-        for (int i = 0; i < r->nranks; i++)
-            bs_close(r->rank_fd[i]);
-    }
-    free(r->rank_fd);
+    free(r->present);
     free(r->rank_addr);
     free(r);
 }
@@ -71,18 +111,34 @@ static void drop_pending(root_t *r, int i, const char *why) {
     r->pending[i] = r->pending[--r->npending];
 }
 
-/* Best-effort short reply on a connection we are about to close (error statuses). */
-static void send_reply(root_t *r, int fd, uint32_t status, const void *extra, size_t extra_len) {
+/* Best-effort short reply on a connection we are about to close. A fresh connection's send
+ * buffer always has room for it: one nonblocking write, never a wait. */
+static void send_reply(root_t *r, int fd, uint32_t status) {
     bs_reply_t rep = {status, r->nranks, 0, r->timeout_s};
-    if (status == BS_REPLY_TIMEOUT) rep.nmissing = (int32_t)(extra_len / sizeof(int32_t));
-    bs_deadline_t d;
-    bs_deadline_init(&d, 2.0, NULL, NULL);
     int e = 0;
-    if (bs_send_all(fd, &rep, sizeof(rep), &d, &e) == BS_IO_OK && extra_len)
-        (void)bs_send_all(fd, extra, extra_len, &d, &e);
+    (void)bs_write_some(fd, &rep, sizeof(rep), &e);
 }
 
-/* A complete, authenticated hello: register the rank or reject it. */
+/* Whether something still listens at a registered rank's address (a short connect). */
+static int rank_listens(const chorus_sockaddr_t *a) {
+    bs_deadline_t d;
+    bs_deadline_init(&d, 1.0, NULL, NULL);
+    int fd = -1, e = 0;
+    int st = bs_connect(a, 0, &d, &fd, &e);
+    if (st == BS_IO_OK) bs_close(fd);
+    return st != BS_IO_REFUSED;
+}
+
+/* Whether this root waits for a hello of `rank`: one of its range, or (with several roots) the
+ * rank just before or just after it. */
+static int root_expects(const root_t *r, int rank) {
+    if (rank >= r->lo && rank < r->hi) return 1;
+    if (r->nroots < 2) return 0;
+    return rank == (r->lo - 1 + r->nranks) % r->nranks || rank == r->hi % r->nranks;
+}
+
+/* A complete, authenticated hello: register the rank or reject it; either way the connection
+ * is answered and closed. */
 static void handle_hello(root_t *r, int i) {
     root_pending_t *p = &r->pending[i];
     const bs_hello_t *h = &p->hello;
@@ -97,51 +153,82 @@ static void handle_hello(root_t *r, int i) {
     if (verdict == BS_REPLY_BAD_RANK) {
         WARN("bootstrap root %s: rank %d of %d (%s) is out of range", r->addr_str, h->rank,
              h->nranks, buf);
-        send_reply(r, fd, BS_REPLY_BAD_RANK, NULL, 0);
+        send_reply(r, fd, BS_REPLY_BAD_RANK);
         drop_pending(r, i, "bad rank");
         return;
     }
+    int nroots = h->nroots > 1 ? (int)h->nroots : 1;
+    int index = nroots > 1 ? h->to_rank : 0;
+    if (nroots > h->nranks || index < 0 || index >= nroots ||
+        (r->nranks != 0 && (nroots != r->nroots || index != r->index))) {
+        WARN("bootstrap root %s: rank %d (%s) addresses root %d of %d, this root is %d of %d",
+             r->addr_str, h->rank, buf, index, nroots, r->nranks ? r->index : index,
+             r->nranks ? r->nroots : nroots);
+        send_reply(r, fd, BS_REPLY_BAD_RANK);
+        drop_pending(r, i, "for another root");
+        return;
+    }
     if (r->nranks == 0) {
-        r->nranks = h->nranks;
-        r->rank_fd = malloc(sizeof(int) * (size_t)h->nranks);
+        r->present = calloc(h->nranks, 1);
         r->rank_addr = calloc(h->nranks, sizeof(chorus_sockaddr_t));
-        /* Before any failure path: root_free closes every rank_fd that is not -1. */
-        for (int k = 0; r->rank_fd && k < h->nranks; k++)
-            r->rank_fd[k] = -1;
-        if (!r->rank_fd || !r->rank_addr) {
+        if (!r->present || !r->rank_addr) {
             WARN("bootstrap root %s: out of memory for %d ranks", r->addr_str, h->nranks);
-            r->nranks = 0;
-            free(r->rank_fd);
+            free(r->present);
             free(r->rank_addr);
-            r->rank_fd = NULL;
+            r->present = NULL;
             r->rank_addr = NULL;
             drop_pending(r, i, "out of memory");
             return;
         }
+        r->nranks = h->nranks;
+        r->nroots = nroots;
+        r->index = index;
+        bs_root_range(r->nranks, nroots, index, &r->lo, &r->hi);
+        r->expected = r->hi - r->lo;
+        if (nroots > 1) /* the ranks on either side; one when they are the same */
+            r->expected += (r->lo - 1 + r->nranks) % r->nranks == r->hi % r->nranks ? 1 : 2;
+        r->timeout_s = bs_timeout_for(r->base_timeout_s, r->nranks);
         /* The missing-rank deadline counts from the first rank that arrived. */
         r->deadline_ns = chorus_now_ns() + (uint64_t)r->timeout_s * 1000000000ull;
     } else if (verdict == BS_REPLY_NRANKS) {
         WARN("bootstrap root %s: rank %d (%s) says nranks=%d but rank(s) before it said %d",
              r->addr_str, h->rank, buf, h->nranks, r->nranks);
-        send_reply(r, fd, BS_REPLY_NRANKS, NULL, 0);
+        send_reply(r, fd, BS_REPLY_NRANKS);
         drop_pending(r, i, "nranks mismatch");
         return;
     }
-    if (r->rank_fd[h->rank] >= 0) {
-        char old[64];
-        WARN("bootstrap root %s: rank %d joined twice (%s, then %s); keeping the first",
-             r->addr_str, h->rank, chorus_sockaddr_str(&r->rank_addr[h->rank], old, sizeof(old)),
-             buf);
-        send_reply(r, fd, BS_REPLY_DUP_RANK, NULL, 0);
-        drop_pending(r, i, "duplicate rank");
+    if (!root_expects(r, h->rank)) {
+        WARN("bootstrap root %s: rank %d (%s) belongs to another root (this one serves ranks %d "
+             "to %d of %d)",
+             r->addr_str, h->rank, buf, r->lo, r->hi - 1, r->nranks);
+        send_reply(r, fd, BS_REPLY_BAD_RANK);
+        drop_pending(r, i, "rank of another root");
         return;
     }
-    r->rank_fd[h->rank] = fd;
+    if (r->present[h->rank]) {
+        const chorus_sockaddr_t *old_addr = &r->rank_addr[h->rank];
+        int same = bs_sockaddr_len(old_addr) == bs_sockaddr_len(&h->addr) &&
+                   memcmp(old_addr, &h->addr, bs_sockaddr_len(&h->addr)) == 0;
+        if (!same && rank_listens(old_addr)) {
+            char old[64];
+            WARN("bootstrap root %s: rank %d joined twice (%s, then %s); keeping the first",
+                 r->addr_str, h->rank, chorus_sockaddr_str(old_addr, old, sizeof(old)), buf);
+            send_reply(r, fd, BS_REPLY_DUP_RANK);
+            drop_pending(r, i, "duplicate rank");
+            return;
+        }
+        INFO(SUB_BOOTSTRAP, "bootstrap root %s: rank %d joined again from %s (%s)", r->addr_str,
+             h->rank, buf, same ? "a retry" : "the first one no longer listens");
+        r->joined--;
+    }
+    r->present[h->rank] = 1;
     r->rank_addr[h->rank] = h->addr;
     r->joined++;
     INFO(SUB_BOOTSTRAP, "bootstrap root %s: rank %d of %d joined from %s (%d/%d)", r->addr_str,
-         h->rank, r->nranks, buf, r->joined, r->nranks);
-    r->pending[i] = r->pending[--r->npending]; /* fd now belongs to rank_fd */
+         h->rank, r->nranks, buf, r->joined, r->expected);
+    send_reply(r, fd, BS_REPLY_JOINED);
+    bs_close(fd);
+    r->pending[i] = r->pending[--r->npending];
 }
 
 /* The pending connection to drop for a new one: the oldest that has sent nothing, else the oldest
@@ -179,37 +266,225 @@ static void read_pending(root_t *r, int i) {
     if (p->got == sizeof(p->hello)) handle_hello(r, i);
 }
 
-/* Data or EOF on a registered rank before the rendezvous ended: it left (or misbehaves). */
-static void read_registered(root_t *r, int rank) {
-    char junk[64];
-    int e = 0;
-    long n = bs_read_some(r->rank_fd[rank], junk, sizeof(junk), &e);
-    if (n == 0) return;
-    INFO(SUB_BOOTSTRAP, "bootstrap root %s: rank %d left before the rendezvous ended", r->addr_str,
-         rank);
-    bs_close(r->rank_fd[rank]);
-    r->rank_fd[rank] = -1;
-    r->joined--;
+/* ---- fan-out: the rendezvous result ------------------------------------------------------- */
+
+/* How long the root waits for a rank to close a connection it sent its message on. */
+#define BS_FANOUT_DRAIN_S 2.0
+
+typedef struct {
+    int fd;
+    int rank;
+    int sent;         /* the message is out; waiting for the rank to close */
+    uint64_t sent_ns; /* when it went out */
+} fan_slot_t;
+
+/* The root's hello on its connection to `rank` (the job secret, so the rank knows it). */
+static void root_msg_hello(const root_t *r, int rank, bs_hello_t *h) {
+    memset(h, 0, sizeof(*h));
+    h->magic = CHORUS_ID_MAGIC;
+    h->secret = r->secret;
+    h->kind = BS_HELLO_FROM_ROOT;
+    h->rank = -1;
+    h->nranks = r->nranks;
+    h->to_rank = rank;
+    h->addr = r->addr;
 }
 
-static void finish_ok(root_t *r) {
-    size_t tlen = sizeof(chorus_sockaddr_t) * (size_t)r->nranks;
-    bs_reply_t rep = {BS_REPLY_OK, r->nranks, 0, r->timeout_s};
-    for (int k = 0; k < r->nranks; k++) {
-        bs_deadline_t d;
-        bs_deadline_init(&d, (double)r->timeout_s, NULL, NULL);
-        int e = 0;
-        int st = bs_send_all(r->rank_fd[k], &rep, sizeof(rep), &d, &e);
-        if (st == BS_IO_OK) st = bs_send_all(r->rank_fd[k], r->rank_addr, tlen, &d, &e);
-        if (st != BS_IO_OK) {
-            char buf[64], eb[96];
-            WARN("bootstrap root %s: sending the address table to rank %d (%s) failed: %s",
-                 r->addr_str, k, chorus_sockaddr_str(&r->rank_addr[k], buf, sizeof(buf)),
-                 bs_io_strerror(st, e, eb, sizeof(eb)));
+/* The timeout message to `rank`: hello, header, reply and the first missing ranks. */
+static size_t fan_message(const root_t *r, int rank, const int32_t *missing, int nmissing,
+                          char *buf) {
+    bs_hello_t h;
+    root_msg_hello(r, rank, &h);
+    bs_reply_t rep = {BS_REPLY_TIMEOUT, r->nranks, nmissing, r->timeout_s};
+    size_t extra =
+        sizeof(int32_t) * (size_t)(nmissing < BS_MISSING_LISTED ? nmissing : BS_MISSING_LISTED);
+    bs_msg_hdr_t hdr = {BS_TAG_ROOT, 0, (uint64_t)(sizeof(rep) + extra)};
+    size_t off = 0;
+    memcpy(buf + off, &h, sizeof(h));
+    off += sizeof(h);
+    memcpy(buf + off, &hdr, sizeof(hdr));
+    off += sizeof(hdr);
+    memcpy(buf + off, &rep, sizeof(rep));
+    off += sizeof(rep);
+    if (extra) memcpy(buf + off, missing, extra);
+    return off + extra;
+}
+
+#define FAN_MSG_MAX                                                                            \
+    (sizeof(bs_hello_t) + sizeof(bs_msg_hdr_t) + sizeof(bs_reply_t) +                          \
+     BS_MISSING_LISTED * sizeof(int32_t))
+
+static void fan_fail(const root_t *r, int rank, const char *what, int err) {
+    char buf[64];
+    WARN("bootstrap root %s: sending the rendezvous result to rank %d (%s) failed: %s: %s",
+         r->addr_str, rank, chorus_sockaddr_str(&r->rank_addr[rank], buf, sizeof(buf)), what,
+         strerror(err));
+}
+
+/* Start a nonblocking connect to rank's listen address: the fd, or -1 (WARNed). *done_p: the
+ * connect completed at once (loopback and fast local networks). */
+static int fan_connect(root_t *r, int rank, int *done_p) {
+    const chorus_sockaddr_t *a = &r->rank_addr[rank];
+    int fd = socket(a->sa.sa_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0) {
+        int e = errno;
+        fan_fail(r, rank, "socket", e);
+        if (e == EMFILE || e == ENFILE) bs_warn_fd_limit("bootstrap root", e);
+        return -1;
+    }
+    *done_p = connect(fd, &a->sa, bs_sockaddr_len(a)) == 0;
+    if (!*done_p && errno != EINPROGRESS) {
+        fan_fail(r, rank, "connect", errno);
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+/* Send the message on a connected (or connecting) fd. 1 sent, 0 not connected yet, -1 failed
+ * (WARNed; the caller closes). */
+static int fan_send(root_t *r, int fd, int rank, const char *msg, size_t len) {
+    int e = 0;
+    /* A fresh connection's send buffer takes the whole message in one write. */
+    long n = bs_write_some(fd, msg, len, &e);
+    if (n == (long)len) return 1;
+    if (n == 0) {
+        int err = 0;
+        socklen_t l = sizeof(err);
+        if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &l) != 0) err = errno;
+        if (err == 0) return 0; /* still connecting */
+        fan_fail(r, rank, "connect", err);
+        return -1;
+    }
+    fan_fail(r, rank, "send", n < 0 ? (e ? e : EPIPE) : EMSGSIZE);
+    return -1;
+}
+
+/* Send every rank that joined its message, BS_FANOUT_WINDOW connections in flight at a time.
+ * The rank closes the connection first once it has the message (its receiver drops the root's
+ * connection after one message): the root waits for that EOF before closing, so the TIME_WAIT
+ * state stays with the ranks rather than piling up n sockets (and ephemeral ports) at the root.
+ * A rank that does not close within BS_FANOUT_DRAIN_S is closed anyway. */
+static void fan_out(root_t *r, const int32_t *missing, int nmissing) {
+    uint64_t t0 = chorus_now_ns();
+    fan_slot_t slot[BS_FANOUT_WINDOW];
+    struct pollfd pfd[BS_FANOUT_WINDOW];
+    char msg[FAN_MSG_MAX];
+    int nslot = 0, next = 0;
+    bs_deadline_t d;
+    bs_deadline_init(&d, (double)r->timeout_s, NULL, NULL);
+    for (;;) {
+        while (nslot < BS_FANOUT_WINDOW && next < r->nranks) {
+            int k = next++;
+            if (!r->present[k] || k < r->lo || k >= r->hi) continue;
+            int done = 0;
+            int fd = fan_connect(r, k, &done);
+            if (fd < 0) continue;
+            int sent = 0;
+            if (done) {
+                size_t len = fan_message(r, k, missing, nmissing, msg);
+                sent = fan_send(r, fd, k, msg, len);
+                if (sent < 0) {
+                    close(fd);
+                    continue;
+                }
+            }
+            slot[nslot++] = (fan_slot_t){fd, k, sent, 0};
+        }
+        if (nslot == 0) break;
+        for (int i = 0; i < nslot; i++)
+            pfd[i] = (struct pollfd){slot[i].fd, slot[i].sent ? POLLIN : POLLOUT, 0};
+        int rc = poll(pfd, nslot, bs_deadline_slice_ms(&d));
+        if (rc < 0 && errno != EINTR) rc = 0;
+        if (bs_deadline_check(&d) != BS_IO_OK) {
+            for (int i = 0; i < nslot; i++) {
+                if (!slot[i].sent) fan_fail(r, slot[i].rank, "connect", ETIMEDOUT);
+                close(slot[i].fd);
+            }
+            break;
+        }
+        uint64_t now = chorus_now_ns();
+        for (int i = nslot - 1; i >= 0; i--) {
+            int drop = 0;
+            if (!slot[i].sent && pfd[i].revents) {
+                size_t len = fan_message(r, slot[i].rank, missing, nmissing, msg);
+                int sent = fan_send(r, slot[i].fd, slot[i].rank, msg, len);
+                if (sent < 0) drop = 1;
+                if (sent > 0) slot[i].sent = 1;
+            } else if (slot[i].sent && !slot[i].sent_ns) {
+                slot[i].sent_ns = now;
+            }
+            if (slot[i].sent) {
+                if (!slot[i].sent_ns) slot[i].sent_ns = now;
+                /* Data back, EOF or an error: the rank is done with the connection. */
+                if (pfd[i].revents & (POLLIN | POLLHUP | POLLERR) ||
+                    now - slot[i].sent_ns > (uint64_t)(BS_FANOUT_DRAIN_S * 1e9))
+                    drop = 1;
+            }
+            if (drop) {
+                close(slot[i].fd);
+                slot[i] = slot[--nslot];
+            }
         }
     }
-    INFO(SUB_BOOTSTRAP, "bootstrap root %s: rendezvous of %d ranks complete", r->addr_str,
-         r->nranks);
+    r->fanout_ns = chorus_now_ns() - t0;
+}
+
+/* Everyone joined: the root's first rank lo gets the addresses of ranks lo-1 .. hi (mod nranks),
+ * the whole table when this is the only root, and relays them down a binomial tree
+ * (bs_scatter_place). The root waits for rank lo to close the connection first (see fan_out). */
+static void finish_ok(root_t *r) {
+    uint64_t t0 = chorus_now_ns();
+    int n = r->nranks, lo = r->lo, cnt = r->hi - r->lo + 2;
+    const size_t as = sizeof(chorus_sockaddr_t);
+    bs_hello_t h;
+    root_msg_hello(r, lo, &h);
+    bs_msg_hdr_t hdr = {BS_TAG_ROOT, 0, (uint64_t)(sizeof(bs_reply_t) + as * (size_t)cnt)};
+    bs_reply_t rep = {BS_REPLY_OK, n, cnt, r->timeout_s};
+    bs_deadline_t d;
+    bs_deadline_init(&d, (double)r->timeout_s, NULL, NULL);
+    int fd = -1, e = 0;
+    int st = bs_connect(&r->rank_addr[lo], 0, &d, &fd, &e);
+    if (st == BS_IO_OK) st = bs_send_all(fd, &h, sizeof(h), &d, &e);
+    if (st == BS_IO_OK) st = bs_send_all(fd, &hdr, sizeof(hdr), &d, &e);
+    if (st == BS_IO_OK) st = bs_send_all(fd, &rep, sizeof(rep), &d, &e);
+    if (st == BS_IO_OK) st = bs_send_all(fd, &r->rank_addr[(lo - 1 + n) % n], as, &d, &e);
+    if (st == BS_IO_OK) st = bs_send_all(fd, &r->rank_addr[lo], as * (size_t)(cnt - 2), &d, &e);
+    if (st == BS_IO_OK) st = bs_send_all(fd, &r->rank_addr[r->hi % n], as, &d, &e);
+    if (st == BS_IO_OK) {
+        /* Rank lo closes once it has the table; a short wait, then close anyway. */
+        bs_deadline_t dd;
+        bs_deadline_init(&dd, BS_FANOUT_DRAIN_S, NULL, NULL);
+        char junk;
+        (void)bs_recv_all(fd, &junk, 1, &dd, &e);
+    } else {
+        char buf[64], eb[160];
+        WARN("bootstrap root %s: sending the address table to rank %d (%s) failed: %s",
+             r->addr_str, lo, chorus_sockaddr_str(&r->rank_addr[lo], buf, sizeof(buf)),
+             bs_io_strerror(st, e, eb, sizeof(eb)));
+    }
+    bs_close(fd);
+    r->fanout_ns = chorus_now_ns() - t0;
+    INFO(SUB_BOOTSTRAP, "bootstrap root %s: rendezvous of %d ranks complete (root %d of %d, %d "
+         "hellos, fan-out %.1f ms)",
+         r->addr_str, n, r->index, r->nroots, r->expected, (double)r->fanout_ns * 1e-6);
+    bs_root_stats_add(r->expected);
+}
+
+/* "3,5,9" or "3,5,...": the first missing ranks, for messages. */
+static int missing_list(const root_t *r, int32_t *missing, char *list, int len) {
+    int nmissing = 0, off = 0;
+    list[0] = '\0';
+    for (int k = 0; k < r->nranks; k++) {
+        if (r->present[k] || !root_expects(r, k)) continue;
+        if (missing && nmissing < BS_MISSING_LISTED) missing[nmissing] = k;
+        nmissing++;
+        if (off < len - 16)
+            off += snprintf(list + off, len - off, "%s%d", nmissing > 1 ? "," : "", k);
+        else if (off < len - 4)
+            off += snprintf(list + off, len - off, "...");
+    }
+    return nmissing;
 }
 
 static void finish_timeout(root_t *r) {
@@ -218,27 +493,14 @@ static void finish_timeout(root_t *r) {
              r->timeout_s);
         return;
     }
-    int32_t *missing = malloc(sizeof(int32_t) * r->nranks);
+    int32_t missing[BS_MISSING_LISTED];
     char list[256];
-    int nmissing = 0, off = 0;
-    list[0] = '\0';
-    for (int k = 0; k < r->nranks; k++) {
-        if (r->rank_fd[k] >= 0) continue;
-        if (missing) missing[nmissing] = k;
-        nmissing++;
-        if (off < (int)sizeof(list) - 16)
-            off += snprintf(list + off, sizeof(list) - off, "%s%d", nmissing > 1 ? "," : "", k);
-        else if (off < (int)sizeof(list) - 4)
-            off += snprintf(list + off, sizeof(list) - off, "...");
-    }
-    WARN("bootstrap: rank%s %s of %d did not join within %d s (root %s)", nmissing > 1 ? "s" : "",
-         list, r->nranks, r->timeout_s, r->addr_str);
-    for (int k = 0; k < r->nranks; k++) {
-        if (r->rank_fd[k] < 0) continue;
-        send_reply(r, r->rank_fd[k], BS_REPLY_TIMEOUT, missing,
-                   missing ? sizeof(int32_t) * nmissing : 0);
-    }
-    free(missing);
+    int nmissing = missing_list(r, missing, list, sizeof(list));
+    WARN("bootstrap: rank%s %s of %d did not join within %d s (root %s)%s", nmissing > 1 ? "s" : "",
+         list, r->nranks, r->timeout_s, r->addr_str,
+         r->emfile_warned ? "; the root ran out of file descriptors meanwhile (RLIMIT_NOFILE)"
+                          : "");
+    fan_out(r, missing, nmissing);
 }
 
 /* Every CHORUS_WARN_INTERVAL seconds while ranks are missing: how many, and which. */
@@ -247,34 +509,49 @@ static void report_missing(root_t *r, uint64_t now, uint64_t *warn_next_ns) {
     uint64_t first_ns = r->deadline_ns - (uint64_t)r->timeout_s * 1000000000ull;
     if (!chorus_warn_due(first_ns, now, warn_next_ns)) return;
     char list[256];
-    int nmissing = 0, off = 0;
-    list[0] = '\0';
-    for (int k = 0; k < r->nranks; k++) {
-        if (r->rank_fd[k] >= 0) continue;
-        nmissing++;
-        if (off < (int)sizeof(list) - 16)
-            off += snprintf(list + off, sizeof(list) - off, "%s%d", nmissing > 1 ? "," : "", k);
-        else if (off < (int)sizeof(list) - 4)
-            off += snprintf(list + off, sizeof(list) - off, "...");
-    }
+    int nmissing = missing_list(r, NULL, list, sizeof(list));
     WARN("bootstrap root %s: still waiting for %d of %d ranks after %.0f s (fails at %d s, "
-         "CHORUS_TIMEOUT): rank%s %s",
-         r->addr_str, nmissing, r->nranks, (double)(now - first_ns) * 1e-9, r->timeout_s,
+         "CHORUS_TIMEOUT + 1 s per 1000 ranks): rank%s %s",
+         r->addr_str, nmissing, r->expected, (double)(now - first_ns) * 1e-9, r->timeout_s,
          nmissing > 1 ? "s" : "", list);
+}
+
+/* Accept waiting connections into pending, a bounded batch per round so that a flood of
+ * connections cannot push one out before it has been polled for its hello at least once. Out of
+ * descriptors (EMFILE, ENFILE): WARN naming the limit once and leave the rest in the kernel's
+ * queue until pending connections close; *starved_p tells the loop to wait a little. */
+static void accept_batch(root_t *r, int *starved_p) {
+    *starved_p = 0;
+    for (int batch = 0; batch < BS_MAX_PENDING / 4; batch++) {
+        chorus_sockaddr_t from;
+        int fd = bs_accept(r->listen_fd, &from);
+        if (fd < 0) {
+            if (errno == EMFILE || errno == ENFILE) {
+                if (!r->emfile_warned++)
+                    bs_warn_fd_limit("bootstrap root", errno);
+                *starved_p = 1;
+            }
+            return;
+        }
+        if (r->npending >= BS_MAX_PENDING)
+            drop_pending(r, pending_victim(r), "too many pending connections");
+        root_pending_t *p = &r->pending[r->npending++];
+        memset(p, 0, sizeof(*p));
+        p->fd = fd;
+        p->from = from;
+        p->deadline_ns = chorus_now_ns() + (uint64_t)(BS_HELLO_TIMEOUT_S * 1e9);
+        /* A rank sends its hello right after connecting: it is often here already. */
+        read_pending(r, r->npending - 1);
+    }
 }
 
 static void *root_main(void *arg) {
     root_t *r = arg;
     uint64_t warn_next_ns = 0;
-    struct pollfd *pfd = malloc(sizeof(struct pollfd) * (1 + BS_MAX_PENDING));
-    int *map = malloc(sizeof(int) * (1 + BS_MAX_PENDING));
-    int cap = 1 + BS_MAX_PENDING;
-    if (!pfd || !map) {
-        WARN("bootstrap root %s: out of memory", r->addr_str);
-        goto out;
-    }
+    struct pollfd pfd[1 + BS_MAX_PENDING];
+    int starved = 0;
     for (;;) {
-        if (r->nranks > 0 && r->joined == r->nranks) {
+        if (r->nranks > 0 && r->joined == r->expected) {
             finish_ok(r);
             break;
         }
@@ -287,62 +564,20 @@ static void *root_main(void *arg) {
         /* Expire pending connections that stay silent. */
         for (int i = r->npending - 1; i >= 0; i--)
             if (now > r->pending[i].deadline_ns) drop_pending(r, i, "no hello in time");
-        int need = 1 + r->npending + r->nranks;
-        if (need > cap) {
-            struct pollfd *np = realloc(pfd, sizeof(*pfd) * need);
-            if (np) pfd = np;
-            int *nm = realloc(map, sizeof(int) * need);
-            if (nm) map = nm;
-            if (!np || !nm) {
-                WARN("bootstrap root %s: out of memory", r->addr_str);
-                break;
-            }
-            cap = need;
-        }
         int n = 0;
-        pfd[n] = (struct pollfd){r->listen_fd, POLLIN, 0};
-        map[n++] = 0;
-        for (int i = 0; i < r->npending; i++) {
-            pfd[n] = (struct pollfd){r->pending[i].fd, POLLIN, 0};
-            map[n++] = 1 + i; /* 1..: pending index + 1 */
-        }
-        for (int k = 0; k < r->nranks; k++) {
-            if (r->rank_fd[k] < 0) continue;
-            pfd[n] = (struct pollfd){r->rank_fd[k], POLLIN, 0};
-            map[n++] = -1 - k; /* negative: registered rank */
-        }
-        int rc = poll(pfd, n, 100);
-        if (rc <= 0) continue;
-        /* Registered ranks first, then pending from the end (removal swaps in the last one). */
-        for (int j = n - 1; j >= 1; j--) {
+        /* Out of descriptors, the listening socket stays readable: leave it out for one round. */
+        pfd[n++] = (struct pollfd){r->listen_fd, starved ? 0 : POLLIN, 0};
+        for (int i = 0; i < r->npending; i++)
+            pfd[n++] = (struct pollfd){r->pending[i].fd, POLLIN, 0};
+        int rc = poll(pfd, n, starved ? 5 : 100);
+        if (rc < 0) continue;
+        /* From the end: removal swaps the last pending connection into the freed slot. */
+        for (int j = n - 1; rc > 0 && j >= 1; j--) {
             if (!pfd[j].revents) continue;
-            if (map[j] < 0)
-                read_registered(r, -1 - map[j]);
-            else if (map[j] - 1 < r->npending && r->pending[map[j] - 1].fd == pfd[j].fd)
-                read_pending(r, map[j] - 1);
+            if (j - 1 < r->npending && r->pending[j - 1].fd == pfd[j].fd) read_pending(r, j - 1);
         }
-        if (pfd[0].revents & POLLIN) {
-            /* A bounded batch per round, so that a flood of connections cannot push one out
-             * before it has been polled for its hello at least once. */
-            for (int batch = 0; batch < BS_MAX_PENDING / 4; batch++) {
-                chorus_sockaddr_t from;
-                int fd = bs_accept(r->listen_fd, &from);
-                if (fd < 0) break;
-                if (r->npending >= BS_MAX_PENDING)
-                    drop_pending(r, pending_victim(r), "too many pending connections");
-                root_pending_t *p = &r->pending[r->npending++];
-                memset(p, 0, sizeof(*p));
-                p->fd = fd;
-                p->from = from;
-                p->deadline_ns = chorus_now_ns() + (uint64_t)(BS_HELLO_TIMEOUT_S * 1e9);
-                /* A rank sends its hello right after connecting: it is often here already. */
-                read_pending(r, r->npending - 1);
-            }
-        }
+        if (starved || (pfd[0].revents & POLLIN)) accept_batch(r, &starved);
     }
-out:
-    free(pfd);
-    free(map);
     root_free(r);
     return NULL;
 }
@@ -359,7 +594,8 @@ ncclResult_t bs_root_start(int listen_fd, uint64_t secret, const chorus_sockaddr
     r->addr = *addr;
     chorus_sockaddr_str(addr, r->addr_str, sizeof(r->addr_str));
     int64_t t = chorus_param_int(PARAM_TIMEOUT);
-    r->timeout_s = t > 0 && t < 1000000000 ? (int)t : 300;
+    r->base_timeout_s = t > 0 && t < 1000000000 ? (int)t : 300;
+    r->timeout_s = r->base_timeout_s;
     /* Until a rank arrives, the root waits CHORUS_TIMEOUT from now; then from the first hello. */
     r->deadline_ns = chorus_now_ns() + (uint64_t)r->timeout_s * 1000000000ull;
     pthread_attr_t attr;

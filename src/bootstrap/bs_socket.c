@@ -14,9 +14,11 @@
 #include <netdb.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -68,10 +70,55 @@ const char *bs_io_strerror(int status, int err, char *buf, int len) {
         snprintf(buf, len, "connection refused");
         break;
     default:
-        snprintf(buf, len, "%s", strerror(err));
+        if (err == EMFILE || err == ENFILE) {
+            struct rlimit rl;
+            getrlimit(RLIMIT_NOFILE, &rl);
+            snprintf(buf, len, "%s (RLIMIT_NOFILE %llu, hard %llu: raise it with ulimit -n)",
+                     strerror(err), (unsigned long long)rl.rlim_cur,
+                     (unsigned long long)rl.rlim_max);
+        } else {
+            snprintf(buf, len, "%s", strerror(err));
+        }
         break;
     }
     return buf;
+}
+
+int bs_timeout_for(int base_s, int nranks) {
+    long t = (long)base_s + (nranks + 999L) / 1000;
+    return t > 1000000000L ? 1000000000 : (int)t;
+}
+
+static void raise_nofile_once(void) {
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0) return;
+    rlim_t old = rl.rlim_cur;
+    if (rl.rlim_cur == rl.rlim_max) {
+        INFO(SUB_BOOTSTRAP | SUB_INIT, "RLIMIT_NOFILE is %llu (the hard limit)",
+             (unsigned long long)old);
+        return;
+    }
+    rl.rlim_cur = rl.rlim_max;
+    if (setrlimit(RLIMIT_NOFILE, &rl) == 0)
+        INFO(SUB_BOOTSTRAP | SUB_INIT, "raised RLIMIT_NOFILE from %llu to the hard limit %llu",
+             (unsigned long long)old, (unsigned long long)rl.rlim_max);
+    else
+        INFO(SUB_BOOTSTRAP | SUB_INIT, "cannot raise RLIMIT_NOFILE from %llu to %llu: %s",
+             (unsigned long long)old, (unsigned long long)rl.rlim_max, strerror(errno));
+}
+
+void bs_raise_nofile(void) {
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, raise_nofile_once);
+}
+
+void bs_warn_fd_limit(const char *who, int err) {
+    struct rlimit rl;
+    getrlimit(RLIMIT_NOFILE, &rl);
+    WARN("%s: out of file descriptors (%s): RLIMIT_NOFILE is %llu, hard limit %llu; raise it "
+         "with ulimit -n (the bootstrap root needs about 330, each rank about 2 log2(nranks) + "
+         "20 beyond what the application holds)",
+         who, strerror(err), (unsigned long long)rl.rlim_cur, (unsigned long long)rl.rlim_max);
 }
 
 ncclResult_t bs_io_result(int status) {

@@ -221,6 +221,7 @@ ncclResult_t bootstrap_get_unique_id(chorus_unique_id_t *id) {
         return ncclInvalidArgument;
     }
     CHECK(chorus_param_init());
+    bs_raise_nofile();
     const char *fixed = chorus_param_str(PARAM_COMM_ID);
     if (fixed != NULL && *fixed != '\0') {
         const char *what = chorus_param_source(PARAM_COMM_ID) == PARAM_SRC_ENV_NCCL

@@ -35,17 +35,25 @@ int bs_peer_hello_ok(const bs_hello_t *h, int rank, int nranks) {
            h->rank < nranks && h->rank != rank;
 }
 
+int bs_root_msg_hello_ok(const bs_hello_t *h, int rank, int nranks) {
+    return h->kind == BS_HELLO_FROM_ROOT && h->to_rank == rank && h->nranks == nranks &&
+           h->rank == -1;
+}
+
 int bs_reply_follows(const bs_reply_t *rep, int nranks, size_t *bytes_p) {
     *bytes_p = 0;
     switch (rep->status) {
     case BS_REPLY_OK:
         if (rep->nranks != nranks) return -1;
-        *bytes_p = sizeof(chorus_sockaddr_t) * (size_t)nranks;
+        if (rep->nmissing < 3 || rep->nmissing > nranks + 2) return -1;
+        *bytes_p = sizeof(chorus_sockaddr_t) * (size_t)rep->nmissing;
         return 0;
     case BS_REPLY_TIMEOUT:
         /* A list longer than nranks, or negative, is not read: the WARN then says "?". */
         if (rep->nmissing > 0 && rep->nmissing <= nranks)
-            *bytes_p = sizeof(int32_t) * (size_t)rep->nmissing;
+            *bytes_p = sizeof(int32_t) * (size_t)(rep->nmissing < BS_MISSING_LISTED
+                                                      ? rep->nmissing
+                                                      : BS_MISSING_LISTED);
         return 0;
     default:
         return 0;
@@ -54,4 +62,28 @@ int bs_reply_follows(const bs_reply_t *rep, int nranks, size_t *bytes_p) {
 
 int bs_msg_hdr_ok(const bs_msg_hdr_t *hdr) {
     return hdr->size <= BS_MAX_MSG_BYTES;
+}
+
+void bs_scatter_place(int lo, int hi, int rank, int *parent_p, int *hi_p) {
+    int parent = -1;
+    while (lo != rank) {
+        int mid = lo + (hi - lo + 1) / 2;
+        if (rank >= mid) {
+            parent = lo;
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    *parent_p = parent;
+    *hi_p = hi;
+}
+
+int bs_root_of(int nranks, int nroots, int rank) {
+    return (int)((int64_t)rank * nroots / nranks);
+}
+
+void bs_root_range(int nranks, int nroots, int root, int *lo_p, int *hi_p) {
+    *lo_p = (int)(((int64_t)root * nranks + nroots - 1) / nroots);
+    *hi_p = (int)(((int64_t)(root + 1) * nranks + nroots - 1) / nroots);
 }

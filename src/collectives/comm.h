@@ -113,6 +113,8 @@ struct ncclComm {
     uint64_t split_seq;        /* splits/shrinks issued on this comm: tags their bootstrap messages */
     int engine_finalized;      /* coll_engine_finalize already ran (Finalize, Revoke, Shrink+ABORT) */
     uint64_t unique_id_hash;   /* hash of the ncclUniqueId the comm was made from */
+    ncclUniqueId *scalable_ids; /* ncclCommInitRankScalable's ids (owned), NULL for one id */
+    int scalable_nids;
     struct comm_reg *regs;     /* ncclCommRegister / ncclCommWindowRegister records (under lock) */
     volatile int api_refs;     /* API calls inside this comm now (comm_api_enter/leave) */
     volatile int api_refs_locked; /* blocking calls inside coll_engine_run now: changed only

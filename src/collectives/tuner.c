@@ -31,6 +31,7 @@
 #include "comm.h"
 #include "log.h"
 #include "param.h"
+#include "topo.h"
 
 static const coll_algo_t *tuner_ring_algo(int coll) {
     switch (coll) {
@@ -133,10 +134,8 @@ static int tuner_tcp_rings(struct ncclComm *comm) {
     }
     const char *forced = chorus_param_str(PARAM_TRANSPORT);
     if (all && !(forced && strcasecmp(forced, "tcp") == 0)) {
-        /* Setup-time and once per communicator: the quadratic scan stays off the op path. */
-        for (int p = 0; all && p < comm->nranks; p++)
-            for (int q = p + 1; all && q < comm->nranks; q++)
-                if (comm->peers[p].host_hash == comm->peers[q].host_hash) all = 0;
+        /* Setup-time and once per communicator: every rank on a host of its own. */
+        if (topo_count_hosts(comm->nranks, comm->peers) != comm->nranks) all = 0;
     }
     comm->tcp_rings = all ? 2 : 1;
     return all;

@@ -16,6 +16,9 @@ struct ncclComm;
  * Needs comm->peers (all locality records). Allocations are freed by topo_free. */
 ncclResult_t topo_build(struct ncclComm *comm);
 void topo_free(struct ncclComm *comm);
+/* How many distinct hosts (host_hash) n locality records name; -1 when out of memory.
+ * O(n log n). */
+int topo_count_hosts(int n, const chorus_locality_t *locs);
 
 /* chorus_info: print what discovery finds on this machine (or CHORUS_TOPO_FILE): packages, NUMA
  * nodes, GPUs, NICs, this process's locality record; and write the hwloc XML to a file. */

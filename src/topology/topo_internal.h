@@ -46,7 +46,7 @@ typedef struct {
 } topo_rank_place_t;
 
 /* Ring order over n ranks: every host's ranks contiguous (hosts in order of their lowest rank),
- * within a host by package, NUMA node, PCI switch, then rank. order_p gets n ranks. */
+ * within a host by package, NUMA node, PCI switch, then rank. order_p gets n ranks. O(n log n). */
 void topo_search_ring(int n, const topo_rank_place_t *places, int *order_p);
 /* Edges of the closed ring order[0] -> ... -> order[n-1] -> order[0] whose ends differ in `what`:
  * 0 host, 1 package, 2 NUMA node, 3 PCI switch (unknown counts as a value of its own). */
@@ -55,7 +55,10 @@ int topo_ring_crossings(int n, const topo_rank_place_t *places, const int *order
 ncclResult_t topo_parse_order(const char *text, int n, int *order_p);
 /* Channel count from the places and the fastest NIC (mbps, 0 if none), within [min, max]. */
 int topo_channel_count(int n, const topo_rank_place_t *places, int nic_mbps, int min, int max);
-/* Places from locality records (hosts numbered by host_hash). */
+/* Places from locality records (hosts numbered by host_hash). O(n log n). */
 void topo_places_from_locality(int n, const chorus_locality_t *locs, topo_rank_place_t *places_p);
+/* host_p[i]: a small integer per distinct host_hash, numbered in order of first appearance.
+ * Returns the number of hosts, or -1 when out of memory. O(n log n). */
+int topo_number_hosts(int n, const chorus_locality_t *locs, int *host_p);
 
 #endif

@@ -7,3 +7,7 @@ target_compile_options(bs_rank_main PRIVATE ${CHORUS_WARN})
 if(TARGET test_bootstrap)
   add_dependencies(test_bootstrap bs_rank_main chorusrun)
 endif()
+# test_bootstrap_scale.cc drives the root with the fake ranks of perf/bootstrap_fake.c.
+if(TARGET test_bootstrap)
+  target_link_libraries(test_bootstrap PRIVATE bs_fake)
+endif()

@@ -26,6 +26,7 @@
 
 extern "C" {
 #include "bootstrap.h"
+#include "bootstrap/bs_internal.h"
 #include "bs_test_util.h"
 #include "log.h"
 #include "param.h"
@@ -91,10 +92,15 @@ int exercise_bs(bootstrap_t *bs, int rank, int nranks) {
     }
     RANK_NCCL(bootstrap_barrier(bs));
     RANK_NCCL(bootstrap_barrier(bs));
-    // every address in the table is distinct and has a port
+    // every address in the table has a port and is the one that rank listens on (each rank's
+    // own, gathered through an allgather)
+    std::vector<chorus_sockaddr_t> own(nranks);
+    own[rank] = *bootstrap_addr(bs, rank);
+    RANK_NCCL(bootstrap_allgather(bs, own.data(), sizeof(chorus_sockaddr_t)));
     for (int r = 0; r < nranks; r++) {
         const chorus_sockaddr_t *a = bootstrap_addr(bs, r);
         RANK_CHECK(a != nullptr && a->sin.sin_port != 0, "address of rank %d", r);
+        RANK_CHECK(memcmp(a, &own[r], sizeof(*a)) == 0, "table entry of rank %d", r);
     }
     // ring send/recv with a rank-dependent payload
     int next = (rank + 1) % nranks, prev = (rank + nranks - 1) % nranks;
@@ -131,11 +137,87 @@ TEST_P(BootstrapRanks, AllgatherBarrierSendRecv) {
 
 INSTANTIATE_TEST_SUITE_P(All, BootstrapRanks,
                          ::testing::Combine(::testing::Values(Launch::Threads, Launch::Forked),
-                                            ::testing::Values(1, 2, 3, 4, 5, 7, 8, 16)),
+                                            ::testing::Values(1, 2, 3, 4, 5, 6, 7, 8, 16, 33)),
                          [](const auto &info) {
                              return std::string(chorus_test::launch_name(std::get<0>(info.param))) +
                                     "_" + std::to_string(std::get<1>(info.param));
                          });
+
+// Many thread ranks: the relay tree and the address rounds at a size that is not a power of 2.
+TEST(Bootstrap, SeventyThreadRanks) {
+    chorus_unique_id_t id = new_id();
+    auto res = chorus_test::run_threads(
+        70, [&](int rank, int n) { return exercise(id, rank, n); }, 120);
+    EXPECT_TRUE(res.ok()) << res.detail;
+}
+
+// ncclCommInitRankScalable's several roots: 2 and 4 ids, threads and forked processes. The
+// roots run in this process (the ids are made here), so their hello counts can be read: each
+// takes its ranks (n / nids, rounded) and the ranks on either side of its range.
+TEST(Bootstrap, SeveralRootsShareTheRendezvous) {
+    for (Launch how : {Launch::Threads, Launch::Forked})
+        for (int nids : {2, 4})
+            for (int nranks : {3, 4, 9, 16}) {
+                std::vector<chorus_unique_id_t> ids;
+                for (int k = 0; k < nids; k++)
+                    ids.push_back(new_id());
+                int counts[64];
+                bs_root_stats_take(counts, 64);
+                auto res = chorus_test::run_ranks(
+                    how, nranks,
+                    [&](int rank, int n) {
+                        bootstrap_t *bs = nullptr;
+                        RANK_NCCL(bootstrap_init_multi(ids.data(), nids, rank, n, nullptr, &bs));
+                        int rc = exercise_bs(bs, rank, n);
+                        bootstrap_close(bs);
+                        return rc;
+                    },
+                    60);
+                std::string what = std::string(chorus_test::launch_name(how)) + " " +
+                                   std::to_string(nids) + " ids, " + std::to_string(nranks) +
+                                   " ranks";
+                EXPECT_TRUE(res.ok()) << what << ": " << res.detail;
+                // Give the roots a moment to record their counts after the last rank closed.
+                int got = 0, nroots = std::min(nids, nranks);
+                for (int wait = 0; wait < 100 && got < nroots; wait++) {
+                    got += bs_root_stats_take(counts + got, 64 - got);
+                    if (got < nroots) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+                }
+                ASSERT_EQ(got, nroots) << what;
+                int total = 0;
+                for (int k = 0; k < got; k++) {
+                    total += counts[k];
+                    int own = counts[k] - (nroots > 1 ? 2 : 0);
+                    EXPECT_GE(own, nranks / nroots - 1) << what << ": root " << k;
+                    EXPECT_LE(own, (nranks + nroots - 1) / nroots) << what << ": root " << k;
+                }
+                // Every rank once, plus the ranks on either side of each range (one when they
+                // coincide: two roots, one of them with a single rank).
+                EXPECT_LE(total, nranks + 2 * nroots) << what;
+                EXPECT_GE(total, nranks + 2 * nroots - 2) << what;
+                // The unused roots (more ids than ranks) give up at CHORUS_TIMEOUT on their own.
+            }
+}
+
+// Two roots, rank 3 of 4 never arrives: both roots miss it (it is root 1's and, as the rank
+// before root 0's range, root 0's too), so every rank fails naming it.
+TEST(Bootstrap, SeveralRootsNameTheMissingRank) {
+    ScopedEnv t("CHORUS_TIMEOUT", "3");
+    std::vector<chorus_unique_id_t> ids = {new_id(), new_id()};
+    auto res = chorus_test::run_threads(
+        3,
+        [&](int rank, int) {
+            bootstrap_t *bs = nullptr;
+            ncclResult_t r = bootstrap_init_multi(ids.data(), 2, rank, 4, nullptr, &bs);
+            RANK_CHECK(r == ncclSystemError || r == ncclRemoteError, "init returned %d", (int)r);
+            RANK_CHECK(bs == nullptr, "no handle on failure");
+            const char *msg = chorus_log_last_error();
+            RANK_CHECK(strstr(msg, "rank 3 of 4 did not join") != nullptr, "message: %s", msg);
+            return 0;
+        },
+        30);
+    EXPECT_TRUE(res.ok()) << res.detail;
+}
 
 TEST(Bootstrap, OutOfOrderTagsAndSelf) {
     chorus_unique_id_t id = new_id();
@@ -551,8 +633,11 @@ struct WireHello {
     uint32_t pad;
 };
 
-// A rank that joined and then died before the others came is forgotten; a rank that takes its
-// place later completes the rendezvous.
+// A rank that joined and then died (nothing listens at its address any more) is replaced by a
+// rank that takes its place before the rendezvous completes: the root probes the first one's
+// address and keeps the second. (The root holds no socket per rank, so it cannot see a rank die
+// by itself: a rank that dies after joining and is not replaced before the last hello makes the
+// ranks fail when they reach it.) Ranks 0 and 1 come 500 ms after the new rank 2.
 TEST(Bootstrap, RankThatLeftTheRootCanBeReplaced) {
     chorus_unique_id_t id = new_id();
     WireHello h;
@@ -563,7 +648,19 @@ TEST(Bootstrap, RankThatLeftTheRootCanBeReplaced) {
     h.rank = 2;
     h.nranks = 3;
     h.to_rank = -1;
-    h.addr = id.root; // any address: it is never used
+    // The dead rank's listen address: a port that was bound and let go, so nothing listens there.
+    h.addr = id.root;
+    {
+        int tmp = socket(AF_INET, SOCK_STREAM, 0);
+        ASSERT_GE(tmp, 0);
+        struct sockaddr_in a = id.root.sin;
+        a.sin_port = 0;
+        ASSERT_EQ(bind(tmp, (struct sockaddr *)&a, sizeof(a)), 0);
+        socklen_t len = sizeof(a);
+        ASSERT_EQ(getsockname(tmp, (struct sockaddr *)&a, &len), 0);
+        h.addr.sin.sin_port = a.sin_port;
+        close(tmp);
+    }
     int fd = connect_to(id.root);
     ASSERT_GE(fd, 0);
     ASSERT_EQ(write(fd, &h, sizeof(h)), (ssize_t)sizeof(h));
@@ -571,7 +668,12 @@ TEST(Bootstrap, RankThatLeftTheRootCanBeReplaced) {
     close(fd); // "dies"
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
     auto res = chorus_test::run_threads(
-        3, [&](int rank, int n) { return exercise(id, rank, n); }, 60);
+        3,
+        [&](int rank, int n) {
+            if (rank != 2) std::this_thread::sleep_for(std::chrono::milliseconds(500));
+            return exercise(id, rank, n);
+        },
+        60);
     EXPECT_TRUE(res.ok()) << res.detail;
 }
 

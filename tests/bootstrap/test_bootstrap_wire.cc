@@ -7,6 +7,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <string>
@@ -148,26 +149,28 @@ TEST(BootstrapWire, OversizedHeaderFailsRecvAtOnce) {
     chorus_unique_id_t id;
     memset(&id, 0, sizeof(id));
     ASSERT_EQ(bootstrap_get_unique_id(&id), ncclSuccess);
+    // Three ranks: the rendezvous relays the address table from rank 0 to ranks 2 and 1 and
+    // no rank connects to rank 0, so rank 1's hand-made connection is its first to rank 0.
     auto res = chorus_test::run_threads(
-        2,
+        3,
         [&](int rank, int n) {
             bootstrap_t *bs = nullptr;
             RANK_NCCL(bootstrap_init(&id, rank, n, nullptr, &bs));
-            if (rank == 0) {
-                // Rank 0 speaks for itself by hand: a valid hello, then an oversized header.
-                int fd = connect_to(*bootstrap_addr(bs, 1));
-                RANK_CHECK(fd >= 0, "connect to rank 1");
-                bs_hello_t h = peer_hello(id.secret, 0, n, 1);
+            if (rank == 1) {
+                // Rank 1 speaks for itself by hand: a valid hello, then an oversized header.
+                int fd = connect_to(*bootstrap_addr(bs, 0));
+                RANK_CHECK(fd >= 0, "connect to rank 0");
+                bs_hello_t h = peer_hello(id.secret, 1, n, 0);
                 RANK_CHECK(write(fd, &h, sizeof(h)) == (ssize_t)sizeof(h), "write hello");
-                RANK_CHECK(got_ack(fd), "rank 1 did not ack a valid hello");
+                RANK_CHECK(got_ack(fd), "rank 0 did not ack a valid hello");
                 bs_msg_hdr_t hdr = {9, 0, BS_MAX_MSG_BYTES + 1};
                 RANK_CHECK(write(fd, &hdr, sizeof(hdr)) == (ssize_t)sizeof(hdr), "write header");
                 std::this_thread::sleep_for(std::chrono::seconds(1));
                 close(fd);
-            } else {
+            } else if (rank == 0) {
                 char buf[16];
                 auto start = std::chrono::steady_clock::now();
-                ncclResult_t r = bootstrap_recv(bs, 0, 9, buf, sizeof(buf));
+                ncclResult_t r = bootstrap_recv(bs, 1, 9, buf, sizeof(buf));
                 double secs = seconds_since(start);
                 RANK_CHECK(r != ncclSuccess, "recv of an oversized message succeeded");
                 // The sender closes 1 s after the header: a receiver that waited for the
@@ -179,4 +182,60 @@ TEST(BootstrapWire, OversizedHeaderFailsRecvAtOnce) {
         },
         60);
     EXPECT_TRUE(res.ok()) << res.detail;
+}
+
+// The relay tree of the rendezvous result (bs_scatter_place): for every size up to 300, every
+// rank but 0 has a parent below it whose relay loop (as bootstrap.c runs it) sends it exactly its
+// range, and the ranges of each rank's children and its own rank partition its range.
+TEST(BootstrapWire, ScatterTreeCoversEveryRankOnce) {
+    for (int n = 1; n <= 300; n++) {
+        std::vector<int> parent(n), hi(n), got(n, 0);
+        for (int r = 0; r < n; r++) {
+            bs_scatter_place(0, n, r, &parent[r], &hi[r]);
+            ASSERT_GT(hi[r], r) << n << " " << r;
+            ASSERT_LE(hi[r], n);
+            ASSERT_EQ(parent[r] < 0, r == 0) << n << " " << r;
+            if (r > 0) ASSERT_LT(parent[r], r);
+        }
+        ASSERT_EQ(hi[0], n);
+        for (int p = 0; p < n; p++) {
+            std::vector<int> covered(n, 0);
+            covered[p]++;
+            for (int h = hi[p]; h - p > 1;) {
+                int mid = p + (h - p + 1) / 2;
+                ASSERT_EQ(parent[mid], p) << n << " " << mid;
+                ASSERT_EQ(hi[mid], h) << n << " " << mid;
+                got[mid]++;
+                for (int k = mid; k < h; k++)
+                    covered[k]++;
+                h = mid;
+            }
+            for (int k = 0; k < n; k++)
+                ASSERT_EQ(covered[k], k >= p && k < hi[p] ? 1 : 0) << n << " " << p << " " << k;
+        }
+        for (int r = 1; r < n; r++)
+            ASSERT_EQ(got[r], 1) << n << " " << r;
+    }
+}
+
+// Several roots: rank r goes to root floor(r * nroots / n); the ranges are contiguous, cover every
+// rank once and differ in size by at most one.
+TEST(BootstrapWire, RootRangesSplitRanksEvenly) {
+    for (int n = 1; n <= 200; n++)
+        for (int m = 1; m <= n && m <= 16; m++) {
+            int prev_hi = 0, min_size = n, max_size = 0;
+            for (int j = 0; j < m; j++) {
+                int lo, hi;
+                bs_root_range(n, m, j, &lo, &hi);
+                ASSERT_EQ(lo, prev_hi) << n << " " << m << " " << j;
+                ASSERT_GT(hi, lo) << n << " " << m << " " << j;
+                for (int r = lo; r < hi; r++)
+                    ASSERT_EQ(bs_root_of(n, m, r), j) << n << " " << m << " " << r;
+                min_size = std::min(min_size, hi - lo);
+                max_size = std::max(max_size, hi - lo);
+                prev_hi = hi;
+            }
+            ASSERT_EQ(prev_hi, n);
+            ASSERT_LE(max_size - min_size, 1) << n << " " << m;
+        }
 }

@@ -375,19 +375,24 @@ INSTANTIATE_TEST_SUITE_P(Launch, EagerConnect, ::testing::Values(Launch::Threads
                              return std::string(chorus_test::launch_name(info.param));
                          });
 
-// ncclCommInitRankScalable: every rank passes the same array of ids (Chorus rendezvouses through
-// the first one).
+// ncclCommInitRankScalable: every rank passes the same array of ids; rank r rendezvouses through
+// the root of ids[floor(r * nId / n)]. 2, 3 and 4 ids, threads and forked processes.
 TEST(Scalable, SeveralIds) {
-    ncclUniqueId ids[3] = {chorus_test::make_unique_id(), chorus_test::make_unique_id(),
-                           chorus_test::make_unique_id()};
-    auto res = chorus_test::run_threads(5, [&](int rank, int n) {
-        ncclComm_t comm;
-        RANK_NCCL(ncclCommInitRankScalable(&comm, n, rank, 3, ids, nullptr));
-        if (check_comm(comm, rank, n)) return 1;
-        RANK_NCCL(ncclCommDestroy(comm));
-        return 0;
-    });
-    EXPECT_TRUE(res.ok()) << res.detail;
+    for (Launch how : {Launch::Threads, Launch::Forked})
+        for (int nids : {2, 3, 4}) {
+            std::vector<ncclUniqueId> ids;
+            for (int k = 0; k < nids; k++)
+                ids.push_back(chorus_test::make_unique_id());
+            auto res = chorus_test::run_ranks(how, 5, [&](int rank, int n) {
+                ncclComm_t comm;
+                RANK_NCCL(ncclCommInitRankScalable(&comm, n, rank, nids, ids.data(), nullptr));
+                if (check_comm(comm, rank, n)) return 1;
+                RANK_NCCL(ncclCommDestroy(comm));
+                return 0;
+            });
+            EXPECT_TRUE(res.ok()) << chorus_test::launch_name(how) << " " << nids << " ids: "
+                                  << res.detail;
+        }
 }
 
 // ---- single-process forms -----------------------------------------------------------------

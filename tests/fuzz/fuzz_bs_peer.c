@@ -1,7 +1,7 @@
 /*
  * fuzz_bs_peer: the bytes another process sends on a connection to a rank's bootstrap listen
  * socket, as the receiver thread reads them: a peer hello (checked for magic, secret, sender and
- * recipient), then tagged messages {tag, size} + payload, among them the allgather and barrier
+ * recipient) or the root's (queued on the root's slot, nranks), then tagged messages {tag, size} + payload, among them the allgather and barrier
  * rounds. The input goes through a socket pair into the real receiver step (bs_peer_conn_read),
  * then every queued message is taken with bs_peer_recv, once with its own size and once with a
  * wrong one, as allgather/barrier/a user recv would. Checks: nothing is queued without a valid
@@ -26,16 +26,18 @@ static bootstrap_t *make_bs(int rank, int nranks) {
     bs->rank = rank;
     bs->nranks = nranks;
     bs->secret = FUZZ_SECRET;
+    bs->root_secret = FUZZ_SECRET; /* one root: its message carries the job's secret */
     bs->listen_fd = -1;
     bs->wake_fd = -1;
     pthread_mutex_init(&bs->lock, NULL);
     pthread_mutex_init(&bs->send_lock, NULL);
     pthread_cond_init(&bs->cond, NULL);
-    bs->addrs = calloc(nranks, sizeof(*bs->addrs));
-    bs->q_head = calloc(nranks, sizeof(*bs->q_head));
-    bs->q_tail = calloc(nranks, sizeof(*bs->q_tail));
-    bs->in_state = calloc(nranks, sizeof(int));
-    bs->in_errno = calloc(nranks, sizeof(int));
+    /* One slot more than ranks, as bs_alloc: the root's message during the rendezvous. */
+    bs->addrs = calloc(nranks + 1, sizeof(*bs->addrs));
+    bs->q_head = calloc(nranks + 1, sizeof(*bs->q_head));
+    bs->q_tail = calloc(nranks + 1, sizeof(*bs->q_tail));
+    bs->in_state = calloc(nranks + 1, sizeof(int));
+    bs->in_errno = calloc(nranks + 1, sizeof(int));
     bs->out_fd = malloc(sizeof(int) * nranks);
     FUZZ_ASSERT(bs->addrs && bs->q_head && bs->q_tail && bs->in_state && bs->in_errno && bs->out_fd);
     for (int i = 0; i < nranks; i++)
@@ -44,7 +46,7 @@ static bootstrap_t *make_bs(int rank, int nranks) {
 }
 
 static void free_bs(bootstrap_t *bs) {
-    for (int i = 0; i < bs->nranks; i++) {
+    for (int i = 0; i <= bs->nranks; i++) {
         for (bs_msg_t *m = bs->q_head[i], *next; m; m = next) {
             next = m->next;
             free(m->data);
@@ -100,7 +102,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     FUZZ_ASSERT(bs->nconns == 0);
 
     int senders = 0;
-    for (int p = 0; p < nranks; p++) {
+    for (int p = 0; p <= nranks; p++) { /* p == nranks: the root's slot */
         if (bs->in_state[p] != BS_PEER_NONE) senders++;
         /* Only a peer that passed the hello may have queued anything, never this rank itself. */
         if (bs->in_state[p] == BS_PEER_NONE) FUZZ_ASSERT(bs->q_head[p] == NULL);

@@ -6,6 +6,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -14,6 +15,7 @@
 #include "nccl.h"
 extern "C" {
 #include "param.h"
+#include "topology/topo.h"
 #include "topology/topo_internal.h"
 }
 
@@ -211,4 +213,70 @@ TEST(Topo, NcclTopoFileInNcclFormatIsIgnoredButChorusTopoFileIsStrict) {
     unsetenv("CHORUS_TOPO_FILE");
     chorus_param_reset();
     unlink(path.c_str());
+}
+
+namespace {
+
+// The definitions the O(n log n) code must match, written the plain quadratic way: hosts numbered
+// by first appearance of their host_hash, and the ring as a stable insertion sort by (host,
+// package, NUMA node, PCI switch).
+std::vector<int> brute_hosts(const std::vector<chorus_locality_t> &locs, int *nhosts) {
+    size_t n = locs.size();
+    std::vector<int> host(n, -1);
+    int next = 0;
+    for (size_t i = 0; i < n; i++) {
+        for (size_t j = 0; j < i && host[i] < 0; j++)
+            if (locs[j].host_hash == locs[i].host_hash) host[i] = host[j];
+        if (host[i] < 0) host[i] = next++;
+    }
+    *nhosts = next;
+    return host;
+}
+
+std::vector<int> brute_ring(const std::vector<topo_rank_place_t> &p) {
+    std::vector<int> order;
+    for (int i = 0; i < (int)p.size(); i++) {
+        auto before = [&](int a, int b) {
+            const topo_rank_place_t &x = p[a], &y = p[b];
+            if (x.host != y.host) return x.host < y.host;
+            if (x.package != y.package) return x.package < y.package;
+            if (x.numa_node != y.numa_node) return x.numa_node < y.numa_node;
+            return x.pci_switch < y.pci_switch;
+        };
+        size_t at = order.size();
+        while (at > 0 && before(i, order[at - 1]))
+            at--;
+        order.insert(order.begin() + (long)at, i);
+    }
+    return order;
+}
+
+} // namespace
+
+// Random jobs from 0 to 600 ranks, with few or many hosts (hashes drawn from a small or a large
+// set, high bits included) and unknown (-1) places: the host numbering, the host count and the
+// ring order equal the quadratic definitions.
+TEST(Topo, HostsAndRingMatchBruteForceOnRandomJobs) {
+    srand(12345);
+    for (int trial = 0; trial < 300; trial++) {
+        int n = trial < 10 ? trial : rand() % 601;
+        int nhash = 1 + rand() % (trial % 3 == 0 ? 4 : (n + 1));
+        std::vector<chorus_locality_t> locs(n);
+        for (int r = 0; r < n; r++) {
+            memset(&locs[r], 0, sizeof(locs[r]));
+            uint64_t h = (uint64_t)(rand() % nhash);
+            locs[r].host_hash = h * 0x9e3779b97f4a7c15ull; // spread over all 64 bits
+            locs[r].package = rand() % 3 - 1;
+            locs[r].numa_node = rand() % 4 - 1;
+            locs[r].pci_switch = rand() % 3 - 1;
+        }
+        int want_hosts = 0;
+        std::vector<int> want = brute_hosts(locs, &want_hosts);
+        std::vector<topo_rank_place_t> p(n);
+        topo_places_from_locality(n, locs.data(), p.data());
+        for (int r = 0; r < n; r++)
+            ASSERT_EQ(p[r].host, want[r]) << "trial " << trial << " rank " << r;
+        EXPECT_EQ(topo_count_hosts(n, locs.data()), want_hosts) << "trial " << trial;
+        EXPECT_EQ(ring(p), brute_ring(p)) << "trial " << trial;
+    }
 }
