@@ -387,6 +387,15 @@ def main():
     return write_outputs(a, res, skipped, started, load0)
 
 
+def failures(a, res):
+    """The runs that make the exit status 1: a Chorus column's, and with --strict a peer's that
+    was found (a missing peer has no status); unsupported collectives do not count."""
+    checked = [lib for lib in LIBS if lib.startswith("chorus") or a.strict]
+    return [f"{lib} {coll}: {v}" for lib in checked
+            for coll, v in res.status.get(lib, {}).items()
+            if v != "ok" and not v.startswith("unsupported")]
+
+
 def write_outputs(a, res, skipped, started, load0):
     libs = [lib for lib in LIBS if lib in res.samples or lib in res.status]
     png = os.path.join(a.out, "latest.png")
@@ -449,10 +458,7 @@ def write_outputs(a, res, skipped, started, load0):
                                      for lib, cs in res.rounds.items()}}, f, indent=1)
     print("\n".join(md))
     log(f"wrote {a.out}/latest.md, latest.json, latest.png ({plot_status})")
-    checked = [lib for lib in LIBS if lib.startswith("chorus") or a.strict]
-    failed = [f"{lib} {coll}: {v}" for lib in checked
-              for coll, v in res.status.get(lib, {}).items()
-              if v != "ok" and not v.startswith("unsupported")]
+    failed = failures(a, res)
     for f in failed:
         log("failed: " + f)
     return 1 if failed else 0

@@ -99,6 +99,20 @@ class Tables(unittest.TestCase):
         self.assertEqual(rows[1], "| 1048576 | 2.00x | 1.00x | 1.00x |")
 
 
+class Exit(unittest.TestCase):
+    def test_failures(self):
+        res = compare.Results()
+        res.set_status("chorus-shm", "allreduce", "ok")
+        res.set_status("gloo", "reducescatter", "unsupported: no reduce_scatter")
+        res.set_status("mpich", "allreduce", "exit 1: wrong")
+        res.set_status("mpich", "allreduce", "ok")  # a later round's ok keeps the failure
+        self.assertEqual(compare.failures(compare.parse_args([]), res), [])
+        self.assertEqual(compare.failures(compare.parse_args(["--strict"]), res),
+                         ["mpich allreduce: exit 1: wrong"])
+        res.set_status("chorus-shm", "allgather", "exit 1, 3 wrong elements")
+        self.assertEqual(len(compare.failures(compare.parse_args([]), res)), 1)
+
+
 class Missing(unittest.TestCase):
     def test_missing_oneccl_says_how_to_install(self):
         with tempfile.TemporaryDirectory() as tmp:

@@ -55,7 +55,7 @@ if(Python3_Interpreter_FOUND)
   if(TARGET all_reduce_perf)
     add_test(NAME perf_compare_smoke
              COMMAND ${Python3_EXECUTABLE} ${CMAKE_SOURCE_DIR}/perf/compare/compare.py --np 2
-                     --colls allreduce --minbytes 8 --maxbytes 64K --factor 64 --iters 3
+                     --colls allreduce --minbytes 8 --maxbytes 4K --factor 64 --iters 3
                      --warmup 1 --repeats 1 --rounds 2 --peers all --strict --no-chorus-tcp
                      --no-chorus-threads --timeout 120 --build ${CMAKE_BINARY_DIR}
                      --out ${CMAKE_CURRENT_BINARY_DIR}/perf_compare_smoke)
