@@ -6,7 +6,7 @@ on the same sizes.
         [--minbytes 8] [--maxbytes 16M] [--factor 4] [--iters 20] [--warmup 2] [--repeats 5]
         [--build build] [--out perf/compare/results] [--peers ompi,gloo] [--oneccl-venv DIR]
         [--no-chorus-tcp] [--no-chorus-threads] [--no-mpi-tcp] [--before OTHER_BUILD] [--busy N]
-        [--rounds R] [--large] [--dirty]
+        [--rounds R] [--large] [--dirty] [--strict]
 
 What runs (host memory, float32 sum, np ranks as processes on this machine):
   chorus-shm   build/bin/<coll>_perf through chorusrun, CHORUS_TRANSPORT=shm
@@ -48,7 +48,8 @@ How each library is found, built and run is in runners.py beside this file.
 Writes <out>/latest.md (the tables, the command, the machine), <out>/latest.png (busbw against
 size, log-x, one line per library, one panel per collective; gnuplot) and <out>/latest.json (every
 sample). A peer that is missing (no mpicc, no python3-torch, MPICH or oneCCL not installed) is
-skipped with a line saying how to install it.
+skipped with a line saying how to install it. The exit status is 1 when a Chorus column failed
+or, with --strict, a peer that was found failed.
 
 --large: the large-size run, 16 MiB to 256 MiB by factors of 2 in 10 rounds (10 calls, 3
 repetitions per round), unless --minbytes, --maxbytes, --factor, --rounds, --iters or --repeats

@@ -36,7 +36,10 @@ def run(cmd, env=None, timeout=600):
     full_env = dict(os.environ)
     if env:
         full_env.update(env)
-    log("+ " + " ".join(f"{k}={v}" for k, v in (env or {}).items()) + (" " if env else "")
+    shown = {k: v[:-len(os.environ[k])] + "$" + k
+             if os.environ.get(k) and v.endswith(":" + os.environ[k]) else v
+             for k, v in (env or {}).items()}  # PATH=<venv>/bin:$PATH, not the whole PATH
+    log("+ " + " ".join(f"{k}={v}" for k, v in shown.items()) + (" " if env else "")
         + " ".join(cmd))
     try:
         p = subprocess.run(cmd, env=full_env, capture_output=True, text=True, timeout=timeout)

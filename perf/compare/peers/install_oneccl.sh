@@ -5,15 +5,18 @@
 #   perf/compare/peers/install_oneccl.sh [VENV]
 #
 # VENV defaults to $CHORUS_PEERS_DIR/oneccl, CHORUS_PEERS_DIR to ~/.cache/chorus-peers; compare.py
-# looks in the same place (or where --oneccl-venv says). Installs oneccl-cpu-devel
-# ($ONECCL_VERSION pins it), which brings Intel MPI's runtime (impi-rt: libmpi.so, mpiexec,
-# libfabric), and impi-devel of the same version for mpi.h. compare.py compiles
-# perf/compare/oneccl_bench.cpp against the venv on first use: the wheel's shared libccl.so.1 does
-# not load, so the benchmark links the static CPU archive lib/ccl/cpu/lib/libccl.a with hwloc and
-# perf/compare/peers/oneccl_link_shims.c. Needs python3 with venv, g++ and libhwloc-dev.
+# looks in the same place (or where --oneccl-venv says). Installs oneccl-cpu-devel (2022.1.2
+# unless $ONECCL_VERSION says another), which brings Intel MPI's runtime (impi-rt: libmpi.so,
+# mpiexec, libfabric), and impi-devel of the same version for mpi.h. compare.py compiles
+# perf/compare/oneccl_bench.cpp against the venv at the start of each run: the wheel's shared
+# libccl.so.1 does not load, so the benchmark links the static CPU archive
+# lib/ccl/cpu/lib/libccl.a with hwloc and perf/compare/peers/oneccl_link_shims.c. Needs python3
+# with venv, g++ and libhwloc-dev.
 set -eu
 V=${1:-${CHORUS_PEERS_DIR:-$HOME/.cache/chorus-peers}/oneccl}
-spec=oneccl-cpu-devel${ONECCL_VERSION:+==$ONECCL_VERSION}
+# The version the comparison was set up with; ONECCL_VERSION= (empty) takes the newest.
+ver=${ONECCL_VERSION-2022.1.2}
+spec=oneccl-cpu-devel${ver:+==$ver}
 if [ ! -x "$V/bin/pip" ]; then
     python3 -m venv "$V"
 fi
