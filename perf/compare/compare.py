@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
-"""compare.py: Chorus, Open MPI and Gloo side by side, in one run, on the same sizes.
+"""compare.py: Chorus and its CPU peers (Open MPI, MPICH, Gloo, oneCCL) side by side, in one run,
+on the same sizes.
 
     python3 perf/compare/compare.py [--np 2] [--colls allreduce,allgather,reducescatter]
-        [--minbytes 8] [--maxbytes 16M] [--factor 4] [--iters 10] [--warmup 2] [--repeats 5]
-        [--build build] [--out perf/compare/results] [--no-mpi] [--no-gloo]
+        [--minbytes 8] [--maxbytes 16M] [--factor 4] [--iters 20] [--warmup 2] [--repeats 5]
+        [--build build] [--out perf/compare/results] [--peers ompi,gloo] [--oneccl-venv DIR]
         [--no-chorus-tcp] [--no-chorus-threads] [--no-mpi-tcp] [--before OTHER_BUILD] [--busy N]
-        [--rounds R] [--dirty]
+        [--rounds R] [--large] [--dirty] [--strict]
 
 What runs (host memory, float32 sum, np ranks as processes on this machine):
   chorus-shm   build/bin/<coll>_perf through chorusrun, CHORUS_TRANSPORT=shm
@@ -14,9 +15,17 @@ What runs (host memory, float32 sum, np ranks as processes on this machine):
                ncclCommInitAll), over shared memory; all-reduce runs the direct algorithm there
   chorus-shm-before  with --before DIR: chorus-shm from another build (its lib/ first in
                LD_LIBRARY_PATH), for before/after tables from one run
-  mpi-shm      perf/compare/mpi_bench.c (compiled here with mpicc), mpirun --mca btl vader,self
-  mpi-tcp      the same with --mca btl tcp,self
+and the peers that --peers names (default ompi,gloo; `all` names every one):
+  ompi         mpi-shm: perf/compare/mpi_bench.c compiled with Open MPI's mpicc, mpirun --mca btl
+               vader,self; mpi-tcp: the same with --mca btl tcp,self
+  mpich        the same mpi_bench.c compiled with mpicc.mpich, run by mpiexec.mpich (MPICH's
+               ch4 device with its own shared memory; perf/compare/peers/install_mpich.sh)
   gloo         perf/compare/gloo_bench.py, torch.distributed's gloo backend (/usr/bin/python3)
+  oneccl-mpi   perf/compare/oneccl_bench.cpp, Intel oneCCL for CPUs, compiled here against the venv
+               of perf/compare/peers/install_oneccl.sh and run by its Intel MPI mpiexec; oneCCL's
+               default transport, which hands all-reduce to Intel MPI
+  oneccl-ofi   the same with CCL_ATL_TRANSPORT=ofi CCL_ATL_SHM=1: oneCCL's own algorithms over
+               libfabric's shared-memory provider
 Every library measures alike: per size, warmup calls, then `repeats` repetitions of (barrier,
 `iters` timed calls), every call on the same buffers (Chorus's perf binaries run with -W 0: by
 default they walk through their buffers as nccl-tests does, which the peer programs do not; a
@@ -25,16 +34,26 @@ ones. --walk restores the walk for Chorus alone). A repetition yields the mean t
 of the per-call times, each averaged over ranks; `--stat` picks which one the tables use (default
 p50: on a busy machine one descheduled call moves the mean of a few calls by milliseconds; both
 are kept in latest.json). With --rounds R every library runs R times, in turn, so a machine whose
-speed drifts between minutes slows them all alike. The tables report the median over all
-repetitions of that time, busbw from it
+speed drifts between minutes slows them all alike; the tables then add, per library and size, the
+spread between its slowest and its fastest round (each round's median over its repetitions).
+The tables report the median over all repetitions of that time, busbw from it
 with nccl-tests' factors
-(2(n-1)/n all-reduce, (n-1)/n all-gather and reduce-scatter), and the ratio of Chorus's busbw to
-each peer's (>1: Chorus is faster). Chorus's numbers are its out-of-place column; every Chorus,
-MPI and Gloo result is checked for correctness on the way (a wrong result is reported as such).
+(2(n-1)/n all-reduce, (n-1)/n all-gather and reduce-scatter), the ratio of Chorus's busbw to
+each peer's (>1: Chorus is faster) and to the best peer's at that size. Chorus's numbers are its
+out-of-place column; every result of every library is checked for correctness on the way (a wrong
+result is reported as such).
+
+How each library is found, built and run is in runners.py beside this file.
 
 Writes <out>/latest.md (the tables, the command, the machine), <out>/latest.png (busbw against
 size, log-x, one line per library, one panel per collective; gnuplot) and <out>/latest.json (every
-sample). A peer that is missing (no mpicc, no python3-torch) is skipped and said so.
+sample). A peer that is missing (no mpicc, no python3-torch, MPICH or oneCCL not installed) is
+skipped with a line saying how to install it. The exit status is 1 when a Chorus column failed
+or, with --strict, a peer that was found failed.
+
+--large: the large-size run, 16 MiB to 256 MiB by factors of 2 in 10 rounds (10 calls, 3
+repetitions per round), unless --minbytes, --maxbytes, --factor, --rounds, --iters or --repeats
+say otherwise; its round-spread table is what tells a library with a slow mode from a steady one.
 
 --dirty makes every library's ranks rewrite their input before each timed call (one byte per cache
 line, with the value it holds, outside the timed call): as a trainer's gradients are new at every
@@ -51,21 +70,27 @@ import datetime
 import json
 import os
 import platform
-import re
 import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(os.path.dirname(HERE))
-COLLS = {"allreduce": "all_reduce", "allgather": "all_gather", "reducescatter": "reduce_scatter"}
+from runners import COLLS, HERE, PEERS, REPO, default_oneccl_venv, log, prepare_peers, run_all
+
 LIBS = ["chorus-shm", "chorus-shm-before", "chorus-threads", "chorus-tcp", "mpi-shm", "mpi-tcp",
-        "gloo"]
-RATIOS = [("chorus-shm", "mpi-shm"), ("chorus-threads", "mpi-shm"), ("chorus-shm-before", "mpi-shm"),
-          ("chorus-shm", "chorus-shm-before"), ("chorus-tcp", "mpi-tcp"), ("chorus-tcp", "gloo"),
-          ("chorus-shm", "gloo")]
+        "mpich", "gloo", "oneccl-mpi", "oneccl-ofi"]
+DEFAULT_PEERS = "ompi,gloo"
+PEER_LIBS = [lib for libs in PEERS.values() for lib in libs]
+BEST = "best peer"  # the ratio column against the fastest peer at each size
+RATIOS = [("chorus-shm", "mpi-shm"), ("chorus-threads", "mpi-shm"),
+          ("chorus-shm-before", "mpi-shm"), ("chorus-shm", "chorus-shm-before"), ("chorus-tcp", "mpi-tcp"), ("chorus-tcp", "gloo"),
+          ("chorus-shm", "mpich"), ("chorus-shm", "gloo"), ("chorus-shm", "oneccl-mpi"),
+          ("chorus-shm", "oneccl-ofi"), ("chorus-shm", BEST)]
+LARGE = {"minbytes": "16M", "maxbytes": "256M", "factor": 2, "rounds": 10, "iters": 10,
+         "repeats": 3}
+DEFAULTS = {"minbytes": "8", "maxbytes": "16M", "factor": 4, "rounds": 1, "iters": 20,
+            "repeats": 5}
 
 
 def parse_size(s):
@@ -80,34 +105,12 @@ def bus_factor(coll, n):
     return 2.0 * (n - 1) / n if coll == "allreduce" else (n - 1) / n
 
 
-def log(msg):
-    print(msg, file=sys.stderr, flush=True)
-
-
-def run(cmd, env=None, timeout=600):
-    """Run cmd; return (rc, stdout, stderr). A timeout is rc 124."""
-    full_env = dict(os.environ)
-    if env:
-        full_env.update(env)
-    log("+ " + " ".join(f"{k}={v}" for k, v in (env or {}).items()) + (" " if env else "")
-        + " ".join(cmd))
-    try:
-        p = subprocess.run(cmd, env=full_env, capture_output=True, text=True, timeout=timeout)
-        return p.returncode, p.stdout, p.stderr
-    except subprocess.TimeoutExpired as e:
-        out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
-        err = e.stderr.decode() if isinstance(e.stderr, bytes) else (e.stderr or "")
-        return 124, out, err + f"\ntimed out after {timeout}s"
-
-
-def tail(text, n=4):
-    return " | ".join(line for line in text.strip().splitlines()[-n:])
-
-
 class Results:
     def __init__(self):
         self.samples = {}  # lib -> coll -> size -> [time_us] (the --stat statistic)
         self.means = {}    # the same for the mean time per call
+        self.rounds = {}   # lib -> coll -> size -> round -> [time_us] (the --stat statistic)
+        self.round = 0     # the round that add() files samples under
         self.status = {}   # lib -> coll -> "ok" | message
         self.version = {}
         self.rtt = {}      # lib -> [cross-core round trip in ns before each of its runs]
@@ -115,128 +118,27 @@ class Results:
     def add(self, lib, coll, size, t, mean):
         self.samples.setdefault(lib, {}).setdefault(coll, {}).setdefault(size, []).append(t)
         self.means.setdefault(lib, {}).setdefault(coll, {}).setdefault(size, []).append(mean)
+        self.rounds.setdefault(lib, {}).setdefault(coll, {}).setdefault(size, {}) \
+            .setdefault(self.round, []).append(t)
+
+    def round_spread(self, lib, coll, size):
+        """Slowest round's median time / fastest round's, with the number of rounds; None with
+        fewer than two rounds."""
+        per = self.rounds.get(lib, {}).get(coll, {}).get(size, {})
+        meds = [statistics.median(v) for v in per.values() if v]
+        if len(meds) < 2 or min(meds) <= 0:
+            return None
+        return max(meds) / min(meds), len(meds)
 
     def set_status(self, lib, coll, msg):
-        self.status.setdefault(lib, {})[coll] = msg
+        """A failure in any round stays: a later round's "ok" does not replace it."""
+        old = self.status.setdefault(lib, {}).get(coll)
+        if old is None or old == "ok":
+            self.status[lib][coll] = msg
 
     def median(self, lib, coll, size):
         v = self.samples.get(lib, {}).get(coll, {}).get(size)
         return statistics.median(v) if v else None
-
-
-def chorus_launcher(build):
-    chorusrun = os.path.join(build, "bin", "chorusrun")
-    if os.access(chorusrun, os.X_OK):
-        return [chorusrun, "-n"]
-    return [os.path.join(REPO, "perf", "launch_local.sh"), "-t", "600"]
-
-
-def run_chorus(a, res, lib, transport, build=None, threads=False):
-    """build: another build directory (--before), whose lib/ goes first in LD_LIBRARY_PATH so
-    its binaries load its own libnccl.so.2 rather than the one their RUNPATH names. threads: one
-    process whose np ranks are threads (-t np) instead of np processes through chorusrun."""
-    for coll in a.colls:
-        binary = os.path.join(build or a.build, "bin", f"{COLLS[coll]}_perf")
-        if not os.access(binary, os.X_OK):
-            res.set_status(lib, coll, f"{binary} not built")
-            continue
-        with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as tf:
-            jpath = tf.name
-        launch = [binary, "-t", str(a.np)] if threads else \
-            chorus_launcher(build or a.build) + [str(a.np), binary]
-        cmd = launch + ["-b", str(a.minbytes), "-e", str(a.maxbytes), "-f", str(a.factor), "-n",
-                        str(a.iters), "-w", str(a.warmup), "-c", "1", "-N", str(a.repeats),
-                        "-m", "host", "-W", "1" if a.walk else "0", "-J", jpath]
-        if a.stat != "loop":
-            cmd[-2:-2] = ["-I", "1"]  # per-call times (p50); loop: nothing timed per call
-        if a.dirty:
-            cmd[-2:-2] = ["-D", "1"]  # only then: a --before build may predate the flag
-        env = dict(kv.split("=", 1) for kv in a.chorus_env)
-        env["CHORUS_TRANSPORT"] = transport
-        if build:
-            env["LD_LIBRARY_PATH"] = os.path.join(build, "lib") + ":" + \
-                os.environ.get("LD_LIBRARY_PATH", "")
-        rc, out, err = run(cmd, env=env, timeout=a.timeout)
-        for line in out.splitlines():
-            if "nccl-library=" in line:
-                res.version["chorus"] = line.split("nccl-library=")[1].split()[0]
-        try:
-            with open(jpath) as f:
-                doc = json.load(f)
-        except (OSError, ValueError):
-            doc = None
-        finally:
-            if os.path.exists(jpath):
-                os.unlink(jpath)
-        if doc is None:
-            res.set_status(lib, coll, f"failed (rc {rc}): {tail(out + err)}")
-            continue
-        wrong, no_p50 = 0, False
-        for row in doc.get("results", []):
-            oop = row.get("out_of_place") or {}
-            if row["size"] > 0 and oop.get("time_us") is not None:
-                if a.stat == "p50" and oop.get("p50_us") is None:
-                    no_p50 = True  # never the mean in its place: the peers' column is a median
-                    continue
-                stat = oop["p50_us"] if a.stat == "p50" else oop["time_us"]
-                res.add(lib, coll, row["size"], stat, oop["time_us"])
-            wrong += oop.get("nwrong") or 0
-        if no_p50:
-            res.set_status(lib, coll, f"no per-call times (p50) in the JSON of {binary}")
-        elif rc != 0 or wrong:
-            res.set_status(lib, coll, f"exit {rc}, {wrong} wrong elements: {tail(out + err, 2)}")
-        else:
-            res.set_status(lib, coll, "ok")
-
-
-def parse_lines(a, res, lib, coll_default, text):
-    """Lines `[coll] size count mean_us rep median_us` from mpi_bench / gloo_bench."""
-    seen = set()
-    for line in text.splitlines():
-        f = line.split()
-        if not f or f[0].startswith("#"):
-            if line.startswith("# unsupported:"):
-                res.set_status(lib, line.split(":")[1].strip(), "unsupported: "
-                               + line.split(":", 2)[2].strip())
-            continue
-        if f[0] in COLLS:
-            coll, f = f[0], f[1:]
-        else:
-            coll = coll_default
-        if len(f) == 5:
-            mean, med = float(f[2]), float(f[4])
-            res.add(lib, coll, int(f[0]), med if a.stat == "p50" else mean, mean)  # loop: equal
-            seen.add(coll)
-    return seen
-
-
-def run_mpi(a, res, exe):
-    for lib, btl in (("mpi-shm", "vader,self"), ("mpi-tcp", "tcp,self")):
-        if lib == "mpi-tcp" and a.no_mpi_tcp:
-            continue
-        for coll in a.colls:
-            cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(a.np),
-                   "--mca", "btl", btl, exe, coll, str(a.minbytes), str(a.maxbytes),
-                   str(a.factor), str(a.iters), str(a.warmup), str(a.repeats)] + \
-                (["1"] if a.dirty else []) + (["0", "1"] if a.stat == "loop" else [])
-            rc, out, err = run(cmd, timeout=a.timeout)
-            parse_lines(a, res, lib, coll, out)
-            res.set_status(lib, coll, "ok" if rc == 0 else f"exit {rc}: {tail(err)}")
-
-
-def run_gloo(a, res):
-    cmd = ["/usr/bin/python3", os.path.join(HERE, "gloo_bench.py"), "--np", str(a.np), "--coll",
-           ",".join(a.colls), "--minbytes", str(a.minbytes), "--maxbytes", str(a.maxbytes),
-           "--factor", str(a.factor), "--iters", str(a.iters), "--warmup", str(a.warmup),
-           "--reps", str(a.repeats)] + (["--dirty"] if a.dirty else []) + \
-        (["--loop"] if a.stat == "loop" else [])
-    rc, out, err = run(cmd, timeout=a.timeout)
-    seen = parse_lines(a, res, "gloo", "allreduce", out)
-    for coll in a.colls:
-        if coll in seen and res.status.get("gloo", {}).get(coll) is None:
-            res.set_status("gloo", coll, "ok" if rc == 0 else f"exit {rc}: {tail(err)}")
-        elif res.status.get("gloo", {}).get(coll) is None:
-            res.set_status("gloo", coll, f"no result (exit {rc}): {tail(err)}")
 
 
 def fmt_time(t):
@@ -255,11 +157,20 @@ def busbw(coll, n, size, t):
     return None if t is None or t <= 0 else size / (t * 1e-6) / 1e9 * bus_factor(coll, n)
 
 
+def best_peer(a, res, libs, coll, size):
+    """(busbw, lib) of the fastest peer column at this size, or None."""
+    bws = [(busbw(coll, a.np, size, res.median(lib, coll, size)), lib)
+           for lib in libs if lib in PEER_LIBS]
+    bws = [(b, lib) for b, lib in bws if b]
+    return max(bws) if bws else None
+
+
 def make_tables(a, res, libs):
     lines = []
+    has_peer = any(lib in PEER_LIBS for lib in libs)
     for coll in a.colls:
         sizes = sorted({s for lib in libs for s in res.samples.get(lib, {}).get(coll, {})})
-        ratios = [(x, y) for x, y in RATIOS if x in libs and y in libs]
+        ratios = [(x, y) for x, y in RATIOS if x in libs and (y in libs or y == BEST and has_peer)]
         lines.append(f"### {coll}, {a.np} ranks, float32 sum, host memory\n")
         hdr = ["size (B)"]
         for lib in libs:
@@ -274,8 +185,12 @@ def make_tables(a, res, libs):
                 t = res.median(lib, coll, s)
                 bw[lib] = busbw(coll, a.np, s, t)
                 row += [fmt_time(t), fmt_bw(bw[lib])]
+            best = best_peer(a, res, libs, coll, s)
             for x, y in ratios:
-                row.append(f"{bw[x] / bw[y]:.2f}x" if bw[x] and bw[y] else "-")
+                if y == BEST:
+                    row.append(f"{bw[x] / best[0]:.2f}x ({best[1]})" if bw[x] and best else "-")
+                else:
+                    row.append(f"{bw[x] / bw[y]:.2f}x" if bw[x] and bw[y] else "-")
             lines.append("| " + " | ".join(row) + " |")
         notes = [f"{lib}: {res.status.get(lib, {}).get(coll, 'not run')}" for lib in libs
                  if res.status.get(lib, {}).get(coll, "not run") != "ok"]
@@ -283,7 +198,33 @@ def make_tables(a, res, libs):
             lines.append("")
             lines += [f"- {n}" for n in notes]
         lines.append("")
+        if a.rounds > 1:
+            lines += spread_table(a, res, libs, coll, sizes)
     return "\n".join(lines)
+
+
+def spread_table(a, res, libs, coll, sizes):
+    """Per library and size: its slowest round's median time over its fastest round's (1.00x: as
+    fast in every round), and the largest over the sizes."""
+    shown = [lib for lib in libs if any(res.round_spread(lib, coll, s) for s in sizes)]
+    if not shown:
+        return []
+    lines = [f"Round spread, {coll}: per library, the slowest round's median time / the fastest "
+             f"round's, over {a.rounds} rounds\n",
+             "| size (B) | " + " | ".join(shown) + " |", "|" + "---|" * (len(shown) + 1)]
+    worst = {}
+    for s in sizes:
+        row = [str(s)]
+        for lib in shown:
+            sp = res.round_spread(lib, coll, s)
+            row.append(f"{sp[0]:.2f}x" if sp else "-")
+            if sp:
+                worst[lib] = max(worst.get(lib, 0), sp[0])
+        lines.append("| " + " | ".join(row) + " |")
+    lines.append("| largest | " + " | ".join(f"{worst[lib]:.2f}x" if lib in worst else "-"
+                                             for lib in shown) + " |")
+    lines.append("")
+    return lines
 
 
 def make_plot(a, res, libs, png):
@@ -332,16 +273,27 @@ def machine():
     return f"{os.cpu_count()} CPUs ({cpu}), {platform.system()} {platform.release()}"
 
 
-def main():
-    p = argparse.ArgumentParser(description="Chorus vs Open MPI vs Gloo, side by side.")
+def parse_args(argv=None):
+    """The options, with --large's or the plain defaults filled in and --peers resolved to a
+    list of PEERS names in run order."""
+    p = argparse.ArgumentParser(description="Chorus and its CPU peers, side by side.")
     p.add_argument("--np", type=int, default=2)
     p.add_argument("--colls", default="allreduce,allgather,reducescatter")
-    p.add_argument("--minbytes", default="8")
-    p.add_argument("--maxbytes", default="16M")
-    p.add_argument("--factor", type=int, default=4)
-    p.add_argument("--iters", type=int, default=20)
+    p.add_argument("--minbytes", help=f"default {DEFAULTS['minbytes']}")
+    p.add_argument("--maxbytes", help=f"default {DEFAULTS['maxbytes']}")
+    p.add_argument("--factor", type=int, help=f"default {DEFAULTS['factor']}")
+    p.add_argument("--iters", type=int, help=f"default {DEFAULTS['iters']}")
     p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--repeats", type=int, help=f"default {DEFAULTS['repeats']}")
+    p.add_argument("--large", action="store_true",
+                   help="the large-size run: " + ", ".join(f"--{k} {v}" for k, v in LARGE.items())
+                   + " unless given; the round-spread table shows any slow mode")
+    p.add_argument("--peers", default=DEFAULT_PEERS,
+                   help=f"comma-separated peers to run: {', '.join(PEERS)}, or all "
+                        f"(default {DEFAULT_PEERS})")
+    p.add_argument("--oneccl-venv", default=default_oneccl_venv(),
+                   help="the venv of perf/compare/peers/install_oneccl.sh (default "
+                        "$CHORUS_PEERS_DIR/oneccl, CHORUS_PEERS_DIR ~/.cache/chorus-peers)")
     p.add_argument("--stat", choices=["p50", "mean", "loop"], default="p50",
                    help="per repetition: median per-call time (p50), mean of the per-call "
                         "times, or loop: the calls timed together only, nothing between two "
@@ -351,8 +303,10 @@ def main():
     p.add_argument("--timeout", type=int, default=600, help="seconds per library run")
     p.add_argument("--chorus-env", action="append", default=[], metavar="NAME=VALUE",
                    help="extra environment for the Chorus runs (repeatable), e.g. CHORUS_SPIN=200000")
-    p.add_argument("--no-mpi", action="store_true")
-    p.add_argument("--no-gloo", action="store_true")
+    p.add_argument("--strict", action="store_true",
+                   help="exit 1 also when a peer that was found fails (a missing one is skipped)")
+    p.add_argument("--no-mpi", action="store_true", help="drop ompi from --peers")
+    p.add_argument("--no-gloo", action="store_true", help="drop gloo from --peers")
     p.add_argument("--no-chorus-tcp", action="store_true")
     p.add_argument("--walk", action="store_true",
                    help="Chorus's perf binaries walk through their buffers (nccl-tests' way; the "
@@ -367,14 +321,26 @@ def main():
     p.add_argument("--no-mpi-tcp", action="store_true", help="Open MPI over shared memory only")
     p.add_argument("--busy", type=int, default=0, metavar="N",
                    help="run N busy loops alongside every library (contended machine)")
-    p.add_argument("--rounds", type=int, default=1, metavar="R",
+    p.add_argument("--rounds", type=int, metavar="R",
                    help="run every library R times, one after the other in each round, and take "
                         "the median over all rounds' repetitions: on a machine whose speed drifts "
-                        "from one minute to the next, each library then sees every phase of it")
+                        "from one minute to the next, each library then sees every phase of it "
+                        f"(default {DEFAULTS['rounds']})")
     p.add_argument("--before", metavar="BUILD",
                    help="also run the Chorus shm column from this build (e.g. a copy of the build "
                         "taken before a change), as chorus-shm-before, in the same run")
-    a = p.parse_args()
+    a = p.parse_args(argv)
+    for key, value in (LARGE if a.large else DEFAULTS).items():
+        if getattr(a, key) is None:
+            setattr(a, key, value)
+    a.peers = [x.strip() for x in a.peers.split(",") if x.strip()]
+    if a.peers == ["all"]:
+        a.peers = list(PEERS)
+    for x in a.peers:
+        if x not in PEERS:
+            p.error(f"unknown peer {x} ({', '.join(PEERS)}, or all)")
+    a.peers = [x for x in PEERS if x in a.peers and not (x == "ompi" and a.no_mpi)
+               and not (x == "gloo" and a.no_gloo)]
     a.colls = [c.strip() for c in a.colls.split(",") if c.strip()]
     for c in a.colls:
         if c not in COLLS:
@@ -383,85 +349,52 @@ def main():
     if a.dirty and a.stat == "loop":
         p.error("--dirty needs calls timed alone (its rewrites stay out of the time): not with "
                 "--stat loop")
-    if a.factor < 2 or a.minbytes > a.maxbytes or a.np < 2 or a.repeats < 1 or a.rounds < 1:
-        p.error("need --factor >= 2, --minbytes <= --maxbytes, --np >= 2, --repeats >= 1, "
-                "--rounds >= 1")
+    if (a.factor < 2 or a.minbytes > a.maxbytes or a.np < 2 or a.iters < 1 or a.repeats < 1
+            or a.rounds < 1):
+        p.error("need --factor >= 2, --minbytes <= --maxbytes, --np >= 2, --iters >= 1, "
+                "--repeats >= 1, --rounds >= 1")
     for kv in a.chorus_env:
         if "=" not in kv:
             p.error(f"--chorus-env wants NAME=VALUE, not {kv}")
     a.build = os.path.abspath(a.build)
-    os.makedirs(a.out, exist_ok=True)
+    return a
 
+
+def main():
+    a = parse_args()
+    os.makedirs(a.out, exist_ok=True)
     res = Results()
     skipped = []
     started = datetime.datetime.now(datetime.timezone.utc)
     load0 = os.getloadavg()[0]
-    busy = [subprocess.Popen(["sh", "-c", "while :; do :; done"]) for _ in range(max(a.busy, 0))]
+    tmp = tempfile.mkdtemp(prefix="chorus_compare_")
+    busy = []
     try:
+        peers = prepare_peers(a, res, tmp, skipped)
+        busy = [subprocess.Popen(["sh", "-c", "while :; do :; done"])
+                for _ in range(max(a.busy, 0))]
         for r in range(a.rounds):
             if a.rounds > 1:
                 log(f"round {r + 1} of {a.rounds}")
-            run_all(a, res, skipped)
+            res.round = r
+            run_all(a, res, peers)
     finally:
         for b in busy:
             b.kill()
             b.wait()
-    skipped = list(dict.fromkeys(skipped))  # once, not once per round
+        shutil.rmtree(tmp, ignore_errors=True)
     for s in skipped:
         log("skipped: " + s)
     return write_outputs(a, res, skipped, started, load0)
 
 
-def probe_rtt(a, res, lib):
-    """Record the cross-core round trip (build/bin/membw_bench -L) just before a library runs:
-    on a guest whose vCPUs the host moves between dies it tells which state the run saw."""
-    exe = os.path.join(a.build, "bin", "membw_bench")
-    if not os.access(exe, os.X_OK):
-        return
-    rc, out, err = run([exe, "-L"], timeout=60)
-    m = re.search(r"rtt_ns (-?\d+)", out or "")
-    if rc == 0 and m and int(m.group(1)) > 0:
-        res.rtt.setdefault(lib, []).append(int(m.group(1)))
-
-
-def run_all(a, res, skipped):
-    probe_rtt(a, res, "chorus-shm")
-    run_chorus(a, res, "chorus-shm", "shm")
-    if a.before:
-        probe_rtt(a, res, "chorus-shm-before")
-        run_chorus(a, res, "chorus-shm-before", "shm", os.path.abspath(a.before))
-    if not a.no_chorus_threads:
-        probe_rtt(a, res, "chorus-threads")
-        run_chorus(a, res, "chorus-threads", "shm", threads=True)
-    if not a.no_chorus_tcp:
-        probe_rtt(a, res, "chorus-tcp")
-        run_chorus(a, res, "chorus-tcp", "tcp")
-    if a.no_mpi:
-        skipped.append("Open MPI: --no-mpi")
-    elif shutil.which("mpicc") is None or shutil.which("mpirun") is None:
-        skipped.append("Open MPI: mpicc/mpirun not found (apt install openmpi-bin libopenmpi-dev)")
-    else:
-        exe = os.path.join(tempfile.mkdtemp(prefix="chorus_mpi_"), "mpi_bench")
-        rc, out, err = run(["mpicc", "-O2", "-o", exe, os.path.join(HERE, "mpi_bench.c")])
-        if rc != 0:
-            skipped.append(f"Open MPI: mpicc failed: {tail(err)}")
-        else:
-            rc, out, err = run(["mpirun", "--version"])
-            res.version["openmpi"] = out.splitlines()[0] if out else "?"
-            probe_rtt(a, res, "mpi")
-            run_mpi(a, res, exe)
-    if a.no_gloo:
-        skipped.append("Gloo: --no-gloo")
-    elif not os.access("/usr/bin/python3", os.X_OK) or subprocess.run(
-            ["/usr/bin/python3", "-c", "import torch.distributed"],
-            capture_output=True).returncode != 0:
-        skipped.append("Gloo: /usr/bin/python3 cannot import torch.distributed "
-                       "(apt install python3-torch)")
-    else:
-        rc, out, err = run(["/usr/bin/python3", "-c", "import torch; print(torch.__version__)"])
-        res.version["torch"] = out.strip()
-        probe_rtt(a, res, "gloo")
-        run_gloo(a, res)
+def failures(a, res):
+    """The runs that make the exit status 1: a Chorus column's, and with --strict a peer's that
+    was found (a missing peer has no status); unsupported collectives do not count."""
+    checked = [lib for lib in LIBS if lib.startswith("chorus") or a.strict]
+    return [f"{lib} {coll}: {v}" for lib in checked
+            for coll, v in res.status.get(lib, {}).items()
+            if v != "ok" and not v.startswith("unsupported")]
 
 
 def write_outputs(a, res, skipped, started, load0):
@@ -469,11 +402,16 @@ def write_outputs(a, res, skipped, started, load0):
     png = os.path.join(a.out, "latest.png")
     plot_status = make_plot(a, res, libs, png)
     cmd = "python3 perf/compare/compare.py " + " ".join(sys.argv[1:])
-    md = [f"# Chorus vs Open MPI vs Gloo ({started.strftime('%Y-%m-%d %H:%M UTC')})", "",
+    v = res.version
+    versions = [f"Chorus libnccl {v.get('chorus', '?')}"] + \
+        ([v["openmpi"]] if "openmpi" in v else []) + \
+        ([f"MPICH {v['mpich']}"] if "mpich" in v else []) + \
+        ([f"torch {v['torch']} (Gloo)"] if "torch" in v else []) + \
+        ([f"oneCCL {v.get('oneccl', '?')} with Intel MPI {v.get('impi', '?')}"]
+         if any(x.startswith("oneccl") for x in res.status) else [])
+    md = [f"# Chorus and its peers ({started.strftime('%Y-%m-%d %H:%M UTC')})", "",
           f"Command: `{cmd.strip()}`", "",
-          f"Machine: {machine()}. Versions: Chorus libnccl {res.version.get('chorus', '?')}, "
-          f"{res.version.get('openmpi', 'Open MPI not run')}, "
-          f"torch {res.version.get('torch', 'not run')} (Gloo).", "",
+          f"Machine: {machine()}. Versions: {', '.join(versions)}.", "",
           f"Each cell: median over {a.repeats * a.rounds} repetitions"
           + (f" ({a.rounds} rounds of {a.repeats}, every library once per round)"
              if a.rounds > 1 else "") + " of "
@@ -482,7 +420,8 @@ def write_outputs(a, res, skipped, started, load0):
              "no clock read between two calls (--stat loop)")
           + f" in {a.iters} calls (after {a.warmup} warmup calls), averaged across ranks, in "
           "microseconds; busbw in GB/s with nccl-tests' factors; ratio = Chorus busbw / peer "
-          "busbw (>1: Chorus faster). Chorus: out-of-place, results checked, "
+          "busbw (>1: Chorus faster; best peer: the fastest peer at that size). Chorus: "
+          "out-of-place, results checked, "
           + ("buffers walked through as nccl-tests does (the peers reuse theirs). "
              if a.walk else "every call on the same buffers, as the peers. ")
           + ("Every library's ranks rewrite their input before each timed call (--dirty: a "
@@ -498,14 +437,14 @@ def write_outputs(a, res, skipped, started, load0):
                "not): " + "; ".join(f"{lib} {', '.join(str(v) for v in vs)}"
                                    for lib, vs in res.rtt.items()) + ".", ""]
     md += [f"- skipped {s}" for s in skipped]
-    md += ["", make_tables(a, res, libs), f"![busbw vs size](latest.png)" if plot_status == "ok"
+    md += ["", make_tables(a, res, libs), "![busbw vs size](latest.png)" if plot_status == "ok"
            else f"(plot: {plot_status})", ""]
     with open(os.path.join(a.out, "latest.md"), "w") as f:
         f.write("\n".join(md))
     with open(os.path.join(a.out, "latest.json"), "w") as f:
         json.dump({"command": cmd, "started": started.isoformat(), "np": a.np,
                    "iters": a.iters, "warmup": a.warmup, "repeats": a.repeats,
-                   "rounds": a.rounds,
+                   "rounds": a.rounds, "peers": a.peers,
                    "stat": a.stat, "versions": res.version, "status": res.status,
                    "skipped": skipped, "rtt_ns": res.rtt,
                    "mean_us": {lib: {c: {str(s): v for s, v in d.items()}
@@ -513,12 +452,16 @@ def write_outputs(a, res, skipped, started, load0):
                                for lib, cs in res.means.items()},
                    "stat_us": {lib: {c: {str(s): v for s, v in d.items()}
                                         for c, d in cs.items()}
-                                  for lib, cs in res.samples.items()}}, f, indent=1)
+                                  for lib, cs in res.samples.items()},
+                   "round_stat_us": {lib: {c: {str(s): {str(r): v for r, v in rd.items()}
+                                               for s, rd in d.items()}
+                                           for c, d in cs.items()}
+                                     for lib, cs in res.rounds.items()}}, f, indent=1)
     print("\n".join(md))
     log(f"wrote {a.out}/latest.md, latest.json, latest.png ({plot_status})")
-    failed = any(v != "ok" and not v.startswith("unsupported")
-                 for lib in ("chorus-shm", "chorus-threads", "chorus-tcp")
-                 for v in res.status.get(lib, {}).values())
+    failed = failures(a, res)
+    for f in failed:
+        log("failed: " + f)
     return 1 if failed else 0
 
 

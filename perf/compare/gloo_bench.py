@@ -21,6 +21,7 @@ median column is then the mean too.
 """
 import argparse
 import os
+import shutil
 import statistics
 import sys
 import time
@@ -30,12 +31,12 @@ def per_rank_count(count, np_):
     return count // np_ // 4 * 4
 
 
-def worker(rank, a, port):
+def worker(rank, a, store):
     import torch.distributed as dist
 
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
-    dist.init_process_group("gloo", rank=rank, world_size=a.np)
+    # The ranks meet through a file store: a free port picked by the parent could be taken by
+    # another process before rank 0's TCP store listens on it.
+    dist.init_process_group("gloo", init_method="file://" + store, rank=rank, world_size=a.np)
     status = 0
     for coll in a.coll.split(","):
         status |= run_coll(rank, a, coll)
@@ -153,17 +154,17 @@ def main():
     for c in a.coll.split(","):
         if c not in ("allreduce", "allgather", "reducescatter"):
             p.error(f"unknown collective {c}")
-    import socket
+    import tempfile
     import torch.multiprocessing as mp
 
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
+    tmp = tempfile.mkdtemp(prefix="gloo_bench_")
+    store = os.path.join(tmp, "store")
     try:
-        mp.spawn(worker, args=(a, port), nprocs=a.np, join=True)
+        mp.spawn(worker, args=(a, store), nprocs=a.np, join=True)
     except mp.ProcessExitedException as e:
         sys.exit(e.exit_code if e.exit_code else 1)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":

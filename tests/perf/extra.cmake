@@ -43,3 +43,23 @@ if(TARGET all_reduce_perf)
   set_tests_properties(perf_run_all_reduce_threads PROPERTIES LABELS "perf-run" TIMEOUT 180
                        ENVIRONMENT "CHORUS_TIMEOUT=60")
 endif()
+
+# The comparison harness (perf/compare): its own logic without any library run, and one short
+# run end to end, Chorus over shm and every peer installed on the machine (--peers all: a missing
+# peer is skipped, an installed one that fails fails the test through --strict).
+find_package(Python3 COMPONENTS Interpreter)
+if(Python3_Interpreter_FOUND)
+  add_test(NAME perf_compare_harness
+           COMMAND ${Python3_EXECUTABLE} ${CMAKE_SOURCE_DIR}/perf/compare/test_compare.py)
+  set_tests_properties(perf_compare_harness PROPERTIES LABELS "quick;perf-run" TIMEOUT 60)
+  if(TARGET all_reduce_perf)
+    add_test(NAME perf_compare_smoke
+             COMMAND ${Python3_EXECUTABLE} ${CMAKE_SOURCE_DIR}/perf/compare/compare.py --np 2
+                     --colls allreduce --minbytes 8 --maxbytes 4K --factor 64 --iters 3
+                     --warmup 1 --repeats 1 --rounds 2 --peers all --strict --no-chorus-tcp
+                     --no-chorus-threads --timeout 120 --build ${CMAKE_BINARY_DIR}
+                     --out ${CMAKE_CURRENT_BINARY_DIR}/perf_compare_smoke)
+    set_tests_properties(perf_compare_smoke PROPERTIES LABELS "perf-run" TIMEOUT 600
+                         ENVIRONMENT "CHORUS_TIMEOUT=60")
+  endif()
+endif()
