@@ -511,11 +511,7 @@ static ncclResult_t dp_launch_pair(const coll_args_t *s, const coll_args_t *r) {
 }
 
 /* Per-thread device ops kept between ncclGroupStart and the outermost ncclGroupEnd. */
-typedef struct {
-    coll_args_t *args;
-    int n, cap;
-} dp_pending_t;
-static __thread dp_pending_t dp_pending;
+static __thread group_kept_t dp_pending;
 
 ncclResult_t devpath_hook(const coll_args_t *call, int *handled_p) {
     *handled_p = 0;
@@ -549,21 +545,7 @@ ncclResult_t devpath_hook(const coll_args_t *call, int *handled_p) {
     if (res == ncclSuccess && a->count == 0 && a->coll != COLL_SEND && a->coll != COLL_RECV)
         return ncclSuccess; /* empty sends and receives are matched, as on host buffers */
     if (res == ncclSuccess && group_depth() > 0) {
-        dp_pending_t *p = &dp_pending;
-        if (p->n == p->cap) {
-            int cap = p->cap ? p->cap * 2 : 16;
-            coll_args_t *na = realloc(p->args, (size_t)cap * sizeof(*na));
-            if (na == NULL) {
-                WARN("%s: out of memory queuing a grouped device op", a->api);
-                res = ncclSystemError;
-            } else {
-                p->args = na;
-                p->cap = cap;
-            }
-        }
-        if (res == ncclSuccess) p->args[p->n++] = *a;
-        group_note_error(res);
-        return res;
+        return group_keep(&dp_pending, a);
     }
     if (res == ncclSuccess) res = dp_launch_one(a);
     if (group_depth() > 0) group_note_error(res);
@@ -615,7 +597,7 @@ static ncclResult_t dp_group_comm(coll_args_t *ops, int n) {
 }
 
 ncclResult_t devpath_group_end(void) {
-    dp_pending_t *p = &dp_pending;
+    group_kept_t *p = &dp_pending;
     if (p->n == 0) return ncclSuccess;
     const int n = p->n;
     p->n = 0;

@@ -369,11 +369,7 @@ static ncclResult_t cuda_op_stage_out(cuda_comm_state_t *st, cuda_op_t *op, uint
 }
 
 /* Per-thread ops kept between ncclGroupStart and the outermost ncclGroupEnd. */
-typedef struct {
-    coll_args_t *args;
-    int n, cap;
-} cuda_pending_t;
-static __thread cuda_pending_t cuda_pending;
+static __thread group_kept_t cuda_pending;
 
 /* Submit n ops (one call, or one group): stage in all of them, then wait + stage out, then hand
  * each communicator's share to its worker. */
@@ -446,21 +442,7 @@ ncclResult_t cuda_enqueue_call(const coll_args_t *call) {
     if (res == ncclSuccess && a->count == 0 && a->coll != COLL_SEND && a->coll != COLL_RECV)
         return ncclSuccess; /* empty sends and receives are matched, as on host buffers */
     if (res == ncclSuccess && group_depth() > 0) {
-        cuda_pending_t *p = &cuda_pending;
-        if (p->n == p->cap) {
-            int cap = p->cap ? p->cap * 2 : 16;
-            coll_args_t *na = realloc(p->args, (size_t)cap * sizeof(*na));
-            if (na == NULL) {
-                WARN("%s: out of memory queuing a grouped device op", a->api);
-                res = ncclSystemError;
-            } else {
-                p->args = na;
-                p->cap = cap;
-            }
-        }
-        if (res == ncclSuccess) p->args[p->n++] = *a;
-        group_note_error(res);
-        return res;
+        return group_keep(&cuda_pending, a);
     }
     if (res == ncclSuccess) res = cuda_submit(a, 1);
     if (group_depth() > 0) group_note_error(res);
@@ -493,7 +475,7 @@ void cuda_enqueue_group_discard(void) {
 
 ncclResult_t cuda_enqueue_group_end(void) {
     ncclResult_t res = devpath_group_end();
-    cuda_pending_t *p = &cuda_pending;
+    group_kept_t *p = &cuda_pending;
     if (p->n == 0) return res;
     int n = p->n;
     p->n = 0;

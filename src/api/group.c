@@ -117,6 +117,24 @@ void group_note_error(ncclResult_t res) {
         group_tls.error = res;
 }
 
+ncclResult_t group_keep(group_kept_t *k, const coll_args_t *a) {
+    ncclResult_t res = ncclSuccess;
+    if (k->n == k->cap) {
+        int cap = k->cap ? k->cap * 2 : 16;
+        coll_args_t *na = realloc(k->args, (size_t)cap * sizeof(*na));
+        if (na == NULL) {
+            WARN("%s: out of memory queuing a grouped device op", a->api);
+            res = ncclSystemError;
+        } else {
+            k->args = na;
+            k->cap = cap;
+        }
+    }
+    if (res == ncclSuccess) k->args[k->n++] = *a;
+    group_note_error(res);
+    return res;
+}
+
 NCCL_API(ncclResult_t, ncclGroupStart);
 ncclResult_t ncclGroupStart(void) {
     group_tls.depth++;

@@ -9,6 +9,7 @@
 #ifndef CHORUS_GROUP_H_
 #define CHORUS_GROUP_H_
 
+#include "coll_api.h"
 #include "coll_engine.h"
 #include "nccl.h"
 
@@ -23,5 +24,15 @@ ncclResult_t group_add_op(coll_op_t *op);
 int group_holds_op(const coll_op_t *op);
 /* Record the error of a call made inside a group: ncclGroupEnd returns the first one. */
 void group_note_error(ncclResult_t res);
+
+/* A thread's device-buffer calls kept between ncclGroupStart and the outermost ncclGroupEnd (the
+ * device paths keep their own list each, per thread). */
+typedef struct {
+    coll_args_t *args;
+    int n, cap;
+} group_kept_t;
+/* Appends a copy of *a (the list grows as needed) and notes the result in the group:
+ * ncclSystemError when out of memory. */
+ncclResult_t group_keep(group_kept_t *k, const coll_args_t *a);
 
 #endif
