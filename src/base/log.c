@@ -155,13 +155,30 @@ void chorus_log(chorus_log_level_t level, uint64_t subsys, const char *file, int
 
 /* The caller gets its own copy, taken under the lock: another thread's WARN may rewrite
  * g_last_error at any moment, and a pointer to it could be read half old, half new. The copy
- * stays valid until this thread's next call. */
+ * stays valid until this thread's next call. It lives on the heap, one per thread (freed at the
+ * thread's exit), not in thread-local storage: the library's TLS block is static (a few
+ * variables are initial-exec for speed), and a process that loads it with dlopen (Python's
+ * ctypes, after torch) has only a small static TLS reserve left for it. */
+static pthread_key_t g_copy_key;
+static pthread_once_t g_copy_once = PTHREAD_ONCE_INIT;
+static int g_copy_key_ok;
+
+static void last_error_key_make(void) { g_copy_key_ok = pthread_key_create(&g_copy_key, free) == 0; }
+
 const char *chorus_log_last_error(void) {
-    static __thread char t_last_error[sizeof(g_last_error)];
+    pthread_once(&g_copy_once, last_error_key_make);
+    char *copy = g_copy_key_ok ? pthread_getspecific(g_copy_key) : NULL;
+    if (copy == NULL) {
+        copy = malloc(sizeof(g_last_error));
+        if (copy == NULL || !g_copy_key_ok || pthread_setspecific(g_copy_key, copy) != 0) {
+            free(copy);
+            return "(no memory for the last error's text)";
+        }
+    }
     pthread_mutex_lock(&g_log_lock);
-    memcpy(t_last_error, g_last_error, sizeof(t_last_error));
+    memcpy(copy, g_last_error, sizeof(g_last_error));
     pthread_mutex_unlock(&g_log_lock);
-    return t_last_error;
+    return copy;
 }
 
 static void chorus_log_version_line(void) {

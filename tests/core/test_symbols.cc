@@ -205,3 +205,31 @@ TEST(Symbols, Nccl230Functions) {
 }
 
 } // namespace
+
+// The library's thread-local block. A few variables are initial-exec (read on every call), which
+// makes the whole block static TLS; a process that loads the library with dlopen after other
+// libraries (Python's ctypes after torch) has only glibc's small static TLS reserve left, and a
+// block of 1.5 KiB failed there with "cannot allocate memory in static TLS block". Keep it well
+// below that: large per-thread buffers go on the heap.
+TEST(Symbols, SmallStaticTlsBlock) {
+    std::string lib = std::string(CHORUS_BINARY_DIR) + "/lib/libnccl.so.2";
+    std::string cmd = "readelf -lW '" + lib + "' 2>/dev/null";
+    FILE *p = popen(cmd.c_str(), "r");
+    ASSERT_NE(p, nullptr);
+    char line[512];
+    unsigned long memsz = 0;
+    bool found = false;
+    while (fgets(line, sizeof(line), p)) {
+        char type[32];
+        unsigned long off, va, pa, fsz, msz;
+        if (sscanf(line, " %31s %lx %lx %lx %lx %lx", type, &off, &va, &pa, &fsz, &msz) == 6 &&
+            strcmp(type, "TLS") == 0) {
+            memsz = msz;
+            found = true;
+        }
+    }
+    int rc = pclose(p);
+    if (rc != 0 && !found) GTEST_SKIP() << "readelf not available";
+    ASSERT_TRUE(found) << "no TLS segment in " << lib;
+    EXPECT_LE(memsz, 768ul) << "thread-local block of " << memsz << " bytes in " << lib;
+}
