@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "../unit/test_reduce_ref.h"
+#include "device/ch_plan.h"
 #include "nccl.h"
 
 namespace devref {
@@ -135,6 +136,29 @@ inline bool matches(ncclDataType_t t, int n, uint64_t got, uint64_t want, double
     }
     double g = rkref::to_double(t, got);
     return std::fabs(g - want_d) <= eps * (n + 1) * std::max(1.0, std::fabs(want_d));
+}
+
+// The reference value of element i of rank r's output of collective coll (CH_COLL_*) over n ranks
+// whose inputs come from fill(): count as the collective takes it (elements per rank or block);
+// reduce: the root's output. For floats *want_d gets the exact result the value rounds.
+inline uint64_t expected(int coll, int op, ncclDataType_t t, int n, int r, int root, size_t count,
+                         size_t i, double *want_d) {
+    *want_d = 0;
+    switch (coll) {
+    case CH_COLL_ALLREDUCE:
+    case CH_COLL_REDUCE:
+        return reduce_ref(op, t, n, i, want_d);
+    case CH_COLL_REDUCESCATTER:
+        return reduce_ref(op, t, n, (size_t)r * count + i, want_d);
+    case CH_COLL_ALLGATHER:
+        return encode(t, input_value(op, t, (int)(i / count), i % count));
+    case CH_COLL_BROADCAST:
+        return encode(t, input_value(op, t, root, i));
+    case CH_COLL_SENDRECV: // a ring step: from the previous rank
+        return encode(t, input_value(op, t, (r - 1 + n) % n, i));
+    default: // all-to-all: block q of rank r's output is block r of rank q's input
+        return encode(t, input_value(op, t, (int)(i / count), (size_t)r * count + i % count));
+    }
 }
 
 } // namespace devref

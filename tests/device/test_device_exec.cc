@@ -113,35 +113,10 @@ void run_case(const Case &c) {
     for (int r = 0; r < c.n && wrong < 5; r++) {
         const void *out = ops[r].recvbuff;
         for (size_t i = 0; i < no && wrong < 5; i++) {
-            uint64_t want;
-            double want_d = 0;
-            switch (c.coll) {
-            case CH_COLL_ALLREDUCE:
-                want = devref::reduce_ref(c.op, c.t, c.n, i, &want_d);
-                break;
-            case CH_COLL_REDUCESCATTER:
-                want = devref::reduce_ref(c.op, c.t, c.n, (size_t)r * c.count + i, &want_d);
-                break;
-            case CH_COLL_REDUCE:
-                if (r != c.root) continue;
-                want = devref::reduce_ref(c.op, c.t, c.n, i, &want_d);
-                break;
-            case CH_COLL_ALLGATHER:
-                want = devref::encode(
-                    c.t, devref::input_value(c.op, c.t, (int)(i / c.count), i % c.count));
-                break;
-            case CH_COLL_BROADCAST:
-                want = devref::encode(c.t, devref::input_value(c.op, c.t, c.root, i));
-                break;
-            case CH_COLL_SENDRECV:
-                want = devref::encode(c.t, devref::input_value(c.op, c.t, (r - 1 + c.n) % c.n, i));
-                break;
-            default: { // all-to-all: block q of rank r's output is block r of rank q's input
-                const int q = (int)(i / c.count);
-                want = devref::encode(
-                    c.t, devref::input_value(c.op, c.t, q, (size_t)r * c.count + i % c.count));
-            }
-            }
+            if (c.coll == CH_COLL_REDUCE && r != c.root) continue;
+            double want_d;
+            const uint64_t want = devref::expected(c.coll, c.op, c.t, c.n, r, c.root, c.count, i,
+                                                   &want_d);
             const uint64_t got = rkref::load_raw(c.t, out, i);
             if (!devref::matches(c.t, c.n, got, want, want_d)) {
                 ADD_FAILURE() << "rank " << r << " element " << i << ": got raw 0x" << std::hex

@@ -184,33 +184,10 @@ void check_outputs(const KCase &c, const std::vector<std::vector<unsigned char>>
     const int root = (int)(c.count % c.n);
     for (int r = 0; r < c.n && wrong < 5; r++)
         for (size_t i = 0; i < no && wrong < 5; i++) {
-            uint64_t want;
-            double want_d = 0;
-            switch (c.coll) {
-            case CH_COLL_ALLREDUCE:
-                want = devref::reduce_ref(c.op, c.t, c.n, i, &want_d);
-                break;
-            case CH_COLL_REDUCESCATTER:
-                want = devref::reduce_ref(c.op, c.t, c.n, (size_t)r * c.count + i, &want_d);
-                break;
-            case CH_COLL_REDUCE:
-                if (r != root) continue;
-                want = devref::reduce_ref(c.op, c.t, c.n, i, &want_d);
-                break;
-            case CH_COLL_ALLGATHER:
-                want = devref::encode(
-                    c.t, devref::input_value(c.op, c.t, (int)(i / c.count), i % c.count));
-                break;
-            case CH_COLL_BROADCAST:
-                want = devref::encode(c.t, devref::input_value(c.op, c.t, root, i));
-                break;
-            case CH_COLL_SENDRECV:
-                want = devref::encode(c.t, devref::input_value(c.op, c.t, (r - 1 + c.n) % c.n, i));
-                break;
-            default:
-                want = devref::encode(c.t, devref::input_value(c.op, c.t, (int)(i / c.count),
-                                                               (size_t)r * c.count + i % c.count));
-            }
+            if (c.coll == CH_COLL_REDUCE && r != root) continue;
+            double want_d;
+            const uint64_t want =
+                devref::expected(c.coll, c.op, c.t, c.n, r, root, c.count, i, &want_d);
             const uint64_t got = rkref::load_raw(c.t, out[r].data(), i);
             if (!devref::matches(c.t, c.n, got, want, want_d)) {
                 ADD_FAILURE() << "coll " << c.coll << " " << chorus_dtype_name(c.t) << " op "

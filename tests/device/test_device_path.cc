@@ -125,30 +125,8 @@ int check(const Rank &k, int coll, ncclDataType_t t, int op, size_t count, int r
     int wrong = 0;
     const size_t no = out_elems(coll, count, n);
     for (size_t i = 0; i < no; i++) {
-        uint64_t want;
-        double want_d = 0;
-        switch (coll) {
-        case CH_COLL_ALLREDUCE:
-        case CH_COLL_REDUCE:
-            want = devref::reduce_ref(op, t, n, i, &want_d);
-            break;
-        case CH_COLL_REDUCESCATTER:
-            want = devref::reduce_ref(op, t, n, (size_t)r * count + i, &want_d);
-            break;
-        case CH_COLL_ALLGATHER:
-            want = devref::encode(t, devref::input_value(op, t, (int)(i / count), i % count));
-            break;
-        case CH_COLL_BROADCAST:
-            want = devref::encode(t, devref::input_value(op, t, root, i));
-            break;
-        case CH_COLL_SENDRECV:
-            want = devref::encode(t, devref::input_value(op, t, (r - 1 + n) % n, i));
-            break;
-        default: { // all-to-all: block q of rank r's output is block r of rank q's input
-            const int q = (int)(i / count);
-            want = devref::encode(t, devref::input_value(op, t, q, (size_t)r * count + i % count));
-        }
-        }
+        double want_d;
+        const uint64_t want = devref::expected(coll, op, t, n, r, root, count, i, &want_d);
         if (!devref::is_int(t) && want_d == 0) want_d = rkref::to_double(t, want);
         const uint64_t got = rkref::load_raw(t, b.out, i);
         if (!devref::matches(t, n, got, want, want_d)) {
