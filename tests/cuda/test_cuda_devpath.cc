@@ -102,13 +102,13 @@ int run_op(const R &k, int coll, ncclDataType_t t, int op, size_t count, bool in
     devref::fill(op, t, r, input.data(), 0, ni, 0);
     RANK_CHECK(nb <= k.cap, "buffers too small\n");
     char *sbuf = k.sbuf, *rbuf = k.rbuf;
-    RANK_CUDA(cudaMemcpy(rbuf, host.data(), nb, cudaMemcpyHostToDevice));
+    RANK_CUDA(cudaMemcpyAsync(rbuf, host.data(), nb, cudaMemcpyHostToDevice, k.st));
     char *in = sbuf, *out = rbuf;
     if (inplace) {
         in = coll == CH_COLL_ALLGATHER ? rbuf + (size_t)r * count * es : rbuf;
         out = coll == CH_COLL_REDUCESCATTER ? rbuf + (size_t)r * count * es : rbuf;
     }
-    RANK_CUDA(cudaMemcpy(in, input.data(), ni * es, cudaMemcpyHostToDevice));
+    RANK_CUDA(cudaMemcpyAsync(in, input.data(), ni * es, cudaMemcpyHostToDevice, k.st));
     ncclResult_t res =
         issue(k, coll, t, reduces(coll) ? (ncclRedOp_t)op : ncclSum, count, root, in, out);
     RANK_CHECK(res == ncclSuccess, "coll %d: %s\n", coll, ncclGetErrorString(res));
