@@ -10,8 +10,9 @@
  * Rank 0 allocates it, the others take its address from the bootstrap allgather, and the last
  * rank to free its communicator frees it.
  *
- * Ops are sized per runtime: on a GPU 4 channels of 8 slots of 64 KiB (LL: 4 KiB a slot, for ops
- * up to 64 KiB); under the emulator, where host threads stand in for blocks, 2 channels of 4
+ * Ops are sized per runtime: on a GPU CHORUS_DEVICE_CHANNELS channels (4) of 8 slots of
+ * CHORUS_DEVICE_SLOT_BYTES (64 KiB; LL: 4 KiB a slot, for ops up to 64 KiB), as rank 0 reads them
+ * (the others take the world's); under the emulator, where host threads stand in for blocks, 2 channels of 4
  * slots of 4 KiB (LL: 512 bytes, ops up to 4 KiB), so tests wrap around the slots and take both
  * protocols with small buffers.
  */
@@ -42,10 +43,19 @@ enum { DP_STAGED = 0, DP_KERNEL };
 typedef struct {
     int nch, nslots;
     size_t slot_bytes, ll_bytes, ll_max_bytes;
+    int p2p_nch; /* channels all-to-all and send/receive use (all pairs connected); the others
+                    connect each rank to its ring successor only */
 } dp_sizes_t;
 
-static const dp_sizes_t dp_sizes_gpu = {4, 8, 64 << 10, 4 << 10, 64 << 10};
-static const dp_sizes_t dp_sizes_emu = {2, 4, 4 << 10, 512, 4 << 10};
+static const dp_sizes_t dp_sizes_gpu = {32, 8, 1 << 20, 4 << 10, 2 << 10, 8};
+static const dp_sizes_t dp_sizes_emu = {2, 4, 4 << 10, 512, 4 << 10, 2};
+
+/* Channels with every pair connected: nch / nranks (at least 1), so the slots of a world grow
+ * with nranks * nch rather than nranks^2 * nch. */
+static int dp_p2p_channels(int nch, int nranks) {
+    const int c = nch / nranks;
+    return c < 1 ? 1 : c > nch ? nch : c;
+}
 
 typedef struct {
     const ch_rt_t *rt;
@@ -101,29 +111,44 @@ static dp_world_t *dp_world_create(const ch_rt_t *rt, int nranks, const dp_sizes
     const size_t slot_set = (size_t)sz->nslots * sz->slot_bytes;
     const uint32_t ll_words = (uint32_t)(sz->ll_bytes / 4);
     const size_t ll_set = (size_t)sz->nslots * ll_words * 8;
-    void *err_dev = NULL;
-    if (rt->host_mapped_alloc(&w->err_host, &err_dev, 64) != ncclSuccess) goto fail;
-    w->err_dev = err_dev;
-    if (rt->dev_alloc(&w->ctrl, nconn * sizeof(ch_ctrl_t)) != ncclSuccess ||
-        rt->dev_alloc(&w->buf, nconn * slot_set) != ncclSuccess ||
-        rt->dev_alloc(&w->ll, nconn * ll_set) != ncclSuccess ||
-        rt->dev_alloc((void **)&w->conns, nconn * sizeof(ch_conn_t)) != ncclSuccess ||
-        rt->dev_alloc((void **)&w->ring, (size_t)sz->nch * nranks * sizeof(int)) != ncclSuccess)
-        goto fail;
     table = calloc(nconn, sizeof(*table));
     ring = calloc((size_t)sz->nch * nranks, sizeof(*ring));
     if (table == NULL || ring == NULL) goto fail;
-    for (size_t i = 0; i < nconn; i++) {
-        table[i].ctrl = (ch_ctrl_t *)w->ctrl + i;
-        table[i].buf = (char *)w->buf + i * slot_set;
-        table[i].ll = (uint64_t *)((char *)w->ll + i * ll_set);
+    /* The connections a channel uses: every pair on the first p2p_nch channels, else each rank
+     * to its ring successor (and to itself); the others keep NULL views. */
+    size_t nused = 0;
+    for (int c = 0; c < sz->nch; c++) {
+        for (int pos = 0; pos < nranks; pos++)
+            ring[c * nranks + pos] = ch_cpu_ring_rank(nranks, c, pos);
+        for (int pos = 0; pos < nranks; pos++) {
+            const int src = ring[c * nranks + pos];
+            const int next = ring[c * nranks + (pos + 1) % nranks];
+            for (int dst = 0; dst < nranks; dst++)
+                if (c < sz->p2p_nch || dst == src || dst == next)
+                    table[((size_t)c * nranks + src) * nranks + dst].nslots = 1; /* mark */
+        }
+    }
+    for (size_t i = 0; i < nconn; i++)
+        nused += table[i].nslots;
+    void *err_dev = NULL;
+    if (rt->host_mapped_alloc(&w->err_host, &err_dev, 64) != ncclSuccess) goto fail;
+    w->err_dev = err_dev;
+    if (rt->dev_alloc(&w->ctrl, nused * sizeof(ch_ctrl_t)) != ncclSuccess ||
+        rt->dev_alloc(&w->buf, nused * slot_set) != ncclSuccess ||
+        rt->dev_alloc(&w->ll, nused * ll_set) != ncclSuccess ||
+        rt->dev_alloc((void **)&w->conns, nconn * sizeof(ch_conn_t)) != ncclSuccess ||
+        rt->dev_alloc((void **)&w->ring, (size_t)sz->nch * nranks * sizeof(int)) != ncclSuccess)
+        goto fail;
+    for (size_t i = 0, u = 0; i < nconn; i++) {
+        if (!table[i].nslots) continue;
+        table[i].ctrl = (ch_ctrl_t *)w->ctrl + u;
+        table[i].buf = (char *)w->buf + u * slot_set;
+        table[i].ll = (uint64_t *)((char *)w->ll + u * ll_set);
         table[i].nslots = (uint32_t)sz->nslots;
         table[i].ll_words = ll_words;
         table[i].slot_bytes = sz->slot_bytes;
+        u++;
     }
-    for (int c = 0; c < sz->nch; c++)
-        for (int pos = 0; pos < nranks; pos++)
-            ring[c * nranks + pos] = ch_cpu_ring_rank(nranks, c, pos);
     if (rt->memcpy_h2d(w->conns, table, nconn * sizeof(*table)) != ncclSuccess ||
         rt->memcpy_h2d(w->ring, ring, (size_t)sz->nch * nranks * sizeof(*ring)) != ncclSuccess)
         goto fail;
@@ -213,10 +238,8 @@ static const ch_rt_t *dp_choose(const struct ncclComm *comm, int *mode, const ch
         *mode = DP_MODE_KERNEL;
         return ch_rt_emu();
     }
-    if (strcmp(path, "kernel") != 0) {
-        *why = strcmp(path, "ce") == 0
-                   ? "CHORUS_DEVICE_PATH=ce: copy-engine programs are not wired on a GPU yet"
-                   : "CHORUS_DEVICE_PATH=auto stages on a GPU until the kernel path is validated";
+    if (strcmp(path, "ce") == 0) {
+        *why = "CHORUS_DEVICE_PATH=ce: copy-engine programs are not wired on a GPU yet";
         return NULL;
     }
     if (!threads) {
@@ -276,7 +299,16 @@ void devpath_comm_init(struct ncclComm *comm) {
         return;
     }
     if (rt && dp_set_device(rt, comm->cuda_dev) != ncclSuccess) rt = NULL;
-    const dp_sizes_t *sz = rt && rt->emulated ? &dp_sizes_emu : &dp_sizes_gpu;
+    dp_sizes_t gpu = dp_sizes_gpu;
+    /* Auto, as measured on an H200 (256 MiB all-reduce): 32 channels a rank up to 4 ranks; at 8
+     * ranks 16 channels a rank ran 10x slower than 8, so 64 blocks in all above 4. */
+    gpu.nch = (int)chorus_param_int(PARAM_DEVICE_CHANNELS);
+    if (gpu.nch == 0) gpu.nch = comm->nranks <= 4 ? 32 : 64 / comm->nranks < 1 ? 1 : 64 / comm->nranks;
+    gpu.slot_bytes = (size_t)chorus_param_int(PARAM_DEVICE_SLOT_BYTES) / 64 * 64;
+    gpu.ll_max_bytes = (size_t)chorus_param_int(PARAM_DEVICE_LL_MAX);
+    dp_sizes_t emu = dp_sizes_emu;
+    dp_sizes_t *sz = rt && rt->emulated ? &emu : &gpu;
+    sz->p2p_nch = dp_p2p_channels(sz->nch, comm->nranks);
     /* Rank 0 allocates; every rank takes part in the allgather, so all learn whether it worked. */
     uint64_t *ptrs = calloc((size_t)comm->nranks, sizeof(uint64_t));
     if (ptrs == NULL) {
@@ -383,10 +415,12 @@ static ncclResult_t dp_launch(struct ncclComm *comm, devpath_comm_t *dp, int col
     p->recv_peer = recv_peer;
     p->count = count;
     p->esize = esize;
-    p->chunk_elems = ch_plan_chunk_elems(room, esize);
+    const int max_ch = coll == CH_COLL_ALLTOALL || coll == CH_COLL_SENDRECV ? sz->p2p_nch : sz->nch;
+    p->chunk_elems = ch_plan_fit_chunk(coll, n, count, esize, room, room / 16, max_ch);
     p->ring = dp->ce ? dp_ce_ring(dp->ce) : dp->w->ring;
-    p->nch = ch_plan_channels(coll, n, count, p->chunk_elems, sz->nch);
+    p->nch = ch_plan_channels(coll, n, count, p->chunk_elems, max_ch);
     p->inplace = ch_plan_inplace(coll, sendbuff, recvbuff, comm->rank, count, esize);
+    k.vec = !dp->rt->emulated && chorus_param_int(PARAM_DEVICE_VEC) != 0;
     k.sendbuff = sendbuff;
     k.recvbuff = recvbuff;
     k.conns = dp->w ? dp->w->conns : NULL;
@@ -426,7 +460,7 @@ static ncclResult_t dp_check_err(struct ncclComm *comm, devpath_comm_t *dp, cons
 }
 
 /* The checks that fail the call itself (as the host path's), and the reduction taken now. */
-static ncclResult_t dp_op_check(coll_args_t *a, devpath_comm_t *dp) {
+static ncclResult_t dp_op_check(coll_args_t *a, devpath_comm_t *dp, int *staged_p) {
     struct ncclComm *comm = a->comm;
     CHECK(comm_check_usable(comm, a->api));
     if (__atomic_load_n(&comm->abort_flag, __ATOMIC_ACQUIRE)) {
@@ -439,10 +473,10 @@ static ncclResult_t dp_op_check(coll_args_t *a, devpath_comm_t *dp) {
     if (a->coll == COLL_ALLREDUCE || a->coll == COLL_REDUCESCATTER || a->coll == COLL_REDUCE) {
         CHECK(comm_snapshot_redop(comm, a->op, a->dtype, &a->redop, &a->redop_dev_scalar));
         if (a->redop_dev_scalar && !dp->rt->emulated) {
-            WARN("%s: rank %d: a PreMulSum scalar in device memory is not on the kernel path yet "
-                 "(CHORUS_DEVICE_PATH=staged runs it)",
-                 a->api, comm->rank);
-            return ncclInvalidUsage;
+            /* The kernel takes its scalar at launch; one in device memory must be read in stream
+             * order, which the staged path does. Every rank makes this choice alike. */
+            *staged_p = 1;
+            return ncclSuccess;
         }
         if (a->redop_dev_scalar) {
             /* Emulated device memory is host memory: the scalar is read when the call is made
@@ -539,9 +573,11 @@ ncclResult_t devpath_hook(const coll_args_t *call, int *handled_p) {
         group_note_error(ncclInvalidUsage);
         return ncclInvalidUsage;
     }
-    *handled_p = 1;
     coll_args_t args = *call, *a = &args;
-    ncclResult_t res = dp_op_check(a, dp);
+    int staged = 0;
+    ncclResult_t res = dp_op_check(a, dp, &staged);
+    if (res == ncclSuccess && staged) return ncclSuccess; /* cuda_enqueue.c runs it */
+    *handled_p = 1;
     if (res == ncclSuccess && a->count == 0 && a->coll != COLL_SEND && a->coll != COLL_RECV)
         return ncclSuccess; /* empty sends and receives are matched, as on host buffers */
     if (res == ncclSuccess && group_depth() > 0) {

@@ -3,9 +3,10 @@
  * protocol.
  *
  * Per step, thread 0 does the waits (receive: the sender's head; send: a free slot) and shares
- * the step numbers through shared memory; after a barrier all threads move the chunk: element i
- * by thread i, i + blockDim, ... Peer-written bytes (a received SIMPLE slot) are read with
- * volatile loads, so no stale L1 line answers. After a second barrier thread 0 fences at system
+ * the step numbers through shared memory; after a barrier all threads move the chunk: 16-byte
+ * pack i by thread i, i + blockDim, ... (four in flight a thread) where every pointer is aligned
+ * (CHORUS_DEVICE_VEC), else element by element. Peer-written bytes (a received SIMPLE slot) are read with volatile loads,
+ * so no stale L1 line answers. After a second barrier thread 0 fences at system
  * scope and publishes the send (head) and releases the receive (tail). LL chunks are read by
  * all threads word by word into shared memory (each word's flag is its own ready signal) and
  * written from a shared-memory stage the same way. A step with two peers (send/recv, all-to-all)
@@ -69,53 +70,151 @@ template <typename D, int K, int P> struct ChBlock {
     using C = typename D::C;
     using F = Fn<D, K>;
 
-    /* Element i of the chunk for every kind. */
-    __device__ static void element(int kind, size_t i, const S *in, S *dst, const S *rdata,
-                                   S *sdata, C scalar, int nranks) {
+    /* Loads and stores of W elements: W = 1, or 16 bytes in one access (the pointer aligned).
+     * A peer's bytes (a received SIMPLE slot, or the LL bounce in shared memory) are read with
+     * a volatile load through the generic address, so no stale L1 line answers. */
+    template <int W> __device__ static void ld(const S *p, S (&x)[W]) {
+        if constexpr (W * sizeof(S) == 16) {
+            const uint4 u = *(const uint4 *)p;
+            memcpy(x, &u, 16);
+        } else {
+            for (int j = 0; j < W; j++)
+                x[j] = p[j];
+        }
+    }
+    template <int W> __device__ static void ld_peer(const S *p, S (&x)[W]) {
+        if constexpr (W * sizeof(S) == 16) {
+            uint4 u;
+            asm volatile("ld.volatile.v4.u32 {%0, %1, %2, %3}, [%4];"
+                         : "=r"(u.x), "=r"(u.y), "=r"(u.z), "=r"(u.w)
+                         : "l"(p)
+                         : "memory");
+            memcpy(x, &u, 16);
+        } else {
+            for (int j = 0; j < W; j++)
+                x[j] = ch_peer_ld(p + j);
+        }
+    }
+    template <int W> __device__ static void st(S *p, const S (&x)[W]) {
+        if constexpr (W * sizeof(S) == 16) {
+            uint4 u;
+            memcpy(&u, x, 16);
+            *(uint4 *)p = u;
+        } else {
+            for (int j = 0; j < W; j++)
+                p[j] = x[j];
+        }
+    }
+
+    static __device__ bool reads_in(int kind, const S *in, const S *dst) {
+        return kind != CH_K_RECV && kind != CH_K_RECV_COPY_SEND && !(kind == CH_K_COPY && dst == in);
+    }
+    static __device__ bool reads_peer(int kind) {
+        return kind == CH_K_RECV || kind == CH_K_RECV_REDUCE_SEND || kind == CH_K_RECV_REDUCE_COPY ||
+               kind == CH_K_RECV_REDUCE_COPY_SEND || kind == CH_K_RECV_COPY_SEND;
+    }
+
+    /* Elements [i, i + W) of the chunk for every kind, given this side's (x) and the peer's (y)
+     * elements as the kind needs them. */
+    template <int W>
+    __device__ static void apply(int kind, size_t i, const S (&x)[W], const S (&y)[W],
+                                 const S *in, S *dst, S *sdata, C scalar, int nranks) {
+        S v[W];
         switch (kind) {
         case CH_K_SEND:
-            sdata[i] = in[i];
+            st<W>(sdata + i, x);
             break;
-        case CH_K_SEND_COPY: {
-            const S v = in[i];
-            sdata[i] = v;
-            if (dst != in) dst[i] = v;
+        case CH_K_SEND_COPY:
+            st<W>(sdata + i, x);
+            if (dst != in) st<W>(dst + i, x);
             break;
-        }
         case CH_K_PREP_SEND:
-            sdata[i] = K == RK_PREMULSUM ? D::store(F::pre(D::load(in[i]), scalar)) : in[i];
+            for (int j = 0; j < W; j++)
+                v[j] = K == RK_PREMULSUM ? D::store(F::pre(D::load(x[j]), scalar)) : x[j];
+            st<W>(sdata + i, v);
             break;
         case CH_K_RECV:
-            dst[i] = ch_peer_ld(rdata + i);
+            st<W>(dst + i, y);
             break;
         case CH_K_RECV_REDUCE_SEND:
-            sdata[i] = D::store(
-                F::combine(F::pre(D::load(in[i]), scalar), D::load(ch_peer_ld(rdata + i))));
+            for (int j = 0; j < W; j++)
+                v[j] = D::store(F::combine(F::pre(D::load(x[j]), scalar), D::load(y[j])));
+            st<W>(sdata + i, v);
             break;
         case CH_K_RECV_REDUCE_COPY:
-        case CH_K_RECV_REDUCE_COPY_SEND: {
-            S v = D::store(
-                F::combine(F::pre(D::load(in[i]), scalar), D::load(ch_peer_ld(rdata + i))));
-            if (K == RK_SUMDIV) v = D::store(D::divide(D::load(v), nranks));
-            dst[i] = v;
-            if (sdata) sdata[i] = v;
+        case CH_K_RECV_REDUCE_COPY_SEND:
+            for (int j = 0; j < W; j++) {
+                v[j] = D::store(F::combine(F::pre(D::load(x[j]), scalar), D::load(y[j])));
+                if (K == RK_SUMDIV) v[j] = D::store(D::divide(D::load(v[j]), nranks));
+            }
+            st<W>(dst + i, v);
+            if (sdata) st<W>(sdata + i, v);
             break;
-        }
-        case CH_K_RECV_COPY_SEND: {
-            const S v = ch_peer_ld(rdata + i);
-            dst[i] = v;
-            sdata[i] = v;
+        case CH_K_RECV_COPY_SEND:
+            st<W>(dst + i, y);
+            st<W>(sdata + i, y);
             break;
-        }
         case CH_K_COPY:
-            if (dst != in) dst[i] = in[i];
+            if (dst != in) st<W>(dst + i, x);
             break;
-        default: { /* CH_K_LOCAL_REDUCE */
-            S v = K == RK_PREMULSUM ? D::store(F::pre(D::load(in[i]), scalar)) : in[i];
-            if (K == RK_SUMDIV) v = D::store(D::divide(D::load(v), nranks));
-            dst[i] = v;
+        default: /* CH_K_LOCAL_REDUCE */
+            for (int j = 0; j < W; j++) {
+                v[j] = K == RK_PREMULSUM ? D::store(F::pre(D::load(x[j]), scalar)) : x[j];
+                if (K == RK_SUMDIV) v[j] = D::store(D::divide(D::load(v[j]), nranks));
+            }
+            st<W>(dst + i, v);
         }
+    }
+
+    /* Elements [i, i + W) of the chunk. */
+    template <int W>
+    __device__ static void pack(int kind, size_t i, const S *in, S *dst, const S *rdata, S *sdata,
+                                C scalar, int nranks) {
+        S x[W] = {}, y[W] = {};
+        if (reads_in(kind, in, dst)) ld<W>(in + i, x);
+        if (reads_peer(kind)) ld_peer<W>(rdata + i, y);
+        apply<W>(kind, i, x, y, in, dst, sdata, scalar, nranks);
+    }
+
+    /* U packs of 16 bytes, packs q, q + stride, ..., with every load issued before the first
+     * store, so a thread has U loads of each input in flight. */
+    template <int U>
+    __device__ static void packs(int kind, size_t q, size_t stride, const S *in, S *dst,
+                                 const S *rdata, S *sdata, C scalar, int nranks) {
+        constexpr int N = 16 / sizeof(S);
+        S x[U][N] = {}, y[U][N] = {};
+        const bool rin = reads_in(kind, in, dst), rpeer = reads_peer(kind);
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const size_t i = (q + u * stride) * N;
+            if (rin) ld<N>(in + i, x[u]);
+            if (rpeer) ld_peer<N>(rdata + i, y[u]);
         }
+#pragma unroll
+        for (int u = 0; u < U; u++)
+            apply<N>(kind, (q + u * stride) * N, x[u], y[u], in, dst, sdata, scalar, nranks);
+    }
+
+    /* The chunk: in 16-byte packs where a.vec allows and every pointer is 16-byte aligned, the
+     * rest (or all of it) an element at a time; thread t takes packs t, t + blockDim, ... */
+    __device__ static void chunk(const ch_kernel_args_t &a, int kind, size_t count, const S *in,
+                                 S *dst, const S *rdata, S *sdata, C scalar) {
+        constexpr int N = 16 / sizeof(S);
+        const int nranks = a.plan.nranks;
+        size_t i0 = 0;
+        const uintptr_t bits =
+            (uintptr_t)in | (uintptr_t)dst | (uintptr_t)rdata | (uintptr_t)sdata;
+        if (a.vec && (bits & 15) == 0) {
+            const size_t np = count / N, stride = blockDim.x;
+            size_t q = threadIdx.x;
+            for (; q + 3 * stride < np; q += 4 * stride)
+                packs<4>(kind, q, stride, in, dst, rdata, sdata, scalar, nranks);
+            for (; q < np; q += stride)
+                pack<N>(kind, q * N, in, dst, rdata, sdata, scalar, nranks);
+            i0 = np * N;
+        }
+        for (size_t i = i0 + threadIdx.x; i < count; i += blockDim.x)
+            pack<1>(kind, i, in, dst, rdata, sdata, scalar, nranks);
     }
 
     /* One step (one peer per direction at most); every thread calls it. */
@@ -157,8 +256,7 @@ template <typename D, int K, int P> struct ChBlock {
             }
         }
         if (tx) sdata = P == CH_PROTO_LL ? (S *)stage : (S *)ch_slot(tx, ts);
-        for (size_t i = threadIdx.x; i < s.count; i += blockDim.x)
-            element(s.kind, i, in, dst, rdata, sdata, scalar, a.plan.nranks);
+        chunk(a, s.kind, s.count, in, dst, rdata, sdata, scalar);
         if (P == CH_PROTO_LL && tx) {
             __syncthreads();
             ch_ll_store(tx, ts, stage, bytes, threadIdx.x, blockDim.x);
@@ -178,7 +276,7 @@ template <typename D, int K, int P> struct ChBlock {
 template <typename D, int K, int P>
 __global__ void __launch_bounds__(CH_KERNEL_THREADS)
     ch_k_coll(const ch_kernel_args_t a, const typename D::C scalar) {
-    extern __shared__ unsigned char ch_smem[];
+    extern __shared__ __align__(16) unsigned char ch_smem[];
     __shared__ uint32_t s_err;
     __shared__ uint64_t s_steps[2];
     const int c = blockIdx.x;

@@ -30,6 +30,7 @@ typedef struct {
     chorus_redop_t redop;
     int proto;         /* CH_PROTO_SIMPLE or CH_PROTO_LL */
     uint32_t ll_bytes; /* LL payload per slot (a multiple of 8, at most CH_KERNEL_LL_MAX) */
+    int vec;           /* 1: SIMPLE chunks move in 16-byte accesses where every pointer allows */
 } ch_kernel_args_t;
 
 #define CH_KERNEL_THREADS 256

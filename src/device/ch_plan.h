@@ -106,6 +106,21 @@ CH_FN size_t ch_plan_chunk_elems(size_t room, size_t esize) {
     return n ? n : 64 / esize;
 }
 
+/* Elements per chunk for an op of `count` elements: just enough that its loops fill max_ch
+ * channels, in whole 64-byte lines, at least min_room bytes and at most room bytes (a slot), so
+ * a mid-sized op is spread over every channel in smaller chunks instead of a few whole slots. */
+CH_FN size_t ch_plan_fit_chunk(int coll, int nranks, size_t count, size_t esize, size_t room,
+                               size_t min_room, int max_ch) {
+    const size_t line = 64 / esize;
+    const size_t loops = ch_loop_chunks(coll, nranks) * (size_t)max_ch;
+    const size_t hi = ch_plan_chunk_elems(room, esize), lo = ch_plan_chunk_elems(min_room, esize);
+    size_t want = (count + loops - 1) / loops;
+    want = (want + line - 1) / line * line;
+    if (want < lo) want = lo;
+    if (want > hi) want = hi;
+    return want;
+}
+
 /* Whether an op runs in place: all-gather's sendbuff is this rank's block of recvbuff, every
  * other collective's sendbuff is recvbuff. */
 CH_FN int ch_plan_inplace(int coll, const void *sendbuff, const void *recvbuff, int rank,
