@@ -19,9 +19,9 @@
 # 5. Prints one table: busbw at the largest size, as a fraction of the copy limit for that pattern.
 # 6. The device path between thread ranks of one process on GPU 0 (-t n, CHORUS_DEVICE_PATH): the
 #    same three collectives with the collective kernel (kernel) and with staging (staged), side by
-#    side, at 8 bytes (all-reduce; 64 for the others) and the largest size, in a second table. The
-#    kernel path has not run on a GPU before this step passes (test_cuda's CudaDevPath cases check
-#    its results in step 1); CHORUS_DEVICE_PATH=auto keeps staging on a GPU until then.
+#    side, at 8 bytes (all-reduce; 64 for the others) and the largest size, in a second table
+#    (CHORUS_DEVICE_PATH=auto takes the kernel for thread ranks on one GPU; perf/gpu_devpath.sh
+#    checks that path in more depth and sweeps its parameters).
 #
 # The limit: with n ranks on ONE GPU every byte a rank sends is a copy inside that GPU's memory.
 # For all-reduce a rank sends 2(n-1)/n x S bytes, n ranks send 2(n-1) x S, and the GPU copies at
@@ -29,7 +29,7 @@
 # busbw = algbw x 2(n-1)/n <= D / n. The same argument gives D / n for all-gather and
 # reduce-scatter (busbw = algbw x (n-1)/n, total copy volume (n-1) x S). With 1 rank busbw is 0 by
 # definition (nothing moves between ranks), so the column shows n/a.
-# The current device path stages through pinned host memory (see src/api/cuda_enqueue.c), so its
+# Ranks that are processes stage through pinned host memory (see src/api/cuda_enqueue.c), so their
 # practical ceiling is PCIe (h2d/d2h_GBps), also printed.
 #
 # Exit status: 0 when the tests passed and every perf row had #wrong = 0; 1 otherwise.
