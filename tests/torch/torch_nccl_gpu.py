@@ -38,6 +38,8 @@ else:
 R, N = dist.get_rank(), dist.get_world_size()
 gloo = dist.new_group(backend="gloo")
 R_ = dist.ReduceOp
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from torch_inputs import inp, wide  # noqa: E402
 
 loaded = [l.split()[-1] for l in open("/proc/self/maps") if "libnccl" in l]
 loaded = sorted(set(loaded))
@@ -57,17 +59,6 @@ ncases = 0
 def sync():
     if not dry:
         torch.cuda.synchronize()
-
-
-def wide(dt):
-    return torch.float64 if dt.is_floating_point else torch.int64
-
-
-def inp(rank, count, dt, salt, lo=-3, hi=4):
-    g = torch.Generator().manual_seed(1000 * salt + 17 * rank + count)
-    if dt == torch.uint8:
-        lo = 0
-    return torch.randint(lo, hi, (count,), generator=g).to(dt)
 
 
 def check(name, got, want, dt):

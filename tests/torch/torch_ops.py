@@ -14,6 +14,7 @@ except ImportError as e:
     sys.exit(77)
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python"))
 import chorus_torch  # noqa: E402
+from torch_inputs import inp, wide  # noqa: E402
 
 dist.init_process_group("gloo")
 ch = dist.new_group(backend="chorus")
@@ -24,17 +25,6 @@ DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int
 COUNTS = [0, 1, 7, 65539]
 failures = []
 ncases = 0
-
-
-def wide(dt):
-    return torch.float64 if dt.is_floating_point else torch.int64
-
-
-def inp(rank, count, dt, salt, lo=-3, hi=4):
-    g = torch.Generator().manual_seed(1000 * salt + 17 * rank + count)
-    if dt == torch.uint8:
-        lo = 0
-    return torch.randint(lo, hi, (count,), generator=g).to(dt)
 
 
 def check(name, got, want, dt, tol=0.0):
