@@ -303,7 +303,7 @@ void devpath_comm_init(struct ncclComm *comm) {
     /* Auto, as measured on an H200 (256 MiB all-reduce): 32 channels a rank up to 4 ranks; at 8
      * ranks 16 channels a rank ran 10x slower than 8, so 64 blocks in all above 4. */
     gpu.nch = (int)chorus_param_int(PARAM_DEVICE_CHANNELS);
-    if (gpu.nch == 0) gpu.nch = comm->nranks <= 4 ? 32 : 64 / comm->nranks < 1 ? 1 : 64 / comm->nranks;
+    if (gpu.nch == 0) gpu.nch = comm->nranks <= 4 ? 32 : comm->nranks >= 64 ? 1 : 64 / comm->nranks;
     gpu.slot_bytes = (size_t)chorus_param_int(PARAM_DEVICE_SLOT_BYTES) / 64 * 64;
     gpu.ll_max_bytes = (size_t)chorus_param_int(PARAM_DEVICE_LL_MAX);
     dp_sizes_t emu = dp_sizes_emu;
