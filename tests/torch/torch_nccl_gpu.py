@@ -7,7 +7,8 @@ refuses them), under torchrun with Chorus preloaded:
 
 Checks that the process loaded Chorus (not the NCCL torch ships), then every op the nccl backend
 has, on the dtypes and reductions it takes, against gloo's result on float64 (int64) CPU copies of
-the same inputs (small integers, so sums and products are exact in every dtype); then one DDP
+the same inputs (small integers, so sums and products are exact in every dtype), an async op with
+wait(), an op on a new_group and a PreMulSum; then one DDP
 step against the gradients averaged by gloo; then times a 64 MiB float32 all-reduce on the nccl
 backend (Chorus) and on gloo with the same CUDA tensor, in alternating rounds (medians).
 Exit 0 when every check passed, 1 otherwise, 77 without torch or a GPU.
@@ -151,6 +152,23 @@ for dt in DTYPES:
         for q in reqs:
             q.wait()
         check(f"send/recv {dt} n={count}", got, parts[(R - 1 + N) % N], dt)
+# Async ops with wait(), a subgroup of the backend, and PreMulSum (the nccl backend's own op).
+salt += 1
+x = inp(R, 4099, torch.float32, salt)
+ref = x.to(torch.float64, copy=True)
+dist.all_reduce(ref, group=gloo)
+t = x.to(dev, copy=True)
+work = dist.all_reduce(t, async_op=True)
+work.wait()
+check("all_reduce async wait()", t, ref, torch.float32)
+sub = dist.new_group(ranks=list(range(N)))
+t = x.to(dev, copy=True)
+dist.all_reduce(t, group=sub)
+check("all_reduce on a new_group", t, ref, torch.float32)
+if not dry and hasattr(dist, "_make_nccl_premul_sum"):
+    t = x.to(dev, copy=True)
+    dist.all_reduce(t, op=dist._make_nccl_premul_sum(0.5))
+    check("all_reduce premul_sum(0.5)", t, ref * 0.5, torch.float32)
 dist.barrier()
 sync()
 
