@@ -9,15 +9,20 @@
 # libraries such a machine may lack (hwloc, udev, cudart).
 #
 # run does, each step under its own time limit, with logs in logdir:
+#   alltests every test_cuda case, each in its own process (not in the default sections)
 #   tests    test_cuda's CudaDevPath cases (the collective kernel on the GPU, thread ranks)
 #   copy     the GPU's copy bandwidth (the limit the busbw figures are read against)
 #   correct  the perf binaries with CHORUS_DEVICE_PATH=kernel, results checked: every collective
-#            with 2, 3 and 4 thread ranks, every dtype and op for the reducing ones, unaligned
-#            buffers (-u 1) for all-reduce
-#   bw       all-reduce at 256 MiB: staged vs the kernel with 4..32 channels, element-wise and
-#            16-byte accesses; then a size sweep of the kernel against staging
+#            with 2, 3, 4 and 8 thread ranks, every dtype and op for the reducing ones at 2 and 4,
+#            unaligned buffers (-u 1) for all-reduce
+#   bw       256 MiB: all-reduce staged vs the kernel's defaults and one knob at a time (2-8
+#            ranks), the other collectives at 2 ranks; then a size sweep of kernel vs staging
+#   tune     all-reduce busbw per channel count, slot size and hardware queues at 2, 4, 8 ranks,
+#            and the LL limit (not in the default sections)
 #   torch    tests/torch/torch_nccl_gpu.py under torchrun: torch's nccl backend on Chorus
-# and ends with one table per step. Exit 0 when every step passed.
+# (default sections: tests copy bw correct torch) and ends with a summary of every step. Each step
+# starts only while the run is under its budget in seconds (AR_BUDGET for the bw and tune runs).
+# Exit 0 when every step passed.
 set -u
 root=$(cd "$(dirname "$0")/.." && pwd)
 mode=${1:-}
@@ -69,6 +74,21 @@ wrongs() { awk '$1 ~ /^[0-9]+$/ && NF >= 13 {w += $9 + $13; n++} END {print n ? 
 kernel_ok=1
 # Each step starts only while the whole run is under its budget (seconds since the start).
 budget() { [ "$SECONDS" -lt "$1" ] || { note "skipped $2: past ${1}s"; return 1; }; }
+if has alltests; then
+    # Every test_cuda case in its own process (the forked cases need a fresh CUDA context).
+    pass=0; fail=0; names=""
+    for t in $("$bin/test_cuda" --gtest_list_tests | awk '/^[^ ]/ {s=$1} /^  / {print s $1}'); do
+        budget 200 "test_cuda $t" || break
+        if CHORUS_TIMEOUT=30 timeout -k 5 90 "$bin/test_cuda" --gtest_filter="$t" > "$logs/t_$t.log" 2>&1; then
+            pass=$((pass + 1))
+        else
+            fail=$((fail + 1)); names="$names $t"
+        fi
+    done
+    note "alltests: test_cuda $pass passed, $fail failed${names:+:$names}"
+    [ $fail -ne 0 ] && status=1
+fi
+
 if has tests; then
     CHORUS_TIMEOUT=20 timeout -k 5 90 "$bin/test_cuda" --gtest_filter='CudaDevPath.*' \
         > "$logs/test_cuda_devpath.log" 2>&1
