@@ -13,7 +13,7 @@
 #   tests    test_cuda's CudaDevPath cases (the collective kernel on the GPU, thread ranks)
 #   copy     the GPU's copy bandwidth (the limit the busbw figures are read against)
 #   correct  the perf binaries with CHORUS_DEVICE_PATH=kernel, results checked: every collective
-#            with 2, 3, 4 and 8 thread ranks, every dtype and op for the reducing ones at 2 and 4,
+#            with 1, 2, 3, 4 and 8 thread ranks, every dtype and op for the reducing ones at 2 and 4,
 #            unaligned buffers (-u 1) for all-reduce
 #   bw       256 MiB: all-reduce staged vs the kernel's defaults and one knob at a time (2-8
 #            ranks), the other collectives at 2 ranks; then a size sweep of kernel vs staging
@@ -162,13 +162,13 @@ if has correct && [ $kernel_ok = 1 ]; then
         while [ "$(jobs -rp | wc -l)" -ge 3 ]; do sleep 0.2; done
     }
     tags=()
-    for t in 2 3 4 8; do
+    for t in 1 2 3 4 8; do
         for coll in all_reduce reduce_scatter reduce; do
-            case $t in 3|8) extra=(-d float -o sum -e 64M -f 4) ;; *) extra=(-d all -o all -e 1M -f 32) ;; esac
+            case $t in 1|3|8) extra=(-d float -o sum -e 64M -f 4) ;; *) extra=(-d all -o all -e 1M -f 32) ;; esac
             tags+=("c_${coll}_$t"); jobs_run "c_${coll}_$t" "$bin/${coll}_perf" -t $t -b 8 "${extra[@]}" -n 1 -w 1 -c 1 -m device
         done
         for coll in all_gather broadcast alltoall sendrecv; do
-            case $t in 3|8) extra=(-d float -e 64M -f 4) ;; *) extra=(-d all -e 1M -f 32) ;; esac
+            case $t in 1|3|8) extra=(-d float -e 64M -f 4) ;; *) extra=(-d all -e 1M -f 32) ;; esac
             tags+=("c_${coll}_$t"); jobs_run "c_${coll}_$t" "$bin/${coll}_perf" -t $t -b 8 "${extra[@]}" -n 1 -w 1 -c 1 -m device
         done
     done

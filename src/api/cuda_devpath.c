@@ -250,6 +250,11 @@ static const ch_rt_t *dp_choose(const struct ncclComm *comm, int *mode, const ch
         *why = "no GPU";
         return NULL;
     }
+    if (comm->nranks == 1 && strcmp(path, "auto") == 0) {
+        /* Checked on a GPU from 2 to 8 ranks; one rank only under the emulator so far. */
+        *why = "CHORUS_DEVICE_PATH=auto keeps one rank on a GPU staged (kernel: =kernel)";
+        return NULL;
+    }
     *mode = DP_MODE_KERNEL;
     return ch_rt_cuda();
 }
