@@ -307,6 +307,7 @@ void coll_engine_destroy(struct ncclComm *comm) {
     free(e->spare_op);
     free(e->oneshot_scratch);
     free(e->err_posted);
+    free(e->wf_fwd);
     free(e->p2p_send_issued);
     free(e);
     comm->engine = NULL;
