@@ -96,6 +96,13 @@ ncclResult_t bs_parse_hostport(const char *text, const char *what, chorus_sockad
  */
 ncclResult_t bs_parse_hostport_ex(const char *text, const char *what, chorus_sockaddr_t *addr_p,
                                   int *is_name_p);
+/* Hostnames are resolved by getaddrinfo in a helper thread, waited for until CHORUS_TIMEOUT (a
+ * resolver that never answers gives ncclSystemError naming the host and the time waited). Tests
+ * replace getaddrinfo with their own function here (NULL: getaddrinfo again). */
+struct addrinfo;
+typedef int (*bs_getaddrinfo_fn)(const char *node, const char *service,
+                                 const struct addrinfo *hints, struct addrinfo **res);
+void bs_test_set_resolver(bs_getaddrinfo_fn fn);
 /* The local address the kernel would use to reach `remote` (UDP connect, no packet sent). */
 int bs_local_addr_towards(const chorus_sockaddr_t *remote, chorus_sockaddr_t *local_p);
 /* Nonblocking, close-on-exec listening socket bound to *addr (port 0: ephemeral). The bound

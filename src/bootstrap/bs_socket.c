@@ -20,6 +20,7 @@
 #include <string.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "bs_internal.h"
@@ -172,6 +173,111 @@ const char *chorus_sockaddr_str(const chorus_sockaddr_t *a, char *buf, int len) 
     return buf;
 }
 
+/* ---- name resolution ---------------------------------------------------------------------- */
+
+/* getaddrinfo has no timeout: a resolver that does not answer (an unreachable DNS server) can hold
+ * it for many times CHORUS_TIMEOUT. So it runs in a detached thread of its own, and the caller
+ * waits for it until the deadline. A resolution the caller gave up on still ends in its thread,
+ * which then frees what it found: the job is shared, and the last of the two to let go frees it.
+ * Resolution happens before any communicator exists (ncclGetUniqueId, chorusCommInitFromEnv), so
+ * there is no abort flag to watch; the deadline is CHORUS_TIMEOUT. */
+typedef struct {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int refs, done, rc;
+    struct addrinfo hints, *res;
+    char host[256];
+} bs_resolve_job_t;
+
+static bs_getaddrinfo_fn bs_resolver = getaddrinfo;
+
+void bs_test_set_resolver(bs_getaddrinfo_fn fn) {
+    __atomic_store_n(&bs_resolver, fn ? fn : getaddrinfo, __ATOMIC_RELEASE);
+}
+
+static void bs_resolve_job_unref(bs_resolve_job_t *job) {
+    pthread_mutex_lock(&job->mu);
+    int last = --job->refs == 0;
+    pthread_mutex_unlock(&job->mu);
+    if (!last) return;
+    if (job->res) freeaddrinfo(job->res);
+    pthread_cond_destroy(&job->cv);
+    pthread_mutex_destroy(&job->mu);
+    free(job);
+}
+
+static void *bs_resolve_main(void *arg) {
+    bs_resolve_job_t *job = arg;
+    struct addrinfo *res = NULL;
+    bs_getaddrinfo_fn fn = __atomic_load_n(&bs_resolver, __ATOMIC_ACQUIRE);
+    int rc = fn(job->host, NULL, &job->hints, &res);
+    pthread_mutex_lock(&job->mu);
+    job->rc = rc;
+    job->res = rc == 0 ? res : NULL;
+    job->done = 1;
+    pthread_cond_broadcast(&job->cv);
+    pthread_mutex_unlock(&job->mu);
+    bs_resolve_job_unref(job);
+    return NULL;
+}
+
+/* getaddrinfo(host) within CHORUS_TIMEOUT. 0 and *res_p (free with freeaddrinfo) on success; a
+ * getaddrinfo error code; or EAI_AGAIN with *timed_out_p set when the deadline passed first (the
+ * seconds waited in *waited_p). */
+static int bs_resolve(const char *host, const struct addrinfo *hints, struct addrinfo **res_p,
+                      int *timed_out_p, double *waited_p) {
+    *res_p = NULL;
+    *timed_out_p = 0;
+    bs_resolve_job_t *job = calloc(1, sizeof(*job));
+    if (job == NULL) return EAI_MEMORY;
+    pthread_mutex_init(&job->mu, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&job->cv, &ca);
+    pthread_condattr_destroy(&ca);
+    job->refs = 2; /* the caller and the thread */
+    job->hints = *hints;
+    snprintf(job->host, sizeof(job->host), "%s", host);
+    pthread_attr_t ta;
+    pthread_attr_init(&ta);
+    pthread_attr_setdetachstate(&ta, PTHREAD_CREATE_DETACHED);
+    pthread_t t;
+    int err = pthread_create(&t, &ta, bs_resolve_main, job);
+    pthread_attr_destroy(&ta);
+    if (err != 0) {
+        job->refs = 1;
+        bs_resolve_job_unref(job);
+        return EAI_SYSTEM;
+    }
+    const uint64_t t0 = chorus_now_ns();
+    const uint64_t deadline = t0 + (uint64_t)chorus_param_int(PARAM_TIMEOUT) * 1000000000ull;
+    int rc;
+    pthread_mutex_lock(&job->mu);
+    while (!job->done && chorus_now_ns() < deadline) {
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        ts.tv_nsec += 100 * 1000000L; /* the deadline is checked every 100 ms */
+        if (ts.tv_nsec >= 1000000000L) {
+            ts.tv_sec++;
+            ts.tv_nsec -= 1000000000L;
+        }
+        pthread_cond_timedwait(&job->cv, &job->mu, &ts);
+    }
+    if (job->done) {
+        rc = job->rc;
+        *res_p = job->res;
+        job->res = NULL; /* ours now */
+    } else {
+        rc = EAI_AGAIN;
+        *timed_out_p = 1;
+    }
+    pthread_mutex_unlock(&job->mu);
+    *waited_p = (double)(chorus_now_ns() - t0) / 1e9;
+    bs_resolve_job_unref(job);
+    return rc;
+}
+
 ncclResult_t bs_parse_hostport(const char *text, const char *what, chorus_sockaddr_t *addr_p) {
     return bs_parse_hostport_ex(text, what, addr_p, NULL);
 }
@@ -226,8 +332,17 @@ ncclResult_t bs_parse_hostport_ex(const char *text, const char *what, chorus_soc
     hints.ai_family = AF_UNSPEC;
     if (fam && strcmp(fam, "AF_INET") == 0) hints.ai_family = AF_INET;
     if (fam && strcmp(fam, "AF_INET6") == 0) hints.ai_family = AF_INET6;
-    int rc = getaddrinfo(host, NULL, &hints, &res);
+    int timed_out = 0;
+    double waited = 0;
+    int rc = bs_resolve(host, &hints, &res, &timed_out, &waited);
+    if (timed_out) {
+        WARN("%s='%s': resolving host '%s' gave no answer within %.1f s (CHORUS_TIMEOUT=%lld): "
+             "check the DNS servers in /etc/resolv.conf, or give a numeric address",
+             what, text, host, waited, (long long)chorus_param_int(PARAM_TIMEOUT));
+        return ncclSystemError;
+    }
     if (rc != 0 || res == NULL) {
+        if (res) freeaddrinfo(res);
         WARN("%s='%s': cannot resolve host '%s': %s", what, text, host, gai_strerror(rc));
         return ncclInvalidArgument;
     }

@@ -276,6 +276,10 @@ struct coll_engine {
      * notice, then the peers known to have failed; allocated at the first failure, freed with
      * the engine. */
     uint8_t *err_posted;
+    /* mismatch.c, wait-for probes: the stall (passes_moved) this rank last probed for, when it
+     * sent them, and per initiator the last probe epoch forwarded (allocated at first use). */
+    uint64_t wf_epoch, wf_sent_ns;
+    uint64_t *wf_fwd;
     uint64_t serial; /* unique among all engines this process created (tuner.c's cache key) */
     /* allreduce_oneshot.c: a copy of this rank's input for in-place ops, used only by the op at
      * the head of the queue (one at a time); grown at setup, freed with the engine. */

@@ -174,11 +174,25 @@ static int engine_discard_unmatched(struct ncclComm *comm, int quiet) {
  * arrives that no receive took, so that two ranks that each sent the other a message nobody
  * receives do not wait for each other until the deadline. A peer that is gone or already closed
  * ends the wait for that connection; the deadline bounds it. Returns ncclInvalidUsage when data
- * was dropped. */
+ * was dropped.
+ *
+ * Where send_drained only means "left this rank" (TCP), a point-to-point connection is asked
+ * instead whether the peer consumed everything (send_consumed). The peer answers with its
+ * connection's fin_word: how many chunks it committed towards this rank, set here before anything
+ * is dropped. This rank then also waits until that many chunks from the peer have arrived and
+ * been taken, so a peer's unmatched message that is still in flight is reported here as it would
+ * be over shared memory, where a committed chunk is visible to its receiver at once. */
 static ncclResult_t engine_drain_sends(struct ncclComm *comm) {
     chorus_waiter_t w;
     chorus_waiter_init(&w, &comm->abort_flag);
-    int n = comm->nranks, dropped = engine_discard_unmatched(comm, 0);
+    int n = comm->nranks;
+    for (int p = 0; p < n && comm->p2p_recv; p++) {
+        chorus_conn_t *rc = comm->p2p_recv[p], *sc = comm->p2p_send ? comm->p2p_send[p] : NULL;
+        if (rc == NULL) continue;
+        uint64_t sent = sc && __atomic_load_n(&sc->connected, __ATOMIC_ACQUIRE) ? sc->step : 0;
+        __atomic_store_n(&rc->fin_word, sent + 1, __ATOMIC_RELEASE);
+    }
+    int dropped = engine_discard_unmatched(comm, 0);
     for (int i = 0; i < comm->nchannels + n; i++) {
         chorus_conn_t *conn = i < comm->nchannels ? &comm->channels[i].send
                                                   : (comm->p2p_send ? comm->p2p_send[i - comm->nchannels] : NULL);
@@ -187,10 +201,15 @@ static ncclResult_t engine_drain_sends(struct ncclComm *comm) {
          * not be touched. Aborting: nothing waits for peers. */
         if (conn == NULL || !__atomic_load_n(&conn->connected, __ATOMIC_ACQUIRE)) continue;
         if (__atomic_load_n(&comm->abort_flag, __ATOMIC_ACQUIRE)) break;
+        const int ask = conn->channel < 0 && conn->ops->send_consumed != NULL;
+        uint64_t word = 0;
         while (1) {
             int done = 0;
             if (conn->ops->progress(conn) != ncclSuccess) break;
-            if (conn->ops->send_drained(conn, &done) != ncclSuccess || done) break;
+            if (ask ? conn->ops->send_consumed(conn, &done, &word) != ncclSuccess
+                    : conn->ops->send_drained(conn, &done) != ncclSuccess)
+                break;
+            if (done) break;
             int more = engine_discard_unmatched(comm, 0);
             dropped += more;
             if (more) {
@@ -200,6 +219,26 @@ static ncclResult_t engine_drain_sends(struct ncclComm *comm) {
             if (chorus_waiter_step(&w) != ncclSuccess) {
                 INFO(SUB_COLL, "rank %d: chunks to rank %d not consumed before close", comm->rank,
                      conn->peer);
+                return dropped ? ncclInvalidUsage : ncclSuccess;
+            }
+        }
+        /* The peer's chunks towards this rank, by its own count (word - 1). */
+        chorus_conn_t *rc = comm->p2p_recv ? comm->p2p_recv[conn->peer] : NULL;
+        while (word > 0 && rc && __atomic_load_n(&rc->connected, __ATOMIC_ACQUIRE) &&
+               rc->step < word - 1) {
+            const void *data;
+            size_t bytes;
+            int ready = 0;
+            if (rc->ops->recv_peek(rc, &data, &bytes, &ready) != ncclSuccess) break;
+            const uint64_t before = rc->step;
+            if (ready) dropped += engine_discard_unmatched(comm, 0);
+            if (rc->step != before) {
+                chorus_waiter_progress(&w);
+                continue;
+            }
+            if (chorus_waiter_step(&w) != ncclSuccess) {
+                INFO(SUB_COLL, "rank %d: chunks from rank %d did not arrive before close",
+                     comm->rank, conn->peer);
                 return dropped ? ncclInvalidUsage : ncclSuccess;
             }
         }
@@ -268,6 +307,7 @@ void coll_engine_destroy(struct ncclComm *comm) {
     free(e->spare_op);
     free(e->oneshot_scratch);
     free(e->err_posted);
+    free(e->wf_fwd);
     free(e->p2p_send_issued);
     free(e);
     comm->engine = NULL;

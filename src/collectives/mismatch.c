@@ -27,6 +27,10 @@
  *      are never taken for a collective. A peer that sends its data to this rank while still in
  *      the same group as that collective does so in the same progress pass, so the long stall
  *      bound keeps slow (descheduled) peers from being reported.
+  4. only point-to-point ops queued, each waiting for a peer (to receive from it, or for it to
+ *     free a slot), and this rank blocked in a call for MM_WF_STALL_NS: wait-for probes find out
+ *     whether the ranks wait for each other in a cycle (0 receives from 1, 1 from 2, 2 from 0:
+ *     ranks that disagree about the peers of their sends and receives). See "rule 4" below.
  * Reported mismatches name the op, its sequence number and both sides' arguments.
  *
  * After a failure the failure protocol (error chunks, draining: prims.c) only covers the failed
@@ -47,6 +51,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bootstrap.h"
 #include "check.h"
 #include "coll_internal.h"
 #include "comm.h"
@@ -290,6 +295,205 @@ static void mm_release_locked(struct coll_engine *e) {
     }
 }
 
+/* ---- rule 4: ranks that wait for each other in a cycle ------------------------------------
+ *
+ * Edge chasing over the bootstrap (tag MM_WF_TAG), only between ranks blocked in a call (a rank
+ * whose ops run asynchronously may still issue the send that frees the others, so it takes no
+ * part). A rank is blocked when every queued op is a send or receive running normally, none can
+ * move, and each unfinished transfer needs a peer: the peer's data, or a free slot the peer
+ * gives back. Its stall is named by passes_moved, which changes whenever any pass moves.
+ *   probe    a blocked rank sends {itself, its stall} to every peer it waits for. A blocked rank
+ *            that gets a probe appends {itself, its stall} and passes it to every peer it waits
+ *            for (once per initiator stall and own stall; not if it is on the path already).
+ *   confirm  a probe that comes back to its initiator in the same stall is sent around the path
+ *            again; each rank passes it on only if it is still in the stall it recorded and still
+ *            waits for the next one. Back at the initiator, still in its stall: at the moment the
+ *            confirmation left, every rank of the cycle was blocked (each was blocked from its
+ *            probe to its confirmation, and the confirmation left after every probe), each
+ *            waiting for the next, and a blocked rank sends nothing: none can ever move.
+ * The initiator fails its op with the cycle in the text; the failure spreads as for the other
+ * rules. Every rank of the cycle finds it on its own. Data a peer sent before it blocked that is
+ * still on the wire after MM_WF_STALL_NS would make a wrong report; a cycle longer than MM_WF_MAX
+ * ranks is not found (the wait ends at CHORUS_TIMEOUT). */
+#define MM_WF_STALL_NS 1000000000ull  /* blocked this long before probing */
+#define MM_WF_RESEND_NS 2000000000ull /* probes again while the same stall lasts */
+#define MM_WF_POLL_NS 10000000ull     /* looks for probes at most this often */
+#define MM_WF_TAG 0x57460000          /* bootstrap tag of probes and confirmations */
+#define MM_WF_MAGIC 0x57464f52u
+#define MM_WF_MAX 64
+
+typedef struct {
+    uint32_t magic;
+    int32_t confirm; /* 0: probe, 1: confirmation */
+    int32_t len;     /* ranks on the path; path[0] is the initiator */
+    int32_t pad;
+    int32_t path[MM_WF_MAX];
+    uint64_t epoch[MM_WF_MAX]; /* each rank's stall (passes_moved) when it passed the probe on */
+} mm_wf_msg_t;
+
+/* Rule 4's blocked state (engine lock held): 1 and waits[p] = 1 for every peer p an unfinished
+ * transfer needs, or 0 when this rank can move without a peer, or runs anything else. */
+static int mm_wf_blocked(struct coll_engine *e, uint8_t *waits) {
+    struct ncclComm *comm = e->comm;
+    memset(waits, 0, (size_t)comm->nranks);
+    if (e->broken || e->head == NULL) return 0;
+    int any = 0;
+    for (coll_op_t *q = e->head; q; q = q->next) {
+        if (q->done) continue;
+        if (q->failing || !mm_is_p2p(q->coll)) return 0;
+        for (int i = 0; i < q->nxfer; i++) {
+            const coll_xfer_t *x = &q->xfer[i];
+            if (x->done) continue;
+            if (x->peer == comm->rank || x->peer < 0 || x->peer >= comm->nranks) return 0;
+            chorus_conn_t *conn = x->is_send ? comm->p2p_send[x->peer] : comm->p2p_recv[x->peer];
+            if (conn == NULL || conn->ops == NULL) return 0; /* not connected yet */
+            if (!x->is_send) {
+                const void *data = NULL;
+                size_t bytes = 0;
+                int ready = 0;
+                if (conn->ops->recv_peek(conn, &data, &bytes, &ready) != ncclSuccess || ready)
+                    return 0; /* something arrived (or failed): the next pass moves */
+            }
+            waits[x->peer] = 1;
+            any = 1;
+        }
+    }
+    return any;
+}
+
+/* The message of a confirmed cycle, with the first message that waits on this rank and that no
+ * transfer of it reads, if any (engine lock held). */
+static void mm_wf_report_locked(struct coll_engine *e, const mm_wf_msg_t *m, const uint8_t *waits) {
+    struct ncclComm *comm = e->comm;
+    coll_op_t *first = NULL;
+    for (coll_op_t *q = e->head; q && first == NULL; q = q->next)
+        if (!q->done && !q->failing) first = q;
+    if (first == NULL) return;
+    char cycle[320];
+    int at = snprintf(cycle, sizeof(cycle), "rank %d waits for rank %d", m->path[0], m->path[1]);
+    for (int i = 1; i < m->len && at > 0 && (size_t)at < sizeof(cycle); i++)
+        at += snprintf(cycle + at, sizeof(cycle) - (size_t)at, ", which waits for rank %d",
+                       i + 1 < m->len ? m->path[i + 1] : m->path[0]);
+    char extra[256] = "";
+    for (int p = 0; p < comm->nranks && comm->p2p_recv; p++) {
+        chorus_conn_t *conn = comm->p2p_recv[p];
+        if (p == comm->rank || waits[p] || conn == NULL || conn->ops == NULL) continue;
+        const void *data = NULL;
+        size_t bytes = 0;
+        int ready = 0;
+        if (conn->ops->recv_peek(conn, &data, &bytes, &ready) != ncclSuccess || !ready || !data ||
+            bytes < COLL_HDR_BYTES || ((const coll_hdr_t *)data)->magic != COLL_HDR_MAGIC)
+            continue;
+        char d[96];
+        coll_hdr_describe(data, d, sizeof(d));
+        snprintf(extra, sizeof(extra), "; rank %d (%s) sent rank %d %s that no receive of it takes",
+                 p, mm_host(comm, p), comm->rank, d);
+        break;
+    }
+    const char *what = "waits for";
+    for (int i = 0; i < first->nxfer; i++)
+        if (!first->xfer[i].done && first->xfer[i].peer == m->path[1])
+            what = first->xfer[i].is_send ? "sends to" : "receives from";
+    coll_op_fail(first, ncclInvalidUsage,
+                 "%s #%llu mismatch: rank %d %s rank %d, and the ranks of its send/recv calls wait "
+                 "for each other in a cycle that cannot move (%s)%s: the ranks disagree about the "
+                 "peers, sizes or order of their sends and receives",
+                 coll_kind_name(first->coll), (unsigned long long)first->seq, comm->rank, what,
+                 m->path[1], cycle, extra);
+}
+
+static void mm_wf_send(struct ncclComm *comm, int peer, const mm_wf_msg_t *m) {
+    (void)bootstrap_send(comm->bs, peer, MM_WF_TAG, m, sizeof(*m));
+}
+
+/* One probe or confirmation from the bootstrap queue. */
+static void mm_wf_handle(struct coll_engine *e, mm_wf_msg_t *m, int blocked, const uint8_t *waits,
+                         uint64_t epoch) {
+    struct ncclComm *comm = e->comm;
+    const int me = comm->rank, n = comm->nranks;
+    if (m->magic != MM_WF_MAGIC || m->len < 1 || m->len > MM_WF_MAX || !blocked) return;
+    for (int i = 0; i < m->len; i++)
+        if (m->path[i] < 0 || m->path[i] >= n) return;
+    int pos = -1;
+    for (int i = 0; i < m->len; i++)
+        if (m->path[i] == me) pos = i;
+    if (!m->confirm) {
+        if (pos == 0) { /* our probe came back */
+            if (m->len < 2 || m->epoch[0] != epoch || !waits[m->path[1]]) return;
+            m->confirm = 1;
+            mm_wf_send(comm, m->path[1], m);
+            return;
+        }
+        if (pos > 0 || m->len == MM_WF_MAX) return; /* a cycle that does not hold the initiator */
+        if (e->wf_fwd == NULL && (e->wf_fwd = calloc((size_t)n * 2, sizeof(uint64_t))) == NULL)
+            return;
+        uint64_t *seen = &e->wf_fwd[2 * m->path[0]];
+        if (seen[0] == m->epoch[0] + 1 && seen[1] == epoch) return; /* passed on already */
+        seen[0] = m->epoch[0] + 1;
+        seen[1] = epoch;
+        m->path[m->len] = me;
+        m->epoch[m->len] = epoch;
+        m->len++;
+        for (int p = 0; p < n; p++)
+            if (waits[p]) mm_wf_send(comm, p, m);
+        return;
+    }
+    if (pos < 0 || m->epoch[pos] != epoch) return; /* moved since: no cycle */
+    if (pos == 0) {
+        engine_lock(&e->lock);
+        if (e->passes_moved == epoch && !e->broken) {
+            mm_wf_report_locked(e, m, waits);
+            if (e->broken) mm_spread_locked(e);
+        }
+        engine_unlock(&e->lock);
+        return;
+    }
+    int next = pos + 1 < m->len ? m->path[pos + 1] : m->path[0];
+    if (waits[next]) mm_wf_send(comm, next, m);
+}
+
+/* Rule 4 for a rank blocked in a call on engine e for stalled_ns. */
+static void mm_waitfor(struct coll_engine *e, uint64_t stalled_ns) {
+    static _Thread_local uint64_t last_ns;
+    struct ncclComm *comm = e->comm;
+    const uint64_t now = chorus_now_ns();
+    if (stalled_ns < MM_WF_STALL_NS || comm->bs == NULL || comm->nranks < 2 ||
+        (last_ns && now >= last_ns && now - last_ns < MM_WF_POLL_NS))
+        return;
+    last_ns = now;
+    uint8_t *waits = malloc((size_t)comm->nranks);
+    mm_wf_msg_t *m = malloc(sizeof(*m));
+    if (waits == NULL || m == NULL) goto out;
+    if (!engine_trylock(&e->lock)) goto out;
+    const int blocked = mm_wf_blocked(e, waits);
+    const uint64_t epoch = e->passes_moved;
+    int probe = blocked && (e->wf_epoch != epoch + 1 || now - e->wf_sent_ns >= MM_WF_RESEND_NS);
+    if (probe) {
+        e->wf_epoch = epoch + 1;
+        e->wf_sent_ns = now;
+    }
+    engine_unlock(&e->lock);
+    /* Every message is taken, so none piles up; one that does not apply is dropped. */
+    for (int p = 0; p < comm->nranks; p++) {
+        while (bootstrap_peek(comm->bs, p, MM_WF_TAG)) {
+            if (bootstrap_recv(comm->bs, p, MM_WF_TAG, m, sizeof(*m)) != ncclSuccess) break;
+            mm_wf_handle(e, m, blocked, waits, epoch);
+        }
+    }
+    if (probe) {
+        memset(m, 0, sizeof(*m));
+        m->magic = MM_WF_MAGIC;
+        m->len = 1;
+        m->path[0] = comm->rank;
+        m->epoch[0] = epoch;
+        for (int p = 0; p < comm->nranks; p++)
+            if (waits[p]) mm_wf_send(comm, p, m);
+    }
+out:
+    free(m);
+    free(waits);
+}
+
 void coll_mismatch_stalled(coll_op_t **ops, int nops, uint32_t polls) {
     /* Per thread: a wait belongs to the thread that runs it. polls restarts from 0 whenever the
      * wait progresses, so the first call of each stall sees polls == 64. */
@@ -306,7 +510,10 @@ void coll_mismatch_stalled(coll_op_t **ops, int nops, uint32_t polls) {
         int seen = 0;
         for (int j = 0; j < i; j++)
             seen |= ops[j]->engine == e;
-        if (!seen) coll_mismatch_stalled_engine(e, stalled);
+        if (!seen) {
+            coll_mismatch_stalled_engine(e, stalled);
+            mm_waitfor(e, stalled);
+        }
     }
 }
 

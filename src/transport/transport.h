@@ -105,6 +105,11 @@ typedef struct chorus_transport_ops {
     /* Both sides. */
     ncclResult_t (*progress)(chorus_conn_t *conn);
     void (*close)(chorus_conn_t *conn);
+    /* Optional, sender side, for transports whose send_drained only says that the data left
+     * this rank (TCP: it is in the kernel). done once the receiver has released every chunk
+     * committed so far, or has closed the connection. *word_p: the receiver's fin_word when it
+     * answered (0 when it closed, or had not set one). NULL: send_drained already means that. */
+    ncclResult_t (*send_consumed)(chorus_conn_t *conn, int *done_p, uint64_t *word_p);
 } chorus_transport_ops_t;
 
 struct chorus_conn {
@@ -130,6 +135,10 @@ struct chorus_conn {
      * payload, so the tuner can give TCP rings power-of-two chunks (tuner.c). */
     size_t chunk_room;
     slot_store_t store; /* sender: plain or streaming stores into the slots */
+    /* Receiver: the word this end hands back to a sender that asks whether its chunks were
+     * consumed (send_consumed). The collective engine stores there, once it finalizes, one more
+     * than the number of chunks this rank committed towards that peer; 0 until then. Atomic. */
+    uint64_t fin_word;
 };
 
 /* registry.c */

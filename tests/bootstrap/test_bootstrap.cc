@@ -6,6 +6,7 @@
 // dies, and fixed root addresses (CHORUS_COMM_ID) used twice in a row.
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netdb.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/mman.h>
@@ -14,6 +15,8 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
+#include <mutex>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -831,6 +834,66 @@ TEST(Bootstrap, IdFromStringParsesAndRejects) {
     EXPECT_STREQ(chorus_sockaddr_str(&a.root, buf, sizeof(buf)), "127.0.0.1:29500");
     ASSERT_EQ(bootstrap_id_from_string("[::1]:80", "TEST", &b), ncclSuccess);
     EXPECT_STREQ(chorus_sockaddr_str(&b.root, buf, sizeof(buf)), "[::1]:80");
+}
+
+// A resolver that never answers (an unreachable DNS server) must not hold init past
+// CHORUS_TIMEOUT: the hook below stands in for getaddrinfo, blocks on "hang.invalid" until the
+// test lets it go, and answers "fake.test" with a numeric address (no network is used).
+namespace {
+std::mutex g_resolve_mu;
+std::condition_variable g_resolve_cv;
+bool g_resolve_release;
+int g_resolve_blocked;
+
+int blocking_resolver(const char *node, const char *service, const struct addrinfo *hints,
+                      struct addrinfo **res) {
+    if (node && strcmp(node, "hang.invalid") == 0) {
+        std::unique_lock<std::mutex> lk(g_resolve_mu);
+        g_resolve_blocked++;
+        g_resolve_cv.wait_for(lk, std::chrono::seconds(60), [] { return g_resolve_release; });
+        g_resolve_blocked--;
+        g_resolve_cv.notify_all();
+        return EAI_AGAIN;
+    }
+    if (node && strcmp(node, "fake.test") == 0) return getaddrinfo("10.1.2.3", service, hints, res);
+    return getaddrinfo(node, service, hints, res);
+}
+} // namespace
+
+TEST(Bootstrap, ResolverThatHangsFailsAtTheDeadline) {
+    ScopedEnv secret("CHORUS_JOB_SECRET", "test-job-secret");
+    ScopedEnv timeout("CHORUS_TIMEOUT", "2");
+    g_resolve_release = false;
+    bs_test_set_resolver(blocking_resolver);
+    chorus_unique_id_t id;
+    ASSERT_EQ(bootstrap_id_from_string("fake.test:29500", "TEST", &id), ncclSuccess);
+    char buf[64];
+    EXPECT_STREQ(chorus_sockaddr_str(&id.root, buf, sizeof(buf)), "10.1.2.3:29500");
+    {
+        // Through the API, as a job with NCCL_COMM_ID=<name>:<port> starts.
+        ScopedEnv comm_id("NCCL_COMM_ID", "hang.invalid:29500");
+        ncclUniqueId uid;
+        const auto t0 = std::chrono::steady_clock::now();
+        ncclResult_t r = ncclGetUniqueId(&uid);
+        const double took =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        const std::string msg = chorus_log_last_error();
+        EXPECT_EQ(r, ncclSystemError);
+        EXPECT_GE(took, 1.5);
+        EXPECT_LT(took, 5.0) << "CHORUS_TIMEOUT=2";
+        EXPECT_NE(msg.find("resolving host 'hang.invalid' gave no answer within 2"),
+                  std::string::npos)
+            << msg;
+        EXPECT_NE(msg.find("NCCL_COMM_ID"), std::string::npos) << msg;
+    }
+    {
+        std::unique_lock<std::mutex> lk(g_resolve_mu);
+        EXPECT_EQ(g_resolve_blocked, 1) << "the resolution still runs in its own thread";
+        g_resolve_release = true;
+        g_resolve_cv.notify_all();
+        g_resolve_cv.wait_for(lk, std::chrono::seconds(10), [] { return g_resolve_blocked == 0; });
+    }
+    bs_test_set_resolver(nullptr);
 }
 
 TEST(Bootstrap, FindInterfaceHonoursIfname) {

@@ -33,6 +33,12 @@
  *   tcp_socket.c   socket helpers: options, listen, connect, exact reads/writes with a deadline
  *   tcp_setup.c    can_connect, setup, connect (handshake, accept loop), close
  *   tcp_conn.c     the data-path ops (acquire/commit/drained, peek/release, progress), ops table
+ *
+ * Consumption. send_drained is done once the kernel has taken every piece; that is not yet
+ * consumed. At finalize the collective engine asks (send_consumed): the sender writes one SYNC
+ * header carrying its head on socket 0, the receiver answers on the same socket, in the other
+ * direction, once its consumer released every step before it, with the word the engine left on
+ * the receiving connection (how many chunks that rank sent back the other way).
  *   tcp_worker.c   per-socket send/receive state machines, helper threads, the futex event
  */
 #ifndef CHORUS_TRANSPORT_TCP_H_
@@ -69,6 +75,8 @@
 #define TCP_HDR_DATA 0x44415441u   /* "DATA" */
 #define TCP_HDR_CLOSE 0x434c4f53u  /* "CLOS": the sender closes cleanly */
 #define TCP_HDR_DIRECT 0x44495243u /* "DIRC": a direct chunk, read into the user buffer */
+#define TCP_HDR_SYNC 0x53594e43u   /* "SYNC": answer once every step before this one is released */
+#define TCP_ACK_CONSUMED 0x41434b43u /* "ACKC": the receiver's answer to a SYNC */
 
 /* What the receiver's setup() publishes. */
 typedef struct {
@@ -110,6 +118,15 @@ typedef struct {
     uint32_t len;
     uint32_t kind; /* TCP_HDR_DATA, TCP_HDR_DIRECT or TCP_HDR_CLOSE */
 } tcp_hdr_t;
+
+/* The receiver's answer to a SYNC header (step S), written back on socket 0 once the consumer has
+ * released every step before S: the one message that flows from receiver to sender. */
+typedef struct {
+    uint32_t magic; /* TCP_ACK_CONSUMED */
+    uint32_t pad;
+    uint64_t released; /* steps the consumer has released */
+    uint64_t word;     /* the receiving chorus_conn_t's fin_word */
+} tcp_ack_t;
 
 /* A futex-backed event count: a waker bumps seq and makes a syscall only when someone sleeps. */
 typedef struct {
@@ -193,6 +210,13 @@ typedef struct tcp_conn {
     int *slot_dsock;      /* ... waiting on this socket */
     tcp_event_t release_ev;
     int closed_socks;
+    /* Consumption check (send_consumed). Receiver: sync_want is S + 1 once a SYNC for step S was
+     * read (helper or caller), sync_acked the same once its answer was written (whoever claims
+     * it first writes). Sender: how much of its SYNC and of the answer have passed. */
+    uint64_t sync_want, sync_acked;
+    size_t sync_sent, ack_got;
+    tcp_hdr_t sync_hdr;
+    tcp_ack_t ack;
 
     int nthreads;
     tcp_thread_t *threads;
@@ -234,6 +258,8 @@ void tcp_event_wait(tcp_event_t *ev, uint32_t seen, int timeout_ms);
 uint32_t tcp_split(const tcp_conn_t *tc, size_t bytes, size_t *piece_p);
 int tcp_sock_send_pass(tcp_conn_t *tc, tcp_sock_t *s);
 int tcp_sock_recv_pass(tcp_conn_t *tc, tcp_sock_t *s);
+/* Receiver: write the answer to a SYNC once the consumer has released every step before it. */
+void tcp_sync_answer(tcp_conn_t *tc);
 /* Read a published direct chunk from its socket into dst (blocking, with the deadline). */
 ncclResult_t tcp_recv_direct(tcp_conn_t *tc, int slot, void *dst, size_t bytes);
 /* One pass over a socket if nobody else drives it (TCP_SOCK_BUSY otherwise). */

@@ -15,7 +15,9 @@
  * receiving end without helpers (SOCKET_RECV_NTHREADS=0) reads on every peek, without the backoff
  * that only serves to leave the sockets to a helper.
  */
+#include <errno.h>
 #include <string.h>
+#include <sys/socket.h>
 
 #include "check.h"
 #include "tcp.h"
@@ -217,6 +219,58 @@ static ncclResult_t tcp_recv_release(chorus_conn_t *conn) {
     STORE_REL(&tc->released, step + 1);
     conn->step = step + 1;
     if (tc->nthreads > 0) tcp_event_signal(&tc->release_ev);
+    if (LOAD_ACQ(&tc->sync_want)) tcp_sync_answer(tc);
+    return ncclSuccess;
+}
+
+/* Once the kernel has taken every piece, write a SYNC with the head on socket 0 (under its lock:
+ * no piece is in flight then, so the header cannot split one), then read the receiver's answer
+ * from the same socket. The answer says how many steps its consumer released; a receiver that
+ * closes instead (EOF, reset) ends the wait too: nothing can be consumed any more. */
+static ncclResult_t tcp_send_consumed(chorus_conn_t *conn, int *done_p, uint64_t *word_p) {
+    tcp_conn_t *tc = conn->priv;
+    *done_p = 0;
+    *word_p = 0;
+    int drained = 0;
+    CHECK(tcp_send_drained(conn, &drained));
+    if (!drained) return ncclSuccess;
+    tcp_sock_t *s = &tc->socks[0];
+    if (tc->sync_sent < sizeof(tc->sync_hdr)) {
+        if (tc->sync_sent == 0)
+            tc->sync_hdr = (tcp_hdr_t){.step = tc->head, .kind = TCP_HDR_SYNC};
+        if (__atomic_load_n(&s->lock, __ATOMIC_RELAXED) ||
+            __atomic_exchange_n(&s->lock, 1, __ATOMIC_ACQUIRE))
+            return ncclSuccess; /* its helper is in a pass; try again at the next call */
+        ssize_t r = s->busy ? -2
+                            : send(s->fd, (char *)&tc->sync_hdr + tc->sync_sent,
+                                   sizeof(tc->sync_hdr) - tc->sync_sent,
+                                   MSG_NOSIGNAL | MSG_DONTWAIT);
+        int e = errno;
+        __atomic_store_n(&s->lock, 0, __ATOMIC_RELEASE);
+        if (r > 0) tc->sync_sent += (size_t)r;
+        else if (r == -1 && e != EAGAIN && e != EWOULDBLOCK && e != EINTR) *done_p = 1;
+        return ncclSuccess; /* a receiver that is gone consumes nothing more */
+    }
+    while (tc->ack_got < sizeof(tc->ack)) {
+        ssize_t r = recv(s->fd, (char *)&tc->ack + tc->ack_got, sizeof(tc->ack) - tc->ack_got,
+                         MSG_DONTWAIT);
+        if (r > 0) {
+            tc->ack_got += (size_t)r;
+            continue;
+        }
+        if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
+            return ncclSuccess;
+        *done_p = 1; /* closed or reset: the receiver is gone */
+        return ncclSuccess;
+    }
+    if (tc->ack.magic != TCP_ACK_CONSUMED || tc->ack.released < tc->sync_hdr.step) {
+        tcp_conn_fail(tc, ncclRemoteError, "malformed consumption answer (magic 0x%x, %llu of "
+                      "%llu steps)", tc->ack.magic, (unsigned long long)tc->ack.released,
+                      (unsigned long long)tc->sync_hdr.step);
+        return tcp_check_error(tc);
+    }
+    *done_p = 1;
+    *word_p = tc->ack.word;
     return ncclSuccess;
 }
 
@@ -245,4 +299,5 @@ const chorus_transport_ops_t tcp_transport_ops = {
     .recv_release = tcp_recv_release,
     .progress = tcp_progress,
     .close = tcp_close,
+    .send_consumed = tcp_send_consumed,
 };

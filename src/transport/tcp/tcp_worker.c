@@ -214,6 +214,12 @@ int tcp_sock_recv_pass(tcp_conn_t *tc, tcp_sock_t *s) {
                     __atomic_add_fetch(&tc->closed_socks, 1, __ATOMIC_ACQ_REL);
                     return did | TCP_SOCK_CLOSED;
                 }
+                if (h->kind == TCP_HDR_SYNC && s->index == 0) {
+                    STORE_REL(&tc->sync_want, h->step + 1);
+                    tcp_sync_answer(tc);
+                    did = TCP_SOCK_DID;
+                    continue;
+                }
                 int bad = h->kind == TCP_HDR_DIRECT
                               ? h->len != h->total || h->offset != 0
                               : h->kind != TCP_HDR_DATA || h->total > tc->slot_cap ||
@@ -292,6 +298,24 @@ int tcp_sock_recv_pass(tcp_conn_t *tc, tcp_sock_t *s) {
         tcp_recv_piece_done(tc, s);
         did = TCP_SOCK_DID;
     }
+}
+
+void tcp_sync_answer(tcp_conn_t *tc) {
+    uint64_t want = LOAD_ACQ(&tc->sync_want);
+    if (want == 0) return;
+    uint64_t released = LOAD_ACQ(&tc->released);
+    if (released + 1 < want) return;
+    uint64_t acked = LOAD_ACQ(&tc->sync_acked);
+    if (acked >= want || !__atomic_compare_exchange_n(&tc->sync_acked, &acked, want, 0,
+                                                      __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+        return; /* answered, or another thread answers right now */
+    tcp_ack_t a = {.magic = TCP_ACK_CONSUMED,
+                   .released = released,
+                   .word = __atomic_load_n(&tc->conn->fin_word, __ATOMIC_ACQUIRE)};
+    /* Nothing else travels in this direction, so the kernel takes these few bytes at once; a
+     * peer that is gone just never reads them. */
+    ssize_t r = send(tc->socks[0].fd, &a, sizeof(a), MSG_NOSIGNAL | MSG_DONTWAIT);
+    (void)r;
 }
 
 ncclResult_t tcp_recv_direct(tcp_conn_t *tc, int slot, void *dst, size_t bytes) {
