@@ -40,7 +40,7 @@ typedef struct {
      * the identity), RECV_REDUCE_SEND writes its partial result to `dst` (which the schedule
      * overwrites later) and sends that. CHORUS_DIRECT_REDUCE turns it off. */
     int direct_reduce_ok;
-    /* dst is final output of an op far larger than the cache (coll_ring_stream): write it with
+    /* dst is final output of an op far larger than the cache (the plan's stream): write it with
      * streaming stores (rk_reduce_nt/rk_copy_nt), pulling a direct chunk through the bounce
      * buffer first. */
     int stream;
