@@ -38,7 +38,7 @@ static int rd_folded(const struct ncclComm *comm) {
 
 static int rd_supports(const coll_op_t *op) {
     if (op->comm->nranks < 2) return 1;
-    return op->count <= prim_chunk_elems(NULL, op->esize);
+    return op->count <= prim_chunk_elems(op->plan.slot_bytes, op->esize);
 }
 
 static void rd_add(coll_op_t *op, int round, int peer, int is_send, int kind) {

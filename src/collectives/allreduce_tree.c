@@ -131,7 +131,7 @@ static void tree_add_role(coll_op_t *op, int peer, int t, int role) {
 
 size_t coll_tree_chunk_elems(const coll_op_t *op) {
     const size_t es = op->esize, align = 64 / es;
-    const size_t max = prim_chunk_elems(NULL, es);
+    const size_t max = prim_chunk_elems(op->plan.slot_bytes, es);
     size_t want;
     if (op->plan.chunk_bytes) {
         want = op->plan.chunk_bytes / es;

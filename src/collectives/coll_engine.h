@@ -116,15 +116,23 @@ typedef struct {
 struct coll_algo;
 
 /* The op's plan beyond its algorithm (op->algo), made once per op by the tuner (tuner.c, from the
- * cost model of cost_model.c); schedules and primitives only read it (all zero: the schedule's
- * defaults). Every rank makes the same plan for the same op, since both ends of a connection
- * must agree on every chunk's size. */
+ * cost model of cost_model.c and the parameters); schedules and primitives only read it, and
+ * read no parameter themselves. Every rank makes the same plan for the same op, since both ends
+ * of a connection must agree on every chunk's size. */
 typedef struct {
+    size_t slot_bytes;  /* a slot as the connections are sized (NCCL_BUFFSIZE / CHORUS_NSLOTS):
+                         * the largest chunk with its header (prim_chunk_elems) */
     size_t chunk_bytes; /* ring chunk payload (must fit slot_bytes + chunk_room); the tree's
-                         * pipeline chunk */
-    int direct;         /* 1: single copy wherever the connection allows (RING_DIRECT=-1) */
+                         * pipeline chunk; 0: a whole slot */
+    size_t stream_chunk_bytes; /* streamed ops: the chunk (CHORUS_STREAM_CHUNK or the L2 rule),
+                                * when smaller than the slot's; 0: the slot's */
+    int stream;         /* 1: the streamed mode (coll_ring.h): a ring all-reduce, reduce-scatter
+                         * or all-gather whose output is far larger than the cache
+                         * (CHORUS_STREAM_THRESHOLD) */
+    int direct;         /* ring single copy: 1 wherever the connection allows
+                         * (CHORUS_RING_DIRECT=1, TCP rings), -1 never (CHORUS_RING_DIRECT=0),
+                         * 0 where it pays (coll_ring_direct) */
     int direct_reduce;  /* 1: reduce steps go single copy too (as DIRECT_REDUCE=1) */
-    int no_stream;      /* 1: never the streamed mode (coll_ring.h) */
     double est_us;      /* the cost model's time for the op (ncclGroupSimulateEnd) */
 } coll_plan_t;
 

@@ -40,7 +40,7 @@ typedef struct {
      * the identity), RECV_REDUCE_SEND writes its partial result to `dst` (which the schedule
      * overwrites later) and sends that. CHORUS_DIRECT_REDUCE turns it off. */
     int direct_reduce_ok;
-    /* dst is final output of an op far larger than the cache (coll_ring_stream): write it with
+    /* dst is final output of an op far larger than the cache (the plan's stream): write it with
      * streaming stores (rk_reduce_nt/rk_copy_nt), pulling a direct chunk through the bounce
      * buffer first. */
     int stream;
@@ -69,8 +69,9 @@ ncclResult_t prim_drop_chunk(chorus_conn_t *rc, const void *data, size_t bytes);
  * chunks whose output was written with streaming stores (chunk.stream). Plain arguments, so
  * that C++ tests can declare it. */
 void prim_path_stats(uint64_t *reduce_sent_p, uint64_t *reduce_recv_p, uint64_t *streamed_p);
-/* Capacity of one chunk in elements for a connection (header room included). */
-size_t prim_chunk_elems(const chorus_conn_t *conn, size_t esize);
+/* Capacity of one chunk in elements for a slot of slot_bytes (header room included): a
+ * connection's conn->slot_bytes, or the plan's op->plan.slot_bytes. */
+size_t prim_chunk_elems(size_t slot_bytes, size_t esize);
 void coll_op_fail(coll_op_t *op, ncclResult_t res, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 

@@ -56,6 +56,9 @@ double coll_model_time_us(const coll_model_comm_t *m, const coll_link_cost_t *li
 /* The tree all-reduce's pipeline chunk for an op of bytes (elements of esize), at most one slot
  * of slot_bytes: about 8 chunks per tree, at least 32 KiB. */
 size_t coll_model_tree_chunk(size_t bytes, size_t esize, size_t slot_bytes);
+/* A connection's slot as connect sizes it: NCCL_BUFFSIZE / CHORUS_NSLOTS, in whole cache lines
+ * (the plan's slot_bytes). */
+size_t coll_model_slot_bytes(void);
 
 /* The measured crossovers on one host (calibration rows), for m's link class and rank count;
  * NULL where none applies (ranks on several hosts). */

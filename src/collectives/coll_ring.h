@@ -50,11 +50,8 @@ void coll_local_reduce(coll_op_t *op, void *out, const void *in, size_t count);
 /* Finish the channel once its loops are done: wait for direct chunks to be consumed. Returns 1
  * when the channel is done. */
 ncclResult_t coll_ring_channel_end(coll_op_t *op, coll_chan_t *ch, int *done_p);
-/* Whether an op moving `bytes` should write its final output with streaming stores
- * (CHORUS_STREAM_THRESHOLD; chunk.stream). */
-int coll_ring_stream(size_t bytes);
-/* Whether channel c's chunks may go direct (single copy) at all (CHORUS_RING_DIRECT); streamed
- * ops never do. */
+/* Whether channel c's chunks may go direct (single copy) at all (the plan's direct: forced either
+ * way, or where it pays); streamed ops never do. */
 int coll_ring_direct(const coll_op_t *op, int c);
 /* How many ops the tuner gave the shared-memory ring chunk (tuner.c, CHORUS_SHM_RING_CHUNK), in
  * this process since it started; for tests. */

@@ -77,6 +77,8 @@ struct ncclComm {
                       tuner.c), 1 when not, 0 until computed */
     uint32_t ring_l2; /* tuner: the smallest L2 of all ranks (locality records), so that every
                          rank sizes shared-memory ring chunks alike; 0 until computed, 1 unknown */
+    int root_check_off; /* CHORUS_ROOT_CHECK=0, read once when the engine is made: rooted chains
+                           leave the closing edge unused, gather and scatter check no root */
     /* [nranks], entries NULL until first use. The arrays are allocated at init; an entry is a
      * calloc'd connection made by whoever connects it first (the collective engine); the core
      * closes (transport_close) and frees every entry, and the ring connections, in comm_free,

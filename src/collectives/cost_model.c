@@ -228,6 +228,11 @@ static double tree_send_factor(int n) {
     return most / 2.0;
 }
 
+size_t coll_model_slot_bytes(void) {
+    int64_t nslots = chorus_param_int(PARAM_NSLOTS);
+    return (size_t)(chorus_param_int(PARAM_BUFFSIZE) / (nslots > 0 ? nslots : 1)) / 64 * 64;
+}
+
 size_t coll_model_tree_chunk(size_t bytes, size_t esize, size_t slot_bytes) {
     size_t c = CHORUS_MAX(bytes / 16, (size_t)32 << 10);
     c = CHORUS_MIN(c, slot_bytes);
@@ -355,7 +360,7 @@ int coll_model_choose(const coll_model_comm_t *m, const coll_link_cost_t *links,
             if (!has(can, id) || (id == COLL_ALGO_LL && in->bytes > ll_max)) continue;
             const size_t chunk = id == COLL_ALGO_TREE
                                      ? coll_model_tree_chunk(in->bytes, in->esize,
-                                                             prim_chunk_elems(NULL, 1))
+                                                             prim_chunk_elems(coll_model_slot_bytes(), 1))
                                      : 0;
             const double us = coll_model_time_us(m, links, in->coll, id, in->bytes, chunk);
             if (best < 0 || us < best_us) {

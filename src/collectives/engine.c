@@ -64,6 +64,7 @@ ncclResult_t coll_engine_create(struct ncclComm *comm) {
         local += locality_same_host(&comm->peers[p], &comm->peers[comm->rank]);
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
     e->oversubscribed = ncpu > 0 && local > ncpu;
+    comm->root_check_off = chorus_param_int(PARAM_ROOT_CHECK) == 0;
     INFO(SUB_COLL, "rank %d: %d ranks on this host, %ld CPUs%s", comm->rank, local, ncpu,
          e->oversubscribed ? ": oversubscribed, waits yield at once" : "");
     comm->engine = e;

@@ -16,7 +16,7 @@
 int coll_oneshot_supports(const coll_op_t *op) {
     if (op->comm->nranks < 2) return 1;
     if (op->comm->nranks > COLL_ONESHOT_MAX_RANKS) return 0;
-    return op->count <= prim_chunk_elems(NULL, op->esize);
+    return op->count <= prim_chunk_elems(op->plan.slot_bytes, op->esize);
 }
 
 void coll_oneshot_setup(coll_op_t *op, int send_per_peer, int recv_per_peer) {

@@ -49,20 +49,15 @@
 #include "coll_internal.h"
 #include "comm.h"
 #include "log.h"
-#include "param.h"
 #include "slot_store.h"
 #include "waiter.h"
 
 /* PRIM_SEND_COPY's piece: small enough that a piece written to the slot is still in L1. */
 #define PRIM_SEND_COPY_PIECE ((size_t)16384)
 
-size_t prim_chunk_elems(const chorus_conn_t *conn, size_t esize) {
-    size_t slot = conn ? conn->slot_bytes : 0;
-    if (slot == 0) {
-        int64_t nslots = chorus_param_int(PARAM_NSLOTS);
-        slot = (size_t)(chorus_param_int(PARAM_BUFFSIZE) / (nslots > 0 ? nslots : 1)) / 64 * 64;
-    }
-    size_t elems = (slot - COLL_HDR_BYTES) / esize;
+size_t prim_chunk_elems(size_t slot_bytes, size_t esize) {
+    if (slot_bytes <= COLL_HDR_BYTES) return 1;
+    size_t elems = (slot_bytes - COLL_HDR_BYTES) / esize;
     size_t align = 64 / esize;
     elems = elems / align * align;
     return elems ? elems : 1;

@@ -34,6 +34,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include "host_copy.h"
 #include "nccl.h"
 
 #ifdef __cplusplus
@@ -63,26 +64,21 @@ const char *chorus_dtype_name(ncclDataType_t dtype);
 const char *chorus_redop_name(int op); /* "sum", ..., "premulsum" for dynamic ops */
 int chorus_dtype_is_float(ncclDataType_t dtype);
 
-/* Host kernels (vectorised; the widest ISA the CPU has is chosen once at run time). */
-void rk_copy(void *dst, const void *src, size_t bytes);
+/* Host kernels (vectorised; the widest ISA the CPU has is chosen once at run time). The copies,
+ * rk_copy and rk_copy_nt, are in host_copy.h, which this header includes. */
 void rk_prepare(void *dst, const void *in, size_t count, const chorus_redop_t *op);
 void rk_reduce(void *dst, const void *in, const void *acc, size_t count, const chorus_redop_t *op);
 void rk_finish(void *dst, const void *src, size_t count, const chorus_redop_t *op);
 void rk_reduce_n(void *dst, const void *const *ins, int n, size_t count, const chorus_redop_t *op);
-/* The same as rk_reduce / rk_copy, but dst is written with streaming (non-temporal) stores where
+/* The same as rk_reduce, but dst is written with streaming (non-temporal) stores where
  * the CPU has them (a plain kernel otherwise): for outputs far larger than the cache that nobody
  * reads soon, it saves the read-for-ownership of every destination line and keeps the working
  * set in cache. The stores are fenced before return. dst may alias in or acc exactly. */
 void rk_reduce_nt(void *dst, const void *in, const void *acc, size_t count, const chorus_redop_t *op);
-void rk_copy_nt(void *dst, const void *src, size_t bytes);
 /* dst = pre(in) (+) acc with plain stores (dst: a buffer that is read again soon, e.g. a slot),
  * and the same result also into dst_nt with streaming stores, in one pass over in and acc. */
 void rk_reduce_copy_nt(void *dst, void *dst_nt, const void *in, const void *acc, size_t count,
                        const chorus_redop_t *op);
-/* Whether rk_*_nt really stream on this CPU, and the size from which rk_copy streams by itself
- * (half the last-level cache, at least 16 MiB): the size from which callers should stream. */
-int rk_has_stream(void);
-size_t rk_stream_threshold(void);
 /* Which implementation the dispatcher picked ("avx512", "avx2", "generic"). */
 const char *rk_isa_name(void);
 /* Whether this CPU can run the named variant, and forcing one (NULL or "auto": the widest again);

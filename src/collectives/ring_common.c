@@ -11,7 +11,6 @@
 #include "coll_ring.h"
 #include "comm.h"
 #include "util.h"
-#include "param.h"
 
 /* Ops from this size use single copy between processes (CHORUS_RING_DIRECT=-1). */
 #define COLL_RING_CMA_MIN_BYTES ((size_t)4 << 20)
@@ -23,19 +22,15 @@ size_t coll_ring_out_bytes(const coll_op_t *op) {
 
 void coll_ring_plan(coll_op_t *op, size_t total, size_t loop_chunks) {
     struct ncclComm *comm = op->comm;
-    size_t chunk = prim_chunk_elems(NULL, op->esize);
-    if (op->plan.chunk_bytes >= 64) /* the tuner's choice (TCP rings: tuner.c) */
+    size_t chunk = prim_chunk_elems(op->plan.slot_bytes, op->esize);
+    if (op->plan.chunk_bytes >= 64) /* the tuner's choice (tuner.c) */
         chunk = op->plan.chunk_bytes / 64 * (64 / op->esize);
-    op->stream = 0;
-    if ((op->coll == COLL_ALLREDUCE || op->coll == COLL_REDUCESCATTER ||
-         op->coll == COLL_ALLGATHER) && !op->plan.no_stream &&
-        coll_ring_stream(coll_ring_out_bytes(op))) {
+    op->stream = op->plan.stream;
+    if (op->stream) {
         /* Streamed ops copy through the slots (see coll_ring.h): small chunks keep the slots
          * of every connection in cache. */
-        op->stream = 1;
-        int64_t sc = chorus_param_int(PARAM_STREAM_CHUNK);
-        if (sc < 0) sc = (int64_t)coll_tuner_shm_chunk(comm, TUNER_STREAM_CHUNK_MAX);
-        size_t want = sc > 0 ? (size_t)sc / op->esize / (64 / op->esize) * (64 / op->esize) : 0;
+        const size_t sc = op->plan.stream_chunk_bytes;
+        size_t want = sc / op->esize / (64 / op->esize) * (64 / op->esize);
         if (want > 0 && want < chunk) chunk = want;
     }
     size_t per_loop = chunk * loop_chunks;
@@ -85,17 +80,9 @@ ncclResult_t coll_ring_channel_end(coll_op_t *op, coll_chan_t *ch, int *done_p) 
     return ncclSuccess;
 }
 
-int coll_ring_stream(size_t bytes) {
-    int64_t t = chorus_param_int(PARAM_STREAM_THRESHOLD);
-    if (t == 0 || !rk_has_stream()) return 0;
-    return bytes >= (t < 0 ? rk_stream_threshold() : (size_t)t);
-}
-
 int coll_ring_direct(const coll_op_t *op, int c) {
     if (op->stream) return 0;
-    int64_t mode = chorus_param_int(PARAM_RING_DIRECT);
-    if (mode >= 0) return mode > 0;
-    if (op->plan.direct) return 1; /* the tuner's choice (TCP rings: tuner.c) */
+    if (op->plan.direct) return op->plan.direct > 0; /* CHORUS_RING_DIRECT, TCP rings: tuner.c */
     /* Auto: a direct chunk between threads of one process is a plain vector copy: always. Between
      * processes it is process_vm_readv, whose kernel copy (plus page pinning) measured slower on
      * the project's machine than the two cache-resident copies through the slots up to 2 MiB
@@ -138,7 +125,7 @@ static int ring_echo_role(const coll_op_t *op, const coll_ring_at_t *at) {
     if (op->coll == COLL_BROADCAST) tail = at->root_pos - 1;
     else if (op->coll == COLL_REDUCE) tail = at->root_pos;
     else return ECHO_NONE;
-    if (chorus_param_int(PARAM_ROOT_CHECK) == 0) return ECHO_NONE;
+    if (op->comm->root_check_off) return ECHO_NONE;
     if ((long)coll_mod(tail, n) == at->pos) return ECHO_SEND;
     if ((long)coll_mod(tail + 1, n) == at->pos) return ECHO_RECV;
     return ECHO_NONE;

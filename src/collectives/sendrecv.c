@@ -35,7 +35,6 @@
 #include "check.h"
 #include "coll_internal.h"
 #include "comm.h"
-#include "param.h"
 #include "util.h"
 
 static void xfer_add(coll_op_t *op, int peer, int is_send, const void *buf, size_t bytes) {
@@ -65,7 +64,7 @@ static ncclResult_t p2p_setup(coll_op_t *op) {
     const int n = comm->nranks, me = comm->rank;
     const size_t blk = op->count * op->esize;
     const int check = (op->coll == COLL_GATHER || op->coll == COLL_SCATTER) &&
-                      chorus_param_int(PARAM_ROOT_CHECK) != 0;
+                      !comm->root_check_off;
     int max = op->coll == COLL_SEND || op->coll == COLL_RECV ? 1 : 3 * n;
     if (max <= 2) {
         op->xfer = op->xfer_inline;
@@ -203,7 +202,8 @@ static ncclResult_t p2p_progress(coll_op_t *op, int *done_p) {
             continue;
         }
         x->started = 1;
-        size_t cap = prim_chunk_elems(x->use.conn, op->esize) * op->esize;
+        const size_t slot = x->use.conn->slot_bytes ? x->use.conn->slot_bytes : op->plan.slot_bytes;
+        size_t cap = prim_chunk_elems(slot, op->esize) * op->esize;
         while (x->off < x->bytes || !x->round) {
             size_t bytes = CHORUS_MIN(cap, x->bytes - x->off);
             coll_chunk_t cc = {0};

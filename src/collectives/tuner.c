@@ -141,7 +141,9 @@ static int tuner_tcp_rings(struct ncclComm *comm) {
     return all;
 }
 
-static void tuner_tune_tcp(coll_op_t *op) {
+/* TCP-only rings (CHORUS_SOCKET_RING_TUNE): chunk, single copy; returns 1 when the op must not
+ * stream. */
+static int tuner_tune_tcp(coll_op_t *op) {
     int64_t bits = chorus_param_int(PARAM_SOCKET_RING_TUNE);
     if (bits < 0) bits = op->coll == COLL_ALLREDUCE ? TUNER_TCP_DEFAULT : TUNER_TCP_DEFAULT_OTHER;
     if (bits & TUNER_TCP_CHUNK) {
@@ -154,7 +156,29 @@ static void tuner_tune_tcp(coll_op_t *op) {
     }
     op->plan.direct = (bits & TUNER_TCP_DIRECT) != 0;
     op->plan.direct_reduce = (bits & TUNER_TCP_DIRECT_REDUCE) != 0;
-    op->plan.no_stream = (bits & TUNER_TCP_NO_STREAM) != 0;
+    return (bits & TUNER_TCP_NO_STREAM) != 0;
+}
+
+/* Whether an op writing `bytes` of output streams it (CHORUS_STREAM_THRESHOLD: -1 from
+ * rk_stream_threshold, 0 never, else from that many bytes; only where the CPU has streaming
+ * stores). */
+static int tuner_stream(size_t bytes) {
+    int64_t t = chorus_param_int(PARAM_STREAM_THRESHOLD);
+    if (t == 0 || !rk_has_stream()) return 0;
+    return bytes >= (t < 0 ? rk_stream_threshold() : (size_t)t);
+}
+
+/* The streamed mode of a ring all-reduce, reduce-scatter or all-gather (coll_ring.h) and its
+ * chunk: CHORUS_STREAM_CHUNK, or the L2 rule up to TUNER_STREAM_CHUNK_MAX. */
+static void tuner_plan_stream(coll_op_t *op) {
+    if (op->coll != COLL_ALLREDUCE && op->coll != COLL_REDUCESCATTER &&
+        op->coll != COLL_ALLGATHER)
+        return;
+    if (!tuner_stream(coll_ring_out_bytes(op))) return;
+    op->plan.stream = 1;
+    int64_t sc = chorus_param_int(PARAM_STREAM_CHUNK);
+    if (sc < 0) sc = (int64_t)coll_tuner_shm_chunk(op->comm, TUNER_STREAM_CHUNK_MAX);
+    op->plan.stream_chunk_bytes = sc > 0 ? (size_t)sc : 0;
 }
 
 /* ---- shared-memory rings, large sizes --------------------------------------------------------
@@ -237,13 +261,11 @@ static void tuner_tune_shm(coll_op_t *op) {
         want = op->comm->nranks <= TUNER_SHM_RING_CHUNK_MAX_RANKS
                    ? (int64_t)coll_tuner_shm_chunk(op->comm, TUNER_RING_CHUNK_MAX)
                    : 0;
-    /* Streamed ops get their chunk in coll_ring_plan (CHORUS_STREAM_CHUNK). */
-    if (want < 64 || coll_ring_stream(coll_ring_out_bytes(op))) return;
+    /* Streamed ops have their own chunk (tuner_plan_stream). */
+    if (want < 64 || op->plan.stream) return;
     /* It must fit a slot with the op header, as connect.c sizes the slots (shm has no room past
      * slot_bytes); otherwise the whole slot it is. */
-    int64_t nslots = chorus_param_int(PARAM_NSLOTS);
-    int64_t slot = chorus_param_int(PARAM_BUFFSIZE) / (nslots > 0 ? nslots : 1) / 64 * 64;
-    if (want + COLL_HDR_BYTES > slot) return;
+    if ((size_t)want + COLL_HDR_BYTES > op->plan.slot_bytes) return;
     op->plan.chunk_bytes = (size_t)want;
     atomic_fetch_add_explicit(&tuner_stat_shm_chunk, 1, memory_order_relaxed);
 }
@@ -360,6 +382,7 @@ ncclResult_t coll_tuner_pick(coll_op_t *op) {
         return ncclSuccess;
     }
     struct ncclComm *comm = op->comm;
+    op->plan.slot_bytes = coll_model_slot_bytes(); /* what supports() and the schedules size by */
     coll_model_comm_t m;
     tuner_model_comm(comm, &m);
     coll_link_cost_t links[COLL_LINK_NCLASSES];
@@ -397,19 +420,28 @@ ncclResult_t coll_tuner_pick(coll_op_t *op) {
     op->algo = pick;
     op->uses_ring = pick->id == COLL_ALGO_RING && comm->nranks > 1;
     char tuned[48] = "";
-    if (op->uses_ring && tuner_tcp_rings(comm)) {
-        tuner_tune_tcp(op);
-        snprintf(tuned, sizeof(tuned), ", tcp ring tuning");
-    } else if (op->uses_ring && m.link == COLL_LINK_SHM) {
-        tuner_tune_shm(op);
-        if (op->plan.chunk_bytes)
-            snprintf(tuned, sizeof(tuned), ", shm ring chunk %zu KiB", op->plan.chunk_bytes >> 10);
+    if (op->uses_ring) {
+        const int tcp = tuner_tcp_rings(comm);
+        int no_stream = 0;
+        if (tcp) {
+            no_stream = tuner_tune_tcp(op);
+            snprintf(tuned, sizeof(tuned), ", tcp ring tuning");
+        }
+        if (!no_stream) tuner_plan_stream(op);
+        if (!tcp && m.link == COLL_LINK_SHM) {
+            tuner_tune_shm(op);
+            if (op->plan.chunk_bytes)
+                snprintf(tuned, sizeof(tuned), ", shm ring chunk %zu KiB",
+                         op->plan.chunk_bytes >> 10);
+        }
     } else if (pick->id == COLL_ALGO_TREE && comm->nranks > 1) {
         op->plan.chunk_bytes = coll_model_tree_chunk(op->count * op->esize, op->esize,
-                                                     prim_chunk_elems(NULL, 1));
+                                                     prim_chunk_elems(op->plan.slot_bytes, 1));
         snprintf(tuned, sizeof(tuned), ", tree chunk %zu KiB", op->plan.chunk_bytes >> 10);
     }
-    /* Read here once per choice rather than by the primitives once per chunk. */
+    /* Read here once per choice rather than by the schedules and primitives per chunk. */
+    const int64_t ring_direct = chorus_param_int(PARAM_RING_DIRECT);
+    if (ring_direct >= 0) op->plan.direct = ring_direct > 0 ? 1 : -1;
     if (chorus_param_int(PARAM_DIRECT_REDUCE) != 0) op->plan.direct_reduce = 1;
     op->plan.est_us = coll_model_time_us(&m, links, op->coll, pick->id, op->count * op->esize,
                                          op->plan.chunk_bytes);

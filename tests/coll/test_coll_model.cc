@@ -41,7 +41,7 @@ int reference_choice(int coll, int n, bool net, bool threads, size_t bytes) {
     }
     const bool ag_os = n <= COLL_ONESHOT_MAX_RANKS && !net && total <= 512 * KiB;
     const size_t dthr = n == 2 ? 16 * KiB : 32 * KiB;
-    const size_t chunk = prim_chunk_elems(nullptr, 1);
+    const size_t chunk = prim_chunk_elems(coll_model_slot_bytes(), 1);
     const bool one_chunk = n == 1 || bytes <= chunk;
     const bool direct_ok = threads && n >= 2 && n <= COLL_DIRECT_MAX_RANKS;
     switch (coll) {
@@ -64,7 +64,7 @@ int reference_choice(int coll, int n, bool net, bool threads, size_t bytes) {
 
 // The algorithms whose supports() accept such an op (as the schedules define them).
 unsigned supported(int coll, int n, bool threads, size_t bytes) {
-    const size_t chunk = prim_chunk_elems(nullptr, 1);
+    const size_t chunk = prim_chunk_elems(coll_model_slot_bytes(), 1);
     const bool one_chunk = n == 1 || bytes <= chunk;
     unsigned s = 1u << COLL_ALGO_RING;
     if (threads && n >= 2 && n <= COLL_DIRECT_MAX_RANKS &&

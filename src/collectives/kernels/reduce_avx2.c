@@ -79,7 +79,7 @@ static inline void rk_pack16_hi(void *p, rk_widen_vu lo, rk_widen_vu hi) {
     _mm256_storeu_si256((__m256i *)p, _mm256_packus_epi32(l, h));
 }
 
-#include "reduce_nt.h"
+#include "host_copy_x86.h"
 #include "reduce_body.h"
 
 #pragma GCC pop_options

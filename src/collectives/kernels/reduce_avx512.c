@@ -89,7 +89,7 @@ static inline void rk_tail_out(void *dst, const void *blk, size_t r) {
     _mm512_mask_storeu_epi8(dst, (__mmask64)((1ULL << r) - 1), _mm512_load_si512(blk));
 }
 
-#include "reduce_nt.h"
+#include "host_copy_x86.h"
 #include "reduce_body.h"
 
 #pragma GCC pop_options

@@ -14,8 +14,8 @@
  *                  16 or 8 bits to and from 32-bit lanes with the target's zero-extending moves
  *                  and packs (GCC lowers __builtin_convertvector on these narrow vectors to
  *                  lane-by-lane inserts, several times slower); otherwise that builtin is used
- *   RK_NT          1 when rk_nt_copy, rk_nt_copy_nofence and rk_nt_fence (non-temporal stores)
- *                  are defined
+ *   RK_NT          1 when the x86 copy loops of host_copy_x86.h (rk_x86_copy, streaming stores
+ *                  in rk_nt_copy_nofence and rk_nt_fence) are included
  *   RK_MASKED_TAIL 1 when rk_tail_in/rk_tail_out (byte-masked vector loads and stores) are defined
  * and puts its target pragma in force. Everything here is static, so each variant is a separate
  * copy that the compiler vectorises for its own target.
@@ -303,18 +303,12 @@ static inline void e5m2_store(void *p, rk_vf32 f) {
 /* ---- copy ----------------------------------------------------------------------------------- */
 
 static void rk_body_copy(void *dst, const void *src, size_t bytes) {
-    if (dst == src || bytes == 0) return;
 #if RK_NT
-    if (bytes >= rk_nt_threshold) {
-        rk_nt_copy(dst, src, bytes);
-        return;
-    }
-    if (bytes >= RK_VEC_COPY_MIN) {
-        rk_vec_copy(dst, src, bytes);
-        return;
-    }
-#endif
+    rk_x86_copy(dst, src, bytes);
+#else
+    if (dst == src || bytes == 0) return;
     memcpy(dst, src, bytes);
+#endif
 }
 
 /* ---- the last partial block ----------------------------------------------------------------- */

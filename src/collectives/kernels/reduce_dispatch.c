@@ -5,59 +5,15 @@
  * resolved at the first kernel call and kept in an atomic pointer. Resolving is idempotent, so two
  * threads racing on the first call just store the same pointer twice; afterwards each call costs
  * one load and one indirect call, and the variant switches on dtype and kind once per call (per
- * chunk), never per element. rk_isa_select() lets tests and perf/kernels force a variant. The
- * first resolution also sizes rk_copy's streaming-store threshold from the L3 cache (one sysfs
- * read, once per process, never in a kernel).
+ * chunk), never per element. rk_isa_select() lets tests and perf/kernels force a variant, for
+ * these kernels and for rk_copy (src/base/host_copy.c) alike.
  */
-#include <fcntl.h>
-#if defined(__x86_64__)
-#include <cpuid.h>
-#endif
-#include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
-#include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "log.h"
 #include "reduce_isa.h"
-
-/* Streaming stores for rk_copy from this size up: half the last-level cache, since source and
- * destination then no longer fit in it together (at least 16 MiB). On the project's machine
- * (32 MiB L3) perf/kernels/reduce_bench measured them 1.5-2x faster than glibc's memcpy from
- * 16 MiB to 128 MiB, and slower below; glibc streams only from 3/4 of the L3 it detects, and on
- * virtual machines cpuid often reports a far larger L3 than the host has (256 MiB there), so the
- * size comes from sysfs. Resolved once, with the instruction set; a caller may set it after. */
-#define RK_NT_AUTO (SIZE_MAX - 1)
-#define RK_NT_MIN ((size_t)16 << 20)
-size_t rk_nt_threshold = RK_NT_AUTO;
-static pthread_once_t rk_nt_once = PTHREAD_ONCE_INIT;
-
-static size_t rk_l3_bytes(void) {
-    char buf[64];
-    int fd = open("/sys/devices/system/cpu/cpu0/cache/index3/size", O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return 0;
-    ssize_t n = read(fd, buf, sizeof buf - 1);
-    close(fd);
-    if (n <= 0) return 0;
-    buf[n] = '\0';
-    char *end;
-    unsigned long long v = strtoull(buf, &end, 10);
-    if (*end == 'K')
-        v <<= 10;
-    else if (*end == 'M')
-        v <<= 20;
-    else if (*end == 'G')
-        v <<= 30;
-    return (size_t)v;
-}
-
-static void rk_nt_resolve(void) {
-    if (rk_nt_threshold != RK_NT_AUTO) return; /* a caller chose already */
-    size_t t = rk_l3_bytes() / 2;
-    rk_nt_threshold = t > RK_NT_MIN ? t : RK_NT_MIN;
-}
 
 static _Atomic(const rk_isa_ops_t *) rk_ops;
 
@@ -70,24 +26,8 @@ static const rk_isa_ops_t *const rk_isa_all[] = {
 };
 #define RK_NISA (sizeof(rk_isa_all) / sizeof(rk_isa_all[0]))
 
-#if RK_HAVE_X86
-/* F16C from CPUID leaf 1 (ECX bit 29): clang before 15 does not know "f16c" in
- * __builtin_cpu_supports. */
-static int rk_cpu_has_f16c(void) {
-    unsigned eax, ebx, ecx, edx;
-    return __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & (1u << 29)) != 0;
-}
-#endif
-
 static int rk_isa_cpu_has(const rk_isa_ops_t *isa) {
-#if RK_HAVE_X86
-    __builtin_cpu_init();
-    if (isa == &rk_isa_avx512)
-        return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-               __builtin_cpu_supports("avx512vl") && rk_cpu_has_f16c();
-    if (isa == &rk_isa_avx2) return __builtin_cpu_supports("avx2") && rk_cpu_has_f16c();
-#endif
-    return isa == &rk_isa_generic;
+    return rk_isa_cpu_runs(isa->name);
 }
 
 static const rk_isa_ops_t *rk_isa_best(void) {
@@ -99,11 +39,10 @@ static const rk_isa_ops_t *rk_isa_best(void) {
 /* The first call's resolution, out of line: inlined, it made every entry point save and restore
  * six registers around a one-load fast path. */
 static __attribute__((noinline, cold)) const rk_isa_ops_t *rk_resolve(void) {
-    pthread_once(&rk_nt_once, rk_nt_resolve);
+    const size_t nt = rk_stream_threshold(); /* resolves rk_nt_threshold, which the copies read */
     const rk_isa_ops_t *ops = rk_isa_best();
     atomic_store_explicit(&rk_ops, ops, memory_order_release);
-    INFO(SUB_INIT, "host reduction kernels: %s, streaming copies from %zu bytes", ops->name,
-         rk_nt_threshold);
+    INFO(SUB_INIT, "host reduction kernels: %s, streaming copies from %zu bytes", ops->name, nt);
     return ops;
 }
 
@@ -140,7 +79,7 @@ ncclResult_t rk_isa_select(const char *name) {
             return ncclInvalidUsage;
         }
     }
-    pthread_once(&rk_nt_once, rk_nt_resolve);
+    if (rk_copy_select(isa->name) != 0) return ncclInvalidUsage; /* same checks as above */
     atomic_store_explicit(&rk_ops, isa, memory_order_release);
     INFO(SUB_INIT, "host reduction kernels: %s (selected)", isa->name);
     return ncclSuccess;
@@ -148,10 +87,6 @@ ncclResult_t rk_isa_select(const char *name) {
 
 const char *rk_isa_name(void) {
     return rk_get()->name;
-}
-
-void rk_copy(void *dst, const void *src, size_t bytes) {
-    rk_get()->copy(dst, src, bytes);
 }
 
 void rk_prepare(void *dst, const void *in, size_t count, const chorus_redop_t *op) {
@@ -179,25 +114,6 @@ void rk_reduce_n(void *dst, const void *const *ins, int n, size_t count, const c
  * second copy of each kernel; the extra pass runs in L1 and costs little next to the DRAM
  * traffic it saves (the read-for-ownership of every destination line). */
 #define RK_NT_PIECE 8192
-
-size_t rk_stream_threshold(void) {
-    rk_get();
-    return rk_nt_threshold;
-}
-
-int rk_has_stream(void) {
-    return rk_get()->copy_nt != NULL;
-}
-
-void rk_copy_nt(void *dst, const void *src, size_t bytes) {
-    const rk_isa_ops_t *ops = rk_get();
-    if (ops->copy_nt == NULL || bytes < 4096) {
-        ops->copy(dst, src, bytes);
-        return;
-    }
-    ops->copy_nt(dst, src, bytes);
-    ops->nt_fence();
-}
 
 void rk_reduce_copy_nt(void *dst, void *dst_nt, const void *in, const void *acc, size_t count,
                        const chorus_redop_t *op) {

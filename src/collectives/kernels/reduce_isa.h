@@ -42,10 +42,6 @@ extern const rk_isa_ops_t rk_isa_avx512;
 #define RK_HAVE_X86 0
 #endif
 
-/* Copies of at least this many bytes use non-temporal stores (x86 variants): half the L3 cache,
- * at least 16 MiB, decided at the first kernel call (reduce_dispatch.c); callers may change it. */
-extern size_t rk_nt_threshold;
-
 #ifdef __cplusplus
 }
 #endif

@@ -23,7 +23,7 @@
 #include <unistd.h>
 
 #include "check.h"
-#include "reduce.h"
+#include "host_copy.h"
 #include "param.h"
 #include "shm.h"
 

@@ -25,7 +25,7 @@
 #include <string.h>
 
 #include "check.h"
-#include "reduce.h"
+#include "host_copy.h"
 #include "shm.h"
 #include "waiter.h"
 

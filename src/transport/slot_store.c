@@ -29,12 +29,12 @@
  */
 #include <stdatomic.h>
 
-#include "comm.h"
+#include "host_copy.h"
 #include "log.h"
 #include "param.h"
-#include "reduce.h"
 #include "slot_store.h"
 #include "transport.h"
+#include "util.h"
 #include "waiter.h"
 
 #if defined(__x86_64__) || defined(__i386__)

@@ -1,10 +1,13 @@
 /*
- * reduce_nt.h: a copy with non-temporal (streaming) stores, for the x86 variants of the host
- * kernels; included by reduce_avx2.c and reduce_avx512.c under their target pragma.
+ * host_copy_x86.h: the x86 copy loops: a copy with non-temporal (streaming) stores and a plain
+ * vector copy, as static functions compiled under the includer's target pragma
+ * (host_copy_avx2.c and host_copy_avx512.c for rk_copy; the reduction kernels'
+ * reduce_avx2.c and reduce_avx512.c for their own copies). The includer includes <immintrin.h>,
+ * <stdint.h>, <string.h> and host_copy.h first.
  *
  * Streaming stores skip the read-for-ownership of the destination and do not evict the working
  * set; they pay off only for copies much larger than the last-level cache, which is why
- * rk_copy uses this above rk_nt_threshold alone (see reduce_dispatch.c for the measured default).
+ * rk_copy uses this above rk_nt_threshold alone (see host_copy.c for the measured default).
  * The destination is aligned to 32 bytes by a plain head copy; the sfence at the end orders the
  * weakly-ordered streaming stores before whatever flag the caller writes next to publish the data.
  *
@@ -89,4 +92,19 @@ static void rk_vec_copy(void *dst, const void *src, size_t bytes) {
     if (bytes)
         _mm256_storeu_si256((__m256i *)(d + bytes - 32),
                             _mm256_loadu_si256((const __m256i *)(s + bytes - 32)));
+}
+
+/* A copy of any size, as rk_copy makes it: streaming stores from rk_nt_threshold up, the vector
+ * loop from RK_VEC_COPY_MIN, glibc's memcpy below. */
+static void rk_x86_copy(void *dst, const void *src, size_t bytes) {
+    if (dst == src || bytes == 0) return;
+    if (bytes >= rk_nt_threshold) {
+        rk_nt_copy(dst, src, bytes);
+        return;
+    }
+    if (bytes >= RK_VEC_COPY_MIN) {
+        rk_vec_copy(dst, src, bytes);
+        return;
+    }
+    memcpy(dst, src, bytes);
 }

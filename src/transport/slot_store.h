@@ -1,6 +1,10 @@
 /*
- * slot_store.h: how a sender writes large chunks into a connection's slots (slot_store.c). The
- * per-connection state, slot_store_t, is a field of chorus_conn_t (transport.h).
+ * slot_store.h: how a sender writes large chunks into a connection's slots (slot_store.c): the
+ * sender-side measurement of plain against streaming stores. A transport whose slots another core
+ * reads sets it up at connect (slot_store_init, shm) and folds its counts in at close
+ * (slot_store_fini); the primitives of src/collectives write their chunks through
+ * slot_store_copy. The per-connection state, slot_store_t, is a field of chorus_conn_t
+ * (transport.h).
  */
 #ifndef CHORUS_SLOT_STORE_H_
 #define CHORUS_SLOT_STORE_H_
@@ -8,7 +12,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "reduce.h"
+#include "host_copy.h"
 #include "transport.h"
 
 /* Chunks smaller than this are always written with plain stores. */
