@@ -402,8 +402,11 @@ static void mm_wf_report_locked(struct coll_engine *e, const mm_wf_msg_t *m, con
                  m->path[1], cycle, extra);
 }
 
+/* Only over a bootstrap connection that is open (the pair set up a data connection through it):
+ * opening one to a host that is gone could hold the wait until CHORUS_TIMEOUT. */
 static void mm_wf_send(struct ncclComm *comm, int peer, const mm_wf_msg_t *m) {
-    (void)bootstrap_send(comm->bs, peer, MM_WF_TAG, m, sizeof(*m));
+    if (bootstrap_peer_connected(comm->bs, peer))
+        (void)bootstrap_send(comm->bs, peer, MM_WF_TAG, m, sizeof(*m));
 }
 
 /* One probe or confirmation from the bootstrap queue. */
