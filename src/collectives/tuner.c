@@ -425,7 +425,8 @@ ncclResult_t coll_tuner_pick(coll_op_t *op) {
         if (op->plan.chunk_bytes)
             snprintf(tuned, sizeof(tuned), ", shm ring chunk %zu KiB", op->plan.chunk_bytes >> 10);
     } else if (pick->id == COLL_ALGO_HIER) {
-        const size_t shard = CHORUS_DIV_UP(op->count, (size_t)m.host_ranks) * op->esize;
+        const size_t per = m.host_ranks > 0 ? (size_t)m.host_ranks : 1;
+        const size_t shard = CHORUS_DIV_UP(op->count, per) * op->esize;
         op->plan.chunk_bytes = coll_model_hier_chunk(shard, op->esize, prim_chunk_elems(NULL, 1));
         snprintf(tuned, sizeof(tuned), ", hier chunk %zu KiB", op->plan.chunk_bytes >> 10);
     } else if (pick->id == COLL_ALGO_TREE && comm->nranks > 1) {
