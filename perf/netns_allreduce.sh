@@ -1,18 +1,20 @@
 #!/bin/bash
-# netns_allreduce.sh: all-reduce between "hosts" made of network namespaces on this machine, one
-# rank per host, each algorithm in alternating rounds; prints the median time per size.
+# netns_allreduce.sh: all-reduce between "hosts" made of network namespaces on this machine, L
+# ranks per host, each algorithm in alternating rounds; prints the median time per size.
 #
-#   netns_allreduce.sh [-H "2 4 8"] [-a "ring tree auto"] [-R ROUNDS] [-r RATE] [-b MIN] [-e MAX]
-#                      [-n ITERS] [-B BINDIR] [-m COST_MODEL]
+#   netns_allreduce.sh [-H "2 4 8"] [-L RANKS_PER_HOST] [-a "ring tree auto"] [-R ROUNDS] [-r RATE]
+#                      [-b MIN] [-e MAX] [-n ITERS] [-w WARMUP] [-B BINDIR] [-m COST_MODEL]
 #
 # For each host count H: H network namespaces, each joined to one bridge by a veth pair
-# (10.78.0.K/24), each rank in its own UTS and mount namespace with its own hostname and a private
-# /dev/shm (so ranks see each other as other hosts and talk TCP). With -r RATE (e.g. 1gbit) every
+# (10.78.0.K/24); each host's L ranks (-L, default 1) run in one UTS and mount namespace of their
+# own with the host's hostname and a private /dev/shm (so ranks of one host share memory and see
+# the other hosts' ranks as other hosts, over TCP). Rank k*L+j is local rank j of host k. With -r RATE (e.g. 1gbit) every
 # host's link is shaped with tc tbf at its egress (the kernel here has no netem, so no added
 # latency). Then ROUNDS rounds, each running all_reduce_perf -b MIN -e MAX -f 4 once per
 # algorithm in the list, in an order that rotates each round ("auto" is the tuner's own choice;
-# the others set CHORUS_ALGO). Output: one line per host count, algorithm and size with the
-# median over rounds of rank 0's time per call (us) and the per-round values.
+# the others set CHORUS_ALGO; "hier" is the hierarchical all-reduce, which needs L >= 2). Output:
+# one line per host count, algorithm and size with the median over rounds of rank 0's time per
+# call (us) and the per-round values.
 # Needs root (ip netns). The namespaces and the bridge are removed on exit.
 set -u
 
@@ -25,10 +27,14 @@ rate=""
 minb=64K
 maxb=4M
 iters=20
+warm=3
+per=1
 model=""
-while getopts "H:a:R:r:b:e:n:B:m:h" opt; do
+while getopts "H:L:a:R:r:b:e:n:w:B:m:h" opt; do
     case $opt in
     H) host_counts=$OPTARG ;;
+    L) per=$OPTARG ;;
+    w) warm=$OPTARG ;;
     a) algos=$OPTARG ;;
     R) rounds=$OPTARG ;;
     r) rate=$OPTARG ;;
@@ -38,7 +44,7 @@ while getopts "H:a:R:r:b:e:n:B:m:h" opt; do
     B) bindir=$OPTARG ;;
     m) model=$OPTARG ;;
     h)
-        sed -n '2,17p' "$0"
+        sed -n '2,20p' "$0"
         exit 0
         ;;
     *) exit 2 ;;
@@ -92,7 +98,7 @@ make_hosts() {
 
 secret=$(od -An -tx1 -N32 /dev/urandom | tr -d ' \n')
 port=29600
-# One run: H ranks, one per host; rank 0's output in $tmpd/out.
+# One run: H hosts of $per ranks; rank 0's output in $tmpd/out.0.0.
 run_once() {
     local h=$1 algo=$2
     port=$((port + 1))
@@ -100,23 +106,33 @@ run_once() {
     [ "$algo" != auto ] && env_algo="CHORUS_ALGO=$algo"
     for ((k = 0; k < h; k++)); do
         ip netns exec "chns${tag}_$k" unshare --uts --mount --propagation private sh -c "
-            hostname chorus-h$k && mount -t tmpfs -o size=64m shm$k /dev/shm &&
-            exec env LD_LIBRARY_PATH=$libdir CHORUS_JOB_SECRET=$secret RANK=$k WORLD_SIZE=$h \
-                LOCAL_RANK=0 LOCAL_WORLD_SIZE=1 MASTER_ADDR=10.78.0.1 MASTER_PORT=$port \
-                CHORUS_TIMEOUT=120 ${model:+CHORUS_COST_MODEL=$model} $env_algo \
-                timeout -k 5 300 $perfbin -b $minb -e $maxb -f 4 -n $iters -w 3 -c 0 -a 0
-        " >"$tmpd/out.$k" 2>&1 &
+            hostname chorus-h$k && mount -t tmpfs -o size=$((64 * per))m shm$k /dev/shm || exit 1
+            j=0; pids=''
+            while [ \$j -lt $per ]; do
+                env LD_LIBRARY_PATH=$libdir CHORUS_JOB_SECRET=$secret RANK=\$(($k * $per + j)) \
+                    WORLD_SIZE=$((h * per)) LOCAL_RANK=\$j LOCAL_WORLD_SIZE=$per \
+                    MASTER_ADDR=10.78.0.1 MASTER_PORT=$port CHORUS_TIMEOUT=120 \
+                    ${model:+CHORUS_COST_MODEL=$model} $env_algo \
+                    timeout -k 5 600 $perfbin -b $minb -e $maxb -f 4 -n $iters -w $warm -c 0 -a 0 \
+                    >$tmpd/out.$k.\$j 2>&1 &
+                pids=\"\$pids \$!\"
+                j=\$((j + 1))
+            done
+            rc=0
+            for p in \$pids; do wait \$p || rc=1; done
+            exit \$rc
+        " &
         pids+=($!)
     done
     local rc=0
     for p in "${pids[@]}"; do wait "$p" || rc=1; done
     if [ $rc -ne 0 ]; then
-        echo "netns_allreduce: $h hosts, $algo failed:" >&2
-        tail -5 "$tmpd/out.0" >&2
+        echo "netns_allreduce: $h hosts x $per, $algo failed:" >&2
+        tail -5 "$tmpd/out.0.0" >&2
         return 1
     fi
     # Rows: size count type redop root time algbw busbw ... (out of place): bytes and time.
-    awk '$1 ~ /^[0-9]+$/ && NF >= 6 { print $1, $6 }' "$tmpd/out.0"
+    awk '$1 ~ /^[0-9]+$/ && NF >= 6 { print $1, $6 }' "$tmpd/out.0.0"
 }
 
 for h in $host_counts; do
@@ -132,15 +148,15 @@ for h in $host_counts; do
                 >>"$tmpd/results"
         done
     done
-    python3 - "$h" "$tmpd/results" <<'EOF'
+    python3 - "$h" "$tmpd/results" "$per" <<'EOF'
 import sys, statistics, collections
-h = sys.argv[1]
+h = sys.argv[1] + "x" + sys.argv[3]
 rows = collections.OrderedDict()
 for line in open(sys.argv[2]):
     algo, size, us = line.split()
     rows.setdefault((algo, int(size)), []).append(float(us))
 for (algo, size), v in sorted(rows.items(), key=lambda kv: (kv[0][1], kv[0][0])):
-    print(f"hosts {h} algo {algo:5s} bytes {size:8d} median_us {statistics.median(v):10.1f} "
+    print(f"hosts {h:5s} algo {algo:5s} bytes {size:8d} median_us {statistics.median(v):10.1f} "
           f"rounds {' '.join(f'{x:.1f}' for x in v)}")
 EOF
 done

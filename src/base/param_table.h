@@ -74,13 +74,14 @@ PARAM(SOCKET_DIRECT_THRESHOLD, INT, 262144, 0, "bytes from which TCP sends from 
 PARAM(SOCKET_RING_TUNE, INT, -1, 0, "choices for rings whose every edge is TCP, a bit mask: 1 power-of-two chunks, 2 single copy for copy steps, 4 single copy for reduce steps too, 8 never the streamed mode (-1: the measured defaults, 15 for all-reduce and 14 for the other ring collectives; 0: as shared memory; tuner.c)")
 /* topology */
 PARAM(TOPO_FILE, STR, NULL, 1, "hwloc XML file to load instead of discovering the machine")
+PARAM(TEST_HOSTS, STR, NULL, 0, "testing only: comma-separated host names by rank (entry r is rank r's; ranks past the list keep the real one), so that ranks on one machine see each other as other hosts: shared memory only within a name, TCP between names, and the algorithms across hosts")
 PARAM(RING_ORDER, STR, NULL, 0, "comma-separated rank order that overrides the ring search")
 PARAM(CPU_BIND, STR, "none", 0, "bind ranks to CPUs: auto, none, or a list")
 PARAM(MIN_NCHANNELS, INT, 1, 1, "fewest rings")
 PARAM(MAX_NCHANNELS, INT, 16, 1, "most rings")
 /* collectives and tuning */
 PARAM(ALGO, STR, NULL, 1,
-      "algorithms allowed (ring, ll, oneshot, direct, tree), NCCL's syntax: ^ excludes, per "
+      "algorithms allowed (ring, ll, oneshot, direct, tree, hier), NCCL's syntax: ^ excludes, per "
       "collective after ';' (ring,oneshot;allreduce:^ll)")
 PARAM(COST_MODEL, STR, NULL, 0,
       "the tuner's link constants, class=alpha_us/GBps entries for shm, tcp_intra, tcp_inter, ib "

@@ -10,7 +10,8 @@
  * for that function ("ring,oneshot;allreduce:^ll": ring or one-shot everywhere, anything but
  * recursive doubling for all-reduce). Function names are NCCL's (allreduce, reducescatter,
  * allgather, broadcast, reduce); names are case-insensitive. Chorus's algorithms: ring, ll
- * (recursive doubling), oneshot, direct, tree (all-reduce only). NCCL's other algorithms
+ * (recursive doubling), oneshot, direct, tree and hier (all-reduce only; hier is Chorus's name
+ * for its hierarchical all-reduce, which NCCL has no name for). NCCL's other algorithms
  * (collnetdirect, collnetchain, nvls, nvlstree, pat) are accepted and have no counterpart here:
  * a list that allows only those leaves the tuner's own choice, and says so. An unknown name is WARNed once
  * and ignored (NCCL fails the op; a variable copied from an NCCL job should not stop a Chorus
@@ -35,6 +36,7 @@ static const struct {
     {"oneshot", COLL_ALGO_ONESHOT},
     {"direct", COLL_ALGO_DIRECT},
     {"tree", COLL_ALGO_TREE},
+    {"hier", COLL_ALGO_HIER},
     {"collnetdirect", -1},
     {"collnetchain", -1},
     {"collnet", -1},
@@ -73,8 +75,8 @@ static void filter_list(char *list, const char *spec, coll_algo_filter_t *f) {
             pthread_mutex_unlock(&warned_lock);
             if (first) {
                 WARN("NCCL_ALGO/CHORUS_ALGO '%s': unknown algorithm '%s' ignored (Chorus has "
-                     "ring, ll, oneshot, direct, tree; NCCL's collnet*, nvls*, pat are accepted "
-                     "and run Chorus's default)",
+                     "ring, ll, oneshot, direct, tree, hier; NCCL's collnet*, nvls*, pat are "
+                     "accepted and run Chorus's default)",
                      spec, tok);
             }
             continue;

@@ -134,6 +134,8 @@ typedef struct {
                          * 0 where it pays (coll_ring_direct) */
     int direct_reduce;  /* 1: reduce steps go single copy too (as DIRECT_REDUCE=1) */
     double est_us;      /* the cost model's time for the op (ncclGroupSimulateEnd) */
+    const char *why;    /* why the tuner chose the algorithm (a static text, or one the
+                         * engine owns: a refusal of the hierarchical all-reduce) */
 } coll_plan_t;
 
 /* One-shot all-reduce (allreduce_oneshot.c): largest rank count, and inline transfers per op. */
@@ -221,6 +223,7 @@ enum {
     COLL_ALGO_ONESHOT = 3,
     COLL_ALGO_DIRECT = 4,
     COLL_ALGO_TREE = 5,
+    COLL_ALGO_HIER = 6,
     COLL_ALGO_NIDS
 };
 
@@ -293,6 +296,9 @@ struct coll_engine {
      * the head of the queue (one at a time); grown at setup, freed with the engine. */
     void *oneshot_scratch;
     size_t oneshot_scratch_bytes;
+    /* allreduce_hier.c: the ranks' layout over hosts, made at the first look (atomic pointer),
+     * freed with the engine. */
+    struct coll_hier *hier;
 };
 
 /* engine.c */

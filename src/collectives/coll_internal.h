@@ -96,6 +96,26 @@ extern const coll_algo_t coll_algo_allreduce_tree;
 void coll_tree_links(int n, int rank, int t, int *parent, int child[2]);
 int coll_tree_depth(int n);
 size_t coll_tree_chunk_elems(const coll_op_t *op);
+extern const coll_algo_t coll_algo_allreduce_hier;
+/* allreduce_hier.c: how the ranks sit on hosts. Hosts are the distinct host hashes in hash
+ * order, a rank's local index its place among its host's ranks in rank order. local is 0 when the
+ * hierarchical all-reduce cannot run (refusal says why: one host, one rank per host, hosts with
+ * different rank counts); otherwise ranks[g * local + j] is the rank of local index j on host g. */
+typedef struct coll_hier {
+    int nhosts, local; /* hosts; ranks on each (0: refused) */
+    int host, lrank;   /* this rank's host and local index */
+    char refusal[96];
+    int *ranks; /* nhosts * local entries, in the same allocation */
+} coll_hier_t;
+/* The layout of n ranks with these host hashes as rank `rank` sees it (malloc'd; NULL: out of
+ * memory). O(n log n). */
+coll_hier_t *coll_hier_layout_make(int n, const uint64_t *host_hash, int rank);
+/* The communicator's layout, made once (NULL without an engine or locality records). */
+const coll_hier_t *coll_hier_layout(struct ncclComm *comm);
+/* The chunk (elements) of op in the hierarchical all-reduce with `local` ranks per host. */
+size_t coll_hier_chunk_elems(const coll_op_t *op, int local);
+/* Ops this process set up with the hierarchical all-reduce (tests check that it ran). */
+void coll_hier_stats(uint64_t *ops_p);
 extern const coll_algo_t coll_algo_allreduce_oneshot;
 extern const coll_algo_t coll_algo_allreduce_direct;
 extern const coll_algo_t coll_algo_reducescatter_direct;
@@ -125,7 +145,7 @@ void coll_oneshot_setup(coll_op_t *op, int send_per_peer, int recv_per_peer);
  * "ring,oneshot;allreduce:^ll"), as a mask of 1 << COLL_ALGO_*. */
 #define COLL_ALLOW_ALL                                                                             \
     ((1u << COLL_ALGO_RING) | (1u << COLL_ALGO_LL) | (1u << COLL_ALGO_ONESHOT) |                   \
-     (1u << COLL_ALGO_DIRECT) | (1u << COLL_ALGO_TREE))
+     (1u << COLL_ALGO_DIRECT) | (1u << COLL_ALGO_TREE) | (1u << COLL_ALGO_HIER))
 typedef struct {
     unsigned allow;   /* COLL_ALLOW_ALL when the variable is unset or says nothing for coll */
     int set;          /* the variable has a list for this collective */

@@ -35,6 +35,7 @@ typedef struct {
     int nhosts;
     int link;        /* the slowest class any two ranks use (the inter-host one with hosts > 1) */
     int one_process; /* every rank is a thread of this process */
+    int host_ranks;  /* ranks on each host when every host has the same count, else 0 */
 } coll_model_comm_t;
 
 /* The constants in force (CHORUS_COST_MODEL applied to the defaults), and the class names as the
@@ -59,6 +60,10 @@ size_t coll_model_tree_chunk(size_t bytes, size_t esize, size_t slot_bytes);
 /* A connection's slot as connect sizes it: NCCL_BUFFSIZE / CHORUS_NSLOTS, in whole cache lines
  * (the plan's slot_bytes). */
 size_t coll_model_slot_bytes(void);
+
+/* The hierarchical all-reduce's pipeline chunk for a shard of bytes (elements of esize), at most
+ * one slot of slot_bytes: about 8 chunks per shard, at least 32 KiB. */
+size_t coll_model_hier_chunk(size_t bytes, size_t esize, size_t slot_bytes);
 
 /* The measured crossovers on one host (calibration rows), for m's link class and rank count;
  * NULL where none applies (ranks on several hosts). */

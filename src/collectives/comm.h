@@ -71,6 +71,7 @@ struct ncclComm {
                       slowest any two ranks use (same on every rank, so every rank picks the same
                       algorithm); -1 until computed */
     int nhosts;    /* tuner: hosts the ranks span (locality records); 0 until computed */
+    int host_ranks; /* tuner: ranks on each host when all hosts have the same count, else 0 */
     int one_process; /* tuner: 2 when every rank is a thread of this process (direct
                         algorithm, direct.c), 1 when not, 0 until computed */
     int tcp_rings; /* tuner: 2 when every ring edge of every rank is TCP (TCP-only op tuning,

@@ -13,6 +13,10 @@
  *   tree                    2(d-1) hops of one chunk c (d: a tree's levels) to fill the pipe,
  *                           then f B at the rank that sends the most (f: its sends per byte over
  *                           both trees, each carrying half: 1 for 2 ranks, up to 3)
+ *   hier (H hosts of L)     to fill the pipe, one chunk c in and out of the host over shm and
+ *                           2(d_H-1) tree hops of c between hosts; then the slower of the shm
+ *                           phases (2(L-1)/L B per rank) and the network (the L ranks of a host
+ *                           share its link: f_H B per host, f_H the tree's factor over H hosts)
  *   reduce-scatter/all-gather ring: n-1 steps, (n-1) B (B per rank); one-shot 1 step, (n-1) B
  *   broadcast/reduce chain  n-1 steps, B (pipelined)
  *   send/recv: 1 step, B; all-to-all, gather, scatter: 1 step, (n-1) B (B per block)
@@ -241,6 +245,26 @@ size_t coll_model_tree_chunk(size_t bytes, size_t esize, size_t slot_bytes) {
     return c ? c : unit;
 }
 
+size_t coll_model_hier_chunk(size_t bytes, size_t esize, size_t slot_bytes) {
+    return coll_model_tree_chunk(bytes * 2, esize, slot_bytes);
+}
+
+/* The hierarchical all-reduce (allreduce_hier.c): shm inside hosts, m->link between them. */
+static double hier_time_us(const coll_model_comm_t *m, const coll_link_cost_t *links,
+                           size_t bytes, size_t chunk) {
+    const int L = m->host_ranks, H = m->nhosts;
+    if (L < 2 || H < 2) return 1e30; /* it does not run there */
+    const coll_link_cost_t *s = &links[COLL_LINK_SHM], *l = &links[m->link];
+    const double b = (double)bytes, shard = b / L;
+    if (chunk == 0) chunk = coll_model_hier_chunk((size_t)shard, 1, (size_t)512 << 10);
+    const double c = CHORUS_MIN((double)chunk, shard);
+    const int hops = 2 * (coll_tree_depth(H) - 1);
+    const double fill = 2 * (s->alpha_us + c / s->beta) + hops * (l->alpha_us + c / l->beta);
+    const double intra = 2.0 * (L - 1) / L * b / s->beta;
+    const double net = tree_send_factor(H) * b / l->beta;
+    return fill + CHORUS_MAX(intra, net);
+}
+
 double coll_model_time_us(const coll_model_comm_t *m, const coll_link_cost_t *links, int coll,
                           int algo, size_t bytes, size_t chunk) {
     const int n = m->nranks;
@@ -267,6 +291,7 @@ double coll_model_time_us(const coll_model_comm_t *m, const coll_link_cost_t *li
             const double c = CHORUS_MIN((double)chunk, b / 2);
             return hops * (l->alpha_us + c / l->beta) + tree_send_factor(n) * b / l->beta;
         }
+        case COLL_ALGO_HIER: return hier_time_us(m, links, bytes, chunk);
         default: /* the ring */
             steps = 2.0 * (n - 1);
             traffic = 2.0 * (n - 1) / n * b;
@@ -299,8 +324,8 @@ static int has(unsigned mask, int id) { return (mask >> id) & 1; }
 int coll_model_choose(const coll_model_comm_t *m, const coll_link_cost_t *links,
                       const coll_plan_in_t *in, const char **why_p) {
     const unsigned can = in->allow & in->supported;
-    static const int order[] = {COLL_ALGO_DIRECT, COLL_ALGO_ONESHOT, COLL_ALGO_TREE, COLL_ALGO_LL,
-                                COLL_ALGO_RING};
+    static const int order[] = {COLL_ALGO_DIRECT, COLL_ALGO_ONESHOT, COLL_ALGO_HIER,
+                                COLL_ALGO_TREE,   COLL_ALGO_LL,      COLL_ALGO_RING};
     if (in->forced) {
         for (size_t i = 0; i < sizeof(order) / sizeof(order[0]); i++)
             if (has(can, order[i])) {
@@ -356,12 +381,17 @@ int coll_model_choose(const coll_model_comm_t *m, const coll_link_cost_t *links,
         int best = -1;
         double best_us = 0;
         for (int id = COLL_ALGO_RING; id < COLL_ALGO_NIDS; id++) {
-            if (id != COLL_ALGO_RING && id != COLL_ALGO_LL && id != COLL_ALGO_TREE) continue;
+            if (id != COLL_ALGO_RING && id != COLL_ALGO_LL && id != COLL_ALGO_TREE &&
+                id != COLL_ALGO_HIER)
+                continue;
             if (!has(can, id) || (id == COLL_ALGO_LL && in->bytes > ll_max)) continue;
-            const size_t chunk = id == COLL_ALGO_TREE
-                                     ? coll_model_tree_chunk(in->bytes, in->esize,
-                                                             prim_chunk_elems(coll_model_slot_bytes(), 1))
-                                     : 0;
+            const size_t slot_elems = prim_chunk_elems(coll_model_slot_bytes(), 1);
+            size_t chunk = 0;
+            if (id == COLL_ALGO_TREE)
+                chunk = coll_model_tree_chunk(in->bytes, in->esize, slot_elems);
+            else if (id == COLL_ALGO_HIER && m->host_ranks > 0)
+                chunk = coll_model_hier_chunk(in->bytes / (size_t)m->host_ranks, in->esize,
+                                              slot_elems);
             const double us = coll_model_time_us(m, links, in->coll, id, in->bytes, chunk);
             if (best < 0 || us < best_us) {
                 best = id;

@@ -307,6 +307,7 @@ void coll_engine_destroy(struct ncclComm *comm) {
     pthread_cond_destroy(&e->cond);
     free(e->spare_op);
     free(e->oneshot_scratch);
+    free(e->hier);
     free(e->err_posted);
     free(e->wf_fwd);
     free(e->p2p_send_issued);

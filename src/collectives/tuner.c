@@ -7,9 +7,12 @@
  * ("oneshot": one message latency instead of log2(n)); reduce-scatter and all-gather have the
  * ring and a one-shot version; between ranks that are threads of one process all three have the
  * direct algorithm (direct.c); the others have one schedule each (ring/chain, or p2p for the
- * transfer-based ones). On one host the measured crossovers of the model's calibration rows pick
+ * transfer-based ones); with several ranks on each of several hosts, all-reduce also has the
+ * hierarchical one ("hier": inside each host, between hosts, inside again), which refuses hosts
+ * with different rank counts (the plan's why says so when NCCL_ALGO forces it). On one host the measured crossovers of the model's calibration rows pick
  * among them by size (direct from its threshold, one-shot, recursive doubling, the ring); with
- * ranks on several hosts the model's fastest of recursive doubling, the ring and the tree runs.
+ * ranks on several hosts the model's fastest of recursive doubling, the ring, the tree and the
+ * hierarchical all-reduce runs.
  * NCCL_ALGO / CHORUS_ALGO restrict the candidates, in NCCL's syntax (algo_filter.c:
  * "ring,oneshot;allreduce:^ll"): one algorithm allowed runs whatever the size, several are chosen
  * among as above, and when none of them can run the op (ll on a message larger than one chunk,
@@ -58,14 +61,24 @@ static int tuner_cmp_u64(const void *a, const void *b) {
 static void tuner_model_comm(struct ncclComm *comm, coll_model_comm_t *m) {
     if (comm->net_class < 0 || comm->nhosts == 0) {
         const int n = comm->nranks;
-        int hosts = 1;
+        int hosts = 1, per = n, run = 1;
         uint64_t *h = comm->peers && n > 1 ? malloc((size_t)n * sizeof(*h)) : NULL;
         if (h) {
             for (int p = 0; p < n; p++) h[p] = comm->peers[p].host_hash;
             qsort(h, (size_t)n, sizeof(*h), tuner_cmp_u64);
-            for (int p = 1; p < n; p++) hosts += h[p] != h[p - 1];
+            per = -1; /* ranks on each host so far; 0 once two hosts differ */
+            for (int p = 1; p <= n; p++) {
+                if (p < n && h[p] == h[p - 1]) {
+                    run++;
+                    continue;
+                }
+                if (p < n) hosts++;
+                per = per < 0 ? run : per == run ? per : 0;
+                run = 1;
+            }
             free(h);
         }
+        comm->host_ranks = per;
         int link = COLL_LINK_SHM;
         for (int p = 0; comm->edge_transport && n > 1 && p < n; p++) {
             const chorus_transport_ops_t *t = comm->edge_transport[p];
@@ -86,6 +99,7 @@ static void tuner_model_comm(struct ncclComm *comm, coll_model_comm_t *m) {
     m->nhosts = comm->nhosts;
     m->link = comm->net_class;
     m->one_process = 0;
+    m->host_ranks = comm->host_ranks;
 }
 
 /* ---- TCP rings ------------------------------------------------------------------------------
@@ -279,6 +293,7 @@ static const coll_algo_t *tuner_algo(int coll, int id) {
                : id == COLL_ALGO_ONESHOT ? &coll_algo_allreduce_oneshot
                : id == COLL_ALGO_DIRECT  ? &coll_algo_allreduce_direct
                : id == COLL_ALGO_TREE    ? &coll_algo_allreduce_tree
+               : id == COLL_ALGO_HIER    ? &coll_algo_allreduce_hier
                                          : NULL;
     case COLL_REDUCESCATTER:
         return id == COLL_ALGO_ONESHOT  ? &coll_algo_reducescatter_oneshot
@@ -407,6 +422,11 @@ ncclResult_t coll_tuner_pick(coll_op_t *op) {
                        "default choice"
                      : "no algorithm NCCL_ALGO/CHORUS_ALGO allows can run this op here: default "
                        "choice";
+        if (op->coll == COLL_ALLREDUCE && (f.allow >> COLL_ALGO_HIER) & 1) {
+            /* The hierarchical all-reduce refuses layouts: its reason names them. */
+            const coll_hier_t *h = coll_hier_layout(comm);
+            if (h && h->local == 0) why = h->refusal;
+        }
     } else if (forced) {
         why = "forced by NCCL_ALGO/CHORUS_ALGO";
     } else if (f.foreign_only) {
@@ -434,6 +454,12 @@ ncclResult_t coll_tuner_pick(coll_op_t *op) {
                 snprintf(tuned, sizeof(tuned), ", shm ring chunk %zu KiB",
                          op->plan.chunk_bytes >> 10);
         }
+    } else if (pick->id == COLL_ALGO_HIER) {
+        const size_t per = m.host_ranks > 0 ? (size_t)m.host_ranks : 1;
+        const size_t shard = CHORUS_DIV_UP(op->count, per) * op->esize;
+        op->plan.chunk_bytes =
+            coll_model_hier_chunk(shard, op->esize, prim_chunk_elems(op->plan.slot_bytes, 1));
+        snprintf(tuned, sizeof(tuned), ", hier chunk %zu KiB", op->plan.chunk_bytes >> 10);
     } else if (pick->id == COLL_ALGO_TREE && comm->nranks > 1) {
         op->plan.chunk_bytes = coll_model_tree_chunk(op->count * op->esize, op->esize,
                                                      prim_chunk_elems(op->plan.slot_bytes, 1));
@@ -443,6 +469,7 @@ ncclResult_t coll_tuner_pick(coll_op_t *op) {
     const int64_t ring_direct = chorus_param_int(PARAM_RING_DIRECT);
     if (ring_direct >= 0) op->plan.direct = ring_direct > 0 ? 1 : -1;
     if (chorus_param_int(PARAM_DIRECT_REDUCE) != 0) op->plan.direct_reduce = 1;
+    op->plan.why = why;
     op->plan.est_us = coll_model_time_us(&m, links, op->coll, pick->id, op->count * op->esize,
                                          op->plan.chunk_bytes);
     tuner_say(op, why, tuned);

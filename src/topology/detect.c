@@ -215,6 +215,22 @@ static void apply_cpu_bind(hwloc_topology_t topo, int local_index, const char *g
     hwloc_bitmap_free(set);
 }
 
+/* CHORUS_TEST_HOSTS (testing only): entry `rank` of its comma-separated list replaces the host
+ * name, and with it the host identity below. */
+static void test_host_name(int rank, char *name, size_t len) {
+    const char *list = chorus_param_str(PARAM_TEST_HOSTS);
+    if (list == NULL || list[0] == 0 || rank < 0) return;
+    const char *p = list;
+    for (int i = 0; i < rank && p; i++) {
+        p = strchr(p, ',');
+        if (p) p++;
+    }
+    if (p == NULL) return;
+    const size_t n = strcspn(p, ",");
+    if (n == 0) return;
+    snprintf(name, len, "%.*s", (int)(n < len ? n : len - 1), p);
+}
+
 ncclResult_t topo_fill_locality(int rank, int cuda_dev, const chorus_sockaddr_t *bs_addr,
                                 chorus_locality_t *loc) {
     memset(loc, 0, sizeof(*loc));
@@ -222,6 +238,7 @@ ncclResult_t topo_fill_locality(int rank, int cuda_dev, const chorus_sockaddr_t 
     loc->cuda_dev = cuda_dev;
     loc->pid = (int)getpid();
     gethostname(loc->hostname, sizeof(loc->hostname) - 1);
+    test_host_name(rank, loc->hostname, sizeof(loc->hostname));
 
     char boot_id[64] = "";
     FILE *f = fopen("/proc/sys/kernel/random/boot_id", "r");

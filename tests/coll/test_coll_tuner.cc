@@ -23,7 +23,7 @@ namespace {
 
 constexpr unsigned kRing = 1u << COLL_ALGO_RING, kLL = 1u << COLL_ALGO_LL,
                    kOneshot = 1u << COLL_ALGO_ONESHOT, kDirect = 1u << COLL_ALGO_DIRECT,
-                   kTree = 1u << COLL_ALGO_TREE;
+                   kTree = 1u << COLL_ALGO_TREE, kHier = 1u << COLL_ALGO_HIER;
 
 coll_algo_filter_t parse(const char *spec, int coll) {
     coll_algo_filter_t f;
@@ -42,10 +42,10 @@ TEST(AlgoFilter, NcclSyntax) {
     EXPECT_EQ(f.set, 1);
     EXPECT_EQ(parse("ring,oneshot", COLL_ALLGATHER).allow, kRing | kOneshot);
     // ^ excludes the whole list.
-    EXPECT_EQ(parse("^ll,direct", COLL_ALLREDUCE).allow, kRing | kOneshot | kTree);
+    EXPECT_EQ(parse("^ll,direct", COLL_ALLREDUCE).allow, kRing | kOneshot | kTree | kHier);
     // Per-function sections replace the general list for that function only.
     const char *spec = "ring,oneshot;allreduce:^ll;broadcast:ring";
-    EXPECT_EQ(parse(spec, COLL_ALLREDUCE).allow, kRing | kOneshot | kDirect | kTree);
+    EXPECT_EQ(parse(spec, COLL_ALLREDUCE).allow, kRing | kOneshot | kDirect | kTree | kHier);
     EXPECT_EQ(parse(spec, COLL_REDUCESCATTER).allow, kRing | kOneshot);
     EXPECT_EQ(parse(spec, COLL_BROADCAST).allow, kRing);
     // Only a function section: other functions are untouched.
@@ -62,6 +62,9 @@ TEST(AlgoFilter, NcclSyntax) {
     EXPECT_EQ(f.allow, kTree);
     EXPECT_EQ(parse("tree,ring", COLL_ALLREDUCE).allow, kRing | kTree);
     EXPECT_EQ(parse("^tree", COLL_ALLREDUCE).allow, COLL_ALLOW_ALL & ~kTree);
+    // So is the hierarchical all-reduce.
+    EXPECT_EQ(parse("HIER", COLL_ALLREDUCE).allow, kHier);
+    EXPECT_EQ(parse("hier,tree", COLL_ALLREDUCE).allow, kTree | kHier);
     // NCCL algorithms Chorus lacks: accepted, and alone they leave the default choice.
     f = parse("nvls", COLL_ALLREDUCE);
     EXPECT_EQ(f.foreign_only, 1);

@@ -1,0 +1,357 @@
+// test_coll_hier.cc: the hierarchical all-reduce (src/collectives/allreduce_hier.c), with ranks
+// of this machine put on different "hosts" by CHORUS_TEST_HOSTS (shared memory within a host
+// name, TCP between names):
+//   - the layout: hosts, local indices and the ranks of each, from host hashes in any order; the
+//     refusals (one host, one rank per host, hosts with different rank counts) say why;
+//   - the cost model: its time, and the plan's choice (hier across hosts with several ranks on
+//     each where the model says so, never for uneven layouts);
+//   - every dtype and op, counts 0, 1, odd and large, in and out of place, against the
+//     independent reference, on layouts 2x2, 2x3, 3x2 and interleaved ranks, threads and forked
+//     ranks; an uneven layout (3 + 1) forced to hier runs the default choice, correctly;
+//   - bitwise identical results on every rank; the tuner picks it on its own; a rank killed
+//     mid-op gives every survivor an error naming it.
+#include <gtest/gtest.h>
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "coll_cases.h"
+#include "coll_util.h"
+extern "C" { // internal headers are C without extern "C" guards
+#include "coll_internal.h"
+#include "coll_model.h"
+}
+#include "launch.h"
+#include "nccl.h"
+
+using namespace coll_test;
+using chorus_test::Launch;
+
+namespace {
+
+constexpr size_t KiB = 1024, MiB = 1024 * 1024;
+
+// "a,a,b,b": hosts of n ranks, `per` consecutive ranks on each.
+std::string hosts_blocks(int nhosts, int per) {
+    std::string s;
+    for (int h = 0; h < nhosts; h++)
+        for (int j = 0; j < per; j++)
+            s += std::string(s.empty() ? "" : ",") + "hh" + char('a' + h);
+    return s;
+}
+
+void set_hosts(const std::string &hosts) {
+    setenv("CHORUS_TEST_HOSTS", hosts.c_str(), 1);
+    ncclResetDebugInit();
+}
+
+void clear_env() {
+    unsetenv("CHORUS_TEST_HOSTS");
+    unsetenv("CHORUS_ALGO");
+    unsetenv("CHORUS_TIMEOUT");
+    unsetenv("CHORUS_TRANSPORT");
+    ncclResetDebugInit();
+}
+
+uint64_t hier_ops() {
+    uint64_t v = 0;
+    coll_hier_stats(&v);
+    return v;
+}
+
+const std::vector<int> kAllOps = {T_SUM, T_PROD, T_MAX, T_MIN, T_AVG, T_PREMUL};
+
+} // namespace
+
+// Hosts from hashes in any rank order: each host's ranks in rank order, every rank on exactly one
+// (host, local index), and every rank agrees on the table.
+TEST(CollHier, Layout) {
+    struct Shape {
+        std::vector<uint64_t> hashes;
+        int hosts, local;
+    };
+    const std::vector<Shape> shapes = {
+        {{7, 7, 9, 9}, 2, 2},
+        {{7, 9, 7, 9}, 2, 2},                // interleaved
+        {{5, 5, 5, 3, 3, 3}, 2, 3},          // 2 hosts x 3
+        {{1, 1, 2, 2, 3, 3}, 3, 2},          // 3 hosts x 2
+        {{3, 1, 2, 1, 2, 3, 1, 2, 3}, 3, 3}, // scattered
+    };
+    for (const Shape &s : shapes) {
+        const int n = (int)s.hashes.size();
+        std::vector<int> first;
+        for (int r = 0; r < n; r++) {
+            coll_hier_t *h = coll_hier_layout_make(n, s.hashes.data(), r);
+            ASSERT_NE(h, nullptr);
+            ASSERT_EQ(h->nhosts, s.hosts);
+            ASSERT_EQ(h->local, s.local) << h->refusal;
+            ASSERT_EQ(h->ranks[h->host * h->local + h->lrank], r);
+            std::vector<int> table(h->ranks, h->ranks + n);
+            if (r == 0) first = table;
+            EXPECT_EQ(table, first) << "rank " << r << " sees another table";
+            std::vector<int> seen(n, 0);
+            for (int g = 0; g < h->nhosts; g++)
+                for (int j = 0; j < h->local; j++) {
+                    const int q = h->ranks[g * h->local + j];
+                    ASSERT_TRUE(q >= 0 && q < n);
+                    seen[q]++;
+                    EXPECT_EQ(s.hashes[q], s.hashes[h->ranks[g * h->local]]) << "host " << g;
+                    if (j > 0) EXPECT_LT(h->ranks[g * h->local + j - 1], q) << "rank order";
+                }
+            for (int q = 0; q < n; q++)
+                EXPECT_EQ(seen[q], 1) << "rank " << q;
+            free(h);
+        }
+    }
+    struct Refused {
+        std::vector<uint64_t> hashes;
+        const char *why;
+    };
+    const std::vector<Refused> refused = {
+        {{4, 4, 4, 4}, "one host"},
+        {{1, 2, 3}, "one rank per host"},
+        {{1, 1, 1, 2}, "different rank counts (1 to 3 ranks on 2 hosts)"},
+        {{1, 1, 2, 2, 3}, "different rank counts"},
+    };
+    for (const Refused &s : refused) {
+        coll_hier_t *h = coll_hier_layout_make((int)s.hashes.size(), s.hashes.data(), 0);
+        ASSERT_NE(h, nullptr);
+        EXPECT_EQ(h->local, 0);
+        EXPECT_NE(strstr(h->refusal, s.why), nullptr) << h->refusal;
+        free(h);
+    }
+}
+
+// The model: the shm phases and the tree between hosts; hier wins over the flat ring and tree at
+// mid and large sizes with several ranks per host, runs nowhere else.
+TEST(CollHier, Model) {
+    coll_link_cost_t links[COLL_LINK_NCLASSES];
+    coll_model_links(links);
+    const coll_link_cost_t &s = links[COLL_LINK_SHM], &l = links[COLL_LINK_TCP_INTER];
+    const coll_model_comm_t m{4, 2, COLL_LINK_TCP_INTER, 0, 2};
+    // 2 hosts x 2: a shard of B/2, one tree hop each way (H = 2), each host sends B over its link.
+    const double got = coll_model_time_us(&m, links, COLL_ALLREDUCE, COLL_ALGO_HIER, MiB, 64 * KiB);
+    const double want = 2 * (s.alpha_us + 64 * KiB / s.beta) +
+                        2 * (l.alpha_us + 64 * KiB / l.beta) +
+                        std::fmax(1.0 * MiB / s.beta, 1.0 * MiB / l.beta);
+    EXPECT_NEAR(got, want, 1e-6);
+    const coll_model_comm_t uneven{4, 2, COLL_LINK_TCP_INTER, 0, 0};
+    EXPECT_GT(coll_model_time_us(&uneven, links, COLL_ALLREDUCE, COLL_ALGO_HIER, MiB, 0), 1e20);
+
+    auto choose = [&](const coll_model_comm_t &mc, size_t bytes, unsigned supported) {
+        coll_plan_in_t in;
+        in.coll = COLL_ALLREDUCE;
+        in.bytes = in.total = bytes;
+        in.esize = 4;
+        in.allow = COLL_ALLOW_ALL;
+        in.supported = supported;
+        in.forced = 0;
+        const char *why = nullptr;
+        return coll_model_choose(&mc, links, &in, &why);
+    };
+    const unsigned base = (1u << COLL_ALGO_RING) | (1u << COLL_ALGO_TREE);
+    const unsigned small = base | (1u << COLL_ALGO_LL);
+    const unsigned all = base | (1u << COLL_ALGO_HIER);
+    for (size_t bytes : {1 * MiB, 16 * MiB, 256 * MiB})
+        EXPECT_EQ(choose(m, bytes, all), COLL_ALGO_HIER) << bytes;
+    EXPECT_EQ(choose(m, 8, small | (1u << COLL_ALGO_HIER)), COLL_ALGO_LL);
+    // 8 hosts x 8 ranks at 1 MiB: the ring's 126 steps lose to the tree and to hier.
+    const coll_model_comm_t big{64, 8, COLL_LINK_TCP_INTER, 0, 8};
+    EXPECT_EQ(choose(big, MiB, all), COLL_ALGO_HIER);
+    // Not supported (uneven layout): never chosen.
+    EXPECT_NE(choose(uneven, 16 * MiB, base), COLL_ALGO_HIER);
+}
+
+// Every dtype and op at small counts, and float32/bfloat16 at large ones, forced to hier, on
+// each layout; threads (counted: hier really ran) and forked ranks.
+class CollHierSweep : public ::testing::TestWithParam<std::tuple<std::string, Launch>> {};
+TEST_P(CollHierSweep, AllReduce) {
+    const std::string layout = std::get<0>(GetParam());
+    const Launch how = std::get<1>(GetParam());
+    int nhosts = 0, per = 0;
+    std::string hosts;
+    if (layout == "interleaved") {
+        hosts = "hha,hhb,hha,hhb,hha,hhb";
+    } else {
+        nhosts = layout[0] - '0';
+        per = layout[2] - '0';
+        hosts = hosts_blocks(nhosts, per);
+    }
+    const int n = layout == "interleaved" ? 6 : nhosts * per;
+    std::vector<ncclDataType_t> types(kAllTypes, kAllTypes + 12);
+    auto cases = cross({C_ALLREDUCE}, types, kAllOps, {0, 1, 7, 1023, 65537});
+    auto more =
+        cross({C_ALLREDUCE}, {ncclFloat32, ncclBfloat16}, {T_SUM, T_AVG}, {4 * 1024 * 1024 + 3});
+    cases.insert(cases.end(), more.begin(), more.end());
+    set_hosts(hosts);
+    Env env;
+    env.algo = "hier";
+    const uint64_t before = hier_ops();
+    auto res = run_cases(how, n, cases, env, 280);
+    clear_env();
+    EXPECT_TRUE(res.ok()) << res.detail;
+    if (how == Launch::Threads) {
+        // Every rank set up every case but count 0 (which returns before the tuner).
+        size_t nonzero = 0;
+        for (const Case &c : cases)
+            nonzero += c.count > 0;
+        EXPECT_EQ(hier_ops() - before, (uint64_t)n * nonzero);
+    }
+}
+INSTANTIATE_TEST_SUITE_P(Coll, CollHierSweep,
+                         ::testing::Combine(::testing::Values("2x2", "2x3", "3x2", "interleaved"),
+                                            ::testing::Values(Launch::Threads, Launch::Forked)),
+                         [](const auto &info) {
+                             std::string l = std::get<0>(info.param);
+                             for (char &c : l)
+                                 if (c == 'x') c = '_';
+                             return "hosts_" + l +
+                                    (std::get<1>(info.param) == Launch::Threads ? "_threads"
+                                                                                : "_forked");
+                         });
+
+// Hosts with different rank counts (3 + 1): hier forced is refused, the default choice runs and
+// is correct.
+TEST(CollHier, UnevenLayoutRunsTheDefault) {
+    auto cases = cross({C_ALLREDUCE}, {ncclFloat32, ncclInt32}, {T_SUM, T_AVG}, {1, 1023, 65537});
+    set_hosts("hha,hha,hha,hhb");
+    Env env;
+    env.algo = "hier";
+    const uint64_t before = hier_ops();
+    auto res = run_cases(Launch::Threads, 4, cases, env);
+    clear_env();
+    EXPECT_TRUE(res.ok()) << res.detail;
+    EXPECT_EQ(hier_ops(), before) << "hier ran on hosts with different rank counts";
+}
+
+// All ranks end with the same bits (one root and one fold order per element), on inputs whose
+// float sum depends on the order; and the tuner picks hier by itself at 4 MiB on 2 hosts x 2.
+TEST(CollHier, SameBitsOnEveryRankAndTunerPicksIt) {
+    const int n = 6;
+    const size_t count = 1 << 20; // 4 MiB of float32: several columns per shard
+    set_hosts(hosts_blocks(2, 3));
+    const uint64_t before = hier_ops();
+    ncclUniqueId id = chorus_test::make_unique_id();
+    std::vector<std::vector<float>> outs(n);
+    auto res = chorus_test::run_threads(n, [&](int rank, int nr) -> int {
+        ncclComm_t comm;
+        RANK_NCCL(ncclCommInitRank(&comm, nr, id, rank));
+        std::vector<float> in(count), out(count, -1.0f);
+        for (size_t i = 0; i < count; i++)
+            in[i] = order_sensitive_value(rank, i);
+        RANK_NCCL(ncclAllReduce(in.data(), out.data(), count, ncclFloat32, ncclSum, comm, nullptr));
+        outs[rank] = out;
+        RANK_NCCL(ncclCommDestroy(comm));
+        return 0;
+    });
+    clear_env();
+    ASSERT_TRUE(res.ok()) << res.detail;
+    EXPECT_EQ(hier_ops() - before, (uint64_t)n) << "the tuner did not pick hier";
+    for (size_t i = 0; i < count; i += 101) {
+        double want = 0, mag = 0;
+        for (int r = 0; r < n; r++) {
+            want += order_sensitive_value(r, i);
+            mag += std::fabs(order_sensitive_value(r, i));
+        }
+        ASSERT_NEAR(outs[0][i], want, 1e-6 * mag + 1e-30) << "element " << i;
+    }
+    for (int r = 1; r < n; r++)
+        EXPECT_EQ(std::memcmp(outs[0].data(), outs[r].data(), count * sizeof(float)), 0)
+            << "rank " << r << " differs from rank 0";
+}
+
+// Several hier all-reduces in a group: each holds its connections in ticket order.
+TEST(CollHier, GroupOfManyOps) {
+    const int n = 4, nops = 5;
+    set_hosts(hosts_blocks(2, 2));
+    setenv("CHORUS_ALGO", "hier", 1);
+    ncclResetDebugInit();
+    ncclUniqueId id = chorus_test::make_unique_id();
+    auto res = chorus_test::run_threads(n, [&](int rank, int nr) -> int {
+        ncclComm_t comm;
+        RANK_NCCL(ncclCommInitRank(&comm, nr, id, rank));
+        std::vector<std::vector<int32_t>> bufs(nops);
+        for (int o = 0; o < nops; o++) {
+            bufs[o].resize(((size_t)1000 << (2 * o)) + 3);
+            for (size_t i = 0; i < bufs[o].size(); i++)
+                bufs[o][i] = (int32_t)(rank * 1000 + o * 100 + (int)(i % 7919));
+        }
+        RANK_NCCL(ncclGroupStart());
+        for (int o = 0; o < nops; o++)
+            RANK_NCCL(ncclAllReduce(bufs[o].data(), bufs[o].data(), bufs[o].size(), ncclInt32,
+                                    ncclSum, comm, nullptr));
+        RANK_NCCL(ncclGroupEnd());
+        for (int o = 0; o < nops; o++)
+            for (size_t i = 0; i < bufs[o].size(); i++) {
+                int32_t want = 0;
+                for (int q = 0; q < nr; q++)
+                    want += (int32_t)(q * 1000 + o * 100 + (int)(i % 7919));
+                RANK_CHECK(bufs[o][i] == want, "rank %d op %d element %zu: %d, want %d", rank, o, i,
+                           bufs[o][i], want);
+            }
+        RANK_NCCL(ncclCommDestroy(comm));
+        return 0;
+    });
+    clear_env();
+    EXPECT_TRUE(res.ok()) << res.detail;
+}
+
+// A rank dies mid-run (2 hosts x 2 forked ranks): every survivor, on its host (shm) and on the
+// other (TCP), gets an error before the deadline that names the dead rank.
+TEST(CollHier, DeathNamesTheRank) {
+    const int n = 4, victim = 2;
+    set_hosts(hosts_blocks(2, 2));
+    setenv("CHORUS_ALGO", "hier", 1);
+    setenv("CHORUS_TIMEOUT", "20", 1);
+    ncclResetDebugInit();
+    char named_path[] = "/tmp/chorus-hier-death-XXXXXX";
+    int named_fd = mkstemp(named_path);
+    ASSERT_GE(named_fd, 0);
+    ncclUniqueId id = chorus_test::make_unique_id();
+    auto res = chorus_test::run_forked(
+        n,
+        [&](int rank, int nr) -> int {
+            ncclComm_t comm;
+            RANK_NCCL(ncclCommInitRank(&comm, nr, id, rank));
+            std::vector<float> a(300000, 1.0f), b(300000);
+            for (int it = 0; it < 10000000; it++) {
+                if (rank == victim && it == 10) kill(getpid(), SIGKILL);
+                ncclResult_t r = ncclAllReduce(a.data(), b.data(), a.size(), ncclFloat32, ncclSum,
+                                               comm, nullptr);
+                if (r != ncclSuccess) {
+                    const char *msg = ncclGetLastError(comm);
+                    RANK_CHECK(r == ncclRemoteError || r == ncclSystemError, "rank %d: %s", rank,
+                               ncclGetErrorString(r));
+                    bool names_victim = strstr(msg, "rank 2 ") != nullptr;
+                    bool names_other = false;
+                    for (int k = 0; k < nr; k++) {
+                        std::string other = "rank " + std::to_string(k) + " (";
+                        if (k != rank && k != victim && strstr(msg, other.c_str()))
+                            names_other = true;
+                    }
+                    RANK_CHECK(names_victim || names_other, "rank %d: message names no peer: %s",
+                               rank, msg);
+                    if (names_victim && write(named_fd, "x", 1) != 1) return 1;
+                    ncclCommAbort(comm);
+                    return 0;
+                }
+            }
+            fprintf(stderr, "rank %d: never saw an error\n", rank);
+            return 1;
+        },
+        90);
+    const off_t named = lseek(named_fd, 0, SEEK_END);
+    close(named_fd);
+    unlink(named_path);
+    clear_env();
+    EXPECT_FALSE(res.timed_out) << res.detail;
+    EXPECT_EQ(res.failed, 1) << res.detail;
+    EXPECT_NE(res.detail.find("rank 2: signal 9"), std::string::npos) << res.detail;
+    EXPECT_EQ(named, n - 1) << "survivors that named the dead rank 2: " << named;
+}
