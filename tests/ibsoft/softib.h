@@ -21,7 +21,8 @@
  * Addresses encode the process: LID = (pid & 0x3fff) + 1 with the high pid bits in the queue pair
  * number, and GIDs carry the pid (link-local interface id, or 127.x.y.z with x.y.z = pid).
  *
- * Fault knobs (environment, read when the library loads; N counts calls in this process, from 1):
+ * Fault knobs (environment, read when the library loads and again by a forked child's first
+ * ibv_get_device_list; N counts calls in this process, from 1):
  *   CHORUS_SOFTIB_FAIL_REG_MR=N, _FAIL_CREATE_QP=N, _FAIL_MODIFY_QP=N   that call fails (errno)
  *   CHORUS_SOFTIB_FAIL_WC=N        the Nth send work request completes with IBV_WC_REM_OP_ERR
  *   CHORUS_SOFTIB_PEER_DEATH=N     from the Nth send work request on, the peer does not answer:

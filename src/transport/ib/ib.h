@@ -10,16 +10,19 @@
  *   ib_device.c   device enumeration (NCCL_IB_HCA filter, active ports, GID choice), opened once
  *                 per process; this rank's verbs record in the locality record; one thread per
  *                 device context that reads its async events (port error, device fatal)
- *   ib_conn.c     the ops: RC queue pair per connection, RDMA write with immediate, credits
+ *   ib_conn.c     the ops: RC queue pairs per connection, RDMA write with immediate, credits
  *
- * Data path (one RC queue pair per connection). The receiver's slots are registered for remote
- * write and their address and rkey go to the sender in the setup blob; the sender registers its
- * slots and an 8-byte credit word that the receiver may write. Step s is one RDMA WRITE WITH
- * IMMEDIATE from the sender's slot s % nslots into the receiver's slot s % nslots, the immediate
- * carrying the byte count; the receiver keeps nslots receive requests posted, and each completion
- * (in order, on an RC queue pair) makes one step ready. After recv_release the receiver RDMA-writes
- * its released count into the sender's credit word: the sender may run at most nslots steps ahead
- * of it, and reuses its own slot once the write's completion was polled.
+ * Data path (NCCL_IB_QPS_PER_CONNECTION = q RC queue pairs per connection, one completion queue).
+ * The receiver's slots are registered for remote write and their address and rkey go to the
+ * sender in the setup blob; the sender registers its slots and an 8-byte credit word that the
+ * receiver may write. Step s is one RDMA WRITE WITH IMMEDIATE on queue pair s % q from the
+ * sender's slot s % nslots into the receiver's slot s % nslots, the immediate carrying the byte
+ * count; the receiver keeps nslots receive requests posted on every queue pair. An RC queue pair
+ * completes in order, so the j-th arrival on queue pair k is step j * q + k; a step is ready once
+ * every earlier one arrived (a flag per slot). After recv_release the receiver RDMA-writes its
+ * released count into the sender's credit word, always on queue pair 0 (so a later count never
+ * lands before an earlier one): the sender may run at most nslots steps ahead of it, and reuses
+ * its own slot once the write's completion, and those of every earlier step, were polled.
  */
 #ifndef CHORUS_TRANSPORT_IB_H_
 #define CHORUS_TRANSPORT_IB_H_
@@ -59,12 +62,17 @@ typedef struct {
                         struct ibv_gid_entry *entry, uint32_t flags, size_t entry_size);
 } ib_symbols_t;
 
-/* The setup blob each end publishes (ib_conn.c). */
+/* Most queue pairs per connection (PARAM_RANGE of NCCL_IB_QPS_PER_CONNECTION): the setup blob
+ * carries every queue pair number in TRANSPORT_BLOB_BYTES. */
+#define IB_MAX_QPS 32
+
+/* The setup blob each end publishes (ib_conn.c). Every queue pair starts at the same PSN. */
 #define IB_BLOB_MAGIC 0x49424c42u /* "IBLB" */
 typedef struct {
     uint32_t magic;
     uint32_t is_send;
-    uint32_t qpn, psn;
+    uint32_t nqps, psn;
+    uint32_t qpn[IB_MAX_QPS];
     uint16_t lid;
     uint8_t link_layer, mtu;
     union ibv_gid gid;

@@ -4,12 +4,13 @@
  * can_connect: both ranks' locality records must show a usable port (ib_fill_locality) of the
  * same link layer; otherwise the pair goes to the next transport (tcp).
  *
- * setup() creates the queue pair (RC, moved to INIT), its completion queue and the registered
- * memory, and publishes LID, GID, QP number, first PSN, link layer, slot geometry and, for the
- * receiver, the slots' address and rkey (for the sender, the credit word's). connect() checks the
- * link layers, makes the sender adopt the receiver's slot count and size (it writes at the
- * receiver's stride), and moves the QP to RTR and RTS with the peer's numbers; the receiver first
- * posts one receive request per slot. RNR retries are infinite, so a sender that writes before the
+ * setup() creates the queue pairs (RC, NCCL_IB_QPS_PER_CONNECTION of them, moved to INIT), their
+ * completion queue and the registered memory, and publishes LID, GID, QP numbers, first PSN, link
+ * layer, slot geometry and, for the receiver, the slots' address and rkey (for the sender, the
+ * credit word's). connect() checks the link layers, makes the sender adopt the receiver's slot
+ * count and size (it writes at the receiver's stride), keeps the smaller queue pair count of the
+ * two ends, and moves each QP to RTR and RTS with the peer's numbers; the receiver first posts one
+ * receive request per slot on each. RNR retries are infinite, so a sender that writes before the
  * receiver is ready waits instead of failing.
  *
  * Sender: commit posts one signalled RDMA WRITE WITH IMMEDIATE per step; completions are polled
@@ -36,16 +37,23 @@
 #include "param.h"
 #include "waiter.h"
 
+/* wr_id: the kind in the low byte, the queue pair's index above it. */
 #define IB_WR_DATA 1
 #define IB_WR_CREDIT 2
+#define IB_WR_ID(kind, k) ((uint64_t)(kind) | ((uint64_t)(k) << 8))
 #define IB_MAX_CREDIT_WRITES 4
 #define IB_KEEPALIVE_NS 100000000ull
+
+_Static_assert(sizeof(ib_blob_t) <= TRANSPORT_BLOB_BYTES, "the setup blob outgrew the transport's");
 
 
 typedef struct {
     ib_device_t *dev;
     struct ibv_cq *cq;
-    struct ibv_qp *qp;
+    struct ibv_qp *qp[IB_MAX_QPS];
+    int nqps;       /* created; after connect: in use (the smaller count of the two ends) */
+    uint64_t *qp_done; /* per queue pair: completed data writes (sender) or arrivals (receiver) */
+    uint8_t *ready; /* per slot: its step completed (sender) or arrived (receiver) */
     char *slots;
     struct ibv_mr *slots_mr;
     uint64_t *word; /* sender: credit word (remote-written); receiver: released value to send */
@@ -90,13 +98,16 @@ static ncclResult_t ib_can_connect(const chorus_transport_ctx_t *ctx, const chor
 
 static void ib_free(ib_conn_t *ic) {
     const ib_symbols_t *ibv = ib_symbols();
-    if (ic->qp) ibv->destroy_qp(ic->qp);
+    for (int k = 0; k < IB_MAX_QPS; k++)
+        if (ic->qp[k]) ibv->destroy_qp(ic->qp[k]);
     if (ic->cq) ibv->destroy_cq(ic->cq);
     if (ic->slots_mr) ibv->dereg_mr(ic->slots_mr);
     if (ic->word_mr) ibv->dereg_mr(ic->word_mr);
     free(ic->slots);
     free(ic->word);
     free(ic->rsize);
+    free(ic->qp_done);
+    free(ic->ready);
     free(ic);
 }
 
@@ -126,14 +137,21 @@ static ncclResult_t ib_setup(chorus_conn_t *conn, void *blob, size_t *blob_bytes
     conn->slot_bytes = ic->slot_bytes;
     snprintf(conn->desc, sizeof(conn->desc), "IB/%.20s:%d", ic->dev->name, ic->dev->port);
 
+    ic->nqps = (int)chorus_param_int(PARAM_IB_QPS_PER_CONNECTION);
+    if (ic->nqps < 1) ic->nqps = 1;
+    if (ic->nqps > IB_MAX_QPS) ic->nqps = IB_MAX_QPS;
+    /* Per queue pair: the data writes in flight (at most sq_room on all of them together, which
+     * also bounds a sender that adopts more slots from its receiver) and the credit writes. */
     int depth = 2 * ic->nslots + IB_MAX_CREDIT_WRITES + 4;
     ic->sq_room = depth - IB_MAX_CREDIT_WRITES;
-    ic->cq = ibv->create_cq(ic->dev->ctx, 2 * depth, NULL, NULL, 0);
+    ic->cq = ibv->create_cq(ic->dev->ctx, 2 * depth * ic->nqps, NULL, NULL, 0);
     if (posix_memalign((void **)&ic->slots, 4096, (size_t)ic->nslots * ic->slot_bytes) != 0)
         ic->slots = NULL;
     ic->word = calloc(1, 64);
     ic->rsize = calloc((size_t)ic->nslots, sizeof(uint32_t));
-    if (!ic->cq || !ic->slots || !ic->word || !ic->rsize) {
+    ic->ready = calloc((size_t)ic->nslots, 1);
+    ic->qp_done = calloc(IB_MAX_QPS, sizeof(uint64_t));
+    if (!ic->cq || !ic->slots || !ic->word || !ic->rsize || !ic->ready || !ic->qp_done) {
         WARN("ib: cannot create a completion queue or slots for rank %d on %s", conn->peer,
              ic->dev->name);
         goto err_free;
@@ -157,29 +175,35 @@ static ncclResult_t ib_setup(chorus_conn_t *conn, void *blob, size_t *blob_bytes
     qa.cap.max_recv_wr = (uint32_t)ic->nslots + 1;
     qa.cap.max_send_sge = 1;
     qa.cap.max_recv_sge = 1;
-    ic->qp = ibv->create_qp(ic->dev->pd, &qa);
-    if (!ic->qp) {
-        WARN("ib: cannot create a queue pair for rank %d on %s", conn->peer, ic->dev->name);
-        goto err_free;
-    }
-    struct ibv_qp_attr at;
-    memset(&at, 0, sizeof(at));
-    at.qp_state = IBV_QPS_INIT;
-    at.pkey_index = 0;
-    at.port_num = (uint8_t)ic->dev->port;
-    at.qp_access_flags = IBV_ACCESS_REMOTE_WRITE;
-    if (ibv->modify_qp(ic->qp, &at,
-                       IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS) != 0) {
-        WARN("ib: cannot move the queue pair for rank %d to INIT on %s", conn->peer,
-             ic->dev->name);
-        goto err_free;
+    for (int k = 0; k < ic->nqps; k++) {
+        ic->qp[k] = ibv->create_qp(ic->dev->pd, &qa);
+        if (!ic->qp[k]) {
+            WARN("ib: cannot create queue pair %d of %d for rank %d on %s", k + 1, ic->nqps,
+                 conn->peer, ic->dev->name);
+            goto err_free;
+        }
+        struct ibv_qp_attr at;
+        memset(&at, 0, sizeof(at));
+        at.qp_state = IBV_QPS_INIT;
+        at.pkey_index = 0;
+        at.port_num = (uint8_t)ic->dev->port;
+        at.qp_access_flags = IBV_ACCESS_REMOTE_WRITE;
+        if (ibv->modify_qp(ic->qp[k], &at,
+                           IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS) !=
+            0) {
+            WARN("ib: cannot move a queue pair for rank %d to INIT on %s", conn->peer,
+                 ic->dev->name);
+            goto err_free;
+        }
     }
     ic->psn = (uint32_t)rand() & 0xffffff;
     ib_blob_t b;
     memset(&b, 0, sizeof(b));
     b.magic = IB_BLOB_MAGIC;
     b.is_send = (uint32_t)conn->is_send;
-    b.qpn = ic->qp->qp_num;
+    b.nqps = (uint32_t)ic->nqps;
+    for (int k = 0; k < ic->nqps; k++)
+        b.qpn[k] = ic->qp[k]->qp_num;
     b.psn = ic->psn;
     b.lid = ic->dev->port_attr.lid;
     b.link_layer = (uint8_t)ic->dev->link_layer;
@@ -197,11 +221,11 @@ err_free:
     return ncclSystemError;
 }
 
-static ncclResult_t ib_post_recv(chorus_conn_t *conn, ib_conn_t *ic) {
+static ncclResult_t ib_post_recv(chorus_conn_t *conn, ib_conn_t *ic, int k) {
     struct ibv_recv_wr wr, *bad;
     memset(&wr, 0, sizeof(wr));
-    wr.wr_id = IB_WR_DATA;
-    int rc = ibv_post_recv(ic->qp, &wr, &bad);
+    wr.wr_id = IB_WR_ID(IB_WR_DATA, k);
+    int rc = ibv_post_recv(ic->qp[k], &wr, &bad);
     if (rc != 0) {
         WARN("ib: posting a receive for rank %d via %s failed: %s", conn->peer, conn->desc,
              strerror(rc));
@@ -237,10 +261,62 @@ static ncclResult_t ib_adopt_geometry(chorus_conn_t *conn, ib_conn_t *ic, const 
              ic->dev->name);
         return ncclSystemError;
     }
+    free(ic->ready);
+    ic->ready = calloc(b->nslots, 1);
+    if (!ic->ready) return ncclSystemError;
     ic->nslots = (int)b->nslots;
     ic->slot_bytes = (size_t)b->slot_bytes;
     conn->nslots = ic->nslots;
     conn->slot_bytes = ic->slot_bytes;
+    return ncclSuccess;
+}
+
+/* Queue pair k to RTR and RTS against the peer's queue pair k. */
+static ncclResult_t ib_qp_ready(chorus_conn_t *conn, ib_conn_t *ic, int k, const ib_blob_t *b) {
+    const ib_symbols_t *ibv = ib_symbols();
+    struct ibv_qp_attr at;
+    memset(&at, 0, sizeof(at));
+    at.qp_state = IBV_QPS_RTR;
+    at.path_mtu = b->mtu < ic->dev->port_attr.active_mtu ? (enum ibv_mtu)b->mtu
+                                                         : ic->dev->port_attr.active_mtu;
+    at.dest_qp_num = b->qpn[k];
+    at.rq_psn = b->psn;
+    at.max_dest_rd_atomic = 1;
+    at.min_rnr_timer = 12;
+    at.ah_attr.port_num = (uint8_t)ic->dev->port;
+    at.ah_attr.sl = (uint8_t)chorus_param_int(PARAM_IB_SL);
+    if (ic->dev->link_layer == IBV_LINK_LAYER_ETHERNET || b->lid == 0) {
+        at.ah_attr.is_global = 1;
+        at.ah_attr.grh.dgid = b->gid;
+        at.ah_attr.grh.sgid_index = (uint8_t)ic->dev->gid_index;
+        at.ah_attr.grh.hop_limit = 255;
+        at.ah_attr.grh.traffic_class = (uint8_t)chorus_param_int(PARAM_IB_TC);
+    } else {
+        at.ah_attr.dlid = b->lid;
+    }
+    int rc = ibv->modify_qp(ic->qp[k], &at,
+                            IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
+                                IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER);
+    if (rc != 0) {
+        WARN("ib: cannot move the queue pair to rank %d to RTR on %s: %s", conn->peer,
+             ic->dev->name, strerror(rc));
+        return ncclSystemError;
+    }
+    memset(&at, 0, sizeof(at));
+    at.qp_state = IBV_QPS_RTS;
+    at.timeout = (uint8_t)chorus_param_int(PARAM_IB_TIMEOUT);
+    at.retry_cnt = (uint8_t)chorus_param_int(PARAM_IB_RETRY_CNT);
+    at.rnr_retry = 7; /* infinite: a receiver that has not posted yet makes us wait, not fail */
+    at.sq_psn = ic->psn;
+    at.max_rd_atomic = 1;
+    rc = ibv->modify_qp(ic->qp[k], &at,
+                        IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
+                            IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC);
+    if (rc != 0) {
+        WARN("ib: cannot move the queue pair to rank %d to RTS on %s: %s", conn->peer,
+             ic->dev->name, strerror(rc));
+        return ncclSystemError;
+    }
     return ncclSuccess;
 }
 
@@ -260,59 +336,34 @@ static ncclResult_t ib_connect(chorus_conn_t *conn, const void *peer_blob, size_
              ib_link_name(ic->dev->link_layer), conn->peer, ib_link_name(b.link_layer));
         return ncclSystemError;
     }
+    if (b.nqps < 1 || b.nqps > IB_MAX_QPS) {
+        WARN("ib: rank %d offers %u queue pairs (1 to %d)", conn->peer, b.nqps, IB_MAX_QPS);
+        return ncclInternalError;
+    }
     if (conn->is_send) CHECK(ib_adopt_geometry(conn, ic, &b));
     ic->remote_addr = b.addr;
     ic->remote_rkey = b.rkey;
-    if (!conn->is_send)
-        for (int i = 0; i < ic->nslots; i++)
-            CHECK(ib_post_recv(conn, ic));
-
-    struct ibv_qp_attr at;
-    memset(&at, 0, sizeof(at));
-    at.qp_state = IBV_QPS_RTR;
-    at.path_mtu =
-        b.mtu < ic->dev->port_attr.active_mtu ? (enum ibv_mtu)b.mtu : ic->dev->port_attr.active_mtu;
-    at.dest_qp_num = b.qpn;
-    at.rq_psn = b.psn;
-    at.max_dest_rd_atomic = 1;
-    at.min_rnr_timer = 12;
-    at.ah_attr.port_num = (uint8_t)ic->dev->port;
-    at.ah_attr.sl = (uint8_t)chorus_param_int(PARAM_IB_SL);
-    if (ic->dev->link_layer == IBV_LINK_LAYER_ETHERNET || b.lid == 0) {
-        at.ah_attr.is_global = 1;
-        at.ah_attr.grh.dgid = b.gid;
-        at.ah_attr.grh.sgid_index = (uint8_t)ic->dev->gid_index;
-        at.ah_attr.grh.hop_limit = 255;
-        at.ah_attr.grh.traffic_class = (uint8_t)chorus_param_int(PARAM_IB_TC);
-    } else {
-        at.ah_attr.dlid = b.lid;
+    /* Both ends use the smaller count (NCCL_IB_QPS_PER_CONNECTION may differ between ranks);
+     * queue pairs beyond it are destroyed. */
+    if ((int)b.nqps < ic->nqps) {
+        INFO(SUB_INIT | SUB_NET, "ib: rank %d uses %u queue pairs per connection: so does the "
+             "connection (ours: %d)", conn->peer, b.nqps, ic->nqps);
+        for (int k = (int)b.nqps; k < ic->nqps; k++) {
+            ibv->destroy_qp(ic->qp[k]);
+            ic->qp[k] = NULL;
+        }
+        ic->nqps = (int)b.nqps;
     }
-    int rc = ibv->modify_qp(ic->qp, &at,
-                            IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
-                                IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER);
-    if (rc != 0) {
-        WARN("ib: cannot move the queue pair to rank %d to RTR on %s: %s", conn->peer,
-             ic->dev->name, strerror(rc));
-        return ncclSystemError;
-    }
-    memset(&at, 0, sizeof(at));
-    at.qp_state = IBV_QPS_RTS;
-    at.timeout = (uint8_t)chorus_param_int(PARAM_IB_TIMEOUT);
-    at.retry_cnt = (uint8_t)chorus_param_int(PARAM_IB_RETRY_CNT);
-    at.rnr_retry = 7; /* infinite: a receiver that has not posted yet makes us wait, not fail */
-    at.sq_psn = ic->psn;
-    at.max_rd_atomic = 1;
-    rc = ibv->modify_qp(ic->qp, &at,
-                        IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
-                            IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC);
-    if (rc != 0) {
-        WARN("ib: cannot move the queue pair to rank %d to RTS on %s: %s", conn->peer,
-             ic->dev->name, strerror(rc));
-        return ncclSystemError;
+    for (int k = 0; k < ic->nqps; k++) {
+        if (!conn->is_send)
+            for (int i = 0; i < ic->nslots; i++)
+                CHECK(ib_post_recv(conn, ic, k));
+        CHECK(ib_qp_ready(conn, ic, k, &b));
     }
     conn->connected = 1;
-    INFO(SUB_NET | SUB_INIT, "ib: %s rank %d via %s, qpn %u -> %u",
-         conn->is_send ? "send to" : "receive from", conn->peer, conn->desc, ic->qp->qp_num, b.qpn);
+    INFO(SUB_NET | SUB_INIT, "ib: %s rank %d via %s, %d queue pair%s, qpn %u -> %u",
+         conn->is_send ? "send to" : "receive from", conn->peer, conn->desc, ic->nqps,
+         ic->nqps == 1 ? "" : "s", ic->qp[0]->qp_num, b.qpn[0]);
     return ncclSuccess;
 }
 
@@ -346,7 +397,7 @@ static ncclResult_t ib_poll(chorus_conn_t *conn, ib_conn_t *ic) {
             const char *host = conn->ctx && conn->ctx->peers ? conn->ctx->peers[conn->peer].hostname
                                                                : "?";
             WARN("ib: %s rank %d (%s) via %s failed: %s (completion status %d, vendor error %u)",
-                 wc[i].wr_id == IB_WR_CREDIT ? "credit update to"
+                 (wc[i].wr_id & 0xff) == IB_WR_CREDIT ? "credit update to"
                  : conn->is_send             ? "write to"
                                              : "receive from",
                  conn->peer, host, conn->desc, ib_symbols()->wc_status_str(st), (int)st,
@@ -354,14 +405,28 @@ static ncclResult_t ib_poll(chorus_conn_t *conn, ib_conn_t *ic) {
             ic->error = remote ? ncclRemoteError : ncclSystemError;
             return (ncclResult_t)ic->error;
         }
-        if (wc[i].opcode == IBV_WC_RECV_RDMA_WITH_IMM) {
-            ic->rsize[ic->arrived % (uint64_t)ic->nslots] = ntohl(wc[i].imm_data);
-            ic->arrived++;
-        } else if (wc[i].wr_id == IB_WR_CREDIT) {
+        int k = (int)(wc[i].wr_id >> 8);
+        if ((wc[i].wr_id & 0xff) == IB_WR_CREDIT) {
             ic->credit_writes--;
-        } else {
-            ic->sent++;
+            continue;
         }
+        if (k >= ic->nqps) {
+            WARN("ib: a completion from rank %d names queue pair %d of %d", conn->peer, k,
+                 ic->nqps);
+            ic->error = ncclInternalError;
+            return ncclInternalError;
+        }
+        /* The j-th completion on queue pair k is step j * nqps + k (see ib.h). */
+        uint64_t step = ic->qp_done[k]++ * (uint64_t)ic->nqps + (uint64_t)k;
+        int slot = (int)(step % (uint64_t)ic->nslots);
+        if (wc[i].opcode == IBV_WC_RECV_RDMA_WITH_IMM) ic->rsize[slot] = ntohl(wc[i].imm_data);
+        ic->ready[slot] = 1;
+    }
+    /* Steps complete in order per queue pair, not across them: advance over the contiguous run. */
+    uint64_t *done = conn->is_send ? &ic->sent : &ic->arrived;
+    while (ic->ready[*done % (uint64_t)ic->nslots]) {
+        ic->ready[*done % (uint64_t)ic->nslots] = 0;
+        ++*done;
     }
     return ncclSuccess;
 }
@@ -390,7 +455,8 @@ static ncclResult_t ib_send_commit(chorus_conn_t *conn, size_t bytes) {
                           .lkey = ic->slots_mr->lkey};
     struct ibv_send_wr wr, *bad;
     memset(&wr, 0, sizeof(wr));
-    wr.wr_id = IB_WR_DATA;
+    int k = (int)(ic->head % (uint64_t)ic->nqps);
+    wr.wr_id = IB_WR_ID(IB_WR_DATA, k);
     wr.sg_list = bytes ? &sge : NULL;
     wr.num_sge = bytes ? 1 : 0;
     wr.opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
@@ -398,7 +464,7 @@ static ncclResult_t ib_send_commit(chorus_conn_t *conn, size_t bytes) {
     wr.imm_data = htonl((uint32_t)bytes);
     wr.wr.rdma.remote_addr = ic->remote_addr + off;
     wr.wr.rdma.rkey = ic->remote_rkey;
-    if (ibv_post_send(ic->qp, &wr, &bad) != 0) {
+    if (ibv_post_send(ic->qp[k], &wr, &bad) != 0) {
         WARN("ib: posting a write of %zu bytes to rank %d failed", bytes, conn->peer);
         return ncclSystemError;
     }
@@ -431,14 +497,14 @@ static ncclResult_t ib_post_credit(chorus_conn_t *conn, ib_conn_t *ic, int keepa
         .addr = (uint64_t)(uintptr_t)ic->word, .length = 8, .lkey = ic->word_mr->lkey};
     struct ibv_send_wr wr, *bad;
     memset(&wr, 0, sizeof(wr));
-    wr.wr_id = IB_WR_CREDIT;
+    wr.wr_id = IB_WR_ID(IB_WR_CREDIT, 0);
     wr.sg_list = &sge;
     wr.num_sge = 1;
     wr.opcode = IBV_WR_RDMA_WRITE;
     wr.send_flags = IBV_SEND_SIGNALED;
     wr.wr.rdma.remote_addr = ic->remote_addr;
     wr.wr.rdma.rkey = ic->remote_rkey;
-    if (ibv_post_send(ic->qp, &wr, &bad) != 0) {
+    if (ibv_post_send(ic->qp[0], &wr, &bad) != 0) {
         WARN("ib: posting a credit update to rank %d failed", conn->peer);
         return ncclSystemError;
     }
@@ -467,7 +533,7 @@ static ncclResult_t ib_recv_peek(chorus_conn_t *conn, const void **data_p, size_
 static ncclResult_t ib_recv_release(chorus_conn_t *conn) {
     ib_conn_t *ic = conn->priv;
     if (ic->arrived == ic->released) return ncclInternalError;
-    CHECK(ib_post_recv(conn, ic));
+    CHECK(ib_post_recv(conn, ic, (int)(ic->released % (uint64_t)ic->nqps)));
     ic->released++;
     conn->step = ic->released;
     return ib_post_credit(conn, ic, 0);
