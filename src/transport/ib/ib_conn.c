@@ -24,6 +24,16 @@
  * status fails the connection: ncclRemoteError when the peer or the path caused it, else
  * ncclSystemError, with a WARN naming the peer.
  *
+ * Direct chunks (send_commit_direct, from CHORUS_IB_ZCOPY_THRESHOLD bytes): a chunk in a buffer
+ * registered with ncclCommRegister (ib_mr.c) is not copied: its step writes a descriptor (address,
+ * rkey, size) into the receiver's slot, with IB_IMM_DIRECT in the immediate, and the receiver's
+ * recv_copy reads the chunk with one RDMA READ straight into its destination when that is
+ * registered too (through its slot otherwise). The receiver's release is the sender's sign that
+ * the read is done: send_drained waits for the credit of the last direct step, and the source's
+ * registration counts as in flight until then (ncclCommDeregister is refused meanwhile). The
+ * sender does nothing for the read, so a receiver waiting in recv_copy never waits for the
+ * sender's thread. A chunk outside registered memory goes through the slot as usual.
+ *
  * The tests run all of this on the software provider of tests/ibsoft; it has not run on RDMA
  * hardware (perf/ib_check.sh is the check for a machine that has a port).
  */
@@ -40,6 +50,7 @@
 /* wr_id: the kind in the low byte, the queue pair's index above it. */
 #define IB_WR_DATA 1
 #define IB_WR_CREDIT 2
+#define IB_WR_READ 3
 #define IB_WR_ID(kind, k) ((uint64_t)(kind) | ((uint64_t)(k) << 8))
 #define IB_MAX_CREDIT_WRITES 4
 #define IB_KEEPALIVE_NS 100000000ull
@@ -70,7 +81,13 @@ typedef struct {
     uint64_t arrived, released, credit_posted;
     uint64_t credit_ns; /* when the last credit write went */
     int credit_writes; /* outstanding */
-    uint32_t *rsize;
+    uint32_t *rsize; /* per slot: bytes of the step (receiver), of the direct chunk (sender) */
+    /* direct chunks */
+    ib_reg_t **dref;      /* sender: per slot, the registration its direct chunk in flight uses */
+    uint64_t dacked;      /* sender: steps below this released their registrations */
+    uint64_t last_direct; /* sender: 1 + the last direct step (0: none) */
+    uint8_t *rdirect;     /* receiver: per slot, the step is a direct chunk's descriptor */
+    int reading;          /* receiver: an RDMA READ is outstanding */
     int error;
 } ib_conn_t;
 
@@ -108,10 +125,16 @@ static void ib_free(ib_conn_t *ic) {
     free(ic->rsize);
     free(ic->qp_done);
     free(ic->ready);
+    free(ic->dref);
+    free(ic->rdirect);
     free(ic);
 }
 
 static void ib_close(chorus_conn_t *conn) {
+    ib_conn_t *ic = conn->priv;
+    if (ic && ic->dref) /* direct chunks never acknowledged: their buffers are no longer in use */
+        for (int i = 0; i < ic->nslots; i++)
+            if (ic->dref[i]) ib_mr_release(ic->dref[i], 0);
     if (conn->priv) ib_free(conn->priv);
     conn->priv = NULL;
     conn->connected = 0;
@@ -151,7 +174,10 @@ static ncclResult_t ib_setup(chorus_conn_t *conn, void *blob, size_t *blob_bytes
     ic->rsize = calloc((size_t)ic->nslots, sizeof(uint32_t));
     ic->ready = calloc((size_t)ic->nslots, 1);
     ic->qp_done = calloc(IB_MAX_QPS, sizeof(uint64_t));
-    if (!ic->cq || !ic->slots || !ic->word || !ic->rsize || !ic->ready || !ic->qp_done) {
+    ic->dref = calloc((size_t)ic->nslots, sizeof(ib_reg_t *));
+    ic->rdirect = calloc((size_t)ic->nslots, 1);
+    if (!ic->cq || !ic->slots || !ic->word || !ic->rsize || !ic->ready || !ic->qp_done ||
+        !ic->dref || !ic->rdirect) {
         WARN("ib: cannot create a completion queue or slots for rank %d on %s", conn->peer,
              ic->dev->name);
         goto err_free;
@@ -187,7 +213,7 @@ static ncclResult_t ib_setup(chorus_conn_t *conn, void *blob, size_t *blob_bytes
         at.qp_state = IBV_QPS_INIT;
         at.pkey_index = 0;
         at.port_num = (uint8_t)ic->dev->port;
-        at.qp_access_flags = IBV_ACCESS_REMOTE_WRITE;
+        at.qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
         if (ibv->modify_qp(ic->qp[k], &at,
                            IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS) !=
             0) {
@@ -262,8 +288,12 @@ static ncclResult_t ib_adopt_geometry(chorus_conn_t *conn, ib_conn_t *ic, const 
         return ncclSystemError;
     }
     free(ic->ready);
+    free(ic->rsize);
+    free(ic->dref);
     ic->ready = calloc(b->nslots, 1);
-    if (!ic->ready) return ncclSystemError;
+    ic->rsize = calloc(b->nslots, sizeof(uint32_t));
+    ic->dref = calloc(b->nslots, sizeof(ib_reg_t *));
+    if (!ic->ready || !ic->rsize || !ic->dref) return ncclSystemError;
     ic->nslots = (int)b->nslots;
     ic->slot_bytes = (size_t)b->slot_bytes;
     conn->nslots = ic->nslots;
@@ -360,11 +390,32 @@ static ncclResult_t ib_connect(chorus_conn_t *conn, const void *peer_blob, size_
                 CHECK(ib_post_recv(conn, ic, k));
         CHECK(ib_qp_ready(conn, ic, k, &b));
     }
+    /* Direct chunks from CHORUS_IB_ZCOPY_THRESHOLD bytes (-1: never); every receiver reads
+     * them, so the sender's setting alone decides. */
+    int64_t zt = chorus_param_int(PARAM_IB_ZCOPY_THRESHOLD);
+    conn->direct = conn->is_send && zt >= 0;
+    conn->direct_threshold = zt > 0 ? (size_t)zt : 1;
     conn->connected = 1;
     INFO(SUB_NET | SUB_INIT, "ib: %s rank %d via %s, %d queue pair%s, qpn %u -> %u",
          conn->is_send ? "send to" : "receive from", conn->peer, conn->desc, ic->nqps,
          ic->nqps == 1 ? "" : "s", ic->qp[0]->qp_num, b.qpn[0]);
     return ncclSuccess;
+}
+
+/* Sender: the steps the receiver released (the credit word) have had their direct chunks read:
+ * their registrations are no longer in use. */
+static void ib_release_direct(ib_conn_t *ic) {
+    uint64_t credit = __atomic_load_n(ic->word, __ATOMIC_ACQUIRE);
+    if (credit > ic->head) credit = ic->head;
+    if (ic->last_direct <= ic->dacked) { /* no direct chunk in flight */
+        if (credit > ic->dacked) ic->dacked = credit;
+        return;
+    }
+    for (; ic->dacked < credit; ic->dacked++) {
+        int slot = (int)(ic->dacked % (uint64_t)ic->nslots);
+        if (ic->dref[slot]) ib_mr_release(ic->dref[slot], ic->rsize[slot]);
+        ic->dref[slot] = NULL;
+    }
 }
 
 /* Reap completions: data writes (sender), credit writes and arrivals (receiver). */
@@ -398,8 +449,9 @@ static ncclResult_t ib_poll(chorus_conn_t *conn, ib_conn_t *ic) {
                                                                : "?";
             WARN("ib: %s rank %d (%s) via %s failed: %s (completion status %d, vendor error %u)",
                  (wc[i].wr_id & 0xff) == IB_WR_CREDIT ? "credit update to"
-                 : conn->is_send             ? "write to"
-                                             : "receive from",
+                 : (wc[i].wr_id & 0xff) == IB_WR_READ ? "read from"
+                 : conn->is_send                      ? "write to"
+                                                      : "receive from",
                  conn->peer, host, conn->desc, ib_symbols()->wc_status_str(st), (int)st,
                  wc[i].vendor_err);
             ic->error = remote ? ncclRemoteError : ncclSystemError;
@@ -408,6 +460,10 @@ static ncclResult_t ib_poll(chorus_conn_t *conn, ib_conn_t *ic) {
         int k = (int)(wc[i].wr_id >> 8);
         if ((wc[i].wr_id & 0xff) == IB_WR_CREDIT) {
             ic->credit_writes--;
+            continue;
+        }
+        if ((wc[i].wr_id & 0xff) == IB_WR_READ) {
+            ic->reading = 0;
             continue;
         }
         if (k >= ic->nqps) {
@@ -419,7 +475,11 @@ static ncclResult_t ib_poll(chorus_conn_t *conn, ib_conn_t *ic) {
         /* The j-th completion on queue pair k is step j * nqps + k (see ib.h). */
         uint64_t step = ic->qp_done[k]++ * (uint64_t)ic->nqps + (uint64_t)k;
         int slot = (int)(step % (uint64_t)ic->nslots);
-        if (wc[i].opcode == IBV_WC_RECV_RDMA_WITH_IMM) ic->rsize[slot] = ntohl(wc[i].imm_data);
+        if (wc[i].opcode == IBV_WC_RECV_RDMA_WITH_IMM) {
+            uint32_t imm = ntohl(wc[i].imm_data);
+            ic->rsize[slot] = imm & ~IB_IMM_DIRECT;
+            ic->rdirect[slot] = (imm & IB_IMM_DIRECT) != 0;
+        }
         ic->ready[slot] = 1;
     }
     /* Steps complete in order per queue pair, not across them: advance over the contiguous run. */
@@ -428,6 +488,7 @@ static ncclResult_t ib_poll(chorus_conn_t *conn, ib_conn_t *ic) {
         ic->ready[*done % (uint64_t)ic->nslots] = 0;
         ++*done;
     }
+    if (conn->is_send) ib_release_direct(ic);
     return ncclSuccess;
 }
 
@@ -446,26 +507,25 @@ static ncclResult_t ib_send_acquire(chorus_conn_t *conn, size_t bytes,
     return ncclSuccess;
 }
 
-static ncclResult_t ib_send_commit(chorus_conn_t *conn, size_t bytes) {
-    ib_conn_t *ic = conn->priv;
-    if (bytes > ic->slot_bytes) return ncclInternalError;
+/* Step `head`: an RDMA WRITE WITH IMMEDIATE of len bytes from our slot into the receiver's. */
+static ncclResult_t ib_post_step(chorus_conn_t *conn, ib_conn_t *ic, size_t len, uint32_t imm) {
     size_t off = (size_t)(ic->head % (uint64_t)ic->nslots) * ic->slot_bytes;
     struct ibv_sge sge = {.addr = (uint64_t)(uintptr_t)(ic->slots + off),
-                          .length = (uint32_t)bytes,
+                          .length = (uint32_t)len,
                           .lkey = ic->slots_mr->lkey};
     struct ibv_send_wr wr, *bad;
     memset(&wr, 0, sizeof(wr));
     int k = (int)(ic->head % (uint64_t)ic->nqps);
     wr.wr_id = IB_WR_ID(IB_WR_DATA, k);
-    wr.sg_list = bytes ? &sge : NULL;
-    wr.num_sge = bytes ? 1 : 0;
+    wr.sg_list = len ? &sge : NULL;
+    wr.num_sge = len ? 1 : 0;
     wr.opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
     wr.send_flags = IBV_SEND_SIGNALED;
-    wr.imm_data = htonl((uint32_t)bytes);
+    wr.imm_data = htonl(imm);
     wr.wr.rdma.remote_addr = ic->remote_addr + off;
     wr.wr.rdma.rkey = ic->remote_rkey;
     if (ibv_post_send(ic->qp[k], &wr, &bad) != 0) {
-        WARN("ib: posting a write of %zu bytes to rank %d failed", bytes, conn->peer);
+        WARN("ib: posting a write of %zu bytes to rank %d failed", len, conn->peer);
         return ncclSystemError;
     }
     ic->head++;
@@ -473,10 +533,58 @@ static ncclResult_t ib_send_commit(chorus_conn_t *conn, size_t bytes) {
     return ncclSuccess;
 }
 
+static ncclResult_t ib_send_commit(chorus_conn_t *conn, size_t bytes) {
+    ib_conn_t *ic = conn->priv;
+    if (bytes > ic->slot_bytes) return ncclInternalError;
+    return ib_post_step(conn, ic, bytes, (uint32_t)bytes);
+}
+
+/* A chunk in a buffer registered with ncclCommRegister goes without a copy: the slot carries its
+ * descriptor, and the receiver reads the data from src into its destination (recv_copy). src
+ * stays in use until the receiver released the step (send_drained waits for that). Outside
+ * registered memory, or where it cannot be registered, a chunk that fits a slot is copied into
+ * it; a larger one is registered for this step alone. */
+static ncclResult_t ib_send_commit_direct(chorus_conn_t *conn, const void *src, size_t bytes) {
+    ib_conn_t *ic = conn->priv;
+    struct ibv_mr *mr = NULL;
+    ib_reg_t *reg = NULL;
+    if (bytes > 0 && bytes < IB_IMM_DIRECT)
+        CHECK(ib_mr_acquire(ic->dev->pd, src, bytes, &mr, &reg));
+    ib_release_direct(ic); /* the slot's previous direct chunk, if send_acquire saw its credit */
+    int slot = (int)(ic->head % (uint64_t)ic->nslots);
+    char *p = ic->slots + (size_t)slot * ic->slot_bytes;
+    if (mr == NULL && bytes > ic->slot_bytes && bytes < IB_IMM_DIRECT)
+        CHECK(ib_mr_acquire_temp(ic->dev->pd, src, bytes, &mr, &reg));
+    if (mr == NULL) {
+        if (bytes > ic->slot_bytes) {
+            WARN("ib: a chunk of %zu bytes for rank %d can neither be registered nor fits a slot "
+                 "of %zu", bytes, conn->peer, ic->slot_bytes);
+            return ncclSystemError;
+        }
+        memcpy(p, src, bytes);
+        return ib_post_step(conn, ic, bytes, (uint32_t)bytes);
+    }
+    ib_direct_desc_t d = {.magic = IB_DIRECT_MAGIC,
+                          .rkey = mr->rkey,
+                          .addr = (uint64_t)(uintptr_t)src,
+                          .bytes = bytes};
+    memcpy(p, &d, sizeof(d));
+    ncclResult_t res = ib_post_step(conn, ic, sizeof(d), (uint32_t)bytes | IB_IMM_DIRECT);
+    if (res != ncclSuccess) {
+        ib_mr_release(reg, 0);
+        return res;
+    }
+    ic->dref[slot] = reg;
+    ic->rsize[slot] = (uint32_t)bytes;
+    ic->last_direct = ic->head;
+    return ncclSuccess;
+}
+
 static ncclResult_t ib_send_drained(chorus_conn_t *conn, int *done_p) {
     ib_conn_t *ic = conn->priv;
     CHECK(ib_poll(conn, ic));
-    *done_p = ic->sent == ic->head;
+    /* A direct chunk's source stays in use until the receiver released its step. */
+    *done_p = ic->sent == ic->head && ic->dacked >= ic->last_direct;
     return ncclSuccess;
 }
 
@@ -524,10 +632,80 @@ static ncclResult_t ib_recv_peek(chorus_conn_t *conn, const void **data_p, size_
         if (ic->arrived == ic->released) return ncclSuccess;
     }
     int slot = (int)(ic->released % (uint64_t)ic->nslots);
-    *data_p = ic->slots + (size_t)slot * ic->slot_bytes;
+    *data_p = ic->rdirect[slot] ? NULL : ic->slots + (size_t)slot * ic->slot_bytes;
     *bytes_p = ic->rsize[slot];
     *ready_p = 1;
     return ncclSuccess;
+}
+
+/* One RDMA READ of len bytes from the sender's (raddr, rkey) into (to, lkey), waited for with
+ * the communicator's deadline and abort flag; a failed read fails the connection. */
+static ncclResult_t ib_read(chorus_conn_t *conn, ib_conn_t *ic, void *to, uint32_t lkey,
+                            uint64_t raddr, uint32_t rkey, size_t len) {
+    struct ibv_sge sge = {.addr = (uint64_t)(uintptr_t)to, .length = (uint32_t)len, .lkey = lkey};
+    struct ibv_send_wr wr, *bad;
+    memset(&wr, 0, sizeof(wr));
+    int k = (int)(ic->released % (uint64_t)ic->nqps);
+    wr.wr_id = IB_WR_ID(IB_WR_READ, k);
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    wr.opcode = IBV_WR_RDMA_READ;
+    wr.send_flags = IBV_SEND_SIGNALED;
+    wr.wr.rdma.remote_addr = raddr;
+    wr.wr.rdma.rkey = rkey;
+    if (ibv_post_send(ic->qp[k], &wr, &bad) != 0) {
+        WARN("ib: posting a read of %zu bytes from rank %d failed", len, conn->peer);
+        return ncclSystemError;
+    }
+    ic->reading = 1;
+    chorus_waiter_t w;
+    chorus_waiter_init(&w, conn->ctx ? conn->ctx->abort_flag : NULL);
+    while (ic->reading) {
+        CHECK(ib_poll(conn, ic));
+        if (ic->reading && chorus_waiter_step(&w) != ncclSuccess) {
+            WARN("ib: reading %zu bytes from rank %d via %s did not complete in time", len,
+                 conn->peer, conn->desc);
+            ic->error = ncclSystemError;
+            return ncclSystemError;
+        }
+    }
+    return ncclSuccess;
+}
+
+/* A direct chunk: one RDMA READ from the sender's buffer straight into dst when dst lies in a
+ * registered buffer too (no copy on either side); else reads into our slot, a slot at a time,
+ * each copied out from there. A slot chunk is copied out of the slot. */
+static ncclResult_t ib_recv_copy(chorus_conn_t *conn, void *dst, size_t bytes) {
+    ib_conn_t *ic = conn->priv;
+    int slot = (int)(ic->released % (uint64_t)ic->nslots);
+    char *p = ic->slots + (size_t)slot * ic->slot_bytes;
+    if (ic->arrived != ic->released && !ic->rdirect[slot] && bytes == ic->rsize[slot]) {
+        memcpy(dst, p, bytes);
+        return ncclSuccess;
+    }
+    ib_direct_desc_t d;
+    memcpy(&d, p, sizeof(d));
+    if (ic->arrived == ic->released || !ic->rdirect[slot] || d.magic != IB_DIRECT_MAGIC ||
+        d.bytes != ic->rsize[slot] || bytes != d.bytes) {
+        WARN("ib: recv_copy of %zu bytes from rank %d without a direct chunk of that size", bytes,
+             conn->peer);
+        return ncclInternalError;
+    }
+    struct ibv_mr *mr = NULL;
+    ib_reg_t *reg = NULL;
+    CHECK(ib_mr_acquire(ic->dev->pd, dst, bytes, &mr, &reg));
+    ncclResult_t res = ncclSuccess;
+    if (mr) {
+        res = ib_read(conn, ic, dst, mr->lkey, d.addr, d.rkey, bytes);
+        ib_mr_release(reg, res == ncclSuccess ? bytes : 0);
+        return res;
+    }
+    for (size_t off = 0; off < bytes && res == ncclSuccess; off += ic->slot_bytes) {
+        size_t len = bytes - off < ic->slot_bytes ? bytes - off : ic->slot_bytes;
+        res = ib_read(conn, ic, p, ic->slots_mr->lkey, d.addr + off, d.rkey, len);
+        if (res == ncclSuccess) memcpy((char *)dst + off, p, len);
+    }
+    return res;
 }
 
 static ncclResult_t ib_recv_release(chorus_conn_t *conn) {
@@ -550,16 +728,17 @@ static ncclResult_t ib_progress(chorus_conn_t *conn) {
 const chorus_transport_ops_t ib_transport_ops = {
     .name = "ib",
     .abi_version = TRANSPORT_ABI_VERSION,
-    .caps = TRANSPORT_CAP_HOST_MEM | TRANSPORT_CAP_INTER_HOST | TRANSPORT_CAP_PROXY,
+    .caps = TRANSPORT_CAP_HOST_MEM | TRANSPORT_CAP_INTER_HOST | TRANSPORT_CAP_PROXY |
+            TRANSPORT_CAP_DIRECT | TRANSPORT_CAP_DROP_DIRECT,
     .can_connect = ib_can_connect,
     .setup = ib_setup,
     .connect = ib_connect,
     .send_acquire = ib_send_acquire,
     .send_commit = ib_send_commit,
-    .send_commit_direct = transport_stub_commit_direct,
+    .send_commit_direct = ib_send_commit_direct,
     .send_drained = ib_send_drained,
     .recv_peek = ib_recv_peek,
-    .recv_copy = transport_stub_recv_copy,
+    .recv_copy = ib_recv_copy,
     .recv_release = ib_recv_release,
     .progress = ib_progress,
     .close = ib_close,
