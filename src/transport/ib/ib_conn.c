@@ -51,6 +51,7 @@
 #define IB_WR_DATA 1
 #define IB_WR_CREDIT 2
 #define IB_WR_READ 3
+#define IB_WR_PING 4
 #define IB_WR_ID(kind, k) ((uint64_t)(kind) | ((uint64_t)(k) << 8))
 #define IB_MAX_CREDIT_WRITES 4
 #define IB_KEEPALIVE_NS 100000000ull
@@ -88,6 +89,8 @@ typedef struct {
     uint64_t last_direct; /* sender: 1 + the last direct step (0: none) */
     uint8_t *rdirect;     /* receiver: per slot, the step is a direct chunk's descriptor */
     int reading;          /* receiver: an RDMA READ is outstanding */
+    int pings;            /* sender: keepalive writes outstanding (0 or 1) */
+    uint64_t ping_ns;     /* sender: when it began waiting, or pinged last (0: not waiting) */
     int error;
 } ib_conn_t;
 
@@ -466,6 +469,10 @@ static ncclResult_t ib_poll(chorus_conn_t *conn, ib_conn_t *ic) {
             ic->reading = 0;
             continue;
         }
+        if ((wc[i].wr_id & 0xff) == IB_WR_PING) {
+            ic->pings--;
+            continue;
+        }
         if (k >= ic->nqps) {
             WARN("ib: a completion from rank %d names queue pair %d of %d", conn->peer, k,
                  ic->nqps);
@@ -492,6 +499,33 @@ static ncclResult_t ib_poll(chorus_conn_t *conn, ib_conn_t *ic) {
     return ncclSuccess;
 }
 
+/* A sender waiting for its receiver (credits, or the release of a direct chunk it reads) has
+ * nothing in flight, so a receiver that died would go unnoticed until CHORUS_TIMEOUT: every
+ * IB_KEEPALIVE_NS of waiting it posts a zero-byte RDMA WRITE (no memory is touched, no receive
+ * consumed), which fails once the queue pair's retries run out. */
+static ncclResult_t ib_send_keepalive(chorus_conn_t *conn, ib_conn_t *ic) {
+    if (ic->pings > 0) return ncclSuccess;
+    uint64_t now = chorus_now_ns();
+    if (ic->ping_ns == 0 || now - ic->ping_ns < IB_KEEPALIVE_NS) {
+        if (ic->ping_ns == 0) ic->ping_ns = now;
+        return ncclSuccess;
+    }
+    struct ibv_send_wr wr, *bad;
+    memset(&wr, 0, sizeof(wr));
+    wr.wr_id = IB_WR_ID(IB_WR_PING, 0);
+    wr.opcode = IBV_WR_RDMA_WRITE;
+    wr.send_flags = IBV_SEND_SIGNALED;
+    wr.wr.rdma.remote_addr = ic->remote_addr;
+    wr.wr.rdma.rkey = ic->remote_rkey;
+    if (ibv_post_send(ic->qp[0], &wr, &bad) != 0) {
+        WARN("ib: posting a keepalive to rank %d failed", conn->peer);
+        return ncclSystemError;
+    }
+    ic->pings++;
+    ic->ping_ns = now;
+    return ncclSuccess;
+}
+
 static ncclResult_t ib_send_acquire(chorus_conn_t *conn, size_t bytes,
                                     void **slot_p, int *ready_p) {
     (void)bytes; /* one room for every chunk */
@@ -499,9 +533,10 @@ static ncclResult_t ib_send_acquire(chorus_conn_t *conn, size_t bytes,
     *ready_p = 0;
     CHECK(ib_poll(conn, ic));
     uint64_t credit = __atomic_load_n(ic->word, __ATOMIC_ACQUIRE); /* steps the peer released */
-    if (ic->head - ic->sent >= (uint64_t)ic->nslots || ic->head - ic->sent >= (uint64_t)ic->sq_room ||
-        ic->head - credit >= (uint64_t)ic->nslots)
+    if (ic->head - ic->sent >= (uint64_t)ic->nslots || ic->head - ic->sent >= (uint64_t)ic->sq_room)
         return ncclSuccess;
+    if (ic->head - credit >= (uint64_t)ic->nslots) return ib_send_keepalive(conn, ic);
+    ic->ping_ns = 0;
     *slot_p = ic->slots + (size_t)(ic->head % (uint64_t)ic->nslots) * ic->slot_bytes;
     *ready_p = 1;
     return ncclSuccess;
@@ -585,6 +620,8 @@ static ncclResult_t ib_send_drained(chorus_conn_t *conn, int *done_p) {
     CHECK(ib_poll(conn, ic));
     /* A direct chunk's source stays in use until the receiver released its step. */
     *done_p = ic->sent == ic->head && ic->dacked >= ic->last_direct;
+    if (!*done_p && ic->sent == ic->head) return ib_send_keepalive(conn, ic);
+    if (*done_p) ic->ping_ns = 0;
     return ncclSuccess;
 }
 
