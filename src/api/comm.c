@@ -191,6 +191,10 @@ void comm_free(struct ncclComm *comm) {
     comm->bs = NULL;
     for (comm_reg_t *r = comm->regs, *next; r; r = next) {
         next = r->next;
+        /* Registrations never deregistered end with the communicator (its connections are
+         * closed: nothing of its own is in flight). */
+        if (r->magic == COMM_REG_MAGIC && !r->is_device)
+            (void)transport_buffer_deregister(r->base, r->size);
         r->magic = 0;
         free(r);
     }

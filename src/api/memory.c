@@ -212,6 +212,12 @@ ncclResult_t ncclCommRegister(const ncclComm_t comm, void *buff, size_t size, vo
     ARGCHECK(size > 0, "ncclCommRegister: size is 0");
     comm_reg_t *r;
     CHECK(reg_add(comm, buff, size, COMM_REG_MAGIC, 0, &r));
+    /* Host memory may go over RDMA without a copy (the verbs transport maps it at first use). */
+    ncclResult_t tr = r->is_device ? ncclSuccess : transport_buffer_register(buff, size);
+    if (tr != ncclSuccess) {
+        reg_remove(comm, r, COMM_REG_MAGIC);
+        return tr;
+    }
     INFO(SUB_REG, "rank %d registered %zu bytes of %s memory at %p", comm->rank, size,
          r->is_device ? "device" : "host", buff);
     *handle = r;
@@ -222,6 +228,19 @@ NCCL_API(ncclResult_t, ncclCommDeregister, const ncclComm_t comm, void *handle);
 ncclResult_t ncclCommDeregister(const ncclComm_t comm, void *handle) {
     CHECK(comm_check(comm, "ncclCommDeregister"));
     ARGCHECK(handle != NULL, "ncclCommDeregister: handle is NULL");
+    /* The transports first: a range that a transfer in flight uses stays registered. */
+    void *base = NULL;
+    size_t size = 0;
+    int device = 0;
+    pthread_mutex_lock(&comm->lock);
+    for (const comm_reg_t *r = comm->regs; r; r = r->next)
+        if (r == handle && r->magic == COMM_REG_MAGIC) {
+            base = r->base;
+            size = r->size;
+            device = r->is_device;
+        }
+    pthread_mutex_unlock(&comm->lock);
+    if (base && !device) CHECK(transport_buffer_deregister(base, size));
     ARGCHECK(reg_remove(comm, handle, COMM_REG_MAGIC),
              "ncclCommDeregister: handle %p is not a registration of comm %p", handle,
              (void *)comm);

@@ -164,6 +164,13 @@ void transport_close(chorus_conn_t *conn);
  * namespace) no longer exists; returns how many. chorusrun calls it after its ranks exit. */
 int shm_sweep_orphans(void);
 
+/* Buffers the user registered with ncclCommRegister (host memory): a transport may map them for
+ * transfers without a copy (the verbs transport's registration cache, ib/ib_mr.c). Registering
+ * the same range again counts; deregister returns ncclInvalidUsage, with a WARN, while a transfer
+ * in flight uses the range (it stays registered then). */
+ncclResult_t transport_buffer_register(void *base, size_t size);
+ncclResult_t transport_buffer_deregister(void *base, size_t size);
+
 /* Shared stubs for optional ops. */
 ncclResult_t transport_stub_commit_direct(chorus_conn_t *conn, const void *src, size_t bytes);
 ncclResult_t transport_stub_recv_copy(chorus_conn_t *conn, void *dst, size_t bytes);

@@ -11,17 +11,22 @@
  *   queue pairs         RESET -> INIT -> RTR -> RTS with the attribute masks the verbs spec
  *                       requires for RC, PSN and source checks, RDMA WRITE and WRITE WITH IMMEDIATE
  *                       (which consumes a posted receive; without one the write waits, up to the
- *                       sender's RNR retry count), error state with flushed work requests
+ *                       sender's RNR retry count), RDMA READ (remote read access checked at the
+ *                       responder, which answers with the data), error state with flushed work
+ *                       requests
  * Delivery: every process has a helper thread listening on the abstract Unix socket
  * "chorus-softib-<pid>". A queue pair's first post opens a stream connection to its destination's
  * process; each work request goes as one message (header + payload). The destination's helper
  * checks it against the destination queue pair and memory region, copies the payload into the
- * registered memory of its own process, and answers ACK or NAK; the sender's helper turns that into
- * the send completion. Ranks that are threads of one process talk to their own helper.
+ * registered memory of its own process, and answers ACK or NAK (a READ: READ_RESP with the data);
+ * the sender's helper turns that into the send completion. Answers leave through one responder
+ * thread per process, in order, so a helper never blocks writing to a socket it must read itself.
+ * Ranks that are threads of one process talk to their own helper.
  * Addresses encode the process: LID = (pid & 0x3fff) + 1 with the high pid bits in the queue pair
  * number, and GIDs carry the pid (link-local interface id, or 127.x.y.z with x.y.z = pid).
  *
- * Fault knobs (environment, read when the library loads; N counts calls in this process, from 1):
+ * Fault knobs (environment, read when the library loads and again by a forked child's first
+ * ibv_get_device_list; N counts calls in this process, from 1):
  *   CHORUS_SOFTIB_FAIL_REG_MR=N, _FAIL_CREATE_QP=N, _FAIL_MODIFY_QP=N   that call fails (errno)
  *   CHORUS_SOFTIB_FAIL_WC=N        the Nth send work request completes with IBV_WC_REM_OP_ERR
  *   CHORUS_SOFTIB_PEER_DEATH=N     from the Nth send work request on, the peer does not answer:
@@ -42,7 +47,7 @@
 #define SIB_MAX_DEVS 4
 #define SIB_GID_TBL 8
 
-enum { SIB_MSG_HELLO = 1, SIB_MSG_WRITE, SIB_MSG_ACK, SIB_MSG_NAK };
+enum { SIB_MSG_HELLO = 1, SIB_MSG_WRITE, SIB_MSG_ACK, SIB_MSG_NAK, SIB_MSG_READ, SIB_MSG_READ_RESP };
 
 typedef struct {
     uint32_t type;
@@ -90,6 +95,7 @@ typedef struct {
     uint32_t psn;
     uint32_t len;
     int opcode;
+    uint64_t laddr; /* RDMA READ: where the data goes */
 } sib_swr_t;
 
 typedef struct sib_in {

@@ -37,13 +37,17 @@ static void sib_prepare(void) {
 static void sib_parent(void) {
     pthread_mutex_unlock(&sib.lock);
 }
+static int g_knobs_stale; /* a forked child reads the knobs again at its first device list */
+
 static void sib_child(void) {
     sib_reset_after_fork();
+    g_knobs_stale = 1;
     pthread_mutex_unlock(&sib.lock);
 }
 
-__attribute__((constructor)) static void sib_init(void) {
-    sib.pid = (int)getpid();
+/* The fault and link knobs (softib.h): when the library loads, and again in a forked child at its
+ * first ibv_get_device_list, so that one rank of a forked job may set its own. */
+static void sib_read_knobs(void) {
     sib.fail_reg_mr = knob("CHORUS_SOFTIB_FAIL_REG_MR", 0);
     sib.fail_create_qp = knob("CHORUS_SOFTIB_FAIL_CREATE_QP", 0);
     sib.fail_modify_qp = knob("CHORUS_SOFTIB_FAIL_MODIFY_QP", 0);
@@ -54,6 +58,11 @@ __attribute__((constructor)) static void sib_init(void) {
     const char *link = getenv("CHORUS_SOFTIB_LINK");
     sib.link_layer = link && strcmp(link, "ib") == 0 ? IBV_LINK_LAYER_INFINIBAND
                                                       : IBV_LINK_LAYER_ETHERNET;
+}
+
+__attribute__((constructor)) static void sib_init(void) {
+    sib.pid = (int)getpid();
+    sib_read_knobs();
     sib.ndevs = (int)knob("CHORUS_SOFTIB_DEVICES", 1);
     if (sib.ndevs < 0) sib.ndevs = 0;
     if (sib.ndevs > SIB_MAX_DEVS) sib.ndevs = SIB_MAX_DEVS;
@@ -75,6 +84,10 @@ static int sib_fault(uint64_t *count, int64_t nth) {
 /* ---- devices and ports ------------------------------------------------------------------------ */
 
 SIB_EXPORT struct ibv_device **ibv_get_device_list(int *num) {
+    pthread_mutex_lock(&sib.lock);
+    if (g_knobs_stale) sib_read_knobs();
+    g_knobs_stale = 0;
+    pthread_mutex_unlock(&sib.lock);
     if (num) *num = sib.ndevs;
     struct ibv_device **l = calloc((size_t)sib.ndevs + 1, sizeof(*l));
     if (!l) return NULL;

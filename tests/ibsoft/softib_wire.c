@@ -70,17 +70,77 @@ static int read_all(int fd, void *buf, size_t len) {
     return 0;
 }
 
+/* ---- answers: one responder thread per process writes them, in the order they were made ------ */
+
+typedef struct sib_out {
+    int fd;
+    sib_msg_t m;
+    char *data; /* READ_RESP: m.len bytes */
+    struct sib_out *next;
+} sib_out_t;
+
+static sib_out_t *g_out_head, *g_out_tail;
+static pthread_cond_t g_out_cond = PTHREAD_COND_INITIALIZER;
+static int g_out_busy_fd = -1; /* the fd the responder writes to now (not closed meanwhile) */
+
+static void *sib_responder(void *arg) {
+    (void)arg;
+    int pid = (int)getpid();
+    pthread_mutex_lock(&sib.lock);
+    for (;;) {
+        while (!g_out_head) pthread_cond_wait(&g_out_cond, &sib.lock);
+        if (sib.pid != pid) break; /* not reached: a forked child has no copy of this thread */
+        sib_out_t *o = g_out_head;
+        g_out_head = o->next;
+        if (!g_out_head) g_out_tail = NULL;
+        g_out_busy_fd = o->fd;
+        pthread_mutex_unlock(&sib.lock);
+        struct iovec iov[2] = {{&o->m, sizeof(o->m)}, {o->data, o->data ? o->m.len : 0}};
+        (void)write_iov(o->fd, iov, o->data && o->m.len ? 2 : 1);
+        free(o->data);
+        free(o);
+        pthread_mutex_lock(&sib.lock);
+        g_out_busy_fd = -1;
+        sib_wake_pipe(); /* an fd waiting to be closed may go now */
+    }
+    pthread_mutex_unlock(&sib.lock);
+    return NULL;
+}
+
+/* Queue an answer (caller holds the lock); data (malloc'd, READ_RESP) is freed once written. */
+static void sib_answer(int fd, uint32_t type, const sib_msg_t *m, int status, char *data) {
+    sib_out_t *o = calloc(1, sizeof(*o));
+    if (!o) {
+        free(data);
+        return;
+    }
+    o->fd = fd;
+    o->m.type = type;
+    o->m.src_pid = (uint32_t)getpid();
+    o->m.src_qpn = m->dst_qpn;
+    o->m.dst_qpn = m->src_qpn;
+    o->m.psn = m->psn;
+    o->m.status = status;
+    o->m.len = data ? m->len : 0;
+    o->data = data;
+    if (g_out_tail) g_out_tail->next = o;
+    else g_out_head = o;
+    g_out_tail = o;
+    pthread_cond_signal(&g_out_cond);
+}
+
 static void sib_reply(int fd, uint32_t type, const sib_msg_t *m, int status) {
-    sib_msg_t r;
-    memset(&r, 0, sizeof(r));
-    r.type = type;
-    r.src_pid = (uint32_t)getpid();
-    r.src_qpn = m->dst_qpn;
-    r.dst_qpn = m->src_qpn;
-    r.psn = m->psn;
-    r.status = status;
-    struct iovec iov = {&r, sizeof(r)};
-    (void)write_iov(fd, &iov, 1);
+    sib_answer(fd, type, m, status, NULL);
+}
+
+/* Whether fd may be closed now: the responder neither writes to it nor holds answers for it (an
+ * answer made before a queue pair was destroyed still goes out, as a NIC acknowledges what it
+ * received). Caller holds the lock. */
+static int sib_out_release_fd(int fd) {
+    if (fd == g_out_busy_fd) return 0;
+    for (const sib_out_t *o = g_out_head; o; o = o->next)
+        if (o->fd == fd) return 0;
+    return 1;
 }
 
 /* ---- error state ------------------------------------------------------------------------------ */
@@ -91,7 +151,7 @@ static void sib_complete_send(sib_qp_t *q, const sib_swr_t *w, enum ibv_wc_statu
     memset(&wc, 0, sizeof(wc));
     wc.wr_id = w->wr_id;
     wc.status = st;
-    wc.opcode = IBV_WC_RDMA_WRITE;
+    wc.opcode = w->opcode == IBV_WR_RDMA_READ ? IBV_WC_RDMA_READ : IBV_WC_RDMA_WRITE;
     wc.byte_len = w->len;
     wc.qp_num = q->ibv.qp_num;
     wc.vendor_err = st == IBV_WC_SUCCESS ? 0 : 0x5f;
@@ -193,15 +253,28 @@ static void sib_process_in(sib_qp_t *q) {
             continue;
         }
         if (m->len > 0) {
+            int want = m->type == SIB_MSG_READ ? IBV_ACCESS_REMOTE_READ : IBV_ACCESS_REMOTE_WRITE;
             sib_mr_t *mr = sib_mr_by_key(m->rkey, 1);
             uintptr_t a = (uintptr_t)m->raddr, lo = mr ? (uintptr_t)mr->ibv.addr : 0;
-            if (!mr || mr->ibv.pd != q->ibv.pd || !(mr->access & IBV_ACCESS_REMOTE_WRITE) ||
-                !(q->access & IBV_ACCESS_REMOTE_WRITE) || a < lo ||
-                m->len > mr->ibv.length || a - lo > mr->ibv.length - m->len) {
+            if (!mr || mr->ibv.pd != q->ibv.pd || !(mr->access & want) || !(q->access & want) ||
+                a < lo || m->len > mr->ibv.length || a - lo > mr->ibv.length - m->len) {
                 sib_reply(q->in_fd, SIB_MSG_NAK, m, IBV_WC_REM_ACCESS_ERR);
                 sib_in_pop(q);
                 continue;
             }
+        }
+        if (m->type == SIB_MSG_READ) {
+            /* The data as it is now, answered in order with the other answers of this QP. */
+            char *data = m->len ? malloc(m->len) : NULL;
+            if (m->len && !data) {
+                sib_reply(q->in_fd, SIB_MSG_NAK, m, IBV_WC_REM_OP_ERR);
+            } else {
+                if (m->len) memcpy(data, (const void *)(uintptr_t)m->raddr, m->len);
+                sib_answer(q->in_fd, SIB_MSG_READ_RESP, m, 0, data);
+            }
+            q->rq_psn = (q->rq_psn + 1) & 0xffffff;
+            sib_in_pop(q);
+            continue;
         }
         if (m->with_imm && q->rq_tail == q->rq_head) {
             /* Receiver not ready: wait for a receive, up to the sender's RNR retries. */
@@ -267,7 +340,7 @@ static void sib_handle(int fd, sib_msg_t *m, char *data) {
         return;
     }
     for (sib_qp_t *q = sib.qps; q; q = q->next) {
-        if (fd == q->in_fd && m->type == SIB_MSG_WRITE) {
+        if (fd == q->in_fd && (m->type == SIB_MSG_WRITE || m->type == SIB_MSG_READ)) {
             sib_in_t *in = calloc(1, sizeof(*in));
             if (!in) break;
             in->m = *m;
@@ -280,7 +353,15 @@ static void sib_handle(int fd, sib_msg_t *m, char *data) {
         }
         if (fd == q->fd && q->ibv.state == IBV_QPS_RTS && q->sq_tail < q->sq_head) {
             sib_swr_t *w = &q->sq[q->sq_tail % q->cap.max_send_wr];
-            if (m->type == SIB_MSG_ACK && m->psn == w->psn) {
+            int is_read = w->opcode == IBV_WR_RDMA_READ;
+            if (m->psn == w->psn && m->type == (is_read ? SIB_MSG_READ_RESP : SIB_MSG_ACK)) {
+                if (is_read) {
+                    if (m->len != w->len) {
+                        sib_qp_error(q, IBV_WC_REM_OP_ERR);
+                        break;
+                    }
+                    if (m->len) sib_dma_write((void *)(uintptr_t)w->laddr, data, m->len);
+                }
                 sib_complete_send(q, w, IBV_WC_SUCCESS, 0);
                 q->sq_tail++;
             } else if (m->type == SIB_MSG_NAK) {
@@ -318,7 +399,7 @@ static void sib_fd_closed(int fd) {
 static int sib_read_msg(int fd, sib_msg_t *m, char **data_p) {
     *data_p = NULL;
     if (read_all(fd, m, sizeof(*m)) != 0) return -1;
-    if (m->type == SIB_MSG_WRITE && m->len > 0) {
+    if ((m->type == SIB_MSG_WRITE || m->type == SIB_MSG_READ_RESP) && m->len > 0) {
         if (m->len > (1ull << 31)) return -1;
         *data_p = malloc(m->len);
         if (!*data_p || read_all(fd, *data_p, m->len) != 0) {
@@ -359,9 +440,12 @@ static void *sib_helper(void *arg) {
             pthread_mutex_unlock(&sib.lock);
             return NULL;
         }
-        for (int i = 0; i < sib.nclosing; i++)
-            close(sib.closing[i]);
-        sib.nclosing = 0;
+        int keep = 0;
+        for (int i = 0; i < sib.nclosing; i++) {
+            if (sib_out_release_fd(sib.closing[i])) close(sib.closing[i]);
+            else sib.closing[keep++] = sib.closing[i];
+        }
+        sib.nclosing = keep;
         uint64_t next = UINT64_MAX;
         sib_deadlines(sib_now_ns(), &next);
         int n = 0, want = 2 + sib.npending;
@@ -431,7 +515,10 @@ void sib_start(void) {
     pthread_attr_t at;
     pthread_attr_init(&at);
     pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
-    if (pthread_create(&sib.helper, &at, sib_helper, NULL) == 0) sib.started = 1;
+    pthread_t responder;
+    if (pthread_create(&sib.helper, &at, sib_helper, NULL) == 0 &&
+        pthread_create(&responder, &at, sib_responder, NULL) == 0)
+        sib.started = 1;
     pthread_attr_destroy(&at);
 }
 
@@ -458,6 +545,16 @@ void sib_reset_after_fork(void) {
     sib.started = 0;
     sib.n_reg_mr = sib.n_create_qp = sib.n_modify_qp = sib.n_send_wr = 0;
     sib.pid = (int)getpid();
+    /* The parent's responder did not come along: its queue is not ours. */
+    while (g_out_head) {
+        sib_out_t *o = g_out_head;
+        g_out_head = o->next;
+        free(o->data);
+        free(o);
+    }
+    g_out_tail = NULL;
+    g_out_busy_fd = -1;
+    pthread_cond_init(&g_out_cond, NULL);
 }
 
 /* ---- posting and polling ---------------------------------------------------------------------- */
@@ -486,10 +583,13 @@ static void sib_connect(sib_qp_t *q) {
     sib_wake_pipe();
 }
 
-static int sib_sge_ok(sib_qp_t *q, const struct ibv_sge *s) {
+/* A local buffer of a work request: in a region of the QP's domain (a READ's destination with
+ * local write access). */
+static int sib_sge_ok(sib_qp_t *q, const struct ibv_sge *s, int is_read) {
     sib_mr_t *mr = sib_mr_by_key(s->lkey, 0);
     uintptr_t lo = mr ? (uintptr_t)mr->ibv.addr : 0;
-    return mr && mr->ibv.pd == q->ibv.pd && s->addr >= lo && s->length <= mr->ibv.length &&
+    return mr && mr->ibv.pd == q->ibv.pd && (!is_read || (mr->access & IBV_ACCESS_LOCAL_WRITE)) &&
+           s->addr >= lo && s->length <= mr->ibv.length &&
            s->addr - lo <= mr->ibv.length - s->length;
 }
 
@@ -503,8 +603,11 @@ int sib_post_send(struct ibv_qp *iqp, struct ibv_send_wr *wr, struct ibv_send_wr
             rc = EINVAL;
             break;
         }
-        if ((wr->opcode != IBV_WR_RDMA_WRITE && wr->opcode != IBV_WR_RDMA_WRITE_WITH_IMM) ||
-            wr->num_sge < 0 || wr->num_sge > (int)q->cap.max_send_sge) {
+        int is_read = wr->opcode == IBV_WR_RDMA_READ;
+        if ((wr->opcode != IBV_WR_RDMA_WRITE && wr->opcode != IBV_WR_RDMA_WRITE_WITH_IMM &&
+             !is_read) ||
+            wr->num_sge < 0 || wr->num_sge > (int)q->cap.max_send_sge ||
+            (is_read && wr->num_sge != 1)) {
             rc = EINVAL;
             break;
         }
@@ -516,7 +619,7 @@ int sib_post_send(struct ibv_qp *iqp, struct ibv_send_wr *wr, struct ibv_send_wr
         int sge_ok = 1;
         for (int i = 0; i < wr->num_sge; i++) {
             len += wr->sg_list[i].length;
-            sge_ok &= sib_sge_ok(q, &wr->sg_list[i]);
+            sge_ok &= sib_sge_ok(q, &wr->sg_list[i], is_read);
         }
         sib_swr_t *w = &q->sq[q->sq_head % q->cap.max_send_wr];
         w->wr_id = wr->wr_id;
@@ -524,6 +627,7 @@ int sib_post_send(struct ibv_qp *iqp, struct ibv_send_wr *wr, struct ibv_send_wr
         w->psn = q->sq_psn;
         w->len = (uint32_t)len;
         w->opcode = wr->opcode;
+        w->laddr = is_read ? wr->sg_list[0].addr : 0;
         q->sq_head++;
         if (q->ibv.state == IBV_QPS_ERR) { /* flushed at once */
             sib_complete_send(q, w, IBV_WC_WR_FLUSH_ERR, 1);
@@ -550,7 +654,7 @@ int sib_post_send(struct ibv_qp *iqp, struct ibv_send_wr *wr, struct ibv_send_wr
         }
         sib_msg_t m;
         memset(&m, 0, sizeof(m));
-        m.type = SIB_MSG_WRITE;
+        m.type = is_read ? SIB_MSG_READ : SIB_MSG_WRITE;
         m.with_imm = wr->opcode == IBV_WR_RDMA_WRITE_WITH_IMM;
         m.src_pid = (uint32_t)getpid();
         m.src_qpn = q->ibv.qp_num;
@@ -565,7 +669,7 @@ int sib_post_send(struct ibv_qp *iqp, struct ibv_send_wr *wr, struct ibv_send_wr
         struct iovec iov[5];
         int n = 0;
         iov[n++] = (struct iovec){&m, sizeof(m)};
-        for (int i = 0; i < wr->num_sge; i++)
+        for (int i = 0; i < wr->num_sge && !is_read; i++)
             if (wr->sg_list[i].length)
                 iov[n++] = (struct iovec){(void *)(uintptr_t)wr->sg_list[i].addr,
                                           wr->sg_list[i].length};

@@ -175,6 +175,8 @@ TEST(IbUnit, SetupBlobs) {
          ncclSystemError},
         {"no slots", [](ib_blob_t *b) { b->nslots = 0; }, ncclInternalError},
         {"huge slots", [](ib_blob_t *b) { b->slot_bytes = 1ull << 40; }, ncclInternalError},
+        {"no queue pairs", [](ib_blob_t *b) { b->nqps = 0; }, ncclInternalError},
+        {"too many queue pairs", [](ib_blob_t *b) { b->nqps = IB_MAX_QPS + 1; }, ncclInternalError},
     };
     for (const Bad &c : bad) {
         ib_blob_t b = good;
@@ -295,6 +297,37 @@ TEST_F(IbPair, DifferentGeometry) {
     EXPECT_TRUE(res.ok()) << res.detail;
 }
 
+// ---- several queue pairs per connection (NCCL_IB_QPS_PER_CONNECTION) ---------------------------
+
+// Chunks go round-robin over the queue pairs: sizes of one chunk up to many (8 MiB in slots of
+// 512 KiB is 16 chunks, four per queue pair with 4), every byte checked both ways.
+class IbQps : public IbPair, public ::testing::WithParamInterface<int> {};
+TEST_P(IbQps, EveryByteBothWays) {
+    env_.set("CHORUS_TRANSPORT", "ib");
+    env_.set("NCCL_IB_QPS_PER_CONNECTION", std::to_string(GetParam()).c_str());
+    TransferPlan p = plan("IB");
+    p.sizes.push_back((5u << 20) + 7);
+    RunResult res = run(p);
+    EXPECT_TRUE(res.ok()) << res.detail;
+}
+INSTANTIATE_TEST_SUITE_P(Qps, IbQps, ::testing::Values(1, 2, 4),
+                         [](const ::testing::TestParamInfo<int> &info) {
+                             return std::to_string(info.param) + "qps";
+                         });
+
+// Ranks asking for different counts use the smaller one; with different slot geometry too (the
+// sender's per-slot completion flags follow the receiver's slot count).
+TEST_F(IbPair, QpCountsDiffer) {
+    env_.set("CHORUS_TRANSPORT", "ib");
+    env_.set("NCCL_IB_QPS_PER_CONNECTION", "4");
+    TransferPlan p = plan("IB");
+    p.sizes = {1, 262143, 262144, 262145, (3u << 20) + 1, 17};
+    RunResult res = run(p, {{"NCCL_IB_QPS_PER_CONNECTION", "3"},
+                            {"NCCL_BUFFSIZE", "262144"},
+                            {"CHORUS_NSLOTS", "4"}});
+    EXPECT_TRUE(res.ok()) << res.detail;
+}
+
 // ---- fault knobs -------------------------------------------------------------------------------
 
 struct Fault {
@@ -302,6 +335,7 @@ struct Fault {
     const char *var;
     const char *value;
     const char *says = nullptr; // the error must also contain this
+    const char *qps = "1";      // NCCL_IB_QPS_PER_CONNECTION
 };
 
 class IbFault : public ::testing::TestWithParam<Fault> {};
@@ -316,6 +350,7 @@ TEST_P(IbFault, ErrorNamesPeerBeforeDeadline) {
     env.set("CHORUS_TIMEOUT", "5");
     env.set("CHORUS_TRANSPORT", "ib");
     env.set(f.var, f.value);
+    env.set("NCCL_IB_QPS_PER_CONNECTION", f.qps);
     TransferPlan p;
     p.edges = both_ways_edges(0, 1);
     for (int i = 0; i < 40; i++)
@@ -352,7 +387,12 @@ INSTANTIATE_TEST_SUITE_P(
                       Fault{"CompletionError", "CHORUS_SOFTIB_FAIL_WC", "7"},
                       Fault{"PeerDeath", "CHORUS_SOFTIB_PEER_DEATH", "7"},
                       Fault{"PortDown", "CHORUS_SOFTIB_PORT_DOWN", "1"},
-                      Fault{"PortDownMidRun", "CHORUS_SOFTIB_PORT_DOWN_AFTER", "7", "went down"}),
+                      Fault{"PortDownMidRun", "CHORUS_SOFTIB_PORT_DOWN_AFTER", "7", "went down"},
+                      Fault{"CreateQpThirdOfFour", "CHORUS_SOFTIB_FAIL_CREATE_QP", "3", nullptr,
+                            "4"},
+                      Fault{"CompletionErrorFourQps", "CHORUS_SOFTIB_FAIL_WC", "10",
+                            "completion status", "4"},
+                      Fault{"PeerDeathFourQps", "CHORUS_SOFTIB_PEER_DEATH", "9", nullptr, "4"}),
     [](const ::testing::TestParamInfo<Fault> &info) { return std::string(info.param.name); });
 
 } // namespace

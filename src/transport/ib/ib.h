@@ -10,16 +10,21 @@
  *   ib_device.c   device enumeration (NCCL_IB_HCA filter, active ports, GID choice), opened once
  *                 per process; this rank's verbs record in the locality record; one thread per
  *                 device context that reads its async events (port error, device fatal)
- *   ib_conn.c     the ops: RC queue pair per connection, RDMA write with immediate, credits
+ *   ib_conn.c     the ops: RC queue pairs per connection, RDMA write with immediate, credits,
+ *                 direct chunks read by the receiver from the sender's registered buffer
+ *   ib_mr.c       the registration cache of user buffers (ncclCommRegister) for direct chunks
  *
- * Data path (one RC queue pair per connection). The receiver's slots are registered for remote
- * write and their address and rkey go to the sender in the setup blob; the sender registers its
- * slots and an 8-byte credit word that the receiver may write. Step s is one RDMA WRITE WITH
- * IMMEDIATE from the sender's slot s % nslots into the receiver's slot s % nslots, the immediate
- * carrying the byte count; the receiver keeps nslots receive requests posted, and each completion
- * (in order, on an RC queue pair) makes one step ready. After recv_release the receiver RDMA-writes
- * its released count into the sender's credit word: the sender may run at most nslots steps ahead
- * of it, and reuses its own slot once the write's completion was polled.
+ * Data path (NCCL_IB_QPS_PER_CONNECTION = q RC queue pairs per connection, one completion queue).
+ * The receiver's slots are registered for remote write and their address and rkey go to the
+ * sender in the setup blob; the sender registers its slots and an 8-byte credit word that the
+ * receiver may write. Step s is one RDMA WRITE WITH IMMEDIATE on queue pair s % q from the
+ * sender's slot s % nslots into the receiver's slot s % nslots, the immediate carrying the byte
+ * count; the receiver keeps nslots receive requests posted on every queue pair. An RC queue pair
+ * completes in order, so the j-th arrival on queue pair k is step j * q + k; a step is ready once
+ * every earlier one arrived (a flag per slot). After recv_release the receiver RDMA-writes its
+ * released count into the sender's credit word, always on queue pair 0 (so a later count never
+ * lands before an earlier one): the sender may run at most nslots steps ahead of it, and reuses
+ * its own slot once the write's completion, and those of every earlier step, were polled.
  */
 #ifndef CHORUS_TRANSPORT_IB_H_
 #define CHORUS_TRANSPORT_IB_H_
@@ -59,12 +64,17 @@ typedef struct {
                         struct ibv_gid_entry *entry, uint32_t flags, size_t entry_size);
 } ib_symbols_t;
 
-/* The setup blob each end publishes (ib_conn.c). */
+/* Most queue pairs per connection (PARAM_RANGE of NCCL_IB_QPS_PER_CONNECTION): the setup blob
+ * carries every queue pair number in TRANSPORT_BLOB_BYTES. */
+#define IB_MAX_QPS 32
+
+/* The setup blob each end publishes (ib_conn.c). Every queue pair starts at the same PSN. */
 #define IB_BLOB_MAGIC 0x49424c42u /* "IBLB" */
 typedef struct {
     uint32_t magic;
     uint32_t is_send;
-    uint32_t qpn, psn;
+    uint32_t nqps, psn;
+    uint32_t qpn[IB_MAX_QPS];
     uint16_t lid;
     uint8_t link_layer, mtu;
     union ibv_gid gid;
@@ -73,6 +83,18 @@ typedef struct {
     uint32_t nslots;
     uint64_t slot_bytes;
 } ib_blob_t;
+
+/* A direct chunk's slot holds this descriptor instead of the data (ib_conn.c): the sender's
+ * registered buffer, which the receiver reads with one RDMA READ straight into its own. The
+ * write that carries it has IB_IMM_DIRECT set in its immediate. */
+#define IB_DIRECT_MAGIC 0x49424443u /* "IBDC" */
+#define IB_IMM_DIRECT 0x80000000u
+typedef struct {
+    uint32_t magic;
+    uint32_t rkey;
+    uint64_t addr;
+    uint64_t bytes;
+} ib_direct_desc_t;
 
 typedef struct {
     char name[64];
@@ -104,6 +126,34 @@ int ib_pick_device(const chorus_locality_t *self, int channel);
 int ib_choose_gid(const ib_symbols_t *ibv, ib_device_t *d);
 /* NCCL_IB_HCA syntax: "[^][=]name[:port],..." -> whether (name, port) is selected. */
 int ib_hca_match(const char *filter, const char *name, int port);
+
+/* ib_mr.c: ranges registered by ncclCommRegister and their memory regions (one per protection
+ * domain, made at first use). */
+typedef struct ib_reg ib_reg_t;
+typedef struct {
+    uint64_t hits;          /* direct chunks that found their range's memory region */
+    uint64_t regs;          /* ibv_reg_mr calls for user ranges (first use per domain) */
+    uint64_t deregs;        /* ibv_dereg_mr calls for user ranges */
+    uint64_t reg_failures;  /* of regs: failed (those ranges go through the slots) */
+    uint64_t unregistered;  /* direct chunks outside every registered range (through the slots) */
+    uint64_t temp_regs;     /* chunks larger than a slot outside them, registered for one use */
+    uint64_t zcopy_chunks;  /* chunk ends (sender or receiver) done without a copy */
+    uint64_t zcopy_bytes;
+} ib_mr_stats_t;
+ncclResult_t ib_mr_register(void *base, size_t size);
+/* ncclInvalidUsage (with a WARN) while a direct chunk in flight uses the range. */
+ncclResult_t ib_mr_deregister(void *base, size_t size);
+/* The memory region covering [ptr, ptr + len) on pd: *mr_p NULL when the range is not registered
+ * or cannot be (use the slots); ncclInvalidUsage when it was registered and then freed. A region
+ * handed out counts as in flight until ib_mr_release. */
+ncclResult_t ib_mr_acquire(struct ibv_pd *pd, const void *ptr, size_t len, struct ibv_mr **mr_p,
+                           ib_reg_t **reg_p);
+/* A registration of [ptr, ptr + len) for one chunk (*mr_p NULL when ibv_reg_mr fails); released
+ * (and deregistered) by ib_mr_release. */
+ncclResult_t ib_mr_acquire_temp(struct ibv_pd *pd, const void *ptr, size_t len,
+                                struct ibv_mr **mr_p, ib_reg_t **reg_p);
+void ib_mr_release(ib_reg_t *reg, size_t zcopy_bytes);
+void ib_mr_stats(ib_mr_stats_t *s);
 
 extern const chorus_transport_ops_t ib_transport_ops;
 
