@@ -4,7 +4,8 @@
  * ncclUniqueId carries a random 64-bit secret and the root's socket address (chorus_unique_id_t).
  * ncclGetUniqueId starts a root listener thread in the calling process; with NCCL_COMM_ID=host:port
  * the id is derived from that address and rank 0 runs the root inside bootstrap_init. Ranks connect
- * to the root, present the secret, and learn every rank's listen address (the root sends the table
+ * to the root, prove they know the secret (a challenge-response: it never crosses the wire), and
+ * learn every rank's listen address (the root sends the table
  * to rank 0 only; the ranks relay and complete it). After that the root is no longer needed:
  * allgather, barrier and tagged point-to-point messages go directly between ranks.
  *
@@ -29,7 +30,7 @@ typedef union {
 /* What ncclUniqueId holds (must stay <= NCCL_UNIQUE_ID_BYTES). */
 typedef struct {
     uint64_t magic;  /* CHORUS_ID_MAGIC: tells a Chorus id from garbage */
-    uint64_t secret; /* random; every connection must present it */
+    uint64_t secret; /* random; the key every connection proves it knows */
     chorus_sockaddr_t root;
     uint32_t flags; /* CHORUS_ID_FLAG_* */
 } chorus_unique_id_t;
