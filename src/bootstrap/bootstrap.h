@@ -43,6 +43,11 @@ typedef struct {
 /* With RANK0_ROOT: the address was given as a host name; rank 0 listens on every local address
  * (that port), since the name may resolve differently on rank 0's own host. */
 #define CHORUS_ID_FLAG_BIND_ANY 0x2u
+/* A child id as it crosses the parent's bootstrap (split, shrink): `secret` holds a public salt,
+ * and the members derive the real secret from it and their parent's secret
+ * (bootstrap_child_id_open), so the child's secret never crosses the wire either. Such an id
+ * cannot be used before it is opened. */
+#define CHORUS_ID_FLAG_CHILD 0x4u
 
 typedef struct bootstrap bootstrap_t;
 
@@ -58,7 +63,14 @@ ncclResult_t bootstrap_get_unique_id(chorus_unique_id_t *id);
  * NCCL_COMM_ID, which belongs to the top-level communicator: several children made at the same
  * time from one fixed address would collide. Ids are single-use: the root serves one rendezvous
  * and exits; a second init with the same id fails at once ("refused"). */
-ncclResult_t bootstrap_child_unique_id(const bootstrap_t *parent, chorus_unique_id_t *id);
+/* *id is the usable id (for the caller); *wire_p (may be NULL) the same id sealed for the other
+ * members: its secret replaced by the salt it is derived from with the parent's secret
+ * (HMAC-SHA256), CHORUS_ID_FLAG_CHILD set. */
+ncclResult_t bootstrap_child_unique_id(const bootstrap_t *parent, chorus_unique_id_t *id,
+                                       chorus_unique_id_t *wire_p);
+/* A member's side: turn a sealed child id received from the parent's bootstrap into the usable
+ * one (an id without CHORUS_ID_FLAG_CHILD is left as it is). */
+void bootstrap_child_id_open(const bootstrap_t *parent, chorus_unique_id_t *id);
 /* Build the id for a fixed root address "host:port" / "[v6]:port" (hostnames resolved). Every rank
  * computes the same id from the same text and job secret; rank 0 runs the root in bootstrap_init.
  * `what` names where the text came from (e.g. "NCCL_COMM_ID") for the WARN when it is malformed

@@ -100,6 +100,8 @@ const char *bootstrap_id_problem(const chorus_unique_id_t *id) {
     if (family != AF_INET && family != AF_INET6)
         return "its root address is neither IPv4 nor IPv6";
     if (bs_sockaddr_port(&id->root) == 0) return "its root address has no port";
+    if (id->flags & CHORUS_ID_FLAG_CHILD)
+        return "it is a child id as sent between a parent's ranks, not opened with the parent";
     if (id->flags & ~(CHORUS_ID_FLAG_RANK0_ROOT | CHORUS_ID_FLAG_BIND_ANY))
         return "it carries unknown flags";
     if ((id->flags & CHORUS_ID_FLAG_BIND_ANY) && !(id->flags & CHORUS_ID_FLAG_RANK0_ROOT))

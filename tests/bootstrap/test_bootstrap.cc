@@ -600,14 +600,20 @@ TEST(Bootstrap, ChildIdsForTwoGroupsAtOnce) {
             bootstrap_t *parent = nullptr;
             RANK_NCCL(bootstrap_init(&id, rank, n, nullptr, &parent));
             int color = rank % 2, leader = color; // groups {0,2,4} and {1,3,5}
-            chorus_unique_id_t child_id;
+            chorus_unique_id_t child_id, wire;
             if (rank == leader) {
-                RANK_NCCL(bootstrap_child_unique_id(parent, &child_id));
+                RANK_NCCL(bootstrap_child_unique_id(parent, &child_id, &wire));
                 RANK_CHECK(!(child_id.flags & CHORUS_ID_FLAG_RANK0_ROOT), "fresh root");
+                // What crosses the parent's bootstrap holds a salt, not the child's secret.
+                RANK_CHECK(wire.secret != child_id.secret && (wire.flags & CHORUS_ID_FLAG_CHILD),
+                           "the child's secret would be sent");
+                RANK_CHECK(bootstrap_id_problem(&wire) != nullptr, "a sealed id is usable");
                 for (int r = leader + 2; r < n; r += 2)
-                    RANK_NCCL(bootstrap_send(parent, r, 1, &child_id, sizeof(child_id)));
+                    RANK_NCCL(bootstrap_send(parent, r, 1, &wire, sizeof(wire)));
             } else {
                 RANK_NCCL(bootstrap_recv(parent, leader, 1, &child_id, sizeof(child_id)));
+                RANK_CHECK(child_id.flags & CHORUS_ID_FLAG_CHILD, "not sealed");
+                bootstrap_child_id_open(parent, &child_id);
             }
             if (exercise(child_id, rank / 2, 3) != 0) return 1;
             RANK_NCCL(bootstrap_barrier(parent));
