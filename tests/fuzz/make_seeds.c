@@ -83,6 +83,10 @@ static void unique_id_seeds(void) {
     id.flags = CHORUS_ID_FLAG_RANK0_ROOT | CHORUS_ID_FLAG_BIND_ANY;
     memcpy(u.internal, &id, sizeof(id));
     put("unique_id", "valid_ipv6_fixed", &u, sizeof(u));
+    id.flags = CHORUS_ID_FLAG_CHILD; /* sealed as split sends it: refused until opened */
+    memcpy(u.internal, &id, sizeof(id));
+    put("unique_id", "child_sealed", &u, sizeof(u));
+    id.flags = CHORUS_ID_FLAG_RANK0_ROOT | CHORUS_ID_FLAG_BIND_ANY;
     id.root.sa.sa_family = AF_UNIX;
     memcpy(u.internal, &id, sizeof(id));
     put("unique_id", "bad_family", &u, sizeof(u));
