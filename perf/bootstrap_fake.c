@@ -5,10 +5,13 @@
  * tens of thousands of connections in TIME_WAIT, whose ports a plain bind to port 0 would avoid),
  * and a hello to its root (rank r: root floor(r * nroots / n)) with that listen address; the first
  * and last rank of a root's range also say hello to the root before and after it, as
- * bootstrap_init_multi does. Connects are nonblocking, at most CONNECT_WINDOW in progress (the
- * roots' accept queues are bounded); each hello must be answered BS_REPLY_JOINED. Once all joined,
- * each root connects to the first rank of its range and sends {hello, header, BS_REPLY_OK, the
- * addresses of ranks lo-1 .. hi}, which are checked against the fake ranks' listen addresses.
+ * bootstrap_init_multi does. Connects are nonblocking, at most CONNECT_WINDOW hellos in progress
+ * from connect to the root's answer (the roots' accept queues are bounded, and each connection
+ * stays open at the root for the challenge's round trip); each answers the root's challenge with a signed hello, checks
+ * the root's proof and must be answered BS_REPLY_JOINED. Once all joined, each root connects to
+ * the first rank of its range, which challenges it, checks its hello and answers with its own
+ * proof; the root then sends {header, BS_REPLY_OK, the addresses of ranks lo-1 .. hi}, which are
+ * checked against the fake ranks' listen addresses.
  * (Real ranks relay that part down a tree; fake ranks stop there: what is measured is the roots.)
  */
 #include "bootstrap_fake.h"
@@ -29,24 +32,32 @@
 
 #define CONNECT_WINDOW 128
 
-enum { H_IDLE, H_CONNECTING, H_WAIT_JOINED, H_DONE };
-enum { R_WAIT_ROOT, R_READING, R_DONE };
+enum { H_IDLE, H_CONNECTING, H_WAIT_CHALLENGE, H_WAIT_JOINED, H_DONE };
+enum { R_WAIT_ROOT, R_HELLO, R_READING, R_DONE };
 enum { EV_HELLO = 0, EV_LISTEN = 1, EV_RESULT = 2 };
 
 /* What a root sends the first rank of its range once everyone joined, before the addresses. */
 typedef struct {
-    bs_hello_t hello;
     bs_msg_hdr_t hdr;
     bs_reply_t rep;
 } root_result_t;
-_Static_assert(sizeof(root_result_t) ==
-                   sizeof(bs_hello_t) + sizeof(bs_msg_hdr_t) + sizeof(bs_reply_t),
+_Static_assert(sizeof(root_result_t) == sizeof(bs_msg_hdr_t) + sizeof(bs_reply_t),
                "the root's result is read as one struct: it must have no padding");
+
+/* The root's answer to a hello and its reply. */
+typedef struct {
+    bs_answer_t ans;
+    bs_reply_t rep;
+} joined_t;
+_Static_assert(sizeof(joined_t) == sizeof(bs_answer_t) + sizeof(bs_reply_t),
+               "the root's answer is read as one struct: it must have no padding");
 
 typedef struct { /* one hello: fake rank `rank` to root `root` */
     int fd, rank, root, state;
     size_t got;
-    bs_reply_t joined;
+    bs_challenge_t chal;
+    bs_hello_t hello;
+    joined_t joined;
 } hello_conn_t;
 
 typedef struct {
@@ -55,6 +66,8 @@ typedef struct {
     int root; /* the root whose range this rank starts, -1 none */
     int state;
     size_t got;
+    uint8_t nonce[CHORUS_NONCE_BYTES]; /* the challenge sent to the root */
+    bs_hello_t hello;                  /* the root's */
     root_result_t res;
     chorus_sockaddr_t *table; /* ranks lo-1 .. hi of that root's range */
     chorus_sockaddr_t addr;
@@ -87,6 +100,16 @@ static int read_into(int fd, void *buf, size_t len, size_t *got) {
     return 1;
 }
 
+static hello_conn_t hello_init(int rank, int root) {
+    hello_conn_t c;
+    memset(&c, 0, sizeof(c));
+    c.fd = -1;
+    c.rank = rank;
+    c.root = root;
+    c.state = H_IDLE;
+    return c;
+}
+
 int bs_fake_run(const chorus_unique_id_t *id, int nranks, bs_fake_result_t *res) {
     return bs_fake_run_multi(id, 1, nranks, res);
 }
@@ -112,12 +135,12 @@ int bs_fake_run_multi(const chorus_unique_id_t *ids, int nids, int nranks, bs_fa
     for (int r = 0; r < nranks; r++) {
         int j = bs_root_of(nranks, nroots, r), lo, hi;
         bs_root_range(nranks, nroots, j, &lo, &hi);
-        hc[nhello++] = (hello_conn_t){-1, r, j, H_IDLE, 0, {0, 0, 0, 0}};
+        hc[nhello++] = hello_init(r, j);
         if (nroots > 1) {
             int before = (j + nroots - 1) % nroots, after = (j + 1) % nroots;
-            if (r == lo) hc[nhello++] = (hello_conn_t){-1, r, before, H_IDLE, 0, {0, 0, 0, 0}};
+            if (r == lo) hc[nhello++] = hello_init(r, before);
             if (r == hi - 1 && !(r == lo && after == before))
-                hc[nhello++] = (hello_conn_t){-1, r, after, H_IDLE, 0, {0, 0, 0, 0}};
+                hc[nhello++] = hello_init(r, after);
         }
         if (r == lo) {
             fk[r].root = j;
@@ -173,25 +196,32 @@ int bs_fake_run_multi(const chorus_unique_id_t *ids, int nids, int nranks, bs_fa
                         fail(res, "connect for fake rank %d: %s", c->rank, strerror(err));
                         goto out;
                     }
-                    bs_hello_t h;
-                    memset(&h, 0, sizeof(h));
-                    h.magic = CHORUS_ID_MAGIC;
-                    h.secret = ids[c->root].secret;
-                    h.kind = BS_HELLO_ROOT;
-                    h.rank = c->rank;
-                    h.nranks = nranks;
-                    h.to_rank = nroots > 1 ? c->root : -1;
-                    h.addr = fk[c->rank].addr;
-                    h.nroots = (uint32_t)nroots;
-                    if (write(c->fd, &h, sizeof(h)) != (ssize_t)sizeof(h)) {
+                    c->state = H_WAIT_CHALLENGE;
+                    struct epoll_event ev = {.events = EPOLLIN, .data.u64 = ev_data(EV_HELLO, k)};
+                    if (epoll_ctl(ep, EPOLL_CTL_MOD, c->fd, &ev) != 0) goto out;
+                } else if (c->state == H_WAIT_CHALLENGE) {
+                    int st = read_into(c->fd, &c->chal, sizeof(c->chal), &c->got);
+                    if (st < 0 || (st > 0 && !bs_challenge_ok(&c->chal))) {
+                        fail(res, "fake rank %d: no challenge from root %d", c->rank, c->root);
+                        goto out;
+                    }
+                    if (st == 0) continue;
+                    bs_hello_t *h = &c->hello;
+                    memset(h, 0, sizeof(*h));
+                    h->kind = BS_HELLO_ROOT;
+                    h->rank = c->rank;
+                    h->nranks = nranks;
+                    h->to_rank = nroots > 1 ? c->root : -1;
+                    h->addr = fk[c->rank].addr;
+                    h->nroots = (uint32_t)nroots;
+                    if (bs_hello_sign(h, ids[c->root].secret, &c->chal) != 0 ||
+                        write(c->fd, h, sizeof(*h)) != (ssize_t)sizeof(*h)) {
                         fail(res, "hello of fake rank %d: %s", c->rank, strerror(errno));
                         goto out;
                     }
                     t_last_hello = chorus_now_ns();
-                    connecting--;
+                    c->got = 0;
                     c->state = H_WAIT_JOINED;
-                    struct epoll_event ev = {.events = EPOLLIN, .data.u64 = ev_data(EV_HELLO, k)};
-                    if (epoll_ctl(ep, EPOLL_CTL_MOD, c->fd, &ev) != 0) goto out;
                 } else if (c->state == H_WAIT_JOINED) {
                     int st = read_into(c->fd, &c->joined, sizeof(c->joined), &c->got);
                     if (st < 0) {
@@ -200,12 +230,18 @@ int bs_fake_run_multi(const chorus_unique_id_t *ids, int nids, int nranks, bs_fa
                         goto out;
                     }
                     if (st == 0) continue;
-                    if (c->joined.status != BS_REPLY_JOINED) {
-                        fail(res, "fake rank %d: root %d answered status %u", c->rank, c->root,
-                             c->joined.status);
+                    if (!bs_answer_ok(&c->joined.ans, &c->hello, ids[c->root].secret,
+                                      c->chal.nonce, &c->joined.rep, sizeof(c->joined.rep))) {
+                        fail(res, "fake rank %d: root %d failed authentication", c->rank, c->root);
                         goto out;
                     }
-                    root_bytes += sizeof(bs_reply_t);
+                    if (c->joined.rep.status != BS_REPLY_JOINED) {
+                        fail(res, "fake rank %d: root %d answered status %u", c->rank, c->root,
+                             c->joined.rep.status);
+                        goto out;
+                    }
+                    root_bytes += sizeof(bs_challenge_t) + sizeof(joined_t);
+                    connecting--;
                     epoll_ctl(ep, EPOLL_CTL_DEL, c->fd, NULL);
                     close(c->fd);
                     c->fd = -1;
@@ -221,12 +257,40 @@ int bs_fake_run_multi(const chorus_unique_id_t *ids, int nids, int nranks, bs_fa
             if (kind == EV_LISTEN) {
                 int fd = bs_accept(f->lfd, NULL);
                 if (fd < 0) continue;
+                bs_challenge_t chal;
+                if (bs_challenge_make(&chal) != 0 ||
+                    write(fd, &chal, sizeof(chal)) != (ssize_t)sizeof(chal)) {
+                    fail(res, "fake rank %d: challenge: %s", k, strerror(errno));
+                    close(fd);
+                    goto out;
+                }
+                memcpy(f->nonce, chal.nonce, sizeof(f->nonce));
                 epoll_ctl(ep, EPOLL_CTL_DEL, f->lfd, NULL);
                 f->fd = fd;
                 f->got = 0;
-                f->state = R_READING;
+                f->state = R_HELLO;
                 struct epoll_event ev = {.events = EPOLLIN, .data.u64 = ev_data(EV_RESULT, k)};
                 if (epoll_ctl(ep, EPOLL_CTL_ADD, f->fd, &ev) != 0) goto out;
+            } else if (kind == EV_RESULT && f->state == R_HELLO) {
+                int st = read_into(f->fd, &f->hello, sizeof(f->hello), &f->got);
+                if (st < 0) {
+                    fail(res, "fake rank %d: the root's hello was cut at %zu bytes", k, f->got);
+                    goto out;
+                }
+                if (st == 0) continue;
+                if (!bs_hello_auth_ok(&f->hello, ids[f->root].secret, f->nonce) ||
+                    !bs_root_msg_hello_ok(&f->hello, k, nranks)) {
+                    fail(res, "fake rank %d: the root's hello failed authentication", k);
+                    goto out;
+                }
+                bs_answer_t a;
+                bs_answer_make(&f->hello, ids[f->root].secret, f->nonce, NULL, 0, &a);
+                if (write(f->fd, &a, sizeof(a)) != (ssize_t)sizeof(a)) {
+                    fail(res, "fake rank %d: answer: %s", k, strerror(errno));
+                    goto out;
+                }
+                f->got = 0;
+                f->state = R_READING;
             } else if (kind == EV_RESULT && f->state == R_READING) {
                 int st = read_into(f->fd, &f->res, sizeof(f->res), &f->got);
                 if (st > 0) {
@@ -240,9 +304,7 @@ int bs_fake_run_multi(const chorus_unique_id_t *ids, int nids, int nranks, bs_fa
                 }
                 if (st == 0) continue;
                 const root_result_t *m = &f->res;
-                int ok = m->hello.magic == CHORUS_ID_MAGIC &&
-                         m->hello.secret == ids[f->root].secret &&
-                         bs_root_msg_hello_ok(&m->hello, k, nranks) && m->hdr.tag == BS_TAG_ROOT &&
+                int ok = m->hdr.tag == BS_TAG_ROOT &&
                          m->hdr.size == sizeof(m->rep) + tbytes && m->rep.status == BS_REPLY_OK &&
                          m->rep.nranks == nranks && m->rep.nmissing == hi - lo + 2;
                 for (int e = 0; ok && e < hi - lo + 2; e++) {
@@ -254,7 +316,7 @@ int bs_fake_run_multi(const chorus_unique_id_t *ids, int nids, int nranks, bs_fa
                          m->rep.status);
                     goto out;
                 }
-                root_bytes += (double)(sizeof(*m) + tbytes);
+                root_bytes += (double)(sizeof(bs_hello_t) + sizeof(*m) + tbytes);
                 epoll_ctl(ep, EPOLL_CTL_DEL, f->fd, NULL);
                 close(f->fd);
                 f->fd = -1;

@@ -27,18 +27,26 @@
 #include "group.h"
 #include "api.h"
 
-/* Leader side: make an id and send it to members[1..n-1]. If making it fails, a zeroed id goes out
- * instead, so the members fail at once rather than waiting for the deadline. */
+/* Leader side: make an id and send it to members[1..n-1], sealed: its secret replaced by the salt
+ * the members derive it from with the parent's secret (bootstrap_child_id_open), so the child's
+ * secret never crosses the wire. If making it fails, a zeroed id goes out instead, so the members
+ * fail at once rather than waiting for the deadline. */
 static ncclResult_t share_id(struct ncclComm *parent, const int *members, int n, int tag,
                              ncclUniqueId *id) {
     memset(id, 0, sizeof(*id));
-    chorus_unique_id_t cid;
+    chorus_unique_id_t cid, wire;
     memset(&cid, 0, sizeof(cid));
+    memset(&wire, 0, sizeof(wire));
     /* Never the NCCL_COMM_ID address: that is the parent's root, and two colors would share it. */
-    ncclResult_t res = bootstrap_child_unique_id(parent->bs, &cid);
-    if (res == ncclSuccess) memcpy(id->internal, &cid, sizeof(cid));
+    ncclResult_t res = bootstrap_child_unique_id(parent->bs, &cid, &wire);
+    ncclUniqueId sealed;
+    memset(&sealed, 0, sizeof(sealed));
+    if (res == ncclSuccess) {
+        memcpy(id->internal, &cid, sizeof(cid));
+        memcpy(sealed.internal, &wire, sizeof(wire));
+    }
     for (int i = 1; i < n; i++) {
-        ncclResult_t r = bootstrap_send(parent->bs, members[i], tag, id, sizeof(*id));
+        ncclResult_t r = bootstrap_send(parent->bs, members[i], tag, &sealed, sizeof(sealed));
         if (r != ncclSuccess) {
             WARN("rank %d: sending the new comm's id to parent rank %d failed", parent->rank,
                  members[i]);
@@ -61,6 +69,8 @@ static ncclResult_t receive_id(struct ncclComm *parent, int leader, int tag, ncc
         WARN("rank %d: parent rank %d could not make the new comm's id", parent->rank, leader);
         return ncclInternalError;
     }
+    bootstrap_child_id_open(parent->bs, &cid);
+    memcpy(id->internal, &cid, sizeof(cid));
     return ncclSuccess;
 }
 

@@ -3,8 +3,9 @@
  * top of the direct peer messages of bs_peer.c.
  *
  * bootstrap_init opens this rank's listening socket (on the address that routes to the root, or on
- * the interface NCCL_SOCKET_IFNAME selects), starts the receiver thread, and sends the root a hello
- * {magic, secret, rank, nranks, listen address}. The root answers "joined" and closes; once all
+ * the interface NCCL_SOCKET_IFNAME selects), starts the receiver thread, and answers the root's
+ * challenge with a hello {rank, nranks, listen address} and a proof that it knows the secret;
+ * the root's answer proves the same of the root before its reply is read (bs_internal.h). The root answers "joined" and closes; once all
  * ranks are there it sends rank 0 the table of listen addresses, which is relayed down a binomial
  * tree so that every rank learns the addresses of its range and of its ring neighbours, and the
  * ranks complete the table with an all-gather of addresses (addr_allgather). If ranks never came,
@@ -191,7 +192,7 @@ static void format_missing(const int32_t *miss, int listed, int nmissing, char *
  * means "retry". */
 static ncclResult_t rendezvous_once(bootstrap_t *bs, const chorus_unique_id_t *id, int root,
                                     int nroots, const bs_deadline_t *d, int *retry_p) {
-    char rbuf[64], ebuf[96];
+    char rbuf[64], ebuf[200];
     chorus_sockaddr_str(&id->root, rbuf, sizeof(rbuf));
     *retry_p = 0;
     int fd, e = 0;
@@ -216,8 +217,6 @@ static ncclResult_t rendezvous_once(bootstrap_t *bs, const chorus_unique_id_t *i
     }
     bs_hello_t h;
     memset(&h, 0, sizeof(h));
-    h.magic = CHORUS_ID_MAGIC;
-    h.secret = id->secret;
     h.kind = BS_HELLO_ROOT;
     h.rank = bs->rank;
     h.nranks = bs->nranks;
@@ -225,12 +224,22 @@ static ncclResult_t rendezvous_once(bootstrap_t *bs, const chorus_unique_id_t *i
     h.addr = bs->addrs[bs->rank];
     h.nroots = (uint32_t)nroots;
     bs_reply_t rep;
-    st = bs_send_all(fd, &h, sizeof(h), d, &e);
-    if (st == BS_IO_OK) st = bs_recv_all(fd, &rep, sizeof(rep), d, &e);
+    /* The root proves it knows the secret before its reply is read (its proof covers it). */
+    st = bs_auth_connect(fd, id->secret, &h, &rep, sizeof(rep), d, &e);
     bs_close(fd);
     if (st == BS_IO_CLOSED) {
         *retry_p = 1;
         return ncclSystemError;
+    }
+    if (st == BS_IO_AUTH || st == BS_IO_AUTH_REFUSED) {
+        WARN("bootstrap rank %d: the root at %s %s",
+             bs->rank, rbuf,
+             st == BS_IO_AUTH
+                 ? "failed authentication: it does not know this job's secret (another job's "
+                   "root or a stranger holds that address)"
+                 : "refused this rank's proof: the root and this rank hold different secrets "
+                   "(another job's root there, or CHORUS_JOB_SECRET differs between ranks)");
+        return ncclRemoteError;
     }
     if (st != BS_IO_OK) {
         if (st == BS_IO_TIMEOUT)

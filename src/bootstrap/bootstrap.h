@@ -4,7 +4,8 @@
  * ncclUniqueId carries a random 64-bit secret and the root's socket address (chorus_unique_id_t).
  * ncclGetUniqueId starts a root listener thread in the calling process; with NCCL_COMM_ID=host:port
  * the id is derived from that address and rank 0 runs the root inside bootstrap_init. Ranks connect
- * to the root, present the secret, and learn every rank's listen address (the root sends the table
+ * to the root, prove they know the secret (a challenge-response: it never crosses the wire), and
+ * learn every rank's listen address (the root sends the table
  * to rank 0 only; the ranks relay and complete it). After that the root is no longer needed:
  * allgather, barrier and tagged point-to-point messages go directly between ranks.
  *
@@ -29,7 +30,7 @@ typedef union {
 /* What ncclUniqueId holds (must stay <= NCCL_UNIQUE_ID_BYTES). */
 typedef struct {
     uint64_t magic;  /* CHORUS_ID_MAGIC: tells a Chorus id from garbage */
-    uint64_t secret; /* random; every connection must present it */
+    uint64_t secret; /* random; the key every connection proves it knows */
     chorus_sockaddr_t root;
     uint32_t flags; /* CHORUS_ID_FLAG_* */
 } chorus_unique_id_t;
@@ -42,6 +43,11 @@ typedef struct {
 /* With RANK0_ROOT: the address was given as a host name; rank 0 listens on every local address
  * (that port), since the name may resolve differently on rank 0's own host. */
 #define CHORUS_ID_FLAG_BIND_ANY 0x2u
+/* A child id as it crosses the parent's bootstrap (split, shrink): `secret` holds a public salt,
+ * and the members derive the real secret from it and their parent's secret
+ * (bootstrap_child_id_open), so the child's secret never crosses the wire either. Such an id
+ * cannot be used before it is opened. */
+#define CHORUS_ID_FLAG_CHILD 0x4u
 
 typedef struct bootstrap bootstrap_t;
 
@@ -57,7 +63,14 @@ ncclResult_t bootstrap_get_unique_id(chorus_unique_id_t *id);
  * NCCL_COMM_ID, which belongs to the top-level communicator: several children made at the same
  * time from one fixed address would collide. Ids are single-use: the root serves one rendezvous
  * and exits; a second init with the same id fails at once ("refused"). */
-ncclResult_t bootstrap_child_unique_id(const bootstrap_t *parent, chorus_unique_id_t *id);
+/* *id is the usable id (for the caller); *wire_p (may be NULL) the same id sealed for the other
+ * members: its secret replaced by the salt it is derived from with the parent's secret
+ * (HMAC-SHA256), CHORUS_ID_FLAG_CHILD set. */
+ncclResult_t bootstrap_child_unique_id(const bootstrap_t *parent, chorus_unique_id_t *id,
+                                       chorus_unique_id_t *wire_p);
+/* A member's side: turn a sealed child id received from the parent's bootstrap into the usable
+ * one (an id without CHORUS_ID_FLAG_CHILD is left as it is). */
+void bootstrap_child_id_open(const bootstrap_t *parent, chorus_unique_id_t *id);
 /* Build the id for a fixed root address "host:port" / "[v6]:port" (hostnames resolved). Every rank
  * computes the same id from the same text and job secret; rank 0 runs the root in bootstrap_init.
  * `what` names where the text came from (e.g. "NCCL_COMM_ID") for the WARN when it is malformed

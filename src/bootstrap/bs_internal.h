@@ -15,6 +15,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "auth.h"
 #include "bootstrap.h"
 
 #define BS_POLL_SLICE_MS 50
@@ -33,7 +34,6 @@
 #define BS_TAG_ADDR_DOWN (BOOTSTRAP_TAG_RESERVED_MIN + 41)
 #define BS_TAG_ADDR_UP (BOOTSTRAP_TAG_RESERVED_MIN + 42)
 #define BS_TAG_SCATTER (BOOTSTRAP_TAG_RESERVED_MIN + 43)
-#define BS_ACK_MAGIC 0x4b434153u                        /* "SACK" */
 
 typedef struct {
     uint64_t deadline_ns;
@@ -48,6 +48,8 @@ typedef enum {
     BS_IO_ABORT = -3,   /* an abort flag was set */
     BS_IO_ERROR = -4,   /* another system error; errno_p tells which */
     BS_IO_REFUSED = -5, /* connect: nobody listens there */
+    BS_IO_AUTH = -6,    /* the other side did not prove it knows the secret */
+    BS_IO_AUTH_REFUSED = -7, /* the other side refused our proof (another secret) */
 } bs_io_status_t;
 
 void bs_deadline_init(bs_deadline_t *d, double seconds, volatile int *abort_ext,
@@ -124,21 +126,51 @@ long bs_write_some(int fd, const void *buf, size_t len, int *errno_p);
 void bs_close(int fd);
 
 /* ---- wire format --------------------------------------------------------------------------- */
-/* BS_HELLO_ROOT: a rank to the root (the rendezvous). BS_HELLO_PEER: a rank to a rank.
+/* Every connection is authenticated by the challenge-response of auth.h, so the secret never
+ * crosses the wire:
+ *   acceptor -> connector   bs_challenge_t   {magic, version, nonce_s}
+ *   connector -> acceptor   bs_hello_t       claims, nonce_c, proof_c over claims
+ *   acceptor -> connector   bs_answer_t      {status, proof_s over claims (+ the root's reply)},
+ *                           then for the root's rendezvous hello the bs_reply_t the proof covers
+ * The acceptor checks proof_c before it looks at any claim; the connector checks proof_s before
+ * it trusts the reply or sends any message. The key is the 8 bytes of the id's secret.
+ * BS_HELLO_ROOT: a rank to the root (the rendezvous). BS_HELLO_PEER: a rank to a rank.
  * BS_HELLO_FROM_ROOT: the root to a rank's listen socket, once, with its one message (rank -1). */
 enum { BS_HELLO_ROOT = 1, BS_HELLO_PEER = 2, BS_HELLO_FROM_ROOT = 3 };
+/* Bumped whenever the bytes on the wire change: 2 is the challenge-response. */
+#define BS_WIRE_VERSION 2u
+#define BS_AUTH_LABEL "chorus-bootstrap-v2"
 
 typedef struct {
     uint64_t magic; /* CHORUS_ID_MAGIC */
-    uint64_t secret;
-    uint32_t kind; /* BS_HELLO_ROOT or BS_HELLO_PEER */
-    int32_t rank;  /* who is speaking */
+    uint32_t version; /* BS_WIRE_VERSION */
+    uint32_t pad;
+    uint8_t nonce[CHORUS_NONCE_BYTES];
+} bs_challenge_t;
+
+typedef struct {
+    uint64_t magic; /* CHORUS_ID_MAGIC */
+    uint32_t version; /* BS_WIRE_VERSION */
+    uint32_t kind;    /* BS_HELLO_* */
+    int32_t rank;     /* who is speaking */
     int32_t nranks;
     int32_t to_rank;        /* peer hello: the rank this connection is meant for; root hello
                                with nroots >= 2: the index of the root it is meant for */
-    chorus_sockaddr_t addr; /* root hello: the speaker's listen address */
     uint32_t nroots;        /* root hello: roots sharing the rendezvous (0 or 1: one) */
+    chorus_sockaddr_t addr; /* root hello: the speaker's listen address */
+    uint32_t pad;
+    uint8_t nonce[CHORUS_NONCE_BYTES]; /* nonce_c */
+    uint8_t proof[CHORUS_PROOF_BYTES]; /* proof_c over every byte before it */
 } bs_hello_t;
+/* The claims a proof covers: the hello up to its proof. */
+#define BS_HELLO_CLAIMS (offsetof(bs_hello_t, proof))
+
+enum { BS_ANSWER_OK = 0, BS_ANSWER_REFUSED = 1 };
+typedef struct {
+    uint32_t status; /* BS_ANSWER_REFUSED: the hello's proof failed (no proof follows) */
+    uint32_t pad;
+    uint8_t proof[CHORUS_PROOF_BYTES]; /* proof_s */
+} bs_answer_t;
 
 enum {
     BS_REPLY_OK = 0,       /* to a root's first rank lo: .nmissing chorus_sockaddr_t, those of
@@ -171,22 +203,49 @@ typedef struct {
 #define BS_MSG_FIRST_ALLOC (64u << 10)
 
 /* ---- decoding what arrives (bs_wire.c): pure functions ------------------------------------ */
-/* A complete rendezvous hello at the root (magic and secret already checked), given the nranks
+/* A fresh challenge (random nonce); -1 when the kernel gives no randomness. */
+int bs_challenge_make(bs_challenge_t *c);
+/* 1 when a complete challenge is one of this version. */
+int bs_challenge_ok(const bs_challenge_t *c);
+/* The connector's side: fill h's nonce and proof for the challenge (h's claims set before). -1
+ * when the kernel gives no randomness. */
+int bs_hello_sign(bs_hello_t *h, uint64_t key, const bs_challenge_t *c);
+/* The acceptor's side, on a complete hello: 1 when magic and version are ours and its proof is
+ * right for key and this connection's nonce_s. Nothing else of the hello may be trusted before. */
+int bs_hello_auth_ok(const bs_hello_t *h, uint64_t key, const uint8_t nonce_s[CHORUS_NONCE_BYTES]);
+/* The acceptor's answer to an authenticated hello, covering `reply` (may be NULL, 0 bytes). */
+void bs_answer_make(const bs_hello_t *h, uint64_t key, const uint8_t nonce_s[CHORUS_NONCE_BYTES],
+                    const void *reply, size_t reply_len, bs_answer_t *a);
+/* The connector checks it: 1 when status is OK and the proof is right. */
+int bs_answer_ok(const bs_answer_t *a, const bs_hello_t *h, uint64_t key,
+                 const uint8_t nonce_s[CHORUS_NONCE_BYTES], const void *reply, size_t reply_len);
+/* The connector's whole handshake on a connected socket: read the challenge, send the hello
+ * (claims in *h; nonce and proof filled here), read the answer and then reply_len bytes into
+ * reply, and check the answer's proof over them. BS_IO_OK, an I/O status, BS_IO_AUTH (a wrong
+ * or missing proof: the other side does not know the key) or BS_IO_AUTH_REFUSED. */
+int bs_auth_connect(int fd, uint64_t key, bs_hello_t *h, void *reply, size_t reply_len,
+                    const bs_deadline_t *d, int *errno_p);
+
+/* A complete rendezvous hello at the root (already authenticated), given the nranks
  * the first rank fixed (0 before any): BS_REPLY_OK, BS_REPLY_BAD_RANK, BS_REPLY_NRANKS, or
  * BS_HELLO_NOT_ROOT (not a rendezvous hello: drop without a reply). */
 #define BS_HELLO_NOT_ROOT (-1)
 int bs_root_hello_verdict(const bs_hello_t *h, int root_nranks);
-/* 1 when a complete peer hello (magic and secret already checked) is for this rank of this
+/* 1 when a complete peer hello (already authenticated) is for this rank of this
  * communicator and names a sender in range other than this rank (a rank's messages to itself never
  * cross a socket: a hello claiming to be it is forged). */
 int bs_peer_hello_ok(const bs_hello_t *h, int rank, int nranks);
-/* 1 when a complete hello (magic and secret checked) is the root's message to this rank. */
+/* 1 when a complete hello (already authenticated) is the root's message to this rank. */
 int bs_root_msg_hello_ok(const bs_hello_t *h, int rank, int nranks);
 /* The root's reply as a rank of nranks reads it: 0 with *bytes_p = how many bytes follow it (the
  * neighbours' addresses, the list of missing ranks, or none), -1 when it cannot be for this rank. */
 int bs_reply_follows(const bs_reply_t *rep, int nranks, size_t *bytes_p);
 /* 1 when a tagged message header may be accepted (its size is at most BS_MAX_MSG_BYTES). */
 int bs_msg_hdr_ok(const bs_msg_hdr_t *hdr);
+
+/* WARN (the first few times per process, INFO after) that a connection from `from` to `who`
+ * failed authentication. */
+void bs_warn_auth_failed(const char *who, const chorus_sockaddr_t *from);
 
 /* ---- root (bs_root.c) ---------------------------------------------------------------------- */
 /* The hello counts of the roots of this process that completed a rendezvous since the last
@@ -209,6 +268,8 @@ typedef struct {
     int authed; /* hello checked */
     int from;   /* peer rank once authed */
     uint64_t hello_deadline_ns;
+    uint8_t nonce[CHORUS_NONCE_BYTES]; /* the challenge this connection got */
+    chorus_sockaddr_t peer_addr;       /* where it came from (for messages) */
     size_t got; /* bytes of the current header / hello / payload */
     union {
         bs_hello_t hello;

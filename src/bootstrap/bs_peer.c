@@ -2,9 +2,13 @@
  * bs_peer.c: direct, tagged messages between ranks after the rendezvous.
  *
  * Each direction of a rank pair is one TCP connection, opened by the sender on first use (to the
- * peer's listen address) and cached. The sender introduces itself with a hello {magic, secret,
- * from rank, to rank}; the receiver checks it and answers with an ack, so a message can never go to
- * the wrong job or the wrong rank. Messages are {tag, size} + payload.
+ * peer's listen address) and cached. The receiver challenges every connection it accepts (a fresh
+ * nonce); the sender answers with a hello {from rank, to rank, its nonce, its proof}; the receiver
+ * checks the proof, then the claims, and answers with its own proof, which the sender checks
+ * before it sends a message (bs_internal.h). So the job secret never crosses the wire, a message
+ * can never go to the wrong job or the wrong rank, and neither end can be impersonated by a
+ * process that does not know the secret. The root's one message during the rendezvous comes the
+ * same way, proved with the root's secret. Messages are {tag, size} + payload.
  *
  * A receiver thread per handle accepts incoming connections and drains every one of them into
  * per-peer FIFO queues, whatever the application is doing. So a send never waits for the matching
@@ -60,63 +64,64 @@ static void conn_drop(bootstrap_t *bs, int i, int state, int err) {
     bs->conns[i] = bs->conns[--bs->nconns];
 }
 
-/* Check a complete peer hello; ack it or drop the connection. Returns 0 when the conn stays. */
+/* Check a complete hello: its proof first (with the root's secret for the root's message, the
+ * peers' secret otherwise), then its claims; answer it with this rank's proof or drop the
+ * connection. Returns 0 when the conn stays. */
 static int conn_auth(bootstrap_t *bs, int i) {
     bs_in_conn_t *c = &bs->conns[i];
     const bs_hello_t *h = &c->u.hello;
-    /* The root's one message during the rendezvous: queued on slot nranks, no ack (the root
-     * writes it and closes at once). */
-    int from_root = h->secret == bs->root_secret && bs_root_msg_hello_ok(h, bs->rank, bs->nranks);
-    if (!from_root && h->secret != bs->secret) {
-        INFO(SUB_BOOTSTRAP, "bootstrap rank %d: dropped a peer hello with the root's secret",
-             bs->rank);
+    int from_root = h->kind == BS_HELLO_FROM_ROOT;
+    uint64_t key = from_root ? bs->root_secret : bs->secret;
+    if (!bs_hello_auth_ok(h, key, c->nonce)) {
+        bs_answer_t a;
+        memset(&a, 0, sizeof(a));
+        a.status = BS_ANSWER_REFUSED;
+        int e = 0;
+        (void)bs_write_some(c->fd, &a, sizeof(a), &e);
+        char who[48];
+        snprintf(who, sizeof(who), "bootstrap rank %d", bs->rank);
+        bs_warn_auth_failed(who, &c->peer_addr);
         conn_drop(bs, i, 0, 0);
         return -1;
     }
-    if (from_root) {
-        int from = bs->nranks;
-        pthread_mutex_lock(&bs->lock);
-        int busy = bs->in_state[from] != BS_PEER_NONE;
-        if (!busy) bs->in_state[from] = BS_PEER_OPEN;
-        pthread_mutex_unlock(&bs->lock);
-        if (busy) {
-            INFO(SUB_BOOTSTRAP, "bootstrap rank %d: a second message from the root; dropped",
-                 bs->rank);
-            conn_drop(bs, i, 0, 0);
-            return -1;
-        }
-        c->authed = 1;
-        c->from = from;
-        c->got = 0;
-        return 0;
+    /* The root's one message during the rendezvous: queued on slot nranks. */
+    if (from_root && !bs_root_msg_hello_ok(h, bs->rank, bs->nranks)) {
+        INFO(SUB_BOOTSTRAP, "bootstrap rank %d: dropped a root hello for rank %d of %d", bs->rank,
+             h->to_rank, h->nranks);
+        conn_drop(bs, i, 0, 0);
+        return -1;
     }
-    if (!bs_peer_hello_ok(h, bs->rank, bs->nranks)) {
+    if (!from_root && !bs_peer_hello_ok(h, bs->rank, bs->nranks)) {
         INFO(SUB_BOOTSTRAP, "bootstrap rank %d: dropped a hello for rank %d of %d from rank %d",
              bs->rank, h->to_rank, h->nranks, h->rank);
         conn_drop(bs, i, 0, 0);
         return -1;
     }
+    int from = from_root ? bs->nranks : h->rank;
     pthread_mutex_lock(&bs->lock);
-    int busy = bs->in_state[h->rank] == BS_PEER_OPEN;
-    if (!busy) bs->in_state[h->rank] = BS_PEER_OPEN;
+    int busy = from_root ? bs->in_state[from] != BS_PEER_NONE : bs->in_state[from] == BS_PEER_OPEN;
+    if (!busy) bs->in_state[from] = BS_PEER_OPEN;
     pthread_mutex_unlock(&bs->lock);
     if (busy) {
-        WARN("bootstrap rank %d: a second connection claims to be rank %d; dropped", bs->rank,
-             h->rank);
+        if (from_root)
+            INFO(SUB_BOOTSTRAP, "bootstrap rank %d: a second message from the root; dropped",
+                 bs->rank);
+        else
+            WARN("bootstrap rank %d: a second connection claims to be rank %d; dropped", bs->rank,
+                 h->rank);
         conn_drop(bs, i, 0, 0);
         return -1;
     }
-    uint32_t ack = BS_ACK_MAGIC;
+    bs_answer_t a;
+    bs_answer_make(h, key, c->nonce, NULL, 0, &a);
     int e = 0;
-    /* A fresh socket always has room for 4 bytes. */
-    if (bs_write_some(c->fd, &ack, sizeof(ack), &e) != (long)sizeof(ack)) {
-        c->authed = 1;
-        c->from = h->rank;
+    c->authed = 1;
+    c->from = from;
+    /* A fresh socket always has room for the answer. */
+    if (bs_write_some(c->fd, &a, sizeof(a), &e) != (long)sizeof(a)) {
         conn_drop(bs, i, BS_PEER_FAILED, e);
         return -1;
     }
-    c->authed = 1;
-    c->from = h->rank;
     c->got = 0;
     return 0;
 }
@@ -135,12 +140,8 @@ static int conn_read(bootstrap_t *bs, int i) {
             }
             if (n == 0) return 0;
             c->got += (size_t)n;
-            if ((c->got >= 8 && c->u.hello.magic != CHORUS_ID_MAGIC) ||
-                (c->got >= 16 && c->u.hello.secret != bs->secret &&
-                 c->u.hello.secret != bs->root_secret)) {
-                INFO(SUB_BOOTSTRAP,
-                     "bootstrap rank %d: dropped a connection with a bad magic or "
-                     "secret",
+            if (c->got >= 8 && c->u.hello.magic != CHORUS_ID_MAGIC) {
+                INFO(SUB_BOOTSTRAP, "bootstrap rank %d: dropped a connection with a bad magic",
                      bs->rank);
                 conn_drop(bs, i, 0, 0);
                 return -1;
@@ -245,8 +246,17 @@ static int pending_victim(const bootstrap_t *bs) {
  * silent one goes: connections that never speak must not keep a real peer out. */
 static void accept_all(bootstrap_t *bs) {
     for (int batch = 0; batch < BS_MAX_PENDING / 4; batch++) {
-        int fd = bs_accept(bs->listen_fd, NULL);
+        chorus_sockaddr_t from;
+        int fd = bs_accept(bs->listen_fd, &from);
         if (fd < 0) return;
+        bs_challenge_t chal;
+        int e = 0;
+        if (bs_challenge_make(&chal) != 0 ||
+            bs_write_some(fd, &chal, sizeof(chal), &e) != (long)sizeof(chal)) {
+            /* No randomness, or the connection is gone already. */
+            bs_close(fd);
+            continue;
+        }
         if (bs->nconns >= bs->conns_cap) {
             int cap = bs->conns_cap ? bs->conns_cap * 2 : 16;
             bs_in_conn_t *nc = realloc(bs->conns, sizeof(*nc) * cap);
@@ -271,6 +281,8 @@ static void accept_all(bootstrap_t *bs) {
         memset(c, 0, sizeof(*c));
         c->fd = fd;
         c->from = -1;
+        c->peer_addr = from;
+        memcpy(c->nonce, chal.nonce, sizeof(c->nonce));
         c->hello_deadline_ns = chorus_now_ns() + (uint64_t)(BS_HELLO_TIMEOUT_S * 1e9);
         /* A peer sends its hello right after connecting: it is often here already. */
         (void)conn_read(bs, bs->nconns - 1);
@@ -381,7 +393,7 @@ static const char *tag_str(int tag, char *buf, int len) {
 }
 
 static ncclResult_t peer_fail(bootstrap_t *bs, const char *what, int peer, int tag, int st, int e) {
-    char abuf[64], ebuf[96], tbuf[32];
+    char abuf[64], ebuf[200], tbuf[32];
     chorus_sockaddr_str(&bs->addrs[peer], abuf, sizeof(abuf));
     bs_io_strerror(st, e, ebuf, sizeof(ebuf));
     tag_str(tag, tbuf, sizeof(tbuf));
@@ -405,17 +417,12 @@ static int peer_connect(bootstrap_t *bs, int peer, const bs_deadline_t *d, int *
     if (st != BS_IO_OK) return st;
     bs_hello_t h;
     memset(&h, 0, sizeof(h));
-    h.magic = CHORUS_ID_MAGIC;
-    h.secret = bs->secret;
     h.kind = BS_HELLO_PEER;
     h.rank = bs->rank;
     h.nranks = bs->nranks;
     h.to_rank = peer;
     h.addr = bs->addrs[bs->rank];
-    uint32_t ack = 0;
-    st = bs_send_all(fd, &h, sizeof(h), d, errno_p);
-    if (st == BS_IO_OK) st = bs_recv_all(fd, &ack, sizeof(ack), d, errno_p);
-    if (st == BS_IO_OK && ack != BS_ACK_MAGIC) st = BS_IO_CLOSED;
+    st = bs_auth_connect(fd, bs->secret, &h, NULL, 0, d, errno_p);
     if (st != BS_IO_OK) {
         bs_close(fd);
         return st;

@@ -1,26 +1,32 @@
 /*
  * bs_root.c: the bootstrap root, a detached thread that serves exactly one rendezvous.
  *
- * It accepts connections on its listening socket and keeps each one "pending" until it presents a
- * complete hello with the right magic and secret. Anything else (garbage bytes, a port scan that
- * connects and closes, a stale job with another secret, silence for BS_HELLO_TIMEOUT_S) is closed
- * without affecting the rendezvous. At most BS_MAX_PENDING connections wait for their hello; when
+ * It accepts connections on its listening socket, sends each a challenge (a fresh nonce) and keeps
+ * it "pending" until it presents a complete hello whose proof shows it knows the job secret
+ * (bs_internal.h: the secret itself never crosses the wire). A hello with a wrong proof (a stale
+ * job with another secret, a stranger) is answered BS_ANSWER_REFUSED, WARNed naming its address,
+ * and closed; anything else (garbage bytes, a port scan that connects and closes, silence for
+ * BS_HELLO_TIMEOUT_S) is closed without affecting the rendezvous. What an unauthenticated
+ * connection costs the root is bounded: one nonce and one 32-byte write at accept, one HMAC when
+ * its hello is complete, and a pending slot. At most BS_MAX_PENDING connections wait for their hello; when
  * one more arrives, the oldest silent one is dropped, so connections that never speak (hundreds
  * held open by another process) cannot keep real ranks out: a rank's hello usually arrives with
  * its connection and is read as soon as it is accepted. The first valid hello fixes nranks; later
  * hellos that disagree, name a rank out of range or a rank already present get an error reply so
  * that rank fails at once.
  *
- * A valid hello is answered BS_REPLY_JOINED and its connection closed at once: the root holds no
+ * A valid hello is answered (the root's proof, covering its reply) BS_REPLY_JOINED and its
+ * connection closed at once: the root holds no
  * socket per rank, only the rank's listen address (28 bytes), so its descriptors stay bounded by
  * BS_MAX_PENDING + BS_FANOUT_WINDOW whatever nranks is. A second hello for a registered rank
  * replaces the first when it comes from the same address (a rank retrying) or when nothing listens
  * any more at the first one's address (that rank died and another took its place); otherwise it is
  * a duplicate and rejected.
  *
- * When all nranks are present the root connects to rank 0's listen address and sends it one
- * message: a BS_HELLO_FROM_ROOT hello carrying the job secret, then BS_REPLY_OK and the address
- * table. Rank 0 relays parts of it down a binomial tree (bootstrap.c, bs_scatter_place) and the
+ * When all nranks are present the root connects to rank 0's listen address, runs the same
+ * challenge-response the other way (rank 0 challenges, the root proves itself with a
+ * BS_HELLO_FROM_ROOT hello, rank 0 answers with its own proof, which the root checks) and then
+ * sends it one message: BS_REPLY_OK and the address table. Rank 0 relays parts of it down a binomial tree (bootstrap.c, bs_scatter_place) and the
  * ranks complete the table among themselves. So the root's work and traffic are O(nranks): a
  * short connection and 16 bytes per hello, 28 bytes per rank in the table. If the deadline passes
  * first, the root WARNs with the missing ranks and connects to each rank that did arrive, a window
@@ -71,6 +77,7 @@ typedef struct {
     size_t got;
     bs_hello_t hello;
     chorus_sockaddr_t from;
+    uint8_t nonce[CHORUS_NONCE_BYTES]; /* the challenge it was sent */
 } root_pending_t;
 
 typedef struct {
@@ -111,12 +118,19 @@ static void drop_pending(root_t *r, int i, const char *why) {
     r->pending[i] = r->pending[--r->npending];
 }
 
-/* Best-effort short reply on a connection we are about to close. A fresh connection's send
- * buffer always has room for it: one nonblocking write, never a wait. */
-static void send_reply(root_t *r, int fd, uint32_t status) {
-    bs_reply_t rep = {status, r->nranks, 0, r->timeout_s};
+/* Best-effort short answer and reply on a connection we are about to close: the root's proof
+ * over the (authenticated) hello and the reply, then the reply. A fresh connection's send buffer
+ * always has room for them: one nonblocking write, never a wait. */
+static void send_reply(root_t *r, const root_pending_t *p, uint32_t status) {
+    struct {
+        bs_answer_t a;
+        bs_reply_t rep;
+    } m;
+    memset(&m, 0, sizeof(m));
+    m.rep = (bs_reply_t){status, r->nranks, 0, r->timeout_s};
+    bs_answer_make(&p->hello, r->secret, p->nonce, &m.rep, sizeof(m.rep), &m.a);
     int e = 0;
-    (void)bs_write_some(fd, &rep, sizeof(rep), &e);
+    (void)bs_write_some(p->fd, &m, sizeof(m), &e);
 }
 
 /* Whether something still listens at a registered rank's address (a short connect). */
@@ -153,7 +167,7 @@ static void handle_hello(root_t *r, int i) {
     if (verdict == BS_REPLY_BAD_RANK) {
         WARN("bootstrap root %s: rank %d of %d (%s) is out of range", r->addr_str, h->rank,
              h->nranks, buf);
-        send_reply(r, fd, BS_REPLY_BAD_RANK);
+        send_reply(r, p, BS_REPLY_BAD_RANK);
         drop_pending(r, i, "bad rank");
         return;
     }
@@ -164,7 +178,7 @@ static void handle_hello(root_t *r, int i) {
         WARN("bootstrap root %s: rank %d (%s) addresses root %d of %d, this root is %d of %d",
              r->addr_str, h->rank, buf, index, nroots, r->nranks ? r->index : index,
              r->nranks ? r->nroots : nroots);
-        send_reply(r, fd, BS_REPLY_BAD_RANK);
+        send_reply(r, p, BS_REPLY_BAD_RANK);
         drop_pending(r, i, "for another root");
         return;
     }
@@ -193,7 +207,7 @@ static void handle_hello(root_t *r, int i) {
     } else if (verdict == BS_REPLY_NRANKS) {
         WARN("bootstrap root %s: rank %d (%s) says nranks=%d but rank(s) before it said %d",
              r->addr_str, h->rank, buf, h->nranks, r->nranks);
-        send_reply(r, fd, BS_REPLY_NRANKS);
+        send_reply(r, p, BS_REPLY_NRANKS);
         drop_pending(r, i, "nranks mismatch");
         return;
     }
@@ -201,7 +215,7 @@ static void handle_hello(root_t *r, int i) {
         WARN("bootstrap root %s: rank %d (%s) belongs to another root (this one serves ranks %d "
              "to %d of %d)",
              r->addr_str, h->rank, buf, r->lo, r->hi - 1, r->nranks);
-        send_reply(r, fd, BS_REPLY_BAD_RANK);
+        send_reply(r, p, BS_REPLY_BAD_RANK);
         drop_pending(r, i, "rank of another root");
         return;
     }
@@ -213,7 +227,7 @@ static void handle_hello(root_t *r, int i) {
             char old[64];
             WARN("bootstrap root %s: rank %d joined twice (%s, then %s); keeping the first",
                  r->addr_str, h->rank, chorus_sockaddr_str(old_addr, old, sizeof(old)), buf);
-            send_reply(r, fd, BS_REPLY_DUP_RANK);
+            send_reply(r, p, BS_REPLY_DUP_RANK);
             drop_pending(r, i, "duplicate rank");
             return;
         }
@@ -226,7 +240,7 @@ static void handle_hello(root_t *r, int i) {
     r->joined++;
     INFO(SUB_BOOTSTRAP, "bootstrap root %s: rank %d of %d joined from %s (%d/%d)", r->addr_str,
          h->rank, r->nranks, buf, r->joined, r->expected);
-    send_reply(r, fd, BS_REPLY_JOINED);
+    send_reply(r, p, BS_REPLY_JOINED);
     bs_close(fd);
     r->pending[i] = r->pending[--r->npending];
 }
@@ -245,7 +259,8 @@ static int pending_victim(const root_t *r) {
     return best_silent >= 0 ? best_silent : best;
 }
 
-/* Read what a pending connection sent; check magic and secret as soon as they are complete. */
+/* Read what a pending connection sent; drop it at a bad magic, and check the proof of a
+ * complete hello before anything else in it. */
 static void read_pending(root_t *r, int i) {
     root_pending_t *p = &r->pending[i];
     int e = 0;
@@ -259,11 +274,19 @@ static void read_pending(root_t *r, int i) {
         drop_pending(r, i, "bad magic");
         return;
     }
-    if (p->got >= 2 * sizeof(uint64_t) && p->hello.secret != r->secret) {
-        drop_pending(r, i, "wrong secret (another job?)");
+    if (p->got < sizeof(p->hello)) return;
+    if (!bs_hello_auth_ok(&p->hello, r->secret, p->nonce)) {
+        bs_answer_t a;
+        memset(&a, 0, sizeof(a));
+        a.status = BS_ANSWER_REFUSED;
+        (void)bs_write_some(p->fd, &a, sizeof(a), &e);
+        char who[96];
+        snprintf(who, sizeof(who), "bootstrap root %s", r->addr_str);
+        bs_warn_auth_failed(who, &p->from);
+        drop_pending(r, i, "failed authentication");
         return;
     }
-    if (p->got == sizeof(p->hello)) handle_hello(r, i);
+    handle_hello(r, i);
 }
 
 /* ---- fan-out: the rendezvous result ------------------------------------------------------- */
@@ -271,18 +294,24 @@ static void read_pending(root_t *r, int i) {
 /* How long the root waits for a rank to close a connection it sent its message on. */
 #define BS_FANOUT_DRAIN_S 2.0
 
+/* A fan-out connection: connect, read the rank's challenge, send the root's hello, read and check
+ * the rank's answer, send the message, wait for the rank to close. */
+enum { FAN_CONNECTING, FAN_CHALLENGE, FAN_ANSWER, FAN_SENT };
+
 typedef struct {
     int fd;
     int rank;
-    int sent;         /* the message is out; waiting for the rank to close */
-    uint64_t sent_ns; /* when it went out */
+    int state;        /* FAN_* */
+    size_t got;       /* bytes of the challenge or answer read so far */
+    uint64_t sent_ns; /* when the message went out */
+    bs_challenge_t chal;
+    bs_answer_t ans;
+    bs_hello_t hello; /* the root's hello on this connection (its answer covers it) */
 } fan_slot_t;
 
-/* The root's hello on its connection to `rank` (the job secret, so the rank knows it). */
+/* The claims of the root's hello on its connection to `rank` (signed on the connection). */
 static void root_msg_hello(const root_t *r, int rank, bs_hello_t *h) {
     memset(h, 0, sizeof(*h));
-    h->magic = CHORUS_ID_MAGIC;
-    h->secret = r->secret;
     h->kind = BS_HELLO_FROM_ROOT;
     h->rank = -1;
     h->nranks = r->nranks;
@@ -290,18 +319,13 @@ static void root_msg_hello(const root_t *r, int rank, bs_hello_t *h) {
     h->addr = r->addr;
 }
 
-/* The timeout message to `rank`: hello, header, reply and the first missing ranks. */
-static size_t fan_message(const root_t *r, int rank, const int32_t *missing, int nmissing,
-                          char *buf) {
-    bs_hello_t h;
-    root_msg_hello(r, rank, &h);
+/* The timeout message to `rank`: header, reply and the first missing ranks. */
+static size_t fan_message(const root_t *r, const int32_t *missing, int nmissing, char *buf) {
     bs_reply_t rep = {BS_REPLY_TIMEOUT, r->nranks, nmissing, r->timeout_s};
     size_t extra =
         sizeof(int32_t) * (size_t)(nmissing < BS_MISSING_LISTED ? nmissing : BS_MISSING_LISTED);
     bs_msg_hdr_t hdr = {BS_TAG_ROOT, 0, (uint64_t)(sizeof(rep) + extra)};
     size_t off = 0;
-    memcpy(buf + off, &h, sizeof(h));
-    off += sizeof(h);
     memcpy(buf + off, &hdr, sizeof(hdr));
     off += sizeof(hdr);
     memcpy(buf + off, &rep, sizeof(rep));
@@ -310,9 +334,7 @@ static size_t fan_message(const root_t *r, int rank, const int32_t *missing, int
     return off + extra;
 }
 
-#define FAN_MSG_MAX                                                                            \
-    (sizeof(bs_hello_t) + sizeof(bs_msg_hdr_t) + sizeof(bs_reply_t) +                          \
-     BS_MISSING_LISTED * sizeof(int32_t))
+#define FAN_MSG_MAX (sizeof(bs_msg_hdr_t) + sizeof(bs_reply_t) + BS_MISSING_LISTED * sizeof(int32_t))
 
 static void fan_fail(const root_t *r, int rank, const char *what, int err) {
     char buf[64];
@@ -321,9 +343,8 @@ static void fan_fail(const root_t *r, int rank, const char *what, int err) {
          strerror(err));
 }
 
-/* Start a nonblocking connect to rank's listen address: the fd, or -1 (WARNed). *done_p: the
- * connect completed at once (loopback and fast local networks). */
-static int fan_connect(root_t *r, int rank, int *done_p) {
+/* Start a nonblocking connect to rank's listen address: the fd, or -1 (WARNed). */
+static int fan_connect(root_t *r, int rank) {
     const chorus_sockaddr_t *a = &r->rank_addr[rank];
     int fd = socket(a->sa.sa_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (fd < 0) {
@@ -332,8 +353,7 @@ static int fan_connect(root_t *r, int rank, int *done_p) {
         if (e == EMFILE || e == ENFILE) bs_warn_fd_limit("bootstrap root", e);
         return -1;
     }
-    *done_p = connect(fd, &a->sa, bs_sockaddr_len(a)) == 0;
-    if (!*done_p && errno != EINPROGRESS) {
+    if (connect(fd, &a->sa, bs_sockaddr_len(a)) != 0 && errno != EINPROGRESS) {
         fan_fail(r, rank, "connect", errno);
         close(fd);
         return -1;
@@ -341,23 +361,70 @@ static int fan_connect(root_t *r, int rank, int *done_p) {
     return fd;
 }
 
-/* Send the message on a connected (or connecting) fd. 1 sent, 0 not connected yet, -1 failed
- * (WARNed; the caller closes). */
-static int fan_send(root_t *r, int fd, int rank, const char *msg, size_t len) {
+/* Read into buf (want bytes, *got so far): 1 complete, 0 not yet, -1 failed (WARNed). */
+static int fan_read(root_t *r, fan_slot_t *s, void *buf, size_t want) {
     int e = 0;
-    /* A fresh connection's send buffer takes the whole message in one write. */
-    long n = bs_write_some(fd, msg, len, &e);
-    if (n == (long)len) return 1;
-    if (n == 0) {
-        int err = 0;
-        socklen_t l = sizeof(err);
-        if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &l) != 0) err = errno;
-        if (err == 0) return 0; /* still connecting */
-        fan_fail(r, rank, "connect", err);
+    long n = bs_read_some(s->fd, (char *)buf + s->got, want - s->got, &e);
+    if (n < 0) {
+        fan_fail(r, s->rank, "handshake", n == BS_IO_CLOSED ? ECONNRESET : e);
         return -1;
     }
-    fan_fail(r, rank, "send", n < 0 ? (e ? e : EPIPE) : EMSGSIZE);
+    s->got += (size_t)n;
+    return s->got == want;
+}
+
+/* One write that must take all of len (a fresh connection's send buffer has room). */
+static int fan_write(root_t *r, fan_slot_t *s, const void *buf, size_t len) {
+    int e = 0;
+    long n = bs_write_some(s->fd, buf, len, &e);
+    if (n == (long)len) return 0;
+    fan_fail(r, s->rank, "send", n < 0 ? (e ? e : EPIPE) : EMSGSIZE);
     return -1;
+}
+
+/* Advance one slot whose fd is ready. -1: done with it (failed, WARNed). */
+static int fan_step(root_t *r, fan_slot_t *s, const char *msg, size_t len) {
+    switch (s->state) {
+    case FAN_CONNECTING: {
+        int err = 0;
+        socklen_t l = sizeof(err);
+        if (getsockopt(s->fd, SOL_SOCKET, SO_ERROR, &err, &l) != 0) err = errno;
+        if (err != 0) {
+            fan_fail(r, s->rank, "connect", err);
+            return -1;
+        }
+        s->state = FAN_CHALLENGE;
+        return 0;
+    }
+    case FAN_CHALLENGE: {
+        int rc = fan_read(r, s, &s->chal, sizeof(s->chal));
+        if (rc <= 0) return rc;
+        root_msg_hello(r, s->rank, &s->hello);
+        if (!bs_challenge_ok(&s->chal) || bs_hello_sign(&s->hello, r->secret, &s->chal) != 0) {
+            fan_fail(r, s->rank, "handshake", EPROTO);
+            return -1;
+        }
+        s->got = 0;
+        s->state = FAN_ANSWER;
+        return fan_write(r, s, &s->hello, sizeof(s->hello));
+    }
+    case FAN_ANSWER: {
+        int rc = fan_read(r, s, &s->ans, sizeof(s->ans));
+        if (rc <= 0) return rc;
+        if (!bs_answer_ok(&s->ans, &s->hello, r->secret, s->chal.nonce, NULL, 0)) {
+            char buf[64];
+            WARN("bootstrap root %s: rank %d's address %s failed authentication (it does not know "
+                 "this job's secret); not sending it the rendezvous result",
+                 r->addr_str, s->rank, chorus_sockaddr_str(&r->rank_addr[s->rank], buf, sizeof(buf)));
+            return -1;
+        }
+        s->state = FAN_SENT;
+        s->sent_ns = chorus_now_ns();
+        return fan_write(r, s, msg, len);
+    }
+    default: /* FAN_SENT: data back, EOF or an error: the rank is done with the connection. */
+        return -1;
+    }
 }
 
 /* Send every rank that joined its message, BS_FANOUT_WINDOW connections in flight at a time.
@@ -370,6 +437,7 @@ static void fan_out(root_t *r, const int32_t *missing, int nmissing) {
     fan_slot_t slot[BS_FANOUT_WINDOW];
     struct pollfd pfd[BS_FANOUT_WINDOW];
     char msg[FAN_MSG_MAX];
+    size_t len = fan_message(r, missing, nmissing, msg);
     int nslot = 0, next = 0;
     bs_deadline_t d;
     bs_deadline_init(&d, (double)r->timeout_s, NULL, NULL);
@@ -377,28 +445,23 @@ static void fan_out(root_t *r, const int32_t *missing, int nmissing) {
         while (nslot < BS_FANOUT_WINDOW && next < r->nranks) {
             int k = next++;
             if (!r->present[k] || k < r->lo || k >= r->hi) continue;
-            int done = 0;
-            int fd = fan_connect(r, k, &done);
+            int fd = fan_connect(r, k);
             if (fd < 0) continue;
-            int sent = 0;
-            if (done) {
-                size_t len = fan_message(r, k, missing, nmissing, msg);
-                sent = fan_send(r, fd, k, msg, len);
-                if (sent < 0) {
-                    close(fd);
-                    continue;
-                }
-            }
-            slot[nslot++] = (fan_slot_t){fd, k, sent, 0};
+            memset(&slot[nslot], 0, sizeof(slot[nslot]));
+            slot[nslot].fd = fd;
+            slot[nslot].rank = k;
+            slot[nslot].state = FAN_CONNECTING;
+            nslot++;
         }
         if (nslot == 0) break;
         for (int i = 0; i < nslot; i++)
-            pfd[i] = (struct pollfd){slot[i].fd, slot[i].sent ? POLLIN : POLLOUT, 0};
+            pfd[i] = (struct pollfd){slot[i].fd, slot[i].state == FAN_CONNECTING ? POLLOUT : POLLIN,
+                                     0};
         int rc = poll(pfd, nslot, bs_deadline_slice_ms(&d));
         if (rc < 0 && errno != EINTR) rc = 0;
         if (bs_deadline_check(&d) != BS_IO_OK) {
             for (int i = 0; i < nslot; i++) {
-                if (!slot[i].sent) fan_fail(r, slot[i].rank, "connect", ETIMEDOUT);
+                if (slot[i].state != FAN_SENT) fan_fail(r, slot[i].rank, "handshake", ETIMEDOUT);
                 close(slot[i].fd);
             }
             break;
@@ -406,21 +469,10 @@ static void fan_out(root_t *r, const int32_t *missing, int nmissing) {
         uint64_t now = chorus_now_ns();
         for (int i = nslot - 1; i >= 0; i--) {
             int drop = 0;
-            if (!slot[i].sent && pfd[i].revents) {
-                size_t len = fan_message(r, slot[i].rank, missing, nmissing, msg);
-                int sent = fan_send(r, slot[i].fd, slot[i].rank, msg, len);
-                if (sent < 0) drop = 1;
-                if (sent > 0) slot[i].sent = 1;
-            } else if (slot[i].sent && !slot[i].sent_ns) {
-                slot[i].sent_ns = now;
-            }
-            if (slot[i].sent) {
-                if (!slot[i].sent_ns) slot[i].sent_ns = now;
-                /* Data back, EOF or an error: the rank is done with the connection. */
-                if (pfd[i].revents & (POLLIN | POLLHUP | POLLERR) ||
-                    now - slot[i].sent_ns > (uint64_t)(BS_FANOUT_DRAIN_S * 1e9))
-                    drop = 1;
-            }
+            if (pfd[i].revents) drop = fan_step(r, &slot[i], msg, len) < 0;
+            if (!drop && slot[i].state == FAN_SENT &&
+                now - slot[i].sent_ns > (uint64_t)(BS_FANOUT_DRAIN_S * 1e9))
+                drop = 1;
             if (drop) {
                 close(slot[i].fd);
                 slot[i] = slot[--nslot];
@@ -445,7 +497,7 @@ static void finish_ok(root_t *r) {
     bs_deadline_init(&d, (double)r->timeout_s, NULL, NULL);
     int fd = -1, e = 0;
     int st = bs_connect(&r->rank_addr[lo], 0, &d, &fd, &e);
-    if (st == BS_IO_OK) st = bs_send_all(fd, &h, sizeof(h), &d, &e);
+    if (st == BS_IO_OK) st = bs_auth_connect(fd, r->secret, &h, NULL, 0, &d, &e);
     if (st == BS_IO_OK) st = bs_send_all(fd, &hdr, sizeof(hdr), &d, &e);
     if (st == BS_IO_OK) st = bs_send_all(fd, &rep, sizeof(rep), &d, &e);
     if (st == BS_IO_OK) st = bs_send_all(fd, &r->rank_addr[(lo - 1 + n) % n], as, &d, &e);
@@ -458,12 +510,12 @@ static void finish_ok(root_t *r) {
         char junk;
         (void)bs_recv_all(fd, &junk, 1, &dd, &e);
     } else {
-        char buf[64], eb[160];
+        char buf[64], eb[200];
         WARN("bootstrap root %s: sending the address table to rank %d (%s) failed: %s",
              r->addr_str, lo, chorus_sockaddr_str(&r->rank_addr[lo], buf, sizeof(buf)),
              bs_io_strerror(st, e, eb, sizeof(eb)));
     }
-    bs_close(fd);
+    if (fd >= 0) bs_close(fd);
     r->fanout_ns = chorus_now_ns() - t0;
     INFO(SUB_BOOTSTRAP, "bootstrap root %s: rendezvous of %d ranks complete (root %d of %d, %d "
          "hellos, fan-out %.1f ms)",
@@ -535,10 +587,19 @@ static void accept_batch(root_t *r, int *starved_p) {
         }
         if (r->npending >= BS_MAX_PENDING)
             drop_pending(r, pending_victim(r), "too many pending connections");
+        bs_challenge_t c;
+        int e = 0;
+        if (bs_challenge_make(&c) != 0 ||
+            bs_write_some(fd, &c, sizeof(c), &e) != (long)sizeof(c)) {
+            /* No randomness, or the connection is gone already. */
+            bs_close(fd);
+            continue;
+        }
         root_pending_t *p = &r->pending[r->npending++];
         memset(p, 0, sizeof(*p));
         p->fd = fd;
         p->from = from;
+        memcpy(p->nonce, c.nonce, sizeof(p->nonce));
         p->deadline_ns = chorus_now_ns() + (uint64_t)(BS_HELLO_TIMEOUT_S * 1e9);
         /* A rank sends its hello right after connecting: it is often here already. */
         read_pending(r, r->npending - 1);

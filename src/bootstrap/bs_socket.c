@@ -70,6 +70,14 @@ const char *bs_io_strerror(int status, int err, char *buf, int len) {
     case BS_IO_REFUSED:
         snprintf(buf, len, "connection refused");
         break;
+    case BS_IO_AUTH:
+        snprintf(buf, len, "it failed authentication: it does not know this job's secret (another "
+                           "job or a stranger holds that address)");
+        break;
+    case BS_IO_AUTH_REFUSED:
+        snprintf(buf, len, "it refused this rank's proof: the two sides hold different secrets "
+                           "(another job there, or this rank's CHORUS_JOB_SECRET differs)");
+        break;
     default:
         if (err == EMFILE || err == ENFILE) {
             struct rlimit rl;
@@ -129,6 +137,8 @@ ncclResult_t bs_io_result(int status) {
     case BS_IO_ABORT:
     case BS_IO_CLOSED:
     case BS_IO_REFUSED:
+    case BS_IO_AUTH:
+    case BS_IO_AUTH_REFUSED:
         return ncclRemoteError;
     default:
         return ncclSystemError;

@@ -24,6 +24,7 @@
 #include "bs_internal.h"
 #include "check.h"
 #include "param.h"
+#include "sha256.h"
 #include "waiter.h"
 
 static uint64_t mix64(uint64_t x) {
@@ -205,14 +206,55 @@ static ncclResult_t start_root_on(const chorus_sockaddr_t *addr, const char *ifn
     return bs_root_start(fd, id->secret, &bound);
 }
 
-ncclResult_t bootstrap_child_unique_id(const bootstrap_t *parent, chorus_unique_id_t *id) {
+/* A child's secret: HMAC-SHA256(parent secret, label, salt, the child root's address), 64 bits. */
+static uint64_t child_secret(uint64_t parent, uint64_t salt, const chorus_sockaddr_t *root) {
+    static const char label[] = "chorus-child-id";
+    chorus_hmac_t m;
+    uint8_t mac[CHORUS_SHA256_BYTES];
+    chorus_hmac_init(&m, &parent, sizeof(parent));
+    chorus_hmac_update(&m, label, sizeof(label));
+    chorus_hmac_update(&m, &salt, sizeof(salt));
+    chorus_hmac_update(&m, root, bs_sockaddr_len(root));
+    chorus_hmac_final(&m, mac);
+    uint64_t secret;
+    memcpy(&secret, mac, sizeof(secret));
+    return secret | 1;
+}
+
+ncclResult_t bootstrap_child_unique_id(const bootstrap_t *parent, chorus_unique_id_t *id,
+                                       chorus_unique_id_t *wire_p) {
     if (parent == NULL || id == NULL) {
         WARN("bootstrap_child_unique_id: %s is NULL", parent ? "id" : "parent");
         return ncclInvalidArgument;
     }
     chorus_sockaddr_t addr = *bootstrap_addr(parent, bootstrap_rank(parent));
     bs_sockaddr_set_port(&addr, 0);
-    return start_root_on(&addr, "the parent's bootstrap address", id);
+    chorus_sockaddr_t bound;
+    int fd;
+    if (bs_listen(&addr, 0, &fd, &bound) != 0) {
+        char buf[64];
+        WARN("bootstrap root: cannot listen on %s (the parent's bootstrap address): %s",
+             chorus_sockaddr_str(&addr, buf, sizeof(buf)), strerror(errno));
+        return ncclSystemError;
+    }
+    uint64_t salt = random_secret();
+    memset(id, 0, sizeof(*id));
+    id->magic = CHORUS_ID_MAGIC;
+    id->secret = child_secret(bootstrap_secret(parent), salt, &bound);
+    id->root = bound;
+    id->flags = 0;
+    if (wire_p) {
+        *wire_p = *id;
+        wire_p->secret = salt;
+        wire_p->flags |= CHORUS_ID_FLAG_CHILD;
+    }
+    return bs_root_start(fd, id->secret, &bound);
+}
+
+void bootstrap_child_id_open(const bootstrap_t *parent, chorus_unique_id_t *id) {
+    if (parent == NULL || id == NULL || !(id->flags & CHORUS_ID_FLAG_CHILD)) return;
+    id->secret = child_secret(bootstrap_secret(parent), id->secret, &id->root);
+    id->flags &= ~CHORUS_ID_FLAG_CHILD;
 }
 
 ncclResult_t bootstrap_get_unique_id(chorus_unique_id_t *id) {

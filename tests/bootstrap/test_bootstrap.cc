@@ -318,17 +318,11 @@ TEST(Bootstrap, StrangersOnRootPortAreIgnored) {
     fd = connect_to(id.root);
     ASSERT_GE(fd, 0);
     close(fd);
-    // right magic, wrong secret: a stale job
-    struct {
-        uint64_t magic, secret;
-        char rest[64];
-    } fake;
-    memset(&fake, 0, sizeof(fake));
-    fake.magic = CHORUS_ID_MAGIC;
-    fake.secret = id.secret ^ 0x5a5a;
+    // a whole hello proved with another secret: a stale job
+    bs_hello_t fake = chorus_test::hello_claims(BS_HELLO_ROOT, 1, 2, -1);
     fd = connect_to(id.root);
     ASSERT_GE(fd, 0);
-    ASSERT_GT(write(fd, &fake, sizeof(fake)), 0);
+    ASSERT_TRUE(chorus_test::send_signed_hello(fd, id.secret ^ 0x5a5a, &fake));
     held.push_back(fd);
     // a silent connection, kept open
     fd = connect_to(id.root);
@@ -609,14 +603,20 @@ TEST(Bootstrap, ChildIdsForTwoGroupsAtOnce) {
             bootstrap_t *parent = nullptr;
             RANK_NCCL(bootstrap_init(&id, rank, n, nullptr, &parent));
             int color = rank % 2, leader = color; // groups {0,2,4} and {1,3,5}
-            chorus_unique_id_t child_id;
+            chorus_unique_id_t child_id, wire;
             if (rank == leader) {
-                RANK_NCCL(bootstrap_child_unique_id(parent, &child_id));
+                RANK_NCCL(bootstrap_child_unique_id(parent, &child_id, &wire));
                 RANK_CHECK(!(child_id.flags & CHORUS_ID_FLAG_RANK0_ROOT), "fresh root");
+                // What crosses the parent's bootstrap holds a salt, not the child's secret.
+                RANK_CHECK(wire.secret != child_id.secret && (wire.flags & CHORUS_ID_FLAG_CHILD),
+                           "the child's secret would be sent");
+                RANK_CHECK(bootstrap_id_problem(&wire) != nullptr, "a sealed id is usable");
                 for (int r = leader + 2; r < n; r += 2)
-                    RANK_NCCL(bootstrap_send(parent, r, 1, &child_id, sizeof(child_id)));
+                    RANK_NCCL(bootstrap_send(parent, r, 1, &wire, sizeof(wire)));
             } else {
                 RANK_NCCL(bootstrap_recv(parent, leader, 1, &child_id, sizeof(child_id)));
+                RANK_CHECK(child_id.flags & CHORUS_ID_FLAG_CHILD, "not sealed");
+                bootstrap_child_id_open(parent, &child_id);
             }
             if (exercise(child_id, rank / 2, 3) != 0) return 1;
             RANK_NCCL(bootstrap_barrier(parent));
@@ -627,15 +627,6 @@ TEST(Bootstrap, ChildIdsForTwoGroupsAtOnce) {
     EXPECT_TRUE(res.ok()) << res.detail;
 }
 
-// Hello as the rendezvous expects it (mirrors bs_hello_t in src/bootstrap/bs_internal.h).
-struct WireHello {
-    uint64_t magic, secret;
-    uint32_t kind;
-    int32_t rank, nranks, to_rank;
-    chorus_sockaddr_t addr;
-    uint32_t pad;
-};
-
 // A rank that joined and then died (nothing listens at its address any more) is replaced by a
 // rank that takes its place before the rendezvous completes: the root probes the first one's
 // address and keeps the second. (The root holds no socket per rank, so it cannot see a rank die
@@ -643,14 +634,7 @@ struct WireHello {
 // ranks fail when they reach it.) Ranks 0 and 1 come 500 ms after the new rank 2.
 TEST(Bootstrap, RankThatLeftTheRootCanBeReplaced) {
     chorus_unique_id_t id = new_id();
-    WireHello h;
-    memset(&h, 0, sizeof(h));
-    h.magic = CHORUS_ID_MAGIC;
-    h.secret = id.secret;
-    h.kind = 1; // BS_HELLO_ROOT
-    h.rank = 2;
-    h.nranks = 3;
-    h.to_rank = -1;
+    bs_hello_t h = chorus_test::hello_claims(BS_HELLO_ROOT, 2, 3, -1);
     // The dead rank's listen address: a port that was bound and let go, so nothing listens there.
     h.addr = id.root;
     {
@@ -666,7 +650,7 @@ TEST(Bootstrap, RankThatLeftTheRootCanBeReplaced) {
     }
     int fd = connect_to(id.root);
     ASSERT_GE(fd, 0);
-    ASSERT_EQ(write(fd, &h, sizeof(h)), (ssize_t)sizeof(h));
+    ASSERT_TRUE(chorus_test::send_signed_hello(fd, id.secret, &h));
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
     close(fd); // "dies"
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
@@ -703,26 +687,19 @@ TEST(Bootstrap, StrangersOnPeerPortAreIgnored) {
                 RANK_CHECK(f >= 0, "connect");
                 RANK_CHECK(write(f, "garbage garbage garbage", 23) == 23, "write");
                 fds.push_back(f);
-                WireHello h;
-                memset(&h, 0, sizeof(h));
-                h.magic = CHORUS_ID_MAGIC;
-                h.secret = id.secret ^ 1; // wrong secret
-                h.kind = 2;               // BS_HELLO_PEER
-                h.rank = 2;
-                h.nranks = n;
-                h.to_rank = 1;
-                f = connect_to(target);
-                RANK_CHECK(f >= 0 && write(f, &h, sizeof(h)) == (ssize_t)sizeof(h), "write");
+                bs_hello_t h = chorus_test::hello_claims(BS_HELLO_PEER, 2, n, 1);
+                f = connect_to(target); // wrong secret
+                RANK_CHECK(f >= 0 && chorus_test::send_signed_hello(f, id.secret ^ 1, &h),
+                           "write");
                 fds.push_back(f);
-                h.secret = id.secret;
-                h.to_rank = 0; // meant for another rank
+                h = chorus_test::hello_claims(BS_HELLO_PEER, 2, n, 0); // meant for another rank
                 f = connect_to(target);
-                RANK_CHECK(f >= 0 && write(f, &h, sizeof(h)) == (ssize_t)sizeof(h), "write");
+                RANK_CHECK(f >= 0 && chorus_test::send_signed_hello(f, id.secret, &h), "write");
                 fds.push_back(f);
-                h.to_rank = 1;
-                h.rank = 0; // claims to be rank 0, which is already connected
+                // claims to be rank 0, which is already connected
+                h = chorus_test::hello_claims(BS_HELLO_PEER, 0, n, 1);
                 f = connect_to(target);
-                RANK_CHECK(f >= 0 && write(f, &h, sizeof(h)) == (ssize_t)sizeof(h), "write");
+                RANK_CHECK(f >= 0 && chorus_test::send_signed_hello(f, id.secret, &h), "write");
                 fds.push_back(f);
                 std::this_thread::sleep_for(std::chrono::milliseconds(200));
                 for (int x : fds)

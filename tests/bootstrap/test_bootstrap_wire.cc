@@ -41,33 +41,6 @@ struct TimeoutEnv {
 };
 
 
-bs_hello_t peer_hello(uint64_t secret, int rank, int nranks, int to_rank) {
-    bs_hello_t h;
-    memset(&h, 0, sizeof(h));
-    h.magic = CHORUS_ID_MAGIC;
-    h.secret = secret;
-    h.kind = BS_HELLO_PEER;
-    h.rank = rank;
-    h.nranks = nranks;
-    h.to_rank = to_rank;
-    return h;
-}
-
-// Reads the 4-byte ack within 5 s: 1 when it came, 0 when the connection was closed instead.
-int got_ack(int fd) {
-    uint32_t ack = 0;
-    size_t got = 0;
-    auto end = std::chrono::steady_clock::now() + std::chrono::seconds(5);
-    while (got < sizeof(ack) && std::chrono::steady_clock::now() < end) {
-        pollfd p = {fd, POLLIN, 0};
-        if (poll(&p, 1, 100) <= 0) continue;
-        ssize_t n = read(fd, (char *)&ack + got, sizeof(ack) - got);
-        if (n <= 0) return 0;
-        got += (size_t)n;
-    }
-    return got == sizeof(ack) && ack == BS_ACK_MAGIC;
-}
-
 double seconds_since(std::chrono::steady_clock::time_point t) {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
 }
@@ -127,9 +100,10 @@ TEST(BootstrapWire, HelloFromReceiverItselfIsDropped) {
             if (rank == 1) {
                 int fd = connect_to(*bootstrap_addr(bs, 1));
                 RANK_CHECK(fd >= 0, "connect to own listen address");
-                bs_hello_t h = peer_hello(id.secret, 1, n, 1);
-                RANK_CHECK(write(fd, &h, sizeof(h)) == (ssize_t)sizeof(h), "write hello");
-                int acked = got_ack(fd);
+                bs_hello_t h = chorus_test::hello_claims(BS_HELLO_PEER, 1, n, 1);
+                bs_challenge_t c;
+                RANK_CHECK(chorus_test::send_signed_hello(fd, id.secret, &h, &c), "hello");
+                int acked = chorus_test::got_answer(fd, id.secret, h, c);
                 close(fd);
                 RANK_CHECK(!acked, "a hello claiming to be rank 1 was accepted by rank 1");
             }
@@ -160,9 +134,11 @@ TEST(BootstrapWire, OversizedHeaderFailsRecvAtOnce) {
                 // Rank 1 speaks for itself by hand: a valid hello, then an oversized header.
                 int fd = connect_to(*bootstrap_addr(bs, 0));
                 RANK_CHECK(fd >= 0, "connect to rank 0");
-                bs_hello_t h = peer_hello(id.secret, 1, n, 0);
-                RANK_CHECK(write(fd, &h, sizeof(h)) == (ssize_t)sizeof(h), "write hello");
-                RANK_CHECK(got_ack(fd), "rank 0 did not ack a valid hello");
+                bs_hello_t h = chorus_test::hello_claims(BS_HELLO_PEER, 1, n, 0);
+                bs_challenge_t c;
+                RANK_CHECK(chorus_test::send_signed_hello(fd, id.secret, &h, &c), "hello");
+                RANK_CHECK(chorus_test::got_answer(fd, id.secret, h, c),
+                           "rank 0 did not answer a valid hello");
                 bs_msg_hdr_t hdr = {9, 0, BS_MAX_MSG_BYTES + 1};
                 RANK_CHECK(write(fd, &hdr, sizeof(hdr)) == (ssize_t)sizeof(hdr), "write header");
                 std::this_thread::sleep_for(std::chrono::seconds(1));

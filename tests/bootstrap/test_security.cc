@@ -6,7 +6,10 @@
 // the secret NCCL would derive from the address) never joins; hellos forged with that derived
 // secret do not break the ranks' own connections; hundreds of silent connections to the root or to
 // a rank's listener do not stall the rendezvous; an absurd nranks fails at once and closes no
-// descriptor it did not open.
+// descriptor it did not open. Every connection runs a challenge-response (bs_internal.h): the
+// secret, and any fixed function of it, never appears on the wire; a fake root that does not know
+// it is detected by the rank; a recorded hello replayed on a new connection is refused by the root
+// and by a rank.
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <gtest/gtest.h>
@@ -18,6 +21,7 @@
 #include <atomic>
 #include <chrono>
 #include <climits>
+#include <random>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -31,6 +35,7 @@
 
 extern "C" {
 #include "bootstrap.h"
+#include "bootstrap/bs_internal.h"
 #include "bs_test_util.h"
 #include "log.h"
 #include "param.h"
@@ -116,15 +121,6 @@ uint64_t address_derived_secret(const std::string &hostport) {
     return h | 1;
 }
 
-// A peer hello as a rank's listener expects it (mirrors bs_hello_t in src/bootstrap/bs_internal.h).
-struct WireHello {
-    uint64_t magic, secret;
-    uint32_t kind;
-    int32_t rank, nranks, to_rank;
-    chorus_sockaddr_t addr;
-    uint32_t pad;
-};
-constexpr uint32_t kHelloPeer = 2;
 
 // Allgather, ring send/recv and barrier, every value checked.
 int exercise_bs(bootstrap_t *bs, int rank, int nranks) {
@@ -335,15 +331,9 @@ TEST(JobSecret, ForgedPeerHellosDoNotBreakTheJob) {
                         if (from == to) continue;
                         int fd = connect_to(*bootstrap_addr(bs, to));
                         RANK_CHECK(fd >= 0, "connect to rank %d", to);
-                        WireHello h;
-                        memset(&h, 0, sizeof(h));
-                        h.magic = CHORUS_ID_MAGIC;
-                        h.secret = forged_secret;
-                        h.kind = kHelloPeer;
-                        h.rank = from;
-                        h.nranks = n;
-                        h.to_rank = to;
-                        RANK_CHECK(write(fd, &h, sizeof(h)) == (ssize_t)sizeof(h), "write");
+                        bs_hello_t h = chorus_test::hello_claims(BS_HELLO_PEER, from, n, to);
+                        RANK_CHECK(chorus_test::send_signed_hello(fd, forged_secret, &h),
+                                   "forged hello to rank %d", to);
                         forged_fds.push_back(fd);
                     }
                 }
@@ -459,6 +449,257 @@ TEST(HugeNranks, FailsAtOnceAndClosesNothing) {
                        "bootstrap_init with INT_MAX ranks");
             for (int fd : {0, mine[0], mine[1]})
                 RANK_CHECK(fcntl(fd, F_GETFD) != -1, "fd %d was closed (bootstrap)", fd);
+            return 0;
+        },
+        60);
+    EXPECT_TRUE(res.ok()) << res.detail;
+}
+
+// ---- the challenge-response ---------------------------------------------------------------
+
+// A fake root on a loopback port: for each of `rounds` connections it sends a challenge with the
+// same nonce every time, records the hello that comes back and answers with a proof it cannot
+// make (it does not know the secret) and a "joined" reply.
+struct FakeRoot {
+    int lfd = -1;
+    chorus_sockaddr_t addr;
+    std::vector<std::string> hellos;
+    std::thread th;
+    explicit FakeRoot(int rounds) {
+        memset(&addr, 0, sizeof(addr));
+        addr.sin.sin_family = AF_INET;
+        addr.sin.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        socklen_t len = sizeof(addr.sin);
+        if (lfd < 0 || bind(lfd, &addr.sa, len) != 0 || listen(lfd, 8) != 0 ||
+            getsockname(lfd, &addr.sa, &len) != 0)
+            ADD_FAILURE() << "fake root: cannot listen";
+        th = std::thread([this, rounds] {
+            for (int r = 0; r < rounds; r++) {
+                int fd = accept4(lfd, nullptr, nullptr, SOCK_CLOEXEC);
+                if (fd < 0) return;
+                bs_challenge_t c;
+                memset(&c, 0, sizeof(c));
+                c.magic = CHORUS_ID_MAGIC;
+                c.version = BS_WIRE_VERSION;
+                memset(c.nonce, 0x42, sizeof(c.nonce)); // the same challenge every time
+                bs_hello_t h;
+                if (write(fd, &c, sizeof(c)) == (ssize_t)sizeof(c) &&
+                    chorus_test::read_exact(fd, &h, sizeof(h), 20.0)) {
+                    hellos.emplace_back((const char *)&h, sizeof(h));
+                    struct {
+                        bs_answer_t a;
+                        bs_reply_t rep;
+                    } m;
+                    memset(&m, 0, sizeof(m));
+                    m.a.status = BS_ANSWER_OK; // and a proof of zeros
+                    m.rep.status = BS_REPLY_JOINED;
+                    m.rep.nranks = 2;
+                    if (write(fd, &m, sizeof(m)) != (ssize_t)sizeof(m)) {
+                    }
+                }
+                char b;
+                (void)chorus_test::read_exact(fd, &b, 1, 2.0); // until the rank closes
+                close(fd);
+            }
+        });
+    }
+    ~FakeRoot() {
+        if (th.joinable()) th.join();
+        if (lfd >= 0) close(lfd);
+    }
+    std::string addr_str() const {
+        char buf[64];
+        return chorus_sockaddr_str(&addr, buf, sizeof(buf));
+    }
+};
+
+// Whether the 8 bytes of v appear in hay, in either byte order.
+bool contains(const std::string &hay, uint64_t v) {
+    uint64_t w = __builtin_bswap64(v);
+    return hay.find(std::string((const char *)&v, sizeof(v))) != std::string::npos ||
+           hay.find(std::string((const char *)&w, sizeof(w))) != std::string::npos;
+}
+
+// The bytes a rank puts on the wire when it joins, recorded by a fake root, twice: the secret
+// appears nowhere (neither a random id's nor the address-derived one of NCCL's scheme), and the two
+// hellos differ although the fake root sent the same challenge both times, so no fixed function
+// of the secret is sent either. The rank refuses the fake root, which cannot prove it knows the
+// secret, within a second, naming its address.
+TEST(Handshake, SecretNeverCrossesTheWireAndAFakeRootIsRefused) {
+    CleanEnv clean;
+    ScopedEnv t("CHORUS_TIMEOUT", "10");
+    for (int fixed = 0; fixed < 2; fixed++) {
+        FakeRoot fake(2);
+        chorus_unique_id_t id;
+        memset(&id, 0, sizeof(id));
+        int rank = 0;
+        if (fixed) { // NCCL's scheme: the secret derived from the address text
+            ScopedEnv c("NCCL_COMM_ID", fake.addr_str().c_str()), i("CHORUS_COMM_ID_INSECURE", "1");
+            ASSERT_EQ(bootstrap_get_unique_id(&id), ncclSuccess);
+            ASSERT_EQ(id.secret, address_derived_secret(fake.addr_str()));
+            rank = 1; // rank 0 would start a root of its own there
+        } else {
+            id.magic = CHORUS_ID_MAGIC;
+            id.secret = std::random_device{}() | (uint64_t)std::random_device{}() << 32;
+            id.root = fake.addr;
+        }
+        for (int attempt = 0; attempt < 2; attempt++) {
+            bootstrap_t *bs = nullptr;
+            double t0 = now_s();
+            ncclResult_t r = bootstrap_init(&id, rank, 2, nullptr, &bs);
+            double took = now_s() - t0;
+            EXPECT_EQ(r, ncclRemoteError) << "fixed " << fixed;
+            EXPECT_EQ(bs, nullptr);
+            EXPECT_LT(took, 5.0) << "the fake root was detected only after " << took << " s";
+            std::string err = chorus_log_last_error();
+            EXPECT_NE(err.find("failed authentication"), std::string::npos) << err;
+            EXPECT_NE(err.find(fake.addr_str()), std::string::npos) << err;
+            if (bs) bootstrap_close(bs);
+        }
+        fake.th.join();
+        ASSERT_EQ(fake.hellos.size(), 2u);
+        for (const std::string &h : fake.hellos) {
+            EXPECT_FALSE(contains(h, id.secret)) << "the secret is on the wire (fixed " << fixed
+                                                 << ")";
+            EXPECT_FALSE(contains(h, address_derived_secret(fake.addr_str())));
+        }
+        EXPECT_NE(fake.hellos[0], fake.hellos[1])
+            << "the same challenge drew the same hello: a replayable function of the secret";
+    }
+}
+
+// A rank's hello to the root, recorded whole (a valid one: the recorder knows the secret), is
+// replayed on a new connection: the root refuses it (its proof was for another challenge), as it
+// refuses a hello proved with another secret. The real ranks then join as usual.
+TEST(Handshake, ReplayedHelloIsRefusedByTheRoot) {
+    CleanEnv clean;
+    chorus_unique_id_t id;
+    ASSERT_EQ(bootstrap_get_unique_id(&id), ncclSuccess);
+    // Rank 1's claims, with a listen address nothing listens at (so the real rank 1 replaces it).
+    bs_hello_t h = chorus_test::hello_claims(BS_HELLO_ROOT, 1, 2, -1);
+    h.addr = id.root;
+    {
+        int tmp = socket(AF_INET, SOCK_STREAM, 0);
+        ASSERT_GE(tmp, 0);
+        struct sockaddr_in a = id.root.sin;
+        a.sin_port = 0;
+        socklen_t len = sizeof(a);
+        ASSERT_EQ(bind(tmp, (struct sockaddr *)&a, sizeof(a)), 0);
+        ASSERT_EQ(getsockname(tmp, (struct sockaddr *)&a, &len), 0);
+        h.addr.sin.sin_port = a.sin_port;
+        close(tmp);
+    }
+    struct {
+        bs_answer_t a;
+        bs_reply_t rep;
+    } m;
+    int fd = connect_to(id.root);
+    ASSERT_GE(fd, 0);
+    bs_challenge_t c;
+    ASSERT_TRUE(chorus_test::send_signed_hello(fd, id.secret, &h, &c));
+    ASSERT_TRUE(chorus_test::read_exact(fd, &m, sizeof(m), 5.0));
+    EXPECT_TRUE(bs_answer_ok(&m.a, &h, id.secret, c.nonce, &m.rep, sizeof(m.rep)))
+        << "the root's answer does not prove it knows the secret";
+    EXPECT_EQ(m.rep.status, (uint32_t)BS_REPLY_JOINED);
+    close(fd);
+
+    fd = connect_to(id.root); // the replay
+    ASSERT_GE(fd, 0);
+    bs_challenge_t c2;
+    ASSERT_TRUE(chorus_test::read_exact(fd, &c2, sizeof(c2), 5.0));
+    EXPECT_NE(memcmp(c.nonce, c2.nonce, sizeof(c.nonce)), 0) << "the root reused a challenge";
+    ASSERT_EQ(write(fd, &h, sizeof(h)), (ssize_t)sizeof(h));
+    bs_answer_t a;
+    ASSERT_TRUE(chorus_test::read_exact(fd, &a, sizeof(a), 5.0));
+    EXPECT_EQ(a.status, (uint32_t)BS_ANSWER_REFUSED) << "a replayed hello was accepted";
+    close(fd);
+
+    fd = connect_to(id.root); // another secret
+    ASSERT_GE(fd, 0);
+    bs_hello_t h2 = chorus_test::hello_claims(BS_HELLO_ROOT, 0, 2, -1);
+    ASSERT_TRUE(chorus_test::send_signed_hello(fd, id.secret ^ 0x10, &h2));
+    ASSERT_TRUE(chorus_test::read_exact(fd, &a, sizeof(a), 5.0));
+    EXPECT_EQ(a.status, (uint32_t)BS_ANSWER_REFUSED) << "a hello with another secret was accepted";
+    close(fd);
+
+    // The real rank 1 replaces the recorded one (nothing listens at its address) before rank 0
+    // completes the rendezvous.
+    auto res = chorus_test::run_threads(
+        2,
+        [&](int rank, int n) {
+            if (rank == 0) std::this_thread::sleep_for(std::chrono::milliseconds(500));
+            bootstrap_t *bs = nullptr;
+            RANK_NCCL(bootstrap_init(&id, rank, n, nullptr, &bs));
+            int rc = exercise_bs(bs, rank, n);
+            bootstrap_close(bs);
+            return rc;
+        },
+        60);
+    EXPECT_TRUE(res.ok()) << res.detail;
+}
+
+// The same on a rank's own listener: rank 1 opens its first connection to rank 0 by hand with a
+// valid hello (rank 0's answer proves rank 0 knows the secret) and sends a message on it; the
+// same hello replayed on a second connection, and one proved with another secret, are refused,
+// and the first connection carries on. (Three ranks: the rendezvous never connects rank 1 to
+// rank 0, so the hand-made connection is rank 1's first to it.)
+TEST(Handshake, ReplayedHelloIsRefusedByAPeer) {
+    CleanEnv clean;
+    chorus_unique_id_t id;
+    ASSERT_EQ(bootstrap_get_unique_id(&id), ncclSuccess);
+    std::atomic<int> received{0};
+    auto res = chorus_test::run_threads(
+        3,
+        [&](int rank, int n) {
+            bootstrap_t *bs = nullptr;
+            RANK_NCCL(bootstrap_init(&id, rank, n, nullptr, &bs));
+            if (rank == 1) {
+                const chorus_sockaddr_t to = *bootstrap_addr(bs, 0);
+                int fd = connect_to(to);
+                RANK_CHECK(fd >= 0, "connect to rank 0");
+                bs_hello_t h = chorus_test::hello_claims(BS_HELLO_PEER, 1, n, 0);
+                bs_challenge_t c;
+                RANK_CHECK(chorus_test::send_signed_hello(fd, id.secret, &h, &c), "hello");
+                RANK_CHECK(chorus_test::got_answer(fd, id.secret, h, c),
+                           "rank 0 did not prove it knows the secret");
+                bs_msg_hdr_t hdr = {9, 0, sizeof(int)};
+                int v = 1234;
+                RANK_CHECK(write(fd, &hdr, sizeof(hdr)) == (ssize_t)sizeof(hdr) &&
+                               write(fd, &v, sizeof(v)) == (ssize_t)sizeof(v),
+                           "message");
+                for (int k = 0; k < 2; k++) { // the replay, then another secret
+                    int f2 = connect_to(to);
+                    RANK_CHECK(f2 >= 0, "connect to rank 0");
+                    if (k == 0) {
+                        bs_challenge_t c2;
+                        RANK_CHECK(chorus_test::read_exact(f2, &c2, sizeof(c2), 5.0), "challenge");
+                        RANK_CHECK(write(f2, &h, sizeof(h)) == (ssize_t)sizeof(h), "replay");
+                    } else {
+                        bs_hello_t h2 = chorus_test::hello_claims(BS_HELLO_PEER, 2, n, 0);
+                        RANK_CHECK(chorus_test::send_signed_hello(f2, id.secret + 1, &h2), "hello");
+                    }
+                    bs_answer_t a;
+                    RANK_CHECK(chorus_test::read_exact(f2, &a, sizeof(a), 5.0), "answer %d", k);
+                    RANK_CHECK(a.status == BS_ANSWER_REFUSED, "%s was accepted",
+                               k == 0 ? "a replayed hello" : "a hello with another secret");
+                    close(f2);
+                }
+                hdr.tag = 10;
+                v = 5678;
+                RANK_CHECK(write(fd, &hdr, sizeof(hdr)) == (ssize_t)sizeof(hdr) &&
+                               write(fd, &v, sizeof(v)) == (ssize_t)sizeof(v),
+                           "message");
+                RANK_CHECK(wait_for(received, 1, 30), "rank 0 did not receive");
+                close(fd);
+            } else if (rank == 0) {
+                int a = 0, b = 0;
+                RANK_NCCL(bootstrap_recv(bs, 1, 9, &a, sizeof(a)));
+                RANK_NCCL(bootstrap_recv(bs, 1, 10, &b, sizeof(b)));
+                RANK_CHECK(a == 1234 && b == 5678, "got %d and %d", a, b);
+                received++;
+            }
+            bootstrap_close(bs);
             return 0;
         },
         60);

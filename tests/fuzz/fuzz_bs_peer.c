@@ -1,14 +1,17 @@
 /*
  * fuzz_bs_peer: the bytes another process sends on a connection to a rank's bootstrap listen
- * socket, as the receiver thread reads them: a peer hello (checked for magic, secret, sender and
- * recipient) or the root's (queued on the root's slot, nranks), then tagged messages {tag, size} + payload, among them the allgather and barrier
+ * socket after its challenge (nonce FUZZ_NONCE), as the receiver thread reads them: a peer hello
+ * (its proof checked first, then sender and recipient) or the root's (queued on the root's slot,
+ * nranks), then tagged messages {tag, size} + payload, among them the allgather and barrier
  * rounds. The input goes through a socket pair into the real receiver step (bs_peer_conn_read),
  * then every queued message is taken with bs_peer_recv, once with its own size and once with a
  * wrong one, as allgather/barrier/a user recv would. Checks: nothing is queued without a valid
  * hello; a queued message has exactly the bytes that were sent; a size mismatch is an error.
  *
- * Input: [nranks-1 (mod 8) + 1][my rank][flags][stream...]. The secret is FUZZ_SECRET; the seed
- * corpus holds valid hellos and messages.
+ * Input: [nranks-1 (mod 8) + 1][my rank][flags][stream...]. The secret is FUZZ_SECRET; flags bit 1
+ * (2) makes the harness sign the hello at the start of the stream with it, so that what follows
+ * authentication is reached (random bytes never carry a right proof). The seed corpus holds
+ * valid hellos and messages.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -19,6 +22,7 @@
 #include "fuzz_common.h"
 
 #define FUZZ_SECRET 0x5345435245543031ull /* "SECRET01" */
+static const uint8_t fuzz_nonce[CHORUS_NONCE_BYTES] = "fuzz-peer-nonce";
 
 static bootstrap_t *make_bs(int rank, int nranks) {
     bootstrap_t *bs = calloc(1, sizeof(*bs));
@@ -80,9 +84,20 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     FUZZ_ASSERT(socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, sv) == 0);
     int sndbuf = 1 << 20;
     setsockopt(sv[1], SOL_SOCKET, SO_SNDBUF, &sndbuf, sizeof(sndbuf));
+    uint8_t *stream = malloc(in.left + 1);
+    FUZZ_ASSERT(stream != NULL);
+    memcpy(stream, in.p, in.left);
+    if ((flags & 2) && in.left >= sizeof(bs_hello_t)) {
+        bs_hello_t h;
+        memcpy(&h, stream, sizeof(h));
+        uint64_t key = FUZZ_SECRET;
+        chorus_auth_proof(&key, sizeof(key), BS_AUTH_LABEL, CHORUS_AUTH_CLIENT, h.nonce, fuzz_nonce,
+                          &h, BS_HELLO_CLAIMS, NULL, 0, h.proof);
+        memcpy(stream, &h, sizeof(h));
+    }
     size_t off = 0;
     while (off < in.left) {
-        ssize_t n = write(sv[1], in.p + off, in.left - off);
+        ssize_t n = write(sv[1], stream + off, in.left - off);
         if (n <= 0) break; /* the buffer is full: the rest is cut off, as by a slow peer */
         off += (size_t)n;
     }
@@ -94,6 +109,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     bs->nconns = 1;
     bs->conns[0].fd = sv[0];
     bs->conns[0].from = -1;
+    memcpy(bs->conns[0].nonce, fuzz_nonce, sizeof(fuzz_nonce));
     /* The receiver thread's loop for this connection: until it is dropped (EOF at the latest). */
     int rounds = 0;
     while (bs->nconns > 0 && bs_peer_conn_read(bs, 0) == 0) {
@@ -121,6 +137,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     }
     FUZZ_ASSERT(senders <= 1);
     close(sv[1]);
+    free(stream);
     free_bs(bs);
     return 0;
 }

@@ -1,22 +1,28 @@
 /*
  * fuzz_tcp_handshake: what the TCP transport reads from its peer during connection setup: the
- * setup blob that crossed the bootstrap (tcp_blob_problem) and the handshake read from each
- * accepted socket (tcp_handshake_problem). Checks: an accepted blob has the expected magic, side
+ * setup blob that crossed the bootstrap (tcp_blob_problem), the handshake read from each
+ * accepted socket after its challenge (tcp_handshake_problem: the proof first) and the
+ * receiver's acknowledgement as the sender checks it (tcp_ack_ok). With flags bit 1 (2) the
+ * harness signs each handshake with the right key and challenge first, so that the checks after
+ * authentication are reached (random bytes never carry a right proof). Checks: an accepted blob has the expected magic, side
  * and rank, and a usable address (receiver's blob) or a socket count in 1..TCP_MAX_SOCKS and
  * chunks that fit our slots (sender's blob); an accepted handshake indexes a socket slot that
  * exists (the slot array is allocated at its exact size so AddressSanitizer sees any overrun).
  *
- * Input: [flags][peer][our slot_bytes u64][blob][nsocks][handshake]...
+ * Input: [flags][peer][our slot_bytes u64][blob][nsocks][ack][handshake]...
  */
 #include "fuzz_common.h"
 #include "transport/tcp/tcp.h"
 
 #define FUZZ_SECRET 0x5345435245543031ull
 #define FUZZ_CONN_ID 0x434f4e4e49443031ull
+static const uint8_t fuzz_nonce[CHORUS_NONCE_BYTES] = "fuzz-tcp-nonce!";
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     fuzz_input_t in = {data, size};
-    int is_send = fuzz_u8(&in) & 1;
+    uint8_t flags = fuzz_u8(&in);
+    int is_send = flags & 1, sign = (flags & 2) != 0;
+    const uint64_t key = FUZZ_SECRET;
     int peer = fuzz_u8(&in);
     uint64_t slot_bytes;
     fuzz_take(&in, &slot_bytes, sizeof(slot_bytes));
@@ -45,15 +51,28 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     FUZZ_ASSERT(sock_fd != NULL);
     for (int i = 0; i < nsocks; i++)
         sock_fd[i] = -1;
+    tcp_ack_t ack;
+    fuzz_take(&in, &ack, sizeof(ack));
     int nready = 0;
     while (in.left > 0) {
         tcp_handshake_t hs;
         fuzz_take(&in, &hs, sizeof(hs));
-        const char *problem = tcp_handshake_problem(&hs, FUZZ_SECRET, FUZZ_CONN_ID, peer, nsocks);
+        if (sign)
+            chorus_auth_proof(&key, sizeof(key), TCP_AUTH_LABEL, CHORUS_AUTH_CLIENT, hs.nonce,
+                              fuzz_nonce, &hs, TCP_HANDSHAKE_CLAIMS, NULL, 0, hs.proof);
+        /* The sender's check of an acknowledgement: the fuzzed one, then the receiver's own. */
+        (void)tcp_ack_ok(&ack, &hs, key, fuzz_nonce);
+        tcp_ack_t good;
+        tcp_ack_make(&hs, key, fuzz_nonce, &good);
+        FUZZ_ASSERT(tcp_ack_ok(&good, &hs, key, fuzz_nonce));
+        FUZZ_ASSERT(!tcp_ack_ok(&good, &hs, key ^ 1, fuzz_nonce));
+        const char *problem = tcp_handshake_problem(&hs, key, fuzz_nonce, FUZZ_CONN_ID, peer, nsocks);
         if (problem == NULL && sock_fd[hs.index] >= 0) problem = "duplicate socket index";
         if (problem != NULL) continue;
-        FUZZ_ASSERT(hs.magic == TCP_HANDSHAKE_MAGIC && hs.secret == FUZZ_SECRET &&
+        FUZZ_ASSERT(hs.magic == TCP_HANDSHAKE_MAGIC && hs.version == TCP_WIRE_VERSION &&
                     hs.conn_id == FUZZ_CONN_ID && hs.rank == peer);
+        /* Accepted only with a right proof: never under another key or challenge. */
+        FUZZ_ASSERT(tcp_handshake_problem(&hs, key ^ 1, fuzz_nonce, FUZZ_CONN_ID, peer, nsocks));
         sock_fd[hs.index] = nready++;
     }
     FUZZ_ASSERT(nready <= nsocks);

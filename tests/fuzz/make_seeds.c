@@ -83,6 +83,10 @@ static void unique_id_seeds(void) {
     id.flags = CHORUS_ID_FLAG_RANK0_ROOT | CHORUS_ID_FLAG_BIND_ANY;
     memcpy(u.internal, &id, sizeof(id));
     put("unique_id", "valid_ipv6_fixed", &u, sizeof(u));
+    id.flags = CHORUS_ID_FLAG_CHILD; /* sealed as split sends it: refused until opened */
+    memcpy(u.internal, &id, sizeof(id));
+    put("unique_id", "child_sealed", &u, sizeof(u));
+    id.flags = CHORUS_ID_FLAG_RANK0_ROOT | CHORUS_ID_FLAG_BIND_ANY;
     id.root.sa.sa_family = AF_UNIX;
     memcpy(u.internal, &id, sizeof(id));
     put("unique_id", "bad_family", &u, sizeof(u));
@@ -90,11 +94,13 @@ static void unique_id_seeds(void) {
     put("unique_id", "all_ones", &u, sizeof(u));
 }
 
+/* Claims only: the harnesses sign them (flag) with the key and nonce they know. */
 static bs_hello_t hello(uint32_t kind, int rank, int nranks, int to_rank) {
     bs_hello_t h;
     memset(&h, 0, sizeof(h));
     h.magic = CHORUS_ID_MAGIC;
-    h.secret = FUZZ_SECRET;
+    h.version = BS_WIRE_VERSION;
+    memset(h.nonce, 0x5a, sizeof(h.nonce));
     h.kind = kind;
     h.rank = rank;
     h.nranks = nranks;
@@ -105,25 +111,31 @@ static bs_hello_t hello(uint32_t kind, int rank, int nranks, int to_rank) {
 
 static void bs_root_seeds(void) {
     buf_t o = {.n = 0};
-    add_u8(&o, 3);
+    add_u8(&o, 0x80 | 3); /* signed by the harness */
     for (int r = 0; r < 3; r++) {
         bs_hello_t h = hello(BS_HELLO_ROOT, r, 3, -1);
         add(&o, &h, sizeof(h));
     }
     int32_t nranks = 3;
     add(&o, &nranks, sizeof(nranks));
+    bs_answer_t ans;
+    memset(&ans, 0, sizeof(ans));
+    add(&o, &ans, sizeof(ans));
     bs_reply_t rep = {BS_REPLY_OK, 3, 0, 300};
     add(&o, &rep, sizeof(rep));
     put("bs_root", "three_ranks_ok", o.b, o.n);
+    o.b[0] = 3; /* the same, unsigned: refused */
+    put("bs_root", "three_ranks_unsigned", o.b, o.n);
 
     o.n = 0;
-    add_u8(&o, 2);
+    add_u8(&o, 0x80 | 2);
     bs_hello_t h = hello(BS_HELLO_ROOT, 0, 4, -1);
     add(&o, &h, sizeof(h));
     h = hello(BS_HELLO_ROOT, 5, 4, -1);
     add(&o, &h, sizeof(h));
     nranks = 4;
     add(&o, &nranks, sizeof(nranks));
+    add(&o, &ans, sizeof(ans));
     bs_reply_t tmo = {BS_REPLY_TIMEOUT, 4, 2, 300};
     add(&o, &tmo, sizeof(tmo));
     int32_t missing[2] = {2, 3};
@@ -136,7 +148,7 @@ static void bs_peer_seeds(void) {
     buf_t o = {.n = 0};
     add_u8(&o, 3); /* 4 ranks */
     add_u8(&o, 0); /* this is rank 0 */
-    add_u8(&o, 0);
+    add_u8(&o, 2); /* signed by the harness */
     bs_hello_t h = hello(BS_HELLO_PEER, 1, 4, 0);
     add(&o, &h, sizeof(h));
     bs_msg_hdr_t m = {BS_TAG_ALLGATHER, 0, 16};
@@ -152,7 +164,7 @@ static void bs_peer_seeds(void) {
     o.n = 0;
     add_u8(&o, 1); /* 2 ranks */
     add_u8(&o, 1);
-    add_u8(&o, 1); /* receive with the wrong size */
+    add_u8(&o, 2 | 1); /* signed; receive with the wrong size */
     h = hello(BS_HELLO_PEER, 0, 2, 1);
     add(&o, &h, sizeof(h));
     bs_msg_hdr_t big = {3, 0, 1ull << 40};
@@ -162,17 +174,28 @@ static void bs_peer_seeds(void) {
     o.n = 0;
     add_u8(&o, 1);
     add_u8(&o, 1);
-    add_u8(&o, 0);
+    add_u8(&o, 0); /* not signed: its proof is wrong */
     h = hello(BS_HELLO_PEER, 0, 2, 1);
-    h.secret ^= 1;
     add(&o, &h, sizeof(h));
     put("bs_peer", "wrong_secret", o.b, o.n);
+
+    o.n = 0;
+    add_u8(&o, 1);
+    add_u8(&o, 1);
+    add_u8(&o, 2);
+    h = hello(BS_HELLO_FROM_ROOT, -1, 2, 1);
+    add(&o, &h, sizeof(h));
+    bs_msg_hdr_t root = {BS_TAG_ROOT, 0, sizeof(bs_reply_t)};
+    add(&o, &root, sizeof(root));
+    bs_reply_t tmo = {BS_REPLY_TIMEOUT, 2, 0, 300};
+    add(&o, &tmo, sizeof(tmo));
+    put("bs_peer", "root_message", o.b, o.n);
 }
 
 static void tcp_seeds(void) {
     for (int is_send = 0; is_send < 2; is_send++) {
         buf_t o = {.n = 0};
-        add_u8(&o, (unsigned)is_send);
+        add_u8(&o, (unsigned)is_send | 2); /* signed by the harness */
         add_u8(&o, 3); /* peer */
         uint64_t slot = 1 << 20;
         add(&o, &slot, sizeof(slot));
@@ -191,9 +214,11 @@ static void tcp_seeds(void) {
         }
         add(&o, &b, sizeof(b));
         add_u8(&o, 1); /* 2 sockets */
+        tcp_ack_t ack = {.magic = TCP_ACK_MAGIC};
+        add(&o, &ack, sizeof(ack));
         for (uint32_t i = 0; i < 2; i++) {
             tcp_handshake_t hs = {.magic = TCP_HANDSHAKE_MAGIC,
-                                  .secret = FUZZ_SECRET,
+                                  .version = TCP_WIRE_VERSION,
                                   .conn_id = FUZZ_CONN_ID,
                                   .rank = 3,
                                   .index = i,

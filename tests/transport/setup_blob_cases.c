@@ -138,17 +138,49 @@ int tcp_blob_cases(char *fail, size_t len) {
     b.slot_bytes = 1 << 21;
     EXPECT_BLOB(0, b, 0, 1 << 20, "sender chunks larger than our slots");
 
-    tcp_handshake_t hs = {.magic = TCP_HANDSHAKE_MAGIC,
-                          .secret = 5,
-                          .conn_id = 6,
-                          .rank = 3,
-                          .index = 1,
-                          .nsocks = 2};
-    EXPECT_OK(tcp_handshake_problem(&hs, 5, 6, 3, 2), "a handshake");
-    hs.index = 2;
-    EXPECT_REFUSED(tcp_handshake_problem(&hs, 5, 6, 3, 2), "socket index 2 of 2");
-    hs.index = 0;
-    hs.secret = 4;
-    EXPECT_REFUSED(tcp_handshake_problem(&hs, 5, 6, 3, 2), "a wrong secret");
+    /* The handshake answers the receiver's challenge c with a proof keyed by the secret (5). */
+    tcp_challenge_t c, other;
+    if (tcp_challenge_make(&c) != 0 || tcp_challenge_make(&other) != 0) {
+        snprintf(fail, len, "no random bytes for a challenge");
+        return -1;
+    }
+    tcp_handshake_t hs;
+    memset(&hs, 0, sizeof(hs));
+    hs.conn_id = 6;
+    hs.rank = 3;
+    hs.index = 1;
+    hs.nsocks = 2;
+    tcp_handshake_sign(&hs, 5, &c);
+    EXPECT_OK(tcp_handshake_problem(&hs, 5, c.nonce, 6, 3, 2), "a handshake");
+    EXPECT_REFUSED(tcp_handshake_problem(&hs, 4, c.nonce, 6, 3, 2), "a wrong secret");
+    EXPECT_REFUSED(tcp_handshake_problem(&hs, 5, other.nonce, 6, 3, 2),
+                   "a handshake replayed on another connection");
+    tcp_handshake_t h2 = hs;
+    h2.rank = 2; /* changed after signing: the proof no longer matches */
+    EXPECT_REFUSED(tcp_handshake_problem(&h2, 5, c.nonce, 6, 2, 2), "a claim changed in flight");
+    h2 = hs;
+    h2.index = 2;
+    tcp_handshake_sign(&h2, 5, &c);
+    EXPECT_REFUSED(tcp_handshake_problem(&h2, 5, c.nonce, 6, 3, 2), "socket index 2 of 2");
+    h2 = hs;
+    h2.conn_id = 7;
+    tcp_handshake_sign(&h2, 5, &c);
+    EXPECT_REFUSED(tcp_handshake_problem(&h2, 5, c.nonce, 6, 3, 2), "another connection id");
+    /* The receiver's acknowledgement proves it knows the secret too, for this handshake only. */
+    tcp_ack_t ack;
+    tcp_ack_make(&hs, 5, c.nonce, &ack);
+    if (!tcp_ack_ok(&ack, &hs, 5, c.nonce) || tcp_ack_ok(&ack, &hs, 4, c.nonce) ||
+        tcp_ack_ok(&ack, &hs, 5, other.nonce) || tcp_ack_ok(&ack, &h2, 5, c.nonce)) {
+        snprintf(fail, len, "the acknowledgement's proof");
+        return -1;
+    }
+    /* The secret's bytes never appear in what the sender writes. */
+    uint64_t secret = 5;
+    for (size_t off = 0; off + sizeof(secret) <= sizeof(hs); off++) {
+        if (memcmp((const char *)&hs + off, &secret, sizeof(secret)) == 0) {
+            snprintf(fail, len, "the secret appears in the handshake at byte %zu", off);
+            return -1;
+        }
+    }
     return 0;
 }

@@ -21,9 +21,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstddef>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "launch.h"
@@ -476,7 +478,7 @@ TEST(TcpSlotRoomLimit, OversizeCommitRefused) {
 
 // ---- stray connections ----------------------------------------------------------------------
 
-int stray_client(const chorus_sockaddr_t &addr, const tcp_handshake_t *hs, size_t bytes) {
+int stray_client(const chorus_sockaddr_t &addr) {
     int fd = socket(addr.sa.sa_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0) return -1;
     socklen_t len = addr.sa.sa_family == AF_INET6 ? sizeof(sockaddr_in6) : sizeof(sockaddr_in);
@@ -484,20 +486,35 @@ int stray_client(const chorus_sockaddr_t &addr, const tcp_handshake_t *hs, size_
         close(fd);
         return -1;
     }
-    if (bytes && send(fd, hs, bytes, MSG_NOSIGNAL) != (ssize_t)bytes) {
-        close(fd);
-        return -1;
-    }
     return fd;
 }
 
-// 1 when the receiver closed the stray socket without acknowledging it.
+// Read exactly len bytes within 30 s: true when they came.
+bool read_exact(int fd, void *buf, size_t len) {
+    size_t got = 0;
+    while (got < len) {
+        pollfd p = {fd, POLLIN, 0};
+        if (poll(&p, 1, 30000) <= 0) return false;
+        ssize_t n = recv(fd, (char *)buf + got, len - got, 0);
+        if (n <= 0) return false;
+        got += (size_t)n;
+    }
+    return true;
+}
+
+// 1 when the receiver closed the stray socket after its challenge, without acknowledging it.
 bool stray_refused(int fd) {
-    pollfd p = {fd, POLLIN, 0};
-    if (poll(&p, 1, 10000) <= 0) return false;
-    char buf[16];
-    ssize_t n = recv(fd, buf, sizeof(buf), 0);
-    return n == 0 || (n < 0 && errno == ECONNRESET);
+    char buf[256];
+    size_t got = 0;
+    for (;;) {
+        pollfd p = {fd, POLLIN, 0};
+        if (poll(&p, 1, 10000) <= 0) return false;
+        ssize_t n = recv(fd, buf + got, sizeof(buf) - got, 0);
+        if (n == 0 || (n < 0 && errno == ECONNRESET)) return got <= sizeof(tcp_challenge_t);
+        if (n < 0) return false;
+        got += (size_t)n;
+        if (got > sizeof(tcp_challenge_t)) return false; /* more than the challenge: an ack */
+    }
 }
 
 int stray_rank(const chorus_unique_id_t &id, int rank, int nranks) {
@@ -519,19 +536,38 @@ int stray_rank(const chorus_unique_id_t &id, int rank, int nranks) {
     RANK_NCCL(tcp_transport_ops.setup(&conn, blob, &bytes));
     RANK_CHECK(bytes == sizeof(tcp_blob_t), "blob of %zu bytes", bytes);
     std::vector<int> strays;
+    std::thread stray_thread;
+    std::atomic<int> stray_fail{0};
     if (rank == 1) {
-        // Three strays reach the listening port before the real sender knows it.
+        // Strays reach the listening port before the real sender knows it. Each answers the
+        // challenge it gets (the receiver sends it when it accepts): a proof with a wrong
+        // secret; a right proof for a wrong connection id; a right handshake signed for another
+        // connection's challenge (a replay); and one that never finishes its handshake.
         tcp_blob_t b;
         memcpy(&b, blob, sizeof(b));
-        tcp_handshake_t hs = {
-            TCP_HANDSHAKE_MAGIC, bootstrap_secret(comm->bs) ^ 0x1, b.conn_id, 0, 0, 2, 0};
-        strays.push_back(stray_client(b.addr, &hs, sizeof(hs))); // wrong secret
-        hs.secret ^= 0x1;
-        hs.conn_id ^= 0x5;
-        strays.push_back(stray_client(b.addr, &hs, sizeof(hs))); // right secret, wrong id
-        strays.push_back(stray_client(b.addr, &hs, 3));          // never finishes a handshake
+        const uint64_t secret = bootstrap_secret(comm->bs);
+        for (int i = 0; i < 5; i++)
+            strays.push_back(stray_client(b.addr));
         for (int fd : strays)
             RANK_CHECK(fd >= 0, "stray client could not connect");
+        stray_thread = std::thread([&, b, secret] {
+            tcp_challenge_t c[5];
+            for (int i = 0; i < 5; i++)
+                if (!read_exact(strays[i], &c[i], sizeof(c[i]))) stray_fail++;
+            tcp_handshake_t hs;
+            memset(&hs, 0, sizeof(hs));
+            hs.conn_id = b.conn_id;
+            hs.nsocks = 2;
+            tcp_handshake_sign(&hs, secret ^ 0x1, &c[0]); // wrong secret
+            if (send(strays[0], &hs, sizeof(hs), MSG_NOSIGNAL) != (ssize_t)sizeof(hs)) stray_fail++;
+            hs.conn_id ^= 0x5;
+            tcp_handshake_sign(&hs, secret, &c[1]); // right secret, wrong id
+            if (send(strays[1], &hs, sizeof(hs), MSG_NOSIGNAL) != (ssize_t)sizeof(hs)) stray_fail++;
+            hs.conn_id = b.conn_id;
+            tcp_handshake_sign(&hs, secret, &c[2]); // valid for stray 2, replayed on stray 3
+            if (send(strays[3], &hs, sizeof(hs), MSG_NOSIGNAL) != (ssize_t)sizeof(hs)) stray_fail++;
+            if (send(strays[4], &hs, 3, MSG_NOSIGNAL) != 3) stray_fail++; // never finishes
+        });
         RANK_NCCL(bootstrap_send(comm->bs, 0, 7, blob, bytes));
         RANK_NCCL(bootstrap_recv(comm->bs, 0, 8, peer_blob, sizeof(tcp_blob_t)));
     } else {
@@ -539,6 +575,8 @@ int stray_rank(const chorus_unique_id_t &id, int rank, int nranks) {
         RANK_NCCL(bootstrap_send(comm->bs, 1, 8, blob, bytes));
     }
     RANK_NCCL(tcp_transport_ops.connect(&conn, peer_blob, sizeof(tcp_blob_t)));
+    if (stray_thread.joinable()) stray_thread.join();
+    RANK_CHECK(stray_fail.load() == 0, "%d stray steps failed", stray_fail.load());
     Stream s;
     s.conn = &conn;
     s.src = 0;
@@ -548,8 +586,9 @@ int stray_rank(const chorus_unique_id_t &id, int rank, int nranks) {
     RANK_CHECK(r == ncclSuccess, "transfer failed: %s", chorus_log_last_error());
     for (size_t i = 0; i < strays.size(); i++) {
         RANK_CHECK(stray_refused(strays[i]), "stray client %zu was not refused", i);
-        close(strays[i]);
     }
+    for (int fd : strays)
+        close(fd);
     RANK_NCCL(bootstrap_barrier(comm->bs));
     tcp_transport_ops.close(&conn);
     transport_comm_free(comm);

@@ -2,9 +2,12 @@
  * tcp.h: private header of the TCP transport (tcp_transport_ops).
  *
  * A TCP connection is one-way. The receiver listens on an ephemeral port of its net_addr and puts
- * the address and a random connection id in its setup blob; the sender opens nsocks sockets to it
- * and presents, on each, a handshake with the communicator's secret, its rank, the connection id
- * and the socket index. Wrong handshakes are closed; the right ones are acknowledged.
+ * the address and a random connection id in its setup blob; the sender opens nsocks sockets to it.
+ * On each, the receiver sends a challenge (a fresh nonce); the sender answers with a handshake
+ * (its rank, the connection id, the socket index, its own nonce and a proof over all of them keyed
+ * with the communicator's secret, auth.h); the receiver checks the proof before anything else and
+ * acknowledges with its own proof, which the sender checks before it sends data. The secret
+ * never crosses the wire; wrong handshakes are closed.
  *
  * Data path. Both ends keep nslots slots of slot_bytes (+ TCP_SLOT_ROOM) in local memory. The sender commits step s
  * into slot s % nslots; its chunk is cut into up to nsocks pieces (each >= SOCKET_MIN_SPLIT) that
@@ -48,6 +51,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "auth.h"
 #include "bootstrap.h"
 #include "nccl.h"
 #include "transport.h"
@@ -71,6 +75,8 @@
 
 #define TCP_BLOB_MAGIC 0x54435042u                /* "TCPB" */
 #define TCP_HANDSHAKE_MAGIC 0x43484f5255535443ull /* "CHORUSTC" */
+#define TCP_WIRE_VERSION 2u /* 2: the challenge-response */
+#define TCP_AUTH_LABEL "chorus-tcp-v2"
 #define TCP_ACK_MAGIC 0x4143484f52555321ull
 #define TCP_HDR_DATA 0x44415441u   /* "DATA" */
 #define TCP_HDR_CLOSE 0x434c4f53u  /* "CLOS": the sender closes cleanly */
@@ -90,25 +96,52 @@ typedef struct {
     int32_t rank;
 } tcp_blob_t;
 
-/* First bytes the sender writes on every socket. */
+/* First bytes the receiver writes on every socket it accepts. */
 typedef struct {
-    uint64_t magic;
-    uint64_t secret;
-    uint64_t conn_id;
+    uint64_t magic;   /* TCP_HANDSHAKE_MAGIC */
+    uint32_t version; /* TCP_WIRE_VERSION */
+    uint32_t pad;
+    uint8_t nonce[CHORUS_NONCE_BYTES];
+} tcp_challenge_t;
+
+/* The sender's answer: its claims, its nonce and its proof over both. */
+typedef struct {
+    uint64_t magic;   /* TCP_HANDSHAKE_MAGIC */
+    uint32_t version; /* TCP_WIRE_VERSION */
     int32_t rank;
+    uint64_t conn_id;
     uint32_t index;
     uint32_t nsocks;
-    uint32_t pad;
+    uint8_t nonce[CHORUS_NONCE_BYTES];
+    uint8_t proof[CHORUS_PROOF_BYTES]; /* over every byte before it */
 } tcp_handshake_t;
+#define TCP_HANDSHAKE_CLAIMS (offsetof(tcp_handshake_t, proof))
+
+/* The receiver's acknowledgement: its proof over the sender's handshake. */
+typedef struct {
+    uint64_t magic; /* TCP_ACK_MAGIC */
+    uint8_t proof[CHORUS_PROOF_BYTES];
+} tcp_ack_t;
 
 /* Decoding what the peer sent at setup (pure; tcp_setup.c, fuzzed in tests/fuzz). A blob from the
  * other end of the connection: 0, or -1 with the reason in why. A handshake on an accepted
- * socket: NULL when it is the expected one, else why it is refused (the caller still refuses a
- * socket index that is already taken). */
+ * socket that was sent the challenge nonce: NULL when its proof is right (checked first) and it
+ * is the expected one, else why it is refused (the caller still refuses a socket index that is
+ * already taken). */
 int tcp_blob_problem(const tcp_blob_t *b, int is_send, int peer, size_t slot_bytes, char *why,
                      size_t len);
-const char *tcp_handshake_problem(const tcp_handshake_t *h, uint64_t secret, uint64_t conn_id,
+const char *tcp_handshake_problem(const tcp_handshake_t *h, uint64_t secret,
+                                  const uint8_t nonce[CHORUS_NONCE_BYTES], uint64_t conn_id,
                                   int peer, int nsocks);
+/* The handshake's pieces, shared by both ends and the tests: a fresh challenge (-1: no
+ * randomness); the sender's nonce and proof on a handshake whose claims are set (-1: no
+ * randomness); the receiver's acknowledgement; 1 when an acknowledgement is right. */
+int tcp_challenge_make(tcp_challenge_t *c);
+int tcp_handshake_sign(tcp_handshake_t *h, uint64_t secret, const tcp_challenge_t *c);
+void tcp_ack_make(const tcp_handshake_t *h, uint64_t secret, const uint8_t nonce[CHORUS_NONCE_BYTES],
+                  tcp_ack_t *a);
+int tcp_ack_ok(const tcp_ack_t *a, const tcp_handshake_t *h, uint64_t secret,
+               const uint8_t nonce[CHORUS_NONCE_BYTES]);
 
 /* Header in front of every piece. */
 typedef struct {

@@ -4,10 +4,12 @@
  * setup() runs on both ends before the blobs cross the bootstrap. The receiver opens its listening
  * socket there (so it is up before the sender can try to connect) and publishes its address and a
  * random connection id; the sender publishes how many sockets it will open. connect() then opens
- * the sockets: the sender connects each one and writes a handshake (magic, the communicator's
- * secret, its rank, the connection id, the socket index); the receiver accepts, reads handshakes of
- * all pending sockets side by side (a stray client that sends nothing cannot stall the real ones),
- * closes any with a wrong secret, id, rank or index, and acknowledges the right ones. Both ends
+ * the sockets: the receiver accepts and sends each a challenge (a fresh nonce); the sender connects
+ * each one, reads its challenge and writes a handshake (its rank, the connection id, the socket
+ * index, its nonce and a proof over them keyed with the communicator's secret, tcp.h); the
+ * receiver reads handshakes of all pending sockets side by side (a stray client that sends nothing
+ * cannot stall the real ones), closes any with a wrong proof (WARN naming the address), id, rank or
+ * index, and acknowledges the right ones with its own proof, which the sender checks. Both ends
  * wait against CHORUS_TIMEOUT and the abort flag. close() stops and joins the helper threads; a
  * sender then tells the receiver, on every socket, that it closes cleanly.
  */
@@ -217,6 +219,44 @@ int tcp_blob_problem(const tcp_blob_t *b, int is_send, int peer, size_t slot_byt
     return 0;
 }
 
+/* ---- handshake pieces ------------------------------------------------------------------------ */
+
+/* The proofs cover the structs' bytes: no padding may hide in them. */
+_Static_assert(sizeof(tcp_challenge_t) == 32, "tcp_challenge_t has padding");
+_Static_assert(sizeof(tcp_handshake_t) == 80, "tcp_handshake_t has padding");
+_Static_assert(sizeof(tcp_ack_t) == 40, "tcp_ack_t has padding");
+
+int tcp_challenge_make(tcp_challenge_t *c) {
+    memset(c, 0, sizeof(*c));
+    c->magic = TCP_HANDSHAKE_MAGIC;
+    c->version = TCP_WIRE_VERSION;
+    return chorus_random_bytes(c->nonce, sizeof(c->nonce));
+}
+
+int tcp_handshake_sign(tcp_handshake_t *h, uint64_t secret, const tcp_challenge_t *c) {
+    h->magic = TCP_HANDSHAKE_MAGIC;
+    h->version = TCP_WIRE_VERSION;
+    if (chorus_random_bytes(h->nonce, sizeof(h->nonce)) != 0) return -1;
+    chorus_auth_proof(&secret, sizeof(secret), TCP_AUTH_LABEL, CHORUS_AUTH_CLIENT, h->nonce,
+                      c->nonce, h, TCP_HANDSHAKE_CLAIMS, NULL, 0, h->proof);
+    return 0;
+}
+
+void tcp_ack_make(const tcp_handshake_t *h, uint64_t secret, const uint8_t nonce[CHORUS_NONCE_BYTES],
+                  tcp_ack_t *a) {
+    memset(a, 0, sizeof(*a));
+    a->magic = TCP_ACK_MAGIC;
+    chorus_auth_proof(&secret, sizeof(secret), TCP_AUTH_LABEL, CHORUS_AUTH_SERVER, h->nonce, nonce,
+                      h, TCP_HANDSHAKE_CLAIMS, NULL, 0, a->proof);
+}
+
+int tcp_ack_ok(const tcp_ack_t *a, const tcp_handshake_t *h, uint64_t secret,
+               const uint8_t nonce[CHORUS_NONCE_BYTES]) {
+    return a->magic == TCP_ACK_MAGIC &&
+           chorus_auth_check(&secret, sizeof(secret), TCP_AUTH_LABEL, CHORUS_AUTH_SERVER, h->nonce,
+                             nonce, h, TCP_HANDSHAKE_CLAIMS, NULL, 0, a->proof);
+}
+
 /* ---- sender --------------------------------------------------------------------------------- */
 
 static ncclResult_t tcp_connect_send(tcp_conn_t *tc, const tcp_blob_t *b) {
@@ -227,40 +267,72 @@ static ncclResult_t tcp_connect_send(tcp_conn_t *tc, const tcp_blob_t *b) {
     tcp_addr_str(&b->addr, tc->peer_str, sizeof(tc->peer_str));
     CHECK(tcp_conn_alloc_data(tc));
     uint64_t secret = bootstrap_secret(tc->ctx->bs);
+    tcp_handshake_t *hs = calloc((size_t)tc->nsocks, sizeof(*hs));
+    uint8_t(*nonce)[CHORUS_NONCE_BYTES] = calloc((size_t)tc->nsocks, sizeof(*nonce));
+    ncclResult_t res = ncclSuccess;
+    if (hs == NULL || nonce == NULL) {
+        WARN("tcp: out of memory for %d handshakes", tc->nsocks);
+        res = ncclSystemError;
+        goto out;
+    }
+    /* Every socket's handshake first, then every acknowledgement: the round trips overlap. */
     for (int i = 0; i < tc->nsocks; i++) {
-        ncclResult_t res =
-            tcp_socket_connect(&b->addr, w.deadline_ns, abort_flag, &tc->socks[i].fd);
+        res = tcp_socket_connect(&b->addr, w.deadline_ns, abort_flag, &tc->socks[i].fd);
         if (res != ncclSuccess) {
             WARN("tcp: connect to rank %d (%s) failed (socket %d of %d)", tc->peer, tc->peer_str, i,
                  tc->nsocks);
-            return res;
+            goto out;
         }
-        tcp_handshake_t hs = {.magic = TCP_HANDSHAKE_MAGIC,
-                              .secret = secret,
-                              .conn_id = b->conn_id,
-                              .rank = tc->rank,
-                              .index = (uint32_t)i,
-                              .nsocks = (uint32_t)tc->nsocks};
-        res = tcp_socket_write_all(tc->socks[i].fd, &hs, sizeof(hs), w.deadline_ns, abort_flag);
+        tcp_challenge_t c;
+        res = tcp_socket_read_all(tc->socks[i].fd, &c, sizeof(c), w.deadline_ns, abort_flag);
+        if (res == ncclSuccess && (c.magic != TCP_HANDSHAKE_MAGIC || c.version != TCP_WIRE_VERSION)) {
+            WARN("tcp: rank %d (%s) sent no valid challenge on socket %d (another program listens "
+                 "there, or another Chorus version)",
+                 tc->peer, tc->peer_str, i);
+            res = ncclRemoteError;
+            goto out;
+        }
+        hs[i] = (tcp_handshake_t){.conn_id = b->conn_id,
+                                  .rank = tc->rank,
+                                  .index = (uint32_t)i,
+                                  .nsocks = (uint32_t)tc->nsocks};
+        if (res == ncclSuccess && tcp_handshake_sign(&hs[i], secret, &c) != 0) {
+            WARN("tcp: no random bytes for a handshake nonce: %s", strerror(errno));
+            res = ncclSystemError;
+        }
+        memcpy(nonce[i], c.nonce, sizeof(c.nonce));
+        if (res == ncclSuccess)
+            res = tcp_socket_write_all(tc->socks[i].fd, &hs[i], sizeof(hs[i]), w.deadline_ns,
+                                       abort_flag);
         if (res != ncclSuccess) {
             WARN("tcp: handshake with rank %d (%s) failed (socket %d)", tc->peer, tc->peer_str, i);
-            return res;
+            goto out;
         }
     }
     for (int i = 0; i < tc->nsocks; i++) {
-        uint64_t ack = 0;
-        ncclResult_t res =
-            tcp_socket_read_all(tc->socks[i].fd, &ack, sizeof(ack), w.deadline_ns, abort_flag);
-        if (res != ncclSuccess || ack != TCP_ACK_MAGIC) {
+        tcp_ack_t ack;
+        memset(&ack, 0, sizeof(ack));
+        res = tcp_socket_read_all(tc->socks[i].fd, &ack, sizeof(ack), w.deadline_ns, abort_flag);
+        if (res != ncclSuccess) {
             WARN("tcp: rank %d (%s) did not accept socket %d: %s", tc->peer, tc->peer_str, i,
                  res == ncclSystemError                          ? "timed out"
-                 : res == ncclSuccess                            ? "bad acknowledgement"
                  : __atomic_load_n(abort_flag, __ATOMIC_ACQUIRE) ? "aborted"
-                                                                 : "connection closed");
-            return res != ncclSuccess ? res : ncclRemoteError;
+                                                                 : "connection closed (it refused "
+                                                                   "the handshake, or exited)");
+            goto out;
+        }
+        if (!tcp_ack_ok(&ack, &hs[i], secret, nonce[i])) {
+            WARN("tcp: the receiver at %s (rank %d's address) failed authentication on socket %d: "
+                 "it does not know this communicator's secret",
+                 tc->peer_str, tc->peer, i);
+            res = ncclRemoteError;
+            goto out;
         }
     }
-    return ncclSuccess;
+out:
+    free(hs);
+    free(nonce);
+    return res;
 }
 
 /* ---- receiver ------------------------------------------------------------------------------- */
@@ -270,12 +342,20 @@ typedef struct {
     size_t got;
     tcp_handshake_t hs;
     chorus_sockaddr_t from;
+    uint8_t nonce[CHORUS_NONCE_BYTES]; /* the challenge it was sent */
 } tcp_pending_t;
 
-const char *tcp_handshake_problem(const tcp_handshake_t *h, uint64_t secret, uint64_t conn_id,
+static const char tcp_auth_failed[] =
+    "failed authentication (it does not know the communicator's secret)";
+
+const char *tcp_handshake_problem(const tcp_handshake_t *h, uint64_t secret,
+                                  const uint8_t nonce[CHORUS_NONCE_BYTES], uint64_t conn_id,
                                   int peer, int nsocks) {
-    if (h->magic != TCP_HANDSHAKE_MAGIC) return "not a chorus tcp handshake";
-    if (h->secret != secret) return "wrong communicator secret";
+    if (h->magic != TCP_HANDSHAKE_MAGIC || h->version != TCP_WIRE_VERSION)
+        return "not a chorus tcp handshake of this version";
+    if (!chorus_auth_check(&secret, sizeof(secret), TCP_AUTH_LABEL, CHORUS_AUTH_CLIENT, h->nonce,
+                           nonce, h, TCP_HANDSHAKE_CLAIMS, NULL, 0, h->proof))
+        return tcp_auth_failed;
     if (h->conn_id != conn_id) return "unexpected connection id";
     if (h->rank != peer) return "unexpected sender rank";
     if (h->nsocks != (uint32_t)nsocks || h->index >= (uint32_t)nsocks) return "bad socket index";
@@ -286,18 +366,26 @@ const char *tcp_handshake_problem(const tcp_handshake_t *h, uint64_t secret, uin
 static int tcp_check_handshake(tcp_conn_t *tc, tcp_pending_t *p, uint64_t secret, int *nready) {
     char str[80];
     const tcp_handshake_t *h = &p->hs;
-    const char *why = tcp_handshake_problem(h, secret, tc->conn_id, tc->peer, tc->nsocks);
+    const char *why =
+        tcp_handshake_problem(h, secret, p->nonce, tc->conn_id, tc->peer, tc->nsocks);
     if (why == NULL && tc->socks[h->index].fd >= 0)
         why = "duplicate socket index";
     if (why) {
-        INFO(SUB_NET | SUB_INIT, "tcp: refused a connection from %s to the port for rank %d: %s",
-             tcp_addr_str(&p->from, str, sizeof(str)), tc->peer, why);
+        /* A failed proof is someone without the secret on our port: say so; a stale or duplicate
+         * socket of our own peer is only worth an INFO line. */
+        if (why == tcp_auth_failed)
+            WARN("tcp: rank %d refused a connection from %s to its port for rank %d: it %s",
+                 tc->rank, tcp_addr_str(&p->from, str, sizeof(str)), tc->peer, why);
+        else
+            INFO(SUB_NET | SUB_INIT, "tcp: refused a connection from %s to the port for rank %d: %s",
+                 tcp_addr_str(&p->from, str, sizeof(str)), tc->peer, why);
         close(p->fd);
         p->fd = -1;
         return 0;
     }
-    uint64_t ack = TCP_ACK_MAGIC;
-    /* A fresh socket's buffer takes 8 bytes at once; failure means the peer went away. */
+    tcp_ack_t ack;
+    tcp_ack_make(h, secret, p->nonce, &ack);
+    /* A fresh socket's buffer takes the acknowledgement at once; failure means the peer went away. */
     if (send(p->fd, &ack, sizeof(ack), MSG_NOSIGNAL | MSG_DONTWAIT) != (ssize_t)sizeof(ack)) {
         close(p->fd);
         p->fd = -1;
@@ -376,6 +464,14 @@ static ncclResult_t tcp_connect_recv(tcp_conn_t *tc, const tcp_blob_t *b) {
             socklen_t fl = sizeof(from);
             memset(&from, 0, sizeof(from));
             int fd = accept4(tc->listen_fd, &from.sa, &fl, SOCK_NONBLOCK | SOCK_CLOEXEC);
+            tcp_challenge_t c;
+            if (fd >= 0 && (tcp_challenge_make(&c) != 0 ||
+                            send(fd, &c, sizeof(c), MSG_NOSIGNAL | MSG_DONTWAIT) !=
+                                (ssize_t)sizeof(c))) {
+                /* No randomness, or the client is gone already. */
+                close(fd);
+                fd = -1;
+            }
             if (fd >= 0) {
                 if (npend == TCP_MAX_PENDING) {
                     /* Too many silent clients: the oldest one goes. */
@@ -383,7 +479,9 @@ static ncclResult_t tcp_connect_recv(tcp_conn_t *tc, const tcp_blob_t *b) {
                     memmove(pend, pend + 1, sizeof(pend[0]) * (TCP_MAX_PENDING - 1));
                     npend--;
                 }
-                pend[npend++] = (tcp_pending_t){.fd = fd, .got = 0, .from = from};
+                pend[npend] = (tcp_pending_t){.fd = fd, .got = 0, .from = from};
+                memcpy(pend[npend].nonce, c.nonce, sizeof(c.nonce));
+                npend++;
             }
         }
     }
