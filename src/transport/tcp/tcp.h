@@ -159,7 +159,7 @@ typedef struct {
     uint32_t pad;
     uint64_t released; /* steps the consumer has released */
     uint64_t word;     /* the receiving chorus_conn_t's fin_word */
-} tcp_ack_t;
+} tcp_consumed_t;
 
 /* A futex-backed event count: a waker bumps seq and makes a syscall only when someone sleeps. */
 typedef struct {
@@ -249,7 +249,7 @@ typedef struct tcp_conn {
     uint64_t sync_want, sync_acked;
     size_t sync_sent, ack_got;
     tcp_hdr_t sync_hdr;
-    tcp_ack_t ack;
+    tcp_consumed_t ack;
 
     int nthreads;
     tcp_thread_t *threads;

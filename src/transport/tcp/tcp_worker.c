@@ -309,7 +309,7 @@ void tcp_sync_answer(tcp_conn_t *tc) {
     if (acked >= want || !__atomic_compare_exchange_n(&tc->sync_acked, &acked, want, 0,
                                                       __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
         return; /* answered, or another thread answers right now */
-    tcp_ack_t a = {.magic = TCP_ACK_CONSUMED,
+    tcp_consumed_t a = {.magic = TCP_ACK_CONSUMED,
                    .released = released,
                    .word = __atomic_load_n(&tc->conn->fin_word, __ATOMIC_ACQUIRE)};
     /* Nothing else travels in this direction, so the kernel takes these few bytes at once; a
