@@ -151,18 +151,19 @@ static ncclResult_t parse_all(void) {
         const char *val = NULL;
         /* The previous copy is not freed: a thread may still hold the pointer it got before a
          * reset (ncclResetDebugInit). Each reset leaks a few short strings, which is harmless. */
-        g_str[i] = NULL;
+        __atomic_store_n(&g_str[i], NULL, __ATOMIC_RELEASE);
         snprintf(var, sizeof(var), "CHORUS_%s", d->name);
         if ((val = getenv(var)) != NULL) {
-            g_src[i] = PARAM_SRC_ENV_CHORUS;
+            __atomic_store_n(&g_src[i], PARAM_SRC_ENV_CHORUS, __ATOMIC_RELAXED);
         } else if (d->nccl_alias) {
             snprintf(var, sizeof(var), "NCCL_%s", d->name);
-            if ((val = getenv(var)) != NULL) g_src[i] = PARAM_SRC_ENV_NCCL;
+            if ((val = getenv(var)) != NULL)
+                __atomic_store_n(&g_src[i], PARAM_SRC_ENV_NCCL, __ATOMIC_RELAXED);
         }
-        g_int[i] = d->def_i;
+        __atomic_store_n(&g_int[i], d->def_i, __ATOMIC_RELAXED);
         if (val == NULL) {
-            g_src[i] = PARAM_SRC_DEFAULT;
-            g_str[i] = d->def_s ? strdup(d->def_s) : NULL;
+            __atomic_store_n(&g_src[i], PARAM_SRC_DEFAULT, __ATOMIC_RELAXED);
+            __atomic_store_n(&g_str[i], d->def_s ? strdup(d->def_s) : NULL, __ATOMIC_RELEASE);
             continue;
         }
         if (d->type == T_INT) {
@@ -184,10 +185,10 @@ static ncclResult_t parse_all(void) {
                              rbuf, d->help);
                 res = ncclInvalidArgument;
             } else {
-                g_int[i] = v;
+                __atomic_store_n(&g_int[i], v, __ATOMIC_RELAXED);
             }
         } else {
-            g_str[i] = strdup(val);
+            __atomic_store_n(&g_str[i], strdup(val), __ATOMIC_RELEASE);
         }
     }
     check_pairs(&res);
@@ -204,18 +205,21 @@ ncclResult_t chorus_param_init(void) {
         first = 1;
     }
     ncclResult_t res = g_res;
+    char err[sizeof(g_err)] = "";
+    if (res != ncclSuccess) memcpy(err, g_err, sizeof(err)); /* a reset may parse again */
     pthread_mutex_unlock(&g_lock);
     if (first) {
         char buf[64];
         for (int i = 0; i < PARAM_COUNT; i++) {
-            if (g_src[i] == PARAM_SRC_DEFAULT) continue;
+            const chorus_param_src_t src = chorus_param_source((chorus_param_id_t)i);
+            if (src == PARAM_SRC_DEFAULT) continue;
             INFO(SUB_ENV, "%s%s set by environment to %s",
-                 g_src[i] == PARAM_SRC_ENV_CHORUS ? "CHORUS_" : "NCCL_", g_desc[i].name,
+                 src == PARAM_SRC_ENV_CHORUS ? "CHORUS_" : "NCCL_", g_desc[i].name,
                  chorus_param_value_text((chorus_param_id_t)i, buf, sizeof(buf)));
         }
     }
     /* Every caller that gets the error is told why: init fails naming the variable. */
-    if (res != ncclSuccess) WARN("%s", g_err);
+    if (res != ncclSuccess) WARN("%s", err);
     return res;
 }
 
@@ -229,9 +233,11 @@ static void ensure_init(void) {
     if (!__atomic_load_n(&g_done, __ATOMIC_ACQUIRE)) (void)chorus_param_init();
 }
 
+/* The values are atomic words: ncclResetDebugInit lets one thread parse them again while others
+ * read them. */
 int64_t chorus_param_int(chorus_param_id_t id) {
     ensure_init();
-    return g_int[id];
+    return __atomic_load_n(&g_int[id], __ATOMIC_RELAXED);
 }
 
 uint64_t chorus_param_generation(void) {
@@ -241,7 +247,7 @@ uint64_t chorus_param_generation(void) {
 
 const char *chorus_param_str(chorus_param_id_t id) {
     ensure_init();
-    return g_str[id];
+    return __atomic_load_n(&g_str[id], __ATOMIC_ACQUIRE);
 }
 
 const char *chorus_param_name(chorus_param_id_t id) { return g_desc[id].name; }
@@ -259,7 +265,7 @@ const char *chorus_param_default_text(chorus_param_id_t id, char *buf, int len) 
 
 chorus_param_src_t chorus_param_source(chorus_param_id_t id) {
     ensure_init();
-    return g_src[id];
+    return __atomic_load_n(&g_src[id], __ATOMIC_RELAXED);
 }
 
 const char *chorus_param_source_name(chorus_param_src_t src) {
@@ -272,13 +278,13 @@ const char *chorus_param_source_name(chorus_param_src_t src) {
 }
 
 const char *chorus_param_value_text(chorus_param_id_t id, char *buf, int len) {
-    ensure_init();
-    if (id == PARAM_JOB_SECRET && g_str[id] != NULL)
+    const char *str = chorus_param_str(id);
+    if (id == PARAM_JOB_SECRET && str != NULL)
         snprintf(buf, len, "(set, not shown)"); /* a secret stays out of logs and chorus_info */
     else if (g_desc[id].type == T_INT)
-        snprintf(buf, len, "%" PRId64, g_int[id]);
+        snprintf(buf, len, "%" PRId64, chorus_param_int(id));
     else
-        snprintf(buf, len, "%s", g_str[id] ? g_str[id] : "(unset)");
+        snprintf(buf, len, "%s", str ? str : "(unset)");
     return buf;
 }
 
