@@ -45,10 +45,11 @@ typedef struct {
     size_t slot_bytes, ll_bytes, ll_max_bytes;
     int p2p_nch; /* channels all-to-all and send/receive use (all pairs connected); the others
                     connect each rank to its ring successor only */
+    int vec;     /* the kernel moves chunks in 16-byte packs (CHORUS_DEVICE_VEC; GPU only) */
 } dp_sizes_t;
 
-static const dp_sizes_t dp_sizes_gpu = {32, 8, 1 << 20, 4 << 10, 2 << 10, 8};
-static const dp_sizes_t dp_sizes_emu = {2, 4, 4 << 10, 512, 4 << 10, 2};
+static const dp_sizes_t dp_sizes_gpu = {32, 8, 1 << 20, 4 << 10, 2 << 10, 8, 1};
+static const dp_sizes_t dp_sizes_emu = {2, 4, 4 << 10, 512, 4 << 10, 2, 0};
 
 /* Channels with every pair connected: nch / nranks (at least 1), so the slots of a world grow
  * with nranks * nch rather than nranks^2 * nch. */
@@ -311,6 +312,7 @@ void devpath_comm_init(struct ncclComm *comm) {
     if (gpu.nch == 0) gpu.nch = comm->nranks <= 4 ? 32 : comm->nranks >= 64 ? 1 : 64 / comm->nranks;
     gpu.slot_bytes = (size_t)chorus_param_int(PARAM_DEVICE_SLOT_BYTES) / 64 * 64;
     gpu.ll_max_bytes = (size_t)chorus_param_int(PARAM_DEVICE_LL_MAX);
+    gpu.vec = chorus_param_int(PARAM_DEVICE_VEC) != 0;
     dp_sizes_t emu = dp_sizes_emu;
     dp_sizes_t *sz = rt && rt->emulated ? &emu : &gpu;
     sz->p2p_nch = dp_p2p_channels(sz->nch, comm->nranks);
@@ -425,7 +427,7 @@ static ncclResult_t dp_launch(struct ncclComm *comm, devpath_comm_t *dp, int col
     p->ring = dp->ce ? dp_ce_ring(dp->ce) : dp->w->ring;
     p->nch = ch_plan_channels(coll, n, count, p->chunk_elems, max_ch);
     p->inplace = ch_plan_inplace(coll, sendbuff, recvbuff, comm->rank, count, esize);
-    k.vec = !dp->rt->emulated && chorus_param_int(PARAM_DEVICE_VEC) != 0;
+    k.vec = sz->vec;
     k.sendbuff = sendbuff;
     k.recvbuff = recvbuff;
     k.conns = dp->w ? dp->w->conns : NULL;
