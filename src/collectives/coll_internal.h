@@ -69,6 +69,9 @@ ncclResult_t prim_drop_chunk(chorus_conn_t *rc, const void *data, size_t bytes);
  * chunks whose output was written with streaming stores (chunk.stream). Plain arguments, so
  * that C++ tests can declare it. */
 void prim_path_stats(uint64_t *reduce_sent_p, uint64_t *reduce_recv_p, uint64_t *streamed_p);
+/* Chunks the primitives wrote into a slot with streaming stores (the send connection measured
+ * them faster, or CHORUS_SHM_SLOT_STREAM=1), in this process so far (tests). */
+void prim_slot_nt_stats(uint64_t *chunks_p);
 /* Capacity of one chunk in elements for a slot of slot_bytes (header room included): a
  * connection's conn->slot_bytes, or the plan's op->plan.slot_bytes. */
 size_t prim_chunk_elems(size_t slot_bytes, size_t esize);

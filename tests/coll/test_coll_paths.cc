@@ -21,6 +21,7 @@
 
 extern "C" void prim_path_stats(uint64_t *reduce_sent_p, uint64_t *reduce_recv_p,
                                 uint64_t *streamed_p);
+extern "C" void prim_slot_nt_stats(uint64_t *chunks_p);
 
 using namespace coll_test;
 using chorus_test::Launch;
@@ -52,9 +53,10 @@ bool cma_between_processes() {
 struct PathEnv {
     const char *cma;              // CHORUS_SHM_CMA
     const char *stream_threshold; // CHORUS_STREAM_THRESHOLD (nullptr: default)
+    const char *slot_stream = nullptr; // CHORUS_SHM_SLOT_STREAM (nullptr: default, measured)
 };
 
-enum Expect { EXPECT_DIRECT_REDUCE, EXPECT_STREAMED, EXPECT_NOTHING };
+enum Expect { EXPECT_DIRECT_REDUCE, EXPECT_STREAMED, EXPECT_STREAMED_SLOTS_NT, EXPECT_NOTHING };
 
 // Runs the cases on nranks ranks; each rank then checks the path counters of its process.
 chorus_test::RunResult run_path_cases(Launch how, int nranks, const std::vector<Case> &cases,
@@ -62,6 +64,8 @@ chorus_test::RunResult run_path_cases(Launch how, int nranks, const std::vector<
     setenv("CHORUS_SHM_CMA", pe.cma, 1);
     if (pe.stream_threshold) setenv("CHORUS_STREAM_THRESHOLD", pe.stream_threshold, 1);
     else unsetenv("CHORUS_STREAM_THRESHOLD");
+    if (pe.slot_stream) setenv("CHORUS_SHM_SLOT_STREAM", pe.slot_stream, 1);
+    else unsetenv("CHORUS_SHM_SLOT_STREAM");
     setenv("CHORUS_ALGO", "ring", 1);
     // Single copy wherever the transport allows (between processes too: the default uses it only
     // between threads) and on reduce steps too (off by default).
@@ -72,16 +76,24 @@ chorus_test::RunResult run_path_cases(Launch how, int nranks, const std::vector<
     auto res = chorus_test::run_ranks(
         how, nranks,
         [&](int rank, int n) -> int {
-            uint64_t s0, r0, t0, s1, r1, t1;
+            uint64_t s0, r0, t0, s1, r1, t1, nt0, nt1;
             prim_path_stats(&s0, &r0, &t0);
+            prim_slot_nt_stats(&nt0);
             int failed = run_cases_on_new_comm(id, rank, n, cases);
             prim_path_stats(&s1, &r1, &t1);
+            prim_slot_nt_stats(&nt1);
             if (!failed && expect == EXPECT_DIRECT_REDUCE && (s1 == s0 || r1 == r0)) {
                 fprintf(stderr, "rank %d: no reduce chunk went direct (sent %llu, received %llu)\n",
                         rank, (unsigned long long)(s1 - s0), (unsigned long long)(r1 - r0));
                 failed = 1;
             }
-            if (!failed && expect == EXPECT_STREAMED && t1 == t0) {
+            if (!failed && expect == EXPECT_STREAMED_SLOTS_NT && nt1 == nt0) {
+                fprintf(stderr, "rank %d: no chunk went into a slot with streaming stores\n",
+                        rank);
+                failed = 1;
+            }
+            if (!failed && (expect == EXPECT_STREAMED || expect == EXPECT_STREAMED_SLOTS_NT) &&
+                t1 == t0) {
                 fprintf(stderr, "rank %d: no chunk was streamed\n", rank);
                 failed = 1;
             }
@@ -96,6 +108,7 @@ chorus_test::RunResult run_path_cases(Launch how, int nranks, const std::vector<
         240);
     unsetenv("CHORUS_SHM_CMA");
     unsetenv("CHORUS_STREAM_THRESHOLD");
+    unsetenv("CHORUS_SHM_SLOT_STREAM");
     unsetenv("CHORUS_ALGO");
     unsetenv("CHORUS_RING_DIRECT");
     unsetenv("CHORUS_DIRECT_REDUCE");
@@ -169,6 +182,24 @@ INSTANTIATE_TEST_SUITE_P(Coll, CollStreamed,
                                     (std::get<2>(info.param) ? "_cma" : "_nocma");
                          });
 
+// Streamed output with every large slot write streamed too (CHORUS_SHM_SLOT_STREAM=1: what the
+// send connections choose where the two cores share no cache): the reduce that feeds the next
+// rank goes through a private piece into both the slot and the output, the first copy of an
+// all-gather streams into the slot.
+class CollStreamedSlotsNt : public ::testing::TestWithParam<std::tuple<int, Launch>> {};
+TEST_P(CollStreamedSlotsNt, MatchesReference) {
+    int n = std::get<0>(GetParam());
+    Launch how = std::get<1>(GetParam());
+    EXPECT_RUN_OK(run_path_cases(how, n, big_cases(n), {"-1", "524288", "1"},
+                                 EXPECT_STREAMED_SLOTS_NT));
+}
+INSTANTIATE_TEST_SUITE_P(Coll, CollStreamedSlotsNt,
+                         ::testing::Combine(::testing::Values(2, 3, 5),
+                                            ::testing::Values(Launch::Threads, Launch::Forked)),
+                         [](const auto &info) {
+                             return std::to_string(std::get<0>(info.param)) + "ranks_" +
+                                    launch_word(std::get<1>(info.param));
+                         });
 // Point-to-point transfers between processes: by default large ones go through the slots
 // (shm_conn.c, shm_direct_threshold); CHORUS_SHM_CMA_THRESHOLD=262144 sends them single copy
 // (process_vm_readv, shared with the sender) as before. Both paths carry a send/recv ring and an
