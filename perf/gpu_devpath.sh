@@ -11,6 +11,10 @@
 # run does, each step under its own time limit, with logs in logdir:
 #   alltests every test_cuda case, each in its own process (not in the default sections)
 #   tests    test_cuda's CudaDevPath cases (the collective kernel on the GPU, thread ranks)
+#   procs    processes sharing the GPU (copy-engine programs, CHORUS_DEVICE_PATH=auto): test_cuda's
+#            forked cases each in a process of its own (CudaDevPathProcs.*, CudaColl.*Forked),
+#            then all_reduce_perf with 2 processes under chorusrun, every dtype and op, checked,
+#            and a 256 MiB one (busbw), each with the path it took read from its INIT log
 #   copy     the GPU's copy bandwidth (the limit the busbw figures are read against)
 #   correct  the perf binaries with CHORUS_DEVICE_PATH=kernel, results checked: every collective
 #            with 1, 2, 3, 4 and 8 thread ranks, every dtype and op for the reducing ones at 2 and 4,
@@ -20,7 +24,7 @@
 #   tune     all-reduce busbw per channel count, slot size and hardware queues at 2, 4, 8 ranks,
 #            and the LL limit (not in the default sections)
 #   torch    tests/torch/torch_nccl_gpu.py under torchrun: torch's nccl backend on Chorus
-# (default sections: tests copy bw correct torch) and ends with a summary of every step. Each step
+# (default sections: tests procs copy bw correct torch) and ends with a summary of every step. Each step
 # starts only while the run is under its budget in seconds (AR_BUDGET for the bw and tune runs).
 # Exit 0 when every step passed.
 set -u
@@ -30,7 +34,7 @@ shift || true
 build="$root/build-gpu"
 out="$root/gpurun"
 logs=${OUT:-/tmp}/gpu_devpath
-sections="tests copy correct bw torch"
+sections="tests procs copy correct bw torch"
 while [ $# -gt 0 ]; do
     case "$1" in
     -B) build=$(realpath -m "$2"); shift 2 ;;
@@ -95,6 +99,34 @@ if has tests; then
     rc=$?
     note "tests: test_cuda CudaDevPath.* rc=$rc: $(grep -E '^\[  (PASSED|FAILED) ' "$logs/test_cuda_devpath.log" | tr '\n' ' ')"
     [ $rc -ne 0 ] && { status=1; grep -E 'FAILED|Failure|WARN' "$logs/test_cuda_devpath.log" | head -20; }
+fi
+
+if has procs; then
+    # Forked cases need a process with no CUDA context of its own yet: one gtest case a run.
+    for t in CudaDevPathProcs.EveryCollectiveForked CudaDevPathProcs.PeerKilledForked \
+             CudaColl.TwoRanksOneGpuForked CudaColl.FourRanksOneGpuForked; do
+        budget 200 "procs $t" || break
+        CHORUS_TIMEOUT=30 timeout -k 5 150 "$bin/test_cuda" --gtest_filter="$t" > "$logs/procs_$t.log" 2>&1
+        rc=$?
+        note "procs: $t rc=$rc: $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$logs/procs_$t.log" | tr '\n' ' ')"
+        [ $rc -ne 0 ] && { status=1; grep -E 'FAILED|Failure|WARN|rank check' "$logs/procs_$t.log" | head -20; }
+    done
+    # nccl-tests style runs with 2 processes on GPU 0; the INIT log says which path each took.
+    for run in "check -b 8 -e 8M -f 8 -d all -o all -n 2 -w 1 -c 1" "bw -b 256M -e 256M -n 10 -w 3 -c 1"; do
+        read -r tag args <<< "$run"
+        budget 280 "procs all_reduce $tag" || break
+        # shellcheck disable=SC2086
+        CHORUS_TIMEOUT=30 NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT timeout -k 5 120 "$bin/chorusrun" -n 2 \
+            "$bin/all_reduce_perf" $args -m device > "$logs/procs_ar_$tag.out" 2>&1 < /dev/null
+        rc=$?
+        paths=$(grep -oE 'device-buffer ops run (as copy-engine programs|as the collective kernel|staged[^(]*)' \
+            "$logs/procs_ar_$tag.out" | sort | uniq -c | tr -s ' ' | tr '\n' ';')
+        read -r size us busbw w1 w2 <<< "$(last_row < "$logs/procs_ar_$tag.out")"
+        w=$(wrongs < "$logs/procs_ar_$tag.out")
+        note "procs: all_reduce_perf 2 procs $tag rc=$rc wrong=$w last: size=${size:-?} time_us=${us:-?} busbw_GBps=${busbw:-?} paths:${paths:-none}"
+        { [ "$rc" != 0 ] || [ "$w" != 0 ]; } && { status=1; grep -E 'WARN|error' "$logs/procs_ar_$tag.out" | head -10; }
+        case "$paths" in *copy-engine*) ;; *) status=1; note "procs: the $tag run did not take copy-engine programs" ;; esac
+    done
 fi
 
 d2d=0

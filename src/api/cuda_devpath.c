@@ -12,14 +12,15 @@
  *
  * Ops are sized per runtime: on a GPU CHORUS_DEVICE_CHANNELS channels (4) of 8 slots of
  * CHORUS_DEVICE_SLOT_BYTES (64 KiB; LL: 4 KiB a slot, for ops up to 64 KiB), as rank 0 reads them
- * (the others take the world's); under the emulator, where host threads stand in for blocks, 2 channels of 4
- * slots of 4 KiB (LL: 512 bytes, ops up to 4 KiB), so tests wrap around the slots and take both
- * protocols with small buffers.
+ * (the others take the world's); under the emulator, where host threads stand in for blocks, 2
+ * channels of 4 slots of 4 KiB (LL: 512 bytes, ops up to 4 KiB), so tests wrap around the slots and
+ * take both protocols with small buffers.
  */
 #include "cuda_devpath.h"
 #include "cuda_devpath_ce.h"
 
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -191,6 +192,20 @@ static int dp_threads_one_device(const struct ncclComm *comm) {
     return 1;
 }
 
+/* 1 when every rank uses the same GPU of this host (by PCI bus id, else by index). */
+static int dp_one_gpu(const struct ncclComm *comm) {
+    const chorus_locality_t *me = &comm->peers[comm->rank];
+    for (int r = 0; r < comm->nranks; r++) {
+        const chorus_locality_t *p = &comm->peers[r];
+        if (!locality_same_host(p, me) || p->cuda_dev < 0) return 0;
+        if (p->gpu_bus_id[0] && me->gpu_bus_id[0]
+                ? strncmp(p->gpu_bus_id, me->gpu_bus_id, sizeof(p->gpu_bus_id)) != 0
+                : p->cuda_dev != me->cuda_dev)
+            return 0;
+    }
+    return 1;
+}
+
 /* 1 when every rank runs on this host. */
 static int dp_one_host(const struct ncclComm *comm) {
     const chorus_locality_t *me = &comm->peers[comm->rank];
@@ -239,9 +254,22 @@ static const ch_rt_t *dp_choose(const struct ncclComm *comm, int *mode, const ch
         *mode = DP_MODE_KERNEL;
         return ch_rt_emu();
     }
-    if (strcmp(path, "ce") == 0) {
-        *why = "CHORUS_DEVICE_PATH=ce: copy-engine programs are not wired on a GPU yet";
-        return NULL;
+    /* auto: copy-engine programs for processes sharing one GPU (a spinning kernel would hold
+     * the GPU for a whole time slice); whether this rank's GPU runs them is settled in
+     * dp_ce_setup, where every rank learns every other's answer. */
+    if (strcmp(path, "ce") == 0 || (strcmp(path, "auto") == 0 && !threads && dp_one_gpu(comm))) {
+        if (!dp_one_host(comm)) {
+            *why = "copy-engine programs need every rank on one host";
+            return NULL;
+        }
+        for (int r = 0; r < comm->nranks; r++) {
+            if (comm->peers[r].cuda_dev < 0 || ch_rt_cuda() == NULL) {
+                *why = "copy-engine programs need a GPU on every rank";
+                return NULL;
+            }
+        }
+        *mode = DP_MODE_CE;
+        return ch_rt_cuda();
     }
     if (!threads) {
         *why = "the kernel needs ranks that are threads of one process on one device";
@@ -270,13 +298,31 @@ static void dp_attach(struct ncclComm *comm, devpath_comm_t *dp) {
          dp->sz.nch, dp->sz.nslots, dp->sz.slot_bytes);
 }
 
+/* Copy-engine programs: on a GPU 2 channels of 8 slots of CHORUS_DEVICE_SLOT_BYTES (a channel's
+ * program runs after the previous one's on the stream), under the emulator the emulator's sizes.
+ * A rank whose GPU cannot run them says why, and every rank then stays staged. */
 static void dp_ce_init(struct ncclComm *comm, const ch_rt_t *rt) {
-    const dp_sizes_t *sz = &dp_sizes_emu;
-    dp_ce_t *ce = dp_ce_setup(comm, rt, sz->nch, sz->nslots, sz->slot_bytes);
+    dp_sizes_t gpu = {2, 8, 1 << 20, 0, 0, 2, 0};
+    gpu.slot_bytes = (size_t)chorus_param_int(PARAM_DEVICE_SLOT_BYTES) / 64 * 64;
+    const dp_sizes_t *sz = rt->emulated ? &dp_sizes_emu : &gpu;
+    const char *why = NULL;
+    int local_ok = 1;
+    if (!rt->emulated && (!chorus_cuda_available() || comm->cuda_dev < 0)) {
+        why = "no GPU";
+        local_ok = 0;
+    }
+    if (local_ok && dp_set_device(rt, comm->cuda_dev) != ncclSuccess) {
+        why = "cannot make the GPU current";
+        local_ok = 0;
+    }
+    if (local_ok && rt->ce_check(comm->cuda_dev, &why) != ncclSuccess) local_ok = 0;
+    if (!local_ok)
+        INFO(SUB_INIT, "rank %d: copy-engine programs cannot run here: %s", comm->rank, why);
+    dp_ce_t *ce = dp_ce_setup(comm, rt, local_ok, sz->nch, sz->nslots, sz->slot_bytes);
     if (ce == NULL) {
-        WARN("rank %d: the device path's shared connections could not be set up: device-buffer "
-             "ops run staged",
-             comm->rank);
+        WARN("rank %d: copy-engine programs could not be set up (%s): device-buffer ops run "
+             "staged",
+             comm->rank, why ? why : "a rank failed to; its log says why");
         return;
     }
     devpath_comm_t *dp = calloc(1, sizeof(*dp));
@@ -451,18 +497,32 @@ static ncclResult_t dp_launch(struct ncclComm *comm, devpath_comm_t *dp, int col
     return dp_track(comm, dp, a->stream);
 }
 
+/* What error word value e means, for messages. */
+static const char *dp_err_text(const devpath_comm_t *dp, uint32_t e, char *buf, size_t len) {
+    switch (e) {
+    case CH_ERR_MISMATCH:
+        return "the ranks called different collectives";
+    case CH_ERR_ABORT:
+        return "aborted";
+    case CH_ERR_TIMEOUT:
+        return "timed out";
+    case CH_ERR_PEER:
+        snprintf(buf, len, "peer rank %d ended", dp->ce ? dp_ce_dead_peer(dp->ce) : -1);
+        return buf;
+    default:
+        return "device error";
+    }
+}
+
 /* The error word as this call's result (and the comm's async error). */
 static ncclResult_t dp_check_err(struct ncclComm *comm, devpath_comm_t *dp, const char *api) {
     const uint32_t e = dp_err(dp);
     if (e == CH_OK) return ncclSuccess;
     ncclResult_t res = ch_error_result(e);
     comm_set_async_error(comm, res);
+    char buf[64];
     WARN("%s: rank %d: an earlier device op failed (%s): the communicator cannot run more", api,
-         comm->rank,
-         e == CH_ERR_MISMATCH  ? "the ranks called different collectives"
-         : e == CH_ERR_ABORT   ? "aborted"
-         : e == CH_ERR_TIMEOUT ? "timed out"
-                               : "device error");
+         comm->rank, dp_err_text(dp, e, buf, sizeof(buf)));
     return res;
 }
 
@@ -722,8 +782,11 @@ ncclResult_t devpath_drain(struct ncclComm *comm) {
     if (res == ncclSuccess) {
         const uint32_t e = dp_err(dp);
         if (e != CH_OK && !__atomic_load_n(&comm->abort_flag, __ATOMIC_ACQUIRE)) {
+            char buf[64];
             res = ch_error_result(e);
             comm_set_async_error(comm, res);
+            WARN("rank %d: device work failed: %s", comm->rank,
+                 dp_err_text(dp, e, buf, sizeof(buf)));
         }
     }
     return res;

@@ -2,14 +2,20 @@
  * cuda_devpath_ce.h: the device path between processes that share a device: copy-engine programs
  * (private to cuda_devpath.c and cuda_devpath_ce.c).
  *
- * Each rank allocates, as device memory other processes of the host can map (ch_rt_t ipc_*), the
- * receiving ends of its connections: for every channel and every sender, a control block and the
- * SIMPLE slots. Rank 0's block starts with the communicator's error word. The bootstrap allgather
- * hands out the handles and every rank maps every peer's block, so each rank can address every
- * connection. An op becomes one program per channel (ch_ce_build over the schedule; the next step
- * of every connection is kept here, on the host, from op to op), queued on the user's stream
- * (ce_launch). Programs exchange no op header: a mismatched op is not detected, its waits end at
- * CHORUS_TIMEOUT.
+ * Each rank allocates the receiving ends of its connections, for every channel and every sender:
+ * the SIMPLE slots in device memory other processes of the host can map (ch_rt_t ipc_*), the
+ * control blocks in host memory every rank maps and registers for the device (ch_rt_t
+ * host_register); rank 0's host block starts with the communicator's error word. The bootstrap
+ * allgather hands out the handles and every rank maps every peer's blocks, so each rank can
+ * address every connection. An op becomes one program per channel (ch_ce_build over the
+ * schedule; the next step of every connection is kept here, on the host, from op to op), queued
+ * on the user's stream (ce_launch). Programs exchange no op header: a mismatched op is not
+ * detected, its waits end at CHORUS_TIMEOUT.
+ *
+ * A stream wait cannot see the error word, so a watchdog thread per communicator turns a peer
+ * process that ended (CH_ERR_PEER, naming it), no progress within CHORUS_TIMEOUT
+ * (CH_ERR_TIMEOUT) and any error word set elsewhere (abort, a failed launch) into released waits:
+ * it writes the awaited counters from the host.
  */
 #ifndef CHORUS_CUDA_DEVPATH_CE_H_
 #define CHORUS_CUDA_DEVPATH_CE_H_
@@ -22,12 +28,15 @@
 struct ncclComm;
 typedef struct dp_ce dp_ce_t;
 
-/* Collective over comm's ranks (all of them call it, and all get NULL if any rank failed). */
-dp_ce_t *dp_ce_setup(struct ncclComm *comm, const ch_rt_t *rt, int nch, int nslots,
+/* Collective over comm's ranks (all of them call it, and all get NULL if any rank failed, or
+ * passed local_ok 0: its runtime cannot run the programs). */
+dp_ce_t *dp_ce_setup(struct ncclComm *comm, const ch_rt_t *rt, int local_ok, int nch, int nslots,
                      size_t slot_bytes);
 void dp_ce_free(dp_ce_t *ce);
 /* The error word (in rank 0's block, mapped here). */
 uint32_t *dp_ce_err(const dp_ce_t *ce);
+/* The rank a watchdog found dead (the error word is then CH_ERR_PEER), or -1. */
+int dp_ce_dead_peer(const dp_ce_t *ce);
 /* The ring table and slot size a plan over these connections uses. */
 const int *dp_ce_ring(const dp_ce_t *ce);
 size_t dp_ce_slot_bytes(const dp_ce_t *ce);

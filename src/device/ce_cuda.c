@@ -14,10 +14,14 @@
 
 typedef CUresult (*ce_wait64_fn)(CUstream, CUdeviceptr, cuuint64_t, unsigned int);
 typedef CUresult (*ce_write64_fn)(CUstream, CUdeviceptr, cuuint64_t, unsigned int);
+typedef CUresult (*ce_dev_get_fn)(CUdevice *, int);
+typedef CUresult (*ce_dev_attr_fn)(int *, CUdevice_attribute, CUdevice);
 
 static pthread_once_t ce_once = PTHREAD_ONCE_INIT;
 static ce_wait64_fn ce_wait64;
 static ce_write64_fn ce_write64;
+static ce_dev_get_fn ce_dev_get;
+static ce_dev_attr_fn ce_dev_attr;
 
 static void *ce_lookup_one(const char *name) {
     void *fn = NULL;
@@ -33,6 +37,8 @@ static void *ce_lookup_one(const char *name) {
 static void ce_lookup(void) {
     ce_wait64 = (ce_wait64_fn)ce_lookup_one("cuStreamWaitValue64");
     ce_write64 = (ce_write64_fn)ce_lookup_one("cuStreamWriteValue64");
+    ce_dev_get = (ce_dev_get_fn)ce_lookup_one("cuDeviceGet");
+    ce_dev_attr = (ce_dev_attr_fn)ce_lookup_one("cuDeviceGetAttribute");
 }
 
 static uint32_t ce_cu_result(const char *what, CUresult r) {
@@ -89,6 +95,35 @@ ncclResult_t ch_ce_cuda_ops(const ch_ce_ops_t **ops_p) {
         return ncclInvalidUsage;
     }
     *ops_p = &ce_cuda_table;
+    return ncclSuccess;
+}
+
+ncclResult_t ch_ce_cuda_check(int dev, const char **why) {
+    pthread_once(&ce_once, ce_lookup);
+    if (!ce_wait64 || !ce_write64 || !ce_dev_get || !ce_dev_attr) {
+        *why = "the CUDA driver gives no cuStreamWaitValue64/cuStreamWriteValue64";
+        return ncclInvalidUsage;
+    }
+    CUdevice d;
+    int mem_ops = 0, host_ptr = 0;
+    if (ce_dev_get(&d, dev) != CUDA_SUCCESS ||
+        ce_dev_attr(&mem_ops, CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS, d) !=
+            CUDA_SUCCESS ||
+        ce_dev_attr(&host_ptr, CU_DEVICE_ATTRIBUTE_CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM, d) !=
+            CUDA_SUCCESS) {
+        *why = "the CUDA driver did not answer the device attribute queries";
+        return ncclUnhandledCudaError;
+    }
+    if (!mem_ops) {
+        *why = "the device has no 64-bit stream memory operations "
+               "(CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS is 0)";
+        return ncclInvalidUsage;
+    }
+    if (!host_ptr) {
+        *why = "the device cannot use registered host memory at its host address "
+               "(CU_DEVICE_ATTRIBUTE_CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM is 0)";
+        return ncclInvalidUsage;
+    }
     return ncclSuccess;
 }
 

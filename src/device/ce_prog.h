@@ -88,6 +88,10 @@ extern const ch_ce_ops_t ch_ce_cpu_ops;
  * CH_ERR_CUDA, with a WARN, when enqueueing fails. *ops_p is NULL, with ncclInvalidUsage, where
  * the driver has no 64-bit stream memory operations. */
 ncclResult_t ch_ce_cuda_ops(const ch_ce_ops_t **ops_p);
+/* ncclSuccess when device dev runs the programs: the driver has the stream memory operations
+ * (CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS) and reaches registered host memory at its
+ * host address (the ctrl words live there); else *why says what is missing. */
+ncclResult_t ch_ce_cuda_check(int dev, const char **why);
 #endif
 
 #ifdef __cplusplus

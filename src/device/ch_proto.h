@@ -39,8 +39,16 @@
 
 #include "ch_hd.h"
 
-/* Error word values. CH_ERR_CUDA: a CUDA call that enqueues a program's operation failed. */
-enum { CH_OK = 0, CH_ERR_ABORT = 1, CH_ERR_MISMATCH = 2, CH_ERR_TIMEOUT = 3, CH_ERR_CUDA = 4 };
+/* Error word values. CH_ERR_CUDA: a CUDA call that enqueues a program's operation failed;
+ * CH_ERR_PEER: a peer process ended while others still waited for it (copy-engine programs). */
+enum {
+    CH_OK = 0,
+    CH_ERR_ABORT = 1,
+    CH_ERR_MISMATCH = 2,
+    CH_ERR_TIMEOUT = 3,
+    CH_ERR_CUDA = 4,
+    CH_ERR_PEER = 5
+};
 enum { CH_PROTO_SIMPLE = 0, CH_PROTO_LL = 1 };
 
 /* Spins between two calls of the side's check. */

@@ -12,6 +12,13 @@
  *    memfd that a peer maps through /proc/<pid>/fd. CHORUS_DEVICE_EMU=1 selects it; tests reach
  *    its streams and memory through ch_rt_emu.h.
  *
+ * Processes sharing a device (copy-engine programs): ipc_* export device memory to the other
+ * processes of the host (CUDA IPC handles; the emulator's memfd), host_register makes host memory
+ * that processes share (a memfd each maps) reachable by the device at the same address, and
+ * ce_launch queues programs whose waits and writes the device front end runs (GPU:
+ * cuStreamWaitValue64/cuStreamWriteValue64, looked up through the runtime, so the library needs no
+ * driver to load). ce_check says whether a device can run them.
+ *
  * Streams are the caller's (a cudaStream_t, or an emulated stream; NULL is the default stream).
  * Events order nothing: they tell the host when the work queued before them has run (drain at
  * finalize/destroy). Every call returns at once except dev_alloc/free and memcpy_h2d, which are
@@ -30,12 +37,16 @@
 extern "C" {
 #endif
 
-/* What another process of this host needs to map a block of device memory. */
+/* What another process of this host needs to map a block of device memory: the emulator's memfd
+ * (pid, fd) or the CUDA IPC handle (cuda: a cudaIpcMemHandle_t); ptr is the owner's address
+ * (a peer in the same process maps nothing and uses it). */
 typedef struct {
     int64_t pid;
     int64_t fd;
     uint64_t bytes;
-    uint64_t pad[5];
+    uint64_t ptr;
+    uint64_t pad[4];
+    unsigned char cuda[64];
 } ch_ipc_handle_t;
 
 typedef struct {
@@ -59,14 +70,22 @@ typedef struct {
     ncclResult_t (*event_record)(void *ev, void *stream);
     int (*event_query)(void *ev);
     void (*event_destroy)(void *ev);
-    /* Processes sharing a device (NULL where the runtime does not have them yet: the CUDA table).
-     * ipc_alloc: zeroed device memory and its handle; ipc_open: map a peer's block; ipc_free:
-     * unmap a block (own or opened). */
+    /* Processes sharing a device. ipc_alloc: zeroed device memory and its handle; ipc_open: map
+     * a peer's block; ipc_free: free an own block, unmap an opened one. */
     ncclResult_t (*ipc_alloc)(void **p, size_t bytes, ch_ipc_handle_t *h);
     ncclResult_t (*ipc_open)(const ch_ipc_handle_t *h, void **p);
     void (*ipc_free)(void *p, size_t bytes);
-    /* Queue copy-engine programs (ce_prog.h) on stream, one after the other; their waits poll
-     * the error word err. */
+    /* Host memory shared between processes (page aligned), made reachable by the device at its
+     * host address (the ctrl words the programs wait on, which the host can also write), and
+     * undone. */
+    ncclResult_t (*host_register)(void *p, size_t bytes);
+    void (*host_unregister)(void *p);
+    /* ncclSuccess when device dev can run copy-engine programs, else why not (*why, static). */
+    ncclResult_t (*ce_check)(int dev, const char **why);
+    /* Queue copy-engine programs (ce_prog.h) on stream, one after the other. Like a GPU's stream
+     * waits, their waits end only when the value comes (the host releases them on an error by
+     * writing the awaited words); err gets CH_ERR_CUDA when queuing fails, and under the
+     * emulator CH_ERR_TIMEOUT past twice CHORUS_TIMEOUT (a safety net a GPU does not have). */
     ncclResult_t (*ce_launch)(const ch_ce_prog_t *progs, int nprogs, const chorus_redop_t *rop,
                               uint32_t *err, void *stream);
 } ch_rt_t;

@@ -1,6 +1,8 @@
 /*
  * ch_rt_cuda.c: the device runtime on a GPU (see ch_rt.h): each entry is one CUDA runtime call
- * (two for a zeroed allocation), run on the caller's current device.
+ * (two for a zeroed allocation, three for an exported one), run on the caller's current device.
+ * Blocks opened from other processes are remembered, so ipc_free knows to close rather than free
+ * them (and leaves alone a block of a peer in this process, used at its own address).
  */
 #include "ch_rt.h"
 
@@ -8,6 +10,10 @@
 
 #if CHORUS_HAVE_CUDA
 #include <cuda_runtime.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
 
 static ncclResult_t cuda_rt_fail(const char *what, cudaError_t e) {
     (void)cudaGetLastError();
@@ -80,6 +86,129 @@ static void cuda_rt_event_destroy(void *ev) {
     if (ev && cudaEventDestroy((cudaEvent_t)ev) != cudaSuccess) (void)cudaGetLastError();
 }
 
+/* ---- processes sharing the GPU ----------------------------------------------------------- */
+
+_Static_assert(sizeof(cudaIpcMemHandle_t) <= sizeof(((ch_ipc_handle_t *)0)->cuda),
+               "ch_ipc_handle_t carries a cudaIpcMemHandle_t");
+
+typedef struct {
+    void *p;
+    int opened; /* 1: cudaIpcOpenMemHandle, 0: own cudaMalloc */
+} cuda_rt_block_t;
+
+static pthread_mutex_t g_blocks_lock = PTHREAD_MUTEX_INITIALIZER;
+static cuda_rt_block_t *g_blocks;
+static size_t g_nblocks, g_cap_blocks;
+
+static int cuda_rt_remember(void *p, int opened) {
+    int ok = 1;
+    pthread_mutex_lock(&g_blocks_lock);
+    if (g_nblocks == g_cap_blocks) {
+        const size_t cap = g_cap_blocks ? 2 * g_cap_blocks : 64;
+        cuda_rt_block_t *b = realloc(g_blocks, cap * sizeof(*b));
+        if (b) {
+            g_blocks = b;
+            g_cap_blocks = cap;
+        } else {
+            ok = 0;
+        }
+    }
+    if (ok) {
+        g_blocks[g_nblocks].p = p;
+        g_blocks[g_nblocks].opened = opened;
+        g_nblocks++;
+    }
+    pthread_mutex_unlock(&g_blocks_lock);
+    if (!ok) WARN("device path: out of memory recording a shared device block");
+    return ok;
+}
+
+static ncclResult_t cuda_rt_ipc_alloc(void **p, size_t bytes, ch_ipc_handle_t *h) {
+    ncclResult_t res = cuda_rt_dev_alloc(p, bytes);
+    if (res != ncclSuccess) return res;
+    cudaIpcMemHandle_t mh;
+    cudaError_t e = cudaIpcGetMemHandle(&mh, *p);
+    if (e != cudaSuccess || !cuda_rt_remember(*p, 0)) {
+        (void)cudaFree(*p);
+        *p = NULL;
+        return e != cudaSuccess ? cuda_rt_fail("cudaIpcGetMemHandle", e) : ncclSystemError;
+    }
+    memset(h, 0, sizeof(*h));
+    h->pid = getpid();
+    h->bytes = bytes;
+    h->ptr = (uint64_t)(uintptr_t)*p;
+    memcpy(h->cuda, &mh, sizeof(mh));
+    return ncclSuccess;
+}
+
+static ncclResult_t cuda_rt_ipc_open(const ch_ipc_handle_t *h, void **p) {
+    if (h->pid == getpid()) { /* a peer in this process: its block at its own address */
+        *p = (void *)(uintptr_t)h->ptr;
+        return ncclSuccess;
+    }
+    cudaIpcMemHandle_t mh;
+    memcpy(&mh, h->cuda, sizeof(mh));
+    cudaError_t e = cudaIpcOpenMemHandle(p, mh, cudaIpcMemLazyEnablePeerAccess);
+    if (e != cudaSuccess) return cuda_rt_fail("cudaIpcOpenMemHandle", e);
+    if (!cuda_rt_remember(*p, 1)) {
+        (void)cudaIpcCloseMemHandle(*p);
+        *p = NULL;
+        return ncclSystemError;
+    }
+    return ncclSuccess;
+}
+
+static void cuda_rt_ipc_free(void *p, size_t bytes) {
+    (void)bytes;
+    int found = 0, opened = 0;
+    pthread_mutex_lock(&g_blocks_lock);
+    for (size_t i = 0; i < g_nblocks && !found; i++) {
+        if (p != NULL && g_blocks[i].p == p) {
+            found = 1;
+            opened = g_blocks[i].opened;
+            g_blocks[i] = g_blocks[--g_nblocks];
+        }
+    }
+    pthread_mutex_unlock(&g_blocks_lock);
+    if (!found) return; /* a block of a peer in this process: its owner frees it */
+    cudaError_t e = opened ? cudaIpcCloseMemHandle(p) : cudaFree(p);
+    if (e != cudaSuccess) (void)cuda_rt_fail(opened ? "cudaIpcCloseMemHandle" : "cudaFree", e);
+}
+
+static ncclResult_t cuda_rt_host_register(void *p, size_t bytes) {
+    cudaError_t e = cudaHostRegister(p, bytes, cudaHostRegisterMapped | cudaHostRegisterPortable);
+    if (e != cudaSuccess) return cuda_rt_fail("cudaHostRegister", e);
+    void *dev = NULL;
+    e = cudaHostGetDevicePointer(&dev, p, 0);
+    if (e != cudaSuccess || dev != p) {
+        (void)cudaHostUnregister(p);
+        if (e != cudaSuccess) return cuda_rt_fail("cudaHostGetDevicePointer", e);
+        WARN("device path: registered host memory %p has another device address (%p)", p, dev);
+        return ncclInvalidUsage;
+    }
+    return ncclSuccess;
+}
+
+static void cuda_rt_host_unregister(void *p) {
+    if (p && cudaHostUnregister(p) != cudaSuccess) (void)cudaGetLastError();
+}
+
+static ncclResult_t cuda_rt_ce_launch(const ch_ce_prog_t *progs, int nprogs,
+                                      const chorus_redop_t *rop, uint32_t *err, void *stream) {
+    const ch_ce_ops_t *ops = NULL;
+    ncclResult_t res = ch_ce_cuda_ops(&ops);
+    if (res != ncclSuccess) return res;
+    for (int i = 0; i < nprogs; i++) {
+        /* A failed enqueue leaves the stream with part of a program: the caller fails the
+         * communicator, and the host releases what is queued. */
+        if (ch_ce_run(&progs[i], ops, stream, rop) != CH_OK) {
+            ch_set_once32(err, CH_ERR_CUDA);
+            return ncclUnhandledCudaError;
+        }
+    }
+    return ncclSuccess;
+}
+
 static const ch_rt_t g_cuda_rt = {
     .name = "cuda",
     .emulated = 0,
@@ -93,10 +222,13 @@ static const ch_rt_t g_cuda_rt = {
     .event_record = cuda_rt_event_record,
     .event_query = cuda_rt_event_query,
     .event_destroy = cuda_rt_event_destroy,
-    .ipc_alloc = NULL, /* processes sharing a GPU run staged (not wired to the runtime yet) */
-    .ipc_open = NULL,
-    .ipc_free = NULL,
-    .ce_launch = NULL,
+    .ipc_alloc = cuda_rt_ipc_alloc,
+    .ipc_open = cuda_rt_ipc_open,
+    .ipc_free = cuda_rt_ipc_free,
+    .host_register = cuda_rt_host_register,
+    .host_unregister = cuda_rt_host_unregister,
+    .ce_check = ch_ce_cuda_check,
+    .ce_launch = cuda_rt_ce_launch,
 };
 
 const ch_rt_t *ch_rt_cuda(void) {

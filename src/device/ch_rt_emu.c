@@ -8,14 +8,15 @@
  * block of the kernel does, with the host reduction kernels. The waits of an emulated block have
  * the CHORUS_TIMEOUT deadline (a GPU block has none: there the host's drain writes the error word
  * once its own deadline passes). Copy-engine programs run on the stream's thread, one after the
- * other, with the host kernels (ch_cpu_ce_run). Shared memory between processes: a memfd that a
- * peer opens through /proc/<pid>/fd/<fd> and maps.
+ * other, with the host kernels; their waits end as a GPU's do (emu_ce_wait). Shared memory
+ * between processes: a memfd that a peer opens through /proc/<pid>/fd/<fd> and maps.
  */
 #include "ch_rt_emu.h"
 
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -178,6 +179,52 @@ static void emu_run_launch(const ch_kernel_args_t *a) {
     free(started);
 }
 
+/* Copy-engine programs run as a GPU's front end runs them: a wait ends only when its value comes
+ * (the error word does not end it: on an error the host writes the awaited words), with twice
+ * CHORUS_TIMEOUT from the start of the item as the emulator's safety net (the host's own
+ * deadline, CHORUS_TIMEOUT without progress, comes first). */
+typedef struct {
+    uint32_t *err;
+    int64_t deadline;
+} emu_ce_ctx_t;
+
+static uint32_t emu_ce_wait(void *ctx, uint64_t *addr, uint64_t value) {
+    const emu_ce_ctx_t *c = (const emu_ce_ctx_t *)ctx;
+    for (unsigned spins = 0; ch_ld_acquire(addr) < value; spins++) {
+        if (spins % 64 != 63) continue;
+        if (ch_host_now_ns() > c->deadline) {
+            WARN("device emulator: a copy-engine wait (%llu) passed twice CHORUS_TIMEOUT",
+                 (unsigned long long)value);
+            return ch_set_once32(c->err, CH_ERR_TIMEOUT);
+        }
+        sched_yield();
+    }
+    return CH_OK;
+}
+
+static uint32_t emu_ce_write(void *ctx, uint64_t *addr, uint64_t value) {
+    (void)ctx;
+    return ch_ce_cpu_ops.write(NULL, addr, value);
+}
+
+static uint32_t emu_ce_copy(void *ctx, void *dst, const void *src, size_t bytes) {
+    (void)ctx;
+    return ch_ce_cpu_ops.copy(NULL, dst, src, bytes);
+}
+
+static uint32_t emu_ce_reduce(void *ctx, int shape, void *dst, const void *in, const void *acc,
+                              size_t count, const chorus_redop_t *rop) {
+    (void)ctx;
+    return ch_ce_cpu_ops.reduce(NULL, shape, dst, in, acc, count, rop);
+}
+
+static const ch_ce_ops_t emu_ce_ops = {
+    .wait_geq = emu_ce_wait,
+    .write = emu_ce_write,
+    .copy = emu_ce_copy,
+    .reduce = emu_ce_reduce,
+};
+
 static void *emu_stream_main(void *arg) {
     ch_emu_stream_t *s = (ch_emu_stream_t *)arg;
     pthread_mutex_lock(&s->lock);
@@ -190,9 +237,9 @@ static void *emu_stream_main(void *arg) {
         if (it->kind == EMU_LAUNCH) {
             emu_run_launch(&it->args);
         } else if (it->kind == EMU_CE) {
-            const int64_t deadline = ch_host_now_ns() + emu_timeout_ns();
+            emu_ce_ctx_t ctx = {it->err, ch_host_now_ns() + 2 * emu_timeout_ns()};
             for (int i = 0; i < it->nprogs; i++)
-                if (ch_cpu_ce_run(&it->progs[i], &it->rop, it->err, deadline) != CH_OK) break;
+                if (ch_ce_run(&it->progs[i], &emu_ce_ops, &ctx, &it->rop) != CH_OK) break;
             for (int i = 0; i < it->nprogs; i++)
                 ch_ce_prog_free(&it->progs[i]);
             free(it->progs);
@@ -446,6 +493,22 @@ static void emu_ipc_free(void *p, size_t bytes) {
     munmap(p, size);
 }
 
+static ncclResult_t emu_host_register(void *p, size_t bytes) {
+    (void)p;
+    (void)bytes;
+    return ncclSuccess; /* the emulator's "device" reaches all host memory */
+}
+
+static void emu_host_unregister(void *p) {
+    (void)p;
+}
+
+static ncclResult_t emu_ce_check(int dev, const char **why) {
+    (void)dev;
+    (void)why;
+    return ncclSuccess;
+}
+
 static ncclResult_t emu_ce_launch(const ch_ce_prog_t *progs, int nprogs, const chorus_redop_t *rop,
                                   uint32_t *err, void *stream) {
     emu_item_t *it = calloc(1, sizeof(*it));
@@ -490,6 +553,9 @@ static const ch_rt_t g_emu_rt = {
     .ipc_alloc = emu_ipc_alloc,
     .ipc_open = emu_ipc_open,
     .ipc_free = emu_ipc_free,
+    .host_register = emu_host_register,
+    .host_unregister = emu_host_unregister,
+    .ce_check = emu_ce_check,
     .ce_launch = emu_ce_launch,
 };
 

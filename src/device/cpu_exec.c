@@ -55,6 +55,7 @@ ncclResult_t ch_error_result(uint32_t err) {
         return ncclInvalidUsage;
     case CH_ERR_ABORT:
     case CH_ERR_TIMEOUT:
+    case CH_ERR_PEER:
         return ncclRemoteError;
     case CH_ERR_CUDA:
         return ncclUnhandledCudaError;
@@ -330,13 +331,6 @@ out:
     free(b.bounce);
     free(b.stage);
     return e;
-}
-
-uint32_t ch_cpu_ce_run(const ch_ce_prog_t *prog, const chorus_redop_t *rop, uint32_t *err,
-                       int64_t deadline_ns) {
-    ch_host_deadline_t dl = {deadline_ns};
-    ch_wait_t wait = {.err = err, .spins = 0, .host = deadline_ns > 0 ? &dl : NULL};
-    return ch_ce_run(prog, &ch_ce_cpu_ops, &wait, rop);
 }
 
 int64_t ch_host_now_ns(void) {

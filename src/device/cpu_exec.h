@@ -73,12 +73,6 @@ int ch_cpu_ring_rank(int nranks, int c, int pos);
 uint32_t ch_cpu_block(const ch_kernel_args_t *a, int c, int64_t deadline_ns);
 int64_t ch_host_now_ns(void);
 
-/* Run a copy-engine program (ce_prog.h) on the calling thread with the host kernels: its waits
- * poll the error word err and end at deadline_ns (0: none) with CH_ERR_TIMEOUT. */
-struct ch_ce_prog;
-uint32_t ch_cpu_ce_run(const struct ch_ce_prog *prog, const chorus_redop_t *rop, uint32_t *err,
-                       int64_t deadline_ns);
-
 /* This rank's header of an op (the fields a peer must agree on; see ch_proto.h). */
 void ch_op_hdr_make(ch_op_hdr_t *h, int coll, ncclDataType_t dtype, int redop_kind, size_t count,
                     int root, uint64_t seq);

@@ -4,8 +4,12 @@
 // int32, counts 1, 1001 and 1 Mi, in and out of place, 2 and 4 ranks; plus ops back to back on one
 // stream and a mismatched op (ncclInvalidUsage on every rank). The same cases run on the CPU under
 // the device emulator (tests/device/test_device_path.cc); here they check the kernel itself.
-// Skipped without a GPU.
+// CudaDevPathProcs: forked processes sharing GPU 0 take copy-engine programs (auto): every
+// collective between 2 and 3 processes, and a peer killed mid-op. Skipped without a GPU.
 #include <gtest/gtest.h>
+
+#include <signal.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdlib>
@@ -130,9 +134,10 @@ int run_op(const R &k, int coll, ncclDataType_t t, int op, size_t count, bool in
     return wrong ? 1 : 0;
 }
 
-void with_ranks(int n, const std::function<int(R &)> &fn, bool failed_comm = false) {
+void with_ranks(int n, const std::function<int(R &)> &fn, bool failed_comm = false,
+                chorus_test::Launch how = chorus_test::Launch::Threads) {
     ncclUniqueId id = chorus_test::make_unique_id();
-    auto res = chorus_test::run_threads(n, [&](int rank, int nr) -> int {
+    auto res = chorus_test::run_ranks(how, n, [&](int rank, int nr) -> int {
         RANK_CUDA(cudaSetDevice(0));
         R k;
         k.r = rank;
@@ -142,7 +147,7 @@ void with_ranks(int n, const std::function<int(R &)> &fn, bool failed_comm = fal
         RANK_CUDA(cudaMalloc(&k.sbuf, k.cap));
         RANK_CUDA(cudaMalloc(&k.rbuf, k.cap));
         RANK_NCCL(ncclCommInitRank(&k.comm, nr, id, rank));
-        RANK_CHECK(devpath_kernel_on(k.comm), "the communicator did not take the kernel path\n");
+        RANK_CHECK(devpath_kernel_on(k.comm), "the communicator did not take the device path\n");
         int bad = fn(k);
         ncclResult_t d = ncclCommDestroy(k.comm);
         if (!bad)
@@ -156,24 +161,25 @@ void with_ranks(int n, const std::function<int(R &)> &fn, bool failed_comm = fal
     EXPECT_TRUE(res.ok()) << res.detail;
 }
 
+int every_collective(R &k) {
+    for (int coll = 0; coll < CH_COLL_COUNT; coll++)
+        for (ncclDataType_t t : {ncclFloat32, ncclInt32})
+            for (int op : {(int)ncclSum, (int)ncclAvg, (int)ncclMax}) {
+                if (!reduces(coll) && op != ncclSum) continue;
+                for (size_t count : {(size_t)1, (size_t)1001, kMaxCount})
+                    for (bool inplace : {false, true}) {
+                        if (inplace && (coll == CH_COLL_SENDRECV || coll == CH_COLL_ALLTOALL))
+                            continue;
+                        if (run_op(k, coll, t, op, count, inplace)) return 1;
+                    }
+            }
+    return 0;
+}
+
 TEST_F(CudaDevPath, EveryCollectiveThreads) {
     for (int n : {2, 4}) {
         SCOPED_TRACE("n=" + std::to_string(n));
-        with_ranks(n, [&](R &k) -> int {
-            for (int coll = 0; coll < CH_COLL_COUNT; coll++)
-                for (ncclDataType_t t : {ncclFloat32, ncclInt32})
-                    for (int op : {(int)ncclSum, (int)ncclAvg, (int)ncclMax}) {
-                        if (!reduces(coll) && op != ncclSum) continue;
-                        for (size_t count : {(size_t)1, (size_t)1001, kMaxCount})
-                            for (bool inplace : {false, true}) {
-                                if (inplace &&
-                                    (coll == CH_COLL_SENDRECV || coll == CH_COLL_ALLTOALL))
-                                    continue;
-                                if (run_op(k, coll, t, op, count, inplace)) return 1;
-                            }
-                    }
-            return 0;
-        });
+        with_ranks(n, every_collective);
     }
 }
 
@@ -193,6 +199,75 @@ TEST_F(CudaDevPath, MismatchThreads) {
             return 0;
         },
         true);
+}
+
+// Processes sharing GPU 0: CHORUS_DEVICE_PATH=auto takes copy-engine programs (stream waits and
+// writes on counters in shared host memory, copies and reduction kernels over slots shared by
+// CUDA IPC). Each case forks its ranks, so it runs alone (ctest runs each in its own process).
+class CudaDevPathProcs : public ::testing::Test {
+  protected:
+    void SetUp() override {
+        SKIP_WITHOUT_GPU_PATH();
+        SKIP_IF_FORK_CANNOT_USE_CUDA();
+        unsetenv("CHORUS_DEVICE_PATH");
+        chorus_param_reset();
+    }
+};
+
+TEST_F(CudaDevPathProcs, EveryCollectiveForked) {
+    for (int n : {2, 3}) {
+        SCOPED_TRACE("n=" + std::to_string(n));
+        with_ranks(n, every_collective, false, chorus_test::Launch::Forked);
+    }
+}
+
+// A process killed in the middle of an op: the survivor's watchdog writes the counters its
+// stream waits on, so the stream ends (its result may be a CUDA error: the dead rank's device
+// block went with it) and the next call fails with ncclRemoteError naming the rank.
+TEST_F(CudaDevPathProcs, PeerKilledForked) {
+    setenv("CHORUS_TIMEOUT", "60", 1);
+    chorus_param_reset();
+    ncclUniqueId id = chorus_test::make_unique_id();
+    auto res = chorus_test::run_forked(
+        2,
+        [&](int rank, int nr) -> int {
+            RANK_CUDA(cudaSetDevice(0));
+            cudaStream_t st;
+            RANK_CUDA(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+            const size_t count = (size_t)64 << 20;
+            float *buf;
+            RANK_CUDA(cudaMalloc(&buf, count * sizeof(float)));
+            RANK_CUDA(cudaMemset(buf, 0, count * sizeof(float)));
+            ncclComm_t comm;
+            RANK_NCCL(ncclCommInitRank(&comm, nr, id, rank));
+            RANK_CHECK(devpath_kernel_on(comm), "the communicator did not take the device path\n");
+            RANK_NCCL(ncclAllReduce(buf, buf, 1001, ncclFloat32, ncclSum, comm, st));
+            RANK_CUDA(cudaStreamSynchronize(st));
+            RANK_NCCL(ncclAllReduce(buf, buf, count, ncclFloat32, ncclSum, comm, st));
+            if (rank == 1) {
+                usleep(5000);
+                raise(SIGKILL);
+            }
+            const double t0 = chorus_test::now_s();
+            cudaError_t e = cudaStreamSynchronize(st);
+            const double took = chorus_test::now_s() - t0;
+            fprintf(stderr, "rank %d: the stream ended after %.2f s: %s\n", rank, took,
+                    cudaGetErrorString(e));
+            RANK_CHECK(took < 20, "the survivor's stream ended after %.1f s\n", took);
+            ncclResult_t next = ncclAllReduce(buf, buf, 1001, ncclFloat32, ncclSum, comm, st);
+            RANK_CHECK(next == ncclRemoteError, "the next call: %s\n", ncclGetErrorString(next));
+            const std::string why = ncclGetLastError(comm);
+            RANK_CHECK(why.find("peer rank 1 ended") != std::string::npos,
+                       "the error does not name the dead rank: %s\n", why.c_str());
+            RANK_NCCL(ncclCommAbort(comm));
+            return 0;
+        },
+        120);
+    unsetenv("CHORUS_TIMEOUT");
+    chorus_param_reset();
+    EXPECT_FALSE(res.timed_out) << res.detail;
+    EXPECT_EQ(res.failed, 1) << res.detail;
+    EXPECT_NE(res.detail.find("rank 1: signal 9"), std::string::npos) << res.detail;
 }
 
 } // namespace

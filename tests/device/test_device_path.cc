@@ -6,9 +6,14 @@
 // of place, 1-8 ranks; ops back to back on one stream (the connections' counters persist across
 // launches); a group of collectives and sends/receives; a mismatched op (ncclInvalidUsage on
 // every rank); an abort that releases a launch waiting for a peer; finalize draining the stream;
-// a launch whose peer never calls ending at CHORUS_TIMEOUT. Each call's launch is counted
-// on its stream, so a call that the device path did not take fails the test.
+// a launch whose peer never calls ending at CHORUS_TIMEOUT. Copy-engine programs between forked
+// and thread ranks, with the watchdog's releases: a peer killed mid-op, an abort, a deadline.
+// Each call's launch is counted on its stream, so a call that the device path did not take fails
+// the test.
 #include <gtest/gtest.h>
+
+#include <signal.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -17,6 +22,7 @@
 #include <cstring>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "device/ch_plan.h"
@@ -506,6 +512,170 @@ TEST_F(DevicePath, CopyEngineThreads) {
     });
     unsetenv("CHORUS_DEVICE_PATH");
     chorus_param_reset();
+}
+
+// Sets an environment variable and re-reads the parameters; the old value comes back at scope end.
+struct ScopedEnv {
+    std::string name, old;
+    bool had;
+    ScopedEnv(const char *n, const char *v) : name(n) {
+        const char *o = getenv(n);
+        had = o != nullptr;
+        old = o ? o : "";
+        setenv(n, v, 1);
+        chorus_param_reset();
+    }
+    ~ScopedEnv() {
+        if (had)
+            setenv(name.c_str(), old.c_str(), 1);
+        else
+            unsetenv(name.c_str());
+        chorus_param_reset();
+    }
+};
+
+// A forked peer killed in the middle of an op: the survivors' watchdogs see its liveness lock
+// gone while they still wait for it, set the error word and write the counters their streams
+// wait on, so the op ends well within CHORUS_TIMEOUT (60 s here; the emulator's own safety net
+// is twice that), the next call fails with ncclRemoteError naming the dead rank, and abort is
+// quick. The killed rank is the one failure the launcher reports. 2 processes (rank 1 killed)
+// and 3 (rank 0 killed).
+TEST_F(DevicePath, CopyEnginePeerKilledForked) {
+    ScopedEnv timeout("CHORUS_TIMEOUT", "60");
+    // Rank 0's host block holds the error word: the survivors keep it mapped after rank 0 dies.
+    for (auto nv : {std::make_pair(2, 1), std::make_pair(3, 0)}) {
+        const int n = nv.first, victim = nv.second;
+        SCOPED_TRACE("n=" + std::to_string(n) + " victim=" + std::to_string(victim));
+        ncclUniqueId id = chorus_test::make_unique_id();
+        auto res = chorus_test::run_forked(
+            n,
+            [&](int rank, int nr) -> int {
+                ch_emu_stream_t *st = ch_emu_stream_create();
+                RANK_CHECK(st != nullptr, "no emulated stream\n");
+                ncclComm_t comm;
+                RANK_NCCL(ncclCommInitRank(&comm, nr, id, rank));
+                Rank k{comm, st, rank, nr, false};
+                const size_t count = (size_t)4 << 20;
+                Bufs b;
+                make_bufs(k, CH_COLL_ALLREDUCE, ncclFloat32, ncclSum, count, false, &b);
+                // A first op that every rank completes: the connections work.
+                RANK_NCCL(ncclAllReduce(b.in, b.out, 1001, ncclFloat32, ncclSum, comm, k.stream()));
+                RANK_NCCL(ch_emu_stream_sync(st));
+                RANK_CHECK(ch_emu_stream_launches(st) == 1, "the first op did not launch\n");
+                RANK_NCCL(
+                    ncclAllReduce(b.in, b.out, count, ncclFloat32, ncclSum, comm, k.stream()));
+                if (rank == victim) {
+                    usleep(2000); // its stream is under way, far from done
+                    raise(SIGKILL);
+                }
+                const double t0 = chorus_test::now_s();
+                RANK_NCCL(ch_emu_stream_sync(st));
+                const double took = chorus_test::now_s() - t0;
+                RANK_CHECK(took < 20, "the survivor's stream ended after %.1f s\n", took);
+                ncclResult_t next =
+                    ncclAllReduce(b.in, b.out, 1001, ncclFloat32, ncclSum, comm, k.stream());
+                RANK_CHECK(next == ncclRemoteError, "the next call: %s\n",
+                           ncclGetErrorString(next));
+                const std::string why = ncclGetLastError(comm);
+                RANK_CHECK(why.find("peer rank " + std::to_string(victim) + " ended") !=
+                               std::string::npos,
+                           "the error does not name the dead rank: %s\n", why.c_str());
+                ncclResult_t async = ncclSuccess;
+                RANK_NCCL(ncclCommGetAsyncError(comm, &async));
+                RANK_CHECK(async == ncclRemoteError, "async error %s\n", ncclGetErrorString(async));
+                const double t1 = chorus_test::now_s();
+                RANK_NCCL(ncclCommAbort(comm));
+                RANK_CHECK(chorus_test::now_s() - t1 < 20, "abort took %.1f s\n",
+                           chorus_test::now_s() - t1);
+                ch_emu_stream_destroy(st);
+                return 0;
+            },
+            100);
+        EXPECT_FALSE(res.timed_out) << res.detail;
+        EXPECT_EQ(res.failed, 1) << res.detail;
+        EXPECT_NE(res.detail.find("rank " + std::to_string(victim) + ": signal 9"),
+                  std::string::npos)
+            << res.detail;
+    }
+}
+
+// ncclCommAbort on a rank whose copy-engine program waits for a peer that never calls: the
+// error word it sets makes the watchdog write the awaited counters, so the stream's work ends at
+// once rather than at the emulator's safety net (twice CHORUS_TIMEOUT, 60 s here).
+TEST_F(DevicePath, CopyEngineAbortReleasesThreads) {
+    ScopedEnv path("CHORUS_DEVICE_PATH", "ce");
+    ScopedEnv timeout("CHORUS_TIMEOUT", "30");
+    ncclUniqueId id = chorus_test::make_unique_id();
+    std::atomic<int> aborted{0};
+    auto res = chorus_test::run_threads(2, [&](int rank, int nr) -> int {
+        ch_emu_stream_t *st = ch_emu_stream_create();
+        ncclComm_t comm;
+        RANK_NCCL(ncclCommInitRank(&comm, nr, id, rank));
+        Rank k{comm, st, rank, nr, false};
+        if (rank == 0) {
+            Bufs b;
+            make_bufs(k, CH_COLL_ALLREDUCE, ncclFloat32, ncclSum, 100000, false, &b);
+            RANK_NCCL(
+                ncclAllReduce(b.in, b.out, 100000, ncclFloat32, ncclSum, comm, (cudaStream_t)st));
+            std::this_thread::sleep_for(std::chrono::milliseconds(300));
+            RANK_CHECK(ch_emu_stream_launches(st) == 0, "the program ended without its peer\n");
+            const double t0 = chorus_test::now_s();
+            RANK_NCCL(ncclCommAbort(comm));
+            const double took = chorus_test::now_s() - t0;
+            RANK_CHECK(ch_emu_stream_launches(st) == 1, "abort returned before the program\n");
+            RANK_CHECK(took < 10, "abort took %.1f s\n", took);
+            aborted = 1;
+        } else {
+            while (!aborted)
+                std::this_thread::sleep_for(std::chrono::milliseconds(10));
+            ncclResult_t d = ncclCommDestroy(comm);
+            RANK_CHECK(d == ncclSuccess || d == ncclRemoteError, "destroy: %s\n",
+                       ncclGetErrorString(d));
+        }
+        ch_emu_stream_destroy(st);
+        return 0;
+    });
+    EXPECT_TRUE(res.ok()) << res.detail;
+}
+
+// A copy-engine program whose peer never calls: the watchdog sees no counter move for
+// CHORUS_TIMEOUT (3 s) and releases the waits, before the emulator's safety net (6 s).
+TEST_F(DevicePath, CopyEngineDeadlineThreads) {
+    ScopedEnv path("CHORUS_DEVICE_PATH", "ce");
+    ScopedEnv timeout("CHORUS_TIMEOUT", "3");
+    ncclUniqueId id = chorus_test::make_unique_id();
+    std::atomic<int> done{0};
+    auto res = chorus_test::run_threads(2, [&](int rank, int nr) -> int {
+        ch_emu_stream_t *st = ch_emu_stream_create();
+        ncclComm_t comm;
+        RANK_NCCL(ncclCommInitRank(&comm, nr, id, rank));
+        Rank k{comm, st, rank, nr, false};
+        if (rank == 0) {
+            Bufs b;
+            make_bufs(k, CH_COLL_ALLREDUCE, ncclInt32, ncclSum, 5000, false, &b);
+            const double t0 = chorus_test::now_s();
+            RANK_NCCL(ncclAllReduce(b.in, b.out, 5000, ncclInt32, ncclSum, comm, (cudaStream_t)st));
+            RANK_NCCL(ch_emu_stream_sync(st));
+            const double took = chorus_test::now_s() - t0;
+            RANK_CHECK(took >= 2.5 && took < 5.5, "the program ended after %.1f s\n", took);
+            const std::string why = ncclGetLastError(comm);
+            RANK_CHECK(why.find("no progress within CHORUS_TIMEOUT") != std::string::npos,
+                       "not the watchdog's deadline: %s\n", why.c_str());
+            ncclResult_t async = ncclSuccess;
+            RANK_NCCL(ncclCommGetAsyncError(comm, &async));
+            RANK_CHECK(async == ncclRemoteError, "async error %s\n", ncclGetErrorString(async));
+            done = 1;
+        } else {
+            while (!done)
+                std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        }
+        ncclResult_t d = ncclCommDestroy(comm);
+        RANK_CHECK(d == ncclSuccess || d == ncclRemoteError, "destroy: %s\n",
+                   ncclGetErrorString(d));
+        ch_emu_stream_destroy(st);
+        return 0;
+    });
+    EXPECT_TRUE(res.ok()) << res.detail;
 }
 
 } // namespace
