@@ -11,7 +11,7 @@
 # run does, each step under its own time limit, with logs in logdir:
 #   alltests every test_cuda case, each in its own process (not in the default sections)
 #   tests    test_cuda's CudaDevPath cases (the collective kernel on the GPU, thread ranks)
-#   procs    processes sharing the GPU (copy-engine programs, CHORUS_DEVICE_PATH=auto): test_cuda's
+#   procs    processes sharing the GPU (copy-engine programs, CHORUS_DEVICE_PATH=ce): test_cuda's
 #            forked cases each in a process of its own (CudaDevPathProcs.*, CudaColl.*Forked),
 #            then all_reduce_perf with 2 processes under chorusrun, every dtype and op, checked,
 #            and a 256 MiB one (busbw), each with the path it took read from its INIT log
@@ -116,7 +116,7 @@ if has procs; then
         read -r tag args <<< "$run"
         budget 280 "procs all_reduce $tag" || break
         # shellcheck disable=SC2086
-        CHORUS_TIMEOUT=30 NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT timeout -k 5 120 "$bin/chorusrun" -n 2 \
+        CHORUS_DEVICE_PATH=ce CHORUS_TIMEOUT=30 NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT timeout -k 5 120 "$bin/chorusrun" -n 2 \
             "$bin/all_reduce_perf" $args -m device > "$logs/procs_ar_$tag.out" 2>&1 < /dev/null
         rc=$?
         paths=$(grep -oE 'device-buffer ops run (as copy-engine programs|as the collective kernel|staged[^(]*)' \

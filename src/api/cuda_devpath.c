@@ -254,10 +254,16 @@ static const ch_rt_t *dp_choose(const struct ncclComm *comm, int *mode, const ch
         *mode = DP_MODE_KERNEL;
         return ch_rt_emu();
     }
-    /* auto: copy-engine programs for processes sharing one GPU (a spinning kernel would hold
-     * the GPU for a whole time slice); whether this rank's GPU runs them is settled in
-     * dp_ce_setup, where every rank learns every other's answer. */
-    if (strcmp(path, "ce") == 0 || (strcmp(path, "auto") == 0 && !threads && dp_one_gpu(comm))) {
+    /* Processes sharing one GPU: copy-engine programs (a spinning kernel would hold the GPU for
+     * a whole time slice); whether this rank's GPU runs them is settled in dp_ce_setup, where
+     * every rank learns every other's answer. Under auto they stay staged until the programs
+     * have run on a GPU (they are checked under the emulator only); =ce takes them. */
+    if (strcmp(path, "auto") == 0 && !threads && dp_one_gpu(comm)) {
+        *why = "CHORUS_DEVICE_PATH=auto keeps processes sharing a GPU staged (copy-engine "
+               "programs: =ce)";
+        return NULL;
+    }
+    if (strcmp(path, "ce") == 0) {
         if (!dp_one_host(comm)) {
             *why = "copy-engine programs need every rank on one host";
             return NULL;

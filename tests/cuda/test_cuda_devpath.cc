@@ -4,7 +4,7 @@
 // int32, counts 1, 1001 and 1 Mi, in and out of place, 2 and 4 ranks; plus ops back to back on one
 // stream and a mismatched op (ncclInvalidUsage on every rank). The same cases run on the CPU under
 // the device emulator (tests/device/test_device_path.cc); here they check the kernel itself.
-// CudaDevPathProcs: forked processes sharing GPU 0 take copy-engine programs (auto): every
+// CudaDevPathProcs: forked processes sharing GPU 0 take copy-engine programs (=ce): every
 // collective between 2 and 3 processes, and a peer killed mid-op. Skipped without a GPU.
 #include <gtest/gtest.h>
 
@@ -201,7 +201,7 @@ TEST_F(CudaDevPath, MismatchThreads) {
         true);
 }
 
-// Processes sharing GPU 0: CHORUS_DEVICE_PATH=auto takes copy-engine programs (stream waits and
+// Processes sharing GPU 0: CHORUS_DEVICE_PATH=ce takes copy-engine programs (stream waits and
 // writes on counters in shared host memory, copies and reduction kernels over slots shared by
 // CUDA IPC). Each case forks its ranks, so it runs alone (ctest runs each in its own process).
 class CudaDevPathProcs : public ::testing::Test {
@@ -209,6 +209,10 @@ class CudaDevPathProcs : public ::testing::Test {
     void SetUp() override {
         SKIP_WITHOUT_GPU_PATH();
         SKIP_IF_FORK_CANNOT_USE_CUDA();
+        setenv("CHORUS_DEVICE_PATH", "ce", 1);
+        chorus_param_reset();
+    }
+    void TearDown() override {
         unsetenv("CHORUS_DEVICE_PATH");
         chorus_param_reset();
     }
