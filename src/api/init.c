@@ -3,7 +3,7 @@
  * ncclCommInitAll, and the init sequence they share (comm_init_run):
  *
  *   parameters -> bootstrap (rendezvous through the unique id) -> this rank's locality record ->
- *   allgather of every rank's record -> topology (rings, channels, transport per edge) ->
+ *   allgather of every rank's record -> channels (the topology's rings, transport per edge) ->
  *   optional eager connect of the ring connections (CHORUS_CONNECT=eager) -> collective engine.
  *
  * Every step that waits for peers goes through the bootstrap or a transport, which both honour
@@ -30,7 +30,6 @@
 #include "cuda_util.h"
 #include "cuda_enqueue.h"
 #include "param.h"
-#include "topo.h"
 
 _Static_assert(sizeof(chorus_unique_id_t) <= NCCL_UNIQUE_ID_BYTES, "unique id too large");
 
@@ -141,7 +140,7 @@ ncclResult_t comm_init_run(struct ncclComm *comm, const ncclUniqueId *id) {
     }
 
     comm_fill_transport_ctx(comm);
-    CHECK_GOTO(topo_build(comm), res, fail);
+    CHECK_GOTO(coll_channels_build(comm), res, fail);
     /* config.maxCTAs caps the channel count (NCCL's CTAs are Chorus's channels); every rank gets
      * the same config, so every rank drops the same channels. */
     if (comm->nchannels > comm->config.maxCTAs) {
