@@ -47,33 +47,6 @@ ncclResult_t ncclGetUniqueId(ncclUniqueId *uniqueId) {
     return ncclSuccess;
 }
 
-/* ---- eager ring connections ---------------------------------------------------------------- */
-
-/* Connect every channel's send (to next) and recv (from prev) connection. A connection's two ends
- * call transport_connect at the same time; ranks at even ring positions connect their send side
- * first and odd ones their recv side first, so that no cycle of ranks waits on each other even if
- * a transport's setup blocks until the peer answers. The tag names the connection by channel and
- * sending rank, which keeps the two directions apart when prev == next (2 ranks). */
-static ncclResult_t connect_rings(struct ncclComm *comm) {
-    if (comm->nranks == 1) return ncclSuccess;
-    for (int c = 0; c < comm->nchannels; c++) {
-        chorus_channel_t *ch = &comm->channels[c];
-        /* The same tags as coll_connect_rings. */
-        int send_tag = coll_setup_tag(CORE_TAG_RING, c, comm->nranks, comm->rank);
-        int recv_tag = coll_setup_tag(CORE_TAG_RING, c, comm->nranks, ch->prev);
-        for (int step = 0; step < 2; step++) {
-            int do_send = ((ch->index & 1) == 0) == (step == 0);
-            if (do_send)
-                CHECK(transport_connect(&comm->tctx, &ch->send, ch->next, 1, c, send_tag));
-            else
-                CHECK(transport_connect(&comm->tctx, &ch->recv, ch->prev, 0, c, recv_tag));
-        }
-        ch->connected = 1;
-    }
-    INFO(SUB_INIT, "connected all rings (%d channels)", comm->nchannels);
-    return ncclSuccess;
-}
-
 /* ---- the init sequence ---------------------------------------------------------------------- */
 
 ncclResult_t comm_init_run(struct ncclComm *comm, const ncclUniqueId *id) {
@@ -148,7 +121,10 @@ ncclResult_t comm_init_run(struct ncclComm *comm, const ncclUniqueId *id) {
              comm->config.maxCTAs, comm->nchannels);
         comm->nchannels = comm->config.maxCTAs;
     }
-    if (comm->connect_eager) CHECK_GOTO(connect_rings(comm), res, fail);
+    if (comm->connect_eager) {
+        CHECK_GOTO(coll_connect_rings(comm), res, fail);
+        INFO(SUB_INIT, "connected all rings (%d channels)", comm->nchannels);
+    }
     CHECK_GOTO(coll_engine_create(comm), res, fail);
     cuda_enqueue_comm_init(comm); /* CUDA path: worker and staging before any op (GPU comms) */
 

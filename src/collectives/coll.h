@@ -20,6 +20,11 @@ struct ncclComm;
 ncclResult_t coll_channels_build(struct ncclComm *comm);
 void coll_channels_free(struct ncclComm *comm);
 
+/* Connect every channel's ring connections not connected yet (send to next, receive from prev):
+ * the first collective that needs them, or init with CHORUS_CONNECT=eager (coll_connect.c).
+ * After a failed setup the rest still tell their peers; the first error is returned. */
+ncclResult_t coll_connect_rings(struct ncclComm *comm);
+
 ncclResult_t coll_engine_create(struct ncclComm *comm);
 /* Complete (finalize=1) or drop (abort) outstanding ops, join the progress thread, free. */
 ncclResult_t coll_engine_finalize(struct ncclComm *comm);

@@ -106,8 +106,7 @@ size_t prim_chunk_elems(size_t slot_bytes, size_t esize);
 void coll_op_fail(coll_op_t *op, ncclResult_t res, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
-/* connect.c */
-ncclResult_t coll_connect_rings(struct ncclComm *comm);
+/* coll_connect.c (coll_connect_rings: coll.h) */
 /* Make sure the p2p connections listed exist (send_peers/recv_peers: flags per rank). */
 ncclResult_t coll_connect_p2p(struct ncclComm *comm, const uint8_t *send_peers,
                               const uint8_t *recv_peers);
