@@ -36,7 +36,7 @@
  *
  * Every chunk goes through prim_step, so the first chunk on a connection carries the op header,
  * dead peers and error chunks are reported naming the rank, and the engine's waiter owns
- * deadlines and aborts. coll_xfer_drive (xfer_drive.c) walks each transfer through its items
+ * deadlines and aborts. coll_xfer_drive (xfer_drive.h) walks each transfer through its items
  * (coll_xfer_t.off the next, .bytes how many), as for the tree all-reduce. Hosts with different
  * rank counts, one host or one rank per host are refused (supports() is false; the layout says
  * why, which the tuner puts in the plan).
@@ -49,6 +49,7 @@
 #include "check.h"
 #include "coll_model.h"
 #include "coll_ring.h"
+#include "xfer_drive.h"
 #include "comm.h"
 
 typedef struct {

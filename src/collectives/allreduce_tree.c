@@ -30,6 +30,7 @@
  */
 #include "check.h"
 #include "coll_ring.h"
+#include "xfer_drive.h"
 #include "comm.h"
 
 /* The links of label `me` in the balanced in-order tree over labels 0..n-1. */

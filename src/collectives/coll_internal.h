@@ -55,37 +55,6 @@ ncclResult_t prim_step(coll_op_t *op, coll_use_t *recv, coll_use_t *send, const 
  * is done and the connection's line moves on. *ok_p = 1 when the transfer is done (also when it
  * already was). */
 ncclResult_t prim_xfer_chunk(coll_op_t *op, coll_xfer_t *x, const coll_chunk_t *c, int *ok_p);
-/* xfer_drive.c: transfers that each carry a sequence of items (chunks) known at both ends of
- * the connection (tree and hierarchical all-reduce). x->bytes holds transfer x's item count and
- * x->off its next item (x->items is set, so the stall WARNs count chunks); the algorithm says which
- * items carry a chunk and moves them. */
-typedef struct {
-    /* Transfer xi has a chunk at item idx; the others are skipped alike at both ends. */
-    int (*has)(coll_op_t *op, const void *ctx, int xi, long idx);
-    /* Try to move item idx of transfer xi: *ok_p = 1 when it moved, 0 when its inputs or the
-     * connection are not ready yet. */
-    ncclResult_t (*move)(coll_op_t *op, const void *ctx, int xi, long idx, int *ok_p);
-} coll_xfer_items_t;
-/* Move every transfer of op through its items in order, as far as it can without blocking,
- * once its connection's line serves it; a send is done once its direct chunks are consumed.
- * ctx goes to the callbacks. *done_p gets the algorithm's progress answer (coll_algo_t.progress). */
-ncclResult_t coll_xfer_drive(coll_op_t *op, const coll_xfer_items_t *items, const void *ctx,
-                             int *done_p);
-/* The double binary trees of the tree and hierarchical all-reduce: a peer's role in tree t, two
- * bits per tree in coll_xfer_t.round; item (piece or column) p runs in tree p % 2. */
-enum { COLL_TREE_NONE = 0, COLL_TREE_PARENT = 1, COLL_TREE_CHILD0 = 2, COLL_TREE_CHILD1 = 3 };
-static inline int coll_xfer_tree_role(const coll_xfer_t *x, long p) {
-    return (x->round >> (2 * (p & 1))) & 3;
-}
-/* The transfer to (is_send) or from peer at index `from` or above; NULL when there is none. */
-static inline coll_xfer_t *coll_xfer_find(coll_op_t *op, int from, int peer, int is_send) {
-    for (int i = from; i < op->nxfer; i++)
-        if (op->xfer[i].peer == peer && op->xfer[i].is_send == is_send) return &op->xfer[i];
-    return NULL;
-}
-/* Give peer (-1: none) `role` in tree t on its send and receive transfers at index `from` or
- * above, adding them to op->xfer when missing (setup; op->xfer has room). */
-void coll_xfer_add_tree_role(coll_op_t *op, int from, int peer, int t, int role);
 /* Sender side: all direct chunks consumed (poll). */
 ncclResult_t prim_send_drained(coll_op_t *op, coll_use_t *send, int *ok_p);
 /* Failure handling: post error chunks, drain; *ok_p = 1 when finished with the connection. */
