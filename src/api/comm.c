@@ -18,7 +18,6 @@
 #include "api.h"
 #include "cuda_devpath.h"
 #include "cuda_enqueue.h"
-#include "topo.h"
 
 #define REG_SLOTS 4096 /* live communicators per process (a power of two) */
 #define REG_TOMB ((struct ncclComm *)(uintptr_t)1)
@@ -185,7 +184,7 @@ void comm_free(struct ncclComm *comm) {
     }
     free(comm->p2p_send);
     free(comm->p2p_recv);
-    topo_free(comm);
+    coll_channels_free(comm);
     free(comm->peers);
     if (comm->bs) bootstrap_close(comm->bs);
     comm->bs = NULL;

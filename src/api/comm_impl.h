@@ -42,6 +42,5 @@ uint64_t comm_hash_bytes(const void *data, size_t len);
 
 /* Bootstrap tags used by the core (the transports use others; see init.c). */
 #define CORE_TAG_SPLIT 0x53500000 /* + split sequence number (low 16 bits) */
-#define CORE_TAG_RING 0x52490000  /* + channel * nranks + sender, eager ring connect */
 
 #endif

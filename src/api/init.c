@@ -3,7 +3,7 @@
  * ncclCommInitAll, and the init sequence they share (comm_init_run):
  *
  *   parameters -> bootstrap (rendezvous through the unique id) -> this rank's locality record ->
- *   allgather of every rank's record -> topology (rings, channels, transport per edge) ->
+ *   allgather of every rank's record -> channels (the topology's rings, transport per edge) ->
  *   optional eager connect of the ring connections (CHORUS_CONNECT=eager) -> collective engine.
  *
  * Every step that waits for peers goes through the bootstrap or a transport, which both honour
@@ -30,7 +30,6 @@
 #include "cuda_util.h"
 #include "cuda_enqueue.h"
 #include "param.h"
-#include "topo.h"
 
 _Static_assert(sizeof(chorus_unique_id_t) <= NCCL_UNIQUE_ID_BYTES, "unique id too large");
 
@@ -45,33 +44,6 @@ ncclResult_t ncclGetUniqueId(ncclUniqueId *uniqueId) {
     memcpy(uniqueId->internal, &id, sizeof(id));
     INFO(SUB_INIT, "unique id 0x%llx made",
          (unsigned long long)comm_hash_bytes(uniqueId, sizeof(*uniqueId)));
-    return ncclSuccess;
-}
-
-/* ---- eager ring connections ---------------------------------------------------------------- */
-
-/* Connect every channel's send (to next) and recv (from prev) connection. A connection's two ends
- * call transport_connect at the same time; ranks at even ring positions connect their send side
- * first and odd ones their recv side first, so that no cycle of ranks waits on each other even if
- * a transport's setup blocks until the peer answers. The tag names the connection by channel and
- * sending rank, which keeps the two directions apart when prev == next (2 ranks). */
-static ncclResult_t connect_rings(struct ncclComm *comm) {
-    if (comm->nranks == 1) return ncclSuccess;
-    for (int c = 0; c < comm->nchannels; c++) {
-        chorus_channel_t *ch = &comm->channels[c];
-        /* The same tags as coll_connect_rings. */
-        int send_tag = coll_setup_tag(CORE_TAG_RING, c, comm->nranks, comm->rank);
-        int recv_tag = coll_setup_tag(CORE_TAG_RING, c, comm->nranks, ch->prev);
-        for (int step = 0; step < 2; step++) {
-            int do_send = ((ch->index & 1) == 0) == (step == 0);
-            if (do_send)
-                CHECK(transport_connect(&comm->tctx, &ch->send, ch->next, 1, c, send_tag));
-            else
-                CHECK(transport_connect(&comm->tctx, &ch->recv, ch->prev, 0, c, recv_tag));
-        }
-        ch->connected = 1;
-    }
-    INFO(SUB_INIT, "connected all rings (%d channels)", comm->nchannels);
     return ncclSuccess;
 }
 
@@ -141,7 +113,7 @@ ncclResult_t comm_init_run(struct ncclComm *comm, const ncclUniqueId *id) {
     }
 
     comm_fill_transport_ctx(comm);
-    CHECK_GOTO(topo_build(comm), res, fail);
+    CHECK_GOTO(coll_channels_build(comm), res, fail);
     /* config.maxCTAs caps the channel count (NCCL's CTAs are Chorus's channels); every rank gets
      * the same config, so every rank drops the same channels. */
     if (comm->nchannels > comm->config.maxCTAs) {
@@ -149,7 +121,10 @@ ncclResult_t comm_init_run(struct ncclComm *comm, const ncclUniqueId *id) {
              comm->config.maxCTAs, comm->nchannels);
         comm->nchannels = comm->config.maxCTAs;
     }
-    if (comm->connect_eager) CHECK_GOTO(connect_rings(comm), res, fail);
+    if (comm->connect_eager) {
+        CHECK_GOTO(coll_connect_rings(comm), res, fail);
+        INFO(SUB_INIT, "connected all rings (%d channels)", comm->nchannels);
+    }
     CHECK_GOTO(coll_engine_create(comm), res, fail);
     cuda_enqueue_comm_init(comm); /* CUDA path: worker and staging before any op (GPU comms) */
 

@@ -36,9 +36,10 @@
  *
  * Every chunk goes through prim_step, so the first chunk on a connection carries the op header,
  * dead peers and error chunks are reported naming the rank, and the engine's waiter owns
- * deadlines and aborts (coll_xfer_t.off counts items, .bytes holds the transfer's item count for
- * the stall WARNs). Hosts with different rank counts, one host or one rank per host are
- * refused (supports() is false; the layout says why, which the tuner puts in the plan).
+ * deadlines and aborts. coll_xfer_drive (xfer_drive.h) walks each transfer through its items
+ * (coll_xfer_t.off the next, .bytes how many), as for the tree all-reduce. Hosts with different
+ * rank counts, one host or one rank per host are refused (supports() is false; the layout says
+ * why, which the tuner puts in the plan).
  */
 #include <stdatomic.h>
 #include <stdio.h>
@@ -48,10 +49,8 @@
 #include "check.h"
 #include "coll_model.h"
 #include "coll_ring.h"
+#include "xfer_drive.h"
 #include "comm.h"
-
-/* Tree roles, two bits per tree in coll_xfer_t.round (as allreduce_tree.c). */
-enum { HT_NONE = 0, HT_PARENT = 1, HT_CHILD0 = 2, HT_CHILD1 = 3 };
 
 typedef struct {
     int rank;
@@ -173,19 +172,13 @@ static size_t hier_chunk(const coll_op_t *op, const hier_view_t *v, int s, long 
     return beg;
 }
 
-static coll_xfer_t *hier_xfer(coll_op_t *op, int from, int peer, int is_send) {
-    for (int i = from; i < op->nxfer; i++)
-        if (op->xfer[i].peer == peer && op->xfer[i].is_send == is_send) return &op->xfer[i];
-    return NULL;
-}
-
 /* Transfer x has moved item idx (or has none there). */
 static int hier_moved(const coll_xfer_t *x, long idx) {
     return x && (x->done || (long)x->off > idx);
 }
 
 static int hier_tree_moved(coll_op_t *op, const hier_view_t *v, int peer, int is_send, long k) {
-    return hier_moved(hier_xfer(op, v->nintra, peer, is_send), k);
+    return hier_moved(coll_xfer_find(op, v->nintra, peer, is_send), k);
 }
 
 /* Column k's chunk of this rank's shard has every local contribution folded in. */
@@ -201,10 +194,6 @@ static int hier_final(coll_op_t *op, const hier_view_t *v, long k) {
                              : hier_tree_moved(op, v, last, 0, k);
 }
 
-static int hier_role(const coll_xfer_t *x, long k) {
-    return (x->round >> (2 * (k & 1))) & 3;
-}
-
 /* Item idx of transfer xi: the chunk it moves (*len 0: none). */
 static size_t hier_item(coll_op_t *op, const hier_view_t *v, int xi, long idx, size_t *len) {
     const coll_xfer_t *x = &op->xfer[xi];
@@ -216,14 +205,23 @@ static size_t hier_item(coll_op_t *op, const hier_view_t *v, int xi, long idx, s
         const int s = (x->is_send != phase3) ? j : v->l;
         return hier_chunk(op, v, s, k, len);
     }
-    if (hier_role(x, idx) == HT_NONE) {
+    if (coll_xfer_tree_role(x, idx) == COLL_TREE_NONE) {
         *len = 0;
         return 0;
     }
     return hier_chunk(op, v, v->l, idx, len);
 }
 
-static ncclResult_t hier_event(coll_op_t *op, const hier_view_t *v, int xi, long idx, int *ok_p) {
+/* Transfer xi has a chunk at item idx (coll_xfer_drive skips the empty ones). */
+static int hier_has(coll_op_t *op, const void *ctx, int xi, long idx) {
+    size_t len;
+    hier_item(op, ctx, xi, idx, &len);
+    return len > 0;
+}
+
+/* Try to move item idx of transfer xi: *ok_p = 1 when it moved. */
+static ncclResult_t hier_move(coll_op_t *op, const void *ctx, int xi, long idx, int *ok_p) {
+    const hier_view_t *v = ctx;
     coll_xfer_t *x = &op->xfer[xi];
     size_t len;
     const size_t beg = hier_item(op, v, xi, idx, &len);
@@ -264,10 +262,10 @@ static ncclResult_t hier_event(coll_op_t *op, const hier_view_t *v, int xi, long
         }
     } else {
         const long k = idx;
-        const int t = (int)(k & 1), role = hier_role(x, k);
+        const int t = (int)(k & 1), role = coll_xfer_tree_role(x, k);
         const int parent = v->parent[t], c0 = v->child[t][0], c1 = v->child[t][1];
         const int last = c1 >= 0 ? c1 : c0;
-        if (x->is_send && role == HT_PARENT) {
+        if (x->is_send && role == COLL_TREE_PARENT) {
             if (last < 0 ? !hier_local_done(op, v, k) : !hier_tree_moved(op, v, last, 0, k))
                 return ncclSuccess;
             cc.kind = PRIM_SEND; /* through the slots: out gets the result later */
@@ -277,19 +275,20 @@ static ncclResult_t hier_event(coll_op_t *op, const hier_view_t *v, int xi, long
             cc.kind = PRIM_SEND;
             cc.in = out;
             cc.direct_ok = 1;
-        } else if (role == HT_PARENT) {
+        } else if (role == COLL_TREE_PARENT) {
             if (!hier_tree_moved(op, v, parent, 1, k)) return ncclSuccess;
             cc.kind = PRIM_RECV;
             cc.dst = out;
             cc.recv_direct_ok = 1;
         } else {
-            if (role == HT_CHILD0 ? !hier_local_done(op, v, k) : !hier_tree_moved(op, v, c0, 0, k))
+            if (role == COLL_TREE_CHILD0 ? !hier_local_done(op, v, k)
+                                         : !hier_tree_moved(op, v, c0, 0, k))
                 return ncclSuccess;
             cc.kind = PRIM_RECV_COMBINE;
             cc.in = out;
             cc.dst = out;
             cc.recv_direct_ok = 1;
-            finish = parent < 0 && (role == HT_CHILD1 || c1 < 0);
+            finish = parent < 0 && (role == COLL_TREE_CHILD1 || c1 < 0);
         }
     }
     CHECK(prim_step(op, x->is_send ? NULL : &x->use, x->is_send ? &x->use : NULL, &cc, ok_p));
@@ -309,20 +308,6 @@ size_t coll_hier_chunk_elems(const coll_op_t *op, int local) {
     }
     want = CHORUS_ALIGN_UP(want, align);
     return CHORUS_MAX(align, CHORUS_MIN(want, max));
-}
-
-static void hier_add_role(coll_op_t *op, int from, int peer, int t, int role) {
-    if (peer < 0) return;
-    for (int is_send = 1; is_send >= 0; is_send--) {
-        coll_xfer_t *x = hier_xfer(op, from, peer, is_send);
-        if (x == NULL) {
-            x = &op->xfer[op->nxfer++];
-            memset(x, 0, sizeof(*x));
-            x->peer = peer;
-            x->is_send = is_send;
-        }
-        x->round |= role << (2 * t);
-    }
 }
 
 static _Atomic uint64_t hier_stat_ops; /* ops set up in this process (tests check it ran) */
@@ -361,66 +346,23 @@ static ncclResult_t hier_setup(coll_op_t *op) {
     hier_view_t v;
     hier_view(op, &v);
     for (int t = 0; t < 2; t++) {
-        hier_add_role(op, nintra, v.parent[t], t, HT_PARENT);
-        hier_add_role(op, nintra, v.child[t][0], t, HT_CHILD0);
-        hier_add_role(op, nintra, v.child[t][1], t, HT_CHILD1);
+        coll_xfer_add_tree_role(op, nintra, v.parent[t], t, COLL_TREE_PARENT);
+        coll_xfer_add_tree_role(op, nintra, v.child[t][0], t, COLL_TREE_CHILD0);
+        coll_xfer_add_tree_role(op, nintra, v.child[t][1], t, COLL_TREE_CHILD1);
     }
-    /* Items per transfer, for the stall WARNs ("k of N"). */
-    for (int i = 0; i < op->nxfer; i++)
+    /* Items per transfer (coll_xfer_drive): a local connection carries every column twice. */
+    for (int i = 0; i < op->nxfer; i++) {
         op->xfer[i].bytes = (size_t)(i < nintra ? 2 * v.ncol : v.ncol);
+        op->xfer[i].items = 1;
+    }
     return ncclSuccess;
 }
 
 static ncclResult_t hier_progress(coll_op_t *op, int *done_p) {
-    struct coll_engine *e = op->engine;
+    static const coll_xfer_items_t items = {.has = hier_has, .move = hier_move};
     hier_view_t v;
     hier_view(op, &v);
-    int moved = 0, pass_moved, all;
-    do {
-        pass_moved = 0;
-        all = 1;
-        for (int i = 0; i < op->nxfer; i++) {
-            coll_xfer_t *x = &op->xfer[i];
-            if (x->done) continue;
-            uint64_t *served =
-                x->is_send ? &e->p2p_send_served[x->peer] : &e->p2p_recv_served[x->peer];
-            if (*served != x->use.ticket) {
-                all = 0;
-                continue;
-            }
-            x->started = 1;
-            const long nitems = i < v.nintra ? 2 * v.ncol : v.ncol;
-            for (;;) {
-                long p = (long)x->off;
-                size_t len = 0;
-                while (p < nitems) {
-                    hier_item(op, &v, i, p, &len);
-                    if (len > 0) break;
-                    p++;
-                }
-                x->off = (size_t)p;
-                if (p >= nitems) break;
-                int ok;
-                CHECK(hier_event(op, &v, i, p, &ok));
-                if (!ok) break;
-                x->off = (size_t)p + 1;
-                pass_moved = 1;
-            }
-            if ((long)x->off >= nitems) {
-                int ok = 1;
-                if (x->is_send) CHECK(prim_send_drained(op, &x->use, &ok));
-                if (ok) {
-                    x->done = 1;
-                    (*served)++;
-                    pass_moved = 1;
-                }
-            }
-            all &= x->done;
-        }
-        moved |= pass_moved;
-    } while (pass_moved && !all);
-    *done_p = all ? 1 : moved ? 2 : 0;
-    return ncclSuccess;
+    return coll_xfer_drive(op, &items, &v, done_p);
 }
 
 const coll_algo_t coll_algo_allreduce_hier = {

@@ -19,7 +19,7 @@
  * Each rank holds one transfer per connection and direction it uses (to and from its parents and
  * children of both trees, at most 6 peers), and moves its chunks on a connection in piece order:
  * in one tree an edge carries one chunk per piece in each direction, so both ends of a connection
- * know its chunk sequence (x->off is the next piece the transfer has to look at). A chunk moves
+ * know its chunk sequence (coll_xfer_drive walks each transfer through the pieces). A chunk moves
  * when its own inputs are there (the children's chunks of the piece for a send up, the parent's
  * for a send down) and the connection has room; every dependency points to the same piece earlier
  * in its tree or to an earlier piece, so the pieces flow through the trees without a cycle and up
@@ -28,14 +28,10 @@
  * the op header (mismatches fail with ncclInvalidUsage naming both sides), error chunks and dead
  * peers are reported naming the rank, and the engine's waiter owns deadlines and aborts.
  */
-#include <string.h>
-
 #include "check.h"
 #include "coll_ring.h"
+#include "xfer_drive.h"
 #include "comm.h"
-
-/* Roles of a transfer's peer in one tree (two bits per tree in coll_xfer_t.round). */
-enum { TREE_NONE = 0, TREE_PARENT = 1, TREE_CHILD0 = 2, TREE_CHILD1 = 3 };
 
 /* The links of label `me` in the balanced in-order tree over labels 0..n-1. */
 static void tree_links_label(int n, int me, int *parent, int child[2]) {
@@ -101,32 +97,10 @@ static long tree_npieces(const coll_op_t *op) {
     return 2 * (long)CHORUS_DIV_UP(big, op->chunk_elems);
 }
 
-static int tree_role(const coll_xfer_t *x, long p) { return (x->round >> (2 * (p & 1))) & 3; }
-
-static coll_xfer_t *tree_xfer(coll_op_t *op, int peer, int is_send) {
-    for (int i = 0; i < op->nxfer; i++)
-        if (op->xfer[i].peer == peer && op->xfer[i].is_send == is_send) return &op->xfer[i];
-    return NULL;
-}
-
 /* Whether the transfer to/from peer has moved its chunk of piece p (it has one there). */
 static int tree_moved(coll_op_t *op, int peer, int is_send, long p) {
-    const coll_xfer_t *x = tree_xfer(op, peer, is_send);
+    const coll_xfer_t *x = coll_xfer_find(op, 0, peer, is_send);
     return x && (x->done || (long)x->off > p);
-}
-
-static void tree_add_role(coll_op_t *op, int peer, int t, int role) {
-    if (peer < 0) return;
-    for (int is_send = 1; is_send >= 0; is_send--) {
-        coll_xfer_t *x = tree_xfer(op, peer, is_send);
-        if (x == NULL) {
-            x = &op->xfer[op->nxfer++];
-            memset(x, 0, sizeof(*x));
-            x->peer = peer;
-            x->is_send = is_send;
-        }
-        x->round |= role << (2 * t);
-    }
 }
 
 size_t coll_tree_chunk_elems(const coll_op_t *op) {
@@ -152,17 +126,33 @@ static ncclResult_t tree_setup(coll_op_t *op) {
     tree_t tr;
     tree_get(comm, &tr);
     for (int t = 0; t < 2; t++) {
-        tree_add_role(op, tr.parent[t], t, TREE_PARENT);
-        tree_add_role(op, tr.child[t][0], t, TREE_CHILD0);
-        tree_add_role(op, tr.child[t][1], t, TREE_CHILD1);
+        coll_xfer_add_tree_role(op, 0, tr.parent[t], t, COLL_TREE_PARENT);
+        coll_xfer_add_tree_role(op, 0, tr.child[t][0], t, COLL_TREE_CHILD0);
+        coll_xfer_add_tree_role(op, 0, tr.child[t][1], t, COLL_TREE_CHILD1);
+    }
+    /* Every transfer walks the op's pieces (coll_xfer_drive); tree_has skips the others'. */
+    const long np = tree_npieces(op);
+    for (int i = 0; i < op->nxfer; i++) {
+        op->xfer[i].bytes = (size_t)np;
+        op->xfer[i].items = 1;
     }
     return ncclSuccess;
 }
 
-/* Try to move transfer x's chunk of piece p: *ok_p = 1 when it moved. */
-static ncclResult_t tree_event(coll_op_t *op, const tree_t *tr, coll_xfer_t *x, long p,
-                               int *ok_p) {
-    const int t = (int)(p & 1), role = tree_role(x, p);
+/* Transfer xi has a chunk of piece p: the piece is not empty and the peer has a role in its
+ * tree. */
+static int tree_has(coll_op_t *op, const void *ctx, int xi, long p) {
+    (void)ctx;
+    size_t beg, len;
+    tree_piece(op, p, &beg, &len);
+    return len > 0 && coll_xfer_tree_role(&op->xfer[xi], p) != COLL_TREE_NONE;
+}
+
+/* Try to move transfer xi's chunk of piece p: *ok_p = 1 when it moved. */
+static ncclResult_t tree_move(coll_op_t *op, const void *ctx, int xi, long p, int *ok_p) {
+    const tree_t *tr = ctx;
+    coll_xfer_t *x = &op->xfer[xi];
+    const int t = (int)(p & 1), role = coll_xfer_tree_role(x, p);
     const int parent = tr->parent[t], c0 = tr->child[t][0], c1 = tr->child[t][1];
     const int last_child = c1 >= 0 ? c1 : c0; /* -1: a leaf */
     size_t beg, len;
@@ -174,7 +164,7 @@ static ncclResult_t tree_event(coll_op_t *op, const tree_t *tr, coll_xfer_t *x, 
     cc.count = len;
     *ok_p = 0;
     int finish = 0; /* the root's last fold of the piece: apply post() after it */
-    if (x->is_send && role == TREE_PARENT) {
+    if (x->is_send && role == COLL_TREE_PARENT) {
         if (last_child < 0) { /* leaf: pre(in) up */
             cc.kind = PRIM_PREP_SEND;
             cc.in = in;
@@ -189,12 +179,12 @@ static ncclResult_t tree_event(coll_op_t *op, const tree_t *tr, coll_xfer_t *x, 
         cc.kind = PRIM_SEND;
         cc.in = out;
         cc.direct_ok = 1; /* final output: it stays put until the op completes */
-    } else if (role == TREE_PARENT) { /* the result from the parent */
+    } else if (role == COLL_TREE_PARENT) { /* the result from the parent */
         if (!tree_moved(op, parent, 1, p)) return ncclSuccess;
         cc.kind = PRIM_RECV;
         cc.dst = out;
         cc.recv_direct_ok = 1;
-    } else if (role == TREE_CHILD0) { /* out = pre(in) (+) first child's */
+    } else if (role == COLL_TREE_CHILD0) { /* out = pre(in) (+) first child's */
         cc.kind = PRIM_RECV_REDUCE;
         cc.in = in;
         cc.dst = out;
@@ -214,60 +204,15 @@ static ncclResult_t tree_event(coll_op_t *op, const tree_t *tr, coll_xfer_t *x, 
 }
 
 static ncclResult_t tree_progress(coll_op_t *op, int *done_p) {
-    struct coll_engine *e = op->engine;
     if (op->comm->nranks == 1) {
         coll_local_reduce(op, op->recvbuff, op->sendbuff, op->count);
         *done_p = 1;
         return ncclSuccess;
     }
+    static const coll_xfer_items_t items = {.has = tree_has, .move = tree_move};
     tree_t tr;
     tree_get(op->comm, &tr);
-    const long np = tree_npieces(op);
-    int moved = 0, pass_moved, all;
-    do {
-        pass_moved = 0;
-        all = 1;
-        for (int i = 0; i < op->nxfer; i++) {
-            coll_xfer_t *x = &op->xfer[i];
-            if (x->done) continue;
-            uint64_t *served =
-                x->is_send ? &e->p2p_send_served[x->peer] : &e->p2p_recv_served[x->peer];
-            if (*served != x->use.ticket) {
-                all = 0;
-                continue;
-            }
-            x->started = 1;
-            for (;;) {
-                long p = (long)x->off;
-                size_t beg, len;
-                while (p < np) {
-                    tree_piece(op, p, &beg, &len);
-                    if (len > 0 && tree_role(x, p) != TREE_NONE) break;
-                    p++;
-                }
-                x->off = (size_t)p;
-                if (p >= np) break;
-                int ok;
-                CHECK(tree_event(op, &tr, x, p, &ok));
-                if (!ok) break;
-                x->off = (size_t)p + 1;
-                pass_moved = 1;
-            }
-            if ((long)x->off >= np) {
-                int ok = 1;
-                if (x->is_send) CHECK(prim_send_drained(op, &x->use, &ok));
-                if (ok) {
-                    x->done = 1;
-                    (*served)++;
-                    pass_moved = 1;
-                }
-            }
-            all &= x->done;
-        }
-        moved |= pass_moved;
-    } while (pass_moved && !all);
-    *done_p = all ? 1 : moved ? 2 : 0;
-    return ncclSuccess;
+    return coll_xfer_drive(op, &items, &tr, done_p);
 }
 
 const coll_algo_t coll_algo_allreduce_tree = {

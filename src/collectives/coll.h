@@ -2,7 +2,8 @@
  * coll.h: what the communicator's lifecycle (src/api) needs from the collective engine.
  *
  * The engine owns the per-communicator queue of nonblocking ops and the optional progress thread.
- * The API layer creates it after topology and destroys it before the transports close.
+ * The API layer builds the channels and creates the engine after the locality allgather, and
+ * destroys the engine before the transports close.
  */
 #ifndef CHORUS_COLL_H_
 #define CHORUS_COLL_H_
@@ -12,6 +13,17 @@
 #include "nccl.h"
 
 struct ncclComm;
+
+/* The channels (each one's ring, place and neighbours, channels.c) and the transport of the edge
+ * to each peer, from the topology's rings; needs the locality records and the transport context.
+ * coll_channels_free frees what it allocated, also after a failure. */
+ncclResult_t coll_channels_build(struct ncclComm *comm);
+void coll_channels_free(struct ncclComm *comm);
+
+/* Connect every channel's ring connections not connected yet (send to next, receive from prev):
+ * the first collective that needs them, or init with CHORUS_CONNECT=eager (coll_connect.c).
+ * After a failed setup the rest still tell their peers; the first error is returned. */
+ncclResult_t coll_connect_rings(struct ncclComm *comm);
 
 ncclResult_t coll_engine_create(struct ncclComm *comm);
 /* Complete (finalize=1) or drop (abort) outstanding ops, join the progress thread, free. */

@@ -4,8 +4,10 @@
  * Ring connections (every channel's send to next and recv from prev) are made at the first
  * collective that needs them; all ranks call the same collective, so both ends of each connection
  * arrive together. Even ring positions connect their send side first and odd ones their receive
- * side first, so no cycle waits even if setup blocks until the peer answers; the tags are the
- * core's eager-connect tags, so eager and lazy connections are the same thing.
+ * side first, so no cycle waits even if setup blocks until the peer answers. CHORUS_CONNECT=eager
+ * makes the same connections at init (coll_connect_rings from src/api/init.c). The tag names a
+ * connection by channel and sending rank, which keeps the two directions apart when prev == next
+ * (2 ranks).
  *
  * Point-to-point connections are made when a group (or a single call) first needs them. Every
  * connection is named by its pair (lo, hi) and its direction; each rank sets its connections up in
@@ -37,7 +39,7 @@
 #include "util.h"
 #include "log.h"
 
-#define COLL_TAG_RING 0x52490000 /* same as the core's CORE_TAG_RING (eager connect) */
+#define COLL_TAG_RING 0x52490000 /* + channel * nranks + sending rank */
 #define COLL_TAG_P2P 0x50320000  /* + lo * nranks + hi, direction from the transport's role */
 #define COLL_CONNECT_ALL_MAX_RANKS COLL_ONESHOT_MAX_RANKS
 

@@ -50,10 +50,9 @@ typedef enum {
 const char *coll_kind_name(int coll);
 
 /* Header carried at the start of an op's first chunk on every connection. 40 bytes: with 8 bytes
- * of payload the whole first chunk of a small all-reduce fits the first line of a shared-memory slot
- * header (48 of the 176 bytes it carries inline, shm.h), so the receiver gets it in the one cache
- * line it polls. The data
- * after it stays 8-byte aligned; the kernels take any alignment. */
+ * of payload the whole first chunk of a small all-reduce fits the first line of a shared-memory
+ * slot header (48 of the 176 bytes it carries inline, shm.h), so the receiver gets it in the one
+ * cache line it polls. The data after it stays 8-byte aligned; the kernels take any alignment. */
 #define COLL_HDR_BYTES 40
 #define COLL_HDR_MAGIC 0x32484843u           /* "CHH2" */
 #define COLL_ERR_MAGIC 0x43484f5245525231ull /* "CHORERR1" */
@@ -110,6 +109,7 @@ typedef struct {
     int done;
     int round;         /* low-latency algorithms: which round this transfer belongs to */
     int after_recvs;   /* starts once every receive of the op is done (gather/scatter check) */
+    int items;         /* off and bytes count items, not bytes (coll_xfer_drive) */
     coll_use_t use;
 } coll_xfer_t;
 

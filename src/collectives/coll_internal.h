@@ -78,8 +78,7 @@ size_t prim_chunk_elems(size_t slot_bytes, size_t esize);
 void coll_op_fail(coll_op_t *op, ncclResult_t res, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
-/* connect.c */
-ncclResult_t coll_connect_rings(struct ncclComm *comm);
+/* coll_connect.c (coll_connect_rings: coll.h) */
 /* Make sure the p2p connections listed exist (send_peers/recv_peers: flags per rank). */
 ncclResult_t coll_connect_p2p(struct ncclComm *comm, const uint8_t *send_peers,
                               const uint8_t *recv_peers);
@@ -158,9 +157,6 @@ typedef struct {
 void coll_algo_filter(int coll, coll_algo_filter_t *f);
 /* The same for a given value of the variable (tests). */
 void coll_algo_filter_parse(const char *spec, int coll, coll_algo_filter_t *f);
-
-/* Ticket helpers shared by the algorithms. */
-uint64_t *coll_served_line(coll_op_t *op, const coll_use_t *u);
 
 /* prims.c: the op header this rank sends for op (what the first chunk carries), and a readable
  * form of a header for error messages ("all-reduce count=100 float32 sum"). */

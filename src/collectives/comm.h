@@ -6,8 +6,9 @@
  * created on demand, the collective engine (queue of nonblocking ops, progress thread), the abort
  * flag that every wait checks, and the sticky asynchronous error.
  *
- * Lifecycle (src/api/init.c): param init -> bootstrap -> locality allgather -> topology (rings,
- * channel count, transport per edge) -> optional eager connect -> ready.
+ * Lifecycle (src/api/init.c): param init -> bootstrap -> locality allgather -> channels (the
+ * topology's rings and channel count, the transport per edge: coll_channels_build) -> optional
+ * eager connect -> ready.
  */
 #ifndef CHORUS_COMM_H_
 #define CHORUS_COMM_H_

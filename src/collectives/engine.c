@@ -563,8 +563,9 @@ static const char *op_where(const coll_op_t *op, char *buf, size_t len) {
     for (int i = 0; i < op->nxfer; i++) {
         const coll_xfer_t *x = &op->xfer[i];
         if (x->done) continue;
-        snprintf(buf, len, "%s rank %d: %zu of %zu bytes%s", x->is_send ? "sending to" : "receiving from",
-                 x->peer, x->off, x->bytes, x->started ? "" : ", not started");
+        snprintf(buf, len, "%s rank %d: %zu of %zu %s%s",
+                 x->is_send ? "sending to" : "receiving from", x->peer, x->off, x->bytes,
+                 x->items ? "chunks" : "bytes", x->started ? "" : ", not started");
         return buf;
     }
     snprintf(buf, len, "waiting for earlier ops");

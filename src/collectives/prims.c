@@ -3,12 +3,13 @@
  * mismatch check and the failure protocol.
  *
  * prim_step does one fused step on one chunk: it peeks the receive connection (if any), acquires
- * a send slot (if any), and only when both are ready does it run the kernel once, from the
- * received slot and the local input straight into the send slot and/or the output (e.g.
+ * a send slot (if any), and only when both are ready does it run the kernel (prim_kernel) once,
+ * from the received slot and the local input straight into the send slot and/or the output (e.g.
  * recv_reduce_send is one pass over memory). Pure-copy steps of large chunks go "direct" when the
  * connection supports it (conn->direct): the receiver copies from the sender's buffer itself
- * (single copy) and the sender waits send_drained before the op completes. Which kernel runs
- * (host rk_* here; device rk_dev_* later) is the only thing that depends on the memory kind.
+ * (single copy) and the sender waits send_drained before the op completes. The kernels are the
+ * host ones (rk_*): device buffers never reach the primitives (src/device runs them on the GPU,
+ * or src/api stages them through host copies).
  *
  * Reduce steps of large chunks may go direct too (chunk.direct_reduce_ok, CHORUS_DIRECT_REDUCE):
  * the sender publishes its input (PREP_SEND) or the partial result it wrote into the output
@@ -286,6 +287,113 @@ static ncclResult_t prim_bad_chunk(coll_op_t *op, coll_use_t *u, const void *dat
     return ncclInvalidUsage;
 }
 
+/* prim_step's kernel for c->kind, once the received chunk and the send slot are there: from
+ * rdata (the received chunk; for a direct chunk left at the sender, direct_in, the receive
+ * connection rc copies it) and c->in into the send slot sdata and/or c->dst. *out_p: what the
+ * *_SEND kinds then send (NULL when the kernel wrote it into the slot already). Returns the
+ * direct copy's result. Inlined: it is the body of the hottest loop. */
+static inline __attribute__((always_inline)) ncclResult_t
+prim_kernel(coll_op_t *op, chorus_conn_t *rc, coll_use_t *send, const coll_chunk_t *c,
+            size_t dbytes, const char *rdata, char *sdata, int direct_in, int direct_out,
+            const void **out_p) {
+    const chorus_redop_t *rop = &op->redop;
+    ncclResult_t res = ncclSuccess;
+    const void *out = NULL;
+    switch (c->kind) {
+    case PRIM_SEND:
+        out = c->in;
+        break;
+    case PRIM_SEND_COPY:
+        if (direct_out) {
+            out = c->in;
+            if (c->stream) rk_copy_nt(c->dst, c->in, dbytes);
+            else rk_copy(c->dst, c->in, dbytes);
+        } else {
+            /* Piece by piece into the slot, then to dst from the piece still in L1: in is read
+             * from memory once instead of twice. The slot takes streaming stores where the send
+             * connection measured them faster (see prim_reduce_stream_both); the piece is then
+             * copied to dst from in, since streamed lines leave the cache. */
+            const int nt = slot_store_streams(send->conn, dbytes);
+            if (nt) atomic_fetch_add_explicit(&prim_stat.slot_nt, 1, memory_order_relaxed);
+            for (size_t off = 0; off < dbytes; off += PRIM_SEND_COPY_PIECE) {
+                size_t len = CHORUS_MIN(PRIM_SEND_COPY_PIECE, dbytes - off);
+                const char *piece = nt ? (const char *)c->in + off : sdata + off;
+                if (nt) rk_copy_nt(sdata + off, (const char *)c->in + off, len);
+                else rk_copy(sdata + off, (const char *)c->in + off, len);
+                if (c->stream) rk_copy_nt((char *)c->dst + off, piece, len);
+                else rk_copy((char *)c->dst + off, piece, len);
+            }
+        }
+        break;
+    case PRIM_PREP_SEND:
+        if (direct_out)
+            out = c->in; /* pre() is a copy (prim_direct_reduce_ok) */
+        else if (rk_pre_is_copy(rop))
+            slot_store_copy(send->conn, sdata, c->in, dbytes);
+        else
+            rk_prepare(sdata, c->in, c->count, rop);
+        break;
+    case PRIM_RECV:
+        if (direct_in) res = rc->ops->recv_copy(rc, c->dst, dbytes);
+        else if (c->stream) rk_copy_nt(c->dst, rdata, dbytes);
+        else rk_copy(c->dst, rdata, dbytes);
+        break;
+    case PRIM_RECV_FINISH:
+        rk_finish(c->dst, rdata, c->count, rop);
+        break;
+    case PRIM_RECV_REDUCE_SEND:
+        if (direct_out) {
+            /* The partial goes to this rank's output block, which the all-gather phase
+             * overwrites later; the receiver reads it from there. */
+            rk_reduce(c->dst, c->in, rdata, c->count, rop);
+            out = c->dst;
+        } else if (slot_store_streams(send->conn, dbytes)) {
+            rk_reduce_nt(sdata, c->in, rdata, c->count, rop);
+        } else {
+            rk_reduce(sdata, c->in, rdata, c->count, rop);
+        }
+        break;
+    case PRIM_RECV_REDUCE_COPY:
+    case PRIM_RECV_REDUCE_COPY_SEND:
+        if (rop->kind == RK_SUMDIV) {
+            rk_reduce(c->dst, c->in, rdata, c->count, rop);
+            rk_finish(c->dst, c->dst, c->count, rop);
+        } else if (c->stream && sdata && !direct_out) {
+            if (slot_store_streams(send->conn, dbytes)) {
+                prim_reduce_stream_both(sdata, c->dst, c->in, rdata, c->count, op->esize, rop);
+                atomic_fetch_add_explicit(&prim_stat.slot_nt, 1, memory_order_relaxed);
+            } else /* into the send slot (cache), streamed from there: dst is not read back */
+                rk_reduce_copy_nt(sdata, c->dst, c->in, rdata, c->count, rop);
+            out = NULL;
+            break;
+        } else if (c->stream) {
+            rk_reduce_nt(c->dst, c->in, rdata, c->count, rop);
+        } else {
+            rk_reduce(c->dst, c->in, rdata, c->count, rop);
+        }
+        out = c->dst;
+        break;
+    case PRIM_RECV_COPY_SEND:
+        if (direct_in) {
+            res = rc->ops->recv_copy(rc, c->dst, dbytes);
+            out = c->dst;
+        } else {
+            if (c->stream) rk_copy_nt(c->dst, rdata, dbytes);
+            else rk_copy(c->dst, rdata, dbytes);
+            out = rdata; /* still hot in cache, and the same bytes */
+        }
+        break;
+    case PRIM_RECV_COMBINE:
+        rk_reduce(c->dst, rdata, c->in, c->count, &op->combine);
+        break;
+    case PRIM_RECV_REDUCE:
+        rk_reduce(c->dst, c->in, rdata, c->count, rop);
+        break;
+    }
+    *out_p = out;
+    return res;
+}
+
 ncclResult_t prim_step(coll_op_t *op, coll_use_t *recv, coll_use_t *send, const coll_chunk_t *c,
                        int *ok_p) {
     *ok_p = 0;
@@ -365,100 +473,10 @@ ncclResult_t prim_step(coll_op_t *op, coll_use_t *recv, coll_use_t *send, const 
         direct_in = 0;
     }
 
-    /* The kernels. `out` is what gets sent for the *_SEND kinds. */
-    const chorus_redop_t *rop = &op->redop;
+    /* The kernel. `out` is what gets sent for the *_SEND kinds. */
     const void *out = NULL;
-    switch (c->kind) {
-    case PRIM_SEND:
-        out = c->in;
-        break;
-    case PRIM_SEND_COPY:
-        if (direct_out) {
-            out = c->in;
-            if (c->stream) rk_copy_nt(c->dst, c->in, dbytes);
-            else rk_copy(c->dst, c->in, dbytes);
-        } else {
-            /* Piece by piece into the slot, then to dst from the piece still in L1: in is read
-             * from memory once instead of twice. The slot takes streaming stores where the send
-             * connection measured them faster (see prim_reduce_stream_both); the piece is then
-             * copied to dst from in, since streamed lines leave the cache. */
-            const int nt = slot_store_streams(send->conn, dbytes);
-            if (nt) atomic_fetch_add_explicit(&prim_stat.slot_nt, 1, memory_order_relaxed);
-            for (size_t off = 0; off < dbytes; off += PRIM_SEND_COPY_PIECE) {
-                size_t len = CHORUS_MIN(PRIM_SEND_COPY_PIECE, dbytes - off);
-                const char *piece = nt ? (const char *)c->in + off : sdata + off;
-                if (nt) rk_copy_nt(sdata + off, (const char *)c->in + off, len);
-                else rk_copy(sdata + off, (const char *)c->in + off, len);
-                if (c->stream) rk_copy_nt((char *)c->dst + off, piece, len);
-                else rk_copy((char *)c->dst + off, piece, len);
-            }
-        }
-        break;
-    case PRIM_PREP_SEND:
-        if (direct_out)
-            out = c->in; /* pre() is a copy (prim_direct_reduce_ok) */
-        else if (rk_pre_is_copy(rop))
-            slot_store_copy(send->conn, sdata, c->in, dbytes);
-        else
-            rk_prepare(sdata, c->in, c->count, rop);
-        break;
-    case PRIM_RECV:
-        if (direct_in) res = recv->conn->ops->recv_copy(recv->conn, c->dst, dbytes);
-        else if (c->stream) rk_copy_nt(c->dst, rdata, dbytes);
-        else rk_copy(c->dst, rdata, dbytes);
-        break;
-    case PRIM_RECV_FINISH:
-        rk_finish(c->dst, rdata, c->count, rop);
-        break;
-    case PRIM_RECV_REDUCE_SEND:
-        if (direct_out) {
-            /* The partial goes to this rank's output block, which the all-gather phase
-             * overwrites later; the receiver reads it from there. */
-            rk_reduce(c->dst, c->in, rdata, c->count, rop);
-            out = c->dst;
-        } else if (slot_store_streams(send->conn, dbytes)) {
-            rk_reduce_nt(sdata, c->in, rdata, c->count, rop);
-        } else {
-            rk_reduce(sdata, c->in, rdata, c->count, rop);
-        }
-        break;
-    case PRIM_RECV_REDUCE_COPY:
-    case PRIM_RECV_REDUCE_COPY_SEND:
-        if (rop->kind == RK_SUMDIV) {
-            rk_reduce(c->dst, c->in, rdata, c->count, rop);
-            rk_finish(c->dst, c->dst, c->count, rop);
-        } else if (c->stream && sdata && !direct_out) {
-            if (slot_store_streams(send->conn, dbytes)) {
-                prim_reduce_stream_both(sdata, c->dst, c->in, rdata, c->count, op->esize, rop);
-                atomic_fetch_add_explicit(&prim_stat.slot_nt, 1, memory_order_relaxed);
-            } else /* into the send slot (cache), streamed from there: dst is not read back */
-                rk_reduce_copy_nt(sdata, c->dst, c->in, rdata, c->count, rop);
-            out = NULL;
-            break;
-        } else if (c->stream) {
-            rk_reduce_nt(c->dst, c->in, rdata, c->count, rop);
-        } else {
-            rk_reduce(c->dst, c->in, rdata, c->count, rop);
-        }
-        out = c->dst;
-        break;
-    case PRIM_RECV_COPY_SEND:
-        if (direct_in) {
-            res = recv->conn->ops->recv_copy(recv->conn, c->dst, dbytes);
-            out = c->dst;
-        } else {
-            if (c->stream) rk_copy_nt(c->dst, rdata, dbytes);
-            else rk_copy(c->dst, rdata, dbytes);
-            out = rdata; /* still hot in cache, and the same bytes */
-        }
-        break;
-    case PRIM_RECV_COMBINE:
-        rk_reduce(c->dst, rdata, c->in, c->count, &op->combine);
-        break;
-    case PRIM_RECV_REDUCE:
-        rk_reduce(c->dst, c->in, rdata, c->count, rop);
-        break;
-    }
+    res = prim_kernel(op, recv ? recv->conn : NULL, send, c, dbytes, rdata, sdata, direct_in,
+                      direct_out, &out);
     if (direct_in && res != ncclSuccess) return prim_conn_error(op, recv, res);
     if (c->stream && recv) atomic_fetch_add_explicit(&prim_stat.streamed, 1, memory_order_relaxed);
     if (send) {

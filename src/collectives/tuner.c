@@ -9,10 +9,10 @@
  * direct algorithm (direct.c); the others have one schedule each (ring/chain, or p2p for the
  * transfer-based ones); with several ranks on each of several hosts, all-reduce also has the
  * hierarchical one ("hier": inside each host, between hosts, inside again), which refuses hosts
- * with different rank counts (the plan's why says so when NCCL_ALGO forces it). On one host the measured crossovers of the model's calibration rows pick
- * among them by size (direct from its threshold, one-shot, recursive doubling, the ring); with
- * ranks on several hosts the model's fastest of recursive doubling, the ring, the tree and the
- * hierarchical all-reduce runs.
+ * with different rank counts (the plan's why says so when NCCL_ALGO forces it). On one host the
+ * measured crossovers of the model's calibration rows pick among them by size (direct from its
+ * threshold, one-shot, recursive doubling, the ring); with ranks on several hosts the model's
+ * fastest of recursive doubling, the ring, the tree and the hierarchical all-reduce runs.
  * NCCL_ALGO / CHORUS_ALGO restrict the candidates, in NCCL's syntax (algo_filter.c:
  * "ring,oneshot;allreduce:^ll"): one algorithm allowed runs whatever the size, several are chosen
  * among as above, and when none of them can run the op (ll on a message larger than one chunk,

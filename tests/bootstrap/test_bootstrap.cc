@@ -25,6 +25,7 @@
 #include <thread>
 #include <vector>
 
+#include "bs_test_env.h"
 #include "launch.h"
 
 extern "C" {
@@ -38,6 +39,9 @@ extern "C" {
 using chorus_test::Launch;
 
 using chorus_test::connect_to;
+using chorus_test::exercise_bs;
+using chorus_test::free_port;
+using chorus_test::ScopedEnv;
 
 namespace {
 
@@ -46,76 +50,6 @@ chorus_unique_id_t new_id() {
     memset(&id, 0, sizeof(id));
     EXPECT_EQ(bootstrap_get_unique_id(&id), ncclSuccess);
     return id;
-}
-
-// Sets an environment variable for the scope of a test and re-reads the parameters.
-struct ScopedEnv {
-    std::string name;
-    std::string old;
-    bool had;
-    ScopedEnv(const char *n, const char *v) : name(n) {
-        const char *o = getenv(n);
-        had = o != nullptr;
-        if (had) old = o;
-        setenv(n, v, 1);
-        chorus_param_reset();
-        chorus_param_init();
-    }
-    ~ScopedEnv() {
-        if (had)
-            setenv(name.c_str(), old.c_str(), 1);
-        else
-            unsetenv(name.c_str());
-        chorus_param_reset();
-        chorus_param_init();
-    }
-};
-
-
-// A free port below the ephemeral range (launch.h says why); a failure if there is none.
-int free_port() {
-    int port = chorus_test::free_tcp_port();
-    if (port == 0) ADD_FAILURE() << "no free TCP port below the ephemeral range";
-    return port;
-}
-
-// The full exercise for one rank: allgather, barrier, ring send/recv, all checked.
-int exercise_bs(bootstrap_t *bs, int rank, int nranks) {
-    RANK_CHECK(bootstrap_rank(bs) == rank && bootstrap_nranks(bs) == nranks, "accessors");
-    // allgather of 3 ints per rank, twice (the second must not mix with the first)
-    for (int iter = 0; iter < 2; iter++) {
-        std::vector<int> v(3 * nranks, -1);
-        for (int k = 0; k < 3; k++)
-            v[3 * rank + k] = 1000 * iter + 10 * rank + k;
-        RANK_NCCL(bootstrap_allgather(bs, v.data(), 3 * sizeof(int)));
-        for (int r = 0; r < nranks; r++)
-            for (int k = 0; k < 3; k++)
-                RANK_CHECK(v[3 * r + k] == 1000 * iter + 10 * r + k, "slot %d.%d = %d", r, k,
-                           v[3 * r + k]);
-    }
-    RANK_NCCL(bootstrap_barrier(bs));
-    RANK_NCCL(bootstrap_barrier(bs));
-    // every address in the table has a port and is the one that rank listens on (each rank's
-    // own, gathered through an allgather)
-    std::vector<chorus_sockaddr_t> own(nranks);
-    own[rank] = *bootstrap_addr(bs, rank);
-    RANK_NCCL(bootstrap_allgather(bs, own.data(), sizeof(chorus_sockaddr_t)));
-    for (int r = 0; r < nranks; r++) {
-        const chorus_sockaddr_t *a = bootstrap_addr(bs, r);
-        RANK_CHECK(a != nullptr && a->sin.sin_port != 0, "address of rank %d", r);
-        RANK_CHECK(memcmp(a, &own[r], sizeof(*a)) == 0, "table entry of rank %d", r);
-    }
-    // ring send/recv with a rank-dependent payload
-    int next = (rank + 1) % nranks, prev = (rank + nranks - 1) % nranks;
-    std::vector<uint32_t> out(1000 + rank), in(1000 + prev);
-    for (size_t i = 0; i < out.size(); i++)
-        out[i] = (uint32_t)(rank * 7919 + i);
-    RANK_NCCL(bootstrap_send(bs, next, 42, out.data(), out.size() * 4));
-    RANK_NCCL(bootstrap_recv(bs, prev, 42, in.data(), in.size() * 4));
-    for (size_t i = 0; i < in.size(); i++)
-        RANK_CHECK(in[i] == (uint32_t)(prev * 7919 + i), "ring payload[%zu]", i);
-    RANK_NCCL(bootstrap_barrier(bs));
-    return 0;
 }
 
 int exercise(const chorus_unique_id_t &id, int rank, int nranks) {

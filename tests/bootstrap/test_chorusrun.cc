@@ -24,16 +24,12 @@
 #include <string>
 #include <vector>
 
+#include "bs_test_env.h"
 #include "launch.h"
 
 namespace {
 
-// A free port below the ephemeral range (launch.h says why); a failure if there is none.
-int free_port() {
-    int port = chorus_test::free_tcp_port();
-    if (port == 0) ADD_FAILURE() << "no free TCP port below the ephemeral range";
-    return port;
-}
+using chorus_test::free_port;
 
 const std::string kBin = std::string(CHORUS_BINARY_DIR) + "/bin/";
 const std::string kRun = kBin + "chorusrun";

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "chorus.h"
+#include "bs_test_env.h"
 #include "launch.h"
 #include "nccl.h"
 
@@ -27,6 +28,8 @@ extern "C" {
 }
 
 namespace {
+
+using chorus_test::free_port;
 
 const char *kAllVars[] = {
     "RANK",          "WORLD_SIZE",           "LOCAL_RANK",           "MASTER_ADDR",
@@ -62,13 +65,6 @@ class InitFromEnv : public ::testing::Test {
             << "last error: " << chorus_log_last_error() << " (wanted " << needle << ")";
     }
 };
-
-// A free port below the ephemeral range (launch.h says why); a failure if there is none.
-int free_port() {
-    int port = chorus_test::free_tcp_port();
-    if (port == 0) ADD_FAILURE() << "no free TCP port below the ephemeral range";
-    return port;
-}
 
 // A listening TCP socket on 127.0.0.1:port, as torch's TCPStore holds MASTER_PORT; -1 on failure.
 int listen_on(int port) {

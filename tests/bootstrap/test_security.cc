@@ -29,6 +29,7 @@
 #include <thread>
 #include <vector>
 
+#include "bs_test_env.h"
 #include "chorus.h"
 #include "launch.h"
 #include "nccl.h"
@@ -42,33 +43,12 @@ extern "C" {
 }
 
 using chorus_test::connect_to;
+using chorus_test::exercise_bs;
+using chorus_test::free_port;
+using chorus_test::now_s;
+using chorus_test::ScopedEnv;
 
 namespace {
-
-// Sets (value) or unsets (nullptr) a variable for a scope and re-reads the parameters.
-struct ScopedEnv {
-    std::string name, old;
-    bool had;
-    ScopedEnv(const char *n, const char *v) : name(n) {
-        const char *o = getenv(n);
-        had = o != nullptr;
-        if (had) old = o;
-        if (v)
-            setenv(n, v, 1);
-        else
-            unsetenv(n);
-        chorus_param_reset();
-        chorus_param_init();
-    }
-    ~ScopedEnv() {
-        if (had)
-            setenv(name.c_str(), old.c_str(), 1);
-        else
-            unsetenv(name.c_str());
-        chorus_param_reset();
-        chorus_param_init();
-    }
-};
 
 // No root address, job secret or opt-in from the caller's environment.
 struct CleanEnv {
@@ -77,16 +57,7 @@ struct CleanEnv {
         e{"CHORUS_COMM_ID_INSECURE", nullptr};
 };
 
-double now_s() {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
-        .count();
-}
-
-std::string root_addr() {
-    int port = chorus_test::free_tcp_port();
-    if (port == 0) ADD_FAILURE() << "no free TCP port below the ephemeral range";
-    return "127.0.0.1:" + std::to_string(port);
-}
+std::string root_addr() { return "127.0.0.1:" + std::to_string(free_port()); }
 
 
 // n silent connections to a; they stay open until the vector is closed with close_all.
@@ -119,23 +90,6 @@ uint64_t address_derived_secret(const std::string &hostport) {
     h *= 0x94d049bb133111ebull;
     h ^= h >> 31;
     return h | 1;
-}
-
-
-// Allgather, ring send/recv and barrier, every value checked.
-int exercise_bs(bootstrap_t *bs, int rank, int nranks) {
-    std::vector<int> v(nranks, -1);
-    v[rank] = 100 + rank;
-    RANK_NCCL(bootstrap_allgather(bs, v.data(), sizeof(int)));
-    for (int r = 0; r < nranks; r++)
-        RANK_CHECK(v[r] == 100 + r, "allgather slot %d = %d", r, v[r]);
-    int next = (rank + 1) % nranks, prev = (rank + nranks - 1) % nranks;
-    int out = 7 * rank + 1, in = -1;
-    RANK_NCCL(bootstrap_send(bs, next, 9, &out, sizeof(out)));
-    RANK_NCCL(bootstrap_recv(bs, prev, 9, &in, sizeof(in)));
-    RANK_CHECK(in == 7 * prev + 1, "ring value %d from rank %d", in, prev);
-    RANK_NCCL(bootstrap_barrier(bs));
-    return 0;
 }
 
 // Wait (with a deadline) until counter reaches want.

@@ -12,9 +12,6 @@
 //     mid-op gives every survivor an error naming it.
 #include <gtest/gtest.h>
 
-#include <signal.h>
-#include <unistd.h>
-
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -22,6 +19,7 @@
 #include <vector>
 
 #include "coll_cases.h"
+#include "coll_runs.h"
 #include "coll_util.h"
 extern "C" { // internal headers are C without extern "C" guards
 #include "coll_internal.h"
@@ -253,17 +251,7 @@ TEST(CollHier, SameBitsOnEveryRankAndTunerPicksIt) {
     clear_env();
     ASSERT_TRUE(res.ok()) << res.detail;
     EXPECT_EQ(hier_ops() - before, (uint64_t)n) << "the tuner did not pick hier";
-    for (size_t i = 0; i < count; i += 101) {
-        double want = 0, mag = 0;
-        for (int r = 0; r < n; r++) {
-            want += order_sensitive_value(r, i);
-            mag += std::fabs(order_sensitive_value(r, i));
-        }
-        ASSERT_NEAR(outs[0][i], want, 1e-6 * mag + 1e-30) << "element " << i;
-    }
-    for (int r = 1; r < n; r++)
-        EXPECT_EQ(std::memcmp(outs[0].data(), outs[r].data(), count * sizeof(float)), 0)
-            << "rank " << r << " differs from rank 0";
+    expect_sum_and_same_bits(outs, 101, "");
 }
 
 // Several hier all-reduces in a group: each holds its connections in ticket order.
@@ -272,32 +260,9 @@ TEST(CollHier, GroupOfManyOps) {
     set_hosts(hosts_blocks(2, 2));
     setenv("CHORUS_ALGO", "hier", 1);
     ncclResetDebugInit();
-    ncclUniqueId id = chorus_test::make_unique_id();
-    auto res = chorus_test::run_threads(n, [&](int rank, int nr) -> int {
-        ncclComm_t comm;
-        RANK_NCCL(ncclCommInitRank(&comm, nr, id, rank));
-        std::vector<std::vector<int32_t>> bufs(nops);
-        for (int o = 0; o < nops; o++) {
-            bufs[o].resize(((size_t)1000 << (2 * o)) + 3);
-            for (size_t i = 0; i < bufs[o].size(); i++)
-                bufs[o][i] = (int32_t)(rank * 1000 + o * 100 + (int)(i % 7919));
-        }
-        RANK_NCCL(ncclGroupStart());
-        for (int o = 0; o < nops; o++)
-            RANK_NCCL(ncclAllReduce(bufs[o].data(), bufs[o].data(), bufs[o].size(), ncclInt32,
-                                    ncclSum, comm, nullptr));
-        RANK_NCCL(ncclGroupEnd());
-        for (int o = 0; o < nops; o++)
-            for (size_t i = 0; i < bufs[o].size(); i++) {
-                int32_t want = 0;
-                for (int q = 0; q < nr; q++)
-                    want += (int32_t)(q * 1000 + o * 100 + (int)(i % 7919));
-                RANK_CHECK(bufs[o][i] == want, "rank %d op %d element %zu: %d, want %d", rank, o, i,
-                           bufs[o][i], want);
-            }
-        RANK_NCCL(ncclCommDestroy(comm));
-        return 0;
-    });
+    std::vector<size_t> sizes;
+    for (int o = 0; o < nops; o++) sizes.push_back(((size_t)1000 << (2 * o)) + 3);
+    auto res = run_group_of_allreduces(n, sizes);
     clear_env();
     EXPECT_TRUE(res.ok()) << res.detail;
 }
@@ -310,48 +275,8 @@ TEST(CollHier, DeathNamesTheRank) {
     setenv("CHORUS_ALGO", "hier", 1);
     setenv("CHORUS_TIMEOUT", "20", 1);
     ncclResetDebugInit();
-    char named_path[] = "/tmp/chorus-hier-death-XXXXXX";
-    int named_fd = mkstemp(named_path);
-    ASSERT_GE(named_fd, 0);
-    ncclUniqueId id = chorus_test::make_unique_id();
-    auto res = chorus_test::run_forked(
-        n,
-        [&](int rank, int nr) -> int {
-            ncclComm_t comm;
-            RANK_NCCL(ncclCommInitRank(&comm, nr, id, rank));
-            std::vector<float> a(300000, 1.0f), b(300000);
-            for (int it = 0; it < 10000000; it++) {
-                if (rank == victim && it == 10) kill(getpid(), SIGKILL);
-                ncclResult_t r = ncclAllReduce(a.data(), b.data(), a.size(), ncclFloat32, ncclSum,
-                                               comm, nullptr);
-                if (r != ncclSuccess) {
-                    const char *msg = ncclGetLastError(comm);
-                    RANK_CHECK(r == ncclRemoteError || r == ncclSystemError, "rank %d: %s", rank,
-                               ncclGetErrorString(r));
-                    bool names_victim = strstr(msg, "rank 2 ") != nullptr;
-                    bool names_other = false;
-                    for (int k = 0; k < nr; k++) {
-                        std::string other = "rank " + std::to_string(k) + " (";
-                        if (k != rank && k != victim && strstr(msg, other.c_str()))
-                            names_other = true;
-                    }
-                    RANK_CHECK(names_victim || names_other, "rank %d: message names no peer: %s",
-                               rank, msg);
-                    if (names_victim && write(named_fd, "x", 1) != 1) return 1;
-                    ncclCommAbort(comm);
-                    return 0;
-                }
-            }
-            fprintf(stderr, "rank %d: never saw an error\n", rank);
-            return 1;
-        },
-        90);
-    const off_t named = lseek(named_fd, 0, SEEK_END);
-    close(named_fd);
-    unlink(named_path);
+    auto d = run_with_a_death(n, victim, 10, 300000);
     clear_env();
-    EXPECT_FALSE(res.timed_out) << res.detail;
-    EXPECT_EQ(res.failed, 1) << res.detail;
-    EXPECT_NE(res.detail.find("rank 2: signal 9"), std::string::npos) << res.detail;
-    EXPECT_EQ(named, n - 1) << "survivors that named the dead rank 2: " << named;
+    expect_only_the_victim_died(d, victim);
+    EXPECT_EQ(d.named, n - 1) << "survivors that named the dead rank 2: " << d.named;
 }

@@ -9,15 +9,11 @@
 //     a rank before the deadline: the dead rank, or the neighbour that relayed its failure.
 #include <gtest/gtest.h>
 
-#include <signal.h>
-#include <unistd.h>
-
-#include <cmath>
 #include <cstdlib>
-#include <cstring>
 #include <string>
 #include <vector>
 
+#include "coll_runs.h"
 #include "coll_util.h"
 extern "C" { // internal headers are C without extern "C" guards
 #include "coll_internal.h"
@@ -106,21 +102,9 @@ TEST_P(CollTreeIdentical, SameBitsOnEveryRank) {
     tree_env_clear();
     ASSERT_TRUE(res.ok()) << res.detail;
     for (int inplace = 0; inplace < 2; inplace++) {
-        // Close to the exact sum (the order differs from a plain loop), and the same bits on
-        // every rank.
-        for (size_t i = 0; i < count; i += 97) {
-            double want = 0, mag = 0;
-            for (int r = 0; r < n; r++) {
-                want += coll_test::order_sensitive_value(r, i);
-                mag += std::fabs(coll_test::order_sensitive_value(r, i));
-            }
-            ASSERT_NEAR(outs[0][inplace][i], want, 1e-6 * mag + 1e-30) << "element " << i;
-        }
-        for (int r = 1; r < n; r++)
-            EXPECT_EQ(std::memcmp(outs[0][inplace].data(), outs[r][inplace].data(),
-                                  count * sizeof(float)),
-                      0)
-                << "rank " << r << " differs from rank 0" << (inplace ? " (in place)" : "");
+        std::vector<std::vector<float>> ranks(n);
+        for (int r = 0; r < n; r++) ranks[r] = outs[r][inplace];
+        coll_test::expect_sum_and_same_bits(ranks, 97, inplace ? " (in place)" : "");
     }
 }
 INSTANTIATE_TEST_SUITE_P(Coll, CollTreeIdentical, ::testing::Values(2, 3, 5, 8));
@@ -130,31 +114,9 @@ INSTANTIATE_TEST_SUITE_P(Coll, CollTreeIdentical, ::testing::Values(2, 3, 5, 8))
 TEST(CollTree, GroupOfManyOps) {
     const int n = 5, nops = 6;
     tree_env("tree");
-    ncclUniqueId id = chorus_test::make_unique_id();
-    auto res = chorus_test::run_threads(n, [&](int rank, int nr) -> int {
-        ncclComm_t comm;
-        RANK_NCCL(ncclCommInitRank(&comm, nr, id, rank));
-        std::vector<std::vector<int32_t>> bufs(nops);
-        for (int o = 0; o < nops; o++) {
-            bufs[o].resize((size_t)1000 << o);
-            for (size_t i = 0; i < bufs[o].size(); i++)
-                bufs[o][i] = (int32_t)(rank * 1000 + o * 100 + (int)(i % 7919));
-        }
-        RANK_NCCL(ncclGroupStart());
-        for (int o = 0; o < nops; o++)
-            RANK_NCCL(ncclAllReduce(bufs[o].data(), bufs[o].data(), bufs[o].size(), ncclInt32,
-                                    ncclSum, comm, nullptr));
-        RANK_NCCL(ncclGroupEnd());
-        for (int o = 0; o < nops; o++)
-            for (size_t i = 0; i < bufs[o].size(); i++) {
-                int32_t want = 0;
-                for (int q = 0; q < nr; q++) want += (int32_t)(q * 1000 + o * 100 + (int)(i % 7919));
-                RANK_CHECK(bufs[o][i] == want, "rank %d op %d element %zu: %d, want %d", rank, o,
-                           i, bufs[o][i], want);
-            }
-        RANK_NCCL(ncclCommDestroy(comm));
-        return 0;
-    });
+    std::vector<size_t> sizes;
+    for (int o = 0; o < nops; o++) sizes.push_back((size_t)1000 << o);
+    auto res = coll_test::run_group_of_allreduces(n, sizes);
     tree_env_clear();
     EXPECT_TRUE(res.ok()) << res.detail;
 }
@@ -171,46 +133,10 @@ TEST_P(CollTreeDeath, NamesTheDeadRank) {
     setenv("CHORUS_TIMEOUT", "20", 1);
     if (transport == "tcp") setenv("CHORUS_TRANSPORT", "tcp", 1);
     ncclResetDebugInit();
-    char named_path[] = "/tmp/chorus-tree-death-XXXXXX";
-    int named_fd = mkstemp(named_path);
-    ASSERT_GE(named_fd, 0);
-    ncclUniqueId id = chorus_test::make_unique_id();
-    auto res = chorus_test::run_forked(n, [&](int rank, int nr) -> int {
-        ncclComm_t comm;
-        RANK_NCCL(ncclCommInitRank(&comm, nr, id, rank));
-        std::vector<float> a(100000, 1.0f), b(100000);
-        for (int it = 0; it < 10000000; it++) {
-            if (rank == victim && it == 20) kill(getpid(), SIGKILL);
-            ncclResult_t r = ncclAllReduce(a.data(), b.data(), a.size(), ncclFloat32, ncclSum,
-                                           comm, nullptr);
-            if (r != ncclSuccess) {
-                const char *msg = ncclGetLastError(comm);
-                RANK_CHECK(r == ncclRemoteError || r == ncclSystemError, "rank %d: %s", rank,
-                           ncclGetErrorString(r));
-                bool names_victim = strstr(msg, "rank 2 ") != nullptr;
-                bool names_other = false;
-                for (int k = 0; k < nr; k++) {
-                    std::string other = "rank " + std::to_string(k) + " (";
-                    if (k != rank && k != victim && strstr(msg, other.c_str())) names_other = true;
-                }
-                RANK_CHECK(names_victim || names_other, "rank %d: message names no peer: %s",
-                           rank, msg);
-                if (names_victim && write(named_fd, "x", 1) != 1) return 1;
-                ncclCommAbort(comm);
-                return 0;
-            }
-        }
-        fprintf(stderr, "rank %d: never saw an error\n", rank);
-        return 1;
-    }, 90);
-    const off_t named = lseek(named_fd, 0, SEEK_END);
-    close(named_fd);
-    unlink(named_path);
+    auto d = coll_test::run_with_a_death(n, victim, 20, 100000);
     unsetenv("CHORUS_TRANSPORT");
     tree_env_clear();
-    EXPECT_FALSE(res.timed_out) << res.detail;
-    EXPECT_EQ(res.failed, 1) << res.detail;
-    EXPECT_NE(res.detail.find("rank 2: signal 9"), std::string::npos) << res.detail;
-    EXPECT_GE(named, 1) << "no survivor named the dead rank 2";
+    coll_test::expect_only_the_victim_died(d, victim);
+    EXPECT_GE(d.named, 1) << "no survivor named the dead rank 2";
 }
 INSTANTIATE_TEST_SUITE_P(Coll, CollTreeDeath, ::testing::Values("shm", "tcp"));

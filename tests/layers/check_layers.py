@@ -14,10 +14,9 @@ layer has no owner and fails the check. A header named *_internal.h is private t
 other layer may include it, not even one above. src/ddp/ is a client of the library: it may
 include the installed headers and its own only.
 
-KNOWN lists the upward edges that exist today, each with the reason; the check fails on any edge
-that is not listed, and on a listed edge that no longer exists, so the list shrinks as they go.
-A file in a SEALED layer (base, transport) fails on any upward include, listed or not: a transport
-never includes a header of the collectives or above.
+There are no exceptions: a lower layer that needs something from above is handed it (a narrow
+struct, arguments, a callback), as the transports get a context instead of the communicator and
+the topology gives the collectives rings instead of writing channels.
 
 Usage: check_layers.py [--root DIR] | --selftest
 Exit status 0 when clean, 1 with one line per problem.
@@ -32,17 +31,6 @@ LAYERS = ["base", "bootstrap", "topology", "transport", "collectives", "device",
 CLIENT = "ddp"  # sees the installed headers only
 SOURCE_EXT = (".c", ".h", ".cu", ".cuh", ".cc", ".cpp")
 INCLUDE_RE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
-
-# (including file relative to the root, included file relative to the root): why it is there.
-KNOWN = {
-    ("src/topology/rings.c", "src/collectives/comm.h"):
-        "topo_build writes the channels and each edge's transport into the communicator",
-}
-
-# Layers that may never include upward, not even through a KNOWN entry: the services, and the
-# transports, which see a narrow context and are handed what they need from above (the copy
-# kernels and the slot store sit in base and transport for that).
-SEALED = ("base", "transport")
 
 
 def layer_of(rel):
@@ -70,9 +58,8 @@ def resolve(root, rel_file, name):
     return []
 
 
-def check(root, known):
+def check(root):
     problems = []
-    seen = set()
     src = os.path.join(root, "src")
     for dirpath, _, files in os.walk(src):
         for f in sorted(files):
@@ -111,19 +98,8 @@ def check(root, known):
                     continue
                 if LAYERS.index(theirs) < LAYERS.index(mine):
                     continue
-                edge = (rel, target)
-                if mine in SEALED:
-                    seen.add(edge)  # one problem for it, listed or not
-                    problems.append(f"{rel} ({mine}) includes {target} ({theirs}): upward edge "
-                                    f"out of {mine}, which never includes a higher layer")
-                    continue
-                if edge in known:
-                    seen.add(edge)
-                    continue
-                problems.append(f"{rel} ({mine}) includes {target} ({theirs}): upward edge")
-    for edge in sorted(set(known) - seen):
-        problems.append(f"{edge[0]} -> {edge[1]} is listed in KNOWN but no longer exists: "
-                        "remove it from tests/layers/check_layers.py")
+                problems.append(f"{rel} ({mine}) includes {target} ({theirs}): upward edge; hand "
+                                f"{mine} what it needs from {theirs} instead")
     return problems
 
 
@@ -145,26 +121,23 @@ def selftest():
         "src/ddp/ddp.c": '#include "nccl.h"\n',
     }
     cases = [
-        ("clean", {}, {}, 0),
-        ("upward edge", {"src/base/log.c": '#include "transport.h"\n'}, {}, 1),
-        ("header without a layer", {"src/include/x.h": ""}, {}, 1),
-        ("unresolved include", {"src/base/y.c": '#include "nothere.h"\n'}, {}, 1),
-        ("client sees internals", {"src/ddp/d.c": '#include "log.h"\n'}, {}, 1),
+        ("clean", {}, 0),
+        ("upward edge", {"src/base/log.c": '#include "transport.h"\n'}, 1),
+        ("header without a layer", {"src/include/x.h": ""}, 1),
+        ("unresolved include", {"src/base/y.c": '#include "nothere.h"\n'}, 1),
+        ("client sees internals", {"src/ddp/d.c": '#include "log.h"\n'}, 1),
         ("private header", {"src/base/b_internal.h": "",
-                            "src/api/x.c": '#include "b_internal.h"\n'}, {}, 1),
-        ("stale known edge", {}, {("src/topology/t.c", "src/api/api.h"): "test"}, 1),
+                            "src/api/x.c": '#include "b_internal.h"\n'}, 1),
         ("transport includes collectives", {"src/collectives/reduce.h": "",
-                                            "src/transport/shm/p.c": '#include "reduce.h"\n'},
-         {}, 1),
-        ("sealed layer, even when listed", {"src/collectives/reduce.h": "",
-                                            "src/transport/shm/p.c": '#include "reduce.h"\n'},
-         {("src/transport/shm/p.c", "src/collectives/reduce.h"): "test"}, 1),
-        ("topology edge listed", {"src/topology/t.c": '#include "api.h"\n', "src/api/api.h": ""},
-         {("src/topology/t.c", "src/api/api.h"): "test"}, 0),
+                                            "src/transport/shm/p.c": '#include "reduce.h"\n'}, 1),
+        ("topology includes the communicator", {"src/collectives/comm.h": "",
+                                                "src/topology/rings.c": '#include "comm.h"\n'}, 1),
+        ("api includes topology", {"src/topology/topo.h": "",
+                                   "src/api/x.c": '#include "topo.h"\n'}, 0),
     ]
     failed = 0
-    for name, extra, known, want in cases:
-        got = check(tree({**base, **extra}), known)
+    for name, extra, want in cases:
+        got = check(tree({**base, **extra}))
         ok = len(got) == want
         failed += not ok
         print(f"selftest {name}: {'ok' if ok else 'FAILED'} ({len(got)} problem(s), want {want})")
@@ -180,11 +153,10 @@ def main():
     args = ap.parse_args()
     if args.selftest:
         return selftest()
-    problems = check(os.path.abspath(args.root), KNOWN)
+    problems = check(os.path.abspath(args.root))
     for p in problems:
         print(p)
-    print(f"check_layers: {len(problems)} problem(s); layers bottom to top: {' < '.join(LAYERS)}"
-          f"; {len(KNOWN)} known upward edge(s)")
+    print(f"check_layers: {len(problems)} problem(s); layers bottom to top: {' < '.join(LAYERS)}")
     return 1 if problems else 0
 
 

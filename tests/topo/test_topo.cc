@@ -1,5 +1,6 @@
 // Topology: places from loaded topologies (synthetic and XML in tests/data), the ring search, the
-// number of slow-boundary crossings, channel counts and CHORUS_RING_ORDER parsing.
+// number of slow-boundary crossings, channel counts, CHORUS_RING_ORDER parsing and the rings
+// handed to the communicator's channels.
 #include <gtest/gtest.h>
 
 #include <unistd.h>
@@ -179,6 +180,49 @@ TEST(Topo, RingOrderOverrideParsing) {
     EXPECT_EQ(topo_parse_order("0,2,2,3", 4, order), ncclInvalidArgument);
     EXPECT_EQ(topo_parse_order("0,4,1,3", 4, order), ncclInvalidArgument);
     EXPECT_EQ(topo_parse_order("0,x,1,3", 4, order), ncclInvalidArgument);
+}
+
+// topo_build_rings, what the communicator's channels are made from: the order (here forced), the
+// channel count within the parameters and the caller's limit, and odd channels backwards.
+TEST(Topo, RingsForTheChannels) {
+    std::vector<chorus_locality_t> locs(4);
+    for (int r = 0; r < 4; r++) {
+        memset(&locs[r], 0, sizeof(locs[r]));
+        locs[r].host_hash = 0xaaaa;
+        locs[r].package = locs[r].numa_node = locs[r].pci_switch = -1;
+        locs[r].near_nic = -1;
+    }
+    setenv("CHORUS_RING_ORDER", "3,1,0,2", 1);
+    setenv("NCCL_MIN_NCHANNELS", "5", 1);
+    chorus_param_reset();
+    topo_rings_t rings;
+    ASSERT_EQ(topo_build_rings(0, 4, locs.data(), 3, &rings), ncclSuccess);
+    EXPECT_EQ(rings.nranks, 4);
+    EXPECT_EQ(rings.nchannels, 3); // NCCL_MIN_NCHANNELS=5, the caller allows 3
+    int ring[4];
+    topo_channel_ring(&rings, 0, ring);
+    EXPECT_EQ(std::vector<int>(ring, ring + 4), (std::vector<int>{3, 1, 0, 2}));
+    topo_channel_ring(&rings, 1, ring);
+    EXPECT_EQ(std::vector<int>(ring, ring + 4), (std::vector<int>{3, 2, 0, 1}));
+    topo_channel_ring(&rings, 2, ring);
+    EXPECT_EQ(std::vector<int>(ring, ring + 4), (std::vector<int>{3, 1, 0, 2}));
+    topo_rings_free(&rings);
+    EXPECT_EQ(rings.order, nullptr);
+
+    setenv("CHORUS_RING_ORDER", "3,1,1,2", 1); // not a permutation: refused, nothing leaks
+    chorus_param_reset();
+    EXPECT_EQ(topo_build_rings(0, 4, locs.data(), 3, &rings), ncclInvalidArgument);
+    EXPECT_EQ(rings.order, nullptr);
+    topo_rings_free(&rings);
+
+    unsetenv("CHORUS_RING_ORDER");
+    unsetenv("NCCL_MIN_NCHANNELS");
+    chorus_param_reset();
+    ASSERT_EQ(topo_build_rings(0, 1, locs.data(), 32, &rings), ncclSuccess);
+    EXPECT_EQ(rings.nchannels, 1);
+    topo_channel_ring(&rings, 0, ring);
+    EXPECT_EQ(ring[0], 0);
+    topo_rings_free(&rings);
 }
 
 TEST(Topo, ThisMachineLoads) {
