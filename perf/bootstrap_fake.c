@@ -214,7 +214,7 @@ int bs_fake_run_multi(const chorus_unique_id_t *ids, int nids, int nranks, bs_fa
                     h->to_rank = nroots > 1 ? c->root : -1;
                     h->addr = fk[c->rank].addr;
                     h->nroots = (uint32_t)nroots;
-                    if (bs_hello_sign(h, ids[c->root].secret, &c->chal) != 0 ||
+                    if (bs_hello_sign(h, &ids[c->root].secret, &c->chal) != 0 ||
                         write(c->fd, h, sizeof(*h)) != (ssize_t)sizeof(*h)) {
                         fail(res, "hello of fake rank %d: %s", c->rank, strerror(errno));
                         goto out;
@@ -230,7 +230,7 @@ int bs_fake_run_multi(const chorus_unique_id_t *ids, int nids, int nranks, bs_fa
                         goto out;
                     }
                     if (st == 0) continue;
-                    if (!bs_answer_ok(&c->joined.ans, &c->hello, ids[c->root].secret,
+                    if (!bs_answer_ok(&c->joined.ans, &c->hello, &ids[c->root].secret,
                                       c->chal.nonce, &c->joined.rep, sizeof(c->joined.rep))) {
                         fail(res, "fake rank %d: root %d failed authentication", c->rank, c->root);
                         goto out;
@@ -278,13 +278,13 @@ int bs_fake_run_multi(const chorus_unique_id_t *ids, int nids, int nranks, bs_fa
                     goto out;
                 }
                 if (st == 0) continue;
-                if (!bs_hello_auth_ok(&f->hello, ids[f->root].secret, f->nonce) ||
+                if (!bs_hello_auth_ok(&f->hello, &ids[f->root].secret, f->nonce) ||
                     !bs_root_msg_hello_ok(&f->hello, k, nranks)) {
                     fail(res, "fake rank %d: the root's hello failed authentication", k);
                     goto out;
                 }
                 bs_answer_t a;
-                bs_answer_make(&f->hello, ids[f->root].secret, f->nonce, NULL, 0, &a);
+                bs_answer_make(&f->hello, &ids[f->root].secret, f->nonce, NULL, 0, &a);
                 if (write(f->fd, &a, sizeof(a)) != (ssize_t)sizeof(a)) {
                     fail(res, "fake rank %d: answer: %s", k, strerror(errno));
                     goto out;

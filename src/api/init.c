@@ -228,8 +228,11 @@ void comm_join_init(struct ncclComm *comm) {
 static ncclResult_t check_unique_id(const ncclUniqueId *id, const char *api) {
     chorus_unique_id_t cid;
     memcpy(&cid, id->internal, sizeof(cid));
-    ARGCHECK(cid.magic == CHORUS_ID_MAGIC,
-             "%s: commId was not made by ncclGetUniqueId (magic 0x%llx)", api,
+    ARGCHECK(cid.magic == CHORUS_ID_MAGIC, "%s: commId %s (magic 0x%llx)", api,
+             cid.magic == CHORUS_ID_MAGIC_V1
+                 ? "was made by an older Chorus version (64-bit key): every rank of a job must "
+                   "run the same Chorus version"
+                 : "was not made by ncclGetUniqueId",
              (unsigned long long)cid.magic);
     return ncclSuccess;
 }

@@ -21,6 +21,13 @@
 
 #define CHORUS_NONCE_BYTES 16
 #define CHORUS_PROOF_BYTES 32
+/* The shared key of a job or communicator: 256 bits, so that a recorded exchange cannot be
+ * searched offline for it. */
+#define CHORUS_KEY_BYTES 32
+
+typedef struct {
+    uint8_t b[CHORUS_KEY_BYTES];
+} chorus_key_t;
 
 enum { CHORUS_AUTH_CLIENT = 1, CHORUS_AUTH_SERVER = 2 };
 

@@ -41,8 +41,8 @@ int bootstrap_rank(const bootstrap_t *bs) {
 int bootstrap_nranks(const bootstrap_t *bs) {
     return bs->nranks;
 }
-uint64_t bootstrap_secret(const bootstrap_t *bs) {
-    return bs->secret;
+const chorus_key_t *bootstrap_secret(const bootstrap_t *bs) {
+    return &bs->secret;
 }
 const chorus_sockaddr_t *bootstrap_addr(const bootstrap_t *bs, int rank) {
     if (rank < 0 || rank >= bs->nranks) return NULL;
@@ -78,6 +78,8 @@ static void bs_free(bootstrap_t *bs) {
     pthread_mutex_destroy(&bs->lock);
     pthread_mutex_destroy(&bs->send_lock);
     pthread_cond_destroy(&bs->cond);
+    explicit_bzero(&bs->secret, sizeof(bs->secret));
+    explicit_bzero(&bs->root_secret, sizeof(bs->root_secret));
     free(bs);
 }
 
@@ -136,7 +138,7 @@ static ncclResult_t start_fixed_root(const chorus_unique_id_t *id, bs_deadline_t
                 bind_addr.sin.sin_addr.s_addr = htonl(INADDR_ANY);
         }
         if (bs_listen(&bind_addr, 1, &fd, NULL) == 0)
-            return bs_root_start(fd, id->secret, &id->root);
+            return bs_root_start(fd, &id->secret, &id->root);
         int e = errno;
         if (e != EADDRINUSE) {
             WARN("bootstrap rank 0: cannot listen on the root address %s: %s%s", abuf, strerror(e),
@@ -225,11 +227,16 @@ static ncclResult_t rendezvous_once(bootstrap_t *bs, const chorus_unique_id_t *i
     h.nroots = (uint32_t)nroots;
     bs_reply_t rep;
     /* The root proves it knows the secret before its reply is read (its proof covers it). */
-    st = bs_auth_connect(fd, id->secret, &h, &rep, sizeof(rep), d, &e);
+    st = bs_auth_connect(fd, &id->secret, &h, &rep, sizeof(rep), d, &e);
     bs_close(fd);
     if (st == BS_IO_CLOSED) {
         *retry_p = 1;
         return ncclSystemError;
+    }
+    if (st == BS_IO_VERSION) {
+        WARN("bootstrap rank %d: the root at %s: %s", bs->rank, rbuf,
+             bs_io_strerror(st, e, ebuf, sizeof(ebuf)));
+        return ncclRemoteError;
     }
     if (st == BS_IO_AUTH || st == BS_IO_AUTH_REFUSED) {
         WARN("bootstrap rank %d: the root at %s %s",

@@ -1,7 +1,7 @@
 /*
  * bootstrap.h: rendezvous and setup-time exchange over TCP.
  *
- * ncclUniqueId carries a random 64-bit secret and the root's socket address (chorus_unique_id_t).
+ * ncclUniqueId carries a random 256-bit key and the root's socket address (chorus_unique_id_t).
  * ncclGetUniqueId starts a root listener thread in the calling process; with NCCL_COMM_ID=host:port
  * the id is derived from that address and rank 0 runs the root inside bootstrap_init. Ranks connect
  * to the root, prove they know the secret (a challenge-response: it never crosses the wire), and
@@ -19,6 +19,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/socket.h>
+#include "auth.h"
 #include "nccl.h"
 
 typedef union {
@@ -27,24 +28,26 @@ typedef union {
     struct sockaddr_in6 sin6;
 } chorus_sockaddr_t;
 
-/* What ncclUniqueId holds (must stay <= NCCL_UNIQUE_ID_BYTES). */
+/* What ncclUniqueId holds (must stay <= NCCL_UNIQUE_ID_BYTES: api/init.c asserts it). */
 typedef struct {
-    uint64_t magic;  /* CHORUS_ID_MAGIC: tells a Chorus id from garbage */
-    uint64_t secret; /* random; the key every connection proves it knows */
+    uint64_t magic;      /* CHORUS_ID_MAGIC: tells a Chorus id from garbage */
+    chorus_key_t secret; /* the 256-bit key every connection proves it knows */
     chorus_sockaddr_t root;
     uint32_t flags; /* CHORUS_ID_FLAG_* */
 } chorus_unique_id_t;
-#define CHORUS_ID_MAGIC 0x43484f5255533031ull /* "CHORUS01" */
+#define CHORUS_ID_MAGIC 0x43484f5255533032ull /* "CHORUS02": the 256-bit key */
+/* The magic of ids made by Chorus versions with a 64-bit key, recognised only to say so. */
+#define CHORUS_ID_MAGIC_V1 0x43484f5255533031ull /* "CHORUS01" */
 /* The id was built from an address (NCCL_COMM_ID, MASTER_ADDR:MASTER_PORT): no root thread runs
- * yet; rank 0 listens on `root` inside bootstrap_init. The secret is hashed from the job secret
- * (CHORUS_JOB_SECRET) and the address; only with CHORUS_COMM_ID_INSECURE=1 from the address text
- * alone, which gives no secrecy. */
+ * yet; rank 0 listens on `root` inside bootstrap_init. The key is HMAC-SHA256 of the address under
+ * the job secret (CHORUS_JOB_SECRET); only with CHORUS_COMM_ID_INSECURE=1 a hash of the address
+ * text alone, which gives no secrecy. */
 #define CHORUS_ID_FLAG_RANK0_ROOT 0x1u
 /* With RANK0_ROOT: the address was given as a host name; rank 0 listens on every local address
  * (that port), since the name may resolve differently on rank 0's own host. */
 #define CHORUS_ID_FLAG_BIND_ANY 0x2u
-/* A child id as it crosses the parent's bootstrap (split, shrink): `secret` holds a public salt,
- * and the members derive the real secret from it and their parent's secret
+/* A child id as it crosses the parent's bootstrap (split, shrink): `secret` holds a public
+ * random 32-byte salt, and the members derive the real key from it and their parent's key
  * (bootstrap_child_id_open), so the child's secret never crosses the wire either. Such an id
  * cannot be used before it is opened. */
 #define CHORUS_ID_FLAG_CHILD 0x4u
@@ -56,15 +59,17 @@ typedef struct bootstrap bootstrap_t;
 #define BOOTSTRAP_MAX_NRANKS (1 << 24)
 
 /* Fill *id: NCCL_COMM_ID gives the root address (no thread started: rank 0 runs the root in
- * bootstrap_init); otherwise start a root thread on a fresh port of a usable interface. */
+ * bootstrap_init); otherwise a random key (getrandom: no entropy source is ncclSystemError, never
+ * a guessable key) and a root thread on a fresh port of a usable interface. */
 ncclResult_t bootstrap_get_unique_id(chorus_unique_id_t *id);
-/* A fresh id for a communicator derived from `parent` (split, shrink): random secret, root thread
+/* A fresh id for a communicator derived from `parent` (split, shrink): its key derived from the
+ * parent's and a random salt, a root thread
  * listening on the parent's own bootstrap IP (known reachable by its peers), ignoring
  * NCCL_COMM_ID, which belongs to the top-level communicator: several children made at the same
  * time from one fixed address would collide. Ids are single-use: the root serves one rendezvous
  * and exits; a second init with the same id fails at once ("refused"). */
 /* *id is the usable id (for the caller); *wire_p (may be NULL) the same id sealed for the other
- * members: its secret replaced by the salt it is derived from with the parent's secret
+ * members: its key replaced by the salt it is derived from with the parent's key
  * (HMAC-SHA256), CHORUS_ID_FLAG_CHILD set. */
 ncclResult_t bootstrap_child_unique_id(const bootstrap_t *parent, chorus_unique_id_t *id,
                                        chorus_unique_id_t *wire_p);
@@ -79,6 +84,11 @@ void bootstrap_child_id_open(const bootstrap_t *parent, chorus_unique_id_t *id);
  * one. Starts nothing. */
 ncclResult_t bootstrap_id_from_string(const char *hostport, const char *what,
                                       chorus_unique_id_t *id);
+/* The key of a fixed-address id for the address text hostport: HMAC-SHA256 keyed with the job
+ * secret's bytes over "chorus-job-key-v1" NUL hostport; with job_secret NULL (only under
+ * CHORUS_COMM_ID_INSECURE=1) keyed with nothing over "chorus-comm-id-insecure-v1" NUL hostport.
+ * Pure; every rank of a job computes the same key. */
+void bootstrap_fixed_key(const char *job_secret, const char *hostport, chorus_key_t *key);
 
 /* Why an id cannot be used (bad magic, a root address that is not IPv4/IPv6 or has no port,
  * unknown flags), or NULL when it can. Pure: ncclCommInitRank's id is checked with it. */
@@ -95,7 +105,8 @@ ncclResult_t bootstrap_init_multi(const chorus_unique_id_t *ids, int nids, int r
 
 int bootstrap_rank(const bootstrap_t *bs);
 int bootstrap_nranks(const bootstrap_t *bs);
-uint64_t bootstrap_secret(const bootstrap_t *bs);
+/* The key peer connections prove they know (also the TCP transport's). */
+const chorus_key_t *bootstrap_secret(const bootstrap_t *bs);
 /* The address this rank's bootstrap listens on (its IP is the one peers reach it by). */
 const chorus_sockaddr_t *bootstrap_addr(const bootstrap_t *bs, int rank);
 

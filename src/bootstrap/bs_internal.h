@@ -50,6 +50,7 @@ typedef enum {
     BS_IO_REFUSED = -5, /* connect: nobody listens there */
     BS_IO_AUTH = -6,    /* the other side did not prove it knows the secret */
     BS_IO_AUTH_REFUSED = -7, /* the other side refused our proof (another secret) */
+    BS_IO_VERSION = -8, /* the other side speaks another wire version (another Chorus version) */
 } bs_io_status_t;
 
 void bs_deadline_init(bs_deadline_t *d, double seconds, volatile int *abort_ext,
@@ -133,23 +134,26 @@ void bs_close(int fd);
  *   acceptor -> connector   bs_answer_t      {status, proof_s over claims (+ the root's reply)},
  *                           then for the root's rendezvous hello the bs_reply_t the proof covers
  * The acceptor checks proof_c before it looks at any claim; the connector checks proof_s before
- * it trusts the reply or sends any message. The key is the 8 bytes of the id's secret.
+ * it trusts the reply or sends any message. The key is the id's 256-bit key (chorus_key_t).
  * BS_HELLO_ROOT: a rank to the root (the rendezvous). BS_HELLO_PEER: a rank to a rank.
  * BS_HELLO_FROM_ROOT: the root to a rank's listen socket, once, with its one message (rank -1). */
 enum { BS_HELLO_ROOT = 1, BS_HELLO_PEER = 2, BS_HELLO_FROM_ROOT = 3 };
-/* Bumped whenever the bytes on the wire change: 2 is the challenge-response. */
-#define BS_WIRE_VERSION 2u
-#define BS_AUTH_LABEL "chorus-bootstrap-v2"
+/* Bumped whenever the bytes on the wire change: 2 is the challenge-response, 3 its 256-bit key.
+ * BS_WIRE_MAGIC stays the same across versions, so that a peer of another version is recognised
+ * (and named as such) rather than taken for a stranger. */
+#define BS_WIRE_VERSION 3u
+#define BS_WIRE_MAGIC 0x43484f5255533031ull /* "CHORUS01" */
+#define BS_AUTH_LABEL "chorus-bootstrap-v3"
 
 typedef struct {
-    uint64_t magic; /* CHORUS_ID_MAGIC */
+    uint64_t magic; /* BS_WIRE_MAGIC */
     uint32_t version; /* BS_WIRE_VERSION */
     uint32_t pad;
     uint8_t nonce[CHORUS_NONCE_BYTES];
 } bs_challenge_t;
 
 typedef struct {
-    uint64_t magic; /* CHORUS_ID_MAGIC */
+    uint64_t magic; /* BS_WIRE_MAGIC */
     uint32_t version; /* BS_WIRE_VERSION */
     uint32_t kind;    /* BS_HELLO_* */
     int32_t rank;     /* who is speaking */
@@ -209,21 +213,24 @@ int bs_challenge_make(bs_challenge_t *c);
 int bs_challenge_ok(const bs_challenge_t *c);
 /* The connector's side: fill h's nonce and proof for the challenge (h's claims set before). -1
  * when the kernel gives no randomness. */
-int bs_hello_sign(bs_hello_t *h, uint64_t key, const bs_challenge_t *c);
+int bs_hello_sign(bs_hello_t *h, const chorus_key_t *key, const bs_challenge_t *c);
 /* The acceptor's side, on a complete hello: 1 when magic and version are ours and its proof is
  * right for key and this connection's nonce_s. Nothing else of the hello may be trusted before. */
-int bs_hello_auth_ok(const bs_hello_t *h, uint64_t key, const uint8_t nonce_s[CHORUS_NONCE_BYTES]);
+int bs_hello_auth_ok(const bs_hello_t *h, const chorus_key_t *key,
+                     const uint8_t nonce_s[CHORUS_NONCE_BYTES]);
 /* The acceptor's answer to an authenticated hello, covering `reply` (may be NULL, 0 bytes). */
-void bs_answer_make(const bs_hello_t *h, uint64_t key, const uint8_t nonce_s[CHORUS_NONCE_BYTES],
+void bs_answer_make(const bs_hello_t *h, const chorus_key_t *key,
+                    const uint8_t nonce_s[CHORUS_NONCE_BYTES],
                     const void *reply, size_t reply_len, bs_answer_t *a);
 /* The connector checks it: 1 when status is OK and the proof is right. */
-int bs_answer_ok(const bs_answer_t *a, const bs_hello_t *h, uint64_t key,
+int bs_answer_ok(const bs_answer_t *a, const bs_hello_t *h, const chorus_key_t *key,
                  const uint8_t nonce_s[CHORUS_NONCE_BYTES], const void *reply, size_t reply_len);
 /* The connector's whole handshake on a connected socket: read the challenge, send the hello
  * (claims in *h; nonce and proof filled here), read the answer and then reply_len bytes into
  * reply, and check the answer's proof over them. BS_IO_OK, an I/O status, BS_IO_AUTH (a wrong
- * or missing proof: the other side does not know the key) or BS_IO_AUTH_REFUSED. */
-int bs_auth_connect(int fd, uint64_t key, bs_hello_t *h, void *reply, size_t reply_len,
+ * or missing proof: the other side does not know the key), BS_IO_AUTH_REFUSED or BS_IO_VERSION
+ * (a challenge of another wire version: *errno_p then holds that version). */
+int bs_auth_connect(int fd, const chorus_key_t *key, bs_hello_t *h, void *reply, size_t reply_len,
                     const bs_deadline_t *d, int *errno_p);
 
 /* A complete rendezvous hello at the root (already authenticated), given the nranks
@@ -252,7 +259,8 @@ void bs_warn_auth_failed(const char *who, const chorus_sockaddr_t *from);
  * call, oldest first (at most max; the 64 first are kept): for tests. */
 int bs_root_stats_take(int *hellos, int max);
 /* Start a detached thread that serves one rendezvous on listen_fd (which it then owns). */
-ncclResult_t bs_root_start(int listen_fd, uint64_t secret, const chorus_sockaddr_t *addr);
+ncclResult_t bs_root_start(int listen_fd, const chorus_key_t *secret,
+                           const chorus_sockaddr_t *addr);
 
 /* ---- the handle (bootstrap.c, bs_peer.c) -------------------------------------------------- */
 typedef struct bs_msg {
@@ -283,8 +291,8 @@ enum { BS_PEER_NONE = 0, BS_PEER_OPEN, BS_PEER_CLOSED, BS_PEER_FAILED };
 
 struct bootstrap {
     int rank, nranks;
-    uint64_t secret;      /* what peers present */
-    uint64_t root_secret; /* what this rank's root presents (its id's) */
+    chorus_key_t secret;      /* what peers present */
+    chorus_key_t root_secret; /* what this rank's root presents (its id's) */
     volatile int *abort_ext;
     volatile int abort_int;
     chorus_sockaddr_t *addrs; /* [nranks + 1] listen addresses; [nranks]: the root's */

@@ -71,7 +71,7 @@ static int conn_auth(bootstrap_t *bs, int i) {
     bs_in_conn_t *c = &bs->conns[i];
     const bs_hello_t *h = &c->u.hello;
     int from_root = h->kind == BS_HELLO_FROM_ROOT;
-    uint64_t key = from_root ? bs->root_secret : bs->secret;
+    const chorus_key_t *key = from_root ? &bs->root_secret : &bs->secret;
     if (!bs_hello_auth_ok(h, key, c->nonce)) {
         bs_answer_t a;
         memset(&a, 0, sizeof(a));
@@ -140,7 +140,7 @@ static int conn_read(bootstrap_t *bs, int i) {
             }
             if (n == 0) return 0;
             c->got += (size_t)n;
-            if (c->got >= 8 && c->u.hello.magic != CHORUS_ID_MAGIC) {
+            if (c->got >= 8 && c->u.hello.magic != BS_WIRE_MAGIC) {
                 INFO(SUB_BOOTSTRAP, "bootstrap rank %d: dropped a connection with a bad magic",
                      bs->rank);
                 conn_drop(bs, i, 0, 0);
@@ -422,7 +422,7 @@ static int peer_connect(bootstrap_t *bs, int peer, const bs_deadline_t *d, int *
     h.nranks = bs->nranks;
     h.to_rank = peer;
     h.addr = bs->addrs[bs->rank];
-    st = bs_auth_connect(fd, bs->secret, &h, NULL, 0, d, errno_p);
+    st = bs_auth_connect(fd, &bs->secret, &h, NULL, 0, d, errno_p);
     if (st != BS_IO_OK) {
         bs_close(fd);
         return st;

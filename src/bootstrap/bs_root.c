@@ -82,7 +82,7 @@ typedef struct {
 
 typedef struct {
     int listen_fd;
-    uint64_t secret;
+    chorus_key_t secret;
     chorus_sockaddr_t addr;
     char addr_str[64];
     int base_timeout_s; /* CHORUS_TIMEOUT */
@@ -107,6 +107,7 @@ static void root_free(root_t *r) {
         bs_close(r->pending[i].fd);
     free(r->present);
     free(r->rank_addr);
+    explicit_bzero(&r->secret, sizeof(r->secret));
     free(r);
 }
 
@@ -128,7 +129,7 @@ static void send_reply(root_t *r, const root_pending_t *p, uint32_t status) {
     } m;
     memset(&m, 0, sizeof(m));
     m.rep = (bs_reply_t){status, r->nranks, 0, r->timeout_s};
-    bs_answer_make(&p->hello, r->secret, p->nonce, &m.rep, sizeof(m.rep), &m.a);
+    bs_answer_make(&p->hello, &r->secret, p->nonce, &m.rep, sizeof(m.rep), &m.a);
     int e = 0;
     (void)bs_write_some(p->fd, &m, sizeof(m), &e);
 }
@@ -270,12 +271,12 @@ static void read_pending(root_t *r, int i) {
         return;
     }
     p->got += (size_t)n;
-    if (p->got >= sizeof(uint64_t) && p->hello.magic != CHORUS_ID_MAGIC) {
+    if (p->got >= sizeof(uint64_t) && p->hello.magic != BS_WIRE_MAGIC) {
         drop_pending(r, i, "bad magic");
         return;
     }
     if (p->got < sizeof(p->hello)) return;
-    if (!bs_hello_auth_ok(&p->hello, r->secret, p->nonce)) {
+    if (!bs_hello_auth_ok(&p->hello, &r->secret, p->nonce)) {
         bs_answer_t a;
         memset(&a, 0, sizeof(a));
         a.status = BS_ANSWER_REFUSED;
@@ -400,7 +401,7 @@ static int fan_step(root_t *r, fan_slot_t *s, const char *msg, size_t len) {
         int rc = fan_read(r, s, &s->chal, sizeof(s->chal));
         if (rc <= 0) return rc;
         root_msg_hello(r, s->rank, &s->hello);
-        if (!bs_challenge_ok(&s->chal) || bs_hello_sign(&s->hello, r->secret, &s->chal) != 0) {
+        if (!bs_challenge_ok(&s->chal) || bs_hello_sign(&s->hello, &r->secret, &s->chal) != 0) {
             fan_fail(r, s->rank, "handshake", EPROTO);
             return -1;
         }
@@ -411,7 +412,7 @@ static int fan_step(root_t *r, fan_slot_t *s, const char *msg, size_t len) {
     case FAN_ANSWER: {
         int rc = fan_read(r, s, &s->ans, sizeof(s->ans));
         if (rc <= 0) return rc;
-        if (!bs_answer_ok(&s->ans, &s->hello, r->secret, s->chal.nonce, NULL, 0)) {
+        if (!bs_answer_ok(&s->ans, &s->hello, &r->secret, s->chal.nonce, NULL, 0)) {
             char buf[64];
             WARN("bootstrap root %s: rank %d's address %s failed authentication (it does not know "
                  "this job's secret); not sending it the rendezvous result",
@@ -497,7 +498,7 @@ static void finish_ok(root_t *r) {
     bs_deadline_init(&d, (double)r->timeout_s, NULL, NULL);
     int fd = -1, e = 0;
     int st = bs_connect(&r->rank_addr[lo], 0, &d, &fd, &e);
-    if (st == BS_IO_OK) st = bs_auth_connect(fd, r->secret, &h, NULL, 0, &d, &e);
+    if (st == BS_IO_OK) st = bs_auth_connect(fd, &r->secret, &h, NULL, 0, &d, &e);
     if (st == BS_IO_OK) st = bs_send_all(fd, &hdr, sizeof(hdr), &d, &e);
     if (st == BS_IO_OK) st = bs_send_all(fd, &rep, sizeof(rep), &d, &e);
     if (st == BS_IO_OK) st = bs_send_all(fd, &r->rank_addr[(lo - 1 + n) % n], as, &d, &e);
@@ -643,7 +644,8 @@ static void *root_main(void *arg) {
     return NULL;
 }
 
-ncclResult_t bs_root_start(int listen_fd, uint64_t secret, const chorus_sockaddr_t *addr) {
+ncclResult_t bs_root_start(int listen_fd, const chorus_key_t *secret,
+                           const chorus_sockaddr_t *addr) {
     root_t *r = calloc(1, sizeof(*r));
     if (r == NULL) {
         WARN("bootstrap root: out of memory");
@@ -651,7 +653,7 @@ ncclResult_t bs_root_start(int listen_fd, uint64_t secret, const chorus_sockaddr
         return ncclSystemError;
     }
     r->listen_fd = listen_fd;
-    r->secret = secret;
+    r->secret = *secret;
     r->addr = *addr;
     chorus_sockaddr_str(addr, r->addr_str, sizeof(r->addr_str));
     int64_t t = chorus_param_int(PARAM_TIMEOUT);

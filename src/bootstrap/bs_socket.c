@@ -78,6 +78,12 @@ const char *bs_io_strerror(int status, int err, char *buf, int len) {
         snprintf(buf, len, "it refused this rank's proof: the two sides hold different secrets "
                            "(another job there, or this rank's CHORUS_JOB_SECRET differs)");
         break;
+    case BS_IO_VERSION:
+        snprintf(buf, len,
+                 "it speaks bootstrap wire version %d and this rank %u: another Chorus version "
+                 "(every rank of a job must run the same one)",
+                 err, (unsigned)BS_WIRE_VERSION);
+        break;
     default:
         if (err == EMFILE || err == ENFILE) {
             struct rlimit rl;
@@ -139,6 +145,7 @@ ncclResult_t bs_io_result(int status) {
     case BS_IO_REFUSED:
     case BS_IO_AUTH:
     case BS_IO_AUTH_REFUSED:
+    case BS_IO_VERSION:
         return ncclRemoteError;
     default:
         return ncclSystemError;

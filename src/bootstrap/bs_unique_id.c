@@ -1,13 +1,13 @@
 /*
  * bs_unique_id.c: making the unique id (what ncclGetUniqueId returns).
  *
- * Without CHORUS_COMM_ID/NCCL_COMM_ID: a random 64-bit secret (getrandom) and the address of a
+ * Without CHORUS_COMM_ID/NCCL_COMM_ID: a random 256-bit key (getrandom) and the address of a
  * root thread started here, listening on an ephemeral port of the interface chorus_find_interface
  * picks. With a fixed address (NCCL_COMM_ID, or MASTER_ADDR:MASTER_PORT through
  * chorusCommInitFromEnv): the id is a pure function of the address text, so every rank computes the
  * same one on its own; nothing starts here and rank 0 runs the root inside bootstrap_init. Its
- * secret then comes from the job secret (CHORUS_JOB_SECRET, or the file CHORUS_JOB_SECRET_FILE),
- * which only the job's own ranks know, hashed together with the address. Without a job secret such
+ * key is then HMAC-SHA256 of the address under the job secret (CHORUS_JOB_SECRET, or the file
+ * CHORUS_JOB_SECRET_FILE), which only the job's own ranks know. Without a job secret such
  * an id is refused, because a secret derived from the address alone (what NCCL does with
  * NCCL_COMM_ID) lets any process that can reach the port join the job; CHORUS_COMM_ID_INSECURE=1
  * asks for exactly that behaviour.
@@ -16,9 +16,7 @@
 #include <fcntl.h>
 #include <stdio.h>
 #include <string.h>
-#include <sys/random.h>
 #include <sys/stat.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "bs_internal.h"
@@ -27,35 +25,13 @@
 #include "sha256.h"
 #include "waiter.h"
 
-static uint64_t mix64(uint64_t x) {
-    x ^= x >> 30;
-    x *= 0xbf58476d1ce4e5b9ull;
-    x ^= x >> 27;
-    x *= 0x94d049bb133111ebull;
-    x ^= x >> 31;
-    return x;
-}
-
-static uint64_t random_secret(void) {
-    uint64_t s = 0;
-    size_t got = 0;
-    while (got < sizeof(s)) {
-        ssize_t n = getrandom((char *)&s + got, sizeof(s) - got, 0);
-        if (n < 0 && errno == EINTR) continue;
-        if (n <= 0) break;
-        got += (size_t)n;
-    }
-    if (got < sizeof(s)) {
-        /* No entropy source: still make ids differ between jobs (not secret, but unique). */
-        s = mix64(chorus_now_ns() ^ ((uint64_t)getpid() << 32) ^ (uintptr_t)&s);
-    }
-    return s ? s : 1;
-}
-
-static uint64_t fnv1a(uint64_t h, const char *text, size_t len) {
-    for (size_t i = 0; i < len; i++)
-        h = (h ^ (unsigned char)text[i]) * 0x100000001b3ull;
-    return h;
+/* A random 256-bit key. No entropy source is an error: a guessable key would let anyone in. */
+static ncclResult_t random_key(chorus_key_t *key, const char *what) {
+    if (chorus_random_bytes(key->b, sizeof(key->b)) == 0) return ncclSuccess;
+    WARN("%s: getrandom gave no random bytes (%s): cannot make an unguessable key; refusing "
+         "rather than making a predictable one",
+         what, strerror(errno));
+    return ncclSystemError;
 }
 
 /* The longest job secret a file may hold (its first line). */
@@ -113,10 +89,25 @@ static ncclResult_t read_secret_file(const char *path, char *buf, size_t len) {
     return ncclSuccess;
 }
 
-/* The 64-bit secret of a fixed-address id: hashed from the job secret and the address (so one job
- * secret reused for two addresses still keeps the jobs apart). Without a job secret: refused unless
- * CHORUS_COMM_ID_INSECURE=1, which derives it from the address alone, as NCCL does. */
-static ncclResult_t fixed_id_secret(const char *hostport, const char *what, uint64_t *secret_p) {
+/* Labels of the HMAC-SHA256 derivations below (hashed with their terminating zero). */
+#define BS_LABEL_JOB_KEY "chorus-job-key-v1"
+#define BS_LABEL_INSECURE_KEY "chorus-comm-id-insecure-v1"
+#define BS_LABEL_CHILD_KEY "chorus-child-key-v1"
+
+void bootstrap_fixed_key(const char *job_secret, const char *hostport, chorus_key_t *key) {
+    const char *label = job_secret ? BS_LABEL_JOB_KEY : BS_LABEL_INSECURE_KEY;
+    chorus_hmac_t m;
+    chorus_hmac_init(&m, job_secret, job_secret ? strlen(job_secret) : 0);
+    chorus_hmac_update(&m, label, strlen(label) + 1);
+    chorus_hmac_update(&m, hostport, strlen(hostport));
+    chorus_hmac_final(&m, key->b);
+    explicit_bzero(&m, sizeof(m));
+}
+
+/* The key of a fixed-address id: HMAC-SHA256 of the address under the job secret (so one job
+ * secret reused for two addresses still keeps the jobs apart). Without a job secret: refused
+ * unless CHORUS_COMM_ID_INSECURE=1, which derives it from the address alone, as NCCL does. */
+static ncclResult_t fixed_id_secret(const char *hostport, const char *what, chorus_key_t *key) {
     const char *text = chorus_param_str(PARAM_JOB_SECRET);
     const char *path = chorus_param_str(PARAM_JOB_SECRET_FILE);
     int have_text = text != NULL && *text != '\0';
@@ -135,14 +126,9 @@ static ncclResult_t fixed_id_secret(const char *hostport, const char *what, uint
         text = filebuf;
         have_text = 1;
     }
-    uint64_t h = 0xcbf29ce484222325ull;
     if (have_text) {
-        const char *prefix = "chorus-job-secret:";
-        h = fnv1a(h, prefix, strlen(prefix));
-        h = fnv1a(h, text, strlen(text) + 1); /* with its NUL: secret and address stay apart */
-        h = fnv1a(h, hostport, strlen(hostport));
-        *secret_p = mix64(mix64(h) ^ strlen(text)) | 1;
-        explicit_bzero(filebuf, sizeof(filebuf));
+        bootstrap_fixed_key(text, hostport, key);
+        if (have_path) explicit_bzero(filebuf, sizeof(filebuf));
         return ncclSuccess;
     }
     if (chorus_param_int(PARAM_COMM_ID_INSECURE) != 1) {
@@ -157,14 +143,11 @@ static ncclResult_t fixed_id_secret(const char *hostport, const char *what, uint
     }
     static int warned;
     if (!__atomic_exchange_n(&warned, 1, __ATOMIC_RELAXED))
-        WARN("CHORUS_COMM_ID_INSECURE=1: the secret of the job at %s is derived from the address "
+        WARN("CHORUS_COMM_ID_INSECURE=1: the key of the job at %s is derived from the address "
              "text, as in NCCL; it gives no secrecy: any process that can reach the port can join "
              "the job and read its data",
              hostport);
-    const char *prefix = "chorus-comm-id:";
-    h = fnv1a(h, prefix, strlen(prefix));
-    h = fnv1a(h, hostport, strlen(hostport));
-    *secret_p = mix64(h) | 1;
+    bootstrap_fixed_key(NULL, hostport, key);
     return ncclSuccess;
 }
 
@@ -174,11 +157,12 @@ ncclResult_t bootstrap_id_from_string(const char *hostport, const char *what,
     chorus_sockaddr_t addr;
     int is_name = 0;
     CHECK(bs_parse_hostport_ex(hostport, what ? what : "root address", &addr, &is_name));
-    uint64_t secret;
+    chorus_key_t secret;
     CHECK(fixed_id_secret(hostport, what, &secret));
     memset(id, 0, sizeof(*id));
     id->magic = CHORUS_ID_MAGIC;
     id->secret = secret;
+    explicit_bzero(&secret, sizeof(secret));
     id->root = addr;
     id->flags = CHORUS_ID_FLAG_RANK0_ROOT | (is_name ? CHORUS_ID_FLAG_BIND_ANY : 0);
     char buf[64];
@@ -187,9 +171,11 @@ ncclResult_t bootstrap_id_from_string(const char *hostport, const char *what,
     return ncclSuccess;
 }
 
-/* Random secret + a root thread listening on `addr` (port 0: ephemeral). */
+/* Random key + a root thread listening on `addr` (port 0: ephemeral). */
 static ncclResult_t start_root_on(const chorus_sockaddr_t *addr, const char *ifname,
                                   chorus_unique_id_t *id) {
+    chorus_key_t key;
+    CHECK(random_key(&key, "ncclGetUniqueId"));
     chorus_sockaddr_t bound;
     int fd;
     if (bs_listen(addr, 0, &fd, &bound) != 0) {
@@ -200,25 +186,23 @@ static ncclResult_t start_root_on(const chorus_sockaddr_t *addr, const char *ifn
     }
     memset(id, 0, sizeof(*id));
     id->magic = CHORUS_ID_MAGIC;
-    id->secret = random_secret();
+    id->secret = key;
     id->root = bound;
     id->flags = 0;
-    return bs_root_start(fd, id->secret, &bound);
+    explicit_bzero(&key, sizeof(key));
+    return bs_root_start(fd, &id->secret, &bound);
 }
 
-/* A child's secret: HMAC-SHA256(parent secret, label, salt, the child root's address), 64 bits. */
-static uint64_t child_secret(uint64_t parent, uint64_t salt, const chorus_sockaddr_t *root) {
-    static const char label[] = "chorus-child-id";
+/* A child's key: HMAC-SHA256(parent key, label || salt || the child root's address). */
+static void child_secret(const chorus_key_t *parent, const chorus_key_t *salt,
+                         const chorus_sockaddr_t *root, chorus_key_t *key) {
     chorus_hmac_t m;
-    uint8_t mac[CHORUS_SHA256_BYTES];
-    chorus_hmac_init(&m, &parent, sizeof(parent));
-    chorus_hmac_update(&m, label, sizeof(label));
-    chorus_hmac_update(&m, &salt, sizeof(salt));
+    chorus_hmac_init(&m, parent->b, sizeof(parent->b));
+    chorus_hmac_update(&m, BS_LABEL_CHILD_KEY, sizeof(BS_LABEL_CHILD_KEY));
+    chorus_hmac_update(&m, salt->b, sizeof(salt->b));
     chorus_hmac_update(&m, root, bs_sockaddr_len(root));
-    chorus_hmac_final(&m, mac);
-    uint64_t secret;
-    memcpy(&secret, mac, sizeof(secret));
-    return secret | 1;
+    chorus_hmac_final(&m, key->b);
+    explicit_bzero(&m, sizeof(m));
 }
 
 ncclResult_t bootstrap_child_unique_id(const bootstrap_t *parent, chorus_unique_id_t *id,
@@ -227,6 +211,8 @@ ncclResult_t bootstrap_child_unique_id(const bootstrap_t *parent, chorus_unique_
         WARN("bootstrap_child_unique_id: %s is NULL", parent ? "id" : "parent");
         return ncclInvalidArgument;
     }
+    chorus_key_t salt;
+    CHECK(random_key(&salt, "making a split/shrink communicator's id"));
     chorus_sockaddr_t addr = *bootstrap_addr(parent, bootstrap_rank(parent));
     bs_sockaddr_set_port(&addr, 0);
     chorus_sockaddr_t bound;
@@ -237,10 +223,9 @@ ncclResult_t bootstrap_child_unique_id(const bootstrap_t *parent, chorus_unique_
              chorus_sockaddr_str(&addr, buf, sizeof(buf)), strerror(errno));
         return ncclSystemError;
     }
-    uint64_t salt = random_secret();
     memset(id, 0, sizeof(*id));
     id->magic = CHORUS_ID_MAGIC;
-    id->secret = child_secret(bootstrap_secret(parent), salt, &bound);
+    child_secret(bootstrap_secret(parent), &salt, &bound, &id->secret);
     id->root = bound;
     id->flags = 0;
     if (wire_p) {
@@ -248,12 +233,13 @@ ncclResult_t bootstrap_child_unique_id(const bootstrap_t *parent, chorus_unique_
         wire_p->secret = salt;
         wire_p->flags |= CHORUS_ID_FLAG_CHILD;
     }
-    return bs_root_start(fd, id->secret, &bound);
+    return bs_root_start(fd, &id->secret, &bound);
 }
 
 void bootstrap_child_id_open(const bootstrap_t *parent, chorus_unique_id_t *id) {
     if (parent == NULL || id == NULL || !(id->flags & CHORUS_ID_FLAG_CHILD)) return;
-    id->secret = child_secret(bootstrap_secret(parent), id->secret, &id->root);
+    chorus_key_t salt = id->secret;
+    child_secret(bootstrap_secret(parent), &salt, &id->root, &id->secret);
     id->flags &= ~CHORUS_ID_FLAG_CHILD;
 }
 

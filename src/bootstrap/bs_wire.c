@@ -17,55 +17,66 @@
 _Static_assert(sizeof(bs_challenge_t) == 32, "bs_challenge_t has padding");
 _Static_assert(sizeof(bs_hello_t) == 112, "bs_hello_t has padding");
 _Static_assert(sizeof(bs_answer_t) == 40, "bs_answer_t has padding");
+/* The id's layout: magic, the 32-byte key, the root address (IPv6 at most), flags; ncclUniqueId
+ * holds 128 bytes. */
+_Static_assert(offsetof(chorus_unique_id_t, secret) == 8 && sizeof(chorus_key_t) == 32,
+               "the id's key moved");
+_Static_assert(sizeof(chorus_unique_id_t) <= NCCL_UNIQUE_ID_BYTES, "the id exceeds ncclUniqueId");
 
 int bs_challenge_make(bs_challenge_t *c) {
     memset(c, 0, sizeof(*c));
-    c->magic = CHORUS_ID_MAGIC;
+    c->magic = BS_WIRE_MAGIC;
     c->version = BS_WIRE_VERSION;
     return chorus_random_bytes(c->nonce, sizeof(c->nonce));
 }
 
 int bs_challenge_ok(const bs_challenge_t *c) {
-    return c->magic == CHORUS_ID_MAGIC && c->version == BS_WIRE_VERSION;
+    return c->magic == BS_WIRE_MAGIC && c->version == BS_WIRE_VERSION;
 }
 
-int bs_hello_sign(bs_hello_t *h, uint64_t key, const bs_challenge_t *c) {
-    h->magic = CHORUS_ID_MAGIC;
+int bs_hello_sign(bs_hello_t *h, const chorus_key_t *key, const bs_challenge_t *c) {
+    h->magic = BS_WIRE_MAGIC;
     h->version = BS_WIRE_VERSION;
     h->pad = 0;
     if (chorus_random_bytes(h->nonce, sizeof(h->nonce)) != 0) return -1;
-    chorus_auth_proof(&key, sizeof(key), BS_AUTH_LABEL, CHORUS_AUTH_CLIENT, h->nonce, c->nonce, h,
+    chorus_auth_proof(key->b, sizeof(key->b), BS_AUTH_LABEL, CHORUS_AUTH_CLIENT, h->nonce, c->nonce, h,
                       BS_HELLO_CLAIMS, NULL, 0, h->proof);
     return 0;
 }
 
-int bs_hello_auth_ok(const bs_hello_t *h, uint64_t key, const uint8_t nonce_s[CHORUS_NONCE_BYTES]) {
-    if (h->magic != CHORUS_ID_MAGIC || h->version != BS_WIRE_VERSION) return 0;
-    return chorus_auth_check(&key, sizeof(key), BS_AUTH_LABEL, CHORUS_AUTH_CLIENT, h->nonce,
+int bs_hello_auth_ok(const bs_hello_t *h, const chorus_key_t *key,
+                     const uint8_t nonce_s[CHORUS_NONCE_BYTES]) {
+    if (h->magic != BS_WIRE_MAGIC || h->version != BS_WIRE_VERSION) return 0;
+    return chorus_auth_check(key->b, sizeof(key->b), BS_AUTH_LABEL, CHORUS_AUTH_CLIENT, h->nonce,
                              nonce_s, h, BS_HELLO_CLAIMS, NULL, 0, h->proof);
 }
 
-void bs_answer_make(const bs_hello_t *h, uint64_t key, const uint8_t nonce_s[CHORUS_NONCE_BYTES],
-                    const void *reply, size_t reply_len, bs_answer_t *a) {
+void bs_answer_make(const bs_hello_t *h, const chorus_key_t *key,
+                    const uint8_t nonce_s[CHORUS_NONCE_BYTES], const void *reply, size_t reply_len,
+                    bs_answer_t *a) {
     memset(a, 0, sizeof(*a));
     a->status = BS_ANSWER_OK;
-    chorus_auth_proof(&key, sizeof(key), BS_AUTH_LABEL, CHORUS_AUTH_SERVER, h->nonce, nonce_s, h,
+    chorus_auth_proof(key->b, sizeof(key->b), BS_AUTH_LABEL, CHORUS_AUTH_SERVER, h->nonce, nonce_s, h,
                       BS_HELLO_CLAIMS, reply, reply_len, a->proof);
 }
 
-int bs_answer_ok(const bs_answer_t *a, const bs_hello_t *h, uint64_t key,
+int bs_answer_ok(const bs_answer_t *a, const bs_hello_t *h, const chorus_key_t *key,
                  const uint8_t nonce_s[CHORUS_NONCE_BYTES], const void *reply, size_t reply_len) {
     if (a->status != BS_ANSWER_OK) return 0;
-    return chorus_auth_check(&key, sizeof(key), BS_AUTH_LABEL, CHORUS_AUTH_SERVER, h->nonce,
+    return chorus_auth_check(key->b, sizeof(key->b), BS_AUTH_LABEL, CHORUS_AUTH_SERVER, h->nonce,
                              nonce_s, h, BS_HELLO_CLAIMS, reply, reply_len, a->proof);
 }
 
-int bs_auth_connect(int fd, uint64_t key, bs_hello_t *h, void *reply, size_t reply_len,
+int bs_auth_connect(int fd, const chorus_key_t *key, bs_hello_t *h, void *reply, size_t reply_len,
                     const bs_deadline_t *d, int *errno_p) {
     bs_challenge_t c;
     bs_answer_t a;
     int st = bs_recv_all(fd, &c, sizeof(c), d, errno_p);
     if (st != BS_IO_OK) return st;
+    if (c.magic == BS_WIRE_MAGIC && c.version != BS_WIRE_VERSION) {
+        *errno_p = (int)c.version;
+        return BS_IO_VERSION;
+    }
     if (!bs_challenge_ok(&c)) return BS_IO_AUTH;
     if (bs_hello_sign(h, key, &c) != 0) {
         *errno_p = errno;
@@ -95,6 +106,9 @@ void bs_warn_auth_failed(const char *who, const chorus_sockaddr_t *from) {
 }
 
 const char *bootstrap_id_problem(const chorus_unique_id_t *id) {
+    if (id->magic == CHORUS_ID_MAGIC_V1)
+        return "it was made by an older Chorus version (64-bit key): every rank of a job must run "
+               "the same Chorus version";
     if (id->magic != CHORUS_ID_MAGIC) return "it is not one ncclGetUniqueId made (bad magic)";
     sa_family_t family = id->root.sa.sa_family;
     if (family != AF_INET && family != AF_INET6)

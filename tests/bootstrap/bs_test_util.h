@@ -44,21 +44,33 @@ inline int read_exact(int fd, void *buf, size_t len, double seconds) {
 // The connector's half of the bootstrap handshake by hand on a connected fd: read the challenge
 // (into *chal_p when given), sign the claims in *h with key (what a process that knows key can
 // do) and send the hello. 1, or 0 when no valid challenge came or the write failed.
-inline int send_signed_hello(int fd, uint64_t key, bs_hello_t *h,
+inline int send_signed_hello(int fd, const chorus_key_t &key, bs_hello_t *h,
                              bs_challenge_t *chal_p = nullptr) {
     bs_challenge_t c;
     if (!read_exact(fd, &c, sizeof(c), 5.0) || !bs_challenge_ok(&c)) return 0;
-    if (bs_hello_sign(h, key, &c) != 0) return 0;
+    if (bs_hello_sign(h, &key, &c) != 0) return 0;
     if (chal_p) *chal_p = c;
     return write(fd, h, sizeof(*h)) == (ssize_t)sizeof(*h);
 }
 
 // The acceptor's answer to a hello sent with send_signed_hello: 1 when it came within 5 s and
 // proves the acceptor knows key, 0 otherwise (closed, refused, or a wrong proof).
-inline int got_answer(int fd, uint64_t key, const bs_hello_t &h, const bs_challenge_t &c) {
+inline int got_answer(int fd, const chorus_key_t &key, const bs_hello_t &h,
+                      const bs_challenge_t &c) {
     bs_answer_t a;
     if (!read_exact(fd, &a, sizeof(a), 5.0)) return 0;
-    return bs_answer_ok(&a, &h, key, c.nonce, nullptr, 0);
+    return bs_answer_ok(&a, &h, &key, c.nonce, nullptr, 0);
+}
+
+// key with byte `at` changed (by xor with `bits`): another job's key, one bit or byte away.
+inline chorus_key_t other_key(const chorus_key_t &key, int at = 0, uint8_t bits = 1) {
+    chorus_key_t k = key;
+    k.b[at] ^= bits;
+    return k;
+}
+
+inline bool same_key(const chorus_key_t &a, const chorus_key_t &b) {
+    return memcmp(a.b, b.b, sizeof(a.b)) == 0;
 }
 
 // A hello's claims (nonce and proof are filled when it is signed).

@@ -55,7 +55,7 @@ chorus_unique_id_t new_id() {
 int exercise(const chorus_unique_id_t &id, int rank, int nranks) {
     bootstrap_t *bs = nullptr;
     RANK_NCCL(bootstrap_init(&id, rank, nranks, nullptr, &bs));
-    RANK_CHECK(bootstrap_secret(bs) == id.secret, "secret");
+    RANK_CHECK(chorus_test::same_key(*bootstrap_secret(bs), id.secret), "secret");
     int rc = exercise_bs(bs, rank, nranks);
     bootstrap_close(bs);
     return rc;
@@ -256,7 +256,7 @@ TEST(Bootstrap, StrangersOnRootPortAreIgnored) {
     bs_hello_t fake = chorus_test::hello_claims(BS_HELLO_ROOT, 1, 2, -1);
     fd = connect_to(id.root);
     ASSERT_GE(fd, 0);
-    ASSERT_TRUE(chorus_test::send_signed_hello(fd, id.secret ^ 0x5a5a, &fake));
+    ASSERT_TRUE(chorus_test::send_signed_hello(fd, chorus_test::other_key(id.secret, 1, 0x5a), &fake));
     held.push_back(fd);
     // a silent connection, kept open
     fd = connect_to(id.root);
@@ -542,7 +542,8 @@ TEST(Bootstrap, ChildIdsForTwoGroupsAtOnce) {
                 RANK_NCCL(bootstrap_child_unique_id(parent, &child_id, &wire));
                 RANK_CHECK(!(child_id.flags & CHORUS_ID_FLAG_RANK0_ROOT), "fresh root");
                 // What crosses the parent's bootstrap holds a salt, not the child's secret.
-                RANK_CHECK(wire.secret != child_id.secret && (wire.flags & CHORUS_ID_FLAG_CHILD),
+                RANK_CHECK(!chorus_test::same_key(wire.secret, child_id.secret) &&
+                               (wire.flags & CHORUS_ID_FLAG_CHILD),
                            "the child's secret would be sent");
                 RANK_CHECK(bootstrap_id_problem(&wire) != nullptr, "a sealed id is usable");
                 for (int r = leader + 2; r < n; r += 2)
@@ -623,7 +624,7 @@ TEST(Bootstrap, StrangersOnPeerPortAreIgnored) {
                 fds.push_back(f);
                 bs_hello_t h = chorus_test::hello_claims(BS_HELLO_PEER, 2, n, 1);
                 f = connect_to(target); // wrong secret
-                RANK_CHECK(f >= 0 && chorus_test::send_signed_hello(f, id.secret ^ 1, &h),
+                RANK_CHECK(f >= 0 && chorus_test::send_signed_hello(f, chorus_test::other_key(id.secret), &h),
                            "write");
                 fds.push_back(f);
                 h = chorus_test::hello_claims(BS_HELLO_PEER, 2, n, 0); // meant for another rank
@@ -733,7 +734,7 @@ TEST(Bootstrap, IdFromStringParsesAndRejects) {
     EXPECT_EQ(a.root.sa.sa_family, AF_INET);
     EXPECT_EQ(ntohs(a.root.sin.sin_port), 29500);
     ASSERT_EQ(bootstrap_id_from_string("127.0.0.1:29501", "TEST", &b), ncclSuccess);
-    EXPECT_NE(a.secret, b.secret);
+    EXPECT_FALSE(chorus_test::same_key(a.secret, b.secret));
     ASSERT_EQ(bootstrap_id_from_string("[::1]:80", "TEST", &b), ncclSuccess);
     EXPECT_EQ(b.root.sa.sa_family, AF_INET6);
     ASSERT_EQ(bootstrap_id_from_string("localhost:1234", "TEST", &b), ncclSuccess);

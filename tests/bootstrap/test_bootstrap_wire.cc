@@ -53,7 +53,7 @@ TEST(BootstrapWire, UnusableIdIsInvalidArgument) {
     chorus_unique_id_t good;
     memset(&good, 0, sizeof(good));
     good.magic = CHORUS_ID_MAGIC;
-    good.secret = 1234;
+    memset(good.secret.b, 0x5a, sizeof(good.secret.b));
     good.root.sin.sin_family = AF_INET;
     good.root.sin.sin_port = htons(1);
     good.root.sin.sin_addr.s_addr = htonl(0x7f000001);

@@ -8,7 +8,7 @@
  * wrong one, as allgather/barrier/a user recv would. Checks: nothing is queued without a valid
  * hello; a queued message has exactly the bytes that were sent; a size mismatch is an error.
  *
- * Input: [nranks-1 (mod 8) + 1][my rank][flags][stream...]. The secret is FUZZ_SECRET; flags bit 1
+ * Input: [nranks-1 (mod 8) + 1][my rank][flags][stream...]. The secret is fuzz_key(); flags bit 1
  * (2) makes the harness sign the hello at the start of the stream with it, so that what follows
  * authentication is reached (random bytes never carry a right proof). The seed corpus holds
  * valid hellos and messages.
@@ -21,7 +21,6 @@
 #include "bootstrap/bs_internal.h"
 #include "fuzz_common.h"
 
-#define FUZZ_SECRET 0x5345435245543031ull /* "SECRET01" */
 static const uint8_t fuzz_nonce[CHORUS_NONCE_BYTES] = "fuzz-peer-nonce";
 
 static bootstrap_t *make_bs(int rank, int nranks) {
@@ -29,8 +28,8 @@ static bootstrap_t *make_bs(int rank, int nranks) {
     FUZZ_ASSERT(bs != NULL);
     bs->rank = rank;
     bs->nranks = nranks;
-    bs->secret = FUZZ_SECRET;
-    bs->root_secret = FUZZ_SECRET; /* one root: its message carries the job's secret */
+    bs->secret = fuzz_key();
+    bs->root_secret = fuzz_key(); /* one root: its message carries the job's secret */
     bs->listen_fd = -1;
     bs->wake_fd = -1;
     pthread_mutex_init(&bs->lock, NULL);
@@ -90,8 +89,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if ((flags & 2) && in.left >= sizeof(bs_hello_t)) {
         bs_hello_t h;
         memcpy(&h, stream, sizeof(h));
-        uint64_t key = FUZZ_SECRET;
-        chorus_auth_proof(&key, sizeof(key), BS_AUTH_LABEL, CHORUS_AUTH_CLIENT, h.nonce, fuzz_nonce,
+        chorus_key_t key = fuzz_key();
+        chorus_auth_proof(key.b, sizeof(key.b), BS_AUTH_LABEL, CHORUS_AUTH_CLIENT, h.nonce, fuzz_nonce,
                           &h, BS_HELLO_CLAIMS, NULL, 0, h.proof);
         memcpy(stream, &h, sizeof(h));
     }

@@ -13,7 +13,6 @@
 #include "bootstrap/bs_internal.h"
 #include "fuzz_common.h"
 
-#define FUZZ_SECRET 0x5345435245543031ull /* "SECRET01" */
 /* The challenge the root sent every connection. */
 static const uint8_t fuzz_nonce[CHORUS_NONCE_BYTES] = "fuzz-root-nonce";
 
@@ -25,7 +24,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     uint8_t first = fuzz_u8(&in);
     uint8_t nhellos = first % 16;
     int sign = (first & 0x80) != 0;
-    const uint64_t key = FUZZ_SECRET;
+    const chorus_key_t k = fuzz_key();
+    const chorus_key_t *key = &k;
     bs_hello_t last;
     memset(&last, 0, sizeof(last));
     int root_nranks = 0;
@@ -35,10 +35,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         bs_hello_t h;
         fuzz_take(&in, &h, sizeof(h));
         if (sign)
-            chorus_auth_proof(&key, sizeof(key), BS_AUTH_LABEL, CHORUS_AUTH_CLIENT, h.nonce,
+            chorus_auth_proof(key->b, sizeof(key->b), BS_AUTH_LABEL, CHORUS_AUTH_CLIENT, h.nonce,
                               fuzz_nonce, &h, BS_HELLO_CLAIMS, NULL, 0, h.proof);
         int authed = bs_hello_auth_ok(&h, key, fuzz_nonce);
-        if (sign) FUZZ_ASSERT(authed == (h.magic == CHORUS_ID_MAGIC && h.version == BS_WIRE_VERSION));
+        if (sign) FUZZ_ASSERT(authed == (h.magic == BS_WIRE_MAGIC && h.version == BS_WIRE_VERSION));
         if (!authed) continue; /* the root refuses it before reading any claim */
         last = h;
         int verdict = bs_root_hello_verdict(&h, root_nranks);

@@ -14,7 +14,6 @@
 #include "fuzz_common.h"
 #include "transport/tcp/tcp.h"
 
-#define FUZZ_SECRET 0x5345435245543031ull
 #define FUZZ_CONN_ID 0x434f4e4e49443031ull
 static const uint8_t fuzz_nonce[CHORUS_NONCE_BYTES] = "fuzz-tcp-nonce!";
 
@@ -22,7 +21,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     fuzz_input_t in = {data, size};
     uint8_t flags = fuzz_u8(&in);
     int is_send = flags & 1, sign = (flags & 2) != 0;
-    const uint64_t key = FUZZ_SECRET;
+    const chorus_key_t k = fuzz_key();
+    const chorus_key_t *key = &k;
+    chorus_key_t other = k;
+    other.b[CHORUS_KEY_BYTES - 1] ^= 1;
     int peer = fuzz_u8(&in);
     uint64_t slot_bytes;
     fuzz_take(&in, &slot_bytes, sizeof(slot_bytes));
@@ -58,21 +60,21 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         tcp_handshake_t hs;
         fuzz_take(&in, &hs, sizeof(hs));
         if (sign)
-            chorus_auth_proof(&key, sizeof(key), TCP_AUTH_LABEL, CHORUS_AUTH_CLIENT, hs.nonce,
+            chorus_auth_proof(key->b, sizeof(key->b), TCP_AUTH_LABEL, CHORUS_AUTH_CLIENT, hs.nonce,
                               fuzz_nonce, &hs, TCP_HANDSHAKE_CLAIMS, NULL, 0, hs.proof);
         /* The sender's check of an acknowledgement: the fuzzed one, then the receiver's own. */
         (void)tcp_ack_ok(&ack, &hs, key, fuzz_nonce);
         tcp_ack_t good;
         tcp_ack_make(&hs, key, fuzz_nonce, &good);
         FUZZ_ASSERT(tcp_ack_ok(&good, &hs, key, fuzz_nonce));
-        FUZZ_ASSERT(!tcp_ack_ok(&good, &hs, key ^ 1, fuzz_nonce));
+        FUZZ_ASSERT(!tcp_ack_ok(&good, &hs, &other, fuzz_nonce));
         const char *problem = tcp_handshake_problem(&hs, key, fuzz_nonce, FUZZ_CONN_ID, peer, nsocks);
         if (problem == NULL && sock_fd[hs.index] >= 0) problem = "duplicate socket index";
         if (problem != NULL) continue;
         FUZZ_ASSERT(hs.magic == TCP_HANDSHAKE_MAGIC && hs.version == TCP_WIRE_VERSION &&
                     hs.conn_id == FUZZ_CONN_ID && hs.rank == peer);
         /* Accepted only with a right proof: never under another key or challenge. */
-        FUZZ_ASSERT(tcp_handshake_problem(&hs, key ^ 1, fuzz_nonce, FUZZ_CONN_ID, peer, nsocks));
+        FUZZ_ASSERT(tcp_handshake_problem(&hs, &other, fuzz_nonce, FUZZ_CONN_ID, peer, nsocks));
         sock_fd[hs.index] = nready++;
     }
     FUZZ_ASSERT(nready <= nsocks);

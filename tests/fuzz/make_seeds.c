@@ -13,11 +13,11 @@
 #include <sys/stat.h>
 
 #include "bootstrap/bs_internal.h"
+#include "fuzz_common.h"
 #include "nccl.h"
 #include "transport/shm/shm.h"
 #include "transport/tcp/tcp.h"
 
-#define FUZZ_SECRET 0x5345435245543031ull
 #define FUZZ_CONN_ID 0x434f4e4e49443031ull
 
 static const char *g_dir;
@@ -74,7 +74,7 @@ static void unique_id_seeds(void) {
     ncclUniqueId u;
     memset(&id, 0, sizeof(id));
     id.magic = CHORUS_ID_MAGIC;
-    id.secret = FUZZ_SECRET;
+    id.secret = fuzz_key();
     id.root = addr4("10.0.0.1", 29500);
     memset(&u, 0, sizeof(u));
     memcpy(u.internal, &id, sizeof(id));
@@ -92,13 +92,21 @@ static void unique_id_seeds(void) {
     put("unique_id", "bad_family", &u, sizeof(u));
     memset(&u, 0xff, sizeof(u));
     put("unique_id", "all_ones", &u, sizeof(u));
+    /* An id of a Chorus with a 64-bit key: magic, 8-byte key, then the root address. */
+    memset(&u, 0, sizeof(u));
+    uint64_t old_magic = CHORUS_ID_MAGIC_V1, old_key = 0x5345435245543031ull;
+    chorus_sockaddr_t old_root = addr4("10.0.0.1", 29500);
+    memcpy(u.internal, &old_magic, 8);
+    memcpy(u.internal + 8, &old_key, 8);
+    memcpy(u.internal + 16, &old_root, sizeof(old_root));
+    put("unique_id", "old_version_64bit_key", &u, sizeof(u));
 }
 
 /* Claims only: the harnesses sign them (flag) with the key and nonce they know. */
 static bs_hello_t hello(uint32_t kind, int rank, int nranks, int to_rank) {
     bs_hello_t h;
     memset(&h, 0, sizeof(h));
-    h.magic = CHORUS_ID_MAGIC;
+    h.magic = BS_WIRE_MAGIC;
     h.version = BS_WIRE_VERSION;
     memset(h.nonce, 0x5a, sizeof(h.nonce));
     h.kind = kind;

@@ -138,7 +138,13 @@ int tcp_blob_cases(char *fail, size_t len) {
     b.slot_bytes = 1 << 21;
     EXPECT_BLOB(0, b, 0, 1 << 20, "sender chunks larger than our slots");
 
-    /* The handshake answers the receiver's challenge c with a proof keyed by the secret (5). */
+    /* The handshake answers the receiver's challenge c with a proof keyed by the secret k5 (a
+     * 256-bit key); k4 differs from it in its last byte only. */
+    chorus_key_t k5, k4;
+    for (int i = 0; i < CHORUS_KEY_BYTES; i++)
+        k5.b[i] = (uint8_t)(0x50 + i);
+    k4 = k5;
+    k4.b[CHORUS_KEY_BYTES - 1] ^= 1;
     tcp_challenge_t c, other;
     if (tcp_challenge_make(&c) != 0 || tcp_challenge_make(&other) != 0) {
         snprintf(fail, len, "no random bytes for a challenge");
@@ -150,36 +156,52 @@ int tcp_blob_cases(char *fail, size_t len) {
     hs.rank = 3;
     hs.index = 1;
     hs.nsocks = 2;
-    tcp_handshake_sign(&hs, 5, &c);
-    EXPECT_OK(tcp_handshake_problem(&hs, 5, c.nonce, 6, 3, 2), "a handshake");
-    EXPECT_REFUSED(tcp_handshake_problem(&hs, 4, c.nonce, 6, 3, 2), "a wrong secret");
-    EXPECT_REFUSED(tcp_handshake_problem(&hs, 5, other.nonce, 6, 3, 2),
+    tcp_handshake_sign(&hs, &k5, &c);
+    EXPECT_OK(tcp_handshake_problem(&hs, &k5, c.nonce, 6, 3, 2), "a handshake");
+    EXPECT_REFUSED(tcp_handshake_problem(&hs, &k4, c.nonce, 6, 3, 2), "a wrong secret");
+    EXPECT_REFUSED(tcp_handshake_problem(&hs, &k5, other.nonce, 6, 3, 2),
                    "a handshake replayed on another connection");
+    /* A peer that knows only the key's first 64 bits (what a 64-bit key held): signing with them
+     * as an 8-byte key, or with the rest zeroed, is refused. */
+    tcp_handshake_t h64 = hs;
+    chorus_auth_proof(k5.b, 8, TCP_AUTH_LABEL, CHORUS_AUTH_CLIENT, h64.nonce, c.nonce, &h64,
+                      TCP_HANDSHAKE_CLAIMS, NULL, 0, h64.proof);
+    EXPECT_REFUSED(tcp_handshake_problem(&h64, &k5, c.nonce, 6, 3, 2),
+                   "a handshake keyed by the key's first 64 bits");
+    chorus_key_t k64;
+    memset(&k64, 0, sizeof(k64));
+    memcpy(k64.b, k5.b, 8);
+    h64 = hs;
+    tcp_handshake_sign(&h64, &k64, &c);
+    EXPECT_REFUSED(tcp_handshake_problem(&h64, &k5, c.nonce, 6, 3, 2),
+                   "a handshake keyed by the key's first 64 bits, zero-extended");
     tcp_handshake_t h2 = hs;
     h2.rank = 2; /* changed after signing: the proof no longer matches */
-    EXPECT_REFUSED(tcp_handshake_problem(&h2, 5, c.nonce, 6, 2, 2), "a claim changed in flight");
+    EXPECT_REFUSED(tcp_handshake_problem(&h2, &k5, c.nonce, 6, 2, 2), "a claim changed in flight");
     h2 = hs;
     h2.index = 2;
-    tcp_handshake_sign(&h2, 5, &c);
-    EXPECT_REFUSED(tcp_handshake_problem(&h2, 5, c.nonce, 6, 3, 2), "socket index 2 of 2");
+    tcp_handshake_sign(&h2, &k5, &c);
+    EXPECT_REFUSED(tcp_handshake_problem(&h2, &k5, c.nonce, 6, 3, 2), "socket index 2 of 2");
     h2 = hs;
     h2.conn_id = 7;
-    tcp_handshake_sign(&h2, 5, &c);
-    EXPECT_REFUSED(tcp_handshake_problem(&h2, 5, c.nonce, 6, 3, 2), "another connection id");
+    tcp_handshake_sign(&h2, &k5, &c);
+    EXPECT_REFUSED(tcp_handshake_problem(&h2, &k5, c.nonce, 6, 3, 2), "another connection id");
     /* The receiver's acknowledgement proves it knows the secret too, for this handshake only. */
     tcp_ack_t ack;
-    tcp_ack_make(&hs, 5, c.nonce, &ack);
-    if (!tcp_ack_ok(&ack, &hs, 5, c.nonce) || tcp_ack_ok(&ack, &hs, 4, c.nonce) ||
-        tcp_ack_ok(&ack, &hs, 5, other.nonce) || tcp_ack_ok(&ack, &h2, 5, c.nonce)) {
+    tcp_ack_make(&hs, &k5, c.nonce, &ack);
+    if (!tcp_ack_ok(&ack, &hs, &k5, c.nonce) || tcp_ack_ok(&ack, &hs, &k4, c.nonce) ||
+        tcp_ack_ok(&ack, &hs, &k5, other.nonce) || tcp_ack_ok(&ack, &h2, &k5, c.nonce)) {
         snprintf(fail, len, "the acknowledgement's proof");
         return -1;
     }
-    /* The secret's bytes never appear in what the sender writes. */
-    uint64_t secret = 5;
-    for (size_t off = 0; off + sizeof(secret) <= sizeof(hs); off++) {
-        if (memcmp((const char *)&hs + off, &secret, sizeof(secret)) == 0) {
-            snprintf(fail, len, "the secret appears in the handshake at byte %zu", off);
-            return -1;
+    /* No 4-byte run of the secret appears in what the sender writes. */
+    for (size_t k = 0; k + 4 <= sizeof(k5.b); k++) {
+        for (size_t off = 0; off + 4 <= sizeof(hs); off++) {
+            if (memcmp((const char *)&hs + off, k5.b + k, 4) == 0) {
+                snprintf(fail, len, "key bytes %zu..%zu appear in the handshake at byte %zu", k,
+                         k + 3, off);
+                return -1;
+            }
         }
     }
     return 0;

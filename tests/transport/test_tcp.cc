@@ -545,7 +545,7 @@ int stray_rank(const chorus_unique_id_t &id, int rank, int nranks) {
         // connection's challenge (a replay); and one that never finishes its handshake.
         tcp_blob_t b;
         memcpy(&b, blob, sizeof(b));
-        const uint64_t secret = bootstrap_secret(comm->bs);
+        const chorus_key_t secret = *bootstrap_secret(comm->bs);
         for (int i = 0; i < 5; i++)
             strays.push_back(stray_client(b.addr));
         for (int fd : strays)
@@ -558,13 +558,15 @@ int stray_rank(const chorus_unique_id_t &id, int rank, int nranks) {
             memset(&hs, 0, sizeof(hs));
             hs.conn_id = b.conn_id;
             hs.nsocks = 2;
-            tcp_handshake_sign(&hs, secret ^ 0x1, &c[0]); // wrong secret
+            chorus_key_t wrong = secret;
+            wrong.b[CHORUS_KEY_BYTES - 1] ^= 0x1;
+            tcp_handshake_sign(&hs, &wrong, &c[0]); // wrong secret (its last byte)
             if (send(strays[0], &hs, sizeof(hs), MSG_NOSIGNAL) != (ssize_t)sizeof(hs)) stray_fail++;
             hs.conn_id ^= 0x5;
-            tcp_handshake_sign(&hs, secret, &c[1]); // right secret, wrong id
+            tcp_handshake_sign(&hs, &secret, &c[1]); // right secret, wrong id
             if (send(strays[1], &hs, sizeof(hs), MSG_NOSIGNAL) != (ssize_t)sizeof(hs)) stray_fail++;
             hs.conn_id = b.conn_id;
-            tcp_handshake_sign(&hs, secret, &c[2]); // valid for stray 2, replayed on stray 3
+            tcp_handshake_sign(&hs, &secret, &c[2]); // valid for stray 2, replayed on stray 3
             if (send(strays[3], &hs, sizeof(hs), MSG_NOSIGNAL) != (ssize_t)sizeof(hs)) stray_fail++;
             if (send(strays[4], &hs, 3, MSG_NOSIGNAL) != 3) stray_fail++; // never finishes
         });

@@ -75,8 +75,8 @@
 
 #define TCP_BLOB_MAGIC 0x54435042u                /* "TCPB" */
 #define TCP_HANDSHAKE_MAGIC 0x43484f5255535443ull /* "CHORUSTC" */
-#define TCP_WIRE_VERSION 2u /* 2: the challenge-response */
-#define TCP_AUTH_LABEL "chorus-tcp-v2"
+#define TCP_WIRE_VERSION 3u /* 2: the challenge-response; 3: its 256-bit key */
+#define TCP_AUTH_LABEL "chorus-tcp-v3"
 #define TCP_ACK_MAGIC 0x4143484f52555321ull
 #define TCP_HDR_DATA 0x44415441u   /* "DATA" */
 #define TCP_HDR_CLOSE 0x434c4f53u  /* "CLOS": the sender closes cleanly */
@@ -130,17 +130,17 @@ typedef struct {
  * already taken). */
 int tcp_blob_problem(const tcp_blob_t *b, int is_send, int peer, size_t slot_bytes, char *why,
                      size_t len);
-const char *tcp_handshake_problem(const tcp_handshake_t *h, uint64_t secret,
+const char *tcp_handshake_problem(const tcp_handshake_t *h, const chorus_key_t *secret,
                                   const uint8_t nonce[CHORUS_NONCE_BYTES], uint64_t conn_id,
                                   int peer, int nsocks);
 /* The handshake's pieces, shared by both ends and the tests: a fresh challenge (-1: no
  * randomness); the sender's nonce and proof on a handshake whose claims are set (-1: no
  * randomness); the receiver's acknowledgement; 1 when an acknowledgement is right. */
 int tcp_challenge_make(tcp_challenge_t *c);
-int tcp_handshake_sign(tcp_handshake_t *h, uint64_t secret, const tcp_challenge_t *c);
-void tcp_ack_make(const tcp_handshake_t *h, uint64_t secret, const uint8_t nonce[CHORUS_NONCE_BYTES],
-                  tcp_ack_t *a);
-int tcp_ack_ok(const tcp_ack_t *a, const tcp_handshake_t *h, uint64_t secret,
+int tcp_handshake_sign(tcp_handshake_t *h, const chorus_key_t *secret, const tcp_challenge_t *c);
+void tcp_ack_make(const tcp_handshake_t *h, const chorus_key_t *secret,
+                  const uint8_t nonce[CHORUS_NONCE_BYTES], tcp_ack_t *a);
+int tcp_ack_ok(const tcp_ack_t *a, const tcp_handshake_t *h, const chorus_key_t *secret,
                const uint8_t nonce[CHORUS_NONCE_BYTES]);
 
 /* Header in front of every piece. */

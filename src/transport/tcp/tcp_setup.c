@@ -233,27 +233,27 @@ int tcp_challenge_make(tcp_challenge_t *c) {
     return chorus_random_bytes(c->nonce, sizeof(c->nonce));
 }
 
-int tcp_handshake_sign(tcp_handshake_t *h, uint64_t secret, const tcp_challenge_t *c) {
+int tcp_handshake_sign(tcp_handshake_t *h, const chorus_key_t *secret, const tcp_challenge_t *c) {
     h->magic = TCP_HANDSHAKE_MAGIC;
     h->version = TCP_WIRE_VERSION;
     if (chorus_random_bytes(h->nonce, sizeof(h->nonce)) != 0) return -1;
-    chorus_auth_proof(&secret, sizeof(secret), TCP_AUTH_LABEL, CHORUS_AUTH_CLIENT, h->nonce,
+    chorus_auth_proof(secret->b, sizeof(secret->b), TCP_AUTH_LABEL, CHORUS_AUTH_CLIENT, h->nonce,
                       c->nonce, h, TCP_HANDSHAKE_CLAIMS, NULL, 0, h->proof);
     return 0;
 }
 
-void tcp_ack_make(const tcp_handshake_t *h, uint64_t secret, const uint8_t nonce[CHORUS_NONCE_BYTES],
-                  tcp_ack_t *a) {
+void tcp_ack_make(const tcp_handshake_t *h, const chorus_key_t *secret,
+                  const uint8_t nonce[CHORUS_NONCE_BYTES], tcp_ack_t *a) {
     memset(a, 0, sizeof(*a));
     a->magic = TCP_ACK_MAGIC;
-    chorus_auth_proof(&secret, sizeof(secret), TCP_AUTH_LABEL, CHORUS_AUTH_SERVER, h->nonce, nonce,
+    chorus_auth_proof(secret->b, sizeof(secret->b), TCP_AUTH_LABEL, CHORUS_AUTH_SERVER, h->nonce, nonce,
                       h, TCP_HANDSHAKE_CLAIMS, NULL, 0, a->proof);
 }
 
-int tcp_ack_ok(const tcp_ack_t *a, const tcp_handshake_t *h, uint64_t secret,
+int tcp_ack_ok(const tcp_ack_t *a, const tcp_handshake_t *h, const chorus_key_t *secret,
                const uint8_t nonce[CHORUS_NONCE_BYTES]) {
     return a->magic == TCP_ACK_MAGIC &&
-           chorus_auth_check(&secret, sizeof(secret), TCP_AUTH_LABEL, CHORUS_AUTH_SERVER, h->nonce,
+           chorus_auth_check(secret->b, sizeof(secret->b), TCP_AUTH_LABEL, CHORUS_AUTH_SERVER, h->nonce,
                              nonce, h, TCP_HANDSHAKE_CLAIMS, NULL, 0, a->proof);
 }
 
@@ -266,7 +266,7 @@ static ncclResult_t tcp_connect_send(tcp_conn_t *tc, const tcp_blob_t *b) {
     tc->peer_addr = b->addr;
     tcp_addr_str(&b->addr, tc->peer_str, sizeof(tc->peer_str));
     CHECK(tcp_conn_alloc_data(tc));
-    uint64_t secret = bootstrap_secret(tc->ctx->bs);
+    const chorus_key_t *secret = bootstrap_secret(tc->ctx->bs);
     tcp_handshake_t *hs = calloc((size_t)tc->nsocks, sizeof(*hs));
     uint8_t(*nonce)[CHORUS_NONCE_BYTES] = calloc((size_t)tc->nsocks, sizeof(*nonce));
     ncclResult_t res = ncclSuccess;
@@ -285,9 +285,16 @@ static ncclResult_t tcp_connect_send(tcp_conn_t *tc, const tcp_blob_t *b) {
         }
         tcp_challenge_t c;
         res = tcp_socket_read_all(tc->socks[i].fd, &c, sizeof(c), w.deadline_ns, abort_flag);
-        if (res == ncclSuccess && (c.magic != TCP_HANDSHAKE_MAGIC || c.version != TCP_WIRE_VERSION)) {
+        if (res == ncclSuccess && c.magic == TCP_HANDSHAKE_MAGIC && c.version != TCP_WIRE_VERSION) {
+            WARN("tcp: rank %d (%s) speaks TCP wire version %u and this rank %u: another Chorus "
+                 "version (every rank of a job must run the same one)",
+                 tc->peer, tc->peer_str, (unsigned)c.version, (unsigned)TCP_WIRE_VERSION);
+            res = ncclRemoteError;
+            goto out;
+        }
+        if (res == ncclSuccess && c.magic != TCP_HANDSHAKE_MAGIC) {
             WARN("tcp: rank %d (%s) sent no valid challenge on socket %d (another program listens "
-                 "there, or another Chorus version)",
+                 "there)",
                  tc->peer, tc->peer_str, i);
             res = ncclRemoteError;
             goto out;
@@ -348,12 +355,12 @@ typedef struct {
 static const char tcp_auth_failed[] =
     "failed authentication (it does not know the communicator's secret)";
 
-const char *tcp_handshake_problem(const tcp_handshake_t *h, uint64_t secret,
+const char *tcp_handshake_problem(const tcp_handshake_t *h, const chorus_key_t *secret,
                                   const uint8_t nonce[CHORUS_NONCE_BYTES], uint64_t conn_id,
                                   int peer, int nsocks) {
     if (h->magic != TCP_HANDSHAKE_MAGIC || h->version != TCP_WIRE_VERSION)
         return "not a chorus tcp handshake of this version";
-    if (!chorus_auth_check(&secret, sizeof(secret), TCP_AUTH_LABEL, CHORUS_AUTH_CLIENT, h->nonce,
+    if (!chorus_auth_check(secret->b, sizeof(secret->b), TCP_AUTH_LABEL, CHORUS_AUTH_CLIENT, h->nonce,
                            nonce, h, TCP_HANDSHAKE_CLAIMS, NULL, 0, h->proof))
         return tcp_auth_failed;
     if (h->conn_id != conn_id) return "unexpected connection id";
@@ -363,7 +370,8 @@ const char *tcp_handshake_problem(const tcp_handshake_t *h, uint64_t secret,
 }
 
 /* 1: accepted into its socket slot, 0: refused (closed), -1: not complete yet. */
-static int tcp_check_handshake(tcp_conn_t *tc, tcp_pending_t *p, uint64_t secret, int *nready) {
+static int tcp_check_handshake(tcp_conn_t *tc, tcp_pending_t *p, const chorus_key_t *secret,
+                               int *nready) {
     char str[80];
     const tcp_handshake_t *h = &p->hs;
     const char *why =
@@ -413,7 +421,7 @@ static ncclResult_t tcp_connect_recv(tcp_conn_t *tc, const tcp_blob_t *b) {
     chorus_waiter_t w;
     volatile int *abort_flag = tc->ctx->abort_flag;
     chorus_waiter_init(&w, abort_flag);
-    uint64_t secret = bootstrap_secret(tc->ctx->bs);
+    const chorus_key_t *secret = bootstrap_secret(tc->ctx->bs);
 
     tcp_pending_t pend[TCP_MAX_PENDING];
     int npend = 0, nready = 0;
