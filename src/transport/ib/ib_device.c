@@ -155,7 +155,7 @@ static const char *ib_event_name(enum ibv_event_type t) {
 
 /* One per device context, for the life of the process: waits (1 s at a time) for async events.
  * A port error or a fatal device error marks the ports it concerns; every connection on them
- * then fails at its next poll with a message naming its peer (ib_conn.c). */
+ * then fails at its next poll with a message naming its peer (ib_data.c). */
 static void *ib_async_thread(void *arg) {
     struct ibv_context *ctx = arg;
     const ib_symbols_t *ibv = ib_symbols();
