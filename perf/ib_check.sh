@@ -14,8 +14,9 @@
 #    and failure suites (1 B to 64 MiB, every byte checked, threads and forked ranks, killed peers),
 #    the pair tests with both ports up and with different slot geometry, and the collective sweep
 #    forced onto ib. Two ranks of one machine reach each other through the NIC's loopback.
-#    The tests of several queue pairs per connection and of direct chunks from registered buffers
-#    (IbQps, CollIbQps, IbZcopyColl) are among them.
+#    The tests of several queue pairs per connection, chunks round-robin or split over them, and
+#    of direct chunks from registered buffers (IbQps, IbPair.Split*, CollIbQps, IbZcopyColl) are
+#    among them.
 # 4. Runs all_reduce_perf between 2 local ranks forced onto ib (CHORUS_TRANSPORT=ib), 8 B to the
 #    largest size, results checked (#wrong), with the INFO lines that name the device and GID.
 # 5. Runs all_gather_perf with registered buffers (-R 1) and 4 queue pairs per connection, once
@@ -78,10 +79,10 @@ export LD_LIBRARY_PATH="$build/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 # ---- 3. tests on the real libibverbs ----------------------------------------------------------
 if [ "$soft" = 1 ]; then
     export CHORUS_IB_LIBRARY="$build/lib/libchorus_softib.so" NCCL_IB_TIMEOUT=14
-    tests='IbQps|CollIbQps|IbZcopy'
+    tests='IbQps|IbPair\.Split|CollIbQps|IbZcopy'
 else
     export CHORUS_TEST_IB_HARDWARE=1
-    tests='Transport(Data|Fail).*/ib_|IbPair\.(BothPortsUpUseIb|DifferentGeometry|QpCountsDiffer)'
+    tests='Transport(Data|Fail).*/ib_|IbPair\.(BothPortsUpUseIb|DifferentGeometry|QpCountsDiffer|Split)'
     tests="$tests|IbQps|CollIb|IbZcopyColl"
 fi
 (cd "$build" && timeout -k 5 "$tmo" ctest --output-on-failure -R "$tests") || status=1

@@ -3,7 +3,9 @@
 #   scripts/test.sh                                  build in ./build, run ctest (all but "nightly")
 #   CHORUS_TEST_ARGS="-L nightly" scripts/test.sh    the long sweep
 # It also checks that the library and tools build with the CUDA path forced off (build-nocuda),
-# then runs the sanitizer stages (build-asan, build-tsan; see the block at the end).
+# then measures the verbs transport's line coverage (build-cov, scripts/ib_coverage.sh) and runs
+# the sanitizer stages (build-asan, build-tsan; see the block at the end).
+#   CHORUS_TEST_COVERAGE=0 scripts/test.sh          skip the coverage stage
 #   CHORUS_TEST_SANITIZERS=0 scripts/test.sh        skip the sanitizer stages (local use; CI runs them)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -18,6 +20,14 @@ fi
 # that import torch, which on 2 cores beside the other suites only slows both down.
 (cd build && ctest --output-on-failure --timeout 600 -j2 ${CHORUS_TEST_ARGS:--LE nightly|torch})
 (cd build && ctest --output-on-failure --timeout 600 -L "^torch$")
+
+# ---- line coverage of the verbs transport -------------------------------------------------------
+# scripts/ib_coverage.sh: a --coverage tree (build-cov, CUDA off) of test_transport and the software
+# verbs providers, the verbs cases of test_transport (under a minute), each file's line coverage of
+# src/transport/ib and the total, failing under 85 %. CHORUS_TEST_COVERAGE=0 skips it.
+if [ "${CHORUS_TEST_COVERAGE:-1}" != 0 ]; then
+  scripts/ib_coverage.sh -B build-cov -m 85
+fi
 
 # ---- sanitizer stages ------------------------------------------------------------------------
 # ASan+UBSan: the quick set (everything but "nightly"); any report fails its test (the runtime

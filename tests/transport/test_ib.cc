@@ -5,15 +5,18 @@
 // test_transport_fail.cc (which include ib): the NCCL_IB_HCA filter, can_connect's rule (both ends
 // need a usable port of the same link layer), the GID choice, the fallback to TCP of a pair where
 // one port is down or the link layers differ, NCCL_NET and NCCL_IB_DISABLE, two ranks with
-// different slot geometry, and every fault knob of the provider turning into an error that names
-// the peer before the deadline.
+// different slot geometry, several queue pairs per connection (chunks round-robin or split over
+// them, NCCL_IB_SPLIT_DATA_ON_QPS), and every fault knob of the provider turning into an error
+// that names the peer before the deadline.
 #include <gtest/gtest.h>
 
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <tuple>
 
 #include "launch.h"
 #include "transport_transfer.h"
@@ -47,6 +50,42 @@ TEST(IbUnit, HcaFilter) {
     EXPECT_FALSE(ib_hca_match("^=mlx5_0:1", "mlx5_0", 1));
     EXPECT_TRUE(ib_hca_match("^=mlx5_0:1", "mlx5_0", 2));
     EXPECT_TRUE(ib_hca_match("^=mlx5_0", "mlx5_00", 1));
+}
+
+// A split step's parts (NCCL_IB_SPLIT_DATA_ON_QPS=1): for every size and queue pair count they
+// tile [0, len) in order, one per queue pair, each but the last non-empty one the same multiple of
+// 128 bytes, at most q non-empty, and parts past the end are empty at offset len.
+TEST(IbUnit, SplitParts) {
+    const size_t lens[] = {0, 1, 127, 128, 129, 255, 256, 4095, 4096, 4097, 65537, 524288, 524289,
+                           (4u << 20) + 3};
+    for (int q : {1, 2, 3, 4, 5, 7, 8, 16, 32}) {
+        for (size_t len : lens) {
+            size_t next = 0, first_len = 0;
+            int nonempty = 0;
+            for (int k = 0; k < q; k++) {
+                size_t off = ~(size_t)0, plen = ~(size_t)0;
+                ib_split_part(len, q, k, &off, &plen);
+                SCOPED_TRACE("q " + std::to_string(q) + " len " + std::to_string(len) + " part " +
+                             std::to_string(k));
+                ASSERT_EQ(off, next) << "parts must be contiguous";
+                ASSERT_LE(off + plen, len);
+                if (k == 0) first_len = plen;
+                if (plen > 0) {
+                    nonempty++;
+                    if (q > 1) EXPECT_EQ(off % 128, 0u);
+                    if (off + plen < len) EXPECT_EQ(plen, first_len) << "only the last is shorter";
+                } else {
+                    EXPECT_EQ(off, len) << "an empty part lies at the end";
+                }
+                next = off + plen;
+            }
+            EXPECT_EQ(next, len) << "q " << q << " len " << len << ": the parts cover it";
+            EXPECT_LE(nonempty, q);
+            // Rounding to 128 bytes costs at most 127 per part: from 128 q (q - 1) bytes on,
+            // every queue pair carries a part.
+            if (len > (size_t)128 * q * (q - 1)) EXPECT_EQ(nonempty, q) << "large: all work";
+        }
+    }
 }
 
 TEST(IbUnit, OpsTable) {
@@ -106,6 +145,60 @@ TEST(IbUnit, GidChoice) {
     env.set("NCCL_IB_GID_INDEX", "0");
     EXPECT_EQ(ib_choose_gid(ib_symbols(), &d), 0);
     EXPECT_EQ(d.gid_type, IBV_GID_TYPE_ROCE_V1);
+    env.set("NCCL_IB_GID_INDEX", "7"); // an empty entry: used as told, with a WARN
+    EXPECT_EQ(ib_choose_gid(ib_symbols(), &d), 7);
+}
+
+// A verbs library that cannot be loaded, or one without libibverbs' entry points, leaves the
+// transport without devices: no locality record, can_connect says no, and TCP carries the pairs.
+// A process loads its verbs library once, so these cases need processes of their own (ctest).
+class IbNoVerbs : public ::testing::TestWithParam<const char *> {};
+TEST_P(IbNoVerbs, NoDevices) {
+    ScopedEnv env("CHORUS_IB_LIBRARY", GetParam());
+    if (ib_symbols() != nullptr)
+        GTEST_SKIP() << "a verbs library was loaded earlier in this process: run this case alone";
+    EXPECT_EQ(ib_device_count(), 0);
+    EXPECT_EQ(ib_device_get(0), nullptr);
+    EXPECT_EQ(ib_pick_device(nullptr, 0), -1);
+    chorus_locality_t self, peer;
+    memset(&self, 0, sizeof(self));
+    memset(&peer, 0, sizeof(peer));
+    ib_fill_locality(&self.verbs);
+    EXPECT_EQ(self.verbs.usable, 0);
+    self.verbs.usable = peer.verbs.usable = 1; // records that claim a port do not make one
+    int ok = -1;
+    ASSERT_EQ(ib_transport_ops.can_connect(nullptr, &self, &peer, &ok), ncclSuccess);
+    EXPECT_EQ(ok, 0);
+    chorus_conn_t c;
+    memset(&c, 0, sizeof(c));
+    alignas(16) unsigned char blob[TRANSPORT_BLOB_BYTES];
+    size_t n = sizeof(blob);
+    EXPECT_EQ(ib_transport_ops.setup(&c, blob, &n), ncclSystemError);
+}
+INSTANTIATE_TEST_SUITE_P(Lib, IbNoVerbs,
+                         ::testing::Values("/nonexistent/libibverbs.so.1", "libc.so.6"),
+                         [](const auto &info) {
+                             return std::string(info.index == 0 ? "Missing" : "NotVerbs");
+                         });
+
+// An older libibverbs (the provider with tests/ibsoft/softib_old.map: no _ibv_query_gid_ex, no
+// async event calls): GID types come from sysfs (the provider has no entries there: unknown), so
+// the choice falls to the routable IPv4-mapped GID; no thread watches the device.
+TEST(IbUnit, OlderLibrary) {
+    if (ib_hardware_run()) GTEST_SKIP() << "checks the software provider";
+    ScopedEnv env("CHORUS_IB_LIBRARY", CHORUS_BINARY_DIR "/lib/libchorus_softib_old.so");
+    const ib_symbols_t *ibv = ib_symbols();
+    ASSERT_NE(ibv, nullptr);
+    if (ibv->query_gid_ex != nullptr)
+        GTEST_SKIP() << "another verbs library was loaded earlier in this process: run this case "
+                        "alone";
+    EXPECT_EQ(ibv->get_async_event, nullptr);
+    ASSERT_GT(ib_device_count(), 0);
+    const ib_device_t *d = ib_device_get(0);
+    EXPECT_EQ(d->gid_type, -1);
+    EXPECT_EQ(d->gid_index, 2);
+    EXPECT_EQ(d->gid.raw[10], 0xff);
+    EXPECT_EQ(d->gid.raw[12], 127);
 }
 
 // The device nearest the rank (locality near_nic, a verbs NIC by name) wins over spreading the
@@ -269,6 +362,15 @@ TEST_F(IbPair, InfiniBandLinkLayer) {
     EXPECT_TRUE(res.ok()) << res.detail;
 }
 
+// The same older library between two forked ranks: every byte crosses over verbs.
+TEST_F(IbPair, OlderLibrary) {
+    if (ib_hardware_run()) GTEST_SKIP() << "needs the software provider";
+    env_.set("CHORUS_IB_LIBRARY", CHORUS_BINARY_DIR "/lib/libchorus_softib_old.so");
+    env_.set("CHORUS_TRANSPORT", "ib");
+    RunResult res = run(plan("IB/softib_0"));
+    EXPECT_TRUE(res.ok()) << res.detail;
+}
+
 TEST_F(IbPair, NetSocketLeavesIbOut) {
     env_.set("NCCL_NET", "Socket");
     RunResult res = run(plan("TCP"));
@@ -299,21 +401,50 @@ TEST_F(IbPair, DifferentGeometry) {
 
 // ---- several queue pairs per connection (NCCL_IB_QPS_PER_CONNECTION) ---------------------------
 
-// Chunks go round-robin over the queue pairs: sizes of one chunk up to many (8 MiB in slots of
-// 512 KiB is 16 chunks, four per queue pair with 4), every byte checked both ways.
-class IbQps : public IbPair, public ::testing::WithParamInterface<int> {};
+// Chunks go round-robin over the queue pairs, or (split) each chunk in parts over all of them:
+// sizes of one chunk up to many (8 MiB in slots of 512 KiB is 16 chunks, four per queue pair with
+// 4 round-robin), sizes below 128 bytes per queue pair (empty parts), every byte checked both ways.
+class IbQps : public IbPair, public ::testing::WithParamInterface<std::tuple<int, int>> {};
 TEST_P(IbQps, EveryByteBothWays) {
     env_.set("CHORUS_TRANSPORT", "ib");
-    env_.set("NCCL_IB_QPS_PER_CONNECTION", std::to_string(GetParam()).c_str());
+    env_.set("NCCL_IB_QPS_PER_CONNECTION", std::to_string(std::get<0>(GetParam())).c_str());
+    env_.set("NCCL_IB_SPLIT_DATA_ON_QPS", std::get<1>(GetParam()) ? "1" : "0");
     TransferPlan p = plan("IB");
     p.sizes.push_back((5u << 20) + 7);
+    p.sizes.push_back(129);
+    p.sizes.push_back(513);
     RunResult res = run(p);
     EXPECT_TRUE(res.ok()) << res.detail;
 }
-INSTANTIATE_TEST_SUITE_P(Qps, IbQps, ::testing::Values(1, 2, 4),
-                         [](const ::testing::TestParamInfo<int> &info) {
-                             return std::to_string(info.param) + "qps";
+INSTANTIATE_TEST_SUITE_P(Qps, IbQps,
+                         ::testing::Values(std::make_tuple(1, 0), std::make_tuple(2, 0),
+                                           std::make_tuple(4, 0), std::make_tuple(2, 1),
+                                           std::make_tuple(3, 1), std::make_tuple(4, 1)),
+                         [](const auto &info) {
+                             return std::to_string(std::get<0>(info.param)) + "qps" +
+                                    (std::get<1>(info.param) ? "_split" : "");
                          });
+
+// Split only when both ends ask: with one rank asking, both use round-robin (a mix would put
+// parts where the receiver expects whole chunks); with different queue pair counts and slot
+// geometry as well, split on both ends.
+TEST_F(IbPair, SplitAskedByOneEnd) {
+    env_.set("CHORUS_TRANSPORT", "ib");
+    env_.set("NCCL_IB_QPS_PER_CONNECTION", "4");
+    RunResult res = run(plan("IB"), {{"NCCL_IB_SPLIT_DATA_ON_QPS", "1"}});
+    EXPECT_TRUE(res.ok()) << res.detail;
+}
+TEST_F(IbPair, SplitWithDifferentGeometry) {
+    env_.set("CHORUS_TRANSPORT", "ib");
+    env_.set("NCCL_IB_QPS_PER_CONNECTION", "4");
+    env_.set("NCCL_IB_SPLIT_DATA_ON_QPS", "1");
+    TransferPlan p = plan("IB");
+    p.sizes = {1, 262143, 262144, 262145, (3u << 20) + 1, 17};
+    RunResult res = run(p, {{"NCCL_IB_QPS_PER_CONNECTION", "3"},
+                            {"NCCL_BUFFSIZE", "262144"},
+                            {"CHORUS_NSLOTS", "4"}});
+    EXPECT_TRUE(res.ok()) << res.detail;
+}
 
 // Ranks asking for different counts use the smaller one; with different slot geometry too (the
 // sender's per-slot completion flags follow the receiver's slot count).
@@ -336,6 +467,7 @@ struct Fault {
     const char *value;
     const char *says = nullptr; // the error must also contain this
     const char *qps = "1";      // NCCL_IB_QPS_PER_CONNECTION
+    const char *split = "0";    // NCCL_IB_SPLIT_DATA_ON_QPS
 };
 
 class IbFault : public ::testing::TestWithParam<Fault> {};
@@ -351,6 +483,7 @@ TEST_P(IbFault, ErrorNamesPeerBeforeDeadline) {
     env.set("CHORUS_TRANSPORT", "ib");
     env.set(f.var, f.value);
     env.set("NCCL_IB_QPS_PER_CONNECTION", f.qps);
+    env.set("NCCL_IB_SPLIT_DATA_ON_QPS", f.split);
     TransferPlan p;
     p.edges = both_ways_edges(0, 1);
     for (int i = 0; i < 40; i++)
@@ -364,6 +497,9 @@ TEST_P(IbFault, ErrorNamesPeerBeforeDeadline) {
             double dt = now_s() - t0;
             const char *last = chorus_log_last_error();
             std::string peer = "rank " + std::to_string(1 - r);
+            // One line per rank for tests/ibsoft/fault_trials.sh's table.
+            fprintf(stderr, "fault-trial: rank %d failed after %.3f s: %s\n", r, dt,
+                    last ? last : "");
             RANK_CHECK(rc != 0, "the transfer succeeded despite %s", f.var);
             RANK_CHECK(dt < 4.0, "the error took %.1f s (deadline 5 s)", dt);
             RANK_CHECK(last && strstr(last, peer.c_str()), "the error does not name %s: '%s'",
@@ -392,7 +528,15 @@ INSTANTIATE_TEST_SUITE_P(
                             "4"},
                       Fault{"CompletionErrorFourQps", "CHORUS_SOFTIB_FAIL_WC", "10",
                             "completion status", "4"},
-                      Fault{"PeerDeathFourQps", "CHORUS_SOFTIB_PEER_DEATH", "9", nullptr, "4"}),
+                      Fault{"PeerDeathFourQps", "CHORUS_SOFTIB_PEER_DEATH", "9", nullptr, "4"},
+                      // Split steps: each is four writes, one per queue pair.
+                      Fault{"CompletionErrorSplit", "CHORUS_SOFTIB_FAIL_WC", "10",
+                            "completion status", "4", "1"},
+                      Fault{"PeerDeathSplit", "CHORUS_SOFTIB_PEER_DEATH", "10", nullptr, "4", "1"},
+                      // A rank whose peer's port went first (and whose queue pairs then went)
+                      // may see retries exceeded before its own port goes down.
+                      Fault{"PortDownMidRunSplit", "CHORUS_SOFTIB_PORT_DOWN_AFTER", "10", nullptr,
+                            "4", "1"}),
     [](const ::testing::TestParamInfo<Fault> &info) { return std::string(info.param.name); });
 
 } // namespace

@@ -1,4 +1,4 @@
-// test_ib_zcopy.cc: the verbs transport's direct chunks and its registration cache (ib_conn.c,
+// test_ib_zcopy.cc: the verbs transport's direct chunks and its registration cache (ib_data.c,
 // ib_mr.c) on the software verbs provider (tests/ibsoft).
 //   IbZcopyUnit  one process, a connected pair driven op by op: a chunk in a registered buffer
 //                crosses as one RDMA READ into the registered destination (no slot), the second
@@ -9,7 +9,8 @@
 //                the chunk with an error that says so
 //   IbZcopyColl  forked ranks with ncclCommRegister'ed buffers: all-gather, broadcast and
 //                send/recv with direct chunks give exactly the bytes of the slot path (and of the
-//                reference); the second round registers nothing new
+//                reference), with reads whole or split over the queue pairs; the second round
+//                registers nothing new
 #include <gtest/gtest.h>
 
 #include <sys/mman.h>
@@ -20,6 +21,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "launch.h"
@@ -297,15 +299,17 @@ static int coll_rank(const ncclUniqueId &id, int rank, int n, bool reg, CollOut 
     return 0;
 }
 
-class IbZcopyColl : public ::testing::TestWithParam<int> {};
+// With split (NCCL_IB_SPLIT_DATA_ON_QPS=1) each direct chunk is read in one part per queue pair.
+class IbZcopyColl : public ::testing::TestWithParam<std::tuple<int, int>> {};
 
 TEST_P(IbZcopyColl, SameBytesAsTheSlotsAndOneRegistration) {
-    const int n = GetParam();
+    const int n = std::get<0>(GetParam());
     ScopedEnv env;
     use_soft_verbs(env);
     env.set("CHORUS_TRANSPORT", "ib");
     env.set("CHORUS_RING_DIRECT", "1"); // direct ring chunks between processes at every size
-    env.set("NCCL_IB_QPS_PER_CONNECTION", "2");
+    env.set("NCCL_IB_QPS_PER_CONNECTION", std::get<1>(GetParam()) ? "3" : "2");
+    env.set("NCCL_IB_SPLIT_DATA_ON_QPS", std::get<1>(GetParam()) ? "1" : "0");
     env.set("CHORUS_TIMEOUT", "30");
     ncclUniqueId id1 = make_unique_id(), id2 = make_unique_id();
     RunResult res = run_forked(
@@ -339,9 +343,12 @@ TEST_P(IbZcopyColl, SameBytesAsTheSlotsAndOneRegistration) {
         120);
     EXPECT_TRUE(res.ok()) << res.detail;
 }
-INSTANTIATE_TEST_SUITE_P(Ranks, IbZcopyColl, ::testing::Values(2, 3),
-                         [](const ::testing::TestParamInfo<int> &info) {
-                             return std::to_string(info.param) + "ranks";
+INSTANTIATE_TEST_SUITE_P(Ranks, IbZcopyColl,
+                         ::testing::Values(std::make_tuple(2, 0), std::make_tuple(3, 0),
+                                           std::make_tuple(3, 1)),
+                         [](const auto &info) {
+                             return std::to_string(std::get<0>(info.param)) + "ranks" +
+                                    (std::get<1>(info.param) ? "_split" : "");
                          });
 
 } // namespace

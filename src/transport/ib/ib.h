@@ -10,21 +10,30 @@
  *   ib_device.c   device enumeration (NCCL_IB_HCA filter, active ports, GID choice), opened once
  *                 per process; this rank's verbs record in the locality record; one thread per
  *                 device context that reads its async events (port error, device fatal)
- *   ib_conn.c     the ops: RC queue pairs per connection, RDMA write with immediate, credits,
- *                 direct chunks read by the receiver from the sender's registered buffer
+ *   ib_conn.c     the ops table; can_connect, setup, connect and close: RC queue pairs per
+ *                 connection, the setup blob, geometry and queue pair count agreed by both ends
+ *   ib_data.c     the data path: RDMA write with immediate, credits, keepalive, direct chunks
+ *                 read by the receiver from the sender's registered buffer
  *   ib_mr.c       the registration cache of user buffers (ncclCommRegister) for direct chunks
  *
  * Data path (NCCL_IB_QPS_PER_CONNECTION = q RC queue pairs per connection, one completion queue).
  * The receiver's slots are registered for remote write and their address and rkey go to the
  * sender in the setup blob; the sender registers its slots and an 8-byte credit word that the
- * receiver may write. Step s is one RDMA WRITE WITH IMMEDIATE on queue pair s % q from the
- * sender's slot s % nslots into the receiver's slot s % nslots, the immediate carrying the byte
- * count; the receiver keeps nslots receive requests posted on every queue pair. An RC queue pair
- * completes in order, so the j-th arrival on queue pair k is step j * q + k; a step is ready once
- * every earlier one arrived (a flag per slot). After recv_release the receiver RDMA-writes its
- * released count into the sender's credit word, always on queue pair 0 (so a later count never
- * lands before an earlier one): the sender may run at most nslots steps ahead of it, and reuses
- * its own slot once the write's completion, and those of every earlier step, were polled.
+ * receiver may write. Step s goes from the sender's slot s % nslots into the receiver's slot
+ * s % nslots as RDMA WRITE WITH IMMEDIATE, the immediate carrying the step's byte count; the
+ * receiver keeps nslots receive requests posted on every queue pair. NCCL_IB_SPLIT_DATA_ON_QPS
+ * picks how the steps use the queue pairs (both ends must ask for split, else round-robin):
+ *   round-robin (0)  step s is one write on queue pair s % q. An RC queue pair completes in
+ *                    order, so the j-th arrival on queue pair k is step j * q + k.
+ *   split (1)        step s is q writes, one per queue pair: queue pair k carries part k of the
+ *                    step (ib_split_part: 128-byte multiples, the last part shorter, parts past
+ *                    the end empty), so the j-th arrival on every queue pair is step j, and the
+ *                    step is there once all q parts are (a count per slot).
+ * A step is ready once every earlier one arrived (a flag per slot). After recv_release the
+ * receiver RDMA-writes its released count into the sender's credit word, always on queue pair 0
+ * (so a later count never lands before an earlier one): the sender may run at most nslots steps
+ * ahead of it, and reuses its own slot once the step's writes completed, and those of every
+ * earlier step.
  */
 #ifndef CHORUS_TRANSPORT_IB_H_
 #define CHORUS_TRANSPORT_IB_H_
@@ -77,6 +86,8 @@ typedef struct {
     uint32_t qpn[IB_MAX_QPS];
     uint16_t lid;
     uint8_t link_layer, mtu;
+    uint8_t split; /* asks for split steps (NCCL_IB_SPLIT_DATA_ON_QPS) */
+    uint8_t pad[3];
     union ibv_gid gid;
     uint64_t addr; /* receiver: slots; sender: credit word */
     uint32_t rkey;
@@ -84,7 +95,7 @@ typedef struct {
     uint64_t slot_bytes;
 } ib_blob_t;
 
-/* A direct chunk's slot holds this descriptor instead of the data (ib_conn.c): the sender's
+/* A direct chunk's slot holds this descriptor instead of the data (ib_data.c): the sender's
  * registered buffer, which the receiver reads with one RDMA READ straight into its own. The
  * write that carries it has IB_IMM_DIRECT set in its immediate. */
 #define IB_DIRECT_MAGIC 0x49424443u /* "IBDC" */
@@ -154,6 +165,67 @@ ncclResult_t ib_mr_acquire_temp(struct ibv_pd *pd, const void *ptr, size_t len,
                                 struct ibv_mr **mr_p, ib_reg_t **reg_p);
 void ib_mr_release(ib_reg_t *reg, size_t zcopy_bytes);
 void ib_mr_stats(ib_mr_stats_t *s);
+
+/* A connection's state (ib_conn.c sets it up, ib_data.c moves the data). */
+#define IB_WR_DATA 1 /* wr_id: the kind in the low byte, the queue pair's index above it */
+#define IB_WR_CREDIT 2
+#define IB_WR_READ 3
+#define IB_WR_PING 4
+#define IB_WR_ID(kind, k) ((uint64_t)(kind) | ((uint64_t)(k) << 8))
+#define IB_MAX_CREDIT_WRITES 4
+typedef struct {
+    ib_device_t *dev;
+    struct ibv_cq *cq;
+    struct ibv_qp *qp[IB_MAX_QPS];
+    int nqps;       /* created; after connect: in use (the smaller count of the two ends) */
+    int split;      /* setup: asked for; after connect: each step is split over the queue pairs */
+    uint64_t *qp_done; /* per queue pair: completed data writes (sender) or arrivals (receiver) */
+    uint8_t *ready; /* per slot: its step completed (sender) or arrived (receiver) */
+    uint8_t *parts; /* per slot, split: the step's writes that completed or arrived so far */
+    char *slots;
+    struct ibv_mr *slots_mr;
+    uint64_t *word; /* sender: credit word (remote-written); receiver: released value to send */
+    struct ibv_mr *word_mr;
+    uint32_t psn;
+    uint64_t remote_addr;
+    uint32_t remote_rkey;
+    int nslots;
+    size_t slot_bytes;
+    int sq_room; /* steps in flight at once (the data writes one send queue holds) */
+    /* sender */
+    uint64_t head, sent;
+    /* receiver */
+    uint64_t arrived, released, credit_posted;
+    uint64_t credit_ns; /* when the last credit write went */
+    int credit_writes; /* outstanding */
+    uint32_t *rsize; /* per slot: bytes of the step (receiver), of the direct chunk (sender) */
+    /* direct chunks */
+    ib_reg_t **dref;      /* sender: per slot, the registration its direct chunk in flight uses */
+    uint64_t dacked;      /* sender: steps below this released their registrations */
+    uint64_t last_direct; /* sender: 1 + the last direct step (0: none) */
+    uint8_t *rdirect;     /* receiver: per slot, the step is a direct chunk's descriptor */
+    int reading;          /* receiver: RDMA READs outstanding (split: one per part) */
+    int pings;            /* sender: keepalive writes outstanding (0 or 1) */
+    uint64_t ping_ns;     /* sender: when it began waiting, or pinged last (0: not waiting) */
+    int error;
+} ib_conn_t;
+
+/* Part k of a split step of len bytes over q queue pairs: bytes [*off_p, *off_p + *len_p). Parts
+ * are ceil(len / q) rounded up to 128 bytes; the last non-empty one is shorter, later ones are
+ * empty (offset len, length 0). */
+void ib_split_part(size_t len, int q, int k, size_t *off_p, size_t *len_p);
+
+/* ib_data.c: the data-path operations of ib_transport_ops, and one receive request on queue pair
+ * k (connect posts nslots of them on each). */
+ncclResult_t ib_post_recv(chorus_conn_t *conn, ib_conn_t *ic, int k);
+ncclResult_t ib_send_acquire(chorus_conn_t *conn, size_t bytes, void **slot_p, int *ready_p);
+ncclResult_t ib_send_commit(chorus_conn_t *conn, size_t bytes);
+ncclResult_t ib_send_commit_direct(chorus_conn_t *conn, const void *src, size_t bytes);
+ncclResult_t ib_send_drained(chorus_conn_t *conn, int *done_p);
+ncclResult_t ib_recv_peek(chorus_conn_t *conn, const void **data_p, size_t *bytes_p, int *ready_p);
+ncclResult_t ib_recv_copy(chorus_conn_t *conn, void *dst, size_t bytes);
+ncclResult_t ib_recv_release(chorus_conn_t *conn);
+ncclResult_t ib_progress(chorus_conn_t *conn);
 
 extern const chorus_transport_ops_t ib_transport_ops;
 

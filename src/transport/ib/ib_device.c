@@ -155,7 +155,7 @@ static const char *ib_event_name(enum ibv_event_type t) {
 
 /* One per device context, for the life of the process: waits (1 s at a time) for async events.
  * A port error or a fatal device error marks the ports it concerns; every connection on them
- * then fails at its next poll with a message naming its peer (ib_conn.c). */
+ * then fails at its next poll with a message naming its peer (ib_data.c). */
 static void *ib_async_thread(void *arg) {
     struct ibv_context *ctx = arg;
     const ib_symbols_t *ibv = ib_symbols();
@@ -174,8 +174,10 @@ static void *ib_async_thread(void *arg) {
         for (int i = 0; i < g_ndevs; i++) {
             ib_device_t *d = &g_devs[i];
             if (d->ctx != ctx || (port && d->port != port)) continue;
-            __atomic_store_n(&d->fatal, (int)ev.event_type, __ATOMIC_RELEASE);
+            /* Logged before the connections can see it: their errors, which name the peer,
+             * come after this one and stay the last error. */
             WARN("ib: %s:%d went down (%s)", d->name, d->port, ib_event_name(ev.event_type));
+            __atomic_store_n(&d->fatal, (int)ev.event_type, __ATOMIC_RELEASE);
         }
         pthread_mutex_unlock(&g_scan_lock);
     }
