@@ -45,10 +45,12 @@
  * but for the rounding of the last), so only the L ranks of one host are simulated: the first
  * rank's predecessor is the last rank of the same host one host earlier, whose times are those of
  * this host's last rank; the receiving NIC of the next host is this host's (its load is the same).
- * Leaf uplinks then pace every crossing edge (a pipelined ring runs at its slowest edge). Where
+ * Leaf uplinks then pace every crossing edge (a pipelined ring runs at its slowest edge; for an
+ * op of one loop, whose time is the sum of its edges, that overestimates). Where
  * the messages of a run would exceed the budget (max_events), the first loops, pieces or
  * columns are simulated and the rest extrapolated at the rate of the second half of the simulated
- * ones (the pipeline's steady state).
+ * ones (the pipeline's steady state), or at the busiest queue's load per simulated unit where that
+ * is slower (the bottleneck, which a short prefix may not have filled yet).
  */
 #include <math.h>
 #include <stdint.h>

@@ -181,6 +181,29 @@ TEST(Sim, TunerPicksTheSimulatorsFastest) {
     }
 }
 
+// More ranks than cores: shared-memory steps cost ranks / cores times their latency and
+// transfer time (4 ranks on 2 cores: twice).
+TEST(Sim, CoresScaleSharedMemorySteps) {
+    sim_net_t net = Net(4, 4);
+    net.cores = 2;
+    const size_t bytes = 4 * (64 << 10);
+    const double want = 2.0 * 3 * (2 * 2 + (64 << 10) / 5e3);
+    EXPECT_NEAR(Simulate(net, SIM_RING, bytes), want, want * 1e-9);
+}
+
+// Leaf uplinks slower than the NICs: traffic between leaves slows the tree (every rank simulated)
+// and the ring (one host's ranks: every crossing edge takes the uplink's rate).
+TEST(Sim, LeafUplinksSlowTrafficBetweenLeaves) {
+    for (int algo : {SIM_TREE, SIM_RING}) {
+        sim_net_t net = Net(16, 1);
+        const double flat = Simulate(net, algo, 4 << 20);
+        net.leaf_hosts = 4;
+        net.uplink_gbps = 0.25;
+        const double leaves = Simulate(net, algo, 4 << 20);
+        EXPECT_GT(leaves, flat * 1.5) << sim_algo_name(algo);
+    }
+}
+
 TEST(Sim, RefusesWhatDoesNotRun) {
     sim_net_t net = Net(8, 8);
     sim_result_t r;
