@@ -63,3 +63,15 @@ if(Python3_Interpreter_FOUND)
                          ENVIRONMENT "CHORUS_TIMEOUT=60")
   endif()
 endif()
+
+# The simulator's core (perf/sim) for sim_test.cc, and one run of the program on small shapes
+# (every algorithm, the tuner's choice, the markdown table).
+if(TARGET test_perf AND TARGET chorus_sim_core)
+  target_link_libraries(test_perf PRIVATE chorus_sim_core)
+endif()
+if(TARGET chorus_sim)
+  add_test(NAME perf_sim_smoke
+           COMMAND $<TARGET_FILE:chorus_sim> -n 8,32,96 -L 4 -b 4K -e 16M -f 16 -M -v)
+  set_tests_properties(perf_sim_smoke PROPERTIES LABELS quick TIMEOUT 60
+                       FAIL_REGULAR_EXPRESSION "chorus_sim: |nan")
+endif()

@@ -1,0 +1,218 @@
+// The all-reduce simulator (perf/sim): its predictions on small shapes against closed-form
+// alpha-beta times worked out here from the algorithms' definitions (not from the simulator's
+// or the cost model's code), the ring's host symmetry against simulating every rank, and the
+// tuner's choice against the simulator's fastest algorithm.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <string>
+
+#include "sim.h"
+
+namespace {
+
+// A network with round numbers: shm 2 us per step at 10 GB/s per rank, the network 40 us per
+// hop at 1 GB/s per host NIC. One ring channel unless a test says otherwise.
+sim_net_t Net(int n, int per_host) {
+    sim_net_t net;
+    memset(&net, 0, sizeof(net));
+    sim_net_defaults(&net);
+    net.nranks = n;
+    net.host_ranks = per_host;
+    net.shm_alpha_us = 2;
+    net.shm_gbps = 10;
+    net.net_alpha_us = 40;
+    net.nic_gbps = 1;
+    net.slot_bytes = 512 << 10;
+    net.nslots = 8;
+    net.nchannels = 1;
+    return net;
+}
+
+double Simulate(const sim_net_t &net, int algo, size_t bytes) {
+    sim_result_t r;
+    char err[160];
+    EXPECT_EQ(sim_run(&net, algo, bytes, &r, err, sizeof(err)), 0) << err;
+    return r.us;
+}
+
+// Ring all-reduce: 2(n-1) dependent steps, each moving one block of B/n over one edge.
+TEST(Sim, RingOneHostIsClosedForm) {
+    for (int n : {2, 3, 5, 8}) {
+        const sim_net_t net = Net(n, n);
+        const size_t bytes = (size_t)n * (64 << 10); // 64 KiB blocks, one loop
+        const double want = 2.0 * (n - 1) * (2 + (64 << 10) / 10e3);
+        EXPECT_NEAR(Simulate(net, SIM_RING, bytes), want, want * 1e-9) << n << " ranks";
+    }
+}
+
+TEST(Sim, RingOneRankPerHostIsClosedForm) {
+    for (int n : {2, 3, 4, 7}) {
+        const sim_net_t net = Net(n, 1);
+        const size_t bytes = (size_t)n * (32 << 10);
+        const double want = 2.0 * (n - 1) * (40 + (32 << 10) / 1e3);
+        EXPECT_NEAR(Simulate(net, SIM_RING, bytes), want, want * 1e-9) << n << " hosts";
+    }
+}
+
+// The ring simulated for one host's ranks (host symmetry) against every rank simulated, with
+// several loops, both channel directions and a NIC shared by two rings.
+TEST(Sim, RingHostSymmetryMatchesFullRing) {
+    for (int hosts : {2, 3, 5}) {
+        for (int per : {2, 4}) {
+            for (size_t bytes : {(size_t)64 << 10, (size_t)3 << 20, (size_t)40 << 20}) {
+                sim_net_t net = Net(hosts * per, per);
+                net.nchannels = 2;
+                const double reduced = Simulate(net, SIM_RING, bytes);
+                net.no_symmetry = 1;
+                const double full = Simulate(net, SIM_RING, bytes);
+                // They differ by the rounding of a loop's blocks only (the symmetry takes every
+                // host's blocks to be this host's).
+                EXPECT_NEAR(reduced, full, full * 2e-4)
+                    << hosts << " hosts x " << per << ", " << bytes << " bytes";
+            }
+        }
+    }
+}
+
+// Double binary tree, latency only: up the deeper tree's floor(log2 n) levels and down again.
+TEST(Sim, TreeLatencyIsTwiceTheDepth) {
+    for (int n : {2, 3, 5, 8, 13, 64, 100}) {
+        sim_net_t net = Net(n, 1);
+        net.nic_gbps = 1e9; // bandwidth out of the picture
+        const double want = 2.0 * std::floor(std::log2((double)n)) * 40;
+        EXPECT_NEAR(Simulate(net, SIM_TREE, 4096), want, 1e-3) << n << " ranks";
+    }
+}
+
+// Two ranks on two hosts, one chunk per tree: each half goes one hop up and one hop down.
+TEST(Sim, TreeTwoRanksIsClosedForm) {
+    const sim_net_t net = Net(2, 1);
+    const size_t bytes = 64 << 10; // one 32 KiB chunk per tree
+    const double want = 2 * (40 + (32 << 10) / 1e3);
+    EXPECT_NEAR(Simulate(net, SIM_TREE, bytes), want, want * 1e-9);
+}
+
+// Recursive doubling over m = 2^R ranks: R rounds of the whole message, one hop each. With n - m
+// more ranks, the odd rank of each folded pair starts its rounds one step late (the fold) and
+// the folded ranks get the result one step after the last round: between R + 1 steps (late
+// ranks meeting early partners whose messages are already there) and R + 2, plus at most one
+// more transfer where a rank's sends of two rounds leave together through its NIC.
+TEST(Sim, RecursiveDoublingIsClosedForm) {
+    const double step = 40 + 8192 / 1e3;
+    for (int n : {2, 4, 8, 16, 32}) {
+        const sim_net_t net = Net(n, 1);
+        const double want = std::log2((double)n) * step;
+        EXPECT_NEAR(Simulate(net, SIM_RD, 8192), want, want * 1e-9) << n << " ranks";
+    }
+    for (int n : {3, 6, 7, 12, 24}) {
+        const sim_net_t net = Net(n, 1);
+        const int R = (int)std::floor(std::log2((double)n));
+        const double t = Simulate(net, SIM_RD, 8192);
+        EXPECT_GE(t, (R + 1) * step - 1e-9) << n << " ranks";
+        EXPECT_LE(t, (R + 2) * step + 8192 / 1e3 + 1e-9) << n << " ranks";
+    }
+}
+
+// The hierarchical all-reduce on 2 hosts with free shared memory and no latency: each host's NIC
+// carries the message once (half of the columns up, half down), pipelined.
+TEST(Sim, HierTwoHostsMovesTheMessageOnce) {
+    sim_net_t net = Net(8, 4);
+    net.shm_alpha_us = 0;
+    net.shm_gbps = 1e6;
+    net.net_alpha_us = 0;
+    const size_t bytes = 64 << 20;
+    const double want = bytes / 1e3;
+    const double got = Simulate(net, SIM_HIER, bytes);
+    EXPECT_GE(got, want * 0.999);
+    EXPECT_LE(got, want * 1.05);
+}
+
+// Runs that exceed the message budget extrapolate; the result stays within 10% of the full run
+// (hier from 7 of 17 columns: 8% short, the pipeline's start and end weigh more than in the full
+// run).
+TEST(Sim, ExtrapolationIsCloseToTheFullRun) {
+    for (int algo : {SIM_TREE, SIM_HIER}) {
+        sim_net_t net = Net(64, 4);
+        const size_t bytes = 32 << 20;
+        const double full = Simulate(net, algo, bytes);
+        net.max_events = 4000; // a few units only
+        sim_result_t r;
+        char err[160];
+        ASSERT_EQ(sim_run(&net, algo, bytes, &r, err, sizeof(err)), 0) << err;
+        EXPECT_LT(r.simulated, r.units);
+        EXPECT_NEAR(r.us, full, full * 0.10) << sim_algo_name(algo);
+    }
+}
+
+// Shapes where the cost model and the simulator agree on the fastest algorithm (they disagree
+// elsewhere: docs/performance.md lists where).
+TEST(Sim, TunerPicksTheSimulatorsFastest) {
+    struct Case {
+        int n, per;
+        double alpha, gbps;
+        size_t bytes;
+    } cases[] = {
+        {64, 1, 30, 1.25, 1 << 20},  // many hosts, mid size: the tree
+        {4, 1, 30, 1.25, 64 << 20},  // few hosts, large: the ring
+        {32, 8, 30, 1.25, 64 << 20}, // several ranks per host, large: hier
+        {16, 1, 30, 1.25, 1024},     // small: recursive doubling
+    };
+    for (const Case &c : cases) {
+        sim_net_t net = Net(c.n, c.per);
+        net.nchannels = 0;
+        net.net_alpha_us = c.alpha;
+        net.nic_gbps = c.gbps;
+        int best = -1;
+        double best_us = 0;
+        for (int a = 0; a < SIM_NALGOS; a++) {
+            if (!sim_algo_applies(&net, a, c.bytes)) continue;
+            const double us = Simulate(net, a, c.bytes);
+            if (best < 0 || us < best_us) {
+                best = a;
+                best_us = us;
+            }
+        }
+        const char *name, *why;
+        const int tuned = sim_tuner_choice(&net, c.bytes, &name, &why);
+        EXPECT_EQ(tuned, best) << c.n << " ranks, " << c.per << " per host, " << c.bytes
+                               << " bytes: tuner " << name << ", simulator " << sim_algo_name(best);
+    }
+}
+
+// More ranks than cores: shared-memory steps cost ranks / cores times their latency and
+// transfer time (4 ranks on 2 cores: twice).
+TEST(Sim, CoresScaleSharedMemorySteps) {
+    sim_net_t net = Net(4, 4);
+    net.cores = 2;
+    const size_t bytes = 4 * (64 << 10);
+    const double want = 2.0 * 3 * (2 * 2 + (64 << 10) / 5e3);
+    EXPECT_NEAR(Simulate(net, SIM_RING, bytes), want, want * 1e-9);
+}
+
+// Leaf uplinks slower than the NICs: traffic between leaves slows the tree (every rank simulated)
+// and the ring (one host's ranks: every crossing edge takes the uplink's rate).
+TEST(Sim, LeafUplinksSlowTrafficBetweenLeaves) {
+    for (int algo : {SIM_TREE, SIM_RING}) {
+        sim_net_t net = Net(16, 1);
+        const double flat = Simulate(net, algo, 4 << 20);
+        net.leaf_hosts = 4;
+        net.uplink_gbps = 0.25;
+        const double leaves = Simulate(net, algo, 4 << 20);
+        EXPECT_GT(leaves, flat * 1.5) << sim_algo_name(algo);
+    }
+}
+
+TEST(Sim, RefusesWhatDoesNotRun) {
+    sim_net_t net = Net(8, 8);
+    sim_result_t r;
+    char err[160];
+    EXPECT_NE(sim_run(&net, SIM_HIER, 1 << 20, &r, err, sizeof(err)), 0); // one host
+    EXPECT_NE(sim_run(&net, SIM_RD, 64 << 20, &r, err, sizeof(err)), 0);  // past one chunk
+    net.host_ranks = 3;
+    EXPECT_NE(sim_run(&net, SIM_RING, 1 << 20, &r, err, sizeof(err)), 0); // 8 % 3
+    EXPECT_NE(std::string(err), "");
+}
+
+} // namespace
