@@ -352,11 +352,14 @@ TEST_F(DevicePath, MismatchThreads) {
     });
 }
 
-// A launch whose peer never calls spins in its waits; ncclCommAbort releases it at once.
-TEST_F(DevicePath, AbortReleasesLaunchThreads) {
+// Rank 0 starts an all-reduce on the emulated stream whose peer never calls, so its work
+// (`what`: the launch or the copy-engine program) waits; ncclCommAbort must end that work before it
+// returns, well within the deadline. The peer then destroys its communicator (ncclRemoteError
+// allowed), after checking that the abort left it an error when peer_error says it must.
+chorus_test::RunResult abort_releases_waiting_work(const char *what, bool peer_error) {
     ncclUniqueId id = chorus_test::make_unique_id();
     std::atomic<int> aborted{0};
-    auto res = chorus_test::run_threads(2, [&](int rank, int nr) -> int {
+    return chorus_test::run_threads(2, [&](int rank, int nr) -> int {
         ch_emu_stream_t *st = ch_emu_stream_create();
         ncclComm_t comm;
         RANK_NCCL(ncclCommInitRank(&comm, nr, id, rank));
@@ -367,19 +370,21 @@ TEST_F(DevicePath, AbortReleasesLaunchThreads) {
             RANK_NCCL(
                 ncclAllReduce(b.in, b.out, 100000, ncclFloat32, ncclSum, comm, (cudaStream_t)st));
             std::this_thread::sleep_for(std::chrono::milliseconds(300));
-            RANK_CHECK(ch_emu_stream_launches(st) == 0, "the launch ended without its peer\n");
+            RANK_CHECK(ch_emu_stream_launches(st) == 0, "the %s ended without its peer\n", what);
             const double t0 = chorus_test::now_s();
             RANK_NCCL(ncclCommAbort(comm));
             const double took = chorus_test::now_s() - t0;
-            RANK_CHECK(ch_emu_stream_launches(st) == 1, "abort returned before the launch\n");
+            RANK_CHECK(ch_emu_stream_launches(st) == 1, "abort returned before the %s\n", what);
             RANK_CHECK(took < 10, "abort took %.1f s\n", took);
             aborted = 1;
         } else {
             while (!aborted)
                 std::this_thread::sleep_for(std::chrono::milliseconds(10));
-            ncclResult_t async = ncclSuccess;
-            RANK_NCCL(ncclCommGetAsyncError(comm, &async));
-            RANK_CHECK(async != ncclSuccess, "the peer's abort left no error\n");
+            if (peer_error) {
+                ncclResult_t async = ncclSuccess;
+                RANK_NCCL(ncclCommGetAsyncError(comm, &async));
+                RANK_CHECK(async != ncclSuccess, "the peer's abort left no error\n");
+            }
             ncclResult_t d = ncclCommDestroy(comm); // reports the failed communicator
             RANK_CHECK(d == ncclSuccess || d == ncclRemoteError, "destroy: %s\n",
                        ncclGetErrorString(d));
@@ -387,6 +392,11 @@ TEST_F(DevicePath, AbortReleasesLaunchThreads) {
         ch_emu_stream_destroy(st);
         return 0;
     });
+}
+
+// A launch whose peer never calls spins in its waits; ncclCommAbort releases it at once.
+TEST_F(DevicePath, AbortReleasesLaunchThreads) {
+    auto res = abort_releases_waiting_work("launch", true);
     EXPECT_TRUE(res.ok()) << res.detail;
 }
 
@@ -605,36 +615,7 @@ TEST_F(DevicePath, CopyEnginePeerKilledForked) {
 TEST_F(DevicePath, CopyEngineAbortReleasesThreads) {
     ScopedEnv path("CHORUS_DEVICE_PATH", "ce");
     ScopedEnv timeout("CHORUS_TIMEOUT", "30");
-    ncclUniqueId id = chorus_test::make_unique_id();
-    std::atomic<int> aborted{0};
-    auto res = chorus_test::run_threads(2, [&](int rank, int nr) -> int {
-        ch_emu_stream_t *st = ch_emu_stream_create();
-        ncclComm_t comm;
-        RANK_NCCL(ncclCommInitRank(&comm, nr, id, rank));
-        Rank k{comm, st, rank, nr, false};
-        if (rank == 0) {
-            Bufs b;
-            make_bufs(k, CH_COLL_ALLREDUCE, ncclFloat32, ncclSum, 100000, false, &b);
-            RANK_NCCL(
-                ncclAllReduce(b.in, b.out, 100000, ncclFloat32, ncclSum, comm, (cudaStream_t)st));
-            std::this_thread::sleep_for(std::chrono::milliseconds(300));
-            RANK_CHECK(ch_emu_stream_launches(st) == 0, "the program ended without its peer\n");
-            const double t0 = chorus_test::now_s();
-            RANK_NCCL(ncclCommAbort(comm));
-            const double took = chorus_test::now_s() - t0;
-            RANK_CHECK(ch_emu_stream_launches(st) == 1, "abort returned before the program\n");
-            RANK_CHECK(took < 10, "abort took %.1f s\n", took);
-            aborted = 1;
-        } else {
-            while (!aborted)
-                std::this_thread::sleep_for(std::chrono::milliseconds(10));
-            ncclResult_t d = ncclCommDestroy(comm);
-            RANK_CHECK(d == ncclSuccess || d == ncclRemoteError, "destroy: %s\n",
-                       ncclGetErrorString(d));
-        }
-        ch_emu_stream_destroy(st);
-        return 0;
-    });
+    auto res = abort_releases_waiting_work("program", false);
     EXPECT_TRUE(res.ok()) << res.detail;
 }
 
