@@ -43,6 +43,7 @@
 #include "param.h"
 #include "transport.h"
 #include "waiter.h"
+#include "topo.h"
 
 #define MAX_POINTS 48
 #define BASE_PINGS 2000

@@ -33,6 +33,7 @@
 #include "param.h"
 #include "transport.h"
 #include "waiter.h"
+#include "topo.h"
 
 #define MAX_POINTS 64
 #define NMODES 4
@@ -259,6 +260,7 @@ static ncclResult_t rank_comm_init(const chorus_unique_id_t *id, int rank,
     chorus_log_set_rank(rank);
     CHECK(bootstrap_init(id, rank, 2, &comm->bs_abort_flag, &comm->bs));
     CHECK(topo_fill_locality(rank, -1, bootstrap_addr(comm->bs, rank), &comm->peers[rank]));
+    transport_fill_locality(&comm->peers[rank]);
     CHECK(bootstrap_allgather(comm->bs, comm->peers, sizeof(chorus_locality_t)));
     comm_fill_transport_ctx(comm);
     *comm_p = comm;

@@ -30,6 +30,7 @@
 #include "cuda_util.h"
 #include "cuda_enqueue.h"
 #include "param.h"
+#include "topo.h"
 
 _Static_assert(sizeof(chorus_unique_id_t) <= NCCL_UNIQUE_ID_BYTES, "unique id too large");
 
@@ -101,6 +102,7 @@ ncclResult_t comm_init_run(struct ncclComm *comm, const ncclUniqueId *id) {
     chorus_locality_t *me = &comm->peers[comm->rank];
     CHECK_GOTO(topo_fill_locality(comm->rank, comm->cuda_dev, bootstrap_addr(bs, comm->rank), me),
                res, fail);
+    transport_fill_locality(me);
     snprintf(comm->host, sizeof(comm->host), "%s", me->hostname);
     CHECK_GOTO(bootstrap_allgather(bs, comm->peers, sizeof(chorus_locality_t)), res, fail);
     for (int r = 0; r < comm->nranks; r++) {

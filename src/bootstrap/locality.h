@@ -54,11 +54,6 @@ typedef struct {
     char net_ifname[16];
 } chorus_locality_t;
 
-/* Fill this rank's record (topology/detect.c). */
-ncclResult_t topo_fill_locality(int rank, int cuda_dev, const chorus_sockaddr_t *bs_addr,
-                                chorus_locality_t *loc);
-/* This rank's verbs record (src/transport/ib/ib_device.c); all zero without a usable port. */
-void ib_fill_locality(chorus_verbs_loc_t *v);
 static inline int locality_same_host(const chorus_locality_t *a, const chorus_locality_t *b) {
     return a->host_hash == b->host_hash;
 }

@@ -287,6 +287,5 @@ ncclResult_t topo_fill_locality(int rank, int cuda_dev, const chorus_sockaddr_t 
     loc->l2_bytes = info.l2_bytes;
     loc->nnics = info.nnics;
     memcpy(loc->nics, info.nics, sizeof(info.nics));
-    ib_fill_locality(&loc->verbs);
     return ncclSuccess;
 }

@@ -10,6 +10,11 @@
 #include "locality.h"
 #include "nccl.h"
 
+/* Fill this rank's record, all but the transports' part (detect.c; transport_fill_locality adds
+ * that). */
+ncclResult_t topo_fill_locality(int rank, int cuda_dev, const chorus_sockaddr_t *bs_addr,
+                                chorus_locality_t *loc);
+
 /* The rings the channels run: one order of the ranks and the channel count. Channel c runs the
  * order forwards for even c and backwards for odd c (topo_channel_ring), so that the two
  * directions of every link carry traffic. */

@@ -19,6 +19,8 @@
 extern const chorus_transport_ops_t shm_transport_ops;
 extern const chorus_transport_ops_t tcp_transport_ops;
 extern const chorus_transport_ops_t ib_transport_ops; /* src/transport/ib */
+/* This rank's verbs record (src/transport/ib/ib_device.c); all zero without a usable port. */
+void ib_fill_locality(chorus_verbs_loc_t *v);
 #if CHORUS_HAVE_CUDA
 extern const chorus_transport_ops_t cuda_ipc_transport_ops; /* src/transport/cuda_ipc */
 #endif
@@ -34,6 +36,10 @@ static const chorus_transport_ops_t *const transport_table[] = {
     &tcp_transport_ops,
 };
 #define TRANSPORT_TABLE_SIZE ((int)(sizeof(transport_table) / sizeof(transport_table[0])))
+
+void transport_fill_locality(chorus_locality_t *loc) {
+    ib_fill_locality(&loc->verbs);
+}
 
 int transport_count(void) {
     int n = 0;

@@ -142,6 +142,9 @@ struct chorus_conn {
 };
 
 /* registry.c */
+/* The transports' part of this rank's locality record (the verbs record; all zero without a
+ * usable RDMA port), after topo_fill_locality and before the records are exchanged. */
+void transport_fill_locality(chorus_locality_t *loc);
 int transport_count(void);
 const chorus_transport_ops_t *transport_get(int index);
 const chorus_transport_ops_t *transport_find(const char *name);

@@ -17,6 +17,9 @@
 
 #include "launch.h"
 #include "transport_transfer.h"
+extern "C" {
+#include "topo.h"
+}
 
 namespace chorus_test {
 namespace {
@@ -139,6 +142,7 @@ struct FakeComm {
         addr.sin.sin_family = AF_INET;
         addr.sin.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
         EXPECT_EQ(topo_fill_locality(0, -1, &addr, &peers[0]), ncclSuccess);
+        transport_fill_locality(&peers[0]);
         peers[1] = peers[0];
         peers[1].rank = 1;
         peers[1].pid = peers[0].pid + 1;

@@ -8,6 +8,9 @@
 #include <cerrno>
 
 #include "launch.h"
+extern "C" {
+#include "topo.h"
+}
 
 #include <cstdio>
 #include <cstdlib>
@@ -45,6 +48,7 @@ ncclResult_t transport_comm_init(const chorus_unique_id_t &id, int rank, int nra
     r = bootstrap_init(&id, rank, nranks, &comm->bs_abort_flag, &comm->bs);
     if (r == ncclSuccess)
         r = topo_fill_locality(rank, -1, bootstrap_addr(comm->bs, rank), &comm->peers[rank]);
+    if (r == ncclSuccess) transport_fill_locality(&comm->peers[rank]);
     if (r == ncclSuccess) r = bootstrap_allgather(comm->bs, comm->peers, sizeof(chorus_locality_t));
     comm_fill_transport_ctx(comm);
     if (r != ncclSuccess) {

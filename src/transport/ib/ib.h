@@ -151,6 +151,8 @@ typedef struct {
     uint64_t zcopy_chunks;  /* chunk ends (sender or receiver) done without a copy */
     uint64_t zcopy_bytes;
 } ib_mr_stats_t;
+/* This rank's verbs record for its locality record (transport_fill_locality). */
+void ib_fill_locality(chorus_verbs_loc_t *v);
 ncclResult_t ib_mr_register(void *base, size_t size);
 /* ncclInvalidUsage (with a WARN) while a direct chunk in flight uses the range. */
 ncclResult_t ib_mr_deregister(void *base, size_t size);

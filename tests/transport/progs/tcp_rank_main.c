@@ -21,6 +21,7 @@
 #include "param.h"
 #include "transport.h"
 #include "waiter.h"
+#include "topo.h"
 
 static int g_rank = -1;
 
