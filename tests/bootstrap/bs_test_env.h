@@ -1,6 +1,6 @@
 // bs_test_env.h: C++ helpers the bootstrap test files share (outside extern "C", unlike
-// bs_test_util.h): a scoped environment variable, a free root port, and the full exercise of a
-// bootstrap handle.
+// bs_test_util.h): a scoped environment variable (scoped_env.h), a free root port, and the full
+// exercise of a bootstrap handle.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "launch.h"
+#include "scoped_env.h"
 
 extern "C" {
 #include "bootstrap.h"
@@ -20,33 +21,6 @@ extern "C" {
 
 namespace chorus_test {
 
-// Sets (value) or unsets (nullptr) an environment variable for a scope and re-reads the
-// parameters; the old value comes back at the end of the scope.
-struct ScopedEnv {
-    std::string name, old;
-    bool had;
-    ScopedEnv(const char *n, const char *v) : name(n) {
-        const char *o = getenv(n);
-        had = o != nullptr;
-        if (had) old = o;
-        if (v)
-            setenv(n, v, 1);
-        else
-            unsetenv(n);
-        chorus_param_reset();
-        chorus_param_init();
-    }
-    ~ScopedEnv() {
-        if (had)
-            setenv(name.c_str(), old.c_str(), 1);
-        else
-            unsetenv(name.c_str());
-        chorus_param_reset();
-        chorus_param_init();
-    }
-    ScopedEnv(const ScopedEnv &) = delete;
-    ScopedEnv &operator=(const ScopedEnv &) = delete;
-};
 
 // A free port below the ephemeral range (launch.h says why); a test failure when there is none.
 inline int free_port() {

@@ -29,6 +29,7 @@
 #include "device/ch_rt_emu.h"
 #include "device_ref.h"
 #include "launch.h"
+#include "scoped_env.h"
 #include "nccl.h"
 extern "C" {
 #include "param.h"
@@ -524,25 +525,8 @@ TEST_F(DevicePath, CopyEngineThreads) {
     chorus_param_reset();
 }
 
-// Sets an environment variable and re-reads the parameters; the old value comes back at scope end.
-struct ScopedEnv {
-    std::string name, old;
-    bool had;
-    ScopedEnv(const char *n, const char *v) : name(n) {
-        const char *o = getenv(n);
-        had = o != nullptr;
-        old = o ? o : "";
-        setenv(n, v, 1);
-        chorus_param_reset();
-    }
-    ~ScopedEnv() {
-        if (had)
-            setenv(name.c_str(), old.c_str(), 1);
-        else
-            unsetenv(name.c_str());
-        chorus_param_reset();
-    }
-};
+// The scoped environment variable of the tests (scoped_env.h).
+using chorus_test::ScopedEnv;
 
 // A forked peer killed in the middle of an op: the survivors' watchdogs see its liveness lock
 // gone while they still wait for it, set the error word and write the counters their streams
