@@ -57,6 +57,10 @@ ncclResult_t prim_step(coll_op_t *op, coll_use_t *recv, coll_use_t *send, const 
 ncclResult_t prim_xfer_chunk(coll_op_t *op, coll_xfer_t *x, const coll_chunk_t *c, int *ok_p);
 /* Sender side: all direct chunks consumed (poll). */
 ncclResult_t prim_send_drained(coll_op_t *op, coll_use_t *send, int *ok_p);
+/* A stalled op (engine lock held): its send connections reap their completions, so that a
+ * write which failed while this rank waits on another connection fails the op now, naming the
+ * peer, instead of at CHORUS_TIMEOUT. */
+void prim_poll_sends(coll_op_t *op);
 /* Failure handling: post error chunks, drain; *ok_p = 1 when finished with the connection. */
 ncclResult_t prim_fail_send(coll_op_t *op, coll_use_t *send, int *ok_p);
 ncclResult_t prim_fail_recv(coll_op_t *op, coll_use_t *recv, int *ok_p);

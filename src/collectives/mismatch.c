@@ -522,6 +522,8 @@ void coll_mismatch_stalled(coll_op_t **ops, int nops, uint32_t polls) {
 
 void coll_mismatch_stalled_engine(struct coll_engine *e, uint64_t stalled_ns) {
     if (stalled_ns < MM_STALL_NS || !engine_trylock(&e->lock)) return;
+    for (coll_op_t *q = e->head; q && !e->broken; q = q->next)
+        prim_poll_sends(q);
     if (!e->broken) mm_check_locked(e, stalled_ns);
     if (e->broken) mm_spread_locked(e);
     if (e->broken && e->err_posted) mm_release_locked(e);

@@ -257,6 +257,29 @@ static ncclResult_t prim_conn_error(coll_op_t *op, const coll_use_t *u, ncclResu
     return res;
 }
 
+/* One send connection of a stalled op: reap its completions (conn->ops->progress). */
+static int prim_poll_send(coll_op_t *op, coll_use_t *u) {
+    chorus_conn_t *sc = u->conn;
+    if (sc == NULL || sc->ops == NULL || sc->ops->progress == NULL || u->err_done ||
+        !__atomic_load_n(&sc->connected, __ATOMIC_ACQUIRE))
+        return 0;
+    ncclResult_t res = sc->ops->progress(sc);
+    if (res == ncclSuccess) return 0;
+    prim_conn_error(op, u, res);
+    return 1;
+}
+
+void prim_poll_sends(coll_op_t *op) {
+    if (op->done || op->failing) return;
+    if (op->uses_ring && op->engine->ring_served == op->ring_ticket)
+        for (int c = 0; c < op->nch; c++)
+            if (prim_poll_send(op, &op->ch[c].send)) return;
+    for (int i = 0; i < op->nxfer; i++) {
+        coll_xfer_t *x = &op->xfer[i];
+        if (x->is_send && x->started && !x->use.finished && prim_poll_send(op, &x->use)) return;
+    }
+}
+
 /* An unexpected chunk: an upstream failure (error chunk) or a protocol violation. */
 static ncclResult_t prim_bad_chunk(coll_op_t *op, coll_use_t *u, const void *data, size_t bytes,
                                    size_t expect) {

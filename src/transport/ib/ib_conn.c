@@ -24,6 +24,7 @@
 #include "check.h"
 #include "ib.h"
 #include "param.h"
+#include "waiter.h"
 
 _Static_assert(sizeof(ib_blob_t) <= TRANSPORT_BLOB_BYTES, "the setup blob outgrew the transport's");
 
@@ -91,6 +92,8 @@ static ncclResult_t ib_setup(chorus_conn_t *conn, void *blob, size_t *blob_bytes
     const chorus_locality_t *self =
         conn->ctx && conn->ctx->peers ? &conn->ctx->peers[conn->ctx->rank] : NULL;
     ic->dev = ib_device_get(ib_pick_device(self, conn->channel));
+    /* A receiver's first keepalive goes after IB_KEEPALIVE_NS of waiting, not at its first look. */
+    ic->credit_ns = chorus_now_ns();
     ic->nslots = conn->nslots > 0 ? conn->nslots : 8;
     ic->slot_bytes = conn->slot_bytes > 0 ? conn->slot_bytes : 1 << 19;
     conn->nslots = ic->nslots;
