@@ -195,6 +195,7 @@ static void tcp_recv_piece_done(tcp_conn_t *tc, tcp_sock_t *s) {
     if (got == s->rhdr.total) {
         tc->slot_rsize[slot] = s->rhdr.total;
         STORE_REL(&tc->slot_ready[slot], s->rhdr.step + 1);
+        if (LOAD_ACQ(&tc->sync_want)) tcp_sync_answer(tc); /* the last step a SYNC waits for */
     }
     s->rstate = TCP_RX_HDR;
 }
@@ -267,6 +268,7 @@ int tcp_sock_recv_pass(tcp_conn_t *tc, tcp_sock_t *s) {
                 tc->slot_rsize[slot] = s->rhdr.total;
                 s->rstate = TCP_RX_DIRECT;
                 STORE_REL(&tc->slot_ready[slot], s->rhdr.step + 1);
+                if (LOAD_ACQ(&tc->sync_want)) tcp_sync_answer(tc);
                 return TCP_SOCK_DID | TCP_SOCK_IDLE;
             }
             s->rstate = TCP_RX_DATA;
@@ -300,22 +302,47 @@ int tcp_sock_recv_pass(tcp_conn_t *tc, tcp_sock_t *s) {
     }
 }
 
-void tcp_sync_answer(tcp_conn_t *tc) {
+/* 1 when every step in [from, end) sits complete in its slot (or, for a direct chunk, its
+ * header was read and its payload waits in the kernel for recv_copy). */
+static int tcp_delivered(const tcp_conn_t *tc, uint64_t from, uint64_t end) {
+    if (end > from + (uint64_t)tc->nslots) return 0;
+    for (uint64_t s = from; s < end; s++)
+        if (LOAD_ACQ(&tc->slot_ready[s % (uint64_t)tc->nslots]) != s + 1) return 0;
+    return 1;
+}
+
+/* Under sync_lock: write the answer that is due, if any. */
+static void tcp_sync_answer_locked(tcp_conn_t *tc) {
     uint64_t want = LOAD_ACQ(&tc->sync_want);
-    if (want == 0) return;
+    int state = LOAD_ACQ(&tc->sync_state);
+    if (want == 0 || state == TCP_SYNC_FINAL) return;
+    const uint64_t end = want - 1; /* the sender's head: every step before it */
+    uint64_t word = __atomic_load_n(&tc->conn->fin_word, __ATOMIC_ACQUIRE);
     uint64_t released = LOAD_ACQ(&tc->released);
-    if (released + 1 < want) return;
-    uint64_t acked = LOAD_ACQ(&tc->sync_acked);
-    if (acked >= want || !__atomic_compare_exchange_n(&tc->sync_acked, &acked, want, 0,
-                                                      __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
-        return; /* answered, or another thread answers right now */
+    int final = released >= end || word != 0;
+    if (!final && (state == TCP_SYNC_DELIVERED || !tcp_delivered(tc, released, end))) return;
     tcp_consumed_t a = {.magic = TCP_ACK_CONSUMED,
-                   .released = released,
-                   .word = __atomic_load_n(&tc->conn->fin_word, __ATOMIC_ACQUIRE)};
+                        .flags = final ? TCP_ACK_FINAL : 0,
+                        .released = released,
+                        .word = word};
+    STORE_REL(&tc->sync_state, final ? TCP_SYNC_FINAL : TCP_SYNC_DELIVERED);
     /* Nothing else travels in this direction, so the kernel takes these few bytes at once; a
      * peer that is gone just never reads them. */
     ssize_t r = send(tc->socks[0].fd, &a, sizeof(a), MSG_NOSIGNAL | MSG_DONTWAIT);
     (void)r;
+}
+
+void tcp_sync_answer(tcp_conn_t *tc) {
+    if (LOAD_ACQ(&tc->sync_want) == 0) return;
+    /* Whoever holds the lock looks again before it leaves, so no change goes unanswered; the
+     * answers leave in order, one thread writing them. */
+    __atomic_store_n(&tc->sync_again, 1, __ATOMIC_SEQ_CST);
+    while (__atomic_load_n(&tc->sync_again, __ATOMIC_SEQ_CST)) {
+        if (__atomic_exchange_n(&tc->sync_lock, 1, __ATOMIC_SEQ_CST)) return;
+        __atomic_store_n(&tc->sync_again, 0, __ATOMIC_SEQ_CST);
+        tcp_sync_answer_locked(tc);
+        __atomic_store_n(&tc->sync_lock, 0, __ATOMIC_SEQ_CST);
+    }
 }
 
 ncclResult_t tcp_recv_direct(tcp_conn_t *tc, int slot, void *dst, size_t bytes) {
