@@ -1,20 +1,24 @@
-// test_coll_finalize_order.cc: two ranks destroy two TCP communicators A and B in opposite orders
-// (rank 0: A then B, rank 1: B then A). At finalize a TCP rank asks each point-to-point peer
-// whether its chunks arrived; neither rank may wait for the other's application (which is busy
-// finalizing the other communicator) until CHORUS_TIMEOUT. Two cases, as forked processes, over
-// TCP only (NCCL_SHM_DISABLE=1), CHORUS_TIMEOUT=30 (as thread ranks of one process both cases
-// still wait the full timeout: not fixed yet, so that instance is not registered):
-//  - matched late: each rank sends on the communicator it destroys first, and receives the
-//    other's message on the communicator it destroys second, after its first destroy: the data
-//    must still arrive, intact;
-//  - unmatched: each rank sends on the communicator it destroys first and nobody receives: the
-//    receiver's finalize of that communicator reports it (ncclInvalidUsage), the sender's
-//    returns ncclSuccess.
+// test_coll_finalize_order.cc: ranks destroy two TCP communicators A and B in opposite orders
+// (even ranks: A then B, odd ranks: B then A). At finalize a TCP rank asks each point-to-point
+// peer whether its chunks arrived; no rank may wait for another's application (which is busy
+// finalizing the other communicator) until CHORUS_TIMEOUT. Over TCP only (NCCL_SHM_DISABLE=1),
+// CHORUS_TIMEOUT=30, 2 and 3 ranks, as thread ranks of one process and as forked processes. Each
+// rank sends one message to every other rank on the communicator it destroys first, so every
+// pair of ranks with different orders waits on each other:
+//  - matched late: each receiver takes it on that communicator, before its own first destroy
+//    when that is the same communicator, else after it: the data must arrive intact;
+//  - unmatched: nobody receives: the receiver's finalize of that communicator reports it
+//    (ncclInvalidUsage, and a forked rank's WARN names each sender and the op); a finalize of a
+//    communicator nobody sent on returns ncclSuccess.
 // Every finalize must end well before the timeout.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
+#include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "coll_util.h"
@@ -61,32 +65,67 @@ int init_two(const ncclUniqueId ids[2], int rank, int nr, ncclComm_t comms[2]) {
     return 0;
 }
 
-class CollFinalizeOrder : public ::testing::TestWithParam<Launch> {};
+// Rank r destroys comms[first_of(r)] first.
+int first_of(int rank) { return rank % 2; }
+
+// A forked rank logs its WARNs to a file of its own, to find the report in.
+std::string log_to_file(chorus_test::Launch how) {
+    if (how != Launch::Forked) return "";
+    const std::string log = "/tmp/chorus_finalize_order_" + std::to_string(getpid()) + ".log";
+    setenv("NCCL_DEBUG", "WARN", 1);
+    setenv("NCCL_DEBUG_FILE", log.c_str(), 1);
+    ncclResetDebugInit();
+    return log;
+}
+
+std::string read_and_remove(const std::string &path) {
+    std::string text;
+    if (FILE *f = fopen(path.c_str(), "r")) {
+        char buf[4096];
+        size_t got;
+        while ((got = fread(buf, 1, sizeof(buf), f)) > 0) text.append(buf, got);
+        fclose(f);
+    }
+    unlink(path.c_str());
+    return text;
+}
+
+class CollFinalizeOrder : public ::testing::TestWithParam<std::tuple<Launch, int>> {};
 
 TEST_P(CollFinalizeOrder, MatchedLateAcrossOppositeDestroys) {
     FinalizeOrderEnv env;
+    const Launch how = std::get<0>(GetParam());
+    const int nranks = std::get<1>(GetParam());
     ncclUniqueId ids[2] = {chorus_test::make_unique_id(), chorus_test::make_unique_id()};
     const size_t n = 1000;
-    auto res = chorus_test::run_ranks(GetParam(), 2, [&](int rank, int nr) -> int {
+    auto res = chorus_test::run_ranks(how, nranks, [&](int rank, int nr) -> int {
         ncclComm_t comms[2];
         if (init_two(ids, rank, nr, comms) != 0) return 1;
-        const int first = rank, second = 1 - rank; // rank 0: A then B; rank 1: B then A
-        std::vector<float> out = message(rank, n), in(n, -1.0f);
-        RANK_NCCL(ncclSend(out.data(), n, ncclFloat32, 1 - rank, comms[first], nullptr));
-        double t0 = now_s();
-        RANK_NCCL(ncclCommFinalize(comms[first]));
-        double took = now_s() - t0;
-        RANK_CHECK(took < kBound, "finalize of the first comm took %.1f s", took);
-        RANK_NCCL(ncclCommDestroy(comms[first]));
-        RANK_NCCL(ncclRecv(in.data(), n, ncclFloat32, 1 - rank, comms[second], nullptr));
-        std::vector<float> want = message(1 - rank, n);
-        for (size_t i = 0; i < n; i++)
-            RANK_CHECK(in[i] == want[i], "[%zu] = %g, want %g", i, in[i], want[i]);
-        t0 = now_s();
-        RANK_NCCL(ncclCommFinalize(comms[second]));
-        took = now_s() - t0;
-        RANK_CHECK(took < kBound, "finalize of the second comm took %.1f s", took);
-        RANK_NCCL(ncclCommDestroy(comms[second]));
+        const int first = first_of(rank), second = 1 - first;
+        std::vector<float> out = message(rank, n);
+        std::vector<std::vector<float>> in(nr, std::vector<float>(n, -1.0f));
+        for (int p = 0; p < nr; p++)
+            if (p != rank) RANK_NCCL(ncclSend(out.data(), n, ncclFloat32, p, comms[first], nullptr));
+        for (int k = 0; k < 2; k++) {
+            const int c = k == 0 ? first : second;
+            // Receive what the peers that destroy c first sent on it.
+            for (int p = 0; p < nr; p++)
+                if (p != rank && first_of(p) == c)
+                    RANK_NCCL(ncclRecv(in[p].data(), n, ncclFloat32, p, comms[c], nullptr));
+            const double t0 = now_s();
+            RANK_NCCL(ncclCommFinalize(comms[c]));
+            const double took = now_s() - t0;
+            RANK_CHECK(took < kBound, "rank %d: finalize of the %s comm took %.1f s", rank,
+                       k == 0 ? "first" : "second", took);
+            RANK_NCCL(ncclCommDestroy(comms[c]));
+        }
+        for (int p = 0; p < nr; p++) {
+            if (p == rank) continue;
+            std::vector<float> want = message(p, n);
+            for (size_t i = 0; i < n; i++)
+                RANK_CHECK(in[p][i] == want[i], "rank %d: from rank %d [%zu] = %g, want %g", rank,
+                           p, i, in[p][i], want[i]);
+        }
         return 0;
     }, 120);
     EXPECT_FALSE(res.timed_out) << res.detail;
@@ -95,30 +134,45 @@ TEST_P(CollFinalizeOrder, MatchedLateAcrossOppositeDestroys) {
 
 TEST_P(CollFinalizeOrder, UnmatchedAcrossOppositeDestroys) {
     FinalizeOrderEnv env;
+    const Launch how = std::get<0>(GetParam());
+    const int nranks = std::get<1>(GetParam());
     ncclUniqueId ids[2] = {chorus_test::make_unique_id(), chorus_test::make_unique_id()};
     const size_t n = 1000;
-    auto res = chorus_test::run_ranks(GetParam(), 2, [&](int rank, int nr) -> int {
+    auto res = chorus_test::run_ranks(how, nranks, [&](int rank, int nr) -> int {
+        const std::string log = log_to_file(how);
         ncclComm_t comms[2];
         if (init_two(ids, rank, nr, comms) != 0) return 1;
-        const int first = rank, second = 1 - rank;
+        const int first = first_of(rank);
         std::vector<float> out = message(rank, n);
-        RANK_NCCL(ncclSend(out.data(), n, ncclFloat32, 1 - rank, comms[first], nullptr));
-        // The first comm: this rank was sent nothing there, so nothing to report.
-        double t0 = now_s();
-        ncclResult_t r = ncclCommFinalize(comms[first]);
-        double took = now_s() - t0;
-        RANK_CHECK(r == ncclSuccess, "finalize of the first comm returned %s after %.1f s",
-                   ncclGetErrorString(r), took);
-        RANK_CHECK(took < kBound, "finalize of the first comm took %.1f s", took);
-        ncclCommDestroy(comms[first]);
-        // The second: the peer's message that no receive took is reported.
-        t0 = now_s();
-        r = ncclCommFinalize(comms[second]);
-        took = now_s() - t0;
-        RANK_CHECK(r == ncclInvalidUsage, "finalize of the second comm returned %s after %.1f s",
-                   ncclGetErrorString(r), took);
-        RANK_CHECK(took < kBound, "finalize of the second comm took %.1f s", took);
-        ncclCommDestroy(comms[second]);
+        for (int p = 0; p < nr; p++)
+            if (p != rank) RANK_NCCL(ncclSend(out.data(), n, ncclFloat32, p, comms[first], nullptr));
+        // A comm has something to report when a peer that destroys it first sent on it.
+        for (int k = 0; k < 2; k++) {
+            const int c = k == 0 ? first : 1 - first;
+            ncclResult_t want = ncclSuccess;
+            for (int p = 0; p < nr; p++)
+                if (p != rank && first_of(p) == c) want = ncclInvalidUsage;
+            const double t0 = now_s();
+            const ncclResult_t r = ncclCommFinalize(comms[c]);
+            const double took = now_s() - t0;
+            RANK_CHECK(r == want, "rank %d: finalize of the %s comm returned %s after %.1f s, "
+                       "want %s", rank, k == 0 ? "first" : "second", ncclGetErrorString(r), took,
+                       ncclGetErrorString(want));
+            RANK_CHECK(took < kBound, "rank %d: finalize of the %s comm took %.1f s", rank,
+                       k == 0 ? "first" : "second", took);
+            ncclCommDestroy(comms[c]);
+        }
+        if (how == Launch::Threads) return 0; // one log for all ranks
+        const std::string text = read_and_remove(log);
+        for (int p = 0; p < nr; p++) {
+            if (p == rank) continue;
+            const std::string sender = "data from rank " + std::to_string(p) + " ";
+            RANK_CHECK(text.find(sender) != std::string::npos, "rank %d: no WARN names rank %d: %s",
+                       rank, p, text.c_str());
+        }
+        RANK_CHECK(text.find("send bytes=4000") != std::string::npos &&
+                       text.find("no matching ncclRecv") != std::string::npos,
+                   "rank %d: no WARN names the op: %s", rank, text.c_str());
         return 0;
     }, 120);
     EXPECT_FALSE(res.timed_out) << res.detail;
@@ -126,9 +180,11 @@ TEST_P(CollFinalizeOrder, UnmatchedAcrossOppositeDestroys) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Coll, CollFinalizeOrder,
-                         ::testing::Values(Launch::Forked),
+                         ::testing::Combine(::testing::Values(Launch::Threads, Launch::Forked),
+                                            ::testing::Values(2, 3)),
                          [](const auto &info) {
-                             return std::string(chorus_test::launch_name(info.param));
+                             return std::string(chorus_test::launch_name(std::get<0>(info.param))) +
+                                    "_" + std::to_string(std::get<1>(info.param)) + "ranks";
                          });
 
 } // namespace

@@ -49,9 +49,12 @@
  * follows when either happens, and the sender waits for it at most TCP_FIN_GRACE_NS: long enough
  * for a peer that finalizes at about the same time to say how many chunks it sent (so that a
  * message it sent that no receive took is reported here, not lost), never as long as a peer whose
- * application is busy elsewhere would take. Without receive helpers
- * (SOCKET_RECV_NTHREADS=0), or when more than nslots chunks wait unconsumed, the first answer
- * comes only once the receiver's application reads.
+ * application is busy elsewhere would take. A receiving end without helpers
+ * (SOCKET_RECV_NTHREADS=0, the default) is read by its application's calls, and also by any
+ * thread of its process that waits in send_consumed (tcp_rx_idle): a rank finalizing one
+ * communicator answers the SYNCs of its others. Otherwise (its application is busy outside
+ * Chorus), or when more than nslots chunks wait unconsumed, the first answer comes only once
+ * the receiver's application reads.
  *   tcp_worker.c   per-socket send/receive state machines, helper threads, the futex event
  */
 #ifndef CHORUS_TRANSPORT_TCP_H_
@@ -269,6 +272,11 @@ typedef struct tcp_conn {
     tcp_hdr_t sync_hdr;
     tcp_consumed_t ack;
 
+    /* A receiving end without helpers is listed process-wide (rx_prev/rx_next, rx_listed), so
+     * that a thread of this process waiting in send_consumed answers its SYNCs (tcp_rx_idle). */
+    struct tcp_conn *rx_prev, *rx_next;
+    int rx_listed;
+
     int nthreads;
     tcp_thread_t *threads;
     int stop_fd; /* eventfd: wakes threads blocked in poll() at close */
@@ -321,6 +329,16 @@ int tcp_sock_try(tcp_conn_t *tc, tcp_sock_t *s);
 int tcp_drive_all(tcp_conn_t *tc);
 ncclResult_t tcp_threads_start(tcp_conn_t *tc);
 void tcp_threads_stop(tcp_conn_t *tc);
+/* The process-wide list of receiving ends without helper threads. Nobody reads such an end
+ * while its application is elsewhere, so a SYNC from a finalizing peer would wait there for the
+ * application: two ranks that finalize two communicators in opposite orders would each wait for
+ * the other until the deadline. A thread waiting in send_consumed therefore runs one receive pass
+ * over every listed end (tcp_rx_idle), as a helper would: the chunks land in their slots and
+ * the SYNC is answered, whichever communicator (or thread rank) the end belongs to. Close takes
+ * an end off the list before it frees anything; a pass runs under the list's lock. */
+void tcp_rx_list_add(tcp_conn_t *tc);
+void tcp_rx_list_remove(tcp_conn_t *tc);
+void tcp_rx_idle(void);
 /* Record the first failure of a connection; WARNs once. */
 void tcp_conn_fail(tcp_conn_t *tc, ncclResult_t res, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));

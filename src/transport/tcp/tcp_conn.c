@@ -229,7 +229,7 @@ static ncclResult_t tcp_recv_release(chorus_conn_t *conn) {
  * first one (every step delivered, not all consumed, the receiver not finalizing) the wait for
  * the final one lasts at most TCP_FIN_GRACE_NS, then ends with word 0. A receiver that closes
  * (EOF, reset) ends it too: nothing can be consumed any more. */
-static ncclResult_t tcp_send_consumed(chorus_conn_t *conn, int *done_p, uint64_t *word_p) {
+static ncclResult_t tcp_send_consumed_pass(chorus_conn_t *conn, int *done_p, uint64_t *word_p) {
     tcp_conn_t *tc = conn->priv;
     *done_p = 0;
     *word_p = 0;
@@ -293,6 +293,15 @@ static ncclResult_t tcp_send_consumed(chorus_conn_t *conn, int *done_p, uint64_t
         tc->ack_first_ns = chorus_now_ns();
         tc->ack_got = 0;
     }
+}
+
+/* While this rank waits for its peer, it answers the SYNCs that reach this process's receiving
+ * ends without helpers (tcp_rx_idle): the peer may be waiting the same way, in the finalize of
+ * another communicator, for an answer from one of them. */
+static ncclResult_t tcp_send_consumed(chorus_conn_t *conn, int *done_p, uint64_t *word_p) {
+    ncclResult_t res = tcp_send_consumed_pass(conn, done_p, word_p);
+    if (res == ncclSuccess && !*done_p) tcp_rx_idle();
+    return res;
 }
 
 static ncclResult_t tcp_progress(chorus_conn_t *conn) {

@@ -17,6 +17,7 @@
 #include <limits.h>
 #include <linux/futex.h>
 #include <poll.h>
+#include <pthread.h>
 #include <sched.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -524,4 +525,42 @@ void tcp_threads_stop(tcp_conn_t *tc) {
             th->started = 0;
         }
     }
+}
+
+/* ---- receiving ends without helpers --------------------------------------------------------- */
+
+static pthread_mutex_t tcp_rx_mu = PTHREAD_MUTEX_INITIALIZER;
+static tcp_conn_t *tcp_rx_head;
+
+void tcp_rx_list_add(tcp_conn_t *tc) {
+    pthread_mutex_lock(&tcp_rx_mu);
+    tc->rx_prev = NULL;
+    tc->rx_next = tcp_rx_head;
+    if (tcp_rx_head) tcp_rx_head->rx_prev = tc;
+    tcp_rx_head = tc;
+    tc->rx_listed = 1;
+    pthread_mutex_unlock(&tcp_rx_mu);
+}
+
+void tcp_rx_list_remove(tcp_conn_t *tc) {
+    if (!tc->rx_listed) return;
+    /* Waits for a pass in progress (tcp_rx_idle holds the lock through it). */
+    pthread_mutex_lock(&tcp_rx_mu);
+    if (tc->rx_prev) tc->rx_prev->rx_next = tc->rx_next;
+    else tcp_rx_head = tc->rx_next;
+    if (tc->rx_next) tc->rx_next->rx_prev = tc->rx_prev;
+    tc->rx_prev = tc->rx_next = NULL;
+    tc->rx_listed = 0;
+    pthread_mutex_unlock(&tcp_rx_mu);
+}
+
+void tcp_rx_idle(void) {
+    /* Another waiting thread runs the pass right now: one is enough. */
+    if (pthread_mutex_trylock(&tcp_rx_mu) != 0) return;
+    for (tcp_conn_t *tc = tcp_rx_head; tc; tc = tc->rx_next) {
+        if (LOAD_ACQ(&tc->error) || LOAD_ACQ(&tc->closed_socks) == tc->nsocks) continue;
+        /* Each socket under its try-lock: its owner, inside a call on it, keeps it. */
+        (void)tcp_drive_all(tc);
+    }
+    pthread_mutex_unlock(&tcp_rx_mu);
 }
