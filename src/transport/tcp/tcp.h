@@ -276,6 +276,7 @@ typedef struct tcp_conn {
      * that a thread of this process waiting in send_consumed answers its SYNCs (tcp_rx_idle). */
     struct tcp_conn *rx_prev, *rx_next;
     int rx_listed;
+    int rx_pid; /* the process whose list it is on (a fork's child starts with none) */
 
     int nthreads;
     tcp_thread_t *threads;

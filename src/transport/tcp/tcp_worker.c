@@ -531,19 +531,34 @@ void tcp_threads_stop(tcp_conn_t *tc) {
 
 static pthread_mutex_t tcp_rx_mu = PTHREAD_MUTEX_INITIALIZER;
 static tcp_conn_t *tcp_rx_head;
+static pthread_once_t tcp_rx_once = PTHREAD_ONCE_INIT;
+
+/* A child of fork() shares its parent's sockets: reading them would take the parent's bytes. It
+ * starts with an empty list (and a fresh lock, which a parent's thread may have held). */
+static void tcp_rx_atfork_child(void) {
+    tcp_rx_head = NULL;
+    pthread_mutex_init(&tcp_rx_mu, NULL);
+}
+
+static void tcp_rx_register_atfork(void) {
+    (void)pthread_atfork(NULL, NULL, tcp_rx_atfork_child);
+}
 
 void tcp_rx_list_add(tcp_conn_t *tc) {
+    pthread_once(&tcp_rx_once, tcp_rx_register_atfork);
     pthread_mutex_lock(&tcp_rx_mu);
     tc->rx_prev = NULL;
     tc->rx_next = tcp_rx_head;
     if (tcp_rx_head) tcp_rx_head->rx_prev = tc;
     tcp_rx_head = tc;
     tc->rx_listed = 1;
+    tc->rx_pid = getpid();
     pthread_mutex_unlock(&tcp_rx_mu);
 }
 
 void tcp_rx_list_remove(tcp_conn_t *tc) {
     if (!tc->rx_listed) return;
+    if (tc->rx_pid != getpid()) return; /* listed by the parent of a fork: not on our list */
     /* Waits for a pass in progress (tcp_rx_idle holds the lock through it). */
     pthread_mutex_lock(&tcp_rx_mu);
     if (tc->rx_prev) tc->rx_prev->rx_next = tc->rx_next;
