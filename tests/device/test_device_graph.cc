@@ -146,7 +146,7 @@ class DevicePathGraphRanks : public DevicePathGraph, public ::testing::WithParam
 // One all-reduce captured, at an LL size (1001 elements) and a SIMPLE one (30011: many chunks,
 // every slot reused within one replay), each replayed 100 times with new inputs, an ordinary
 // all-reduce after every 10th replay.
-TEST_P(DevicePathGraphRanks, AllReduceReplays) {
+TEST_P(DevicePathGraphRanks, AllReduceReplaysThreads) {
     with_ranks(GetParam(), [](ncclComm_t comm, ch_emu_stream_t *st, int r, int n) -> int {
         for (size_t count : {(size_t)1001, (size_t)30011}) {
             Buf in(count), out(count);
@@ -186,7 +186,7 @@ TEST_P(DevicePathGraphRanks, AllReduceReplays) {
 // A group captured: an all-reduce, an all-gather and a send to rank + 1 with a receive from
 // rank - 1 (one send/receive launch), replayed 100 times with new inputs, twice through before
 // an ordinary all-reduce; then one replay queued behind another without a sync between.
-TEST_P(DevicePathGraphRanks, GroupReplays) {
+TEST_P(DevicePathGraphRanks, GroupReplaysThreads) {
     with_ranks(GetParam(), [](ncclComm_t comm, ch_emu_stream_t *st, int r, int n) -> int {
         const size_t car = 5003, cag = 777, csr = 2500;
         Buf ar_in(car), ar_out(car), ag_in(cag), ag_out(cag * n), s_in(csr), r_out(csr);
@@ -249,7 +249,7 @@ TEST_P(DevicePathGraphRanks, GroupReplays) {
 // directly each round: each replay is as much the next collective as a call is, so the op
 // headers agree (their sequence numbers are counted by the launches themselves), after ordinary
 // calls before the capture and between replays too.
-TEST_P(DevicePathGraphRanks, ReplayMeetsDirectCalls) {
+TEST_P(DevicePathGraphRanks, ReplayMeetsDirectCallsThreads) {
     with_ranks(GetParam(), [](ncclComm_t comm, ch_emu_stream_t *st, int r, int n) -> int {
         for (int i = 0; i < 3; i++)
             if (ordinary_allreduce(comm, st, r, n, 100 + (size_t)i, i)) return 1;
