@@ -8,9 +8,9 @@
  * host are shared memory and steps between hosts the communicator's inter-host class, whose beta
  * is a host's link, shared by its L ranks (model_layout); otherwise (one host, uneven hosts)
  * every step is charged the communicator's slowest class and each rank its whole bandwidth:
- *   ring all-reduce         2(n-1) steps, H of every n of them between hosts; 2(n-1)/n B through
- *                           the slower of a host link and shared memory (a pipelined ring runs
- *                           at its slowest edge)
+ *   ring all-reduce         2(n-1) steps of B/n, H of every n of them between hosts: the longer
+ *                           of that chain of steps and 2(n-1)/n B back to back through the
+ *                           slower of a host link and shared memory (its slowest queue)
  *   recursive doubling      log2(m) rounds (+2 folding n - m ranks in and out) of B: a round
  *                           whose pairs stay inside the hosts over shm, else across with the L
  *                           ranks of a host sending B each through its link
@@ -402,9 +402,11 @@ static double rd_time_us(const model_layout_t *lay, double b) {
  * host's shared link. The op is a pipeline of columns (chunk c of every shard). One column's
  * time: into its owners over shm (each rank sends its L-1 peers a chunk), up and down the host
  * tree (a hop per edge of the path with the most, one chunk each; the host's L chunks of the
- * column share its link, which delays the last of them by L-1 chunks), out again over shm. Each
- * further column adds the busier of its queues: a rank's shm copies (2(L-1) chunks) or a host
- * link (its host tree edges, L/2 chunks each way on each: the trees alternate columns). */
+ * column share its link, which delays the last of them by L-1 chunks), out again over shm; or,
+ * where longer, the shm phases and the busiest host link's share of the column (L chunks on
+ * each of its edges in the column's tree). Each further column adds the busier of its queues:
+ * a rank's shm copies (2(L-1) chunks) or a host link (its host tree edges, L/2 chunks each way
+ * on each: the trees alternate columns). */
 static double hier_time_us(const coll_model_comm_t *m, const model_layout_t *lay, double b,
                            size_t chunk) {
     const int L = m->host_ranks, H = m->nhosts;
@@ -416,11 +418,27 @@ static double hier_time_us(const coll_model_comm_t *m, const model_layout_t *lay
     const double cols = c > 0 ? CHORUS_MAX(1.0, ceil(shard / c)) : 1.0;
     tree_shape_t sh;
     tree_shape(H, 1, &sh);
-    const double column = 2 * (s->alpha_us + (L - 1) * c / s->beta) +
-                          2 * sh.cross * (x->alpha_us + c / x->beta) + (L - 1) * c / x->beta;
+    const double shm_phases = 2 * (s->alpha_us + (L - 1) * c / s->beta);
+    const double chain = shm_phases + 2 * sh.cross * (x->alpha_us + c / x->beta) +
+                         (L - 1) * c / x->beta;
+    /* ... unless a host link's share of the column (its busiest host's edges in one tree, L
+     * chunks on each) takes longer than that chain. */
+    const double queue = shm_phases + x->alpha_us + (sh.net + 1) / 2 * L * c / x->beta;
+    const double column = CHORUS_MAX(chain, queue);
     const double shm_col = 2.0 * (L - 1) * c / s->beta;
     const double net_col = sh.net * (L * c / 2) / x->beta;
     return column + (cols - 1) * CHORUS_MAX(shm_col, net_col);
+}
+
+/* A ring of `steps` steps moving blk bytes per rank and step: the longer of the chain of steps a
+ * block takes (each an average step: its latency and transfer) and the slowest queue's sends
+ * back to back plus one hop. With one rank per host both are the same link and the chain is the
+ * longer: steps * (alpha + blk / beta). */
+static double ring_time_us(const model_layout_t *lay, double steps, double blk, double alpha,
+                           double inv, double edge) {
+    const double chain = steps * (alpha + blk * inv);
+    const double queue = steps * blk * edge + lay->x->alpha_us;
+    return CHORUS_MAX(chain, queue);
 }
 
 double coll_model_time_us(const coll_model_comm_t *m, const coll_link_cost_t *links, int coll,
@@ -433,8 +451,11 @@ double coll_model_time_us(const coll_model_comm_t *m, const coll_link_cost_t *li
     const int L = lay.L, H = lay.H;
     /* A ring in host order: H of its n edges cross hosts, each the host link's only ring edge
      * per channel (the channels' crossing edges share it); the rest are shared memory. A step's
-     * latency on average, and the slowest queue's time per byte. */
+     * latency and time per byte on average (the chain of steps a block takes around the ring),
+     * and the slowest queue's time per byte (which paces the pipeline). */
     const double ring_alpha = ((double)H * lay.x->alpha_us + (double)(n - H) * lay.s->alpha_us) / n;
+    const double ring_inv = L == 1 ? 1.0 / lay.x->beta
+                                   : ((double)H / lay.x->beta + (double)(n - H) / lay.s->beta) / n;
     const double edge = model_edge_us_per_byte(&lay);
     switch (coll) {
     case COLL_ALLREDUCE:
@@ -450,13 +471,13 @@ double coll_model_time_us(const coll_model_comm_t *m, const coll_link_cost_t *li
         case COLL_ALGO_TREE: return tree_time_us(&lay, b, chunk, bytes);
         case COLL_ALGO_HIER: return hier_time_us(m, &lay, b, chunk);
         default: /* the ring */
-            return 2.0 * (n - 1) * ring_alpha + 2.0 * (n - 1) / n * b * edge;
+            return ring_time_us(&lay, 2.0 * (n - 1), b / n, ring_alpha, ring_inv, edge);
         }
     case COLL_REDUCESCATTER:
     case COLL_ALLGATHER:
         if (algo == COLL_ALGO_ONESHOT || algo == COLL_ALGO_DIRECT)
             return lay.x->alpha_us + b * (n - 1) / lay.x->beta;
-        return (n - 1) * ring_alpha + (n - 1) * b * edge;
+        return ring_time_us(&lay, n - 1.0, b, ring_alpha, ring_inv, edge);
     case COLL_BROADCAST:
     case COLL_REDUCE: return (n - 1) * ring_alpha + b * edge; /* the chain, pipelined */
     case COLL_ALLTOALL:

@@ -221,16 +221,19 @@ TEST(CostModel, AcrossHostsTheModelDecides) {
 // Several ranks per host, the host's link shared by them (ranks in host blocks): a ring in host
 // order crosses hosts on H of its n edges, recursive doubling's first log2(L) rounds stay inside
 // the hosts while the rest send L messages through each host's link, and the host link or
-// shared memory, whichever is slower, paces the ring. Worked out here from those structures.
+// shared memory, whichever is slower, bounds the ring. Worked out here from those structures.
 TEST(CostModel, HostsShareTheirLink) {
     coll_link_cost_t links[COLL_LINK_NCLASSES];
     coll_model_links(links);
     const coll_link_cost_t &s = links[COLL_LINK_SHM], &x = links[COLL_LINK_TCP_INTER];
     const coll_model_comm_t m{16, 2, COLL_LINK_TCP_INTER, 0, 8}; // 2 hosts x 8 ranks
     const double b = 64 * KiB;
-    // Ring: 30 steps, 2 of every 16 edges between hosts; 30/16 B through the slower queue.
-    const double ring_alpha = (2 * x.alpha_us + 14 * s.alpha_us) / 16;
-    const double ring_want = 30 * ring_alpha + 30.0 / 16 * b / std::fmin(x.beta, s.beta);
+    // Ring: 30 steps of B/16, 2 of every 16 edges between hosts: the chain of 30 such steps, or
+    // 30/16 B back to back through the slower queue and a hop, whichever is longer.
+    const double ring_step =
+        (2 * (x.alpha_us + b / 16 / x.beta) + 14 * (s.alpha_us + b / 16 / s.beta)) / 16;
+    const double ring_want =
+        std::fmax(30 * ring_step, 30.0 / 16 * b / std::fmin(x.beta, s.beta) + x.alpha_us);
     EXPECT_NEAR(coll_model_time_us(&m, links, COLL_ALLREDUCE, COLL_ALGO_RING, 64 * KiB, 0),
                 ring_want, 1e-6);
     // Recursive doubling over 16 = 2^4: rounds 1-3 inside the hosts, round 4 across with the
