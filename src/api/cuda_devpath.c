@@ -558,18 +558,6 @@ static ncclResult_t dp_check_err(struct ncclComm *comm, devpath_comm_t *dp, cons
     return res;
 }
 
-/* 1 when op is a premul-sum made with ncclScalarDevice: NCCL reads that scalar each time the op
- * runs; the device path reads it when the call is made. */
-static int dp_scalar_by_ref(struct ncclComm *comm, ncclRedOp_t op) {
-    const int slot = (int)op - (int)ncclNumOps;
-    if (slot < 0 || slot >= CHORUS_MAX_USER_OPS) return 0;
-    pthread_mutex_lock(&comm->lock);
-    const int by_ref =
-        comm->user_ops[slot].in_use && comm->user_ops[slot].residence == ncclScalarDevice;
-    pthread_mutex_unlock(&comm->lock);
-    return by_ref;
-}
-
 /* The checks that fail the call itself (as the host path's), and the reduction taken now. */
 static ncclResult_t dp_op_check(coll_args_t *a, devpath_comm_t *dp, int *staged_p) {
     struct ncclComm *comm = a->comm;
@@ -590,7 +578,7 @@ static ncclResult_t dp_op_check(coll_args_t *a, devpath_comm_t *dp, int *staged_
         return ncclInvalidUsage;
     }
     if (a->coll == COLL_ALLREDUCE || a->coll == COLL_REDUCESCATTER || a->coll == COLL_REDUCE) {
-        if (capturing && dp_scalar_by_ref(comm, a->op)) {
+        if (capturing && comm_redop_scalar_by_ref(comm, a->op)) {
             WARN("%s: rank %d: the stream is being captured into a CUDA graph, and the op is a "
                  "premul-sum whose scalar is ncclScalarDevice: it is read when the call is made, "
                  "so a replay would not see a new value; not captured (use "
