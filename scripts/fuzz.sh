@@ -5,6 +5,7 @@
 # run; the input that caused it is left in build-fuzz/artifacts/.
 #   scripts/fuzz.sh                      every harness for 10 s (what scripts/test.sh runs)
 #   scripts/fuzz.sh 600 bs_peer param    those harnesses for 10 minutes each
+# Harnesses run CHORUS_FUZZ_JOBS at a time (the core count by default).
 # Inputs the fuzzer finds interesting go to build-fuzz/corpus/<harness>/ (not committed; copy a
 # small one that found a bug into tests/fuzz/<harness>/ as a regression seed).
 # Skips with a message (exit 0) when clang or its libFuzzer runtime is missing.
@@ -40,18 +41,36 @@ CC=$cc CXX=$cxx cmake -S . -B build-fuzz -DCHORUS_FUZZ=ON "${launcher[@]}" >/dev
 cmake --build build-fuzz -j"$(nproc)" --target fuzz_harnesses
 
 mkdir -p build-fuzz/artifacts
-failed=()
-for h in "${harnesses[@]}"; do
+# run_one <harness>: one harness for $secs; its exit status goes to build-fuzz/fuzz_<h>.rc.
+run_one() {
+  local h=$1 rc=0
   mkdir -p "build-fuzz/corpus/$h"
-  log="build-fuzz/fuzz_$h.log"
   # -timeout: one input running longer than that is a hang; -rss_limit_mb: a leak or runaway
   # allocation. The working corpus comes first: new inputs are written there, not to tests/fuzz.
-  rc=0
   timeout $((secs + 120)) "build-fuzz/bin/fuzz_$h" -max_total_time="$secs" -timeout=25 \
     -rss_limit_mb=2048 -print_final_stats=1 -artifact_prefix="build-fuzz/artifacts/$h-" \
-    "build-fuzz/corpus/$h" "tests/fuzz/$h" >"$log" 2>&1 || rc=$?
+    "build-fuzz/corpus/$h" "tests/fuzz/$h" >"build-fuzz/fuzz_$h.log" 2>&1 || rc=$?
+  echo "$rc" >"build-fuzz/fuzz_$h.rc"
+}
+# The harnesses are single-threaded: run as many at once as there are cores.
+par=${CHORUS_FUZZ_JOBS:-$(nproc)}
+running=0
+for h in "${harnesses[@]}"; do
+  rm -f "build-fuzz/fuzz_$h.rc"
+  run_one "$h" &
+  running=$((running + 1))
+  if [ "$running" -ge "$par" ]; then
+    wait -n || true
+    running=$((running - 1))
+  fi
+done
+wait
+failed=()
+for h in "${harnesses[@]}"; do
+  log="build-fuzz/fuzz_$h.log"
+  rc=$(cat "build-fuzz/fuzz_$h.rc" 2>/dev/null || echo "missing")
   runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)
-  if [ "$rc" -ne 0 ]; then
+  if [ "$rc" != 0 ]; then
     echo "fuzz: $h FAILED (exit $rc after ${runs:-?} executions); last lines of $log:"
     tail -n 40 "$log"
     failed+=("$h")
