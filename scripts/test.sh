@@ -34,7 +34,8 @@ if [ -z "$cuda_archs" ]; then
     cuda_archs=native
   fi
 fi
-cmake -S . -B build -DCHORUS_WERROR=ON -DCHORUS_TESTS=ON -DCMAKE_CUDA_ARCHITECTURES="$cuda_archs"
+cmake -S . -B build -DCHORUS_WERROR=ON -DCHORUS_TESTS=ON -DCHORUS_TEST_PCH=ON \
+  -DCMAKE_CUDA_ARCHITECTURES="$cuda_archs"
 cmake --build build -j"$jobs"
 stage_done "build"
 # The library and tools must also build with the CUDA path off. The sanitizer trees below are
@@ -106,12 +107,13 @@ if [ "$sanitizers" != 0 ]; then
   tsan_exclude+='|^Coll/CollDirectReduce.*3ranks|^Coll/CollSlotStore.Ring.*3ranks'
   tsan_exclude+='|^Coll/CollTcpTune.*buf65536|^DdpModel|^perf_run'
   CHORUS_TSAN_EXCLUDE="${CHORUS_TSAN_EXCLUDE:-$tsan_exclude}"
-  cmake -S . -B build-asan -DCHORUS_SANITIZE=address,undefined -DCHORUS_WERROR=ON >/dev/null
+  cmake -S . -B build-asan -DCHORUS_SANITIZE=address,undefined -DCHORUS_WERROR=ON \
+    -DCHORUS_TEST_PCH=ON >/dev/null
   cmake --build build-asan -j"$jobs"
   stage_done "build-asan"
   (cd build-asan && ctest --output-on-failure --timeout 900 -j2 -LE nightly -E "$CHORUS_ASAN_EXCLUDE")
   stage_done "ctest asan"
-  cmake -S . -B build-tsan -DCHORUS_SANITIZE=thread -DCHORUS_WERROR=ON >/dev/null
+  cmake -S . -B build-tsan -DCHORUS_SANITIZE=thread -DCHORUS_WERROR=ON -DCHORUS_TEST_PCH=ON >/dev/null
   cmake --build build-tsan -j"$jobs"
   stage_done "build-tsan"
   # gcc's TSan maps its shadow at fixed addresses; where the kernel randomises mmap with more
