@@ -30,6 +30,13 @@ static ncclResult_t dp_check_err(struct ncclComm *comm, devpath_comm_t *dp, cons
     return res;
 }
 
+/* Why copy-engine programs cannot be captured into a CUDA graph. */
+static const char dp_no_capture_ce[] =
+    "the stream is being captured into a CUDA graph, and copy-engine programs (ranks in processes "
+    "sharing a device) cannot be: the values their stream waits for are counted by the host per "
+    "call, so a replay would wait for values already passed. Capture works on the kernel path "
+    "(ranks that are threads of one process on one device)";
+
 /* The checks that fail the call itself (as the host path's), and the reduction taken now. */
 static ncclResult_t dp_op_check(coll_args_t *a, devpath_comm_t *dp, int *staged_p) {
     struct ncclComm *comm = a->comm;
@@ -45,6 +52,7 @@ static ncclResult_t dp_op_check(coll_args_t *a, devpath_comm_t *dp, int *staged_
      * in device memory); copy-engine programs do not. */
     int capturing = 0;
     CHECK(dp->rt->stream_capturing(a->stream, &capturing));
+    a->capturing = capturing; /* the launch takes it from here: the stream is asked once */
     if (capturing && dp->ce) {
         WARN("%s: rank %d: %s", a->api, comm->rank, dp_no_capture_ce);
         return ncclInvalidUsage;
@@ -184,6 +192,20 @@ ncclResult_t devpath_group_end(void) {
     if (p->n == 0) return ncclSuccess;
     const int n = p->n;
     p->n = 0;
+    /* A group launches wholly into graphs or wholly at once: its calls' streams must agree on
+     * capture (each was asked when its call was made). Checked before anything launches. */
+    for (int i = 1; i < n; i++) {
+        if (p->args[i].capturing == p->args[0].capturing) continue;
+        const coll_args_t *c = p->args[i].capturing ? &p->args[i] : &p->args[0];
+        const coll_args_t *u = p->args[i].capturing ? &p->args[0] : &p->args[i];
+        WARN("ncclGroupEnd: rank %d: the group mixes calls on a stream being captured into a CUDA "
+             "graph (%s on stream %p) with calls on a stream that is not (%s on stream %p): a "
+             "group's device ops launch either all into graphs or all at once; none of them was "
+             "launched",
+             c->comm->rank, c->api, c->stream, u->api, u->stream);
+        dp_pending_release();
+        return ncclInvalidUsage;
+    }
     coll_args_t *mine = malloc((size_t)n * sizeof(*mine));
     char *done = calloc((size_t)n, 1);
     ncclResult_t res = ncclSuccess;

@@ -64,13 +64,6 @@ static ncclResult_t dp_track(struct ncclComm *comm, devpath_comm_t *dp, void *st
     return dp->rt->event_record(dp->evs[i].ev, stream);
 }
 
-/* Why copy-engine programs cannot be captured into a CUDA graph. */
-const char dp_no_capture_ce[] =
-    "the stream is being captured into a CUDA graph, and copy-engine programs (ranks in processes "
-    "sharing a device) cannot be: the values their stream waits for are counted by the host per "
-    "call, so a replay would wait for values already passed. Capture works on the kernel path "
-    "(ranks that are threads of one process on one device)";
-
 /* Launch one op of this rank: coll (CH_COLL_*), count as ch_cpu_op_t takes it. */
 static ncclResult_t dp_launch(struct ncclComm *comm, devpath_comm_t *dp, int coll,
                               const coll_args_t *a, const void *sendbuff, void *recvbuff,
@@ -119,16 +112,10 @@ static ncclResult_t dp_launch(struct ncclComm *comm, devpath_comm_t *dp, int col
     if (dp->w) k.op_seq = dp->w->op_seq + (size_t)comm->rank * sz->nch;
     const uint64_t seq = coll == CH_COLL_SENDRECV || dp->w ? 0 : dp->coll_seq++;
     ch_op_hdr_make(&k.hdr, coll, a->dtype, k.redop.kind, count, p->root, seq);
-    int capturing = 0;
-    ncclResult_t res = dp->rt->stream_capturing(a->stream, &capturing);
-    if (res == ncclSuccess && capturing && dp->ce) {
-        /* The stream began capturing between the call and its group's end. */
-        WARN("%s: rank %d: %s", a->api, comm->rank, dp_no_capture_ce);
-        return ncclInvalidUsage;
-    }
-    if (res == ncclSuccess)
-        res = dp->ce ? dp_ce_launch(dp->ce, p, sendbuff, recvbuff, &k.redop, a->stream)
-                     : dp->rt->launch(&k, a->stream);
+    /* Whether the stream captures was asked once, when the call was made (dp_op_check); a
+     * group's calls all agree on it (devpath_group_end). */
+    ncclResult_t res = dp->ce ? dp_ce_launch(dp->ce, p, sendbuff, recvbuff, &k.redop, a->stream)
+                              : dp->rt->launch(&k, a->stream);
     if (res != ncclSuccess) {
         WARN("%s: rank %d: the device launch failed: %s", a->api, comm->rank,
              ncclGetErrorString(res));
@@ -136,7 +123,7 @@ static ncclResult_t dp_launch(struct ncclComm *comm, devpath_comm_t *dp, int col
     }
     /* A captured launch runs when its graph is launched, which the communicator does not see:
      * nothing to track (the caller synchronizes its stream before freeing the communicator). */
-    return capturing ? ncclSuccess : dp_track(comm, dp, a->stream);
+    return a->capturing ? ncclSuccess : dp_track(comm, dp, a->stream);
 }
 
 ncclResult_t dp_launch_one(const coll_args_t *a) {

@@ -79,8 +79,6 @@ int dp_coll(coll_kind_t k);
 /* Launch one kept or immediate op of its communicator; a send and a receive as one launch. */
 ncclResult_t dp_launch_one(const coll_args_t *a);
 ncclResult_t dp_launch_pair(const coll_args_t *s, const coll_args_t *r);
-/* Why copy-engine programs cannot be captured into a CUDA graph (messages). */
-extern const char dp_no_capture_ce[];
 /* What error word value e means, for messages (buf holds the text when it needs formatting). */
 const char *dp_err_text(const devpath_comm_t *dp, uint32_t e, char *buf, size_t len);
 

@@ -567,7 +567,14 @@ static ncclResult_t emu_capture_end(void *stream, void **graph) {
     return ncclSuccess;
 }
 
+static __thread unsigned long emu_capture_queries;
+
+unsigned long ch_emu_capture_queries(void) {
+    return emu_capture_queries;
+}
+
 static ncclResult_t emu_stream_capturing(void *stream, int *capturing) {
+    emu_capture_queries++;
     *capturing = 0;
     if (stream == NULL) return ncclSuccess; /* the default stream never captures */
     ch_emu_stream_t *s = (ch_emu_stream_t *)stream;

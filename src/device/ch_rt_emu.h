@@ -37,6 +37,9 @@ ncclResult_t ch_emu_stream_sync(ch_emu_stream_t *s);
 /* 1 when stream is an emulated stream (*capturing: whether it is being captured), else 0 (a CUDA
  * stream, or NULL). The emulator's capture and graphs are entries of ch_rt_emu() (ch_rt.h). */
 int ch_emu_stream_capture_status(const void *stream, int *capturing);
+/* The capture-state queries (ch_rt_t stream_capturing) the calling thread has made (tests count
+ * them). */
+unsigned long ch_emu_capture_queries(void);
 /* Launches the stream has run (tests count them). */
 unsigned long ch_emu_stream_launches(ch_emu_stream_t *s);
 
