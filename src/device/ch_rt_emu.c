@@ -41,6 +41,7 @@
 typedef struct {
     uintptr_t base;
     size_t bytes;
+    int mapped; /* a mapping of the cuMem entries (ch_rt_emu_shm.c), not ch_emu_malloc's */
 } emu_alloc_t;
 
 static pthread_mutex_t g_mem_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -62,48 +63,66 @@ int ch_emu_is_device(const void *p) {
     return found;
 }
 
-void *ch_emu_malloc(size_t bytes) {
-    const size_t size = bytes ? (bytes + 255) / 256 * 256 : 256;
-    void *p = aligned_alloc(256, size);
-    if (p == NULL) return NULL;
-    memset(p, 0, size);
+int ch_emu_track(void *p, size_t bytes, int mapped) {
     pthread_mutex_lock(&g_mem_lock);
     if (g_nallocs == g_cap_allocs) {
         size_t cap = g_cap_allocs ? 2 * g_cap_allocs : 64;
         emu_alloc_t *n = realloc(g_allocs, cap * sizeof(*n));
         if (n == NULL) {
             pthread_mutex_unlock(&g_mem_lock);
-            free(p);
-            return NULL;
+            WARN("device emulator: out of memory recording device memory");
+            return 0;
         }
         g_allocs = n;
         g_cap_allocs = cap;
     }
     g_allocs[g_nallocs].base = (uintptr_t)p;
-    g_allocs[g_nallocs].bytes = size;
+    g_allocs[g_nallocs].bytes = bytes;
+    g_allocs[g_nallocs].mapped = mapped;
     g_nallocs++;
     pthread_mutex_unlock(&g_mem_lock);
     chorus_mem_kind_set_emu(ch_emu_is_device);
     __atomic_store_n(&g_in_use, 1, __ATOMIC_RELEASE);
-    return p;
+    return 1;
 }
 
-void ch_emu_free(void *p) {
-    if (p == NULL) return;
+/* Drop the record that starts at p and was made as `mapped` says; 1 when there was one. */
+static int emu_untrack(const void *p, int mapped) {
     int found = 0;
     pthread_mutex_lock(&g_mem_lock);
     for (size_t i = 0; i < g_nallocs; i++) {
-        if (g_allocs[i].base == (uintptr_t)p) {
+        if (g_allocs[i].base == (uintptr_t)p && g_allocs[i].mapped == mapped) {
             g_allocs[i] = g_allocs[--g_nallocs];
             found = 1;
             break;
         }
     }
     pthread_mutex_unlock(&g_mem_lock);
-    if (found)
+    return found;
+}
+
+void ch_emu_untrack(void *p) {
+    (void)emu_untrack(p, 1);
+}
+
+void *ch_emu_malloc(size_t bytes) {
+    const size_t size = bytes ? (bytes + 255) / 256 * 256 : 256;
+    void *p = aligned_alloc(256, size);
+    if (p == NULL) return NULL;
+    memset(p, 0, size);
+    if (!ch_emu_track(p, size, 0)) {
+        free(p);
+        return NULL;
+    }
+    return p;
+}
+
+void ch_emu_free(void *p) {
+    if (p == NULL) return;
+    if (emu_untrack(p, 0))
         free(p);
     else
-        WARN("ch_emu_free: %p is not emulated device memory", p);
+        WARN("ch_emu_free: %p is not emulated device memory of ch_emu_malloc", p);
 }
 
 /* ---- streams -------------------------------------------------------------------------------- */
@@ -726,6 +745,14 @@ static const ch_rt_t g_emu_rt = {
     .graph_launch = emu_graph_launch,
     .graph_destroy = emu_graph_destroy,
     .graph_exec_destroy = emu_graph_destroy,
+    .mem_granularity = ch_emu_mem_granularity,
+    .mem_create = ch_emu_mem_create,
+    .mem_map = ch_emu_mem_map,
+    .mem_set_access = ch_emu_mem_set_access,
+    .mem_unmap = ch_emu_mem_unmap,
+    .mem_export_fd = ch_emu_mem_export_fd,
+    .mem_import_fd = ch_emu_mem_import_fd,
+    .mem_release = ch_emu_mem_release,
 };
 
 const ch_rt_t *ch_rt_emu(void) {

@@ -27,6 +27,9 @@ void ch_emu_free(void *p);
 int ch_emu_is_device(const void *p);
 /* 1 once any emulated device memory was allocated in this process. */
 int ch_emu_in_use(void);
+/* 0: the runtime's cuMem entries behave as on a device without cuMem (mem_granularity says
+ * ncclInvalidUsage), so callers take their fallback; 1 (the default): they work. */
+void ch_emu_set_cumem(int supported);
 
 ch_emu_stream_t *ch_emu_stream_create(void);
 /* Waits for the stream's work, then ends its thread. */
