@@ -153,6 +153,10 @@ struct ch_emu_stream {
     uint64_t queued, ran;
     unsigned long launches;
     int stop;
+    /* Threads in ch_emu_stream_sync: the stream's thread wakes them after each item only when
+     * there are any, and a push wakes the stream's thread only when its queue was empty (it
+     * waits for nothing else), so queuing costs no wake-up while the thread is busy. */
+    int sync_waiters;
     pthread_t thread;
     /* Capture: while capturing, launches go to the list cap_head..cap_tail instead of the
      * queue; cap_broken: something that cannot be captured was queued (capture_end fails). */
@@ -350,7 +354,7 @@ static void *emu_stream_main(void *arg) {
         if (it->kind != EMU_EVENT) s->launches++;
         s->ran++;
         emu_item_free(it);
-        pthread_cond_broadcast(&s->cond);
+        if (s->sync_waiters) pthread_cond_broadcast(&s->cond);
     }
     pthread_mutex_unlock(&s->lock);
     return NULL;
@@ -415,13 +419,14 @@ static ncclResult_t emu_push(void *stream, emu_item_t *it) {
              kind == EMU_CE ? "a copy-engine program" : "an event record");
         return ncclInvalidUsage;
     }
+    const int was_empty = s->head == NULL;
     if (s->tail)
         s->tail->next = it;
     else
         s->head = it;
     s->tail = it;
     s->queued++;
-    pthread_cond_broadcast(&s->cond);
+    if (was_empty) pthread_cond_broadcast(&s->cond);
     pthread_mutex_unlock(&s->lock);
     return ncclSuccess;
 }
@@ -436,6 +441,7 @@ ncclResult_t ch_emu_stream_sync(ch_emu_stream_t *stream) {
     ncclResult_t res = ncclSuccess;
     pthread_mutex_lock(&s->lock);
     const uint64_t want = s->queued;
+    s->sync_waiters++;
     while (s->ran < want) {
         if (pthread_cond_timedwait(&s->cond, &s->lock, &dl) != 0 && s->ran < want) {
             WARN("device emulator: stream %p did not finish its work within CHORUS_TIMEOUT",
@@ -444,6 +450,7 @@ ncclResult_t ch_emu_stream_sync(ch_emu_stream_t *stream) {
             break;
         }
     }
+    s->sync_waiters--;
     pthread_mutex_unlock(&s->lock);
     return res;
 }
@@ -660,13 +667,14 @@ static ncclResult_t emu_graph_launch(void *exec, void *stream) {
     pthread_mutex_lock(&s->lock);
     const int capturing = s->capturing;
     if (!capturing) {
+        const int was_empty = s->head == NULL;
         if (s->tail)
             s->tail->next = head;
         else
             s->head = head;
         s->tail = tail;
         s->queued += n;
-        pthread_cond_broadcast(&s->cond);
+        if (was_empty) pthread_cond_broadcast(&s->cond);
     }
     pthread_mutex_unlock(&s->lock);
     if (capturing) {
