@@ -10,6 +10,10 @@
 
 #include "nccl.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 #if CHORUS_HAVE_CUDA
 ncclResult_t ch_cuda_mem_granularity(int dev, size_t *gran);
 ncclResult_t ch_cuda_mem_create(int dev, size_t bytes, uint64_t *handle);
@@ -19,6 +23,10 @@ void ch_cuda_mem_unmap(void *p, size_t bytes);
 ncclResult_t ch_cuda_mem_export_fd(uint64_t handle, int *fd);
 ncclResult_t ch_cuda_mem_import_fd(int fd, uint64_t *handle);
 void ch_cuda_mem_release(uint64_t handle);
+#endif
+
+#ifdef __cplusplus
+}
 #endif
 
 #endif
