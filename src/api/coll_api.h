@@ -29,6 +29,9 @@ typedef struct {
     chorus_redop_t redop;
     const void *redop_dev_scalar;
     const void *redop_scalar;
+    /* Set by the device path when the call is made: the stream was being captured into a CUDA
+     * graph (asked once a call; a grouped call launches at the group's end with this answer). */
+    int capturing;
 } coll_args_t;
 
 /* Element counts times the element size (and times nranks where one buffer holds every rank's

@@ -1,10 +1,7 @@
 /*
- * memory.c: ncclMemAlloc/ncclMemFree, buffer registration (ncclCommRegister/Deregister), windows
- * (ncclCommWindowRegister/Deregister), and the small CUDA helpers the core needs.
- *
- * ncclMemAlloc returns device memory (cudaMalloc) when Chorus is built with CUDA and the calling
- * thread has a usable current GPU, and page-aligned host memory otherwise. Every allocation is
- * tracked, so ncclMemFree knows which free to use and rejects pointers it did not hand out.
+ * memory.c: buffer registration (ncclCommRegister/Deregister), windows
+ * (ncclCommWindowRegister/Deregister), and the small CUDA helpers the core needs. ncclMemAlloc and
+ * ncclMemFree are in mem_alloc.c.
  *
  * Registration is a hint in Chorus: collectives work on any buffer, registered or not. A
  * registration records the range and whether it is device memory; the handle is that record and
@@ -56,96 +53,6 @@ int comm_ptr_is_device(const void *ptr) {
     (void)ptr;
     return 0;
 #endif
-}
-
-/* ---- ncclMemAlloc / ncclMemFree ------------------------------------------------------------- */
-
-typedef struct mem_rec {
-    void *ptr;
-    size_t size;
-    int is_device;
-    struct mem_rec *next;
-} mem_rec_t;
-
-static mem_rec_t *g_mem;
-static pthread_mutex_t g_mem_lock = PTHREAD_MUTEX_INITIALIZER;
-
-NCCL_API(ncclResult_t, ncclMemAlloc, void **ptr, size_t size);
-ncclResult_t ncclMemAlloc(void **ptr, size_t size) {
-    ARGCHECK(ptr != NULL, "ncclMemAlloc: ptr is NULL");
-    ARGCHECK(size > 0, "ncclMemAlloc: size is 0");
-    mem_rec_t *rec = calloc(1, sizeof(*rec));
-    if (rec == NULL) {
-        WARN("ncclMemAlloc: out of memory");
-        return ncclSystemError;
-    }
-    void *p = NULL;
-#if CHORUS_HAVE_CUDA
-    int dev = comm_cuda_current_device();
-    if (dev >= 0) {
-        cudaError_t e = cudaMalloc(&p, size);
-        if (e != cudaSuccess) {
-            (void)cudaGetLastError();
-            WARN("ncclMemAlloc: cudaMalloc of %zu bytes on device %d failed: %s", size, dev,
-                 cudaGetErrorString(e));
-            free(rec);
-            return ncclUnhandledCudaError;
-        }
-        rec->is_device = 1;
-    }
-#endif
-    if (p == NULL) {
-        size_t page = (size_t)sysconf(_SC_PAGESIZE);
-        size_t bytes = CHORUS_ALIGN_UP(size, page);
-        int err = posix_memalign(&p, page, bytes);
-        if (err != 0) {
-            WARN("ncclMemAlloc: allocating %zu bytes of host memory failed: %s", size,
-                 strerror(err));
-            free(rec);
-            return ncclSystemError;
-        }
-    }
-    rec->ptr = p;
-    rec->size = size;
-    pthread_mutex_lock(&g_mem_lock);
-    rec->next = g_mem;
-    g_mem = rec;
-    pthread_mutex_unlock(&g_mem_lock);
-    INFO(SUB_ALLOC, "ncclMemAlloc: %zu bytes of %s memory at %p", size,
-         rec->is_device ? "device" : "host", p);
-    *ptr = p;
-    return ncclSuccess;
-}
-
-NCCL_API(ncclResult_t, ncclMemFree, void *ptr);
-ncclResult_t ncclMemFree(void *ptr) {
-    if (ptr == NULL) return ncclSuccess;
-    mem_rec_t *rec = NULL;
-    pthread_mutex_lock(&g_mem_lock);
-    for (mem_rec_t **pp = &g_mem; *pp; pp = &(*pp)->next) {
-        if ((*pp)->ptr == ptr) {
-            rec = *pp;
-            *pp = rec->next;
-            break;
-        }
-    }
-    pthread_mutex_unlock(&g_mem_lock);
-    ARGCHECK(rec != NULL, "ncclMemFree: %p was not allocated by ncclMemAlloc (or already freed)",
-             ptr);
-    ncclResult_t res = ncclSuccess;
-#if CHORUS_HAVE_CUDA
-    if (rec->is_device) {
-        cudaError_t e = cudaFree(ptr);
-        if (e != cudaSuccess) {
-            (void)cudaGetLastError();
-            WARN("ncclMemFree: cudaFree(%p) failed: %s", ptr, cudaGetErrorString(e));
-            res = ncclUnhandledCudaError;
-        }
-    }
-#endif
-    if (!rec->is_device) free(ptr);
-    free(rec);
-    return res;
 }
 
 /* ---- registrations and windows -------------------------------------------------------------- */

@@ -1,7 +1,8 @@
 /*
  * ce_cuda.c: the CUDA executor of copy-engine programs (ce_prog.h): every operation is enqueued
  * on the rank's stream, where the GPU's front end and copy engines run it in order. The driver's
- * stream memory operations are looked up once through the runtime.
+ * stream memory operations are looked up once through the runtime (ch_cuda_driver_entry, which
+ * the runtime's cuMem entries use too).
  */
 #include "ce_prog.h"
 
@@ -10,6 +11,7 @@
 #include <cuda_runtime.h>
 #include <pthread.h>
 
+#include "ch_cuda_driver.h"
 #include "log.h"
 
 typedef CUresult (*ce_wait64_fn)(CUstream, CUdeviceptr, cuuint64_t, unsigned int);
@@ -23,7 +25,7 @@ static ce_write64_fn ce_write64;
 static ce_dev_get_fn ce_dev_get;
 static ce_dev_attr_fn ce_dev_attr;
 
-static void *ce_lookup_one(const char *name) {
+void *ch_cuda_driver_entry(const char *name) {
     void *fn = NULL;
     enum cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
     cudaError_t err = cudaGetDriverEntryPointByVersion(name, &fn, 12000, cudaEnableDefault, &q);
@@ -35,10 +37,10 @@ static void *ce_lookup_one(const char *name) {
 }
 
 static void ce_lookup(void) {
-    ce_wait64 = (ce_wait64_fn)ce_lookup_one("cuStreamWaitValue64");
-    ce_write64 = (ce_write64_fn)ce_lookup_one("cuStreamWriteValue64");
-    ce_dev_get = (ce_dev_get_fn)ce_lookup_one("cuDeviceGet");
-    ce_dev_attr = (ce_dev_attr_fn)ce_lookup_one("cuDeviceGetAttribute");
+    ce_wait64 = (ce_wait64_fn)ch_cuda_driver_entry("cuStreamWaitValue64");
+    ce_write64 = (ce_write64_fn)ch_cuda_driver_entry("cuStreamWriteValue64");
+    ce_dev_get = (ce_dev_get_fn)ch_cuda_driver_entry("cuDeviceGet");
+    ce_dev_attr = (ce_dev_attr_fn)ch_cuda_driver_entry("cuDeviceGetAttribute");
 }
 
 static uint32_t ce_cu_result(const char *what, CUresult r) {

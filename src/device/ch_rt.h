@@ -4,7 +4,8 @@
  * Two tables implement it:
  *  - ch_rt_cuda() (ch_rt_cuda.c, CUDA builds): the real calls: cudaMalloc, mapped cudaHostAlloc,
  *    cudaMemcpy, the collective kernel's launch (ch_kernel_launch), CUDA events, and stream
- *    capture into CUDA graphs (cudaStreamBeginCapture, cudaGraphInstantiate, cudaGraphLaunch).
+ *    capture into CUDA graphs (cudaStreamBeginCapture, cudaGraphInstantiate, cudaGraphLaunch),
+ *    and cuMem allocations with file-descriptor handles (ch_rt_cuda_mem.c).
  *  - ch_rt_emu() (ch_rt_emu.c, always built): "device memory" is host memory kept in a registry
  *    (chorus_mem_kind reports it as device memory), a stream is an ordered work queue run by a
  *    host thread, and a launch runs the kernel's block code (ch_cpu_block: the same header
@@ -12,7 +13,9 @@
  *    run on the stream's thread with the host kernels; memory shared between processes is a
  *    memfd that a peer maps through /proc/<pid>/fd. CHORUS_DEVICE_EMU=1 selects it; tests reach
  *    its streams and memory through ch_rt_emu.h. A capturing emulated stream records launches
- *    into a graph (a list of them); launching the graph queues copies of them on a stream.
+ *    into a graph (a list of them); launching the graph queues copies of them on a stream. Its
+ *    cuMem entries make a memfd of its own per allocation, mapped, and emulated device memory
+ *    once access is granted; another process imports the exported descriptor.
  *
  * Processes sharing a device (copy-engine programs): ipc_* export device memory to the other
  * processes of the host (CUDA IPC handles; the emulator's memfd), host_register makes host memory
@@ -30,6 +33,7 @@
 #define CHORUS_DEVICE_CH_RT_H_
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "ce_prog.h"
 #include "ch_kernel.h"
@@ -104,6 +108,26 @@ typedef struct {
     ncclResult_t (*graph_launch)(void *exec, void *stream);
     void (*graph_destroy)(void *graph);
     void (*graph_exec_destroy)(void *exec);
+    /* Memory that other processes of the host can map (ncclMemAlloc), made as cuMem makes it:
+     * physical memory behind a handle, mapped at an address range of its own, accessible once
+     * granted, exported as a POSIX file descriptor that another process imports to map the same
+     * memory. mem_granularity: the size every mapping is a multiple of on device dev, or
+     * ncclInvalidUsage when dev (or the driver) cannot make such memory, where callers use
+     * dev_alloc instead. mem_create: physical memory of bytes (a granularity multiple) on dev.
+     * mem_map: reserve an address range (aligned to align) and map the whole of handle's bytes
+     * there. mem_set_access: read and write for dev and the devices that reach dev's memory.
+     * mem_unmap: undo mem_map (unmap, free the range). mem_export_fd: a new descriptor of the
+     * memory (the caller closes it). mem_import_fd: a handle of the memory behind a descriptor
+     * another process exported (the descriptor stays the caller's). mem_release: drop a handle;
+     * the memory lives until its last handle and mapping are gone. */
+    ncclResult_t (*mem_granularity)(int dev, size_t *gran);
+    ncclResult_t (*mem_create)(int dev, size_t bytes, uint64_t *handle);
+    ncclResult_t (*mem_map)(uint64_t handle, size_t bytes, size_t align, void **p);
+    ncclResult_t (*mem_set_access)(void *p, size_t bytes, int dev);
+    void (*mem_unmap)(void *p, size_t bytes);
+    ncclResult_t (*mem_export_fd)(uint64_t handle, int *fd);
+    ncclResult_t (*mem_import_fd)(int fd, uint64_t *handle);
+    void (*mem_release)(uint64_t handle);
 } ch_rt_t;
 
 /* The emulator (always there) and the CUDA runtime (NULL in a build without CUDA). */

@@ -6,6 +6,7 @@
  */
 #include "ch_rt.h"
 
+#include "ch_rt_cuda_mem.h"
 #include "log.h"
 
 #if CHORUS_HAVE_CUDA
@@ -293,6 +294,14 @@ static const ch_rt_t g_cuda_rt = {
     .graph_launch = cuda_rt_graph_launch,
     .graph_destroy = cuda_rt_graph_destroy,
     .graph_exec_destroy = cuda_rt_graph_exec_destroy,
+    .mem_granularity = ch_cuda_mem_granularity,
+    .mem_create = ch_cuda_mem_create,
+    .mem_map = ch_cuda_mem_map,
+    .mem_set_access = ch_cuda_mem_set_access,
+    .mem_unmap = ch_cuda_mem_unmap,
+    .mem_export_fd = ch_cuda_mem_export_fd,
+    .mem_import_fd = ch_cuda_mem_import_fd,
+    .mem_release = ch_cuda_mem_release,
 };
 
 const ch_rt_t *ch_rt_cuda(void) {

@@ -41,6 +41,7 @@
 typedef struct {
     uintptr_t base;
     size_t bytes;
+    int mapped; /* a mapping of the cuMem entries (ch_rt_emu_shm.c), not ch_emu_malloc's */
 } emu_alloc_t;
 
 static pthread_mutex_t g_mem_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -62,48 +63,66 @@ int ch_emu_is_device(const void *p) {
     return found;
 }
 
-void *ch_emu_malloc(size_t bytes) {
-    const size_t size = bytes ? (bytes + 255) / 256 * 256 : 256;
-    void *p = aligned_alloc(256, size);
-    if (p == NULL) return NULL;
-    memset(p, 0, size);
+int ch_emu_track(void *p, size_t bytes, int mapped) {
     pthread_mutex_lock(&g_mem_lock);
     if (g_nallocs == g_cap_allocs) {
         size_t cap = g_cap_allocs ? 2 * g_cap_allocs : 64;
         emu_alloc_t *n = realloc(g_allocs, cap * sizeof(*n));
         if (n == NULL) {
             pthread_mutex_unlock(&g_mem_lock);
-            free(p);
-            return NULL;
+            WARN("device emulator: out of memory recording device memory");
+            return 0;
         }
         g_allocs = n;
         g_cap_allocs = cap;
     }
     g_allocs[g_nallocs].base = (uintptr_t)p;
-    g_allocs[g_nallocs].bytes = size;
+    g_allocs[g_nallocs].bytes = bytes;
+    g_allocs[g_nallocs].mapped = mapped;
     g_nallocs++;
     pthread_mutex_unlock(&g_mem_lock);
     chorus_mem_kind_set_emu(ch_emu_is_device);
     __atomic_store_n(&g_in_use, 1, __ATOMIC_RELEASE);
-    return p;
+    return 1;
 }
 
-void ch_emu_free(void *p) {
-    if (p == NULL) return;
+/* Drop the record that starts at p and was made as `mapped` says; 1 when there was one. */
+static int emu_untrack(const void *p, int mapped) {
     int found = 0;
     pthread_mutex_lock(&g_mem_lock);
     for (size_t i = 0; i < g_nallocs; i++) {
-        if (g_allocs[i].base == (uintptr_t)p) {
+        if (g_allocs[i].base == (uintptr_t)p && g_allocs[i].mapped == mapped) {
             g_allocs[i] = g_allocs[--g_nallocs];
             found = 1;
             break;
         }
     }
     pthread_mutex_unlock(&g_mem_lock);
-    if (found)
+    return found;
+}
+
+void ch_emu_untrack(void *p) {
+    (void)emu_untrack(p, 1);
+}
+
+void *ch_emu_malloc(size_t bytes) {
+    const size_t size = bytes ? (bytes + 255) / 256 * 256 : 256;
+    void *p = aligned_alloc(256, size);
+    if (p == NULL) return NULL;
+    memset(p, 0, size);
+    if (!ch_emu_track(p, size, 0)) {
+        free(p);
+        return NULL;
+    }
+    return p;
+}
+
+void ch_emu_free(void *p) {
+    if (p == NULL) return;
+    if (emu_untrack(p, 0))
         free(p);
     else
-        WARN("ch_emu_free: %p is not emulated device memory", p);
+        WARN("ch_emu_free: %p is not emulated device memory of ch_emu_malloc", p);
 }
 
 /* ---- streams -------------------------------------------------------------------------------- */
@@ -134,6 +153,10 @@ struct ch_emu_stream {
     uint64_t queued, ran;
     unsigned long launches;
     int stop;
+    /* Threads in ch_emu_stream_sync: the stream's thread wakes them after each item only when
+     * there are any, and a push wakes the stream's thread only when its queue was empty (it
+     * waits for nothing else), so queuing costs no wake-up while the thread is busy. */
+    int sync_waiters;
     pthread_t thread;
     /* Capture: while capturing, launches go to the list cap_head..cap_tail instead of the
      * queue; cap_broken: something that cannot be captured was queued (capture_end fails). */
@@ -331,7 +354,7 @@ static void *emu_stream_main(void *arg) {
         if (it->kind != EMU_EVENT) s->launches++;
         s->ran++;
         emu_item_free(it);
-        pthread_cond_broadcast(&s->cond);
+        if (s->sync_waiters) pthread_cond_broadcast(&s->cond);
     }
     pthread_mutex_unlock(&s->lock);
     return NULL;
@@ -396,13 +419,14 @@ static ncclResult_t emu_push(void *stream, emu_item_t *it) {
              kind == EMU_CE ? "a copy-engine program" : "an event record");
         return ncclInvalidUsage;
     }
+    const int was_empty = s->head == NULL;
     if (s->tail)
         s->tail->next = it;
     else
         s->head = it;
     s->tail = it;
     s->queued++;
-    pthread_cond_broadcast(&s->cond);
+    if (was_empty) pthread_cond_broadcast(&s->cond);
     pthread_mutex_unlock(&s->lock);
     return ncclSuccess;
 }
@@ -417,6 +441,7 @@ ncclResult_t ch_emu_stream_sync(ch_emu_stream_t *stream) {
     ncclResult_t res = ncclSuccess;
     pthread_mutex_lock(&s->lock);
     const uint64_t want = s->queued;
+    s->sync_waiters++;
     while (s->ran < want) {
         if (pthread_cond_timedwait(&s->cond, &s->lock, &dl) != 0 && s->ran < want) {
             WARN("device emulator: stream %p did not finish its work within CHORUS_TIMEOUT",
@@ -425,6 +450,7 @@ ncclResult_t ch_emu_stream_sync(ch_emu_stream_t *stream) {
             break;
         }
     }
+    s->sync_waiters--;
     pthread_mutex_unlock(&s->lock);
     return res;
 }
@@ -567,7 +593,14 @@ static ncclResult_t emu_capture_end(void *stream, void **graph) {
     return ncclSuccess;
 }
 
+static __thread unsigned long emu_capture_queries;
+
+unsigned long ch_emu_capture_queries(void) {
+    return emu_capture_queries;
+}
+
 static ncclResult_t emu_stream_capturing(void *stream, int *capturing) {
+    emu_capture_queries++;
     *capturing = 0;
     if (stream == NULL) return ncclSuccess; /* the default stream never captures */
     ch_emu_stream_t *s = (ch_emu_stream_t *)stream;
@@ -634,13 +667,14 @@ static ncclResult_t emu_graph_launch(void *exec, void *stream) {
     pthread_mutex_lock(&s->lock);
     const int capturing = s->capturing;
     if (!capturing) {
+        const int was_empty = s->head == NULL;
         if (s->tail)
             s->tail->next = head;
         else
             s->head = head;
         s->tail = tail;
         s->queued += n;
-        pthread_cond_broadcast(&s->cond);
+        if (was_empty) pthread_cond_broadcast(&s->cond);
     }
     pthread_mutex_unlock(&s->lock);
     if (capturing) {
@@ -719,6 +753,14 @@ static const ch_rt_t g_emu_rt = {
     .graph_launch = emu_graph_launch,
     .graph_destroy = emu_graph_destroy,
     .graph_exec_destroy = emu_graph_destroy,
+    .mem_granularity = ch_emu_mem_granularity,
+    .mem_create = ch_emu_mem_create,
+    .mem_map = ch_emu_mem_map,
+    .mem_set_access = ch_emu_mem_set_access,
+    .mem_unmap = ch_emu_mem_unmap,
+    .mem_export_fd = ch_emu_mem_export_fd,
+    .mem_import_fd = ch_emu_mem_import_fd,
+    .mem_release = ch_emu_mem_release,
 };
 
 const ch_rt_t *ch_rt_emu(void) {

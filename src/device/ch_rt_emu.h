@@ -27,6 +27,9 @@ void ch_emu_free(void *p);
 int ch_emu_is_device(const void *p);
 /* 1 once any emulated device memory was allocated in this process. */
 int ch_emu_in_use(void);
+/* 0: the runtime's cuMem entries behave as on a device without cuMem (mem_granularity says
+ * ncclInvalidUsage), so callers take their fallback; 1 (the default): they work. */
+void ch_emu_set_cumem(int supported);
 
 ch_emu_stream_t *ch_emu_stream_create(void);
 /* Waits for the stream's work, then ends its thread. */
@@ -37,6 +40,9 @@ ncclResult_t ch_emu_stream_sync(ch_emu_stream_t *s);
 /* 1 when stream is an emulated stream (*capturing: whether it is being captured), else 0 (a CUDA
  * stream, or NULL). The emulator's capture and graphs are entries of ch_rt_emu() (ch_rt.h). */
 int ch_emu_stream_capture_status(const void *stream, int *capturing);
+/* The capture-state queries (ch_rt_t stream_capturing) the calling thread has made (tests count
+ * them). */
+unsigned long ch_emu_capture_queries(void);
 /* Launches the stream has run (tests count them). */
 unsigned long ch_emu_stream_launches(ch_emu_stream_t *s);
 

@@ -3,18 +3,23 @@
  *
  * A shared block is a memfd mapped by its owner; a peer of this host opens
  * /proc/<pid>/fd/<fd> and maps it. The emulator's "device" reaches all host memory, so host
- * registration has nothing to do.
+ * registration has nothing to do. The cuMem entries (ncclMemAlloc's memory) are memfds too, with
+ * handles, mappings and descriptors of their own (below).
  */
 #include "ch_rt_emu_shm.h"
 
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include "ch_rt_emu.h"
 #include "log.h"
 
 /* Shared device memory: a memfd mapped here; a peer of this host opens /proc/<pid>/fd/<fd>. The
@@ -103,4 +108,120 @@ ncclResult_t ch_emu_host_register(void *p, size_t bytes) {
 
 void ch_emu_host_unregister(void *p) {
     (void)p;
+}
+
+/* ---- cuMem-style allocations ---------------------------------------------------------------- */
+
+/* A handle is a memfd of its own (create makes one, import dups the peer's), like the physical
+ * memory behind a CUmemGenericAllocationHandle: it lives while a handle or a mapping holds it. A
+ * mapping starts inaccessible (PROT_NONE) and becomes emulated device memory (the registry of
+ * ch_rt_emu.c) once mem_set_access grants read and write, as on a GPU, where memory mapped without
+ * cuMemSetAccess faults. The granularity is a GPU's usual 2 MiB: a memfd's pages exist only once
+ * written, so small allocations cost no more. */
+typedef struct {
+    int fd;
+    size_t bytes;
+} emu_cumem_t;
+
+static int g_cumem_off; /* ch_emu_set_cumem(0): the runtime behaves as a device without cuMem */
+
+void ch_emu_set_cumem(int supported) {
+    __atomic_store_n(&g_cumem_off, !supported, __ATOMIC_RELEASE);
+}
+
+ncclResult_t ch_emu_mem_granularity(int dev, size_t *gran) {
+    (void)dev;
+    if (__atomic_load_n(&g_cumem_off, __ATOMIC_ACQUIRE)) return ncclInvalidUsage;
+    *gran = (size_t)2 << 20;
+    return ncclSuccess;
+}
+
+static ncclResult_t emu_cumem_wrap(int fd, size_t bytes, uint64_t *handle) {
+    emu_cumem_t *m = malloc(sizeof(*m));
+    if (m == NULL) {
+        WARN("device emulator: out of memory for a memory handle");
+        close(fd);
+        return ncclSystemError;
+    }
+    m->fd = fd;
+    m->bytes = bytes;
+    *handle = (uint64_t)(uintptr_t)m;
+    return ncclSuccess;
+}
+
+ncclResult_t ch_emu_mem_create(int dev, size_t bytes, uint64_t *handle) {
+    (void)dev;
+    int fd = memfd_create("chorus-devemu-cumem", MFD_CLOEXEC);
+    if (fd < 0 || ftruncate(fd, (off_t)bytes) != 0) {
+        WARN("device emulator: memory of %zu bytes: %s", bytes, strerror(errno));
+        if (fd >= 0) close(fd);
+        return ncclSystemError;
+    }
+    return emu_cumem_wrap(fd, bytes, handle);
+}
+
+ncclResult_t ch_emu_mem_map(uint64_t handle, size_t bytes, size_t align, void **p) {
+    (void)align; /* mmap's page alignment: the emulator needs no more */
+    const emu_cumem_t *m = (const emu_cumem_t *)(uintptr_t)handle;
+    if (m == NULL || bytes > m->bytes) {
+        WARN("device emulator: mapping %zu bytes of a handle of %zu", bytes, m ? m->bytes : 0);
+        return ncclInvalidArgument;
+    }
+    void *a = mmap(NULL, bytes, PROT_NONE, MAP_SHARED, m->fd, 0);
+    if (a == MAP_FAILED) {
+        WARN("device emulator: mmap of %zu bytes: %s", bytes, strerror(errno));
+        return ncclSystemError;
+    }
+    *p = a;
+    return ncclSuccess;
+}
+
+ncclResult_t ch_emu_mem_set_access(void *p, size_t bytes, int dev) {
+    (void)dev;
+    if (mprotect(p, bytes, PROT_READ | PROT_WRITE) != 0) {
+        WARN("device emulator: granting access to %p (%zu bytes): %s", p, bytes, strerror(errno));
+        return ncclInvalidArgument;
+    }
+    return ch_emu_track(p, bytes, 1) ? ncclSuccess : ncclSystemError;
+}
+
+void ch_emu_mem_unmap(void *p, size_t bytes) {
+    if (p == NULL) return;
+    ch_emu_untrack(p);
+    if (munmap(p, bytes) != 0)
+        WARN("device emulator: munmap of %p (%zu bytes): %s", p, bytes, strerror(errno));
+}
+
+ncclResult_t ch_emu_mem_export_fd(uint64_t handle, int *fd) {
+    const emu_cumem_t *m = (const emu_cumem_t *)(uintptr_t)handle;
+    int f = m ? fcntl(m->fd, F_DUPFD_CLOEXEC, 0) : -1;
+    if (f < 0) {
+        WARN("device emulator: exporting a memory handle: %s", m ? strerror(errno) : "no handle");
+        return m ? ncclSystemError : ncclInvalidArgument;
+    }
+    *fd = f;
+    return ncclSuccess;
+}
+
+ncclResult_t ch_emu_mem_import_fd(int fd, uint64_t *handle) {
+    struct stat st;
+    errno = 0;
+    if (fstat(fd, &st) != 0 || st.st_size <= 0) {
+        WARN("device emulator: importing memory from fd %d: %s", fd,
+             errno ? strerror(errno) : "empty");
+        return ncclInvalidArgument;
+    }
+    int f = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+    if (f < 0) {
+        WARN("device emulator: importing memory from fd %d: %s", fd, strerror(errno));
+        return ncclSystemError;
+    }
+    return emu_cumem_wrap(f, (size_t)st.st_size, handle);
+}
+
+void ch_emu_mem_release(uint64_t handle) {
+    emu_cumem_t *m = (emu_cumem_t *)(uintptr_t)handle;
+    if (m == NULL) return;
+    close(m->fd);
+    free(m);
 }

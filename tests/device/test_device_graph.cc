@@ -8,7 +8,9 @@
 // all-gather and a send/receive pair, on 2, 3 and 4 ranks; a rank replaying while its peers call
 // directly. An abort ends a replay that waits for
 // a peer that never replays, and reports the error. Copy-engine programs and a device-resident
-// premul scalar are refused (ncclInvalidUsage) on a capturing stream, and the communicator runs on.
+// premul scalar are refused (ncclInvalidUsage) on a capturing stream, and the communicator runs on;
+// so is a group whose calls mix a capturing stream and one that is not, before anything of it
+// launches. A call asks whether its stream captures once, grouped or not.
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -420,6 +422,82 @@ TEST_F(DevicePathGraph, RefusedCaptureThreads) {
         });
     }
     chorus_param_reset();
+}
+
+// A group whose calls mix a capturing stream and one that is not is refused at ncclGroupEnd with
+// ncclInvalidUsage on every rank, before anything launches (neither the graph nor the other stream
+// gets a launch), whichever call comes first; the communicator then runs on, on both streams.
+TEST_F(DevicePathGraph, MixedCaptureGroupRefusedThreads) {
+    with_ranks(2, [](ncclComm_t comm, ch_emu_stream_t *st, int r, int n) -> int {
+        ch_emu_stream_t *other = ch_emu_stream_create();
+        RANK_CHECK(other != nullptr, "no second stream\n");
+        const size_t count = 3000;
+        Buf in(count), out(count), in2(count), out2(count);
+        for (int captured_first = 0; captured_first < 2; captured_first++) {
+            RANK_NCCL(rt()->capture_begin(st));
+            RANK_NCCL(ncclGroupStart());
+            for (int k = 0; k < 2; k++) {
+                const bool cap = (k == 0) == (captured_first == 1);
+                RANK_NCCL(ncclAllReduce(cap ? in.p : in2.p, cap ? out.p : out2.p, count, ncclInt32,
+                                        ncclSum, comm, (cudaStream_t)(cap ? st : other)));
+            }
+            ncclResult_t got = ncclGroupEnd();
+            void *graph = nullptr, *exec = nullptr;
+            RANK_NCCL(rt()->capture_end(st, &graph));
+            RANK_CHECK(got == ncclInvalidUsage, "a mixed group returned %s\n",
+                       ncclGetErrorString(got));
+            RANK_NCCL(rt()->graph_instantiate(&exec, graph));
+            RANK_NCCL(rt()->graph_launch(exec, st)); // empty: nothing was recorded
+            RANK_NCCL(ch_emu_stream_sync(st));
+            RANK_NCCL(ch_emu_stream_sync(other));
+            RANK_CHECK(ch_emu_stream_launches(st) == 0 && ch_emu_stream_launches(other) == 0,
+                       "the refused group launched %lu + %lu\n", ch_emu_stream_launches(st),
+                       ch_emu_stream_launches(other));
+            rt()->graph_exec_destroy(exec);
+            rt()->graph_destroy(graph);
+        }
+        ncclResult_t async = ncclSuccess;
+        RANK_NCCL(ncclCommGetAsyncError(comm, &async));
+        RANK_CHECK(async == ncclSuccess, "async error %s\n", ncclGetErrorString(async));
+        int bad = ordinary_allreduce(comm, st, r, n, count, 1);
+        bad += ordinary_allreduce(comm, other, r, n, count + 1, 2);
+        ch_emu_stream_destroy(other);
+        return bad;
+    });
+}
+
+// A call asks whether its stream captures once: alone, and inside a group (at the call, none at
+// the group's end), captured or not.
+TEST_F(DevicePathGraph, CaptureAskedOncePerCallThreads) {
+    with_ranks(2, [](ncclComm_t comm, ch_emu_stream_t *st, int r, int n) -> int {
+        const size_t count = 1500;
+        Buf in(count), out(count), ag(count * n), sbuf(count), rbuf(count);
+        for (int capture = 0; capture < 2; capture++) {
+            if (capture) RANK_NCCL(rt()->capture_begin(st));
+            unsigned long before = ch_emu_capture_queries();
+            RANK_NCCL(ncclAllReduce(in.p, out.p, count, ncclInt32, ncclSum, comm, (cudaStream_t)st));
+            RANK_CHECK(ch_emu_capture_queries() - before == 1, "one call asked %lu times\n",
+                       ch_emu_capture_queries() - before);
+            before = ch_emu_capture_queries();
+            RANK_NCCL(ncclGroupStart());
+            RANK_NCCL(ncclAllReduce(in.p, out.p, count, ncclInt32, ncclSum, comm, (cudaStream_t)st));
+            RANK_NCCL(ncclAllGather(in.p, ag.p, count, ncclInt32, comm, (cudaStream_t)st));
+            RANK_NCCL(ncclSend(sbuf.p, count, ncclInt32, (r + 1) % n, comm, (cudaStream_t)st));
+            RANK_NCCL(ncclRecv(rbuf.p, count, ncclInt32, (r + n - 1) % n, comm, (cudaStream_t)st));
+            const unsigned long at_calls = ch_emu_capture_queries() - before;
+            RANK_NCCL(ncclGroupEnd());
+            RANK_CHECK(at_calls == 4 && ch_emu_capture_queries() - before == 4,
+                       "a group of 4 calls asked %lu times at the calls, %lu in all\n", at_calls,
+                       ch_emu_capture_queries() - before);
+            if (capture) {
+                void *graph = nullptr;
+                RANK_NCCL(rt()->capture_end(st, &graph));
+                rt()->graph_destroy(graph);
+            }
+            RANK_NCCL(ch_emu_stream_sync(st));
+        }
+        return ordinary_allreduce(comm, st, r, n, count, 5);
+    });
 }
 
 // The emulator's capture itself: the default stream cannot capture, a second begin is refused,

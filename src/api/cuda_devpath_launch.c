@@ -1,0 +1,156 @@
+/*
+ * cuda_devpath_launch.c: one device-path op as a plan and a launch on the user's stream (the
+ * collective kernel, or copy-engine programs), and the events drain waits for.
+ */
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "check.h"
+#include "comm.h"
+#include "cuda_devpath_priv.h"
+#include "cuda_enqueue.h"
+#include "device/ch_plan.h"
+#include "log.h"
+#include "param.h"
+
+int dp_coll(coll_kind_t k) {
+    switch (k) {
+    case COLL_ALLREDUCE:
+        return CH_COLL_ALLREDUCE;
+    case COLL_REDUCESCATTER:
+        return CH_COLL_REDUCESCATTER;
+    case COLL_ALLGATHER:
+        return CH_COLL_ALLGATHER;
+    case COLL_BROADCAST:
+        return CH_COLL_BROADCAST;
+    case COLL_REDUCE:
+        return CH_COLL_REDUCE;
+    case COLL_SEND:
+    case COLL_RECV:
+        return CH_COLL_SENDRECV;
+    case COLL_ALLTOALL:
+        return CH_COLL_ALLTOALL;
+    default:
+        return -1;
+    }
+}
+
+/* Remember the launch on `stream` so drain can wait for it; the caller holds dp->lock. */
+static ncclResult_t dp_track(struct ncclComm *comm, devpath_comm_t *dp, void *stream) {
+    int i = 0;
+    while (i < dp->nevs && dp->evs[i].stream != stream)
+        i++;
+    if (i == DP_MAX_STREAMS) { /* full: reuse the first entry once its work has run */
+        const int64_t deadline = ch_host_now_ns() + chorus_param_int(PARAM_TIMEOUT) * 1000000000LL;
+        int q;
+        while ((q = dp->rt->event_query(dp->evs[0].ev)) == 0) {
+            if (ch_host_now_ns() > deadline || __atomic_load_n(&comm->abort_flag, __ATOMIC_ACQUIRE))
+                break;
+            struct timespec ts = {0, 100000};
+            nanosleep(&ts, NULL);
+        }
+        if (q != 1) {
+            WARN("rank %d: device work on stream %p did not finish", comm->rank, dp->evs[0].stream);
+            return ncclSystemError;
+        }
+        i = 0;
+        dp->evs[0].stream = stream;
+    } else if (i == dp->nevs) {
+        CHECK(dp->rt->event_create(&dp->evs[i].ev));
+        dp->evs[i].stream = stream;
+        dp->nevs++;
+    }
+    return dp->rt->event_record(dp->evs[i].ev, stream);
+}
+
+/* Launch one op of this rank: coll (CH_COLL_*), count as ch_cpu_op_t takes it. */
+static ncclResult_t dp_launch(struct ncclComm *comm, devpath_comm_t *dp, int coll,
+                              const coll_args_t *a, const void *sendbuff, void *recvbuff,
+                              size_t count, int send_peer, int recv_peer) {
+    const dp_sizes_t *sz = &dp->sz;
+    const int n = comm->nranks;
+    const size_t esize = chorus_dtype_size(a->dtype);
+    const int scaled =
+        coll == CH_COLL_REDUCESCATTER || coll == CH_COLL_ALLGATHER || coll == CH_COLL_ALLTOALL;
+    const size_t bytes = count * esize * (scaled ? (size_t)n : 1);
+    ch_kernel_args_t k;
+    memset(&k, 0, sizeof(k));
+    /* Copy-engine programs move SIMPLE slots only. */
+    k.proto = dp->ce == NULL && bytes <= sz->ll_max_bytes ? CH_PROTO_LL : CH_PROTO_SIMPLE;
+    k.ll_bytes = (uint32_t)sz->ll_bytes;
+    const size_t room = k.proto == CH_PROTO_LL ? sz->ll_bytes : sz->slot_bytes;
+    ch_plan_t *p = &k.plan;
+    p->coll = coll;
+    p->nranks = n;
+    p->rank = comm->rank;
+    p->root = coll == CH_COLL_BROADCAST || coll == CH_COLL_REDUCE ? a->root : 0;
+    p->send_peer = send_peer;
+    p->recv_peer = recv_peer;
+    p->count = count;
+    p->esize = esize;
+    const int max_ch = coll == CH_COLL_ALLTOALL || coll == CH_COLL_SENDRECV ? sz->p2p_nch : sz->nch;
+    p->chunk_elems = ch_plan_fit_chunk(coll, n, count, esize, room, room / 16, max_ch);
+    p->ring = dp->ce ? dp_ce_ring(dp->ce) : dp->w->ring;
+    p->nch = ch_plan_channels(coll, n, count, p->chunk_elems, max_ch);
+    p->inplace = ch_plan_inplace(coll, sendbuff, recvbuff, comm->rank, count, esize);
+    k.vec = sz->vec;
+    k.sendbuff = sendbuff;
+    k.recvbuff = recvbuff;
+    k.conns = dp->w ? dp->w->conns : NULL;
+    k.err = dp->err_dev;
+    if (a->redop_fixed) {
+        k.redop = a->redop;
+    } else { /* a collective that does not reduce: the kernel still picks its dtype from here */
+        k.redop.kind = RK_SUM;
+        k.redop.dtype = a->dtype;
+        k.redop.nranks = n;
+    }
+    /* The kernel's headers take their seq from the op counters in device memory, which the
+     * kernel advances: nothing of a launch depends on how many calls the host made, so a launch
+     * captured into a CUDA graph runs right however often the graph is replayed. */
+    if (dp->w) k.op_seq = dp->w->op_seq + (size_t)comm->rank * sz->nch;
+    const uint64_t seq = coll == CH_COLL_SENDRECV || dp->w ? 0 : dp->coll_seq++;
+    ch_op_hdr_make(&k.hdr, coll, a->dtype, k.redop.kind, count, p->root, seq);
+    /* Whether the stream captures was asked once, when the call was made (dp_op_check); a
+     * group's calls all agree on it (devpath_group_end). */
+    ncclResult_t res = dp->ce ? dp_ce_launch(dp->ce, p, sendbuff, recvbuff, &k.redop, a->stream)
+                              : dp->rt->launch(&k, a->stream);
+    if (res != ncclSuccess) {
+        WARN("%s: rank %d: the device launch failed: %s", a->api, comm->rank,
+             ncclGetErrorString(res));
+        return res;
+    }
+    /* A captured launch runs when its graph is launched, which the communicator does not see:
+     * nothing to track (the caller synchronizes its stream before freeing the communicator). */
+    return a->capturing ? ncclSuccess : dp_track(comm, dp, a->stream);
+}
+
+ncclResult_t dp_launch_one(const coll_args_t *a) {
+    struct ncclComm *comm = a->comm;
+    devpath_comm_t *dp = comm->dev_path;
+    const int coll = dp_coll(a->coll);
+    CHECK(dp_set_device(dp->rt, comm->cuda_dev));
+    pthread_mutex_lock(&dp->lock);
+    ncclResult_t res;
+    if (a->coll == COLL_SEND)
+        res = dp_launch(comm, dp, coll, a, a->sendbuff, NULL, a->count, a->root, -1);
+    else if (a->coll == COLL_RECV)
+        res = dp_launch(comm, dp, coll, a, NULL, a->recvbuff, a->count, -1, a->root);
+    else
+        res = dp_launch(comm, dp, coll, a, a->sendbuff, a->recvbuff, a->count, -1, -1);
+    pthread_mutex_unlock(&dp->lock);
+    return res;
+}
+
+/* A send and a receive of one group as one send/receive launch. */
+ncclResult_t dp_launch_pair(const coll_args_t *s, const coll_args_t *r) {
+    struct ncclComm *comm = s->comm;
+    devpath_comm_t *dp = comm->dev_path;
+    CHECK(dp_set_device(dp->rt, comm->cuda_dev));
+    pthread_mutex_lock(&dp->lock);
+    ncclResult_t res = dp_launch(comm, dp, CH_COLL_SENDRECV, s, s->sendbuff, r->recvbuff, s->count,
+                                 s->root, r->root);
+    pthread_mutex_unlock(&dp->lock);
+    return res;
+}

@@ -1,0 +1,440 @@
+/*
+ * cuda_devpath_setup.c: the device path's per-communicator state (design in cuda_devpath.h):
+ * which path a communicator takes, the kernel's world, and drain, abort and free.
+ *
+ * The world of one communicator lives in memory of its device (device runtime, ch_rt.h):
+ *   conns     [c][src][dst] ch_conn_t views (the table the kernel reads), src == dst included
+ *             (a rank's send to itself goes through its own slots)
+ *   ctrl/buf/ll  the control blocks, SIMPLE slots and LL slots they point to
+ *   ring      [c][pos]: channels alternate direction (ch_cpu_ring_rank)
+ *   err       the error word, in host memory the device writes (mapped)
+ * Rank 0 allocates it, the others take its address from the bootstrap allgather, and the last
+ * rank to free its communicator frees it.
+ *
+ * Ops are sized per runtime: on a GPU CHORUS_DEVICE_CHANNELS channels (4) of 8 slots of
+ * CHORUS_DEVICE_SLOT_BYTES (64 KiB; LL: 4 KiB a slot, for ops up to 64 KiB), as rank 0 reads them
+ * (the others take the world's); under the emulator, where host threads stand in for blocks, 2
+ * channels of 4 slots of 4 KiB (LL: 512 bytes, ops up to 4 KiB), so tests wrap around the slots and
+ * take both protocols with small buffers.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "check.h"
+#include "comm.h"
+#include "cuda_devpath.h"
+#include "cuda_devpath_priv.h"
+#include "device/ch_plan.h"
+#include "log.h"
+#include "param.h"
+
+static const dp_sizes_t dp_sizes_gpu = {32, 8, 1 << 20, 4 << 10, 2 << 10, 8, 1};
+static const dp_sizes_t dp_sizes_emu = {2, 4, 4 << 10, 512, 4 << 10, 2, 0};
+
+/* Channels with every pair connected: nch / nranks (at least 1), so the slots of a world grow
+ * with nranks * nch rather than nranks^2 * nch. */
+static int dp_p2p_channels(int nch, int nranks) {
+    const int c = nch / nranks;
+    return c < 1 ? 1 : c > nch ? nch : c;
+}
+
+/* ---- the world ------------------------------------------------------------------------------ */
+
+static void dp_world_free(dp_world_t *w) {
+    if (w == NULL) return;
+    const ch_rt_t *rt = w->rt;
+    if (w->conns) rt->dev_free(w->conns);
+    if (w->ring) rt->dev_free(w->ring);
+    if (w->op_seq) rt->dev_free(w->op_seq);
+    if (w->ctrl) rt->dev_free(w->ctrl);
+    if (w->buf) rt->dev_free(w->buf);
+    if (w->ll) rt->dev_free(w->ll);
+    if (w->err_host) rt->host_mapped_free(w->err_host);
+    free(w);
+}
+
+static dp_world_t *dp_world_create(const ch_rt_t *rt, int nranks, const dp_sizes_t *sz) {
+    dp_world_t *w = calloc(1, sizeof(*w));
+    ch_conn_t *table = NULL;
+    int *ring = NULL;
+    if (w == NULL) return NULL;
+    w->rt = rt;
+    w->refs = nranks;
+    w->nranks = nranks;
+    w->sz = *sz;
+    const size_t nconn = (size_t)sz->nch * nranks * nranks;
+    const size_t slot_set = (size_t)sz->nslots * sz->slot_bytes;
+    const uint32_t ll_words = (uint32_t)(sz->ll_bytes / 4);
+    const size_t ll_set = (size_t)sz->nslots * ll_words * 8;
+    table = calloc(nconn, sizeof(*table));
+    ring = calloc((size_t)sz->nch * nranks, sizeof(*ring));
+    if (table == NULL || ring == NULL) goto fail;
+    /* The connections a channel uses: every pair on the first p2p_nch channels, else each rank
+     * to its ring successor (and to itself); the others keep NULL views. */
+    size_t nused = 0;
+    for (int c = 0; c < sz->nch; c++) {
+        for (int pos = 0; pos < nranks; pos++)
+            ring[c * nranks + pos] = ch_cpu_ring_rank(nranks, c, pos);
+        for (int pos = 0; pos < nranks; pos++) {
+            const int src = ring[c * nranks + pos];
+            const int next = ring[c * nranks + (pos + 1) % nranks];
+            for (int dst = 0; dst < nranks; dst++)
+                if (c < sz->p2p_nch || dst == src || dst == next)
+                    table[((size_t)c * nranks + src) * nranks + dst].nslots = 1; /* mark */
+        }
+    }
+    for (size_t i = 0; i < nconn; i++)
+        nused += table[i].nslots;
+    void *err_dev = NULL;
+    if (rt->host_mapped_alloc(&w->err_host, &err_dev, 64) != ncclSuccess) goto fail;
+    w->err_dev = err_dev;
+    if (rt->dev_alloc(&w->ctrl, nused * sizeof(ch_ctrl_t)) != ncclSuccess ||
+        rt->dev_alloc(&w->buf, nused * slot_set) != ncclSuccess ||
+        rt->dev_alloc(&w->ll, nused * ll_set) != ncclSuccess ||
+        rt->dev_alloc((void **)&w->conns, nconn * sizeof(ch_conn_t)) != ncclSuccess ||
+        rt->dev_alloc((void **)&w->ring, (size_t)sz->nch * nranks * sizeof(int)) != ncclSuccess ||
+        rt->dev_alloc((void **)&w->op_seq, (size_t)sz->nch * nranks * sizeof(uint64_t)) !=
+            ncclSuccess)
+        goto fail;
+    for (size_t i = 0, u = 0; i < nconn; i++) {
+        if (!table[i].nslots) continue;
+        table[i].ctrl = (ch_ctrl_t *)w->ctrl + u;
+        table[i].buf = (char *)w->buf + u * slot_set;
+        table[i].ll = (uint64_t *)((char *)w->ll + u * ll_set);
+        table[i].nslots = (uint32_t)sz->nslots;
+        table[i].ll_words = ll_words;
+        table[i].slot_bytes = sz->slot_bytes;
+        u++;
+    }
+    if (rt->memcpy_h2d(w->conns, table, nconn * sizeof(*table)) != ncclSuccess ||
+        rt->memcpy_h2d(w->ring, ring, (size_t)sz->nch * nranks * sizeof(*ring)) != ncclSuccess)
+        goto fail;
+    free(table);
+    free(ring);
+    return w;
+fail:
+    free(table);
+    free(ring);
+    dp_world_free(w);
+    return NULL;
+}
+
+/* ---- init: which path ----------------------------------------------------------------------- */
+
+/* 1 when every rank is a thread of this process using the same device as this one. */
+static int dp_threads_one_device(const struct ncclComm *comm) {
+    const chorus_locality_t *me = &comm->peers[comm->rank];
+    for (int r = 0; r < comm->nranks; r++) {
+        const chorus_locality_t *p = &comm->peers[r];
+        if (!locality_same_host(p, me) || p->pid != me->pid || p->cuda_dev != me->cuda_dev)
+            return 0;
+    }
+    return 1;
+}
+
+/* 1 when every rank uses the same GPU of this host (by PCI bus id, else by index). */
+static int dp_one_gpu(const struct ncclComm *comm) {
+    const chorus_locality_t *me = &comm->peers[comm->rank];
+    for (int r = 0; r < comm->nranks; r++) {
+        const chorus_locality_t *p = &comm->peers[r];
+        if (!locality_same_host(p, me) || p->cuda_dev < 0) return 0;
+        if (p->gpu_bus_id[0] && me->gpu_bus_id[0]
+                ? strncmp(p->gpu_bus_id, me->gpu_bus_id, sizeof(p->gpu_bus_id)) != 0
+                : p->cuda_dev != me->cuda_dev)
+            return 0;
+    }
+    return 1;
+}
+
+/* 1 when every rank runs on this host. */
+static int dp_one_host(const struct ncclComm *comm) {
+    const chorus_locality_t *me = &comm->peers[comm->rank];
+    for (int r = 0; r < comm->nranks; r++)
+        if (!locality_same_host(&comm->peers[r], me)) return 0;
+    return 1;
+}
+
+enum { DP_MODE_KERNEL = 1, DP_MODE_CE = 2 };
+
+/* The runtime and mode (DP_MODE_*) device-buffer ops run with, or NULL (with the reason in why)
+ * when this communicator runs them staged. Every rank decides alike. */
+static const ch_rt_t *dp_choose(const struct ncclComm *comm, int *mode, const char **why) {
+    const char *path = chorus_param_str(PARAM_DEVICE_PATH);
+    if (path == NULL || path[0] == '\0') path = "auto";
+    const int emu = chorus_param_int(PARAM_DEVICE_EMU) != 0;
+    if (strcmp(path, "auto") != 0 && strcmp(path, "kernel") != 0 && strcmp(path, "ce") != 0 &&
+        strcmp(path, "staged") != 0) {
+        WARN("CHORUS_DEVICE_PATH=%s is not one of auto, kernel, ce, staged: using auto", path);
+        path = "auto";
+    }
+    if (strcmp(path, "staged") == 0) {
+        *why = "CHORUS_DEVICE_PATH=staged";
+        return NULL;
+    }
+    if (comm->peers == NULL) {
+        *why = "no locality records";
+        return NULL;
+    }
+    const int threads = dp_threads_one_device(comm);
+    if (emu) {
+        /* auto: the kernel between threads, copy-engine programs between processes. */
+        const int want_ce = strcmp(path, "ce") == 0 || (strcmp(path, "auto") == 0 && !threads);
+        if (want_ce) {
+            if (!dp_one_host(comm)) {
+                *why = "copy-engine programs need every rank on one host";
+                return NULL;
+            }
+            *mode = DP_MODE_CE;
+            return ch_rt_emu();
+        }
+        if (!threads) {
+            *why = "the kernel needs ranks that are threads of one process on one device";
+            return NULL;
+        }
+        *mode = DP_MODE_KERNEL;
+        return ch_rt_emu();
+    }
+    /* Processes sharing one GPU: copy-engine programs (a spinning kernel would hold the GPU for
+     * a whole time slice); whether this rank's GPU runs them is settled in dp_ce_setup, where
+     * every rank learns every other's answer. Under auto they stay staged until the programs
+     * have run on a GPU (they are checked under the emulator only); =ce takes them. */
+    if (strcmp(path, "auto") == 0 && !threads && dp_one_gpu(comm)) {
+        *why = "CHORUS_DEVICE_PATH=auto keeps processes sharing a GPU staged (copy-engine "
+               "programs: =ce)";
+        return NULL;
+    }
+    if (strcmp(path, "ce") == 0) {
+        if (!dp_one_host(comm)) {
+            *why = "copy-engine programs need every rank on one host";
+            return NULL;
+        }
+        for (int r = 0; r < comm->nranks; r++) {
+            if (comm->peers[r].cuda_dev < 0 || ch_rt_cuda() == NULL) {
+                *why = "copy-engine programs need a GPU on every rank";
+                return NULL;
+            }
+        }
+        *mode = DP_MODE_CE;
+        return ch_rt_cuda();
+    }
+    if (!threads) {
+        *why = "the kernel needs ranks that are threads of one process on one device";
+        return NULL;
+    }
+    if (comm->cuda_dev < 0 || !chorus_cuda_available() || ch_rt_cuda() == NULL) {
+        *why = "no GPU";
+        return NULL;
+    }
+    if (comm->nranks == 1 && strcmp(path, "auto") == 0) {
+        /* Checked on a GPU from 2 to 8 ranks; one rank only under the emulator so far. */
+        *why = "CHORUS_DEVICE_PATH=auto keeps one rank on a GPU staged (kernel: =kernel)";
+        return NULL;
+    }
+    *mode = DP_MODE_KERNEL;
+    return ch_rt_cuda();
+}
+
+static void dp_attach(struct ncclComm *comm, devpath_comm_t *dp) {
+    pthread_mutex_init(&dp->lock, NULL);
+    comm->dev_path = dp;
+    INFO(SUB_INIT,
+         "rank %d: device-buffer ops run as %s on the user's stream (%s runtime, %d channels, %d "
+         "slots of %zu bytes)",
+         comm->rank, dp->ce ? "copy-engine programs" : "the collective kernel", dp->rt->name,
+         dp->sz.nch, dp->sz.nslots, dp->sz.slot_bytes);
+}
+
+/* Copy-engine programs: on a GPU 2 channels of 8 slots of CHORUS_DEVICE_SLOT_BYTES (a channel's
+ * program runs after the previous one's on the stream), under the emulator the emulator's sizes.
+ * A rank whose GPU cannot run them says why, and every rank then stays staged. */
+static void dp_ce_init(struct ncclComm *comm, const ch_rt_t *rt) {
+    dp_sizes_t gpu = {2, 8, 1 << 20, 0, 0, 2, 0};
+    gpu.slot_bytes = (size_t)chorus_param_int(PARAM_DEVICE_SLOT_BYTES) / 64 * 64;
+    const dp_sizes_t *sz = rt->emulated ? &dp_sizes_emu : &gpu;
+    const char *why = NULL;
+    int local_ok = 1;
+    if (!rt->emulated && (!chorus_cuda_available() || comm->cuda_dev < 0)) {
+        why = "no GPU";
+        local_ok = 0;
+    }
+    if (local_ok && dp_set_device(rt, comm->cuda_dev) != ncclSuccess) {
+        why = "cannot make the GPU current";
+        local_ok = 0;
+    }
+    if (local_ok && rt->ce_check(comm->cuda_dev, &why) != ncclSuccess) local_ok = 0;
+    if (!local_ok)
+        INFO(SUB_INIT, "rank %d: copy-engine programs cannot run here: %s", comm->rank, why);
+    dp_ce_t *ce = dp_ce_setup(comm, rt, local_ok, sz->nch, sz->nslots, sz->slot_bytes);
+    if (ce == NULL) {
+        WARN("rank %d: copy-engine programs could not be set up (%s): device-buffer ops run "
+             "staged",
+             comm->rank, why ? why : "a rank failed to; its log says why");
+        return;
+    }
+    devpath_comm_t *dp = calloc(1, sizeof(*dp));
+    if (dp == NULL) {
+        WARN("rank %d: out of memory setting up the device path", comm->rank);
+        dp_ce_free(ce);
+        return;
+    }
+    dp->ce = ce;
+    dp->rt = rt;
+    dp->sz = *sz;
+    dp->err_host = dp->err_dev = dp_ce_err(ce);
+    dp_attach(comm, dp);
+}
+
+void devpath_comm_init(struct ncclComm *comm) {
+    const char *why = NULL;
+    int mode = 0;
+    const ch_rt_t *rt = dp_choose(comm, &mode, &why);
+    if (rt == NULL) {
+        INFO(SUB_INIT, "rank %d: device-buffer ops run staged: %s", comm->rank, why);
+        return;
+    }
+    if (mode == DP_MODE_CE) {
+        dp_ce_init(comm, rt);
+        return;
+    }
+    if (rt && dp_set_device(rt, comm->cuda_dev) != ncclSuccess) rt = NULL;
+    dp_sizes_t gpu = dp_sizes_gpu;
+    /* Auto, as measured on an H200 (256 MiB all-reduce): 32 channels a rank up to 4 ranks; at 8
+     * ranks 16 channels a rank ran 10x slower than 8, so 64 blocks in all above 4. */
+    gpu.nch = (int)chorus_param_int(PARAM_DEVICE_CHANNELS);
+    if (gpu.nch == 0) gpu.nch = comm->nranks <= 4 ? 32 : comm->nranks >= 64 ? 1 : 64 / comm->nranks;
+    gpu.slot_bytes = (size_t)chorus_param_int(PARAM_DEVICE_SLOT_BYTES) / 64 * 64;
+    gpu.ll_max_bytes = (size_t)chorus_param_int(PARAM_DEVICE_LL_MAX);
+    gpu.vec = chorus_param_int(PARAM_DEVICE_VEC) != 0;
+    dp_sizes_t emu = dp_sizes_emu;
+    dp_sizes_t *sz = rt && rt->emulated ? &emu : &gpu;
+    sz->p2p_nch = dp_p2p_channels(sz->nch, comm->nranks);
+    /* Rank 0 allocates; every rank takes part in the allgather, so all learn whether it worked. */
+    uint64_t *ptrs = calloc((size_t)comm->nranks, sizeof(uint64_t));
+    if (ptrs == NULL) {
+        WARN("rank %d: out of memory setting up the device path", comm->rank);
+        return; /* the other ranks' allgather fails, and they stay staged too */
+    }
+    if (comm->rank == 0 && rt) ptrs[0] = (uint64_t)(uintptr_t)dp_world_create(rt, comm->nranks, sz);
+    ncclResult_t res = bootstrap_allgather(comm->bs, ptrs, sizeof(uint64_t));
+    dp_world_t *w = (dp_world_t *)(uintptr_t)ptrs[0];
+    free(ptrs);
+    if (res != ncclSuccess || w == NULL) {
+        WARN("rank %d: the device path could not be set up (%s): device-buffer ops run staged",
+             comm->rank, res != ncclSuccess ? ncclGetErrorString(res) : "allocation failed");
+        return;
+    }
+    devpath_comm_t *dp = calloc(1, sizeof(*dp));
+    if (dp == NULL) {
+        WARN("rank %d: out of memory setting up the device path", comm->rank);
+        if (__atomic_sub_fetch(&w->refs, 1, __ATOMIC_ACQ_REL) == 0) dp_world_free(w);
+        return;
+    }
+    dp->w = w;
+    dp->rt = w->rt;
+    dp->sz = w->sz;
+    dp->err_host = (uint32_t *)w->err_host;
+    dp->err_dev = w->err_dev;
+    dp_attach(comm, dp);
+}
+
+/* What error word value e means, for messages. */
+const char *dp_err_text(const devpath_comm_t *dp, uint32_t e, char *buf, size_t len) {
+    switch (e) {
+    case CH_ERR_MISMATCH:
+        return "the ranks called different collectives";
+    case CH_ERR_ABORT:
+        return "aborted";
+    case CH_ERR_TIMEOUT:
+        return "timed out";
+    case CH_ERR_PEER:
+        snprintf(buf, len, "peer rank %d ended", dp->ce ? dp_ce_dead_peer(dp->ce) : -1);
+        return buf;
+    default:
+        return "device error";
+    }
+}
+
+/* ---- errors, drain, free -------------------------------------------------------------------- */
+
+void devpath_poll_error(struct ncclComm *comm) {
+    devpath_comm_t *dp = comm ? comm->dev_path : NULL;
+    if (dp == NULL) return;
+    const uint32_t e = dp_err(dp);
+    if (e != CH_OK) comm_set_async_error(comm, ch_error_result(e));
+}
+
+void devpath_abort(struct ncclComm *comm) {
+    devpath_comm_t *dp = comm ? comm->dev_path : NULL;
+    if (dp == NULL) return;
+    ch_set_once32(dp->err_host, CH_ERR_ABORT);
+}
+
+ncclResult_t devpath_drain(struct ncclComm *comm) {
+    devpath_comm_t *dp = comm ? comm->dev_path : NULL;
+    if (dp == NULL) return ncclSuccess;
+    CHECK(dp_set_device(dp->rt, comm->cuda_dev));
+    const int64_t timeout = chorus_param_int(PARAM_TIMEOUT) * 1000000000LL;
+    int64_t deadline = ch_host_now_ns() + timeout;
+    int timed_out = 0;
+    ncclResult_t res = ncclSuccess;
+    pthread_mutex_lock(&dp->lock);
+    for (int i = 0; i < dp->nevs; i++) {
+        int q;
+        while ((q = dp->rt->event_query(dp->evs[i].ev)) == 0) {
+            if (__atomic_load_n(&comm->abort_flag, __ATOMIC_ACQUIRE))
+                ch_set_once32(dp->err_host, CH_ERR_ABORT);
+            if (ch_host_now_ns() > deadline) {
+                if (timed_out) break;
+                /* Past the deadline: the error word makes every spinning block return. */
+                WARN("rank %d: device work on stream %p has not finished within CHORUS_TIMEOUT: "
+                     "releasing it",
+                     comm->rank, dp->evs[i].stream);
+                ch_set_once32(dp->err_host, CH_ERR_TIMEOUT);
+                timed_out = 1;
+                deadline = ch_host_now_ns() + 1000000000LL;
+            }
+            struct timespec ts = {0, 100000};
+            nanosleep(&ts, NULL);
+        }
+        if (q != 1) {
+            dp->drain_failed = 1;
+            res = q < 0 ? ncclUnhandledCudaError : ncclSystemError;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&dp->lock);
+    if (res == ncclSuccess) {
+        const uint32_t e = dp_err(dp);
+        if (e != CH_OK && !__atomic_load_n(&comm->abort_flag, __ATOMIC_ACQUIRE)) {
+            char buf[64];
+            res = ch_error_result(e);
+            comm_set_async_error(comm, res);
+            WARN("rank %d: device work failed: %s", comm->rank,
+                 dp_err_text(dp, e, buf, sizeof(buf)));
+        }
+    }
+    return res;
+}
+
+int devpath_kernel_on(const struct ncclComm *comm) {
+    return comm != NULL && comm->dev_path != NULL;
+}
+
+void devpath_comm_free(struct ncclComm *comm) {
+    devpath_comm_t *dp = comm->dev_path;
+    if (dp == NULL) return;
+    (void)devpath_drain(comm);
+    comm->dev_path = NULL;
+    if (dp->drain_failed) {
+        WARN("rank %d: device work did not finish: its device memory stays allocated", comm->rank);
+        return;
+    }
+    for (int i = 0; i < dp->nevs; i++)
+        dp->rt->event_destroy(dp->evs[i].ev);
+    if (dp->ce) dp_ce_free(dp->ce);
+    if (dp->w && __atomic_sub_fetch(&dp->w->refs, 1, __ATOMIC_ACQ_REL) == 0) dp_world_free(dp->w);
+    pthread_mutex_destroy(&dp->lock);
+    free(dp);
+}

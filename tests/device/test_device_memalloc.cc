@@ -1,0 +1,331 @@
+// test_device_memalloc.cc: ncclMemAlloc / ncclMemFree on the device runtime's emulator
+// (CHORUS_DEVICE_EMU=1), where the allocation is made through the runtime's cuMem entries (ch_rt.h
+// mem_*: a memfd mapped and made accessible, exportable as a file descriptor) as on a GPU.
+//
+// Sizes 0 (refused), 1, odd and large: each rounded up to the granularity, emulated device memory
+// from its first to its last byte, gone after ncclMemFree. A pointer ncclMemAlloc did not hand out
+// (a stack variable, ch_emu_malloc memory, an interior pointer, a freed one) is refused with
+// ncclInvalidArgument. A runtime without cuMem gives plain device memory, which is not exportable;
+// no device at all gives host memory. A mapping is not device memory until access is granted. The
+// memory carries a 2-rank device-path all-reduce between thread ranks (the kernel) and between
+// forked ranks (copy-engine programs); and a file descriptor exported by one process and sent over
+// a Unix socket maps the same bytes in another, both ways.
+#include <gtest/gtest.h>
+
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "device/ch_rt.h"
+#include "device/ch_rt_emu.h"
+#include "launch.h"
+#include "mem_alloc.h"
+#include "nccl.h"
+#include "scoped_env.h"
+extern "C" {
+#include "cuda_util.h"
+#include "param.h"
+}
+
+namespace {
+
+using chorus_test::ScopedEnv;
+
+const size_t kGran = (size_t)2 << 20; // the emulator's granularity
+
+class MemAlloc : public ::testing::Test {
+  protected:
+    void SetUp() override {
+        setenv("CHORUS_DEVICE_EMU", "1", 1);
+        chorus_param_reset();
+    }
+    void TearDown() override {
+        ch_emu_set_cumem(1);
+        unsetenv("CHORUS_DEVICE_EMU");
+        chorus_param_reset();
+    }
+};
+
+// Sizes 1, odd and large: exportable emulated device memory over the whole rounded mapping, which
+// keeps what is written to it, and which ncclMemFree unmaps. Size 0 is refused.
+TEST_F(MemAlloc, SizesEmulator) {
+    void *p = nullptr;
+    EXPECT_EQ(ncclMemAlloc(&p, 0), ncclInvalidArgument);
+    EXPECT_EQ(ncclMemAlloc(nullptr, 8), ncclInvalidArgument);
+    for (size_t size : {(size_t)1, (size_t)4097, 3 * kGran + 5, ((size_t)256 << 20) + 1}) {
+        SCOPED_TRACE("size " + std::to_string(size));
+        ASSERT_EQ(ncclMemAlloc(&p, size), ncclSuccess);
+        ASSERT_NE(p, nullptr);
+        mem_alloc_info_t info;
+        ASSERT_EQ(mem_alloc_find(p, &info), 1);
+        EXPECT_EQ(info.kind, MEM_ALLOC_CUMEM);
+        EXPECT_EQ(info.base, p);
+        EXPECT_EQ(info.size, size);
+        EXPECT_EQ(info.mapped % kGran, 0u);
+        EXPECT_GE(info.mapped, size);
+        EXPECT_LT(info.mapped - size, kGran);
+        EXPECT_EQ(info.rt, ch_rt_emu());
+        unsigned char *c = (unsigned char *)p;
+        EXPECT_TRUE(ch_emu_is_device(c));
+        EXPECT_TRUE(ch_emu_is_device(c + info.mapped - 1));
+        EXPECT_EQ(chorus_mem_kind(c + size - 1), CHORUS_MEM_DEVICE);
+        c[0] = 0x5a;
+        c[size - 1] = 0xc3;
+        c[size / 2] = 0x77;
+        EXPECT_EQ(c[0], size == 1 ? 0x77 : 0x5a);
+        EXPECT_EQ(c[size - 1], size == 1 ? 0x77 : 0xc3);
+        ASSERT_EQ(ncclMemFree(p), ncclSuccess);
+        EXPECT_FALSE(ch_emu_is_device(c));
+        EXPECT_EQ(mem_alloc_find(p, &info), 0);
+    }
+}
+
+// Pointers ncclMemAlloc did not hand out are refused and leave the allocation alone.
+TEST_F(MemAlloc, FreeOfForeignPointers) {
+    int local = 0;
+    EXPECT_EQ(ncclMemFree(&local), ncclInvalidArgument);
+    void *emu = ch_emu_malloc(4096);
+    ASSERT_NE(emu, nullptr);
+    EXPECT_EQ(ncclMemFree(emu), ncclInvalidArgument);
+    EXPECT_TRUE(ch_emu_is_device(emu)); // untouched
+    ch_emu_free(emu);
+    void *p = nullptr;
+    ASSERT_EQ(ncclMemAlloc(&p, 1000), ncclSuccess);
+    EXPECT_EQ(ncclMemFree((char *)p + 8), ncclInvalidArgument); // interior pointer
+    EXPECT_TRUE(ch_emu_is_device(p));
+    EXPECT_EQ(ncclMemFree(nullptr), ncclSuccess);
+    EXPECT_EQ(ncclMemFree(p), ncclSuccess);
+    EXPECT_EQ(ncclMemFree(p), ncclInvalidArgument); // already freed
+}
+
+// A runtime without cuMem: plain device memory (the cudaMalloc fallback), not exportable, freed
+// with the runtime's own free.
+TEST_F(MemAlloc, FallbackWithoutCuMem) {
+    ch_emu_set_cumem(0);
+    void *p = nullptr;
+    ASSERT_EQ(ncclMemAlloc(&p, 12345), ncclSuccess);
+    mem_alloc_info_t info;
+    ASSERT_EQ(mem_alloc_find(p, &info), 1);
+    EXPECT_EQ(info.kind, MEM_ALLOC_DEVICE);
+    EXPECT_TRUE(ch_emu_is_device(p));
+    EXPECT_TRUE(ch_emu_is_device((char *)p + 12344));
+    int fd = -1;
+    size_t off = 0, mapped = 0;
+    EXPECT_EQ(mem_alloc_export_fd(p, &fd, &off, &mapped), ncclInvalidArgument);
+    EXPECT_EQ(fd, -1);
+    ASSERT_EQ(ncclMemFree(p), ncclSuccess);
+    EXPECT_FALSE(ch_emu_is_device(p));
+}
+
+// No device (no GPU, no emulator): page-aligned host memory.
+TEST_F(MemAlloc, HostWithoutDevice) {
+    if (chorus_cuda_available()) GTEST_SKIP() << "a GPU is current: ncclMemAlloc gives device memory";
+    setenv("CHORUS_DEVICE_EMU", "0", 1);
+    chorus_param_reset();
+    void *p = nullptr;
+    ASSERT_EQ(ncclMemAlloc(&p, 5000), ncclSuccess);
+    mem_alloc_info_t info;
+    ASSERT_EQ(mem_alloc_find(p, &info), 1);
+    EXPECT_EQ(info.kind, MEM_ALLOC_HOST);
+    EXPECT_EQ((uintptr_t)p % 4096, 0u);
+    EXPECT_FALSE(ch_emu_is_device(p));
+    memset(p, 0xab, 5000);
+    EXPECT_EQ(ncclMemFree(p), ncclSuccess);
+}
+
+// The runtime's entries one by one: a mapping is not device memory until access is granted; the
+// exported fd maps the same physical memory at a second address in this process too.
+TEST_F(MemAlloc, RuntimeEntriesEmulator) {
+    const ch_rt_t *rt = ch_rt_emu();
+    size_t gran = 0;
+    ASSERT_EQ(rt->mem_granularity(0, &gran), ncclSuccess);
+    ASSERT_EQ(gran, kGran);
+    uint64_t h = 0;
+    ASSERT_EQ(rt->mem_create(0, gran, &h), ncclSuccess);
+    void *p = nullptr;
+    ASSERT_EQ(rt->mem_map(h, gran, gran, &p), ncclSuccess);
+    EXPECT_FALSE(ch_emu_is_device(p));
+    ASSERT_EQ(rt->mem_set_access(p, gran, 0), ncclSuccess);
+    EXPECT_TRUE(ch_emu_is_device(p));
+    memset(p, 0x3c, 100);
+    int fd = -1;
+    ASSERT_EQ(rt->mem_export_fd(h, &fd), ncclSuccess);
+    mem_import_t im{};
+    ASSERT_EQ(mem_alloc_import(rt, 0, fd, gran, &im), ncclSuccess);
+    close(fd); // the import holds its own reference
+    ASSERT_NE(im.ptr, p);
+    EXPECT_EQ(((unsigned char *)im.ptr)[99], 0x3c);
+    ((unsigned char *)im.ptr)[100] = 0x11;
+    EXPECT_EQ(((unsigned char *)p)[100], 0x11);
+    EXPECT_EQ(mem_alloc_import(rt, 0, fd, gran + 1, &im), ncclInvalidArgument);
+    mem_alloc_unimport(&im);
+    EXPECT_EQ(im.ptr, nullptr);
+    rt->mem_unmap(p, gran);
+    EXPECT_FALSE(ch_emu_is_device(p));
+    rt->mem_release(h);
+}
+
+// Input element i of rank r.
+float input(int r, size_t i) {
+    return (float)((r + 1) * 3 + (int)(i % 1009));
+}
+
+// One rank: an all-reduce on ncclMemAlloc buffers, out of place and in place, at an LL-sized and a
+// SIMPLE-sized count; each call launches once on the rank's stream (the device path took it).
+int allreduce_rank(int r, int n, ncclUniqueId id) {
+    ch_emu_stream_t *st = ch_emu_stream_create();
+    RANK_CHECK(st != nullptr, "no emulated stream");
+    ncclComm_t comm;
+    RANK_NCCL(ncclCommInitRank(&comm, n, id, r));
+    int bad = 0;
+    for (size_t count : {(size_t)1001, (size_t)40003}) {
+        float *in = nullptr, *out = nullptr;
+        RANK_NCCL(ncclMemAlloc((void **)&in, count * sizeof(float)));
+        RANK_NCCL(ncclMemAlloc((void **)&out, count * sizeof(float)));
+        for (int inplace = 0; inplace < 2 && !bad; inplace++) {
+            float *dst = inplace ? in : out;
+            for (size_t i = 0; i < count; i++) {
+                in[i] = input(r, i);
+                out[i] = -1;
+            }
+            const unsigned long before = ch_emu_stream_launches(st);
+            RANK_NCCL(ncclAllReduce(in, dst, count, ncclFloat32, ncclSum, comm, (cudaStream_t)st));
+            RANK_NCCL(ch_emu_stream_sync(st));
+            RANK_CHECK(ch_emu_stream_launches(st) == before + 1, "%lu launches, want 1",
+                       ch_emu_stream_launches(st) - before);
+            for (size_t i = 0; i < count; i++) {
+                float want = 0;
+                for (int q = 0; q < n; q++)
+                    want += input(q, i);
+                if (dst[i] != want && bad++ < 3)
+                    fprintf(stderr, "rank %d count %zu inplace %d: element %zu is %g, want %g\n", r,
+                            count, inplace, i, (double)dst[i], (double)want);
+            }
+        }
+        RANK_NCCL(ncclMemFree(in));
+        RANK_NCCL(ncclMemFree(out));
+    }
+    RANK_NCCL(ncclCommDestroy(comm));
+    ch_emu_stream_destroy(st);
+    return bad ? 1 : 0;
+}
+
+TEST_F(MemAlloc, AllReduceThreads) {
+    ncclUniqueId id = chorus_test::make_unique_id();
+    auto res = chorus_test::run_threads(2, [&](int r, int n) { return allreduce_rank(r, n, id); });
+    EXPECT_TRUE(res.ok()) << res.detail;
+}
+
+TEST_F(MemAlloc, AllReduceForked) {
+    ncclUniqueId id = chorus_test::make_unique_id();
+    auto res = chorus_test::run_forked(2, [&](int r, int n) { return allreduce_rank(r, n, id); });
+    EXPECT_TRUE(res.ok()) << res.detail;
+}
+
+// The sizes a sender passes along with the descriptor.
+struct ExportMsg {
+    size_t offset, mapped, size;
+};
+
+int send_fd(int sock, int fd, const ExportMsg &m) {
+    struct iovec iov = {(void *)&m, sizeof(m)};
+    char ctl[CMSG_SPACE(sizeof(int))];
+    memset(ctl, 0, sizeof(ctl));
+    struct msghdr msg = {};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = ctl;
+    msg.msg_controllen = sizeof(ctl);
+    struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int));
+    memcpy(CMSG_DATA(c), &fd, sizeof(int));
+    return sendmsg(sock, &msg, 0) == (ssize_t)sizeof(m) ? 0 : -1;
+}
+
+int recv_fd(int sock, ExportMsg *m) {
+    struct iovec iov = {(void *)m, sizeof(*m)};
+    char ctl[CMSG_SPACE(sizeof(int))];
+    struct msghdr msg = {};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = ctl;
+    msg.msg_controllen = sizeof(ctl);
+    if (recvmsg(sock, &msg, 0) != (ssize_t)sizeof(*m)) return -1;
+    struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
+    if (c == nullptr || c->cmsg_type != SCM_RIGHTS) return -1;
+    int fd;
+    memcpy(&fd, CMSG_DATA(c), sizeof(int));
+    return fd;
+}
+
+unsigned char pattern(size_t i, int round) {
+    return (unsigned char)(i * 131 + 7 + round * 29);
+}
+
+// Two forked processes: the first allocates (after the fork, so nothing is inherited) and fills
+// the memory, exports it and sends the descriptor over a Unix socket; the second maps it, finds the
+// bytes, writes its own over them and answers; the first then finds those.
+TEST_F(MemAlloc, ExportImportForked) {
+    int sv[2];
+    ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+    const size_t size = 3 * kGran + 123;
+    auto res = chorus_test::run_forked(2, [&](int r, int) -> int {
+        const int sock = sv[r];
+        close(sv[1 - r]);
+        struct timeval tv = {60, 0};
+        RANK_CHECK(setsockopt(sock, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)) == 0, "timeout");
+        char ack = 0;
+        if (r == 0) {
+            unsigned char *p = nullptr;
+            RANK_NCCL(ncclMemAlloc((void **)&p, size));
+            for (size_t i = 0; i < size; i++)
+                p[i] = pattern(i, 0);
+            int fd = -1;
+            ExportMsg m{};
+            // An interior address: the offset says where it lies in the allocation.
+            RANK_NCCL(mem_alloc_export_fd(p + 4096, &fd, &m.offset, &m.mapped));
+            RANK_CHECK(m.offset == 4096 && m.mapped == 4 * kGran, "offset %zu mapped %zu",
+                       m.offset, m.mapped);
+            m.size = size;
+            RANK_CHECK(send_fd(sock, fd, m) == 0, "sendmsg");
+            close(fd);
+            RANK_CHECK(read(sock, &ack, 1) == 1 && ack == 'w', "no answer from the importer");
+            size_t wrong = 0;
+            for (size_t i = 0; i < size; i++)
+                wrong += p[i] != pattern(i, 1);
+            RANK_CHECK(wrong == 0, "%zu bytes are not what the importer wrote", wrong);
+            RANK_NCCL(ncclMemFree(p));
+            return 0;
+        }
+        ExportMsg m{};
+        const int fd = recv_fd(sock, &m);
+        RANK_CHECK(fd >= 0, "no descriptor received");
+        mem_import_t im{};
+        RANK_NCCL(mem_alloc_import(ch_rt_emu(), 0, fd, m.mapped, &im));
+        close(fd);
+        unsigned char *p = (unsigned char *)im.ptr;
+        RANK_CHECK(ch_emu_is_device(p + m.mapped - 1), "the import is not device memory");
+        size_t wrong = 0;
+        for (size_t i = 0; i < m.size; i++)
+            wrong += p[i] != pattern(i, 0);
+        RANK_CHECK(wrong == 0, "%zu bytes differ from the exporter's", wrong);
+        for (size_t i = 0; i < m.size; i++)
+            p[i] = pattern(i, 1);
+        mem_alloc_unimport(&im);
+        ack = 'w';
+        RANK_CHECK(write(sock, &ack, 1) == 1, "write");
+        return 0;
+    });
+    close(sv[0]);
+    close(sv[1]);
+    EXPECT_TRUE(res.ok()) << res.detail;
+}
+
+} // namespace
