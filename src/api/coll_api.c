@@ -99,8 +99,16 @@ ncclResult_t coll_api_check_sizes(const coll_args_t *a, int nranks, int need_sen
     return ncclSuccess;
 }
 
-ncclResult_t coll_api_prepare(const coll_args_t *a, coll_op_t *mem, coll_op_t **op_p) {
-    *op_p = NULL;
+/* The checks of a call, and what its op needs from them: the element size and, for a reduction,
+ * the resolved op. *run_p = 0: a valid count-0 collective, nothing to run. */
+typedef struct {
+    size_t esize;
+    int reduces;
+    chorus_redop_t redop;
+} coll_api_checked_t;
+
+static ncclResult_t coll_api_check(const coll_args_t *a, coll_api_checked_t *k, int *run_p) {
+    *run_p = 0;
     const char *api = a->api;
     struct ncclComm *comm = a->comm;
     CHECK(comm_check_usable(comm, api));
@@ -108,11 +116,12 @@ ncclResult_t coll_api_prepare(const coll_args_t *a, coll_op_t *mem, coll_op_t **
         WARN("%s: communicator %p was aborted", api, (void *)comm);
         return ncclInvalidUsage;
     }
-    size_t esize = chorus_dtype_size(a->dtype);
+    const size_t esize = chorus_dtype_size(a->dtype);
     ARGCHECK(esize != 0, "%s: invalid datatype %d", api, (int)a->dtype);
+    k->esize = esize;
     chorus_redop_t redop = {0};
-    int reduces = a->coll == COLL_ALLREDUCE || a->coll == COLL_REDUCESCATTER ||
-                  a->coll == COLL_REDUCE;
+    const int reduces = a->coll == COLL_ALLREDUCE || a->coll == COLL_REDUCESCATTER ||
+                        a->coll == COLL_REDUCE;
     if (reduces && a->redop_fixed) {
         redop = a->redop;
         if (a->redop_scalar) comm_redop_set_scalar(&redop, a->redop_scalar);
@@ -155,6 +164,17 @@ ncclResult_t coll_api_prepare(const coll_args_t *a, coll_op_t *mem, coll_op_t **
     /* Count 0: a collective is a no-op. A send or receive is still an op that its peer's matches
      * (NCCL since 2.12.10; programs use empty messages to synchronise): a header moves. */
     if (a->count == 0 && a->coll != COLL_SEND && a->coll != COLL_RECV) return ncclSuccess;
+    k->reduces = reduces;
+    k->redop = redop;
+    *run_p = 1;
+    return ncclSuccess;
+}
+
+/* Build the checked call's op and let the tuner choose its algorithm. */
+static ncclResult_t coll_api_build(const coll_args_t *a, const coll_api_checked_t *k,
+                                   coll_op_t *mem, coll_op_t **op_p) {
+    const char *api = a->api;
+    struct ncclComm *comm = a->comm;
 #if CHORUS_HAVE_CUDA
     /* Staged device ops: the CUDA worker runs them and the user's stream waits on the worker. */
     if (!a->staged && (a->stream != NULL || comm->cuda_dev >= 0)) {
@@ -164,11 +184,13 @@ ncclResult_t coll_api_prepare(const coll_args_t *a, coll_op_t *mem, coll_op_t **
             return ncclUnhandledCudaError;
         }
     }
+#else
+    (void)api;
 #endif
     coll_op_t *op;
     CHECK(coll_op_alloc(comm, a->coll, mem, &op));
-    coll_op_set_call(op, a->sendbuff, a->recvbuff, a->count, a->dtype, esize, a->root);
-    if (reduces) coll_op_set_reduction(op, (int)a->op, redop);
+    coll_op_set_call(op, a->sendbuff, a->recvbuff, a->count, a->dtype, k->esize, a->root);
+    if (k->reduces) coll_op_set_reduction(op, (int)a->op, k->redop);
     ncclResult_t res = coll_tuner_pick(op);
     if (res != ncclSuccess) {
         coll_op_release(op);
@@ -178,19 +200,54 @@ ncclResult_t coll_api_prepare(const coll_args_t *a, coll_op_t *mem, coll_op_t **
     return ncclSuccess;
 }
 
+ncclResult_t coll_api_prepare(const coll_args_t *a, coll_op_t *mem, coll_op_t **op_p) {
+    *op_p = NULL;
+    coll_api_checked_t k;
+    int run;
+    CHECK(coll_api_check(a, &k, &run));
+    return run ? coll_api_build(a, &k, mem, op_p) : ncclSuccess;
+}
+
+/* Communicators whose host-buffer calls need nothing before they run: on a GPU communicator
+ * coll_api_build first synchronises the stream. */
+static inline int fast_comm_ok(const struct ncclComm *comm) {
+#if CHORUS_HAVE_CUDA
+    return comm->cuda_dev < 0;
+#else
+    (void)comm;
+    return 1;
+#endif
+}
+
 ncclResult_t coll_api_run(const coll_args_t *a) {
     int cuda_handled = 0; /* the CUDA path's hook: device buffers */
     ncclResult_t cuda_res = cuda_enqueue_hook(a, &cuda_handled);
     if (cuda_handled) return cuda_res;
     /* A blocking call's op lives in this frame (it retires before the call returns); a grouped
      * one outlives the call. */
-    coll_op_t frame_op, *op;
-    ncclResult_t res = coll_api_prepare(a, group_depth() > 0 ? NULL : &frame_op, &op);
-    if (res != ncclSuccess || op == NULL) {
+    const int grouped = group_depth() > 0;
+    coll_api_checked_t k;
+    int run;
+    ncclResult_t res = coll_api_check(a, &k, &run);
+    if (res != ncclSuccess || !run) {
         group_note_error(res);
         return res;
     }
-    if (group_depth() > 0) {
+    /* A small blocking all-reduce on host buffers may not need an op at all. */
+    if (a->coll == COLL_ALLREDUCE && !grouped && a->stream == NULL && !a->staged &&
+        k.esize * a->count <= COLL_FAST_MAX_BYTES && fast_comm_ok(a->comm)) {
+        int handled;
+        res = coll_allreduce_fast(a->comm, a->sendbuff, a->recvbuff, a->count, a->dtype, k.esize,
+                                  (int)a->op, &k.redop, &handled);
+        if (handled) return res;
+    }
+    coll_op_t frame_op, *op;
+    res = coll_api_build(a, &k, grouped ? NULL : &frame_op, &op);
+    if (res != ncclSuccess) {
+        group_note_error(res);
+        return res;
+    }
+    if (grouped) {
         res = group_add_op(op);
         if (res != ncclSuccess) coll_op_release(op);
         group_note_error(res);

@@ -300,6 +300,8 @@ struct coll_engine {
     /* allreduce_hier.c: the ranks' layout over hosts, made at the first look (atomic pointer),
      * freed with the engine. */
     struct coll_hier *hier;
+    /* allreduce_fast.c, under the lock: calls it ran, and those it handed to the engine. */
+    uint64_t fast_ops, fast_handovers;
 };
 
 /* engine.c */
@@ -354,5 +356,14 @@ ncclResult_t coll_op_report(const coll_op_t *op);
 /* tuner.c: make op's plan: its algorithm (NCCL_ALGO/CHORUS_ALGO override) and op->plan, with
  * the cost model's time for it in op->plan.est_us; log at INFO. */
 ncclResult_t coll_tuner_pick(coll_op_t *op);
+
+/* allreduce_fast.c: a blocking all-reduce of at most COLL_FAST_MAX_BYTES on host buffers,
+ * outside a group, with checked arguments, run by the calling thread without building an op
+ * when nothing else is in flight on the communicator (the file says exactly when). *handled_p =
+ * 0: nothing was done, the caller builds the op; 1: the call ran and this is its result. */
+#define COLL_FAST_MAX_BYTES 4096
+ncclResult_t coll_allreduce_fast(struct ncclComm *comm, const void *sendbuff, void *recvbuff,
+                                 size_t count, ncclDataType_t dtype, size_t esize, int user_op,
+                                 const chorus_redop_t *redop, int *handled_p);
 
 #endif

@@ -67,6 +67,8 @@ ncclResult_t prim_fail_recv(coll_op_t *op, coll_use_t *recv, int *ok_p);
 /* Drop the chunk at the head of a receive connection (data/bytes from its recv_peek): a direct
  * chunk is read into scratch first, then the slot is released. Failure and teardown paths. */
 ncclResult_t prim_drop_chunk(chorus_conn_t *rc, const void *data, size_t bytes);
+/* Fail op because its connection u returned res (a WARN naming the peer and the link). */
+ncclResult_t prim_conn_error(coll_op_t *op, const coll_use_t *u, ncclResult_t res);
 /* Chunks per path, counted per process since it started (tests check that a path ran; relaxed
  * atomics, one add per chunk): reduce-step chunks sent direct (PREP_SEND/RECV_REDUCE_SEND),
  * direct chunks received on a reduce step (pulled into the bounce buffer and reduced), and
@@ -146,6 +148,18 @@ extern const coll_algo_t coll_algo_p2p;
  * sendbuff, or sendbuff + peer's block with send_per_peer; a receive's is recvbuff, or recvbuff +
  * peer's block with recv_per_peer. */
 int coll_oneshot_supports(const coll_op_t *op);
+/* tuner.c: the plan of this thread's last choice when it was algo for (e, coll, count, esize)
+ * under the current parameters and no INFO line is due for the choice; NULL otherwise. */
+const coll_plan_t *coll_tuner_memo_plan(const struct coll_engine *e, int coll, size_t count,
+                                        size_t esize, const coll_algo_t *algo);
+/* engine.c: queue a blocking op that the caller started itself (allreduce_fast.c) and wait for
+ * it as coll_engine_run does. The caller holds e's lock (handed over), counted the call in
+ * comm->api_refs_locked, and gave the op its seq, tickets and the state of its transfers; the
+ * queue is empty and the engine not broken. */
+ncclResult_t coll_engine_run_started(coll_op_t *op);
+/* allreduce_fast.c: the calls of comm that the fast path ran, and how many of them it handed
+ * to the engine part way (tests check that it ran). */
+void coll_allreduce_fast_stats(struct ncclComm *comm, uint64_t *ops_p, uint64_t *handovers_p);
 void coll_oneshot_setup(coll_op_t *op, int send_per_peer, int recv_per_peer);
 /* algo_filter.c: the algorithms NCCL_ALGO / CHORUS_ALGO allow for a collective (NCCL's syntax:
  * "ring,oneshot;allreduce:^ll"), as a mask of 1 << COLL_ALGO_*. */

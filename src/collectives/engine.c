@@ -817,6 +817,15 @@ ncclResult_t coll_engine_run(coll_op_t *op) {
     return engine_wait(&op, 1, e, 1);
 }
 
+ncclResult_t coll_engine_run_started(coll_op_t *op) {
+    struct coll_engine *e = op->engine;
+    op->refs++; /* the queue's reference */
+    op->next = NULL;
+    e->head = e->tail = op;
+    e->nqueued++;
+    return engine_wait(&op, 1, e, 1);
+}
+
 /* ---- progress thread ------------------------------------------------------------------------ */
 
 static void *engine_thread_main(void *arg) {

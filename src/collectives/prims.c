@@ -247,7 +247,7 @@ static int hdr_check(coll_op_t *op, const coll_use_t *u, const coll_hdr_t *their
 }
 
 /* A transport error on a connection: name the op, the peer and its host. */
-static ncclResult_t prim_conn_error(coll_op_t *op, const coll_use_t *u, ncclResult_t res) {
+ncclResult_t prim_conn_error(coll_op_t *op, const coll_use_t *u, ncclResult_t res) {
     coll_op_fail(op, res, "%s #%llu: rank %d lost rank %d (%s) %s it (%s, %s): %s",
                  coll_kind_name(op->coll), (unsigned long long)op->seq, op->comm->rank,
                  u->conn->peer, peer_host(op->comm, u->conn->peer),

@@ -338,6 +338,16 @@ static int tuner_memo_take(coll_op_t *op, uint64_t gen) {
     return 1;
 }
 
+const coll_plan_t *coll_tuner_memo_plan(const struct coll_engine *e, int coll, size_t count,
+                                        size_t esize, const coll_algo_t *algo) {
+    const tuner_memo_t *m = &tuner_memo;
+    if (m->algo != algo || m->engine != e->serial || m->coll != coll || m->count != count ||
+        m->esize != esize || m->gen != chorus_param_generation() ||
+        CHORUS_LOG_ON(LOG_INFO, SUB_TUNING | SUB_COLL))
+        return NULL;
+    return &m->plan;
+}
+
 static void tuner_memo_keep(const coll_op_t *op, uint64_t gen, const char *why,
                             const char *tuned) {
     tuner_memo_t *m = &tuner_memo;
