@@ -5,9 +5,10 @@
  * An async call validates like its NCCL twin, connects what the op needs (only on first use of a
  * connection; both ends are in the same call), queues it and starts the communicator's progress
  * thread, which drives it while the caller computes. chorusTest runs one progress pass itself and
- * chorusWait drives progress until the op retires, so async ops also work with
- * CHORUS_PROGRESS_THREAD=0. Ops retire in issue order. A count-0 call returns a request that is
- * already complete.
+ * chorusWait drives progress while it spins; then, where the progress thread runs, it sleeps until
+ * the thread retires an op (CHORUS_ASYNC_WAIT_SLEEP, engine.c), and without the thread
+ * (CHORUS_PROGRESS_THREAD=0) it goes on driving progress itself. Ops retire in issue order. A
+ * count-0 call returns a request that is already complete.
  *
  * Inside ncclGroupStart/End an async call is deferred like every other call of the group (NCCL's
  * rule): it validates, returns its request at once, and hands the op to the group, which connects

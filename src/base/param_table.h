@@ -101,6 +101,7 @@ PARAM(SPIN, INT, 16, 0, "polls before a wait yields (50 ms), then sleeps 1 us..1
 PARAM(YIELD_NS, INT, 50000000, 0, "nanoseconds a wait yields the CPU (sched_yield) after spinning, before it sleeps up to 1 ms; not oversubscribed, a thread whose yield lost the core for 0.5 ms sleeps instead (64 us at most) for 1 s")
 PARAM(SPIN_NS, INT, 50000, 0, "nanoseconds a wait keeps polling after its SPIN polls, before it yields or sleeps (0: none); not on oversubscribed hosts")
 PARAM(PROGRESS_THREAD, INT, 1, 0, "1: a progress thread drives async ops while the caller computes")
+PARAM(ASYNC_WAIT_SLEEP, INT, 1, 0, "1: a wait for async ops that the progress thread drives (chorusWait, chorusWaitAll) sleeps once its spin ends, woken when an op retires, instead of yielding and polling beside the thread (which took the core from the caller's other threads); 0: it polls like every other wait")
 PARAM(ROOT_CHECK, INT, 1, 0, "1: rooted collectives check that every rank agrees about the root (and count, dtype): broadcast and reduce close their chain with a 40-byte header that the rank at its head waits for (a broadcast root waits for the first chunk to go round the ring), gather and scatter exchange header-only chunks with the root both ways, so ranks that disagree fail that op instead of returning success or waiting for CHORUS_TIMEOUT; small rooted ops cost up to a round trip more. 0: no check. The same on every rank")
 /* communicator config overrides (NCCL's names) */
 PARAM(COMM_BLOCKING, INT, -1, 1, "override ncclConfig_t.blocking (0 or 1)")
@@ -154,6 +155,7 @@ PARAM_RANGE(SPIN, 0, 1000000000)
 PARAM_RANGE(YIELD_NS, 0, 3600000000000) /* an hour */
 PARAM_RANGE(SPIN_NS, 0, 3600000000000)
 PARAM_RANGE(PROGRESS_THREAD, 0, 1)
+PARAM_RANGE(ASYNC_WAIT_SLEEP, 0, 1)
 PARAM_RANGE(ROOT_CHECK, 0, 1)
 PARAM_RANGE(COMM_ID_INSECURE, 0, 1)
 PARAM_RANGE(WARN_INTERVAL, 0, 31536000)

@@ -25,10 +25,14 @@
  * but still faster than Open MPI's 0.67-5 ms mean there. 8 ranks on 2 cores: unchanged (they
  * keep yielding). SPIN_NS 20 us and 100 us measured alike; the default is between them.
  */
+#include <limits.h>
 #include <sched.h>
 #include <time.h>
 #if defined(__linux__)
+#include <linux/futex.h>
 #include <sys/prctl.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 #endif
 
 #include "param.h"
@@ -181,4 +185,29 @@ ncclResult_t chorus_waiter_step(chorus_waiter_t *w) {
     struct timespec ts = {0, (long)w->sleep_ns};
     nanosleep(&ts, NULL);
     return ncclSuccess;
+}
+
+ncclResult_t chorus_waiter_check(chorus_waiter_t *w) {
+    w->polls++;
+    return waiter_late(w, chorus_now_ns()) ? ncclSystemError : ncclSuccess;
+}
+
+void chorus_event_signal(chorus_event_t *ev) {
+    __atomic_add_fetch(&ev->seq, 1, __ATOMIC_SEQ_CST);
+#if defined(__linux__)
+    if (__atomic_load_n(&ev->waiters, __ATOMIC_SEQ_CST))
+        syscall(SYS_futex, &ev->seq, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
+#endif
+}
+
+void chorus_event_wait(chorus_event_t *ev, uint32_t seen, uint64_t timeout_ns) {
+    struct timespec ts = {(time_t)(timeout_ns / 1000000000ull), (long)(timeout_ns % 1000000000ull)};
+#if defined(__linux__)
+    __atomic_add_fetch(&ev->waiters, 1, __ATOMIC_SEQ_CST);
+    if (__atomic_load_n(&ev->seq, __ATOMIC_SEQ_CST) == seen)
+        syscall(SYS_futex, &ev->seq, FUTEX_WAIT_PRIVATE, seen, &ts, NULL, 0);
+    __atomic_sub_fetch(&ev->waiters, 1, __ATOMIC_SEQ_CST);
+#else
+    if (__atomic_load_n(&ev->seq, __ATOMIC_SEQ_CST) == seen) nanosleep(&ts, NULL);
+#endif
 }

@@ -79,6 +79,25 @@ static inline int chorus_waiter_spinning(const chorus_waiter_t *w) {
     const uint32_t next = w->polls + 1;
     return next <= w->spin || (w->spin_until_ns != 0 && (next & 15) != 0);
 }
+/* The deadline and the report of a wait that sleeps by other means (chorus_event_wait): reads
+ * the clock; ncclSystemError once the deadline passed, else ncclSuccess. Counts a poll. */
+ncclResult_t chorus_waiter_check(chorus_waiter_t *w);
+
+/* An event one thread sleeps on until another signals it (a futex on Linux). Waiting: read
+ * chorus_event_seq, check the condition, then chorus_event_wait with that value; a signal in
+ * between changes seq, and the wait returns at once. */
+typedef struct {
+    uint32_t seq;
+    uint32_t waiters;
+} chorus_event_t;
+static inline uint32_t chorus_event_seq(chorus_event_t *ev) {
+    return __atomic_load_n(&ev->seq, __ATOMIC_SEQ_CST);
+}
+/* Wakes every waiter; a system call only when one sleeps. */
+void chorus_event_signal(chorus_event_t *ev);
+/* Sleeps until a signal after `seen` was read, or timeout_ns passed, or a spurious wake. */
+void chorus_event_wait(chorus_event_t *ev, uint32_t seen, uint64_t timeout_ns);
+
 /* Reset the backoff after progress was made (deadline unchanged). */
 static inline void chorus_waiter_progress(chorus_waiter_t *w) {
     w->polls = 0;

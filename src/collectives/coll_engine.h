@@ -32,6 +32,7 @@
 #include "nccl.h"
 #include "reduce.h"
 #include "transport.h"
+#include "waiter.h"
 
 typedef enum {
     COLL_ALLREDUCE = 0,
@@ -275,6 +276,7 @@ struct coll_engine {
     volatile int thread_stop;
     int nasync; /* async ops queued and not yet retired: changed under lock, read by the
                  * progress thread under thread_mu (__atomic loads and stores) */
+    chorus_event_t retired; /* signalled when an async op retires: waits that sleep (engine.c) */
     /* Stalls of async ops that no caller waits on (coll_engine_async_stalled): passes that moved
      * something (under the lock, whoever drove them), and what the stall check saw last. */
     uint64_t passes_moved;

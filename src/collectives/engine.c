@@ -9,7 +9,9 @@
  * retire from the head only, so completion is reported in issue order.
  *
  * A blocking entry point drives passes in the caller's thread until its op retires (lowest
- * latency, no hand-off). Async ops start the progress thread (param PROGRESS_THREAD) on first use.
+ * latency, no hand-off). Async ops start the progress thread (param PROGRESS_THREAD) on first use;
+ * a wait for async ops drives passes while it spins, then sleeps on the engine's `retired` event
+ * while the thread drives them (ASYNC_WAIT_SLEEP).
  * Every wait uses chorus_waiter_t: the deadline and the abort flag turn into an op error that
  * names the op, its sequence number and the peers it was waiting for.
  */
@@ -114,6 +116,7 @@ static void op_unref_locked(coll_op_t *op) {
 
 static void op_retire_locked(struct coll_engine *e) {
     coll_op_t *op = e->head;
+    const int is_async = op->is_async;
     e->head = op->next;
     if (e->head == NULL) e->tail = NULL;
     e->nqueued--;
@@ -124,6 +127,7 @@ static void op_retire_locked(struct coll_engine *e) {
     int last = !op->caller_owned && __atomic_sub_fetch(&op->refs, 1, __ATOMIC_ACQ_REL) == 0;
     __atomic_store_n(&op->done, 2, __ATOMIC_RELEASE); /* 2: retired, visible to waiters */
     if (last) op_free(op);
+    if (is_async) chorus_event_signal(&e->retired); /* after done: a woken waiter sees it */
 }
 
 /* Take and drop every chunk that waits on this rank's receive connections. Called once no op is
@@ -671,6 +675,36 @@ static void api_ref_drop(struct ncclComm *comm, struct coll_engine *e, struct co
     engine_unlock(&e->lock);
 }
 
+/* How long a sleeping wait (engine_wait_sleep) sleeps at most before it looks at the abort flag
+ * and its deadline again. */
+#define ENGINE_SLEEP_NS 5000000ull
+
+/* 1 when a wait for ops may sleep instead of polling: all are async ops of one engine whose
+ * progress thread runs, so that thread drives them and signals e->retired as each retires. A
+ * waiter that polled beside it (yields, then sleeps of 1-64 us) woke hundreds of times per
+ * DDP step and took the core from the caller's compute thread, without moving anything the
+ * thread would not have. */
+static int engine_wait_may_sleep(coll_op_t **ops, int nops) {
+    struct coll_engine *e = ops[0]->engine;
+    if (!chorus_param_int(PARAM_ASYNC_WAIT_SLEEP) ||
+        !__atomic_load_n(&e->thread_started, __ATOMIC_ACQUIRE))
+        return 0;
+    for (int i = 0; i < nops; i++)
+        if (!ops[i]->is_async || ops[i]->engine != e) return 0;
+    return 1;
+}
+
+/* One step of a sleeping wait: sleep until an op of e retires (or ENGINE_SLEEP_NS), then the
+ * waiter's deadline and report. */
+static ncclResult_t engine_wait_sleep(struct coll_engine *e, coll_op_t **ops, int nops,
+                                      chorus_waiter_t *w) {
+    const uint32_t seen = chorus_event_seq(&e->retired);
+    int all = 1;
+    for (int i = 0; i < nops; i++) all &= op_retired(ops[i]);
+    if (!all) chorus_event_wait(&e->retired, seen, ENGINE_SLEEP_NS);
+    return chorus_waiter_check(w);
+}
+
 /* held: the engine of ops[0] (nops == 1), whose lock the caller holds and hands over.
  * api_ref: the caller counted itself in ops[0]'s comm->api_refs_locked (coll_engine_run); the
  * count drops, under the lock, after the last access to the comm. */
@@ -752,7 +786,11 @@ static ncclResult_t engine_wait(coll_op_t **ops, int nops, struct coll_engine *h
         int aborted = 0;
         for (int i = 0; i < nops; i++)
             aborted |= __atomic_load_n(&ops[i]->comm->abort_flag, __ATOMIC_ACQUIRE);
-        ncclResult_t r = aborted ? ncclRemoteError : chorus_waiter_step(&w);
+        ncclResult_t r;
+        if (aborted) r = ncclRemoteError;
+        else if (!chorus_waiter_spinning(&w) && engine_wait_may_sleep(ops, nops))
+            r = engine_wait_sleep(e0, ops, nops, &w);
+        else r = chorus_waiter_step(&w);
         if (r == ncclSuccess) {
             /* Stalled: now and then look for a peer that runs another op (mismatch.c). */
             if ((w.polls & 63) == 0) coll_mismatch_stalled(ops, nops, w.polls);
