@@ -99,11 +99,21 @@ static void tcp_pool_drain(tcp_pool_thread_t *th) {
     (void)r;
 }
 
-/* Sleep in ppoll on pfd[0..n) and the wake eventfd, unless a wake came after `seen`. */
-static void tcp_pool_sleep(tcp_pool_thread_t *th, uint32_t seen, int n, long timeout_ns) {
+/* Sleep in ppoll on pfd[0..n) and the wake eventfd, unless a wake came after `seen`. A nap
+ * (a caller polls one of our connections and commits as it goes) does not ask to be woken: a
+ * wake would cost that caller a write() per chunk and cut the nap short, so it only looks at
+ * the eventfd when it ends. */
+static void tcp_pool_sleep(tcp_pool_thread_t *th, uint32_t seen, int n, long timeout_ns,
+                           int nap) {
     struct pollfd one;
     struct pollfd *pfd = n > 0 ? th->pfd : &one; /* n > 0 only when pfd has room for n + 1 */
     pfd[n] = (struct pollfd){.fd = th->wake_fd, .events = POLLIN};
+    if (nap) {
+        struct timespec ts = {0, timeout_ns};
+        (void)ppoll(pfd, (nfds_t)n + 1, &ts, NULL);
+        if (pfd[n].revents & POLLIN) tcp_pool_drain(th);
+        return;
+    }
     __atomic_store_n(&th->sleeping, 1, __ATOMIC_SEQ_CST);
     if (__atomic_load_n(&th->seq, __ATOMIC_SEQ_CST) == seen &&
         !__atomic_load_n(&th->stop, __ATOMIC_SEQ_CST)) {
@@ -187,7 +197,7 @@ static void *tcp_pool_main(void *arg) {
             long timeout = nap                                       ? TCP_HELPER_NAP_NS
                            : (any & (TCP_SOCK_IDLE | TCP_SOCK_BUSY)) ? 1000000L
                                                                      : 1000000000L;
-            tcp_pool_sleep(th, seen, npoll, timeout);
+            tcp_pool_sleep(th, seen, npoll, timeout, nap);
             continue;
         }
         if (any & TCP_SOCK_BUSY) {
@@ -204,7 +214,7 @@ static void *tcp_pool_main(void *arg) {
             continue;
         }
         spins = 0;
-        tcp_pool_sleep(th, seen, 0, 1000000000L);
+        tcp_pool_sleep(th, seen, 0, 1000000000L, 0);
     }
     return NULL;
 }
