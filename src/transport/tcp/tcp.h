@@ -16,9 +16,10 @@
  * calls (a commit writes its pieces at once, a peek that finds nothing reads) or the socket's
  * helper thread, which carries what the kernel could not take at once and keeps data moving while
  * the caller is elsewhere; it naps while the caller polls the connection, so the two do not fight
- * over the socket and the CPU. (Measured on 2 cores: helpers that did all the I/O, with the caller
- * only polling memory, reached about half of a plain TCP stream; inline I/O reaches about all of
- * it.) With SOCKET_NTHREADS=0 there are no helpers and data moves only inside the caller's calls.
+ * over the socket and the CPU. The helpers are the process's, shared by all its connections
+ * (tcp_progress.c): their number does not grow with the peers. (Measured on 2 cores: helpers
+ * that did all the I/O, with the caller only polling memory, reached about half of a plain TCP
+ * stream; inline I/O reaches about all of it.) With SOCKET_NTHREADS=0 there are no helpers and data moves only inside the caller's calls.
  * A receiving end may run without helpers (SOCKET_RECV_NTHREADS=0): its caller reads when it
  * polls, and the kernel's receive buffer holds what arrives meanwhile; that is faster on a quiet
  * machine and slower on a loaded one (tcp_setup.c), so by default it has as many as the sender.
@@ -42,7 +43,8 @@
  * header carrying its head on socket 0, the receiver answers on the same socket, in the other
  * direction, once its consumer released every step before it, with the word the engine left on
  * the receiving connection (how many chunks that rank sent back the other way).
- *   tcp_worker.c   per-socket send/receive state machines, helper threads, the futex event
+ *   tcp_worker.c   per-socket send/receive state machines
+ *   tcp_progress.c the process's helper threads, serving every connection's sockets
  */
 #ifndef CHORUS_TRANSPORT_TCP_H_
 #define CHORUS_TRANSPORT_TCP_H_
@@ -161,12 +163,6 @@ typedef struct {
     uint64_t word;     /* the receiving chorus_conn_t's fin_word */
 } tcp_consumed_t;
 
-/* A futex-backed event count: a waker bumps seq and makes a syscall only when someone sleeps. */
-typedef struct {
-    uint32_t seq;
-    uint32_t waiters;
-} tcp_event_t;
-
 /* Receive states. RX_DIRECT: a direct chunk's header was read and published; its payload waits in
  * the kernel for the caller's recv_copy, which reads it straight into the user buffer. */
 enum { TCP_RX_HDR = 0, TCP_RX_SLOT, TCP_RX_DATA, TCP_RX_DIRECT, TCP_RX_DONE };
@@ -200,15 +196,6 @@ typedef struct {
     char stage[TCP_STAGE_BYTES];
 } __attribute__((aligned(64))) tcp_sock_t;
 
-struct tcp_conn;
-typedef struct {
-    struct tcp_conn *tc;
-    int index;
-    pthread_t thread;
-    int started;
-    tcp_event_t ev; /* sender: commits for this thread's sockets */
-} __attribute__((aligned(64))) tcp_thread_t;
-
 typedef struct tcp_conn {
     chorus_conn_t *conn;
     const chorus_transport_ctx_t *ctx;
@@ -241,7 +228,6 @@ typedef struct tcp_conn {
     uint32_t *slot_rsize;
     uint8_t *slot_direct; /* the step in the slot is a direct chunk ... */
     int *slot_dsock;      /* ... waiting on this socket */
-    tcp_event_t release_ev;
     int closed_socks;
     /* Consumption check (send_consumed). Receiver: sync_want is S + 1 once a SYNC for step S was
      * read (helper or caller), sync_acked the same once its answer was written (whoever claims
@@ -251,10 +237,10 @@ typedef struct tcp_conn {
     tcp_hdr_t sync_hdr;
     tcp_consumed_t ack;
 
-    int nthreads;
-    tcp_thread_t *threads;
-    int stop_fd; /* eventfd: wakes threads blocked in poll() at close */
-    int stop;
+    int nthreads; /* helper lanes: socket i is served by the process's helper i % nthreads */
+    int pooled;   /* registered with the helpers (tcp_progress.c) ... */
+    uint32_t pool_gen; /* ... in this generation of them (a fork starts a new one) */
+    int stop;     /* closing: failures are not news any more */
 
     uint64_t caller_ns;              /* when the caller last drove the sockets (waiting for them) */
     int caller_backoff, caller_skip; /* polls without inline I/O after fruitless ones */
@@ -285,8 +271,6 @@ uint64_t tcp_random_u64(void);
 void tcp_ifname_of(const chorus_sockaddr_t *addr, char *buf, int len);
 
 /* tcp_worker.c */
-void tcp_event_signal(tcp_event_t *ev);
-void tcp_event_wait(tcp_event_t *ev, uint32_t seen, int timeout_ms);
 /* Pieces a chunk of `bytes` is cut into, and the size of each but the last. */
 uint32_t tcp_split(const tcp_conn_t *tc, size_t bytes, size_t *piece_p);
 int tcp_sock_send_pass(tcp_conn_t *tc, tcp_sock_t *s);
@@ -299,8 +283,19 @@ ncclResult_t tcp_recv_direct(tcp_conn_t *tc, int slot, void *dst, size_t bytes);
 int tcp_sock_try(tcp_conn_t *tc, tcp_sock_t *s);
 /* One pass over every socket in the caller's thread; returns the OR of the results. */
 int tcp_drive_all(tcp_conn_t *tc);
+/* Hand the connection to the process's helper threads / take it back (no pass touches it once
+ * this returns). */
 ncclResult_t tcp_threads_start(tcp_conn_t *tc);
 void tcp_threads_stop(tcp_conn_t *tc);
+
+/* tcp_progress.c: the process's helper threads, shared by every connection. */
+ncclResult_t tcp_pool_add(tcp_conn_t *tc);
+void tcp_pool_remove(tcp_conn_t *tc);
+/* A commit the kernel could not take at once (lane: socket index % nthreads), or a release. */
+void tcp_pool_wake(tcp_conn_t *tc, int lane);
+void tcp_pool_wake_all(tcp_conn_t *tc);
+/* Helper threads running now (tests). */
+int tcp_pool_threads(void);
 /* Record the first failure of a connection; WARNs once. */
 void tcp_conn_fail(tcp_conn_t *tc, ncclResult_t res, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
