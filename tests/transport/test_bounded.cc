@@ -1,10 +1,13 @@
 // test_bounded.cc: what a rank's connections cost as the peers grow.
 //
-// TcpHelpers: every rank connects to every other rank both ways over TCP (as an all-to-all does),
-// moves one chunk on every connection at once (every byte checked), and the process must run
-// SOCKET_NTHREADS helper threads in all, not per connection (tcp_progress.c); a forked rank's
-// thread count grows by exactly that, its descriptors by one socket per connection and socket
-// plus one eventfd per helper, and the helpers are gone once the connections are closed.
+// TcpHelpers: every rank connects to every other rank both ways over TCP (as an all-to-all does)
+// and moves chunks on every connection at once (every byte checked). The process's helper threads
+// are shared (tcp_progress.c): connecting starts none (a forked rank's descriptors grow by one
+// socket per connection and socket, its threads not at all); the lanes go to min(SOCKET_HELPERS,
+// lanes) distinct helpers, each connection's own lanes to distinct ones; a helper starts at its
+// first wake, so after every lane was woken exactly that many run (a forked rank's threads grow by
+// that, its descriptors by one eventfd each), data still moves, and once the connections are
+// closed the helpers are gone.
 // TransportP2PSlots: point-to-point connections keep NSLOTS slots up to 8 ranks and get
 // P2P_NSLOTS (2 by default) from 9 ranks, never more than NSLOTS.
 // ShmBudget: CHORUS_SHM_MAX_BYTES shrinks a segment to the slots that fit (both ends agree, data
@@ -107,7 +110,8 @@ int one_chunk_each(int rank, int nranks, std::vector<chorus_conn_t> &send,
     }
 }
 
-int helpers_rank(const chorus_unique_id_t &id, int rank, int nranks, int nthreads, bool forked) {
+int helpers_rank(const chorus_unique_id_t &id, int rank, int nranks, int nthreads, int cap,
+                 bool forked) {
     ncclComm *comm = nullptr;
     RANK_NCCL(transport_comm_init(id, rank, nranks, &comm));
     RANK_NCCL(bootstrap_barrier(comm->bs));
@@ -134,17 +138,61 @@ int helpers_rank(const chorus_unique_id_t &id, int rank, int nranks, int nthread
                    "transport to %d is %s", p, send[p].ops->name);
         nsocks = ((const tcp_conn_t *)send[p].priv)->nsocks;
     }
-    RANK_CHECK(tcp_pool_threads() == nthreads, "%d helper threads for %d peers, want %d",
-               tcp_pool_threads(), nranks - 1, nthreads);
+    RANK_CHECK(tcp_pool_max_helpers(nthreads) == cap, "%d helpers at most, want %d",
+               tcp_pool_max_helpers(nthreads), cap);
+    // Which helpers serve this rank's lanes: each connection's lanes distinct ones, and all
+    // lanes min(cap, lanes) of them (the fewest-lanes rule spreads them).
+    unsigned used = 0;
+    for (int p = 0; p < nranks; p++) {
+        if (p == rank) continue;
+        const tcp_conn_t *tc = (const tcp_conn_t *)send[p].priv;
+        RANK_CHECK(tc->nthreads == nthreads, "%d lanes to %d, want %d", tc->nthreads, p, nthreads);
+        unsigned mine = 0;
+        for (int l = 0; l < nthreads; l++) {
+            RANK_CHECK(tc->lane_helper[l] < cap, "lane %d to %d on helper %d of %d", l, p,
+                       tc->lane_helper[l], cap);
+            RANK_CHECK(!(mine & (1u << tc->lane_helper[l])), "lanes to %d share helper %d", p,
+                       tc->lane_helper[l]);
+            mine |= 1u << tc->lane_helper[l];
+        }
+        used |= mine;
+    }
+    const int lanes = (nranks - 1) * nthreads;
+    const int process_lanes = forked ? lanes : nranks * lanes;
+    const int want_helpers = process_lanes < cap ? process_lanes : cap;
+    RANK_CHECK(__builtin_popcount(used) == (lanes < want_helpers ? lanes : want_helpers) ||
+                   !forked,
+               "%d lanes on %d helpers, want %d", lanes, __builtin_popcount(used), want_helpers);
     if (forked) {
+        RANK_CHECK(tcp_pool_threads() == 0, "%d helper threads before any data",
+                   tcp_pool_threads());
         const int tasks = count_dir("/proc/self/task"), fds = count_dir("/proc/self/fd");
-        RANK_CHECK(tasks - tasks0 == nthreads, "threads grew by %d for %d peers, want %d",
-                   tasks - tasks0, nranks - 1, nthreads);
-        const int want_fds = 2 * (nranks - 1) * nsocks + nthreads;
+        RANK_CHECK(tasks == tasks0, "threads grew by %d at connect", tasks - tasks0);
+        const int want_fds = 2 * (nranks - 1) * nsocks;
         RANK_CHECK(fds - fds0 == want_fds, "descriptors grew by %d for %d peers, want %d",
                    fds - fds0, nranks - 1, want_fds);
     }
-    // Chunks larger than the kernel takes at once leave work to the helpers.
+    // Chunks larger than the kernel takes at once may leave work to the helpers.
+    if (one_chunk_each(rank, nranks, send, recv, 300000)) return 1;
+    RANK_NCCL(bootstrap_barrier(comm->bs));
+    RANK_CHECK(tcp_pool_threads() <= want_helpers, "%d helper threads, at most %d",
+               tcp_pool_threads(), want_helpers);
+    // Wake every lane: each starts its helper if it has not started.
+    for (int p = 0; p < nranks; p++)
+        if (p != rank)
+            for (int l = 0; l < nthreads; l++)
+                tcp_pool_wake((tcp_conn_t *)send[p].priv, l);
+    RANK_NCCL(bootstrap_barrier(comm->bs));
+    RANK_CHECK(tcp_pool_threads() == want_helpers, "%d helper threads for %d lanes, want %d",
+               tcp_pool_threads(), process_lanes, want_helpers);
+    if (forked) {
+        const int tasks = count_dir("/proc/self/task"), fds = count_dir("/proc/self/fd");
+        RANK_CHECK(tasks - tasks0 == want_helpers, "threads grew by %d for %d peers, want %d",
+                   tasks - tasks0, nranks - 1, want_helpers);
+        const int want_fds = 2 * (nranks - 1) * nsocks + want_helpers;
+        RANK_CHECK(fds - fds0 == want_fds, "descriptors grew by %d for %d peers, want %d",
+                   fds - fds0, nranks - 1, want_fds);
+    }
     if (one_chunk_each(rank, nranks, send, recv, 300000)) return 1;
     if (one_chunk_each(rank, nranks, send, recv, 1)) return 1;
     RANK_NCCL(bootstrap_barrier(comm->bs));
@@ -164,6 +212,7 @@ struct HelperCase {
     Launch how;
     int nranks;
     int nthreads;
+    int helpers; // CHORUS_SOCKET_HELPERS
 };
 
 class TcpHelpers : public testing::TestWithParam<HelperCase> {};
@@ -173,23 +222,28 @@ TEST_P(TcpHelpers, ConstantAcrossPeers) {
     ScopedEnv env("CHORUS_TRANSPORT", "tcp");
     env.set("NCCL_SOCKET_NTHREADS", std::to_string(c.nthreads).c_str());
     env.set("CHORUS_SOCKET_RECV_NTHREADS", "0");
+    env.set("CHORUS_SOCKET_HELPERS", std::to_string(c.helpers).c_str());
     env.set("CHORUS_TIMEOUT", "60");
     chorus_unique_id_t id = transport_make_id();
     bool forked = c.how == Launch::Forked;
+    const int cap = c.helpers > c.nthreads ? c.helpers : c.nthreads;
     RunResult res = run_ranks(
         c.how, c.nranks,
-        [&](int rank, int n) { return helpers_rank(id, rank, n, c.nthreads, forked); }, 180);
+        [&](int rank, int n) { return helpers_rank(id, rank, n, c.nthreads, cap, forked); },
+        180);
     EXPECT_TRUE(res.ok()) << res.detail;
 }
 
 INSTANTIATE_TEST_SUITE_P(Tcp, TcpHelpers,
-                         testing::Values(HelperCase{Launch::Forked, 5, 1},
-                                         HelperCase{Launch::Forked, 3, 2},
-                                         HelperCase{Launch::Threads, 4, 1}),
+                         testing::Values(HelperCase{Launch::Forked, 5, 1, 2},
+                                         HelperCase{Launch::Forked, 3, 2, 4},
+                                         HelperCase{Launch::Forked, 4, 1, 4},
+                                         HelperCase{Launch::Threads, 4, 1, 3}),
                          [](const testing::TestParamInfo<HelperCase> &info) {
                              return std::string(launch_name(info.param.how)) + "_" +
                                     std::to_string(info.param.nranks) + "ranks_t" +
-                                    std::to_string(info.param.nthreads);
+                                    std::to_string(info.param.nthreads) + "_h" +
+                                    std::to_string(info.param.helpers);
                          });
 
 // Rank 0 and 1 connect both ways, point to point; the others only join.

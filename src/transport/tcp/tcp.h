@@ -17,7 +17,8 @@
  * helper thread, which carries what the kernel could not take at once and keeps data moving while
  * the caller is elsewhere; it naps while the caller polls the connection, so the two do not fight
  * over the socket and the CPU. The helpers are the process's, shared by all its connections
- * (tcp_progress.c): their number does not grow with the peers. (Measured on 2 cores: helpers
+ * (tcp_progress.c): one per connection up to SOCKET_HELPERS, started when first needed; their
+ * number does not grow with the peers. (Measured on 2 cores: helpers
  * that did all the I/O, with the caller only polling memory, reached about half of a plain TCP
  * stream; inline I/O reaches about all of it.) With SOCKET_NTHREADS=0 there are no helpers and data moves only inside the caller's calls.
  * A receiving end may run without helpers (SOCKET_RECV_NTHREADS=0): its caller reads when it
@@ -237,7 +238,8 @@ typedef struct tcp_conn {
     tcp_hdr_t sync_hdr;
     tcp_consumed_t ack;
 
-    int nthreads; /* helper lanes: socket i is served by the process's helper i % nthreads */
+    int nthreads; /* helper lanes: socket i is served by lane i % nthreads ... */
+    uint8_t lane_helper[TCP_MAX_THREADS]; /* ... and lane l by the process's helper this */
     int pooled;   /* registered with the helpers (tcp_progress.c) ... */
     uint32_t pool_gen; /* ... in this generation of them (a fork starts a new one) */
     int stop;     /* closing: failures are not news any more */
@@ -291,11 +293,15 @@ void tcp_threads_stop(tcp_conn_t *tc);
 /* tcp_progress.c: the process's helper threads, shared by every connection. */
 ncclResult_t tcp_pool_add(tcp_conn_t *tc);
 void tcp_pool_remove(tcp_conn_t *tc);
-/* A commit the kernel could not take at once (lane: socket index % nthreads), or a release. */
+/* A commit the kernel could not take at once (lane: socket index % nthreads; starts the lane's
+ * helper if it has not started yet), or a release. */
 void tcp_pool_wake(tcp_conn_t *tc, int lane);
 void tcp_pool_wake_all(tcp_conn_t *tc);
 /* Helper threads running now (tests). */
 int tcp_pool_threads(void);
+/* Most helper threads the process runs for connections of nlanes lanes (SOCKET_HELPERS, at least
+ * nlanes). */
+int tcp_pool_max_helpers(int nlanes);
 /* Record the first failure of a connection; WARNs once. */
 void tcp_conn_fail(tcp_conn_t *tc, ncclResult_t res, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));

@@ -3,10 +3,16 @@
  * process.
  *
  * A connection with helpers (SOCKET_NTHREADS, SOCKET_RECV_NTHREADS > 0) asks for k lanes: its
- * socket i is served by lane i % k, and lane j is the process's helper thread j. So the process
- * runs as many helper threads as the largest k of its live connections (one by default, at most
- * TCP_MAX_THREADS) whatever the number of peers, instead of k threads per connection: an
- * all-to-all over 31 peers used to start 31 threads and 31 eventfds per rank.
+ * socket i is served by lane i % k, and each lane by one of the process's helper threads. The
+ * process has at most SOCKET_HELPERS of them (at least the largest k), whatever the number of
+ * peers: an all-to-all over 31 peers used to start 31 threads and 31 eventfds per rank. A new
+ * connection's lanes go to the helpers with the fewest lanes (distinct ones), so up to that cap
+ * every connection has helpers of its own, as the rings of a 2-rank all-reduce need to move their
+ * large chunks side by side; past it, connections share.
+ *
+ * A helper thread starts when it is first needed: a sending connection's at the first commit the
+ * kernel could not take at once (before that nothing waits for a helper), a receiving one's at
+ * once. So an all-to-all of small chunks, which the kernel always takes inline, starts none.
  *
  * A helper walks its list of (connection, lane) entries and runs one pass over each socket of the
  * lane (tcp_sock_try: nothing blocks, the caller may hold a socket). When a pass moved data it
@@ -21,9 +27,9 @@
  *
  * The list is guarded by the helper's mutex, held during a walk but not while it sleeps: once
  * tcp_pool_remove returns, the helper touches the connection no more (a poll set may still name
- * its descriptors, which costs at most one spurious wake-up). Helpers start with the first
- * connection that needs them and stop with the last one closed; a child after fork() starts
- * with an empty pool (the parent's threads do not exist there).
+ * its descriptors, which costs at most one spurious wake-up). Helpers stop with the last
+ * connection closed; a child after fork() starts with an empty pool (the parent's threads do not
+ * exist there).
  */
 #include <errno.h>
 #include <poll.h>
@@ -37,6 +43,7 @@
 
 #include "check.h"
 #include "log.h"
+#include "param.h"
 #include "tcp.h"
 #include "waiter.h"
 
@@ -47,9 +54,9 @@ typedef struct {
 } tcp_pool_entry_t;
 
 typedef struct {
-    pthread_mutex_t mu; /* entries */
+    pthread_mutex_t mu; /* entries; initialized once (and again in a child after fork) */
     pthread_t thread;
-    int started;
+    int started; /* the thread runs (written under g_pool.mu; wakers read it without) */
     int stop;
     int wake_fd;
     uint32_t seq; /* bumped by every wake */
@@ -62,9 +69,9 @@ typedef struct {
 } tcp_pool_thread_t;
 
 static struct {
-    pthread_mutex_t mu; /* refs, nthreads, starting and stopping */
+    pthread_mutex_t mu; /* refs, the entry lists' membership, starting and stopping */
     int refs;           /* connections registered */
-    int nthreads;       /* helpers started (0..TCP_MAX_THREADS) */
+    int nstarted;       /* helper threads running */
     uint32_t gen;       /* bumped in a child after fork: the parent's registrations are void */
     tcp_pool_thread_t th[TCP_MAX_THREADS];
 } g_pool = {.mu = PTHREAD_MUTEX_INITIALIZER};
@@ -74,22 +81,25 @@ static pthread_once_t g_pool_once = PTHREAD_ONCE_INIT;
 static void tcp_pool_atfork_child(void) {
     /* Only the forking thread exists in the child: no helper runs, no lock is held by one. */
     pthread_mutex_init(&g_pool.mu, NULL);
-    for (int t = 0; t < g_pool.nthreads; t++) {
+    for (int t = 0; t < TCP_MAX_THREADS; t++) {
         tcp_pool_thread_t *th = &g_pool.th[t];
         if (th->wake_fd >= 0) close(th->wake_fd);
         free(th->entries);
         free(th->pfd);
         memset(th, 0, sizeof(*th));
         th->wake_fd = -1;
+        pthread_mutex_init(&th->mu, NULL);
     }
     g_pool.refs = 0;
-    g_pool.nthreads = 0;
+    g_pool.nstarted = 0;
     g_pool.gen++;
 }
 
 static void tcp_pool_init_once(void) {
-    for (int t = 0; t < TCP_MAX_THREADS; t++)
+    for (int t = 0; t < TCP_MAX_THREADS; t++) {
         g_pool.th[t].wake_fd = -1;
+        pthread_mutex_init(&g_pool.th[t].mu, NULL);
+    }
     (void)pthread_atfork(NULL, NULL, tcp_pool_atfork_child);
 }
 
@@ -219,9 +229,25 @@ static void *tcp_pool_main(void *arg) {
     return NULL;
 }
 
+static ncclResult_t tcp_pool_start_thread(int t);
+
+/* The lane's helper has not started yet: start it (a sender's first commit that the kernel could
+ * not take at once). A failure fails the connection: its data would never move. */
+static void tcp_pool_start_for(tcp_conn_t *tc, int t) {
+    pthread_mutex_lock(&g_pool.mu);
+    ncclResult_t res = ncclSuccess;
+    if (tc->pooled && tc->pool_gen == g_pool.gen && !g_pool.th[t].started)
+        res = tcp_pool_start_thread(t);
+    pthread_mutex_unlock(&g_pool.mu);
+    if (res != ncclSuccess)
+        tcp_conn_fail(tc, res, "cannot start TCP helper thread %d for its pending data", t);
+}
+
 void tcp_pool_wake(tcp_conn_t *tc, int lane) {
-    if (lane < 0 || lane >= tc->nthreads || lane >= TCP_MAX_THREADS) return;
-    tcp_pool_thread_t *th = &g_pool.th[lane];
+    if (lane < 0 || lane >= tc->nthreads || lane >= TCP_MAX_THREADS || !tc->pooled) return;
+    int t = tc->lane_helper[lane];
+    tcp_pool_thread_t *th = &g_pool.th[t];
+    if (!__atomic_load_n(&th->started, __ATOMIC_ACQUIRE)) tcp_pool_start_for(tc, t);
     __atomic_add_fetch(&th->seq, 1, __ATOMIC_SEQ_CST);
     if (__atomic_load_n(&th->sleeping, __ATOMIC_SEQ_CST) && th->wake_fd >= 0) {
         uint64_t one = 1;
@@ -235,8 +261,9 @@ void tcp_pool_wake_all(tcp_conn_t *tc) {
         tcp_pool_wake(tc, l);
 }
 
+/* The last connection is gone: stop and join every helper, free what they held. */
 static void tcp_pool_stop_locked(void) {
-    for (int t = 0; t < g_pool.nthreads; t++) {
+    for (int t = 0; t < TCP_MAX_THREADS; t++) {
         tcp_pool_thread_t *th = &g_pool.th[t];
         if (!th->started) continue;
         __atomic_store_n(&th->stop, 1, __ATOMIC_SEQ_CST);
@@ -244,42 +271,40 @@ static void tcp_pool_stop_locked(void) {
         ssize_t w = write(th->wake_fd, &one, sizeof(one));
         (void)w;
         pthread_join(th->thread, NULL);
-        th->started = 0;
+        __atomic_store_n(&th->started, 0, __ATOMIC_RELEASE);
     }
-    for (int t = 0; t < g_pool.nthreads; t++) {
+    for (int t = 0; t < TCP_MAX_THREADS; t++) {
         tcp_pool_thread_t *th = &g_pool.th[t];
         if (th->wake_fd >= 0) close(th->wake_fd);
         th->wake_fd = -1;
-        pthread_mutex_destroy(&th->mu);
         free(th->entries);
         free(th->pfd);
         th->entries = NULL;
         th->pfd = NULL;
         th->nentries = th->cap = th->pfd_cap = th->pfd_need = 0;
-        th->stop = 0;
+        th->stop = th->sleeping = 0;
     }
-    g_pool.nthreads = 0;
+    g_pool.nstarted = 0;
 }
 
+/* Start helper t (under g_pool.mu); its entries may already be in place. */
 static ncclResult_t tcp_pool_start_thread(int t) {
     tcp_pool_thread_t *th = &g_pool.th[t];
-    memset(th, 0, sizeof(*th));
+    th->stop = th->sleeping = 0;
     th->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     if (th->wake_fd < 0) {
         WARN("tcp: eventfd for helper thread %d failed: %s", t, strerror(errno));
         return ncclSystemError;
     }
-    pthread_mutex_init(&th->mu, NULL);
     int err = pthread_create(&th->thread, NULL, tcp_pool_main, th);
     if (err != 0) {
         WARN("tcp: cannot start helper thread %d: %s", t, strerror(err));
-        pthread_mutex_destroy(&th->mu);
         close(th->wake_fd);
         th->wake_fd = -1;
         return ncclSystemError;
     }
-    th->started = 1;
-    g_pool.nthreads = t + 1;
+    __atomic_store_n(&th->started, 1, __ATOMIC_RELEASE);
+    g_pool.nstarted++;
     return ncclSuccess;
 }
 
@@ -323,23 +348,44 @@ static void tcp_pool_remove_entries(tcp_pool_thread_t *th, tcp_conn_t *tc) {
     pthread_mutex_unlock(&th->mu);
 }
 
+int tcp_pool_max_helpers(int nlanes) {
+    int64_t cap = chorus_param_int(PARAM_SOCKET_HELPERS);
+    if (cap < nlanes) cap = nlanes;
+    if (cap > TCP_MAX_THREADS) cap = TCP_MAX_THREADS;
+    return cap < 1 ? 1 : (int)cap;
+}
+
 ncclResult_t tcp_pool_add(tcp_conn_t *tc) {
     if (tc->nthreads <= 0) return ncclSuccess;
     pthread_once(&g_pool_once, tcp_pool_init_once);
+    int cap = tcp_pool_max_helpers(tc->nthreads);
     pthread_mutex_lock(&g_pool.mu);
     ncclResult_t res = ncclSuccess;
-    while (res == ncclSuccess && g_pool.nthreads < tc->nthreads)
-        res = tcp_pool_start_thread(g_pool.nthreads);
     int added = 0;
-    for (int l = 0; res == ncclSuccess && l < tc->nthreads; l++, added++)
-        res = tcp_pool_add_entry(&g_pool.th[l], tc, l);
+    uint32_t taken = 0; /* helpers this connection's lanes already have */
+    for (int l = 0; res == ncclSuccess && l < tc->nthreads; l++) {
+        /* The helper with the fewest lanes (the lowest index among equals), not one of ours. */
+        int best = -1;
+        for (int t = 0; t < cap; t++)
+            if (!(taken & (1u << t)) &&
+                (best < 0 || g_pool.th[t].nentries < g_pool.th[best].nentries))
+                best = t;
+        tc->lane_helper[l] = (uint8_t)best;
+        taken |= 1u << best;
+        res = tcp_pool_add_entry(&g_pool.th[best], tc, l);
+        if (res == ncclSuccess) added++;
+    }
+    /* A receiving end has no commit to start its helpers: data may arrive whenever. */
+    for (int l = 0; res == ncclSuccess && !tc->is_send && l < tc->nthreads; l++)
+        if (!g_pool.th[tc->lane_helper[l]].started)
+            res = tcp_pool_start_thread(tc->lane_helper[l]);
     if (res == ncclSuccess) {
         g_pool.refs++;
         tc->pooled = 1;
         tc->pool_gen = g_pool.gen;
     } else {
         for (int l = 0; l < added; l++)
-            tcp_pool_remove_entries(&g_pool.th[l], tc);
+            tcp_pool_remove_entries(&g_pool.th[tc->lane_helper[l]], tc);
         if (g_pool.refs == 0) tcp_pool_stop_locked();
     }
     pthread_mutex_unlock(&g_pool.mu);
@@ -351,8 +397,8 @@ void tcp_pool_remove(tcp_conn_t *tc) {
     pthread_mutex_lock(&g_pool.mu);
     tc->pooled = 0;
     if (tc->pool_gen == g_pool.gen) { /* else registered in the parent before a fork */
-        for (int l = 0; l < tc->nthreads && l < g_pool.nthreads; l++)
-            tcp_pool_remove_entries(&g_pool.th[l], tc);
+        for (int l = 0; l < tc->nthreads; l++)
+            tcp_pool_remove_entries(&g_pool.th[tc->lane_helper[l]], tc);
         if (--g_pool.refs == 0) tcp_pool_stop_locked();
     }
     pthread_mutex_unlock(&g_pool.mu);
@@ -360,7 +406,7 @@ void tcp_pool_remove(tcp_conn_t *tc) {
 
 int tcp_pool_threads(void) {
     pthread_mutex_lock(&g_pool.mu);
-    int n = g_pool.nthreads;
+    int n = g_pool.nstarted;
     pthread_mutex_unlock(&g_pool.mu);
     return n;
 }
