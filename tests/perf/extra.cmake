@@ -78,7 +78,8 @@ endif()
 # What an all-to-all costs each rank (perf/resources.py): 16 forked ranks through chorusrun, over
 # TCP and over shared memory. Each rank's growth from init to after its last op must stay within
 # 4 threads and 64 descriptors (TCP: a socket per connection and the bootstrap's socket per peer
-# each way, one helper thread and its eventfd for the process) and 64 MB of /dev/shm created.
+# each way, at most CHORUS_SOCKET_HELPERS helper threads and their eventfds for the process, none
+# when the kernel takes every chunk at once) and 64 MB of /dev/shm created.
 if(Python3_Interpreter_FOUND AND TARGET alltoall_perf AND TARGET chorusrun)
   add_test(NAME perf_resources_alltoall_np16
            COMMAND ${Python3_EXECUTABLE} ${CMAKE_SOURCE_DIR}/perf/resources.py --np 16
