@@ -321,6 +321,16 @@ ncclResult_t comm_snapshot_redop(struct ncclComm *comm, ncclRedOp_t op, ncclData
     return ncclSuccess;
 }
 
+int comm_redop_scalar_by_ref(struct ncclComm *comm, ncclRedOp_t op) {
+    const int slot = user_op_slot(op);
+    if (slot < 0) return 0;
+    pthread_mutex_lock(&comm->lock);
+    const int by_ref =
+        comm->user_ops[slot].in_use && comm->user_ops[slot].residence == ncclScalarDevice;
+    pthread_mutex_unlock(&comm->lock);
+    return by_ref;
+}
+
 void comm_redop_set_scalar(chorus_redop_t *r, const void *bytes) {
     chorus_user_redop_t u;
     memset(&u, 0, sizeof(u));

@@ -69,6 +69,7 @@ typedef struct {
     void *ctrl, *buf, *ll; /* device memory */
     ch_conn_t *conns;      /* device memory */
     int *ring;             /* device memory */
+    uint64_t *op_seq;      /* device memory: [rank][c] the op counters (ch_block_hdr) */
 } dp_world_t;
 
 typedef struct devpath_comm {
@@ -77,7 +78,8 @@ typedef struct devpath_comm {
     const ch_rt_t *rt;
     dp_sizes_t sz;
     uint32_t *err_host, *err_dev; /* the error word */
-    uint64_t coll_seq;            /* collectives launched (the op header's seq) */
+    uint64_t coll_seq; /* collectives launched (the op header's seq; copy-engine programs only:
+                          the kernel counts in device memory, dp_world_t.op_seq) */
     pthread_mutex_t lock;
     struct {
         void *stream, *ev;
@@ -93,6 +95,7 @@ static void dp_world_free(dp_world_t *w) {
     const ch_rt_t *rt = w->rt;
     if (w->conns) rt->dev_free(w->conns);
     if (w->ring) rt->dev_free(w->ring);
+    if (w->op_seq) rt->dev_free(w->op_seq);
     if (w->ctrl) rt->dev_free(w->ctrl);
     if (w->buf) rt->dev_free(w->buf);
     if (w->ll) rt->dev_free(w->ll);
@@ -139,7 +142,9 @@ static dp_world_t *dp_world_create(const ch_rt_t *rt, int nranks, const dp_sizes
         rt->dev_alloc(&w->buf, nused * slot_set) != ncclSuccess ||
         rt->dev_alloc(&w->ll, nused * ll_set) != ncclSuccess ||
         rt->dev_alloc((void **)&w->conns, nconn * sizeof(ch_conn_t)) != ncclSuccess ||
-        rt->dev_alloc((void **)&w->ring, (size_t)sz->nch * nranks * sizeof(int)) != ncclSuccess)
+        rt->dev_alloc((void **)&w->ring, (size_t)sz->nch * nranks * sizeof(int)) != ncclSuccess ||
+        rt->dev_alloc((void **)&w->op_seq, (size_t)sz->nch * nranks * sizeof(uint64_t)) !=
+            ncclSuccess)
         goto fail;
     for (size_t i = 0, u = 0; i < nconn; i++) {
         if (!table[i].nslots) continue;
@@ -449,6 +454,13 @@ static ncclResult_t dp_track(struct ncclComm *comm, devpath_comm_t *dp, void *st
     return dp->rt->event_record(dp->evs[i].ev, stream);
 }
 
+/* Why copy-engine programs cannot be captured into a CUDA graph. */
+static const char dp_no_capture_ce[] =
+    "the stream is being captured into a CUDA graph, and copy-engine programs (ranks in processes "
+    "sharing a device) cannot be: the values their stream waits for are counted by the host per "
+    "call, so a replay would wait for values already passed. Capture works on the kernel path "
+    "(ranks that are threads of one process on one device)";
+
 /* Launch one op of this rank: coll (CH_COLL_*), count as ch_cpu_op_t takes it. */
 static ncclResult_t dp_launch(struct ncclComm *comm, devpath_comm_t *dp, int coll,
                               const coll_args_t *a, const void *sendbuff, void *recvbuff,
@@ -491,16 +503,30 @@ static ncclResult_t dp_launch(struct ncclComm *comm, devpath_comm_t *dp, int col
         k.redop.dtype = a->dtype;
         k.redop.nranks = n;
     }
-    const uint64_t seq = coll == CH_COLL_SENDRECV ? 0 : dp->coll_seq++;
+    /* The kernel's headers take their seq from the op counters in device memory, which the
+     * kernel advances: nothing of a launch depends on how many calls the host made, so a launch
+     * captured into a CUDA graph runs right however often the graph is replayed. */
+    if (dp->w) k.op_seq = dp->w->op_seq + (size_t)comm->rank * sz->nch;
+    const uint64_t seq = coll == CH_COLL_SENDRECV || dp->w ? 0 : dp->coll_seq++;
     ch_op_hdr_make(&k.hdr, coll, a->dtype, k.redop.kind, count, p->root, seq);
-    ncclResult_t res = dp->ce ? dp_ce_launch(dp->ce, p, sendbuff, recvbuff, &k.redop, a->stream)
-                              : dp->rt->launch(&k, a->stream);
+    int capturing = 0;
+    ncclResult_t res = dp->rt->stream_capturing(a->stream, &capturing);
+    if (res == ncclSuccess && capturing && dp->ce) {
+        /* The stream began capturing between the call and its group's end. */
+        WARN("%s: rank %d: %s", a->api, comm->rank, dp_no_capture_ce);
+        return ncclInvalidUsage;
+    }
+    if (res == ncclSuccess)
+        res = dp->ce ? dp_ce_launch(dp->ce, p, sendbuff, recvbuff, &k.redop, a->stream)
+                     : dp->rt->launch(&k, a->stream);
     if (res != ncclSuccess) {
         WARN("%s: rank %d: the device launch failed: %s", a->api, comm->rank,
              ncclGetErrorString(res));
         return res;
     }
-    return dp_track(comm, dp, a->stream);
+    /* A captured launch runs when its graph is launched, which the communicator does not see:
+     * nothing to track (the caller synchronizes its stream before freeing the communicator). */
+    return capturing ? ncclSuccess : dp_track(comm, dp, a->stream);
 }
 
 /* What error word value e means, for messages. */
@@ -543,11 +569,28 @@ static ncclResult_t dp_op_check(coll_args_t *a, devpath_comm_t *dp, int *staged_
     CHECK(dp_check_err(comm, dp, a->api));
     ARGCHECK(chorus_dtype_size(a->dtype) != 0, "%s: invalid datatype %d", a->api, (int)a->dtype);
     const int n = comm->nranks;
+    /* Capture into a CUDA graph: the kernel's launches replay right (every counter they use lives
+     * in device memory); copy-engine programs do not. */
+    int capturing = 0;
+    CHECK(dp->rt->stream_capturing(a->stream, &capturing));
+    if (capturing && dp->ce) {
+        WARN("%s: rank %d: %s", a->api, comm->rank, dp_no_capture_ce);
+        return ncclInvalidUsage;
+    }
     if (a->coll == COLL_ALLREDUCE || a->coll == COLL_REDUCESCATTER || a->coll == COLL_REDUCE) {
+        if (capturing && comm_redop_scalar_by_ref(comm, a->op)) {
+            WARN("%s: rank %d: the stream is being captured into a CUDA graph, and the op is a "
+                 "premul-sum whose scalar is ncclScalarDevice: it is read when the call is made, "
+                 "so a replay would not see a new value; not captured (use "
+                 "ncclScalarHostImmediate)",
+                 a->api, comm->rank);
+            return ncclInvalidUsage;
+        }
         CHECK(comm_snapshot_redop(comm, a->op, a->dtype, &a->redop, &a->redop_dev_scalar));
         if (a->redop_dev_scalar && !dp->rt->emulated) {
             /* The kernel takes its scalar at launch; one in device memory must be read in stream
-             * order, which the staged path does. Every rank makes this choice alike. */
+             * order, which the staged path does (and refuses capture). Every rank makes this
+             * choice alike. */
             *staged_p = 1;
             return ncclSuccess;
         }
@@ -573,18 +616,6 @@ static ncclResult_t dp_op_check(coll_args_t *a, devpath_comm_t *dp, int *staged_
              sc);
     ARGCHECK(!(nr && rc > 0 && a->recvbuff == NULL), "%s: recvbuff is NULL with count %zu", a->api,
              rc);
-#if CHORUS_HAVE_CUDA
-    if (!dp->rt->emulated) {
-        int capturing = 0;
-        CHECK(chorus_cuda_stream_capturing((cudaStream_t)a->stream, &capturing));
-        if (capturing) {
-            WARN("%s: rank %d: the stream is being captured into a CUDA graph; CUDA graph "
-                 "capture of Chorus collectives is not supported yet",
-                 a->api, comm->rank);
-            return ncclInvalidUsage;
-        }
-    }
-#endif
     return ncclSuccess;
 }
 

@@ -115,8 +115,9 @@ static ncclResult_t cuda_op_check(coll_args_t *a) {
     int capturing = 0;
     CHECK(chorus_cuda_stream_capturing((cudaStream_t)a->stream, &capturing));
     if (capturing) {
-        WARN("%s: rank %d: the stream is being captured into a CUDA graph; CUDA graph capture of "
-             "Chorus collectives is not supported yet",
+        WARN("%s: rank %d: the stream is being captured into a CUDA graph, and this op runs "
+             "staged (through host memory on a worker thread): CUDA graph capture is taken only "
+             "by the device path's kernel (ranks that are threads of one process on one GPU)",
              a->api, comm->rank);
         return ncclInvalidUsage;
     }

@@ -68,7 +68,7 @@ ncclResult_t chorus_cuda_stream_wait(cudaStream_t stream, volatile int *abort_fl
 /* Same for one recorded event. */
 ncclResult_t chorus_cuda_event_wait(cudaEvent_t event, volatile int *abort_flag, const char *what);
 /* Whether `stream` is being captured into a CUDA graph (1) or not (0). A capture mode that forbids
- * the query itself is reported as capturing. */
+ * the query itself is reported as capturing; an emulated stream (ch_rt_emu.h) answers for itself. */
 ncclResult_t chorus_cuda_stream_capturing(cudaStream_t stream, int *capturing_p);
 /* Pinned host memory, mapped into the device address space (usable by copies and by stream memory
  * operations); *dev_p (may be NULL) receives the device-side address. */

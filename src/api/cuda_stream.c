@@ -1,5 +1,6 @@
 /*
- * cuda_stream.c: waiting on CUDA work the Chorus way, capture detection, pinned staging memory.
+ * cuda_stream.c: waiting on CUDA work the Chorus way, capture detection (of emulated streams
+ * too), pinned staging memory.
  *
  * cudaStreamSynchronize and cudaEventSynchronize cannot be interrupted, so a rank whose peer died
  * would wait for ever on a stream that itself waits on that peer. Chorus instead polls
@@ -24,6 +25,7 @@
 
 #include "check.h"
 #include "cuda_enqueue.h"
+#include "device/ch_rt_emu.h"
 #include "waiter.h"
 
 static ncclResult_t cuda_wait_fail(ncclResult_t res, const char *what) {
@@ -69,6 +71,8 @@ ncclResult_t chorus_cuda_event_wait(cudaEvent_t event, volatile int *abort_flag,
 }
 
 ncclResult_t chorus_cuda_stream_capturing(cudaStream_t stream, int *capturing_p) {
+    /* An emulated stream (CHORUS_DEVICE_EMU) answers for itself; CUDA must never see it. */
+    if (ch_emu_in_use() && ch_emu_stream_capture_status(stream, capturing_p)) return ncclSuccess;
     enum cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
     cudaError_t err = cudaStreamIsCapturing(stream, &st);
     if (err == cudaErrorStreamCaptureImplicit || err == cudaErrorStreamCaptureUnsupported) {

@@ -10,6 +10,7 @@
  * latencies instead of the ring's 2(n-1). Both partners combine the same two values, so every
  * rank ends with bitwise identical results. Supported when the message fits one chunk.
  */
+#include <stdlib.h>
 #include <string.h>
 
 #include "check.h"
@@ -17,9 +18,8 @@
 #include "comm.h"
 #include "util.h"
 
-/* Transfer kinds (kept in coll_xfer_t.off: each transfer is a single chunk). */
+/* Transfer kinds (coll_xfer_t.kind). */
 enum { RD_SEND = 0, RD_RECV_COMBINE = 1, RD_RECV_RESULT = 2 };
-#include <stdlib.h>
 
 static int rd_real_rank(int newrank, int r) { return newrank < r ? newrank * 2 + 1 : newrank + r; }
 
@@ -49,7 +49,7 @@ static void rd_add(coll_op_t *op, int round, int peer, int is_send, int kind) {
     x->round = round;
     x->buf = op->recvbuff;
     x->bytes = op->count * op->esize;
-    x->off = (size_t)kind; /* the transfer's kind (these transfers are one chunk) */
+    x->kind = kind;
 }
 
 void coll_rd_peers(int n, int me, uint8_t *peers) {
@@ -125,7 +125,7 @@ static ncclResult_t rd_progress(coll_op_t *op, int *done_p) {
             if (x->round != op->round || x->done) continue;
             uint64_t *served =
                 x->is_send ? &e->p2p_send_served[x->peer] : &e->p2p_recv_served[x->peer];
-            int kind = (int)x->off;
+            int kind = x->kind;
             /* Combine only after this round's send copied the partial out. */
             if (*served != x->use.ticket || (kind == RD_RECV_COMBINE && !sends_done)) {
                 round_done = 0;

@@ -110,6 +110,7 @@ typedef struct {
     int round;         /* low-latency algorithms: which round this transfer belongs to */
     int after_recvs;   /* starts once every receive of the op is done (gather/scatter check) */
     int items;         /* off and bytes count items, not bytes (coll_xfer_drive) */
+    int kind;          /* the algorithm's own tag of the transfer (recursive doubling's kinds) */
     coll_use_t use;
 } coll_xfer_t;
 

@@ -3,7 +3,9 @@
  * private to src/collectives.
  *
  * time(algorithm, collective, n ranks, hosts, bytes) = steps * alpha + traffic / beta, with alpha
- * (microseconds per step) and beta (bytes per microsecond) per link class. The constants are a
+ * (microseconds per step) and beta (bytes per microsecond) per link class; with ranks on several
+ * hosts, the same count on each, steps inside a host are charged shared memory and steps between
+ * hosts the inter-host class, whose beta is a host's link shared by the host's ranks. The constants are a
  * data table (coll_model_links) that CHORUS_COST_MODEL overrides. Where ranks share one host the
  * model's alpha-beta terms miss what decides there (cores shared by several ranks, caches), so
  * the measured crossovers of this machine class are data too (the calibration rows): on one host
@@ -26,7 +28,8 @@ enum {
 
 typedef struct {
     double alpha_us; /* per step (one message's latency and fixed costs) */
-    double beta;     /* bytes per microsecond a rank moves over the link */
+    double beta;     /* bytes per microsecond over the link: between hosts, a host's link (NIC),
+                        which the ranks of the host share */
 } coll_link_cost_t;
 
 /* What the model needs of a communicator; the same on every rank. */

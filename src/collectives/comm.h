@@ -202,6 +202,9 @@ ncclResult_t comm_resolve_redop(struct ncclComm *comm, ncclRedOp_t op, ncclDataT
  * have been copied in stream order; otherwise *dev_scalar_p is NULL and the op is complete. */
 ncclResult_t comm_snapshot_redop(struct ncclComm *comm, ncclRedOp_t op, ncclDataType_t dtype,
                                  chorus_redop_t *out_p, const void **dev_scalar_p);
+/* 1 when op is a live PreMulSum op whose scalar is ncclScalarDevice (NCCL reads it each time the
+ * op runs; a call that takes it now cannot be replayed from a CUDA graph). */
+int comm_redop_scalar_by_ref(struct ncclComm *comm, ncclRedOp_t op);
 /* Fill a PreMulSum op's scalar from the bytes of one element of its dtype. */
 void comm_redop_set_scalar(chorus_redop_t *r, const void *bytes);
 

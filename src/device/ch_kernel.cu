@@ -37,29 +37,30 @@ __device__ inline const ch_conn_t *ch_k_conn(const ch_kernel_args_t &a, int c, i
 __device__ uint32_t ch_k_headers(const ch_kernel_args_t &a, int c, ch_wait_t *w) {
     const ch_plan_t *p = &a.plan;
     const int n = p->nranks, r = p->rank;
+    const ch_op_hdr_t hdr = ch_block_hdr(&a, c);
     if (ch_coll_is_ring(p->coll)) {
         if (n == 1) return CH_OK;
-        uint32_t e = ch_hdr_send(ch_k_conn(a, c, r, ch_ring_next(p, c)), &a.hdr, w);
+        uint32_t e = ch_hdr_send(ch_k_conn(a, c, r, ch_ring_next(p, c)), &hdr, w);
         if (e) return e;
-        return ch_hdr_check(ch_k_conn(a, c, ch_ring_prev(p, c), r), &a.hdr, a.hdr.root, w);
+        return ch_hdr_check(ch_k_conn(a, c, ch_ring_prev(p, c), r), &hdr, hdr.root, w);
     }
     if (p->coll == CH_COLL_SENDRECV) {
         if (p->send_peer >= 0 && p->send_peer != r) {
-            ch_op_hdr_t h = a.hdr;
+            ch_op_hdr_t h = hdr;
             h.root = (uint32_t)p->send_peer;
             uint32_t e = ch_hdr_send(ch_k_conn(a, c, r, p->send_peer), &h, w);
             if (e) return e;
         }
         if (p->recv_peer >= 0 && p->recv_peer != r)
-            return ch_hdr_check(ch_k_conn(a, c, p->recv_peer, r), &a.hdr, (uint32_t)r, w);
+            return ch_hdr_check(ch_k_conn(a, c, p->recv_peer, r), &hdr, (uint32_t)r, w);
         return CH_OK;
     }
     for (int i = 1; i < n; i++) {
-        uint32_t e = ch_hdr_send(ch_k_conn(a, c, r, (r + i) % n), &a.hdr, w);
+        uint32_t e = ch_hdr_send(ch_k_conn(a, c, r, (r + i) % n), &hdr, w);
         if (e) return e;
     }
     for (int i = 1; i < n; i++) {
-        uint32_t e = ch_hdr_check(ch_k_conn(a, c, (r - i + n) % n, r), &a.hdr, a.hdr.root, w);
+        uint32_t e = ch_hdr_check(ch_k_conn(a, c, (r - i + n) % n, r), &hdr, hdr.root, w);
         if (e) return e;
     }
     return CH_OK;

@@ -27,11 +27,27 @@ typedef struct {
     const ch_conn_t *conns; /* device-visible [c][src][dst] connection views */
     uint32_t *err;          /* the communicator's error word */
     ch_op_hdr_t hdr;        /* this rank's header of the op */
+    uint64_t *op_seq;       /* device memory: [c] this rank's collectives on channel c so far
+                               (the header's seq; ch_block_hdr), or NULL: hdr.seq as given */
     chorus_redop_t redop;
     int proto;         /* CH_PROTO_SIMPLE or CH_PROTO_LL */
     uint32_t ll_bytes; /* LL payload per slot (a multiple of 8, at most CH_KERNEL_LL_MAX) */
     int vec;           /* 1: SIMPLE chunks move in 16-byte accesses where every pointer allows */
 } ch_kernel_args_t;
+
+/* The header block c of a launch sends and checks: the launch's header, whose seq comes from
+ * the channel's op counter when the launch has them (op_seq), read and advanced here by the one
+ * block of this rank that runs channel c. The counter lives in device memory, so a launch replayed
+ * from a CUDA graph carries the next number each time, as a launch made anew does. Send/receive
+ * keeps the launch's seq: pairs between different peers need not line up. */
+CH_FN ch_op_hdr_t ch_block_hdr(const ch_kernel_args_t *a, int c) {
+    ch_op_hdr_t h = a->hdr;
+    if (a->op_seq != NULL && h.coll != CH_COLL_SENDRECV) {
+        h.seq = a->op_seq[c];
+        a->op_seq[c] = h.seq + 1;
+    }
+    return h;
+}
 
 #define CH_KERNEL_THREADS 256
 #define CH_KERNEL_LL_MAX 16384

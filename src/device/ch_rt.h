@@ -3,14 +3,16 @@
  *
  * Two tables implement it:
  *  - ch_rt_cuda() (ch_rt_cuda.c, CUDA builds): the real calls: cudaMalloc, mapped cudaHostAlloc,
- *    cudaMemcpy, the collective kernel's launch (ch_kernel_launch) and CUDA events.
+ *    cudaMemcpy, the collective kernel's launch (ch_kernel_launch), CUDA events, and stream
+ *    capture into CUDA graphs (cudaStreamBeginCapture, cudaGraphInstantiate, cudaGraphLaunch).
  *  - ch_rt_emu() (ch_rt_emu.c, always built): "device memory" is host memory kept in a registry
  *    (chorus_mem_kind reports it as device memory), a stream is an ordered work queue run by a
  *    host thread, and a launch runs the kernel's block code (ch_cpu_block: the same header
  *    exchange, schedule and slot protocol) on one host thread per channel. Copy-engine programs
  *    run on the stream's thread with the host kernels; memory shared between processes is a
  *    memfd that a peer maps through /proc/<pid>/fd. CHORUS_DEVICE_EMU=1 selects it; tests reach
- *    its streams and memory through ch_rt_emu.h.
+ *    its streams and memory through ch_rt_emu.h. A capturing emulated stream records launches
+ *    into a graph (a list of them); launching the graph queues copies of them on a stream.
  *
  * Processes sharing a device (copy-engine programs): ipc_* export device memory to the other
  * processes of the host (CUDA IPC handles; the emulator's memfd), host_register makes host memory
@@ -88,6 +90,20 @@ typedef struct {
      * emulator CH_ERR_TIMEOUT past twice CHORUS_TIMEOUT (a safety net a GPU does not have). */
     ncclResult_t (*ce_launch)(const ch_ce_prog_t *progs, int nprogs, const chorus_redop_t *rop,
                               uint32_t *err, void *stream);
+    /* Stream capture into a graph (CUDA graphs). capture_begin: the work later queued on stream
+     * is recorded instead of run (the default stream cannot be captured); capture_end: ends it,
+     * *graph gets the recorded work; stream_capturing: *capturing is 1 while stream captures
+     * (NULL: the default stream). graph_instantiate: an executable copy of a graph;
+     * graph_launch: queue the executable graph's work on stream, in the recorded order, as
+     * often as called; graph_destroy and graph_exec_destroy free them (a launched graph's work
+     * still runs). */
+    ncclResult_t (*capture_begin)(void *stream);
+    ncclResult_t (*capture_end)(void *stream, void **graph);
+    ncclResult_t (*stream_capturing)(void *stream, int *capturing);
+    ncclResult_t (*graph_instantiate)(void **exec, void *graph);
+    ncclResult_t (*graph_launch)(void *exec, void *stream);
+    void (*graph_destroy)(void *graph);
+    void (*graph_exec_destroy)(void *exec);
 } ch_rt_t;
 
 /* The emulator (always there) and the CUDA runtime (NULL in a build without CUDA). */

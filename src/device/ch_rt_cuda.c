@@ -209,6 +209,63 @@ static ncclResult_t cuda_rt_ce_launch(const ch_ce_prog_t *progs, int nprogs,
     return ncclSuccess;
 }
 
+/* ---- capture into CUDA graphs ----------------------------------------------------------- */
+
+/* Thread-local mode: thread ranks capture their own streams at once, and one rank's capture
+ * does not forbid the calls another rank's thread makes meanwhile. */
+static ncclResult_t cuda_rt_capture_begin(void *stream) {
+    cudaError_t e = cudaStreamBeginCapture((cudaStream_t)stream, cudaStreamCaptureModeThreadLocal);
+    if (e != cudaSuccess) return cuda_rt_fail("cudaStreamBeginCapture", e);
+    return ncclSuccess;
+}
+
+static ncclResult_t cuda_rt_capture_end(void *stream, void **graph) {
+    cudaGraph_t g = NULL;
+    cudaError_t e = cudaStreamEndCapture((cudaStream_t)stream, &g);
+    *graph = g;
+    if (e != cudaSuccess) return cuda_rt_fail("cudaStreamEndCapture", e);
+    return ncclSuccess;
+}
+
+/* A query that the capture mode of another stream forbids (the legacy stream while a global
+ * capture runs) means a capture is under way: anything queued would break it. */
+static ncclResult_t cuda_rt_stream_capturing(void *stream, int *capturing) {
+    enum cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+    cudaError_t e = cudaStreamIsCapturing((cudaStream_t)stream, &st);
+    if (e == cudaErrorStreamCaptureImplicit || e == cudaErrorStreamCaptureUnsupported) {
+        (void)cudaGetLastError();
+        *capturing = 1;
+        return ncclSuccess;
+    }
+    *capturing = 0;
+    if (e != cudaSuccess) return cuda_rt_fail("cudaStreamIsCapturing", e);
+    *capturing = st != cudaStreamCaptureStatusNone;
+    return ncclSuccess;
+}
+
+static ncclResult_t cuda_rt_graph_instantiate(void **exec, void *graph) {
+    cudaGraphExec_t x = NULL;
+    cudaError_t e = cudaGraphInstantiate(&x, (cudaGraph_t)graph, 0);
+    *exec = x;
+    if (e != cudaSuccess) return cuda_rt_fail("cudaGraphInstantiate", e);
+    return ncclSuccess;
+}
+
+static ncclResult_t cuda_rt_graph_launch(void *exec, void *stream) {
+    cudaError_t e = cudaGraphLaunch((cudaGraphExec_t)exec, (cudaStream_t)stream);
+    if (e != cudaSuccess) return cuda_rt_fail("cudaGraphLaunch", e);
+    return ncclSuccess;
+}
+
+static void cuda_rt_graph_destroy(void *graph) {
+    if (graph && cudaGraphDestroy((cudaGraph_t)graph) != cudaSuccess) (void)cudaGetLastError();
+}
+
+static void cuda_rt_graph_exec_destroy(void *exec) {
+    if (exec && cudaGraphExecDestroy((cudaGraphExec_t)exec) != cudaSuccess)
+        (void)cudaGetLastError();
+}
+
 static const ch_rt_t g_cuda_rt = {
     .name = "cuda",
     .emulated = 0,
@@ -229,6 +286,13 @@ static const ch_rt_t g_cuda_rt = {
     .host_unregister = cuda_rt_host_unregister,
     .ce_check = ch_ce_cuda_check,
     .ce_launch = cuda_rt_ce_launch,
+    .capture_begin = cuda_rt_capture_begin,
+    .capture_end = cuda_rt_capture_end,
+    .stream_capturing = cuda_rt_stream_capturing,
+    .graph_instantiate = cuda_rt_graph_instantiate,
+    .graph_launch = cuda_rt_graph_launch,
+    .graph_destroy = cuda_rt_graph_destroy,
+    .graph_exec_destroy = cuda_rt_graph_exec_destroy,
 };
 
 const ch_rt_t *ch_rt_cuda(void) {

@@ -9,24 +9,28 @@
  * the CHORUS_TIMEOUT deadline (a GPU block has none: there the host's drain writes the error word
  * once its own deadline passes). Copy-engine programs run on the stream's thread, one after the
  * other, with the host kernels; their waits end as a GPU's do (emu_ce_wait). Shared memory
- * between processes: a memfd that a peer opens through /proc/<pid>/fd/<fd> and maps.
+ * between processes: ch_rt_emu_shm.c.
+ *
+ * Capture: a capturing stream appends launches to a list of its own instead of its queue; ending
+ * the capture hands the list over as a graph; an executable graph is a copy of it, and launching
+ * one queues a copy of its launches on a stream under one lock, so they run in order and nothing
+ * else queued on that stream runs between them. A launch's arguments are values (the plan,
+ * buffer addresses, the connections, the op counters), so every copy runs the same op; what
+ * changes from run to run lives in the emulated device memory the launch points to.
  */
 #include "ch_rt_emu.h"
 
-#include <errno.h>
-#include <fcntl.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <time.h>
-#include <unistd.h>
 
 #include "ch_proto.h"
 #include "ch_rt.h"
+#include "ch_rt_emu_shm.h"
 #include "cpu_exec.h"
 #include "cuda_util.h"
 #include "log.h"
@@ -131,7 +135,83 @@ struct ch_emu_stream {
     unsigned long launches;
     int stop;
     pthread_t thread;
+    /* Capture: while capturing, launches go to the list cap_head..cap_tail instead of the
+     * queue; cap_broken: something that cannot be captured was queued (capture_end fails). */
+    int capturing, cap_broken;
+    emu_item_t *cap_head, *cap_tail;
 };
+
+/* A recorded graph, and its executable form: the launches, in order. */
+typedef struct {
+    emu_item_t *head;
+} emu_graph_t;
+
+static void emu_item_free(emu_item_t *it) {
+    if (it == NULL) return;
+    if (it->kind == EMU_CE) {
+        for (int i = 0; i < it->nprogs; i++)
+            ch_ce_prog_free(&it->progs[i]);
+        free(it->progs);
+    }
+    free(it);
+}
+
+static void emu_list_free(emu_item_t *it) {
+    while (it) {
+        emu_item_t *next = it->next;
+        emu_item_free(it);
+        it = next;
+    }
+}
+
+/* The streams created, so that a stream handle can be told apart from a CUDA stream. */
+static pthread_mutex_t g_streams_lock = PTHREAD_MUTEX_INITIALIZER;
+static ch_emu_stream_t **g_streams;
+static size_t g_nstreams, g_cap_streams;
+
+static int emu_streams_add(ch_emu_stream_t *s) {
+    int ok = 1;
+    pthread_mutex_lock(&g_streams_lock);
+    if (g_nstreams == g_cap_streams) {
+        const size_t cap = g_cap_streams ? 2 * g_cap_streams : 16;
+        ch_emu_stream_t **n = realloc(g_streams, cap * sizeof(*n));
+        if (n) {
+            g_streams = n;
+            g_cap_streams = cap;
+        } else {
+            ok = 0;
+        }
+    }
+    if (ok) g_streams[g_nstreams++] = s;
+    pthread_mutex_unlock(&g_streams_lock);
+    return ok;
+}
+
+static void emu_streams_remove(ch_emu_stream_t *s) {
+    pthread_mutex_lock(&g_streams_lock);
+    for (size_t i = 0; i < g_nstreams; i++) {
+        if (g_streams[i] == s) {
+            g_streams[i] = g_streams[--g_nstreams];
+            break;
+        }
+    }
+    pthread_mutex_unlock(&g_streams_lock);
+}
+
+int ch_emu_stream_capture_status(const void *stream, int *capturing) {
+    if (stream == NULL) return 0;
+    int found = 0;
+    pthread_mutex_lock(&g_streams_lock);
+    for (size_t i = 0; i < g_nstreams && !found; i++)
+        found = g_streams[i] == (const ch_emu_stream_t *)stream;
+    pthread_mutex_unlock(&g_streams_lock);
+    if (!found) return 0;
+    ch_emu_stream_t *s = (ch_emu_stream_t *)stream;
+    pthread_mutex_lock(&s->lock);
+    *capturing = s->capturing;
+    pthread_mutex_unlock(&s->lock);
+    return 1;
+}
 
 static int64_t emu_timeout_ns(void) {
     return chorus_param_int(PARAM_TIMEOUT) * (int64_t)1000000000;
@@ -240,9 +320,6 @@ static void *emu_stream_main(void *arg) {
             emu_ce_ctx_t ctx = {it->err, ch_host_now_ns() + 2 * emu_timeout_ns()};
             for (int i = 0; i < it->nprogs; i++)
                 if (ch_ce_run(&it->progs[i], &emu_ce_ops, &ctx, &it->rop) != CH_OK) break;
-            for (int i = 0; i < it->nprogs; i++)
-                ch_ce_prog_free(&it->progs[i]);
-            free(it->progs);
         } else {
             uint64_t cur = __atomic_load_n(&it->ev->completed, __ATOMIC_RELAXED);
             if (it->ev_gen > cur)
@@ -253,7 +330,7 @@ static void *emu_stream_main(void *arg) {
         if (s->head == NULL) s->tail = NULL;
         if (it->kind != EMU_EVENT) s->launches++;
         s->ran++;
-        free(it);
+        emu_item_free(it);
         pthread_cond_broadcast(&s->cond);
     }
     pthread_mutex_unlock(&s->lock);
@@ -269,6 +346,10 @@ ch_emu_stream_t *ch_emu_stream_create(void) {
         pthread_mutex_destroy(&s->lock);
         pthread_cond_destroy(&s->cond);
         free(s);
+        return NULL;
+    }
+    if (!emu_streams_add(s)) {
+        ch_emu_stream_destroy(s);
         return NULL;
     }
     return s;
@@ -290,11 +371,31 @@ static ch_emu_stream_t *emu_stream(void *stream) {
 static ncclResult_t emu_push(void *stream, emu_item_t *it) {
     ch_emu_stream_t *s = emu_stream(stream);
     if (s == NULL) {
-        free(it);
+        emu_item_free(it);
         WARN("device emulator: no default stream (out of memory or threads)");
         return ncclSystemError;
     }
     pthread_mutex_lock(&s->lock);
+    if (s->capturing) {
+        /* Recorded, not run. Only launches can be: an event or a copy-engine program would
+         * need the host to see its progress, which a replay does not give it. */
+        const int kind = it->kind;
+        if (kind == EMU_LAUNCH) {
+            if (s->cap_tail)
+                s->cap_tail->next = it;
+            else
+                s->cap_head = it;
+            s->cap_tail = it;
+        } else {
+            s->cap_broken = 1;
+        }
+        pthread_mutex_unlock(&s->lock);
+        if (kind == EMU_LAUNCH) return ncclSuccess;
+        emu_item_free(it);
+        WARN("device emulator: %s queued on a capturing stream cannot be captured",
+             kind == EMU_CE ? "a copy-engine program" : "an event record");
+        return ncclInvalidUsage;
+    }
     if (s->tail)
         s->tail->next = it;
     else
@@ -330,12 +431,14 @@ ncclResult_t ch_emu_stream_sync(ch_emu_stream_t *stream) {
 
 void ch_emu_stream_destroy(ch_emu_stream_t *s) {
     if (s == NULL) return;
+    emu_streams_remove(s);
     (void)ch_emu_stream_sync(s);
     pthread_mutex_lock(&s->lock);
     s->stop = 1;
     pthread_cond_broadcast(&s->cond);
     pthread_mutex_unlock(&s->lock);
     pthread_join(s->thread, NULL);
+    emu_list_free(s->cap_head);
     pthread_mutex_destroy(&s->lock);
     pthread_cond_destroy(&s->cond);
     free(s);
@@ -403,7 +506,9 @@ static ncclResult_t emu_event_record(void *ev, void *stream) {
     it->kind = EMU_EVENT;
     it->ev = e;
     it->ev_gen = ++e->recorded; /* records of one event come from one thread at a time */
-    return emu_push(stream, it);
+    ncclResult_t res = emu_push(stream, it);
+    if (res != ncclSuccess) e->recorded--; /* not queued: nothing to wait for */
+    return res;
 }
 
 static int emu_event_query(void *ev) {
@@ -415,92 +520,142 @@ static void emu_event_destroy(void *ev) {
     free(ev);
 }
 
-/* Shared device memory: a memfd mapped here; a peer of this host opens /proc/<pid>/fd/<fd>. The
- * owner keeps the fd while the block lives (ipc_free closes it). */
-typedef struct {
-    void *p;
-    int fd;
-} emu_ipc_t;
-static emu_ipc_t g_ipc[64];
-static pthread_mutex_t g_ipc_lock = PTHREAD_MUTEX_INITIALIZER;
+/* ---- capture and graphs ---- */
 
-static ncclResult_t emu_ipc_alloc(void **p, size_t bytes, ch_ipc_handle_t *h) {
-    const size_t size = (bytes + 4095) / 4096 * 4096;
-    int fd = memfd_create("chorus-devemu", MFD_CLOEXEC);
-    if (fd < 0 || ftruncate(fd, (off_t)size) != 0) {
-        WARN("device emulator: shared memory of %zu bytes: %s", bytes, strerror(errno));
-        if (fd >= 0) close(fd);
+static ncclResult_t emu_capture_begin(void *stream) {
+    if (stream == NULL) {
+        WARN("device emulator: the default stream cannot be captured");
+        return ncclInvalidUsage;
+    }
+    ch_emu_stream_t *s = (ch_emu_stream_t *)stream;
+    ncclResult_t res = ncclSuccess;
+    pthread_mutex_lock(&s->lock);
+    if (s->capturing) {
+        res = ncclInvalidUsage;
+    } else {
+        s->capturing = 1;
+        s->cap_broken = 0;
+    }
+    pthread_mutex_unlock(&s->lock);
+    if (res != ncclSuccess) WARN("device emulator: stream %p is already capturing", stream);
+    return res;
+}
+
+static ncclResult_t emu_capture_end(void *stream, void **graph) {
+    *graph = NULL;
+    if (stream == NULL) return ncclInvalidUsage;
+    ch_emu_stream_t *s = (ch_emu_stream_t *)stream;
+    pthread_mutex_lock(&s->lock);
+    const int was = s->capturing, broken = s->cap_broken;
+    emu_item_t *head = s->cap_head;
+    s->capturing = s->cap_broken = 0;
+    s->cap_head = s->cap_tail = NULL;
+    pthread_mutex_unlock(&s->lock);
+    if (!was || broken) {
+        emu_list_free(head);
+        WARN("device emulator: stream %p %s", stream,
+             !was ? "was not capturing" : "queued work that cannot be captured: no graph");
+        return ncclInvalidUsage;
+    }
+    emu_graph_t *g = calloc(1, sizeof(*g));
+    if (g == NULL) {
+        emu_list_free(head);
         return ncclSystemError;
     }
-    void *m = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    if (m == MAP_FAILED) {
-        WARN("device emulator: mmap of %zu shared bytes: %s", size, strerror(errno));
-        close(fd);
-        return ncclSystemError;
-    }
-    pthread_mutex_lock(&g_ipc_lock);
-    int slot = -1;
-    for (int i = 0; i < 64 && slot < 0; i++)
-        if (g_ipc[i].p == NULL) slot = i;
-    if (slot >= 0) {
-        g_ipc[slot].p = m;
-        g_ipc[slot].fd = fd;
-    }
-    pthread_mutex_unlock(&g_ipc_lock);
-    if (slot < 0) {
-        WARN("device emulator: more than 64 shared blocks");
-        munmap(m, size);
-        close(fd);
-        return ncclSystemError;
-    }
-    memset(h, 0, sizeof(*h));
-    h->pid = getpid();
-    h->fd = fd;
-    h->bytes = size;
-    *p = m;
+    g->head = head;
+    *graph = g;
     return ncclSuccess;
 }
 
-static ncclResult_t emu_ipc_open(const ch_ipc_handle_t *h, void **p) {
-    char path[64];
-    snprintf(path, sizeof(path), "/proc/%lld/fd/%lld", (long long)h->pid, (long long)h->fd);
-    int fd = open(path, O_RDWR | O_CLOEXEC);
-    if (fd < 0) {
-        WARN("device emulator: cannot open the shared block %s: %s", path, strerror(errno));
-        return ncclSystemError;
-    }
-    void *m = mmap(NULL, (size_t)h->bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    close(fd);
-    if (m == MAP_FAILED) {
-        WARN("device emulator: mmap of the shared block %s: %s", path, strerror(errno));
-        return ncclSystemError;
-    }
-    *p = m;
+static ncclResult_t emu_stream_capturing(void *stream, int *capturing) {
+    *capturing = 0;
+    if (stream == NULL) return ncclSuccess; /* the default stream never captures */
+    ch_emu_stream_t *s = (ch_emu_stream_t *)stream;
+    pthread_mutex_lock(&s->lock);
+    *capturing = s->capturing;
+    pthread_mutex_unlock(&s->lock);
     return ncclSuccess;
 }
 
-static void emu_ipc_free(void *p, size_t bytes) {
-    if (p == NULL) return;
-    const size_t size = (bytes + 4095) / 4096 * 4096;
-    pthread_mutex_lock(&g_ipc_lock);
-    for (int i = 0; i < 64; i++) {
-        if (g_ipc[i].p == p) {
-            close(g_ipc[i].fd);
-            g_ipc[i].p = NULL;
+/* A copy of a graph's launches (the list from head, and its tail); NULL when out of memory. */
+static emu_item_t *emu_list_copy(const emu_item_t *head, emu_item_t **tail, size_t *n) {
+    emu_item_t *first = NULL, *last = NULL;
+    *n = 0;
+    for (const emu_item_t *it = head; it; it = it->next) {
+        emu_item_t *c = malloc(sizeof(*c));
+        if (c == NULL) {
+            emu_list_free(first);
+            return NULL;
         }
+        *c = *it;
+        c->next = NULL;
+        if (last)
+            last->next = c;
+        else
+            first = c;
+        last = c;
+        (*n)++;
     }
-    pthread_mutex_unlock(&g_ipc_lock);
-    munmap(p, size);
+    *tail = last;
+    return first;
 }
 
-static ncclResult_t emu_host_register(void *p, size_t bytes) {
-    (void)p;
-    (void)bytes;
-    return ncclSuccess; /* the emulator's "device" reaches all host memory */
+static ncclResult_t emu_graph_instantiate(void **exec, void *graph) {
+    *exec = NULL;
+    const emu_graph_t *g = (const emu_graph_t *)graph;
+    emu_graph_t *x = calloc(1, sizeof(*x));
+    emu_item_t *tail;
+    size_t n;
+    if (x == NULL) return ncclSystemError;
+    x->head = emu_list_copy(g->head, &tail, &n);
+    if (g->head && x->head == NULL) {
+        free(x);
+        return ncclSystemError;
+    }
+    *exec = x;
+    return ncclSuccess;
 }
 
-static void emu_host_unregister(void *p) {
-    (void)p;
+static ncclResult_t emu_graph_launch(void *exec, void *stream) {
+    const emu_graph_t *x = (const emu_graph_t *)exec;
+    emu_item_t *tail = NULL;
+    size_t n = 0;
+    emu_item_t *head = emu_list_copy(x->head, &tail, &n);
+    if (x->head && head == NULL) {
+        WARN("device emulator: out of memory launching a graph");
+        return ncclSystemError;
+    }
+    if (head == NULL) return ncclSuccess; /* an empty graph */
+    ch_emu_stream_t *s = emu_stream(stream);
+    if (s == NULL) {
+        emu_list_free(head);
+        return ncclSystemError;
+    }
+    pthread_mutex_lock(&s->lock);
+    const int capturing = s->capturing;
+    if (!capturing) {
+        if (s->tail)
+            s->tail->next = head;
+        else
+            s->head = head;
+        s->tail = tail;
+        s->queued += n;
+        pthread_cond_broadcast(&s->cond);
+    }
+    pthread_mutex_unlock(&s->lock);
+    if (capturing) {
+        emu_list_free(head);
+        WARN("device emulator: a graph launched on a capturing stream (not emulated)");
+        return ncclInvalidUsage;
+    }
+    return ncclSuccess;
+}
+
+static void emu_graph_destroy(void *graph) {
+    emu_graph_t *g = (emu_graph_t *)graph;
+    if (g == NULL) return;
+    emu_list_free(g->head);
+    free(g);
 }
 
 static ncclResult_t emu_ce_check(int dev, const char **why) {
@@ -550,13 +705,20 @@ static const ch_rt_t g_emu_rt = {
     .event_record = emu_event_record,
     .event_query = emu_event_query,
     .event_destroy = emu_event_destroy,
-    .ipc_alloc = emu_ipc_alloc,
-    .ipc_open = emu_ipc_open,
-    .ipc_free = emu_ipc_free,
-    .host_register = emu_host_register,
-    .host_unregister = emu_host_unregister,
+    .ipc_alloc = ch_emu_ipc_alloc,
+    .ipc_open = ch_emu_ipc_open,
+    .ipc_free = ch_emu_ipc_free,
+    .host_register = ch_emu_host_register,
+    .host_unregister = ch_emu_host_unregister,
     .ce_check = emu_ce_check,
     .ce_launch = emu_ce_launch,
+    .capture_begin = emu_capture_begin,
+    .capture_end = emu_capture_end,
+    .stream_capturing = emu_stream_capturing,
+    .graph_instantiate = emu_graph_instantiate,
+    .graph_launch = emu_graph_launch,
+    .graph_destroy = emu_graph_destroy,
+    .graph_exec_destroy = emu_graph_destroy,
 };
 
 const ch_rt_t *ch_rt_emu(void) {

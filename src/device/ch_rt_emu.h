@@ -34,6 +34,9 @@ void ch_emu_stream_destroy(ch_emu_stream_t *s);
 /* Waits until the work queued on s (NULL: the default stream) so far has run; ncclSystemError
  * past twice CHORUS_TIMEOUT (each launch ends by CHORUS_TIMEOUT). */
 ncclResult_t ch_emu_stream_sync(ch_emu_stream_t *s);
+/* 1 when stream is an emulated stream (*capturing: whether it is being captured), else 0 (a CUDA
+ * stream, or NULL). The emulator's capture and graphs are entries of ch_rt_emu() (ch_rt.h). */
+int ch_emu_stream_capture_status(const void *stream, int *capturing);
 /* Launches the stream has run (tests count them). */
 unsigned long ch_emu_stream_launches(ch_emu_stream_t *s);
 

@@ -171,7 +171,7 @@ void ch_op_hdr_make(ch_op_hdr_t *h, int coll, ncclDataType_t dtype, int redop_ki
 static uint32_t exchange_headers(ch_blk_t *b) {
     const ch_plan_t *p = &b->a->plan;
     const int r = p->rank, c = b->c, n = p->nranks;
-    const ch_op_hdr_t h = b->a->hdr;
+    const ch_op_hdr_t h = ch_block_hdr(b->a, c);
     int tx[CH_CPU_MAX_RANKS], rx[CH_CPU_MAX_RANKS], ntx = 0, nrx = 0;
     if (ch_coll_is_ring(p->coll)) {
         if (n > 1) {

@@ -115,8 +115,11 @@ typedef struct chorus_transport_ops {
     void (*close)(chorus_conn_t *conn);
     /* Optional, sender side, for transports whose send_drained only says that the data left
      * this rank (TCP: it is in the kernel). done once the receiver has released every chunk
-     * committed so far, or has closed the connection. *word_p: the receiver's fin_word when it
-     * answered (0 when it closed, or had not set one). NULL: send_drained already means that. */
+     * committed so far, or has closed the connection, or (TCP) has every chunk delivered to its
+     * slots and neither consumed them nor started its finalize within a short grace, so that
+     * a receiver whose application is busy elsewhere is not waited for. *word_p: the receiver's
+     * fin_word when it answered (0 when it closed, had not set one, or the grace ended). NULL:
+     * send_drained already means that. */
     ncclResult_t (*send_consumed)(chorus_conn_t *conn, int *done_p, uint64_t *word_p);
 } chorus_transport_ops_t;
 

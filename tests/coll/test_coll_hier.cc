@@ -12,6 +12,8 @@
 //     mid-op gives every survivor an error naming it.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -133,11 +135,14 @@ TEST(CollHier, Model) {
     coll_model_links(links);
     const coll_link_cost_t &s = links[COLL_LINK_SHM], &l = links[COLL_LINK_TCP_INTER];
     const coll_model_comm_t m{4, 2, COLL_LINK_TCP_INTER, 0, 2};
-    // 2 hosts x 2: a shard of B/2, one tree hop each way (H = 2), each host sends B over its link.
+    // 2 hosts x 2: a shard of B/2 in 8 columns of 64 KiB. The first column: to its owner over
+    // shm, one tree hop each way (H = 2), the host's second chunk behind the first on its link,
+    // back over shm. Each further column: two chunks through each rank's shm queue, or two
+    // through each host's link (both ranks' trees, one edge each way per host).
     const double got = coll_model_time_us(&m, links, COLL_ALLREDUCE, COLL_ALGO_HIER, MiB, 64 * KiB);
-    const double want = 2 * (s.alpha_us + 64 * KiB / s.beta) +
-                        2 * (l.alpha_us + 64 * KiB / l.beta) +
-                        std::fmax(1.0 * MiB / s.beta, 1.0 * MiB / l.beta);
+    const double c = 64 * KiB;
+    const double want = 2 * (s.alpha_us + c / s.beta) + 2 * (l.alpha_us + c / l.beta) +
+                        c / l.beta + 7 * std::fmax(2 * c / s.beta, 2 * c / l.beta);
     EXPECT_NEAR(got, want, 1e-6);
     const coll_model_comm_t uneven{4, 2, COLL_LINK_TCP_INTER, 0, 0};
     EXPECT_GT(coll_model_time_us(&uneven, links, COLL_ALLREDUCE, COLL_ALGO_HIER, MiB, 0), 1e20);
@@ -159,9 +164,24 @@ TEST(CollHier, Model) {
     for (size_t bytes : {1 * MiB, 16 * MiB, 256 * MiB})
         EXPECT_EQ(choose(m, bytes, all), COLL_ALGO_HIER) << bytes;
     EXPECT_EQ(choose(m, 8, small | (1u << COLL_ALGO_HIER)), COLL_ALGO_LL);
-    // 8 hosts x 8 ranks at 1 MiB: the ring's 126 steps lose to the tree and to hier.
+    // 8 hosts x 8 ranks over TCP: at 1 MiB the host-ordered ring, whose 126 steps are shm but
+    // for 8, sends 2(n-1)/n B through each host link, less than the host tree's busiest host
+    // (chorus_sim: ring 1.7 ms, hier 2.7 ms, tree 3.2 ms); with 1 ms per hop between hosts the
+    // ring's 16 hops across cost more than hier's 6 and the tree's: hier.
     const coll_model_comm_t big{64, 8, COLL_LINK_TCP_INTER, 0, 8};
-    EXPECT_EQ(choose(big, MiB, all), COLL_ALGO_HIER);
+    EXPECT_EQ(choose(big, MiB, all), COLL_ALGO_RING);
+    coll_link_cost_t slow[COLL_LINK_NCLASSES];
+    std::copy(links, links + COLL_LINK_NCLASSES, slow);
+    slow[COLL_LINK_TCP_INTER].alpha_us = 1000;
+    coll_plan_in_t in;
+    in.coll = COLL_ALLREDUCE;
+    in.bytes = in.total = MiB;
+    in.esize = 4;
+    in.allow = COLL_ALLOW_ALL;
+    in.supported = all;
+    in.forced = 0;
+    const char *why = nullptr;
+    EXPECT_EQ(coll_model_choose(&big, slow, &in, &why), COLL_ALGO_HIER);
     // Not supported (uneven layout): never chosen.
     EXPECT_NE(choose(uneven, 16 * MiB, base), COLL_ALGO_HIER);
 }

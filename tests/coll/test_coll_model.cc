@@ -103,6 +103,7 @@ const char *algo_name(int id) {
     case COLL_ALGO_ONESHOT: return "oneshot";
     case COLL_ALGO_DIRECT: return "direct";
     case COLL_ALGO_TREE: return "tree";
+    case COLL_ALGO_HIER: return "hier";
     default: return "none";
     }
 }
@@ -215,6 +216,69 @@ TEST(CostModel, AcrossHostsTheModelDecides) {
         tree_prev = tree;
         ring_prev = ring;
     }
+}
+
+// Several ranks per host, the host's link shared by them (ranks in host blocks): a ring in host
+// order crosses hosts on H of its n edges, recursive doubling's first log2(L) rounds stay inside
+// the hosts while the rest send L messages through each host's link, and the host link or
+// shared memory, whichever is slower, bounds the ring. Worked out here from those structures.
+TEST(CostModel, HostsShareTheirLink) {
+    coll_link_cost_t links[COLL_LINK_NCLASSES];
+    coll_model_links(links);
+    const coll_link_cost_t &s = links[COLL_LINK_SHM], &x = links[COLL_LINK_TCP_INTER];
+    const coll_model_comm_t m{16, 2, COLL_LINK_TCP_INTER, 0, 8}; // 2 hosts x 8 ranks
+    const double b = 64 * KiB;
+    // Ring: 30 steps of B/16, 2 of every 16 edges between hosts: the chain of 30 such steps, or
+    // 30/16 B back to back through the slower queue and a hop, whichever is longer.
+    const double ring_step =
+        (2 * (x.alpha_us + b / 16 / x.beta) + 14 * (s.alpha_us + b / 16 / s.beta)) / 16;
+    const double ring_want =
+        std::fmax(30 * ring_step, 30.0 / 16 * b / std::fmin(x.beta, s.beta) + x.alpha_us);
+    EXPECT_NEAR(coll_model_time_us(&m, links, COLL_ALLREDUCE, COLL_ALGO_RING, 64 * KiB, 0),
+                ring_want, 1e-6);
+    // Recursive doubling over 16 = 2^4: rounds 1-3 inside the hosts, round 4 across with the
+    // 8 ranks of a host sending B each through its link.
+    const double rd_want = 3 * (s.alpha_us + b / s.beta) + (x.alpha_us + 8 * b / x.beta);
+    EXPECT_NEAR(coll_model_time_us(&m, links, COLL_ALLREDUCE, COLL_ALGO_LL, 64 * KiB, 0), rd_want,
+                1e-6);
+    // 24 ranks (3 hosts x 8): 8 folded pairs, then 16; the fold is inside the hosts, rounds 1
+    // and 2 too (pairs of blocks of 4 folded ranks, 8 = L), round 3 is not (8 folded ranks'
+    // blocks span 16 real ranks) and neither is round 4.
+    const coll_model_comm_t m3{24, 3, COLL_LINK_TCP_INTER, 0, 8};
+    const double rd3 = 2 * (s.alpha_us + b / s.beta) + 2 * (s.alpha_us + b / s.beta) +
+                       2 * (x.alpha_us + 8 * b / x.beta);
+    EXPECT_NEAR(coll_model_time_us(&m3, links, COLL_ALLREDUCE, COLL_ALGO_LL, 64 * KiB, 0), rd3,
+                1e-6);
+    // One rank per host: the link is the rank's own, every step crosses (the flat model).
+    const coll_model_comm_t flat{16, 16, COLL_LINK_TCP_INTER, 0, 1};
+    EXPECT_NEAR(coll_model_time_us(&flat, links, COLL_ALLREDUCE, COLL_ALGO_LL, 64 * KiB, 0),
+                4 * (x.alpha_us + b / x.beta), 1e-6);
+}
+
+// At 1k-100k ranks of 8 per host over RDMA the hierarchical all-reduce is the fastest from
+// 64 KiB (the simulator's table in docs/performance.md): the flat tree's busiest host has 6 or
+// more tree edges to other hosts (B/2 each way on each) and its ranks their edges inside the
+// host over shared memory, where hier's host has at most 6 edges of the host tree and its ranks
+// 2(L-1)/L B of shared-memory traffic; recursive doubling's 7+ rounds across hosts each send 8 B
+// through the host's link.
+TEST(CostModel, ManyHostsOfEightRanksRunHier) {
+    for (int n : {1024, 8192, 100000})
+        for (size_t bytes : {64 * KiB, 1 * MiB, 16 * MiB, 256 * MiB}) {
+            const coll_model_comm_t m{n, n / 8, COLL_LINK_IB, 0, 8};
+            coll_link_cost_t links[COLL_LINK_NCLASSES];
+            coll_model_links(links);
+            coll_plan_in_t in;
+            in.coll = COLL_ALLREDUCE;
+            in.bytes = in.total = bytes;
+            in.esize = 4;
+            in.allow = COLL_ALLOW_ALL;
+            in.supported = supported(COLL_ALLREDUCE, n, false, bytes) | 1u << COLL_ALGO_HIER;
+            in.forced = 0;
+            const char *why = nullptr;
+            const int got = coll_model_choose(&m, links, &in, &why);
+            EXPECT_EQ(got, COLL_ALGO_HIER) << n << " ranks, " << bytes << " bytes: "
+                                           << algo_name(got);
+        }
 }
 
 // The tree's place in the model: 2(d-1) hops of a chunk plus what the busiest rank sends.

@@ -436,8 +436,9 @@ TEST(CudaColl, InitAllOneThreadGroup) {
     for (int r = 0; r < n; r++) EXPECT_EQ(ncclCommDestroy(comms[r]), ncclSuccess);
 }
 
-// A collective on a stream that is being captured must be refused with ncclInvalidUsage and a
-// message, and leave the communicator usable.
+// A staged collective (one rank: CHORUS_DEVICE_PATH=auto keeps it staged) on a stream that is being
+// captured must be refused with ncclInvalidUsage and a message, and leave the communicator usable.
+// (The device path's kernel takes capture: CudaDevPath.GraphReplaysThreads.)
 TEST(CudaColl, GraphCaptureRefused) {
     SKIP_WITHOUT_GPU_PATH();
     ncclComm_t comm;

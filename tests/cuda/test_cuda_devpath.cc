@@ -2,7 +2,9 @@
 // kernel): thread ranks of this process share GPU 0, buffers from cudaMalloc, one cudaStream per
 // rank; every collective (send/recv as a group), sum and avg (and max for int32), float32 and
 // int32, counts 1, 1001 and 1 Mi, in and out of place, 2 and 4 ranks; plus ops back to back on one
-// stream and a mismatched op (ncclInvalidUsage on every rank). The same cases run on the CPU under
+// stream and a mismatched op (ncclInvalidUsage on every rank); an all-reduce captured into a CUDA
+// graph (through the runtime table's capture entries) and replayed 100 times with new inputs,
+// ordinary calls between replays, 2 and 4 ranks. The same cases run on the CPU under
 // the device emulator (tests/device/test_device_path.cc); here they check the kernel itself.
 // CudaDevPathProcs: forked processes sharing GPU 0 take copy-engine programs (=ce): every
 // collective between 2 and 3 processes, and a peer killed mid-op. Skipped without a GPU.
@@ -19,6 +21,7 @@
 #include "../device/device_ref.h"
 #include "cuda_test_util.h"
 #include "device/ch_plan.h"
+#include "device/ch_rt.h"
 #include "launch.h"
 #include "nccl.h"
 
@@ -180,6 +183,60 @@ TEST_F(CudaDevPath, EveryCollectiveThreads) {
     for (int n : {2, 4}) {
         SCOPED_TRACE("n=" + std::to_string(n));
         with_ranks(n, every_collective);
+    }
+}
+
+// An all-reduce captured on each rank's stream (ch_rt_cuda's capture entries: thread-local capture,
+// cudaGraphInstantiate, cudaGraphLaunch), replayed 100 times, each with new inputs copied in and
+// the output cleared first, every replay checked; an ordinary all-reduce after every 10th.
+TEST_F(CudaDevPath, GraphReplaysThreads) {
+    const ch_rt_t *rt = ch_rt_cuda();
+    ASSERT_NE(rt, nullptr);
+    for (int n : {2, 4}) {
+        SCOPED_TRACE("n=" + std::to_string(n));
+        with_ranks(n, [&](R &k) -> int {
+            for (size_t count : {(size_t)1001, kMaxCount}) {
+                int32_t *in = (int32_t *)k.sbuf, *out = (int32_t *)k.rbuf;
+                RANK_NCCL(rt->capture_begin(k.st));
+                const ncclResult_t call =
+                    ncclAllReduce(in, out, count, ncclInt32, ncclSum, k.comm, k.st);
+                void *graph = nullptr, *exec = nullptr;
+                RANK_NCCL(rt->capture_end(k.st, &graph));
+                RANK_NCCL(call);
+                RANK_NCCL(rt->graph_instantiate(&exec, graph));
+                rt->graph_destroy(graph);
+                auto value = [](int r, size_t j, int i) {
+                    return (int32_t)((r + 1) * 1000003 + (int64_t)j * 7 + (int64_t)i * 131);
+                };
+                std::vector<int32_t> h(count);
+                for (int i = 0; i < 100; i++) {
+                    for (size_t j = 0; j < count; j++)
+                        h[j] = value(k.r, j, i);
+                    RANK_CUDA(cudaMemcpyAsync(in, h.data(), count * 4, cudaMemcpyHostToDevice,
+                                              k.st));
+                    RANK_CUDA(cudaMemsetAsync(out, 0xa5, count * 4, k.st));
+                    RANK_NCCL(rt->graph_launch(exec, k.st));
+                    RANK_CUDA(cudaStreamSynchronize(k.st));
+                    RANK_CUDA(cudaMemcpy(h.data(), out, count * 4, cudaMemcpyDeviceToHost));
+                    for (size_t j = 0; j < count; j++) {
+                        uint32_t want = 0;
+                        for (int q = 0; q < k.n; q++)
+                            want += (uint32_t)value(q, j, i);
+                        RANK_CHECK((uint32_t)h[j] == want,
+                                   "count %zu replay %d: element %zu is %d, want %d\n", count, i,
+                                   j, h[j], (int32_t)want);
+                    }
+                    if (i % 10 == 9 &&
+                        run_op(k, CH_COLL_ALLREDUCE, ncclInt32, ncclSum, 3001 + (size_t)i, false))
+                        return 1;
+                }
+                rt->graph_exec_destroy(exec);
+            }
+            ncclResult_t async = ncclSuccess;
+            RANK_NCCL(ncclCommGetAsyncError(k.comm, &async));
+            RANK_CHECK(async == ncclSuccess, "async %s\n", ncclGetErrorString(async));
+            return 0;
+        });
     }
 }
 

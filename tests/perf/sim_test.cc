@@ -181,6 +181,43 @@ TEST(Sim, TunerPicksTheSimulatorsFastest) {
     }
 }
 
+// Thousands of ranks, 8 per host, RDMA between hosts at the cost model's default constants (the
+// docs' 1k-100k table): the tuner's pick runs within 10% of the simulator's fastest algorithm at
+// every size. A model that charges every step of the flat algorithms the network and gives each
+// rank its host's whole NIC picks recursive doubling at 64 KiB (2.7x hier's time) and the flat
+// tree from 1 MiB (1.4x) here. Runs past 1 million messages are extrapolated from their first
+// pipeline units (ExtrapolationIsCloseToTheFullRun bounds what that costs).
+TEST(Sim, TunerPicksTheSimulatorsFastestAtScale) {
+    for (int n : {1024, 8192, 100000}) {
+        for (size_t bytes : {(size_t)64 << 10, (size_t)1 << 20, (size_t)16 << 20}) {
+            sim_net_t net;
+            memset(&net, 0, sizeof(net));
+            net.net_class = 1; // RDMA
+            sim_net_defaults(&net);
+            net.nranks = n;
+            net.host_ranks = 8;
+            net.max_events = 1000000;
+            const char *name, *why;
+            const int tuned = sim_tuner_choice(&net, bytes, &name, &why);
+            ASSERT_GE(tuned, 0) << n << " ranks, " << bytes << " bytes: tuner " << name;
+            int best = -1;
+            double best_us = 0, tuned_us = 0;
+            for (int a : {SIM_RING, SIM_TREE, SIM_HIER, SIM_RD}) {
+                if (!sim_algo_applies(&net, a, bytes)) continue;
+                const double us = Simulate(net, a, bytes);
+                if (a == tuned) tuned_us = us;
+                if (best < 0 || us < best_us) {
+                    best = a;
+                    best_us = us;
+                }
+            }
+            EXPECT_LE(tuned_us, best_us * 1.10)
+                << n << " ranks, " << bytes << " bytes: tuner " << name << " (" << tuned_us
+                << " us), simulator " << sim_algo_name(best) << " (" << best_us << " us)";
+        }
+    }
+}
+
 // More ranks than cores: shared-memory steps cost ranks / cores times their latency and
 // transfer time (4 ranks on 2 cores: twice).
 TEST(Sim, CoresScaleSharedMemorySteps) {

@@ -3,6 +3,8 @@
 # here can import torch; CI installs Debian's python3-torch (scripts/install_deps.sh).
 #
 #  torch_ops_{2,3}       every op of the chorus backend against gloo (chorusrun -n 2 / -n 3)
+#  torch_groups_{2,3}    chorus as the default backend: async Works (wait, is_completed,
+#                        futures), new_group subgroups, PREMUL_SUM, against gloo
 #  torch_ddp_{2,4}       DDP over chorus, and gloo DDP with chorus_torch.allreduce_hook, reach
 #                        gloo's parameters after 100 steps
 #  torch_kill            a SIGKILLed rank makes the others raise with a message naming it
@@ -54,12 +56,16 @@ function(chorus_torch_tests prefix py launcher)
   foreach(n 2 3)
     add_test(NAME ${prefix}_ops_${n} COMMAND ${run} ${n} ${prog} ${dir}/torch_ops.py)
   endforeach()
+  foreach(n 2 3)
+    add_test(NAME ${prefix}_groups_${n} COMMAND ${run} ${n} ${prog} ${dir}/torch_groups.py)
+  endforeach()
   foreach(n 2 4)
     add_test(NAME ${prefix}_ddp_${n} COMMAND ${run} ${n} ${prog} ${dir}/torch_ddp.py)
   endforeach()
   add_test(NAME ${prefix}_kill COMMAND ${py} ${dir}/torch_kill.py 2)
   add_test(NAME ${prefix}_destroy COMMAND ${run} 2 ${prog} ${dir}/torch_destroy.py)
-  set(tests ${prefix}_ops_2 ${prefix}_ops_3 ${prefix}_ddp_2 ${prefix}_ddp_4 ${prefix}_kill
+  set(tests ${prefix}_ops_2 ${prefix}_ops_3 ${prefix}_groups_2 ${prefix}_groups_3 ${prefix}_ddp_2
+      ${prefix}_ddp_4 ${prefix}_kill
       ${prefix}_destroy)
   if(NOT launcher STREQUAL "torchrun")
     add_test(NAME ${prefix}_initenv_chorusrun

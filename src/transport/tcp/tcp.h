@@ -22,8 +22,9 @@
  * that did all the I/O, with the caller only polling memory, reached about half of a plain TCP
  * stream; inline I/O reaches about all of it.) With SOCKET_NTHREADS=0 there are no helpers and data moves only inside the caller's calls.
  * A receiving end may run without helpers (SOCKET_RECV_NTHREADS=0): its caller reads when it
- * polls, and the kernel's receive buffer holds what arrives meanwhile; that is faster on a quiet
- * machine and slower on a loaded one (tcp_setup.c), so by default it has as many as the sender.
+ * polls, and the kernel's receive buffer holds what arrives meanwhile (the default; measured in
+ * tcp_setup.c). A receiving end with helpers has them running from connect to close (a receiver
+ * has no commit to start them on); one without is on the process's list of such ends (below).
  * The receiver reads a header, waits until
  * slot step % nslots is released by the consumer (leaving the bytes in the kernel, so TCP flow
  * control holds the sender back), reads the payload straight into the slot and, when the last piece
@@ -40,11 +41,24 @@
  *   tcp_conn.c     the data-path ops (acquire/commit/drained, peek/release, progress), ops table
  *
  * Consumption. send_drained is done once the kernel has taken every piece; that is not yet
- * consumed. At finalize the collective engine asks (send_consumed): the sender writes one SYNC
- * header carrying its head on socket 0, the receiver answers on the same socket, in the other
- * direction, once its consumer released every step before it, with the word the engine left on
- * the receiving connection (how many chunks that rank sent back the other way).
- *   tcp_worker.c   per-socket send/receive state machines
+ * delivered. At finalize the collective engine asks (send_consumed): the sender writes one SYNC
+ * header carrying its head S on socket 0, and the receiver's transport answers on the same socket,
+ * in the other direction, with the word the engine left on the receiving connection (how many
+ * chunks that rank sent back the other way, 0 while it is not finalizing). It answers once every
+ * step before S has been delivered to its slots, whether or not its application took them: a
+ * helper thread reads and answers while the application is elsewhere (finalizing another
+ * communicator that waits for this rank, say). That answer is final when the consumer had
+ * released every step or the receiver is finalizing (word set). Otherwise a second, final answer
+ * follows when either happens, and the sender waits for it at most TCP_FIN_GRACE_NS: long enough
+ * for a peer that finalizes at about the same time to say how many chunks it sent (so that a
+ * message it sent that no receive took is reported here, not lost), never as long as a peer whose
+ * application is busy elsewhere would take. A receiving end without helpers
+ * (SOCKET_RECV_NTHREADS=0, the default) is read by its application's calls, and also by any
+ * thread of its process that waits in send_consumed (tcp_rx_idle): a rank finalizing one
+ * communicator answers the SYNCs of its others. Otherwise (its application is busy outside
+ * Chorus), or when more than nslots chunks wait unconsumed, the first answer comes only once
+ * the receiver's application reads.
+ *   tcp_worker.c   per-socket send/receive state machines, the list of ends without helpers
  *   tcp_progress.c the process's helper threads, serving every connection's sockets
  */
 #ifndef CHORUS_TRANSPORT_TCP_H_
@@ -78,7 +92,7 @@
 
 #define TCP_BLOB_MAGIC 0x54435042u                /* "TCPB" */
 #define TCP_HANDSHAKE_MAGIC 0x43484f5255535443ull /* "CHORUSTC" */
-#define TCP_WIRE_VERSION 3u /* 2: the challenge-response; 3: its 256-bit key */
+#define TCP_WIRE_VERSION 3u /* 2: the challenge-response; 3: its 256-bit key, two answers to SYNC */
 #define TCP_AUTH_LABEL "chorus-tcp-v3"
 #define TCP_ACK_MAGIC 0x4143484f52555321ull
 #define TCP_HDR_DATA 0x44415441u   /* "DATA" */
@@ -155,11 +169,15 @@ typedef struct {
     uint32_t kind; /* TCP_HDR_DATA, TCP_HDR_DIRECT or TCP_HDR_CLOSE */
 } tcp_hdr_t;
 
-/* The receiver's answer to a SYNC header (step S), written back on socket 0 once the consumer has
- * released every step before S: the one message that flows from receiver to sender. */
+/* The receiver's answer to a SYNC header (step S), written back on socket 0 once every step
+ * before S was delivered: the one message that flows from receiver to sender (at most two of them:
+ * a first one without TCP_ACK_FINAL, then the final one). */
+#define TCP_ACK_FINAL 1u /* released >= S, or the receiver is finalizing (word != 0) */
+/* How long a sender whose chunks were delivered but not consumed waits for the final answer. */
+#define TCP_FIN_GRACE_NS 3000000000ull
 typedef struct {
     uint32_t magic; /* TCP_ACK_CONSUMED */
-    uint32_t pad;
+    uint32_t flags; /* TCP_ACK_FINAL */
     uint64_t released; /* steps the consumer has released */
     uint64_t word;     /* the receiving chorus_conn_t's fin_word */
 } tcp_consumed_t;
@@ -231,12 +249,22 @@ typedef struct tcp_conn {
     int *slot_dsock;      /* ... waiting on this socket */
     int closed_socks;
     /* Consumption check (send_consumed). Receiver: sync_want is S + 1 once a SYNC for step S was
-     * read (helper or caller), sync_acked the same once its answer was written (whoever claims
-     * it first writes). Sender: how much of its SYNC and of the answer have passed. */
-    uint64_t sync_want, sync_acked;
+     * read (helper or caller); sync_state tells which answers were written (TCP_SYNC_*); one
+     * thread at a time evaluates and writes them (sync_lock), and a thread that finds the lock
+     * taken sets sync_again so the holder looks once more. Sender: how much of its SYNC and of
+     * the current answer have passed, and when a first, not final, answer came. */
+    uint64_t sync_want;
+    int sync_state, sync_lock, sync_again;
     size_t sync_sent, ack_got;
+    uint64_t ack_first_ns;
     tcp_hdr_t sync_hdr;
     tcp_consumed_t ack;
+
+    /* A receiving end without helpers is listed process-wide (rx_prev/rx_next, rx_listed), so
+     * that a thread of this process waiting in send_consumed answers its SYNCs (tcp_rx_idle). */
+    struct tcp_conn *rx_prev, *rx_next;
+    int rx_listed;
+    int rx_pid; /* the process whose list it is on (a fork's child starts with none) */
 
     int nthreads; /* helper lanes: socket i is served by lane i % nthreads ... */
     uint8_t lane_helper[TCP_MAX_THREADS]; /* ... and lane l by the process's helper this */
@@ -277,7 +305,9 @@ void tcp_ifname_of(const chorus_sockaddr_t *addr, char *buf, int len);
 uint32_t tcp_split(const tcp_conn_t *tc, size_t bytes, size_t *piece_p);
 int tcp_sock_send_pass(tcp_conn_t *tc, tcp_sock_t *s);
 int tcp_sock_recv_pass(tcp_conn_t *tc, tcp_sock_t *s);
-/* Receiver: write the answer to a SYNC once the consumer has released every step before it. */
+/* Receiver: write the answers to a SYNC that are due (every step before it delivered; released
+ * or finalizing for the final one). Called whenever one of those may have changed. */
+enum { TCP_SYNC_NONE = 0, TCP_SYNC_DELIVERED = 1, TCP_SYNC_FINAL = 2 };
 void tcp_sync_answer(tcp_conn_t *tc);
 /* Read a published direct chunk from its socket into dst (blocking, with the deadline). */
 ncclResult_t tcp_recv_direct(tcp_conn_t *tc, int slot, void *dst, size_t bytes);
@@ -289,6 +319,16 @@ int tcp_drive_all(tcp_conn_t *tc);
  * this returns). */
 ncclResult_t tcp_threads_start(tcp_conn_t *tc);
 void tcp_threads_stop(tcp_conn_t *tc);
+/* The process-wide list of receiving ends without helper threads. Nobody reads such an end
+ * while its application is elsewhere, so a SYNC from a finalizing peer would wait there for the
+ * application: two ranks that finalize two communicators in opposite orders would each wait for
+ * the other until the deadline. A thread waiting in send_consumed therefore runs one receive pass
+ * over every listed end (tcp_rx_idle), as a helper would: the chunks land in their slots and
+ * the SYNC is answered, whichever communicator (or thread rank) the end belongs to. Close takes
+ * an end off the list before it frees anything; a pass runs under the list's lock. */
+void tcp_rx_list_add(tcp_conn_t *tc);
+void tcp_rx_list_remove(tcp_conn_t *tc);
+void tcp_rx_idle(void);
 
 /* tcp_progress.c: the process's helper threads, shared by every connection. */
 ncclResult_t tcp_pool_add(tcp_conn_t *tc);

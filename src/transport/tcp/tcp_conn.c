@@ -224,10 +224,12 @@ static ncclResult_t tcp_recv_release(chorus_conn_t *conn) {
 }
 
 /* Once the kernel has taken every piece, write a SYNC with the head on socket 0 (under its lock:
- * no piece is in flight then, so the header cannot split one), then read the receiver's answer
- * from the same socket. The answer says how many steps its consumer released; a receiver that
- * closes instead (EOF, reset) ends the wait too: nothing can be consumed any more. */
-static ncclResult_t tcp_send_consumed(chorus_conn_t *conn, int *done_p, uint64_t *word_p) {
+ * no piece is in flight then, so the header cannot split one), then read the receiver's answers
+ * from the same socket (tcp.h). A final answer ends the wait with the receiver's word; after a
+ * first one (every step delivered, not all consumed, the receiver not finalizing) the wait for
+ * the final one lasts at most TCP_FIN_GRACE_NS, then ends with word 0. A receiver that closes
+ * (EOF, reset) ends it too: nothing can be consumed any more. */
+static ncclResult_t tcp_send_consumed_pass(chorus_conn_t *conn, int *done_p, uint64_t *word_p) {
     tcp_conn_t *tc = conn->priv;
     *done_p = 0;
     *word_p = 0;
@@ -251,27 +253,55 @@ static ncclResult_t tcp_send_consumed(chorus_conn_t *conn, int *done_p, uint64_t
         else if (r == -1 && e != EAGAIN && e != EWOULDBLOCK && e != EINTR) *done_p = 1;
         return ncclSuccess; /* a receiver that is gone consumes nothing more */
     }
-    while (tc->ack_got < sizeof(tc->ack)) {
-        ssize_t r = recv(s->fd, (char *)&tc->ack + tc->ack_got, sizeof(tc->ack) - tc->ack_got,
-                         MSG_DONTWAIT);
-        if (r > 0) {
-            tc->ack_got += (size_t)r;
-            continue;
-        }
-        if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
+    for (;;) {
+        while (tc->ack_got < sizeof(tc->ack)) {
+            ssize_t r = recv(s->fd, (char *)&tc->ack + tc->ack_got, sizeof(tc->ack) - tc->ack_got,
+                             MSG_DONTWAIT);
+            if (r > 0) {
+                tc->ack_got += (size_t)r;
+                continue;
+            }
+            if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
+                if (tc->ack_first_ns && chorus_now_ns() - tc->ack_first_ns > TCP_FIN_GRACE_NS) {
+                    INFO(SUB_NET, "tcp: rank %d took every chunk to it into its slots but did not "
+                         "consume them or start its own finalize within %.0f s; not waiting for "
+                         "its count of chunks towards this rank",
+                         tc->peer, (double)TCP_FIN_GRACE_NS / 1e9);
+                    *done_p = 1;
+                }
+                return ncclSuccess;
+            }
+            *done_p = 1; /* closed or reset: the receiver is gone */
             return ncclSuccess;
-        *done_p = 1; /* closed or reset: the receiver is gone */
-        return ncclSuccess;
+        }
+        const tcp_consumed_t *a = &tc->ack;
+        const int final = (a->flags & TCP_ACK_FINAL) != 0;
+        if (a->magic != TCP_ACK_CONSUMED || (a->flags & ~TCP_ACK_FINAL) ||
+            (final && a->released < tc->sync_hdr.step && a->word == 0) ||
+            (!final && tc->ack_first_ns)) {
+            tcp_conn_fail(tc, ncclRemoteError, "malformed consumption answer (magic 0x%x, flags "
+                          "0x%x, %llu of %llu steps)", a->magic, a->flags,
+                          (unsigned long long)a->released, (unsigned long long)tc->sync_hdr.step);
+            return tcp_check_error(tc);
+        }
+        if (final) {
+            *done_p = 1;
+            *word_p = a->word;
+            return ncclSuccess;
+        }
+        /* Delivered, not yet consumed: wait a while for the final answer. */
+        tc->ack_first_ns = chorus_now_ns();
+        tc->ack_got = 0;
     }
-    if (tc->ack.magic != TCP_ACK_CONSUMED || tc->ack.released < tc->sync_hdr.step) {
-        tcp_conn_fail(tc, ncclRemoteError, "malformed consumption answer (magic 0x%x, %llu of "
-                      "%llu steps)", tc->ack.magic, (unsigned long long)tc->ack.released,
-                      (unsigned long long)tc->sync_hdr.step);
-        return tcp_check_error(tc);
-    }
-    *done_p = 1;
-    *word_p = tc->ack.word;
-    return ncclSuccess;
+}
+
+/* While this rank waits for its peer, it answers the SYNCs that reach this process's receiving
+ * ends without helpers (tcp_rx_idle): the peer may be waiting the same way, in the finalize of
+ * another communicator, for an answer from one of them. */
+static ncclResult_t tcp_send_consumed(chorus_conn_t *conn, int *done_p, uint64_t *word_p) {
+    ncclResult_t res = tcp_send_consumed_pass(conn, done_p, word_p);
+    if (res == ncclSuccess && !*done_p) tcp_rx_idle();
+    return res;
 }
 
 static ncclResult_t tcp_progress(chorus_conn_t *conn) {

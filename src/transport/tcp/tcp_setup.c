@@ -523,6 +523,9 @@ ncclResult_t tcp_connect(chorus_conn_t *conn, const void *peer_blob, size_t peer
     conn->direct = send_helpers && direct > 0;
     conn->direct_threshold = direct > 0 ? (size_t)direct : 0;
     conn->chunk_room = TCP_SLOT_ROOM;
+    /* A receiving end with helper lanes had them started by tcp_threads_start and keeps them
+     * until close; one without is read by whoever waits in this process (tcp_rx_idle). */
+    if (!conn->is_send && tc->nthreads == 0) tcp_rx_list_add(tc);
     conn->connected = 1;
     INFO(SUB_NET | SUB_INIT, "tcp: %s rank %d (%s) via %s: %d sockets, %d threads, %d slots of %zu",
          conn->is_send ? "send to" : "receive from", tc->peer, tc->peer_str, conn->desc, tc->nsocks,
@@ -535,6 +538,7 @@ ncclResult_t tcp_connect(chorus_conn_t *conn, const void *peer_blob, size_t peer
 void tcp_close(chorus_conn_t *conn) {
     tcp_conn_t *tc = conn->priv;
     if (tc == NULL) return;
+    tcp_rx_list_remove(tc); /* before anything is freed: no other thread drives it after this */
     tcp_threads_stop(tc);
     for (int i = 0; tc->socks && i < tc->nsocks; i++) {
         tcp_sock_t *s = &tc->socks[i];

@@ -14,6 +14,7 @@
  */
 #include <errno.h>
 #include <poll.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -168,6 +169,7 @@ static void tcp_recv_piece_done(tcp_conn_t *tc, tcp_sock_t *s) {
     if (got == s->rhdr.total) {
         tc->slot_rsize[slot] = s->rhdr.total;
         STORE_REL(&tc->slot_ready[slot], s->rhdr.step + 1);
+        if (LOAD_ACQ(&tc->sync_want)) tcp_sync_answer(tc); /* the last step a SYNC waits for */
     }
     s->rstate = TCP_RX_HDR;
 }
@@ -240,6 +242,7 @@ int tcp_sock_recv_pass(tcp_conn_t *tc, tcp_sock_t *s) {
                 tc->slot_rsize[slot] = s->rhdr.total;
                 s->rstate = TCP_RX_DIRECT;
                 STORE_REL(&tc->slot_ready[slot], s->rhdr.step + 1);
+                if (LOAD_ACQ(&tc->sync_want)) tcp_sync_answer(tc);
                 return TCP_SOCK_DID | TCP_SOCK_IDLE;
             }
             s->rstate = TCP_RX_DATA;
@@ -273,22 +276,47 @@ int tcp_sock_recv_pass(tcp_conn_t *tc, tcp_sock_t *s) {
     }
 }
 
-void tcp_sync_answer(tcp_conn_t *tc) {
+/* 1 when every step in [from, end) sits complete in its slot (or, for a direct chunk, its
+ * header was read and its payload waits in the kernel for recv_copy). */
+static int tcp_delivered(const tcp_conn_t *tc, uint64_t from, uint64_t end) {
+    if (end > from + (uint64_t)tc->nslots) return 0;
+    for (uint64_t s = from; s < end; s++)
+        if (LOAD_ACQ(&tc->slot_ready[s % (uint64_t)tc->nslots]) != s + 1) return 0;
+    return 1;
+}
+
+/* Under sync_lock: write the answer that is due, if any. */
+static void tcp_sync_answer_locked(tcp_conn_t *tc) {
     uint64_t want = LOAD_ACQ(&tc->sync_want);
-    if (want == 0) return;
+    int state = LOAD_ACQ(&tc->sync_state);
+    if (want == 0 || state == TCP_SYNC_FINAL) return;
+    const uint64_t end = want - 1; /* the sender's head: every step before it */
+    uint64_t word = __atomic_load_n(&tc->conn->fin_word, __ATOMIC_ACQUIRE);
     uint64_t released = LOAD_ACQ(&tc->released);
-    if (released + 1 < want) return;
-    uint64_t acked = LOAD_ACQ(&tc->sync_acked);
-    if (acked >= want || !__atomic_compare_exchange_n(&tc->sync_acked, &acked, want, 0,
-                                                      __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
-        return; /* answered, or another thread answers right now */
+    int final = released >= end || word != 0;
+    if (!final && (state == TCP_SYNC_DELIVERED || !tcp_delivered(tc, released, end))) return;
     tcp_consumed_t a = {.magic = TCP_ACK_CONSUMED,
-                   .released = released,
-                   .word = __atomic_load_n(&tc->conn->fin_word, __ATOMIC_ACQUIRE)};
+                        .flags = final ? TCP_ACK_FINAL : 0,
+                        .released = released,
+                        .word = word};
+    STORE_REL(&tc->sync_state, final ? TCP_SYNC_FINAL : TCP_SYNC_DELIVERED);
     /* Nothing else travels in this direction, so the kernel takes these few bytes at once; a
      * peer that is gone just never reads them. */
     ssize_t r = send(tc->socks[0].fd, &a, sizeof(a), MSG_NOSIGNAL | MSG_DONTWAIT);
     (void)r;
+}
+
+void tcp_sync_answer(tcp_conn_t *tc) {
+    if (LOAD_ACQ(&tc->sync_want) == 0) return;
+    /* Whoever holds the lock looks again before it leaves, so no change goes unanswered; the
+     * answers leave in order, one thread writing them. */
+    __atomic_store_n(&tc->sync_again, 1, __ATOMIC_SEQ_CST);
+    while (__atomic_load_n(&tc->sync_again, __ATOMIC_SEQ_CST)) {
+        if (__atomic_exchange_n(&tc->sync_lock, 1, __ATOMIC_SEQ_CST)) return;
+        __atomic_store_n(&tc->sync_again, 0, __ATOMIC_SEQ_CST);
+        tcp_sync_answer_locked(tc);
+        __atomic_store_n(&tc->sync_lock, 0, __ATOMIC_SEQ_CST);
+    }
 }
 
 ncclResult_t tcp_recv_direct(tcp_conn_t *tc, int slot, void *dst, size_t bytes) {
@@ -373,4 +401,57 @@ ncclResult_t tcp_threads_start(tcp_conn_t *tc) {
 void tcp_threads_stop(tcp_conn_t *tc) {
     __atomic_store_n(&tc->stop, 1, __ATOMIC_RELEASE);
     tcp_pool_remove(tc);
+}
+
+/* ---- receiving ends without helpers --------------------------------------------------------- */
+
+static pthread_mutex_t tcp_rx_mu = PTHREAD_MUTEX_INITIALIZER;
+static tcp_conn_t *tcp_rx_head;
+static pthread_once_t tcp_rx_once = PTHREAD_ONCE_INIT;
+
+/* A child of fork() shares its parent's sockets: reading them would take the parent's bytes. It
+ * starts with an empty list (and a fresh lock, which a parent's thread may have held). */
+static void tcp_rx_atfork_child(void) {
+    tcp_rx_head = NULL;
+    pthread_mutex_init(&tcp_rx_mu, NULL);
+}
+
+static void tcp_rx_register_atfork(void) {
+    (void)pthread_atfork(NULL, NULL, tcp_rx_atfork_child);
+}
+
+void tcp_rx_list_add(tcp_conn_t *tc) {
+    pthread_once(&tcp_rx_once, tcp_rx_register_atfork);
+    pthread_mutex_lock(&tcp_rx_mu);
+    tc->rx_prev = NULL;
+    tc->rx_next = tcp_rx_head;
+    if (tcp_rx_head) tcp_rx_head->rx_prev = tc;
+    tcp_rx_head = tc;
+    tc->rx_listed = 1;
+    tc->rx_pid = getpid();
+    pthread_mutex_unlock(&tcp_rx_mu);
+}
+
+void tcp_rx_list_remove(tcp_conn_t *tc) {
+    if (!tc->rx_listed) return;
+    if (tc->rx_pid != getpid()) return; /* listed by the parent of a fork: not on our list */
+    /* Waits for a pass in progress (tcp_rx_idle holds the lock through it). */
+    pthread_mutex_lock(&tcp_rx_mu);
+    if (tc->rx_prev) tc->rx_prev->rx_next = tc->rx_next;
+    else tcp_rx_head = tc->rx_next;
+    if (tc->rx_next) tc->rx_next->rx_prev = tc->rx_prev;
+    tc->rx_prev = tc->rx_next = NULL;
+    tc->rx_listed = 0;
+    pthread_mutex_unlock(&tcp_rx_mu);
+}
+
+void tcp_rx_idle(void) {
+    /* Another waiting thread runs the pass right now: one is enough. */
+    if (pthread_mutex_trylock(&tcp_rx_mu) != 0) return;
+    for (tcp_conn_t *tc = tcp_rx_head; tc; tc = tc->rx_next) {
+        if (LOAD_ACQ(&tc->error) || LOAD_ACQ(&tc->closed_socks) == tc->nsocks) continue;
+        /* Each socket under its try-lock: its owner, inside a call on it, keeps it. */
+        (void)tcp_drive_all(tc);
+    }
+    pthread_mutex_unlock(&tcp_rx_mu);
 }
