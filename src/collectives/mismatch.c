@@ -26,7 +26,9 @@
  *      User send/recv chunks (coll SEND, a p2p ticket instead of a collective sequence number)
  *      are never taken for a collective. A peer that sends its data to this rank while still in
  *      the same group as that collective does so in the same progress pass, so the long stall
- *      bound keeps slow (descheduled) peers from being reported.
+ *      bound keeps slow (descheduled) peers from being reported. Only a send/recv with that
+ *      very peer is reported: one with another peer may wait for a slow third rank, which the
+ *      peer that finished its part and moved on says nothing about.
   4. only point-to-point ops queued, each waiting for a peer (to receive from it, or for it to
  *     free a slot), and this rank blocked in a call for MM_WF_STALL_NS: wait-for probes find out
  *     whether the ranks wait for each other in a cycle (0 receives from 1, 1 from 2, 2 from 0:
@@ -228,6 +230,16 @@ static void mm_spread_locked(struct coll_engine *e) {
     }
 }
 
+/* The oldest running send/recv of this rank with peer, or NULL. A peer in the next collective
+ * has finished its own send/recv group, so it is evidence of a mismatch only for an op of ours
+ * that waits for that peer: ours with other peers may just wait for a slow third rank (16 ranks
+ * on 2 cores leave a rank without the CPU for over a second), while this one is already ahead. */
+static coll_op_t *mm_p2p_with(struct coll_engine *e, int peer) {
+    for (coll_op_t *q = e->head; q; q = q->next)
+        if (!q->done && !q->failing && mm_is_p2p(q->coll) && q->root == peer) return q;
+    return NULL;
+}
+
 /* One look at the engine's receive connections (engine lock held). */
 static void mm_check_locked(struct coll_engine *e, uint64_t stalled_ns) {
     struct ncclComm *comm = e->comm;
@@ -254,8 +266,10 @@ static void mm_check_locked(struct coll_engine *e, uint64_t stalled_ns) {
         }
         if (e->broken) break;
         if (colls == 0 && stalled_ns >= MM_P2P_STALL_NS && h->seq == e->coll_seq &&
-            mm_peer_needs_me(h, comm->rank))
-            mm_report_p2p(first, h);
+            mm_peer_needs_me(h, comm->rank)) {
+            coll_op_t *with = mm_p2p_with(e, h->rank);
+            if (with) mm_report_p2p(with, h);
+        }
     }
 }
 

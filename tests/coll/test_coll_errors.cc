@@ -229,6 +229,49 @@ TEST(CollMismatch, FirstOpOfNineRanksPicksDifferentConnections) {
     EXPECT_TRUE(res.ok()) << res.detail;
 }
 
+// Not a mismatch: rank 2 is late (descheduled, say) for its send/recv with rank 0, rank 1 has
+// finished its own with rank 0 and waits in the next all-reduce, whose header reaches rank 0 while
+// rank 0 still waits for rank 2 for over a second. Rank 1 says nothing about rank 0's wait for
+// rank 2, so everything completes (the stall rule once failed rank 0's send/recv here).
+TEST(CollMismatch, LateThirdRankIsNotAMismatch) {
+    for (Launch how : {Launch::Threads, Launch::Forked}) {
+        setenv("CHORUS_TIMEOUT", "30", 1);
+        ncclResetDebugInit();
+        ncclUniqueId id = chorus_test::make_unique_id();
+        auto res = chorus_test::run_ranks(how, 3, [&](int rank, int nr) -> int {
+            ncclComm_t comm;
+            RANK_NCCL(ncclCommInitRank(&comm, nr, id, rank));
+            const size_t count = 64;
+            std::vector<float> a(count * nr), b(count * nr, -1.0f);
+            RANK_NCCL(ncclAllReduce(a.data(), b.data(), count, ncclFloat32, ncclSum, comm, nullptr));
+            for (size_t i = 0; i < a.size(); i++)
+                a[i] = (float)(rank * 1000 + (int)i);
+            if (rank == 2) std::this_thread::sleep_for(std::chrono::milliseconds(2500));
+            RANK_NCCL(ncclGroupStart());
+            for (int p = 0; p < nr; p++) {
+                if (p == rank || (rank != 0 && p != 0)) continue; // pairs (0, 1) and (0, 2)
+                RANK_NCCL(ncclSend(a.data() + p * count, count, ncclFloat32, p, comm, nullptr));
+                RANK_NCCL(ncclRecv(b.data() + p * count, count, ncclFloat32, p, comm, nullptr));
+            }
+            RANK_NCCL(ncclGroupEnd());
+            for (int p = 0; p < nr; p++) {
+                if (p == rank || (rank != 0 && p != 0)) continue;
+                for (size_t i = 0; i < count; i++)
+                    RANK_CHECK(b[p * count + i] == (float)(p * 1000 + rank * (int)count + (int)i),
+                               "from rank %d element %zu: %f", p, i, b[p * count + i]);
+            }
+            std::vector<float> c(count, (float)rank), d(count, 0.0f);
+            RANK_NCCL(ncclAllReduce(c.data(), d.data(), count, ncclFloat32, ncclSum, comm, nullptr));
+            RANK_CHECK(d[0] == 3.0f && d[count - 1] == 3.0f, "sum %f", d[0]);
+            RANK_NCCL(ncclCommDestroy(comm));
+            return 0;
+        }, 90);
+        unsetenv("CHORUS_TIMEOUT");
+        ncclResetDebugInit();
+        EXPECT_TRUE(res.ok()) << chorus_test::launch_name(how) << ": " << res.detail;
+    }
+}
+
 // Two ranks each send the other a message that no ncclRecv takes (the sends complete: the data
 // fits the connection's slots, as in NCCL). Finalize used to wait until CHORUS_TIMEOUT for the
 // data to be consumed and then return success; now each rank drops what it was sent, names it
