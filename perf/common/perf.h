@@ -200,6 +200,11 @@ int perf_main(int argc, char **argv, perf_coll_t coll, perf_run_fn run);
 /* Copy within one rank's memory (host or device, as the run uses), ordered on stream. */
 int perf_local_copy(void *dst, const void *src, size_t bytes, cudaStream_t stream);
 
+/* ---- resources (perf_resources.c) ------------------------------------------------------------ */
+/* With CHORUS_PERF_RESOURCES=1: one line on stderr with this process's threads, descriptors and
+ * /dev/shm bytes mapped and created, tagged with the phase ("init", "ops") and the rank. */
+void perf_resources_report(const char *phase, int rank);
+
 #ifdef __cplusplus
 }
 #endif

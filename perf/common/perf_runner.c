@@ -695,6 +695,9 @@ static void *thread_main(void *arg) {
     if (a->parallel_init) init_comms(t);
     pthread_barrier_wait(&G.init_barrier);
     setup_buffers(t);
+    /* Process-wide counts: the first thread of each process reports, before any op and after
+     * the last one (perf_resources.c). */
+    if (t->index == 0) perf_resources_report("init", t->ranks[0].rank);
     print_ranks(t);
 
     int ndt = a->dtype >= 0 ? 1 : ncclNumTypes;
@@ -716,6 +719,7 @@ static void *thread_main(void *arg) {
             }
         }
     }
+    if (t->index == 0) perf_resources_report("ops", t->ranks[0].rank);
     teardown(t);
     return NULL;
 }

@@ -73,6 +73,7 @@ static void bs_free(bootstrap_t *bs) {
     free(bs->in_state);
     free(bs->in_errno);
     free(bs->out_fd);
+    free(bs->released);
     free(bs->addrs);
     free(bs->conns);
     pthread_mutex_destroy(&bs->lock);
@@ -104,10 +105,12 @@ static bootstrap_t *bs_alloc(int rank, int nranks) {
     bs->in_state = calloc((size_t)nranks + 1, sizeof(int));
     bs->in_errno = calloc((size_t)nranks + 1, sizeof(int));
     bs->out_fd = malloc(sizeof(int) * (size_t)nranks);
+    bs->released = calloc((size_t)nranks, 1);
     /* Before any failure path: bs_free closes every out_fd that is not -1. */
     for (int i = 0; bs->out_fd && i < nranks; i++)
         bs->out_fd[i] = -1;
-    if (!bs->addrs || !bs->q_head || !bs->q_tail || !bs->in_state || !bs->in_errno || !bs->out_fd) {
+    if (!bs->addrs || !bs->q_head || !bs->q_tail || !bs->in_state || !bs->in_errno || !bs->out_fd ||
+        !bs->released) {
         bs_free(bs);
         return NULL;
     }

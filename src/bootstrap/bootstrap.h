@@ -123,6 +123,11 @@ ncclResult_t bootstrap_send(bootstrap_t *bs, int peer, int tag, const void *data
 ncclResult_t bootstrap_recv(bootstrap_t *bs, int peer, int tag, void *data, size_t size);
 /* 1 when this rank has a connection open to peer (a send then never waits to connect). */
 int bootstrap_peer_connected(bootstrap_t *bs, int peer);
+/* Close this rank's idle connection to peer, if open, so that it holds no descriptor at either
+ * end; the next send to peer connects again. The peer queues every message sent before, in
+ * order, and does not take the closed connection for the peer's death (a recv that waits for
+ * this rank then probes whether it still listens). */
+void bootstrap_release_peer(bootstrap_t *bs, int peer);
 /* 1 when a message from peer with this tag is queued (a bootstrap_recv of it returns at once). */
 int bootstrap_peek(bootstrap_t *bs, int peer, int tag);
 

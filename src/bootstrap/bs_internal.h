@@ -34,6 +34,9 @@
 #define BS_TAG_ADDR_DOWN (BOOTSTRAP_TAG_RESERVED_MIN + 41)
 #define BS_TAG_ADDR_UP (BOOTSTRAP_TAG_RESERVED_MIN + 42)
 #define BS_TAG_SCATTER (BOOTSTRAP_TAG_RESERVED_MIN + 43)
+/* The last header on a connection its sender closes while idle (bootstrap_release_peer): the
+ * receiver drops the connection without taking the peer for gone. */
+#define BS_TAG_BYE (BOOTSTRAP_TAG_RESERVED_MIN + 44)
 
 typedef struct {
     uint64_t deadline_ns;
@@ -136,12 +139,15 @@ void bs_close(int fd);
  * The acceptor checks proof_c before it looks at any claim; the connector checks proof_s before
  * it trusts the reply or sends any message. The key is the id's 256-bit key (chorus_key_t).
  * BS_HELLO_ROOT: a rank to the root (the rendezvous). BS_HELLO_PEER: a rank to a rank.
- * BS_HELLO_FROM_ROOT: the root to a rank's listen socket, once, with its one message (rank -1). */
-enum { BS_HELLO_ROOT = 1, BS_HELLO_PEER = 2, BS_HELLO_FROM_ROOT = 3 };
-/* Bumped whenever the bytes on the wire change: 2 is the challenge-response, 3 its 256-bit key.
+ * BS_HELLO_FROM_ROOT: the root to a rank's listen socket, once, with its one message (rank -1).
+ * BS_HELLO_PEER_AGAIN: a rank to a rank whose earlier connection it released (BS_TAG_BYE): it
+ * may arrive while that one is still being read, and then waits for it. */
+enum { BS_HELLO_ROOT = 1, BS_HELLO_PEER = 2, BS_HELLO_FROM_ROOT = 3, BS_HELLO_PEER_AGAIN = 4 };
+/* Bumped whenever the bytes on the wire change: 2 is the challenge-response, 3 its 256-bit key,
+ * 4 the release of idle connections (BS_TAG_BYE, BS_HELLO_PEER_AGAIN).
  * BS_WIRE_MAGIC stays the same across versions, so that a peer of another version is recognised
  * (and named as such) rather than taken for a stranger. */
-#define BS_WIRE_VERSION 3u
+#define BS_WIRE_VERSION 4u
 #define BS_WIRE_MAGIC 0x43484f5255533031ull /* "CHORUS01" */
 #define BS_AUTH_LABEL "chorus-bootstrap-v3"
 
@@ -285,6 +291,11 @@ typedef struct {
     } u;
     bs_msg_t *cur; /* message whose payload is being read, NULL while reading a header */
     size_t cap;    /* bytes allocated for cur's payload so far */
+    /* Authed while an earlier connection from the same rank was still being read (its sender
+     * released it and connected again): not read until that one ends, so that the rank's
+     * messages are queued in the order they were sent. order: when it was authed. */
+    int deferred;
+    uint64_t order;
 } bs_in_conn_t;
 
 enum { BS_PEER_NONE = 0, BS_PEER_OPEN, BS_PEER_CLOSED, BS_PEER_FAILED };
@@ -311,9 +322,11 @@ struct bootstrap {
     int *in_errno;               /* [nranks + 1] errno when FAILED */
     bs_in_conn_t *conns;         /* receiver thread only */
     int nconns, conns_cap;
+    uint64_t conns_authed;       /* receiver thread only: orders deferred connections */
 
-    pthread_mutex_t send_lock; /* serialises senders; out_fd[] under it */
+    pthread_mutex_t send_lock; /* serialises senders; out_fd[] and released[] under it */
     int *out_fd;               /* [nranks] outgoing connection, -1 until first send */
+    uint8_t *released;         /* [nranks] an earlier connection was released (BS_HELLO_PEER_AGAIN) */
 };
 
 /* Start / stop the receiver thread that accepts peers and drains their messages. */

@@ -43,18 +43,37 @@ static int aborted(const bootstrap_t *bs) {
 
 /* ---- receiver thread --------------------------------------------------------------------- */
 
+/* The oldest deferred connection from rank `from`, or -1. */
+static int deferred_next(const bootstrap_t *bs, int from) {
+    int best = -1;
+    for (int k = 0; k < bs->nconns; k++)
+        if (bs->conns[k].deferred && bs->conns[k].from == from &&
+            (best < 0 || bs->conns[k].order < bs->conns[best].order))
+            best = k;
+    return best;
+}
+
+/* Drop conns[i]. state: what the peer's incoming side becomes (BS_PEER_CLOSED / FAILED, or
+ * BS_PEER_NONE after a BYE); a deferred connection of the same rank takes over instead. */
 static void conn_drop(bootstrap_t *bs, int i, int state, int err) {
     bs_in_conn_t *c = &bs->conns[i];
-    if (c->authed) {
+    if (c->authed && !c->deferred) {
+        int next = c->from < bs->nranks ? deferred_next(bs, c->from) : -1;
         pthread_mutex_lock(&bs->lock);
-        if (bs->in_state[c->from] == BS_PEER_OPEN) {
+        if (next >= 0) {
+            bs->conns[next].deferred = 0;
+            bs->in_state[c->from] = BS_PEER_OPEN;
+        } else if (bs->in_state[c->from] == BS_PEER_OPEN) {
             bs->in_state[c->from] = state;
             bs->in_errno[c->from] = err;
         }
         pthread_cond_broadcast(&bs->cond);
         pthread_mutex_unlock(&bs->lock);
-        INFO(SUB_BOOTSTRAP, "bootstrap rank %d: connection from rank %d %s", bs->rank, c->from,
-             state == BS_PEER_CLOSED ? "closed" : "failed");
+        INFO(SUB_BOOTSTRAP, "bootstrap rank %d: connection from rank %d %s%s", bs->rank, c->from,
+             state == BS_PEER_CLOSED ? "closed"
+             : state == BS_PEER_NONE ? "released by its sender"
+                                     : "failed",
+             next >= 0 ? " (its next one takes over)" : "");
     }
     if (c->cur) {
         free(c->cur->data);
@@ -102,6 +121,12 @@ static int conn_auth(bootstrap_t *bs, int i) {
     int busy = from_root ? bs->in_state[from] != BS_PEER_NONE : bs->in_state[from] == BS_PEER_OPEN;
     if (!busy) bs->in_state[from] = BS_PEER_OPEN;
     pthread_mutex_unlock(&bs->lock);
+    /* The rank released its connection (a BYE on it, maybe not read yet) and connected again:
+     * this one waits until the earlier one ends. */
+    int defer = 0;
+    for (int k = 0; busy && h->kind == BS_HELLO_PEER_AGAIN && k < bs->nconns; k++)
+        if (k != i && bs->conns[k].authed && bs->conns[k].from == from) defer = 1;
+    if (defer) busy = 0;
     if (busy) {
         if (from_root)
             INFO(SUB_BOOTSTRAP, "bootstrap rank %d: a second message from the root; dropped",
@@ -117,6 +142,8 @@ static int conn_auth(bootstrap_t *bs, int i) {
     int e = 0;
     c->authed = 1;
     c->from = from;
+    c->deferred = defer;
+    c->order = ++bs->conns_authed;
     /* A fresh socket always has room for the answer. */
     if (bs_write_some(c->fd, &a, sizeof(a), &e) != (long)sizeof(a)) {
         conn_drop(bs, i, BS_PEER_FAILED, e);
@@ -147,6 +174,7 @@ static int conn_read(bootstrap_t *bs, int i) {
                 return -1;
             }
             if (c->got == sizeof(c->u.hello) && conn_auth(bs, i) != 0) return -1;
+            if (bs->conns[i].deferred) return 0; /* its messages wait for the earlier ones */
             continue;
         }
         if (c->cur == NULL) {
@@ -158,6 +186,10 @@ static int conn_read(bootstrap_t *bs, int i) {
             if (n == 0) return 0;
             c->got += (size_t)n;
             if (c->got < sizeof(c->u.hdr)) continue;
+            if (c->u.hdr.tag == BS_TAG_BYE && c->u.hdr.size == 0) {
+                conn_drop(bs, i, BS_PEER_NONE, 0);
+                return -1;
+            }
             if (!bs_msg_hdr_ok(&c->u.hdr)) {
                 WARN("bootstrap rank %d: rank %d sent a message header of %llu bytes (at most "
                      "%llu); dropped its connection",
@@ -312,8 +344,8 @@ static void *recv_main(void *arg) {
         pfd[0] = (struct pollfd){bs->wake_fd, POLLIN, 0};
         pfd[1] = (struct pollfd){bs->listen_fd, POLLIN, 0};
         int n0 = bs->nconns;
-        for (int i = 0; i < n0; i++)
-            pfd[2 + i] = (struct pollfd){bs->conns[i].fd, POLLIN, 0};
+        for (int i = 0; i < n0; i++) /* a deferred connection is not read yet */
+            pfd[2 + i] = (struct pollfd){bs->conns[i].deferred ? -1 : bs->conns[i].fd, POLLIN, 0};
         int rc = poll(pfd, 2 + n0, 200);
         if (rc <= 0) continue;
         if (pfd[0].revents) {
@@ -417,7 +449,7 @@ static int peer_connect(bootstrap_t *bs, int peer, const bs_deadline_t *d, int *
     if (st != BS_IO_OK) return st;
     bs_hello_t h;
     memset(&h, 0, sizeof(h));
-    h.kind = BS_HELLO_PEER;
+    h.kind = bs->released[peer] ? BS_HELLO_PEER_AGAIN : BS_HELLO_PEER;
     h.rank = bs->rank;
     h.nranks = bs->nranks;
     h.to_rank = peer;
@@ -480,6 +512,25 @@ ncclResult_t bs_peer_send(bootstrap_t *bs, int peer, int tag, const void *data, 
     pthread_mutex_unlock(&bs->send_lock);
     if (st != BS_IO_OK) return peer_fail(bs, "send to", peer, tag, st, e);
     return ncclSuccess;
+}
+
+void bootstrap_release_peer(bootstrap_t *bs, int peer) {
+    if (bs == NULL || peer < 0 || peer >= bs->nranks || peer == bs->rank) return;
+    pthread_mutex_lock(&bs->send_lock);
+    if (bs->out_fd[peer] >= 0) {
+        /* The connection is idle and the header tiny: the kernel takes it at once unless the
+         * peer has yet to read a large message. A peer that is gone just sees the connection
+         * close, as it would have at bootstrap_close. */
+        bs_deadline_t d;
+        bs_deadline_for(bs, &d);
+        bs_msg_hdr_t bye = {BS_TAG_BYE, 0, 0};
+        int e = 0;
+        (void)bs_send_all(bs->out_fd[peer], &bye, sizeof(bye), &d, &e);
+        bs_close(bs->out_fd[peer]);
+        bs->out_fd[peer] = -1;
+        bs->released[peer] = 1;
+    }
+    pthread_mutex_unlock(&bs->send_lock);
 }
 
 int bootstrap_peer_connected(bootstrap_t *bs, int peer) {

@@ -132,8 +132,8 @@ int bs_root_hello_verdict(const bs_hello_t *h, int root_nranks) {
 }
 
 int bs_peer_hello_ok(const bs_hello_t *h, int rank, int nranks) {
-    return h->kind == BS_HELLO_PEER && h->to_rank == rank && h->nranks == nranks && h->rank >= 0 &&
-           h->rank < nranks && h->rank != rank;
+    return (h->kind == BS_HELLO_PEER || h->kind == BS_HELLO_PEER_AGAIN) && h->to_rank == rank &&
+           h->nranks == nranks && h->rank >= 0 && h->rank < nranks && h->rank != rank;
 }
 
 int bs_root_msg_hello_ok(const bs_hello_t *h, int rank, int nranks) {

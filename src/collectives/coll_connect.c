@@ -28,6 +28,10 @@
  * stalled look of mismatch.c) instead of a setup timeout. Not covered: the direct algorithm
  * between more than COLL_CONNECT_ALL_MAX_RANKS threads, whose all-pairs connections are still
  * made on demand.
+ *
+ * The bootstrap connections that point-to-point setups open are closed once the setups are done
+ * (bootstrap_release_peer), so that a rank talking to all its peers does not keep two descriptors
+ * per peer for the bootstrap beside its transport connections.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -100,6 +104,12 @@ ncclResult_t coll_connect_p2p(struct ncclComm *comm, const uint8_t *send_peers,
                               const uint8_t *recv_peers) {
     int n = comm->nranks, me = comm->rank;
     ncclResult_t first = ncclSuccess;
+    /* The bootstrap connections these setups open to peers it had none to are closed again at
+     * the end: an all-to-all would otherwise keep two per peer open (one each way) beside its
+     * transport connections. Those the bootstrap had (its rings and barrier partners) stay. */
+    uint8_t *had = comm->bs ? malloc((size_t)n) : NULL;
+    for (int peer = 0; had && peer < n; peer++)
+        had[peer] = peer == me || bootstrap_peer_connected(comm->bs, peer);
     /* Visit peers in increasing (lo, hi) order: first peers below me (pair (peer, me)), in
      * increasing peer order, then peers above me (pair (me, peer)). Within a pair the direction
      * lo->hi goes first. */
@@ -116,6 +126,10 @@ ncclResult_t coll_connect_p2p(struct ncclComm *comm, const uint8_t *send_peers,
             if (r != ncclSuccess && first == ncclSuccess) first = r; /* as in the rings */
         }
     }
+    /* After a failure the links stay: the failure's notes travel over them (connect.c). */
+    for (int peer = 0; had && first == ncclSuccess && peer < n; peer++)
+        if (!had[peer]) bootstrap_release_peer(comm->bs, peer);
+    free(had);
     return first;
 }
 

@@ -66,7 +66,7 @@ static int transport_setup_tag(int channel, int author_is_send, int tag) {
     return SETUP_TAG_BASE | (author_is_send << 28) | (int)(x & 0x0fffffff);
 }
 
-static ncclResult_t transport_geometry(chorus_conn_t *conn) {
+static ncclResult_t transport_geometry(const chorus_transport_ctx_t *ctx, chorus_conn_t *conn) {
     int64_t nslots = chorus_param_int(PARAM_NSLOTS);
     int64_t buffsize = chorus_param_int(PARAM_BUFFSIZE);
     if (nslots < 1 || nslots > 1024) {
@@ -78,6 +78,16 @@ static ncclResult_t transport_geometry(chorus_conn_t *conn) {
         WARN("NCCL_BUFFSIZE=%lld is too small for %lld slots", (long long)buffsize,
              (long long)nslots);
         return ncclInvalidUsage;
+    }
+    /* Point-to-point connections (send/recv, all-to-all, the collectives' partners outside the
+     * rings) keep the full slot, which the collectives size their chunks by, but fewer of them
+     * from TRANSPORT_P2P_MIN_RANKS ranks on: a rank has up to n - 1 of them per direction, and a
+     * recursive-doubling or all-to-all partner moves one chunk at a time. Both ends compute the
+     * same from the same parameters. */
+    if (conn->channel < 0) {
+        int64_t p2p = chorus_param_int(PARAM_P2P_NSLOTS);
+        if (p2p < 0) p2p = ctx->nranks >= TRANSPORT_P2P_MIN_RANKS ? TRANSPORT_P2P_NSLOTS : nslots;
+        if (p2p >= 1 && p2p < nslots) nslots = p2p;
     }
     conn->nslots = (int)nslots;
     conn->slot_bytes = (size_t)slot;
@@ -221,7 +231,7 @@ ncclResult_t transport_connect(chorus_transport_ctx_t *ctx, chorus_conn_t *conn,
 
     /* A local failure is still sent to the peer (as a status) so that it does not wait for us. */
     const chorus_transport_ops_t *ops = NULL;
-    res = transport_geometry(conn);
+    res = transport_geometry(ctx, conn);
     if (res == ncclSuccess) res = transport_select(ctx, peer, &ops);
     if (res == ncclSuccess) {
         conn->ops = ops;

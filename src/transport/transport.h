@@ -52,6 +52,11 @@ struct bootstrap;
 /* What a transport sees of the communicator that owns its connections: filled once by the
  * communicator after the locality allgather, before any transport is selected or connected, and
  * valid until the communicator's connections are closed. */
+/* Slots of a point-to-point connection when CHORUS_P2P_NSLOTS is -1: NSLOTS below
+ * TRANSPORT_P2P_MIN_RANKS ranks, TRANSPORT_P2P_NSLOTS from there (connect.c). */
+#define TRANSPORT_P2P_MIN_RANKS 9
+#define TRANSPORT_P2P_NSLOTS 2
+
 typedef struct chorus_transport_ctx {
     int rank, nranks;
     int cuda_dev;                   /* this rank's GPU, -1 for a host-only communicator */
@@ -63,6 +68,9 @@ typedef struct chorus_transport_ctx {
      * failed. fail_cause: the rank whose failure started it (meaningful once the text is set). */
     char fail_text[512];
     int fail_cause;
+    /* Bytes of the shared-memory segments this rank created and holds (shm transport, against
+     * CHORUS_SHM_MAX_BYTES). */
+    uint64_t shm_bytes;
 } chorus_transport_ctx_t;
 
 /* A send connection's choice of plain or streaming stores for large chunks written into its

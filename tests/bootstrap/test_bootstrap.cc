@@ -3,7 +3,8 @@
 // Covers rendezvous, allgather, barrier, tagged send/recv (out of order, both ways at once, to
 // self), strangers on the root port (garbage, connect-and-close, wrong secret, silence), a missing
 // rank (init fails naming it, no hang), a duplicate rank, abort unblocking a recv, a peer that
-// dies, and fixed root addresses (CHORUS_COMM_ID) used twice in a row.
+// dies (also after releasing its link), released links that connect again, and fixed root
+// addresses (CHORUS_COMM_ID) used twice in a row.
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <netdb.h>
@@ -415,6 +416,138 @@ TEST(Bootstrap, DeadPeerFailsRecv) {
             return 0;
         },
         60);
+    EXPECT_TRUE(res.ok()) << res.detail;
+}
+
+// A released link (bootstrap_release_peer) closes at both ends without the peer taking it for a
+// failure, and the next send connects again: messages on the old and the new connections keep
+// their order (the new one waits while the old one is still read), also when the sender releases
+// and reconnects faster than the receiver reads. A peer that dies after releasing its link is
+// still reported (by the probe of its listen port).
+TEST(Bootstrap, ReleasedLinkReconnectsInOrder) {
+    for (Launch how : {Launch::Threads, Launch::Forked}) {
+        chorus_unique_id_t id = new_id();
+        auto res = chorus_test::run_ranks(
+            how, 2,
+            [&](int rank, int n) {
+                bootstrap_t *bs = nullptr;
+                RANK_NCCL(bootstrap_init(&id, rank, n, nullptr, &bs));
+                const int kRounds = 40;
+                if (rank == 0) {
+                    for (int i = 0; i < kRounds; i++) {
+                        std::vector<int> v(1 + (i % 5) * 1000, i);
+                        RANK_NCCL(bootstrap_send(bs, 1, 9, v.data(), v.size() * sizeof(int)));
+                        if (i % 3 != 2) bootstrap_release_peer(bs, 1);
+                        RANK_CHECK(i % 3 == 2 || !bootstrap_peer_connected(bs, 1),
+                                   "still connected after a release");
+                    }
+                } else {
+                    for (int i = 0; i < kRounds; i++) {
+                        if (i == 0) usleep(200000); // the sender runs ahead of the receiver
+                        std::vector<int> v(1 + (i % 5) * 1000, -1);
+                        RANK_NCCL(bootstrap_recv(bs, 0, 9, v.data(), v.size() * sizeof(int)));
+                        for (int x : v)
+                            RANK_CHECK(x == i, "message %d holds %d", i, x);
+                    }
+                }
+                RANK_NCCL(bootstrap_barrier(bs));
+                bootstrap_release_peer(bs, 1 - rank);
+                RANK_NCCL(bootstrap_barrier(bs)); // connects again both ways
+                bootstrap_close(bs);
+                return 0;
+            },
+            60);
+        EXPECT_TRUE(res.ok()) << chorus_test::launch_name(how) << ": " << res.detail;
+    }
+    chorus_unique_id_t id = new_id();
+    auto res = chorus_test::run_forked(
+        2,
+        [&](int rank, int n) {
+            bootstrap_t *bs = nullptr;
+            RANK_NCCL(bootstrap_init(&id, rank, n, nullptr, &bs));
+            int v = 7;
+            if (rank == 0) {
+                RANK_NCCL(bootstrap_send(bs, 1, 1, &v, sizeof(v)));
+                bootstrap_release_peer(bs, 1);
+                usleep(300000);
+                _exit(0); // dies without closing anything
+            }
+            RANK_NCCL(bootstrap_recv(bs, 0, 1, &v, sizeof(v)));
+            RANK_CHECK(v == 7, "first message");
+            ncclResult_t r = bootstrap_recv(bs, 0, 2, &v, sizeof(v));
+            RANK_CHECK(r == ncclRemoteError, "recv from a dead peer returned %d", (int)r);
+            RANK_CHECK(strstr(chorus_log_last_error(), "rank 0") != nullptr, "message: %s",
+                       chorus_log_last_error());
+            bootstrap_close(bs);
+            return 0;
+        },
+        60);
+    EXPECT_TRUE(res.ok()) << res.detail;
+}
+
+// The receiver's side of a release, with two of rank 0's connections made by hand so that the
+// order is certain. Rank 0's own connection to rank 1 (made at init) is open; two more that say
+// they follow a released one (BS_HELLO_PEER_AGAIN) are accepted meanwhile and wait. Once rank 0
+// releases its own, they are read one after the other in the order they were accepted: the second
+// one's message is queued last, though it was written first. No BYE fails rank 0.
+TEST(Bootstrap, ConnectionAfterReleaseWaitsForTheEarlierOne) {
+    chorus_unique_id_t id = new_id();
+    auto res = chorus_test::run_threads(2, [&](int rank, int n) {
+        bootstrap_t *bs = nullptr;
+        RANK_NCCL(bootstrap_init(&id, rank, n, nullptr, &bs));
+        int v0 = 0;
+        if (rank == 0) RANK_NCCL(bootstrap_send(bs, 1, 9, &v0, sizeof(v0))); // opens 0 -> 1
+        if (rank == 0) {
+            const chorus_sockaddr_t target = *bootstrap_addr(bs, 1);
+            bs_challenge_t c1, c2;
+            bs_hello_t h1 = chorus_test::hello_claims(BS_HELLO_PEER_AGAIN, 0, n, 1);
+            int f1 = connect_to(target);
+            RANK_CHECK(f1 >= 0 && chorus_test::send_signed_hello(f1, id.secret, &h1, &c1) &&
+                           chorus_test::got_answer(f1, id.secret, h1, c1),
+                       "first connection by hand accepted while rank 0's own is open");
+            bs_hello_t h2 = chorus_test::hello_claims(BS_HELLO_PEER_AGAIN, 0, n, 1);
+            int f2 = connect_to(target);
+            RANK_CHECK(f2 >= 0 && chorus_test::send_signed_hello(f2, id.secret, &h2, &c2) &&
+                           chorus_test::got_answer(f2, id.secret, h2, c2),
+                       "second connection by hand accepted");
+            // A message with tag 9 holding v, then the BYE, in one write.
+            auto msg_bye = [](int32_t v) {
+                const bs_msg_hdr_t hdr = {9, 0, sizeof(v)}, bye = {BS_TAG_BYE, 0, 0};
+                std::vector<char> b(2 * sizeof(hdr) + sizeof(v));
+                memcpy(b.data(), &hdr, sizeof(hdr));
+                memcpy(b.data() + sizeof(hdr), &v, sizeof(v));
+                memcpy(b.data() + sizeof(hdr) + sizeof(v), &bye, sizeof(bye));
+                return b;
+            };
+            std::vector<char> m2 = msg_bye(2), m1 = msg_bye(1);
+            RANK_CHECK(write(f2, m2.data(), m2.size()) == (ssize_t)m2.size(), "write 2");
+            std::this_thread::sleep_for(std::chrono::milliseconds(300));
+            RANK_CHECK(write(f1, m1.data(), m1.size()) == (ssize_t)m1.size(), "write 1");
+            std::this_thread::sleep_for(std::chrono::milliseconds(300));
+            bootstrap_release_peer(bs, 1); // its BYE lets the two connections by hand be read
+            int ok = 0;
+            RANK_NCCL(bootstrap_recv(bs, 1, 10, &ok, sizeof(ok)));
+            RANK_CHECK(ok == 1, "rank 1 saw %d", ok);
+            close(f1);
+            close(f2);
+        } else {
+            int a = 0, b = 0;
+            RANK_NCCL(bootstrap_recv(bs, 0, 9, &v0, sizeof(v0)));
+            RANK_NCCL(bootstrap_recv(bs, 0, 9, &a, sizeof(a)));
+            RANK_NCCL(bootstrap_recv(bs, 0, 9, &b, sizeof(b)));
+            RANK_CHECK(a == 1 && b == 2, "order %d %d", a, b);
+            int ok = 1;
+            RANK_NCCL(bootstrap_send(bs, 0, 10, &ok, sizeof(ok)));
+        }
+        // Rank 0's own connection to rank 1 comes next; neither end took the BYEs for failures.
+        RANK_NCCL(bootstrap_barrier(bs));
+        int v = rank;
+        RANK_NCCL(bootstrap_send(bs, 1 - rank, 11, &v, sizeof(v)));
+        RANK_NCCL(bootstrap_recv(bs, 1 - rank, 11, &v, sizeof(v)));
+        RANK_CHECK(v == 1 - rank, "after: %d", v);
+        bootstrap_close(bs);
+        return 0;
+    });
     EXPECT_TRUE(res.ok()) << res.detail;
 }
 

@@ -75,3 +75,20 @@ if(TARGET chorus_sim)
   set_tests_properties(perf_sim_smoke PROPERTIES LABELS quick TIMEOUT 60
                        FAIL_REGULAR_EXPRESSION "chorus_sim: |nan")
 endif()
+# What an all-to-all costs each rank (perf/resources.py): 16 forked ranks through chorusrun, over
+# TCP and over shared memory. Each rank's growth from init to after its last op must stay within
+# 4 threads and 40 descriptors (TCP: a socket per connection, 2 x 15 for the pairs and 4 for the
+# rings of the harness's result all-gather; the bootstrap connections the setups opened are
+# released, 30 more if they were not; at most CHORUS_SOCKET_HELPERS helper threads and their
+# eventfds for the process, none when the kernel takes every chunk at once) and 64 MB of /dev/shm
+# created.
+if(Python3_Interpreter_FOUND AND TARGET alltoall_perf AND TARGET chorusrun)
+  add_test(NAME perf_resources_alltoall_np16
+           COMMAND ${Python3_EXECUTABLE} ${CMAKE_SOURCE_DIR}/perf/resources.py --np 16
+                   --chorusrun $<TARGET_FILE:chorusrun> --alltoall $<TARGET_FILE:alltoall_perf>
+                   --maxbytes 4K --iters 2 --max-threads 4
+                   --max-fds 40 --max-shm-mb 64)
+  set_tests_properties(perf_resources_alltoall_np16 PROPERTIES LABELS "perf-run" TIMEOUT 600
+                       ENVIRONMENT "CHORUS_TIMEOUT=120"
+                       FAIL_REGULAR_EXPRESSION "FAILED;Test NCCL failure")
+endif()

@@ -158,6 +158,7 @@ typedef struct {
     size_t map_bytes;
     char name[SHM_NAME_LEN];
     int name_linked; /* receiver: the name may still exist in /dev/shm */
+    uint64_t charged; /* receiver: bytes of the segment counted in the ctx's shm_bytes */
     int peer_pid;
     int peer_pid_ok;  /* peer_pid is valid in our pid namespace (kill(pid, 0) means something) */
     int same_process; /* both ends are threads of one process */

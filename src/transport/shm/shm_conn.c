@@ -35,6 +35,42 @@ ncclResult_t shm_can_connect(const chorus_transport_ctx_t *ctx, const chorus_loc
     return ncclSuccess;
 }
 
+/* The receiver's segment counts against CHORUS_SHM_MAX_BYTES, the /dev/shm this rank's segments
+ * may take in all (its communicator's, transport ctx). Over the limit, the segment gets fewer
+ * slots of the same size (the sender adopts the receiver's geometry), down to one; if even one
+ * does not fit, the setup fails with the numbers and the way out. */
+static ncclResult_t shm_charge(chorus_conn_t *conn, shm_conn_t *sc) {
+    uint64_t *held = (uint64_t *)&conn->ctx->shm_bytes; /* the ctx is the communicator's */
+    const int64_t cap = chorus_param_int(PARAM_SHM_MAX_BYTES);
+    const uint64_t now = __atomic_load_n(held, __ATOMIC_ACQUIRE);
+    int nslots = conn->nslots;
+    uint64_t bytes = shm_ctrl_bytes(nslots) + (uint64_t)nslots * conn->slot_bytes;
+    if (cap > 0) {
+        while (nslots > 1 && now + bytes > (uint64_t)cap) {
+            nslots--;
+            bytes = shm_ctrl_bytes(nslots) + (uint64_t)nslots * conn->slot_bytes;
+        }
+        if (now + bytes > (uint64_t)cap) {
+            WARN("shm: rank %d cannot make the segment for the connection from rank %d: its "
+                 "segments hold %llu bytes of /dev/shm, one more slot of %zu bytes would pass "
+                 "CHORUS_SHM_MAX_BYTES=%lld (raise it, lower NCCL_BUFFSIZE, or set "
+                 "NCCL_SHM_DISABLE=1 to use the network transport)",
+                 conn->ctx->rank, conn->peer, (unsigned long long)now, conn->slot_bytes,
+                 (long long)cap);
+            return ncclSystemError;
+        }
+        if (nslots < conn->nslots)
+            INFO(SUB_SHM | SUB_INIT,
+                 "shm: connection from rank %d gets %d of %d slots: this rank's segments hold %llu "
+                 "bytes, CHORUS_SHM_MAX_BYTES=%lld",
+                 conn->peer, nslots, conn->nslots, (unsigned long long)now, (long long)cap);
+    }
+    __atomic_add_fetch(held, bytes, __ATOMIC_ACQ_REL);
+    sc->charged = bytes;
+    conn->nslots = nslots;
+    return ncclSuccess;
+}
+
 ncclResult_t shm_setup(chorus_conn_t *conn, void *blob, size_t *blob_bytes_p) {
     shm_conn_t *sc = chorus_calloc_lines(sizeof(*sc));
     if (!sc) {
@@ -62,6 +98,7 @@ ncclResult_t shm_setup(chorus_conn_t *conn, void *blob, size_t *blob_bytes_p) {
         return ncclSuccess;
     }
     int numa = conn->ctx->peers[conn->ctx->rank].numa_node;
+    CHECK(shm_charge(conn, sc));
     CHECK(shm_segment_create(sc, conn->nslots, conn->slot_bytes, numa));
     shm_recv_blob_t *b = blob;
     memset(b, 0, sizeof(*b));
@@ -212,6 +249,8 @@ void shm_close(chorus_conn_t *conn) {
         atomic_store_explicit(closed, 1, memory_order_release);
     }
     shm_segment_destroy(sc);
+    if (sc->charged)
+        __atomic_sub_fetch((uint64_t *)&conn->ctx->shm_bytes, sc->charged, __ATOMIC_ACQ_REL);
     free(sc);
     conn->priv = NULL;
 }

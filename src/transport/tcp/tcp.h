@@ -16,12 +16,15 @@
  * calls (a commit writes its pieces at once, a peek that finds nothing reads) or the socket's
  * helper thread, which carries what the kernel could not take at once and keeps data moving while
  * the caller is elsewhere; it naps while the caller polls the connection, so the two do not fight
- * over the socket and the CPU. (Measured on 2 cores: helpers that did all the I/O, with the caller
- * only polling memory, reached about half of a plain TCP stream; inline I/O reaches about all of
- * it.) With SOCKET_NTHREADS=0 there are no helpers and data moves only inside the caller's calls.
+ * over the socket and the CPU. The helpers are the process's, shared by all its connections
+ * (tcp_progress.c): one per connection up to SOCKET_HELPERS, started when first needed; their
+ * number does not grow with the peers. (Measured on 2 cores: helpers
+ * that did all the I/O, with the caller only polling memory, reached about half of a plain TCP
+ * stream; inline I/O reaches about all of it.) With SOCKET_NTHREADS=0 there are no helpers and data moves only inside the caller's calls.
  * A receiving end may run without helpers (SOCKET_RECV_NTHREADS=0): its caller reads when it
- * polls, and the kernel's receive buffer holds what arrives meanwhile; that is faster on a quiet
- * machine and slower on a loaded one (tcp_setup.c), so by default it has as many as the sender.
+ * polls, and the kernel's receive buffer holds what arrives meanwhile (the default; measured in
+ * tcp_setup.c). A receiving end with helpers has them running from connect to close (a receiver
+ * has no commit to start them on); one without is on the process's list of such ends (below).
  * The receiver reads a header, waits until
  * slot step % nslots is released by the consumer (leaving the bytes in the kernel, so TCP flow
  * control holds the sender back), reads the payload straight into the slot and, when the last piece
@@ -55,7 +58,8 @@
  * communicator answers the SYNCs of its others. Otherwise (its application is busy outside
  * Chorus), or when more than nslots chunks wait unconsumed, the first answer comes only once
  * the receiver's application reads.
- *   tcp_worker.c   per-socket send/receive state machines, helper threads, the futex event
+ *   tcp_worker.c   per-socket send/receive state machines, the list of ends without helpers
+ *   tcp_progress.c the process's helper threads, serving every connection's sockets
  */
 #ifndef CHORUS_TRANSPORT_TCP_H_
 #define CHORUS_TRANSPORT_TCP_H_
@@ -178,12 +182,6 @@ typedef struct {
     uint64_t word;     /* the receiving chorus_conn_t's fin_word */
 } tcp_consumed_t;
 
-/* A futex-backed event count: a waker bumps seq and makes a syscall only when someone sleeps. */
-typedef struct {
-    uint32_t seq;
-    uint32_t waiters;
-} tcp_event_t;
-
 /* Receive states. RX_DIRECT: a direct chunk's header was read and published; its payload waits in
  * the kernel for the caller's recv_copy, which reads it straight into the user buffer. */
 enum { TCP_RX_HDR = 0, TCP_RX_SLOT, TCP_RX_DATA, TCP_RX_DIRECT, TCP_RX_DONE };
@@ -217,15 +215,6 @@ typedef struct {
     char stage[TCP_STAGE_BYTES];
 } __attribute__((aligned(64))) tcp_sock_t;
 
-struct tcp_conn;
-typedef struct {
-    struct tcp_conn *tc;
-    int index;
-    pthread_t thread;
-    int started;
-    tcp_event_t ev; /* sender: commits for this thread's sockets */
-} __attribute__((aligned(64))) tcp_thread_t;
-
 typedef struct tcp_conn {
     chorus_conn_t *conn;
     const chorus_transport_ctx_t *ctx;
@@ -258,7 +247,6 @@ typedef struct tcp_conn {
     uint32_t *slot_rsize;
     uint8_t *slot_direct; /* the step in the slot is a direct chunk ... */
     int *slot_dsock;      /* ... waiting on this socket */
-    tcp_event_t release_ev;
     int closed_socks;
     /* Consumption check (send_consumed). Receiver: sync_want is S + 1 once a SYNC for step S was
      * read (helper or caller); sync_state tells which answers were written (TCP_SYNC_*); one
@@ -278,10 +266,11 @@ typedef struct tcp_conn {
     int rx_listed;
     int rx_pid; /* the process whose list it is on (a fork's child starts with none) */
 
-    int nthreads;
-    tcp_thread_t *threads;
-    int stop_fd; /* eventfd: wakes threads blocked in poll() at close */
-    int stop;
+    int nthreads; /* helper lanes: socket i is served by lane i % nthreads ... */
+    uint8_t lane_helper[TCP_MAX_THREADS]; /* ... and lane l by the process's helper this */
+    int pooled;   /* registered with the helpers (tcp_progress.c) ... */
+    uint32_t pool_gen; /* ... in this generation of them (a fork starts a new one) */
+    int stop;     /* closing: failures are not news any more */
 
     uint64_t caller_ns;              /* when the caller last drove the sockets (waiting for them) */
     int caller_backoff, caller_skip; /* polls without inline I/O after fruitless ones */
@@ -312,8 +301,6 @@ uint64_t tcp_random_u64(void);
 void tcp_ifname_of(const chorus_sockaddr_t *addr, char *buf, int len);
 
 /* tcp_worker.c */
-void tcp_event_signal(tcp_event_t *ev);
-void tcp_event_wait(tcp_event_t *ev, uint32_t seen, int timeout_ms);
 /* Pieces a chunk of `bytes` is cut into, and the size of each but the last. */
 uint32_t tcp_split(const tcp_conn_t *tc, size_t bytes, size_t *piece_p);
 int tcp_sock_send_pass(tcp_conn_t *tc, tcp_sock_t *s);
@@ -328,6 +315,8 @@ ncclResult_t tcp_recv_direct(tcp_conn_t *tc, int slot, void *dst, size_t bytes);
 int tcp_sock_try(tcp_conn_t *tc, tcp_sock_t *s);
 /* One pass over every socket in the caller's thread; returns the OR of the results. */
 int tcp_drive_all(tcp_conn_t *tc);
+/* Hand the connection to the process's helper threads / take it back (no pass touches it once
+ * this returns). */
 ncclResult_t tcp_threads_start(tcp_conn_t *tc);
 void tcp_threads_stop(tcp_conn_t *tc);
 /* The process-wide list of receiving ends without helper threads. Nobody reads such an end
@@ -340,6 +329,19 @@ void tcp_threads_stop(tcp_conn_t *tc);
 void tcp_rx_list_add(tcp_conn_t *tc);
 void tcp_rx_list_remove(tcp_conn_t *tc);
 void tcp_rx_idle(void);
+
+/* tcp_progress.c: the process's helper threads, shared by every connection. */
+ncclResult_t tcp_pool_add(tcp_conn_t *tc);
+void tcp_pool_remove(tcp_conn_t *tc);
+/* A commit the kernel could not take at once (lane: socket index % nthreads; starts the lane's
+ * helper if it has not started yet), or a release. */
+void tcp_pool_wake(tcp_conn_t *tc, int lane);
+void tcp_pool_wake_all(tcp_conn_t *tc);
+/* Helper threads running now (tests). */
+int tcp_pool_threads(void);
+/* Most helper threads the process runs for connections of nlanes lanes (SOCKET_HELPERS, at least
+ * nlanes). */
+int tcp_pool_max_helpers(int nlanes);
 /* Record the first failure of a connection; WARNs once. */
 void tcp_conn_fail(tcp_conn_t *tc, ncclResult_t res, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));

@@ -110,7 +110,7 @@ static ncclResult_t tcp_send_commit(chorus_conn_t *conn, size_t bytes) {
         int r = tcp_sock_try(tc, &tc->socks[i]);
         if (r & TCP_SOCK_FAIL) return tcp_check_error(tc);
         if ((r & (TCP_SOCK_BLOCKED | TCP_SOCK_BUSY)) && tc->nthreads > 0)
-            tcp_event_signal(&tc->threads[i % tc->nthreads].ev);
+            tcp_pool_wake(tc, i % tc->nthreads);
     }
     return ncclSuccess;
 }
@@ -137,7 +137,7 @@ static ncclResult_t tcp_send_commit_direct(chorus_conn_t *conn, const void *src,
     int r = tcp_sock_try(tc, &tc->socks[i]);
     if (r & TCP_SOCK_FAIL) return tcp_check_error(tc);
     if ((r & (TCP_SOCK_BLOCKED | TCP_SOCK_BUSY)) && tc->nthreads > 0)
-        tcp_event_signal(&tc->threads[i % tc->nthreads].ev);
+        tcp_pool_wake(tc, i % tc->nthreads);
     return ncclSuccess;
 }
 
@@ -218,7 +218,7 @@ static ncclResult_t tcp_recv_release(chorus_conn_t *conn) {
     __atomic_store_n(&tc->slot_recvd[slot], 0, __ATOMIC_RELAXED);
     STORE_REL(&tc->released, step + 1);
     conn->step = step + 1;
-    if (tc->nthreads > 0) tcp_event_signal(&tc->release_ev);
+    if (tc->nthreads > 0) tcp_pool_wake_all(tc);
     if (LOAD_ACQ(&tc->sync_want)) tcp_sync_answer(tc);
     return ncclSuccess;
 }

@@ -10,15 +10,15 @@
  * receiver reads handshakes of all pending sockets side by side (a stray client that sends nothing
  * cannot stall the real ones), closes any with a wrong proof (WARN naming the address), id, rank or
  * index, and acknowledges the right ones with its own proof, which the sender checks. Both ends
- * wait against CHORUS_TIMEOUT and the abort flag. close() stops and joins the helper threads; a
- * sender then tells the receiver, on every socket, that it closes cleanly.
+ * wait against CHORUS_TIMEOUT and the abort flag. close() takes the connection back from the
+ * helper threads (tcp_progress.c); a sender then tells the receiver, on every socket, that it
+ * closes cleanly.
  */
 #include <errno.h>
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -48,7 +48,6 @@ static ncclResult_t tcp_conn_alloc(chorus_conn_t *conn, tcp_conn_t **tc_p) {
     tc->rank = conn->ctx->rank;
     tc->peer = conn->peer;
     tc->listen_fd = -1;
-    tc->stop_fd = -1;
     if (conn->nslots <= 0) conn->nslots = (int)chorus_param_int(PARAM_NSLOTS);
     if (conn->nslots <= 0) conn->nslots = 8;
     if (conn->slot_bytes == 0) {
@@ -104,7 +103,7 @@ static ncclResult_t tcp_conn_alloc(chorus_conn_t *conn, tcp_conn_t **tc_p) {
     return ncclSuccess;
 }
 
-/* Slots, per-slot counters, sockets and threads, once nsocks is known. */
+/* Slots, per-slot counters and sockets, once nsocks is known. */
 static ncclResult_t tcp_conn_alloc_data(tcp_conn_t *tc) {
     size_t n = (size_t)tc->nslots;
     if (tc->nthreads > tc->nsocks) tc->nthreads = tc->nsocks;
@@ -120,12 +119,8 @@ static ncclResult_t tcp_conn_alloc_data(tcp_conn_t *tc) {
     tc->slot_dsock = calloc(n, sizeof(int));
     if (posix_memalign((void **)&tc->socks, 64, (size_t)tc->nsocks * sizeof(tcp_sock_t)) != 0)
         tc->socks = NULL;
-    if (tc->nthreads > 0 &&
-        posix_memalign((void **)&tc->threads, 64, (size_t)tc->nthreads * sizeof(tcp_thread_t)) != 0)
-        tc->threads = NULL;
-    /* Zeroed at once: if another allocation fails, close() must see threads that never started
-     * and sockets that were never opened. */
-    if (tc->threads) memset(tc->threads, 0, (size_t)tc->nthreads * sizeof(tcp_thread_t));
+    /* Zeroed at once: if another allocation fails, close() must see sockets that were never
+     * opened. */
     if (tc->socks) {
         memset(tc->socks, 0, (size_t)tc->nsocks * sizeof(tcp_sock_t));
         for (int i = 0; i < tc->nsocks; i++) {
@@ -135,13 +130,8 @@ static ncclResult_t tcp_conn_alloc_data(tcp_conn_t *tc) {
     }
     if (!tc->slots || !tc->slot_size || !tc->slot_npieces || !tc->slot_done || !tc->slot_ready ||
         !tc->slot_recvd || !tc->slot_rsize || !tc->slot_src || !tc->slot_direct ||
-        !tc->slot_dsock || !tc->socks || (tc->nthreads > 0 && !tc->threads)) {
+        !tc->slot_dsock || !tc->socks) {
         WARN("tcp: out of memory for %d slots of %zu bytes", tc->nslots, tc->slot_bytes);
-        return ncclSystemError;
-    }
-    tc->stop_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-    if (tc->stop_fd < 0) {
-        WARN("tcp: eventfd failed: %s", strerror(errno));
         return ncclSystemError;
     }
     return ncclSuccess;
@@ -533,6 +523,8 @@ ncclResult_t tcp_connect(chorus_conn_t *conn, const void *peer_blob, size_t peer
     conn->direct = send_helpers && direct > 0;
     conn->direct_threshold = direct > 0 ? (size_t)direct : 0;
     conn->chunk_room = TCP_SLOT_ROOM;
+    /* A receiving end with helper lanes had them started by tcp_threads_start and keeps them
+     * until close; one without is read by whoever waits in this process (tcp_rx_idle). */
     if (!conn->is_send && tc->nthreads == 0) tcp_rx_list_add(tc);
     conn->connected = 1;
     INFO(SUB_NET | SUB_INIT, "tcp: %s rank %d (%s) via %s: %d sockets, %d threads, %d slots of %zu",
@@ -560,7 +552,6 @@ void tcp_close(chorus_conn_t *conn) {
         close(s->fd);
     }
     if (tc->listen_fd >= 0) close(tc->listen_fd);
-    if (tc->stop_fd >= 0) close(tc->stop_fd);
     free(tc->slots);
     free(tc->slot_size);
     free(tc->slot_npieces);
@@ -572,7 +563,6 @@ void tcp_close(chorus_conn_t *conn) {
     free(tc->slot_direct);
     free(tc->slot_dsock);
     free(tc->socks);
-    free(tc->threads);
     free(tc);
     conn->priv = NULL;
     conn->connected = 0;

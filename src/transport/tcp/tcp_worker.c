@@ -8,23 +8,18 @@
  * sender), reads the payload straight into the slot, and publishes the step when its last piece has
  * landed.
  *
- * Socket i belongs to helper thread i % nthreads. A thread runs passes over its sockets while they
- * make progress; when they are blocked on the kernel it sleeps in poll() (with the stop eventfd),
- * and when they wait for the caller it sleeps on a futex event that the caller signals. Nothing
- * spins for long: 8 ranks on 2 cores must leave the CPU to whoever has work.
+ * The passes run in the caller's calls (tcp_conn.c) and in the process's helper threads
+ * (tcp_progress.c), whoever holds the socket's try-lock. Nothing spins for long: 8 ranks on 2
+ * cores must leave the CPU to whoever has work.
  */
 #include <errno.h>
-#include <limits.h>
-#include <linux/futex.h>
 #include <poll.h>
 #include <pthread.h>
-#include <sched.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
-#include <sys/syscall.h>
 #include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
@@ -36,28 +31,6 @@
 
 #define LOAD_ACQ(p) __atomic_load_n((p), __ATOMIC_ACQUIRE)
 #define STORE_REL(p, v) __atomic_store_n((p), (v), __ATOMIC_RELEASE)
-
-/* ---- event ---------------------------------------------------------------------------------- */
-
-void tcp_event_signal(tcp_event_t *ev) {
-    __atomic_add_fetch(&ev->seq, 1, __ATOMIC_SEQ_CST);
-    if (__atomic_load_n(&ev->waiters, __ATOMIC_SEQ_CST))
-        syscall(SYS_futex, &ev->seq, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
-}
-
-/* `seen` must be read (tcp_event_seq) before the caller checked that it has nothing to do; a
- * signal in between changes seq and the futex returns at once. */
-void tcp_event_wait(tcp_event_t *ev, uint32_t seen, int timeout_ms) {
-    struct timespec ts = {timeout_ms / 1000, (long)(timeout_ms % 1000) * 1000000L};
-    __atomic_add_fetch(&ev->waiters, 1, __ATOMIC_SEQ_CST);
-    if (__atomic_load_n(&ev->seq, __ATOMIC_SEQ_CST) == seen)
-        syscall(SYS_futex, &ev->seq, FUTEX_WAIT_PRIVATE, seen, &ts, NULL, 0);
-    __atomic_sub_fetch(&ev->waiters, 1, __ATOMIC_SEQ_CST);
-}
-
-static inline uint32_t tcp_event_seq(tcp_event_t *ev) {
-    return __atomic_load_n(&ev->seq, __ATOMIC_SEQ_CST);
-}
 
 /* ---- errors --------------------------------------------------------------------------------- */
 
@@ -419,112 +392,15 @@ int tcp_drive_all(tcp_conn_t *tc) {
     return r;
 }
 
-/* ---- helper threads ------------------------------------------------------------------------- */
-
-static void *tcp_thread_main(void *arg) {
-    tcp_thread_t *th = arg;
-    tcp_conn_t *tc = th->tc;
-    chorus_log_set_rank(tc->rank);
-    struct pollfd pfd[TCP_MAX_SOCKS + 1];
-    tcp_sock_t *mine[TCP_MAX_SOCKS];
-    int nmine = 0;
-    for (int i = th->index; i < tc->nsocks; i += tc->nthreads)
-        mine[nmine++] = &tc->socks[i];
-    tcp_event_t *ev = tc->is_send ? &th->ev : &tc->release_ev;
-    int spins = 0;
-
-    while (!__atomic_load_n(&tc->stop, __ATOMIC_ACQUIRE)) {
-        uint32_t seen = tcp_event_seq(ev);
-        int any = 0, npoll = 0, nclosed = 0;
-        for (int i = 0; i < nmine; i++) {
-            int r = tcp_sock_try(tc, mine[i]);
-            any |= r;
-            if (r & TCP_SOCK_BLOCKED)
-                pfd[npoll++] =
-                    (struct pollfd){.fd = mine[i]->fd, .events = tc->is_send ? POLLOUT : POLLIN};
-            if (r & TCP_SOCK_CLOSED) nclosed++;
-        }
-        if (any & TCP_SOCK_FAIL) break; /* the connection is dead; close() joins us */
-        if (nclosed == nmine) break;    /* the sender closed every socket of ours cleanly */
-        if (any & TCP_SOCK_DID) {
-            spins = 0;
-            continue;
-        }
-        if (npoll > 0) {
-            /* The caller polls this connection right now and moves the data itself: waking on
-             * every arrival would only fight it for the socket and the CPU. Nap, and take over
-             * when it stops polling (it went to compute, or its waiter sleeps). */
-            uint64_t active = __atomic_load_n(&tc->caller_ns, __ATOMIC_RELAXED);
-            if (active && chorus_now_ns() - active < TCP_CALLER_ACTIVE_NS) {
-                struct pollfd stop = {.fd = tc->stop_fd, .events = POLLIN};
-                struct timespec nap = {0, TCP_HELPER_NAP_NS};
-                (void)ppoll(&stop, 1, &nap, NULL);
-                continue;
-            }
-            /* Some sockets wait for the kernel. If others wait for the caller, poll briefly so a
-             * commit or release is not left waiting behind a slow socket. */
-            pfd[npoll++] = (struct pollfd){.fd = tc->stop_fd, .events = POLLIN};
-            int timeout = (any & (TCP_SOCK_IDLE | TCP_SOCK_BUSY)) ? 1 : 1000;
-            (void)poll(pfd, (nfds_t)npoll, timeout);
-            continue;
-        }
-        if (any & TCP_SOCK_BUSY) {
-            /* The caller drives a socket of ours for a moment: let it finish. */
-            sched_yield();
-            continue;
-        }
-        /* Everything waits for the caller: spin a little (the next commit usually follows at
-         * once), then sleep on the event. */
-        if (++spins < 64) {
-#if defined(__x86_64__)
-            __builtin_ia32_pause();
-#endif
-            continue;
-        }
-        tcp_event_wait(ev, seen, 1000);
-    }
-    return NULL;
-}
+/* ---- helper threads (tcp_progress.c) ------------------------------------------------------ */
 
 ncclResult_t tcp_threads_start(tcp_conn_t *tc) {
-    if (tc->nthreads == 0) return ncclSuccess;
-    for (int t = 0; t < tc->nthreads; t++) {
-        tcp_thread_t *th = &tc->threads[t];
-        th->tc = tc;
-        th->index = t;
-        int err = pthread_create(&th->thread, NULL, tcp_thread_main, th);
-        if (err != 0) {
-            WARN("tcp: cannot start helper thread %d for rank %d: %s", t, tc->peer, strerror(err));
-            tcp_threads_stop(tc);
-            return ncclSystemError;
-        }
-        th->started = 1;
-    }
-    return ncclSuccess;
+    return tcp_pool_add(tc);
 }
 
 void tcp_threads_stop(tcp_conn_t *tc) {
     __atomic_store_n(&tc->stop, 1, __ATOMIC_RELEASE);
-    if (tc->stop_fd >= 0) {
-        uint64_t one = 1;
-        ssize_t w = write(tc->stop_fd, &one, sizeof(one));
-        (void)w;
-    }
-    tcp_event_signal(&tc->release_ev);
-    /* A connection closed before connect() got as far as allocating its threads (its peer died
-     * during setup) has nthreads set but no thread array: nothing was started. */
-    if (tc->threads == NULL) return;
-    for (int t = 0; t < tc->nthreads; t++) {
-        tcp_thread_t *th = &tc->threads[t];
-        tcp_event_signal(&th->ev);
-    }
-    for (int t = 0; t < tc->nthreads; t++) {
-        tcp_thread_t *th = &tc->threads[t];
-        if (th->started) {
-            pthread_join(th->thread, NULL);
-            th->started = 0;
-        }
-    }
+    tcp_pool_remove(tc);
 }
 
 /* ---- receiving ends without helpers --------------------------------------------------------- */
