@@ -6,7 +6,7 @@
  * connection; both ends are in the same call), queues it and starts the communicator's progress
  * thread, which drives it while the caller computes. chorusTest runs one progress pass itself and
  * chorusWait drives progress while it spins; then, where the progress thread runs, it sleeps until
- * the thread retires an op (CHORUS_ASYNC_WAIT_SLEEP, engine.c), and without the thread
+ * the thread retires an op (CHORUS_ASYNC_WAIT_SLEEP, engine_wait.c), and without the thread
  * (CHORUS_PROGRESS_THREAD=0) it goes on driving progress itself. Ops retire in issue order. A
  * count-0 call returns a request that is already complete.
  *

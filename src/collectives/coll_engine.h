@@ -276,7 +276,7 @@ struct coll_engine {
     volatile int thread_stop;
     int nasync; /* async ops queued and not yet retired: changed under lock, read by the
                  * progress thread under thread_mu (__atomic loads and stores) */
-    chorus_event_t retired; /* signalled when an async op retires: waits that sleep (engine.c) */
+    chorus_event_t retired; /* signalled as an async op retires: sleeping waits (engine_wait.c) */
     /* Stalls of async ops that no caller waits on (coll_engine_async_stalled): passes that moved
      * something (under the lock, whoever drove them), and what the stall check saw last. */
     uint64_t passes_moved;
@@ -312,6 +312,10 @@ ncclResult_t coll_engine_connect(struct ncclComm *comm, coll_op_t **ops, int nop
 ncclResult_t coll_engine_enqueue(coll_op_t *op);
 /* One progress pass over the comm's queue; *progressed_p says whether anything moved. */
 ncclResult_t coll_engine_progress(struct coll_engine *e, int *progressed_p);
+/* The same pass, and the queueing of an op, for a caller that holds e->lock (engine_wait.c). */
+void coll_engine_progress_locked(struct coll_engine *e, int *progressed_p);
+void coll_engine_enqueue_locked(coll_op_t *op);
+/* engine_wait.c */
 /* Drive progress of the given comms until every op in ops[] is done (blocking entry points,
  * group end, chorusWait). Returns the first op error. */
 ncclResult_t coll_engine_wait(coll_op_t **ops, int nops);
@@ -347,7 +351,7 @@ static inline void coll_op_set_reduction(coll_op_t *op, int user_op, chorus_redo
 }
 ncclResult_t coll_engine_start_thread(struct coll_engine *e);
 
-/* engine.c: after a progress pass over e's async ops that no caller waits on (the progress
+/* engine_wait.c: after a progress pass over e's async ops that no caller waits on (the progress
  * thread, or chorusTest without one): every 64 empty passes, the mismatch look of
  * coll_engine_wait, and after CHORUS_TIMEOUT without any pass moving an op of e (whoever drove it),
  * or once the communicator is aborted, every running op fails as it does in coll_engine_wait. */

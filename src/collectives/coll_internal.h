@@ -152,7 +152,7 @@ int coll_oneshot_supports(const coll_op_t *op);
  * under the current parameters and no INFO line is due for the choice; NULL otherwise. */
 const coll_plan_t *coll_tuner_memo_plan(const struct coll_engine *e, int coll, size_t count,
                                         size_t esize, const coll_algo_t *algo);
-/* engine.c: queue a blocking op that the caller started itself (allreduce_fast.c) and wait for
+/* engine_wait.c: queue a blocking op that the caller started itself (allreduce_fast.c), wait for
  * it as coll_engine_run does. The caller holds e's lock (handed over), counted the call in
  * comm->api_refs_locked, and gave the op its seq, tickets and the state of its transfers; the
  * queue is empty and the engine not broken. */
