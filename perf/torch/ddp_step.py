@@ -8,10 +8,8 @@ Rank 0 prints the median step time of each, the ratio gloo/chorus (> 1: chorus f
 communication time above the floor. --busy K: rank 0 starts K CPU-bound processes (busy loops)
 that run beside the ranks for the whole measurement (a loaded host).
 """
-import argparse
 import os
 import statistics
-import subprocess
 import sys
 import time
 
@@ -19,39 +17,15 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python"))
-import chorus_torch  # noqa: E402,F401  (registers the backend)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from ddp_common import WIDTH, setup, start_busy, stop_busy  # noqa: E402
 
-ap = argparse.ArgumentParser()
-ap.add_argument("--mib", type=float, default=10)
-ap.add_argument("--rounds", type=int, default=5)
-ap.add_argument("--steps", type=int, default=20)
-ap.add_argument("--batch", type=int, default=32)
-ap.add_argument("--busy", type=int, default=0, help="CPU-bound processes beside the ranks")
-args = ap.parse_args()
-torch.set_num_threads(1)
-dist.init_process_group("gloo")
-ch = dist.new_group(backend="chorus")
-R = dist.get_rank()
-width = 1024
-# Two layers: width -> h -> width, so params ~= 2 * width * h.
-h = max(16, int(args.mib * 2**20 / 4 / (2 * width)))
-torch.manual_seed(0)
-
-
-def make():
-    return torch.nn.Sequential(torch.nn.Linear(width, h), torch.nn.ReLU(),
-                               torch.nn.Linear(h, width))
-
-
+args, ch, R, W, make = setup(rounds=5)
 nparam = sum(p.numel() for p in make().parameters())
 runs = {"floor": make(), "chorus": DDP(make(), process_group=ch), "gloo": DDP(make())}
 opt = {k: torch.optim.SGD(m.parameters(), lr=1e-3) for k, m in runs.items()}
-x = torch.randn(args.batch, width)
-busy = []
-if R == 0:
-    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
-            for _ in range(args.busy)]
+x = torch.randn(args.batch, WIDTH)
+busy = start_busy(R, args.busy)
 times = {k: [] for k in runs}
 for rnd in range(args.rounds):
     order = list(runs) if rnd % 2 == 0 else list(reversed(list(runs)))
@@ -66,12 +40,10 @@ for rnd in range(args.rounds):
             if s:  # the first step of a block warms up
                 times[k].append(time.perf_counter() - t0)
 load = os.getloadavg()[0]
-for p in busy:
-    p.kill()
-    p.wait()
+stop_busy(busy)
 med = {k: statistics.median(v) * 1e3 for k, v in times.items()}
 if R == 0:
-    print(f"{dist.get_world_size()} ranks, {nparam * 4 / 2**20:.1f} MiB of gradients, "
+    print(f"{W} ranks, {nparam * 4 / 2**20:.1f} MiB of gradients, "
           f"{args.rounds} rounds x {args.steps} steps, {args.busy} busy processes beside, "
           f"load {load:.1f}")
     for k in runs:

@@ -13,10 +13,8 @@ threads that ran, by name where this script knows it: main (forward, backward, o
 (chorus_torch's future completer), and the rest (Chorus's progress thread, gloo's threads).
 --busy K: rank 0 starts K CPU-bound processes beside the ranks.
 """
-import argparse
 import os
 import statistics
-import subprocess
 import sys
 import threading
 import time
@@ -25,25 +23,11 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python"))
-import chorus_torch  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from ddp_common import WIDTH, setup, start_busy, stop_busy  # noqa: E402
 from chorus_torch import process_group as cpg  # noqa: E402
 
-ap = argparse.ArgumentParser()
-ap.add_argument("--mib", type=float, default=10)
-ap.add_argument("--rounds", type=int, default=3)
-ap.add_argument("--steps", type=int, default=20)
-ap.add_argument("--batch", type=int, default=32)
-ap.add_argument("--busy", type=int, default=0)
-args = ap.parse_args()
-torch.set_num_threads(1)
-dist.init_process_group("gloo")
-ch = dist.new_group(backend="chorus")
-R = dist.get_rank()
-W = dist.get_world_size()
-width = 1024
-h = max(16, int(args.mib * 2**20 / 4 / (2 * width)))
-torch.manual_seed(0)
+args, ch, R, W, make = setup(rounds=3)
 
 names = {threading.get_native_id(): "main"}
 _reap = cpg.ProcessGroupChorus._reap_loop
@@ -73,11 +57,6 @@ def threads():
     return out
 
 
-def make():
-    return torch.nn.Sequential(torch.nn.Linear(width, h), torch.nn.ReLU(),
-                               torch.nn.Linear(h, width))
-
-
 step_log = []  # (backend, per-step dict)
 cur = {}
 
@@ -98,15 +77,13 @@ def hook(pg):
     return h_
 
 
+nparam = sum(p.numel() for p in make().parameters())
 runs = {"floor": make(), "chorus": DDP(make(), process_group=ch), "gloo": DDP(make())}
 runs["chorus"].register_comm_hook(None, hook(ch))
 runs["gloo"].register_comm_hook(None, hook(None))
 opt = {k: torch.optim.SGD(m.parameters(), lr=1e-3) for k, m in runs.items()}
-x = torch.randn(args.batch, width)
-busy = []
-if R == 0:
-    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
-            for _ in range(args.busy)]
+x = torch.randn(args.batch, WIDTH)
+busy = start_busy(R, args.busy)
 cpu = {k: {} for k in runs}  # backend -> tid -> summed counters
 for rnd in range(args.rounds):
     order = list(runs) if rnd % 2 == 0 else list(reversed(list(runs)))
@@ -134,9 +111,7 @@ for rnd in range(args.rounds):
             for j in range(4):
                 acc[j] += a[j] - b[j]
 load = os.getloadavg()[0]
-for p in busy:
-    p.kill()
-    p.wait()
+stop_busy(busy)
 
 
 def med(vals):
@@ -166,7 +141,7 @@ for k in runs:
 texts = [None] * W
 dist.all_gather_object(texts, "\n".join(report))
 if R == 0:
-    print(f"{W} ranks, {h * width * 2 * 4 / 2**20:.1f} MiB of gradients, {args.rounds} rounds x "
+    print(f"{W} ranks, {nparam * 4 / 2**20:.1f} MiB of gradients, {args.rounds} rounds x "
           f"{args.steps} steps, {args.busy} busy processes beside, load {load:.1f}")
     for t in texts:
         print(t)
