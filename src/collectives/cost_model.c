@@ -382,16 +382,27 @@ static double tree_time_us(const model_layout_t *lay, double b, size_t chunk, si
  * pair 2i, 2i+1; the rest n' >= r as rank n' + r). Round k pairs ranks 2^(k-1) apart in the
  * folded numbering; it stays inside every host when the pairs' blocks (2^k ranks, twice that
  * among the folded) align with hosts of L, else it crosses: every rank of a host sends the whole
- * message through the host's link. The fold in and out: a pair of one host when L is even. */
+ * message through the host's link. The first crossing round queues the host's L messages on its
+ * link (the last leaves after L transfers) and so staggers the ranks by one transfer each: in
+ * every later crossing round a rank's message finds the link free unless the link's L transfers
+ * take longer than one hop (latency and transfer), so such a round takes the longer of the two.
+ * The fold in and out: a pair of one host when L is even. */
 static double rd_time_us(const model_layout_t *lay, double b) {
     const int n = lay->n, L = lay->L, R = log2_floor(n), r = n - (1 << R);
     const coll_link_cost_t *x = lay->x, *s = lay->s;
     const double local = s->alpha_us + b / s->beta, across = x->alpha_us + L * b / x->beta;
+    const double across_again = CHORUS_MAX(x->alpha_us + b / x->beta, L * b / x->beta);
     double t = 0;
+    int crossed = 0;
     for (int k = 1; k <= R; k++) {
         const long blk = 2L << (k - 1); /* ranks of a block of round k */
         const int inside = L > 1 && r % blk == 0 && L % blk == 0 && (r == 0 || L % (2 * blk) == 0);
-        t += inside ? local : across;
+        if (inside) {
+            t += local;
+        } else {
+            t += crossed ? across_again : across;
+            crossed = 1;
+        }
     }
     if (r > 0) t += 2 * (L % 2 == 0 ? local : across);
     return t;

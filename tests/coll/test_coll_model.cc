@@ -243,10 +243,13 @@ TEST(CostModel, HostsShareTheirLink) {
                 1e-6);
     // 24 ranks (3 hosts x 8): 8 folded pairs, then 16; the fold is inside the hosts, rounds 1
     // and 2 too (pairs of blocks of 4 folded ranks, 8 = L), round 3 is not (8 folded ranks'
-    // blocks span 16 real ranks) and neither is round 4.
+    // blocks span 16 real ranks) and neither is round 4. Round 3 queues the host's 8 messages on
+    // its link, which staggers its ranks by a transfer each; in round 4 a rank's message waits
+    // only if the link's 8 transfers take longer than its own hop.
     const coll_model_comm_t m3{24, 3, COLL_LINK_TCP_INTER, 0, 8};
     const double rd3 = 2 * (s.alpha_us + b / s.beta) + 2 * (s.alpha_us + b / s.beta) +
-                       2 * (x.alpha_us + 8 * b / x.beta);
+                       (x.alpha_us + 8 * b / x.beta) +
+                       std::fmax(x.alpha_us + b / x.beta, 8 * b / x.beta);
     EXPECT_NEAR(coll_model_time_us(&m3, links, COLL_ALLREDUCE, COLL_ALGO_LL, 64 * KiB, 0), rd3,
                 1e-6);
     // One rank per host: the link is the rank's own, every step crosses (the flat model).
