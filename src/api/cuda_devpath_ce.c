@@ -3,7 +3,9 @@
  * cuda_devpath_ce.h).
  *
  * Each rank owns two blocks, shared with every rank of the host:
- *   device block  (ch_rt_t ipc_*: CUDA IPC, the emulator's memfd)  [c][src] SIMPLE slots
+ *   device block  (peer_mem.h: cuMem memory where the device has it, its file descriptor passed
+ *                 to each peer process over the descriptor channel, fd_chan.h; else a legacy
+ *                 IPC block, its handle in the bootstrap allgather)  [c][src] SIMPLE slots
  *   host block    (a memfd every rank maps, registered for the device)  a 4 KiB header, then
  *                 [c][src] control blocks; rank 0's header holds the error word and the rank of
  *                 a peer found dead
@@ -35,6 +37,8 @@
 
 #include "bootstrap.h"
 #include "comm.h"
+#include "fd_chan.h"
+#include "peer_mem.h"
 #include "device/ce_prog.h"
 #include "device/ch_proto.h"
 #include "device/cpu_exec.h"
@@ -45,12 +49,16 @@
 #define CE_DEAD_OFF 64    /* offset of the dead peer's word (rank + 1) */
 #define CE_WATCH_MS 2
 #define CE_RELEASED (1ull << 62) /* past every step a wait can ask for */
+#define CE_TAG_DEV 0x43450001u   /* the descriptor of a rank's device block */
 
 struct dp_ce {
     const ch_rt_t *rt;
     int nranks, rank, nch, nslots;
     size_t slot_bytes, dev_bytes, host_bytes;
     void **dev;           /* [rank]: every rank's device block, mapped here (own included) */
+    peer_mem_own_t own;   /* this rank's device block */
+    peer_mem_map_t *maps; /* [rank]: the peers' device blocks as mapped here */
+    fd_chan_t *chan;      /* descriptors of cuMem device blocks come over it */
     char **host;          /* [rank]: every rank's host block, mapped here */
     int *host_fd;         /* [rank]: the memfd (own) or this rank's open of a peer's */
     char *registered;     /* [rank]: host[rank] is registered with the runtime */
@@ -154,17 +162,22 @@ void dp_ce_free(dp_ce_t *ce) {
     if (ce == NULL) return;
     ce_watch_stop(ce);
     for (int q = 0; q < ce->nranks; q++) {
-        if (ce->dev && ce->dev[q]) ce->rt->ipc_free(ce->dev[q], ce->dev_bytes);
+        if (q == ce->rank)
+            peer_mem_free(&ce->own);
+        else if (ce->maps)
+            peer_mem_close(&ce->maps[q]);
         if (ce->host && ce->host[q]) {
             if (ce->registered[q]) ce->rt->host_unregister(ce->host[q]);
             munmap(ce->host[q], ce->host_bytes);
         }
         if (ce->host_fd && ce->host_fd[q] >= 0) close(ce->host_fd[q]);
     }
+    fd_chan_close(ce->chan);
     pthread_mutex_destroy(&ce->lock);
     pthread_mutex_destroy(&ce->stop_lock);
     pthread_cond_destroy(&ce->stop_cond);
     free(ce->dev);
+    free(ce->maps);
     free(ce->host);
     free(ce->host_fd);
     free(ce->registered);
@@ -193,6 +206,7 @@ static dp_ce_t *ce_alloc(struct ncclComm *comm, const ch_rt_t *rt, int nch, int 
     pthread_mutex_init(&ce->stop_lock, NULL);
     pthread_cond_init(&ce->stop_cond, NULL);
     ce->dev = calloc((size_t)n, sizeof(void *));
+    ce->maps = calloc((size_t)n, sizeof(*ce->maps));
     ce->host = calloc((size_t)n, sizeof(char *));
     ce->host_fd = malloc((size_t)n * sizeof(int));
     ce->registered = calloc((size_t)n, 1);
@@ -204,7 +218,7 @@ static dp_ce_t *ce_alloc(struct ncclComm *comm, const ch_rt_t *rt, int nch, int 
     if (ce->host_fd)
         for (int q = 0; q < n; q++)
             ce->host_fd[q] = -1;
-    if (!ce->dev || !ce->host || !ce->host_fd || !ce->registered || !ce->pids || !ce->conns ||
+    if (!ce->dev || !ce->maps || !ce->host || !ce->host_fd || !ce->registered || !ce->pids || !ce->conns ||
         !ce->ring || !ce->next_send || !ce->next_recv) {
         dp_ce_free(ce);
         return NULL;
@@ -213,8 +227,50 @@ static dp_ce_t *ce_alloc(struct ncclComm *comm, const ch_rt_t *rt, int nch, int 
 }
 
 typedef struct {
-    ch_ipc_handle_t dev, host;
+    peer_mem_desc_t dev;
+    ch_ipc_handle_t host;
+    fd_chan_addr_t chan;
 } ce_handles_t;
+
+/* Pass this rank's device block's descriptor (own_fd, cuMem) to every peer process and take
+ * theirs (fds[q]; -1 where a peer's block is legacy IPC or in this process). */
+static ncclResult_t ce_pass_fds(dp_ce_t *ce, struct ncclComm *comm, const ce_handles_t *hs,
+                                int own_fd, int *fds) {
+    const int n = ce->nranks, me = ce->rank;
+    fd_chan_addr_t *addrs = calloc((size_t)n, sizeof(*addrs));
+    fd_chan_msg_t *out = calloc((size_t)n, sizeof(*out));
+    fd_chan_msg_t *in = calloc((size_t)n, sizeof(*in));
+    int nout = 0, nin = 0;
+    ncclResult_t res = addrs && out && in ? ncclSuccess : ncclSystemError;
+    for (int q = 0; q < n && res == ncclSuccess; q++) {
+        addrs[q] = hs[q].chan;
+        if (q == me || hs[q].dev.pid == hs[me].dev.pid) continue;
+        if (own_fd >= 0) {
+            out[nout].peer = q;
+            out[nout].tag = CE_TAG_DEV;
+            out[nout].fd = own_fd;
+            nout++;
+        }
+        if (hs[q].dev.kind == PEER_MEM_CUMEM) {
+            in[nin].peer = q;
+            in[nin].tag = CE_TAG_DEV;
+            nin++;
+        }
+    }
+    if (res == ncclSuccess && (nout > 0 || nin > 0))
+        res = fd_chan_exchange(ce->chan, addrs, n, out, nout, in, nin, 0, &comm->abort_flag);
+    for (int i = 0; in && i < nin; i++) {
+        if (in[i].fd < 0) continue;
+        if (res == ncclSuccess)
+            fds[in[i].peer] = in[i].fd;
+        else
+            close(in[i].fd);
+    }
+    free(addrs);
+    free(out);
+    free(in);
+    return res;
+}
 
 static void *ce_watch_main(void *arg);
 
@@ -228,28 +284,57 @@ dp_ce_t *dp_ce_setup(struct ncclComm *comm, const ch_rt_t *rt, int local_ok, int
     /* Every rank takes part in both allgathers whatever happened before, so all agree. */
     ce_handles_t mine;
     memset(&mine, 0, sizeof(mine));
-    if (ok && rt->ipc_alloc(&ce->dev[me], ce->dev_bytes, &mine.dev) != ncclSuccess) ok = 0;
+    int own_fd = -1;
+    int *fds = calloc((size_t)n, sizeof(int));
+    if (fds == NULL) ok = 0;
+    for (int q = 0; fds && q < n; q++)
+        fds[q] = -1;
+    if (ok && peer_mem_alloc(rt, comm->cuda_dev, ce->dev_bytes, &ce->own) != ncclSuccess) ok = 0;
+    if (ok) ce->dev[me] = ce->own.ptr;
+    if (ok && peer_mem_describe(rt, ce->own.ptr, ce->dev_bytes, &ce->own, &mine.dev, &own_fd) !=
+                  ncclSuccess)
+        ok = 0;
+    if (ok && fd_chan_open(me, &ce->chan, &mine.chan) != ncclSuccess) ok = 0;
     if (ok && ce_host_create(ce, &mine.host) != ncclSuccess) ok = 0;
     if (ok && rt->host_register(ce->host[me], ce->host_bytes) != ncclSuccess) ok = 0;
     if (ok) ce->registered[me] = 1;
     if (!ok) memset(&mine, 0, sizeof(mine));
     if (hs) hs[me] = mine;
     ncclResult_t res = hs ? bootstrap_allgather(comm->bs, hs, sizeof(*hs)) : ncclSystemError;
-    if (res != ncclSuccess) goto fail; /* the bootstrap failed: nothing more can be agreed */
+    if (res != ncclSuccess) { /* the bootstrap failed: nothing more can be agreed */
+        if (own_fd >= 0) close(own_fd);
+        goto fail;
+    }
+    /* Every rank sees the same table: all pass descriptors, or none does. */
+    for (int q = 0; q < n && ok; q++)
+        if (hs[q].dev.kind == PEER_MEM_NONE || hs[q].dev.bytes != ce->dev_bytes ||
+            hs[q].host.bytes != ce->host_bytes)
+            ok = 0; /* that rank could not set up (or sized its blocks differently) */
+    if (ok && ce_pass_fds(ce, comm, hs, own_fd, fds) != ncclSuccess) {
+        /* Closing the channel now tells the peers still waiting for this rank's descriptor. */
+        fd_chan_close(ce->chan);
+        ce->chan = NULL;
+        ok = 0;
+    }
+    if (own_fd >= 0) close(own_fd);
     for (int q = 0; q < n && ok; q++) {
         ce->pids[q] = (int)hs[q].host.pid;
-        if (hs[q].dev.bytes == 0 || hs[q].host.bytes != ce->host_bytes)
-            ok = 0; /* that rank could not set up (or sized its blocks differently) */
-        else if (q == me)
+        if (q == me)
             continue;
-        else if (rt->ipc_open(&hs[q].dev, &ce->dev[q]) != ncclSuccess ||
+        else if (peer_mem_open(rt, comm->cuda_dev, &hs[q].dev, fds[q], &ce->maps[q]) !=
+                     ncclSuccess ||
                  ce_host_open(ce, q, &hs[q].host) != ncclSuccess)
             ok = 0;
         else if (rt->host_register(ce->host[q], ce->host_bytes) != ncclSuccess)
             ok = 0;
         else
             ce->registered[q] = 1;
+        if (ok) ce->dev[q] = ce->maps[q].ptr;
     }
+    for (int q = 0; q < n; q++)
+        if (fds[q] >= 0) close(fds[q]); /* the imports hold the memory */
+    free(fds);
+    fds = NULL;
     if (oks) oks[me] = ok;
     res = oks ? bootstrap_allgather(comm->bs, oks, sizeof(int)) : ncclSystemError;
     if (res != ncclSuccess) goto fail;
@@ -280,6 +365,9 @@ dp_ce_t *dp_ce_setup(struct ncclComm *comm, const ch_rt_t *rt, int local_ok, int
     free(oks);
     return ce;
 fail:
+    for (int q = 0; fds && q < n; q++)
+        if (fds[q] >= 0) close(fds[q]);
+    free(fds);
     free(hs);
     free(oks);
     dp_ce_free(ce);

@@ -3,10 +3,12 @@
  * (private to cuda_devpath.c and cuda_devpath_ce.c).
  *
  * Each rank allocates the receiving ends of its connections, for every channel and every sender:
- * the SIMPLE slots in device memory other processes of the host can map (ch_rt_t ipc_*), the
- * control blocks in host memory every rank maps and registers for the device (ch_rt_t
- * host_register); rank 0's host block starts with the communicator's error word. The bootstrap
- * allgather hands out the handles and every rank maps every peer's blocks, so each rank can
+ * the SIMPLE slots in device memory other processes of the host can map (peer_mem.h: cuMem memory
+ * whose file descriptor goes to each peer process over the descriptor channel, fd_chan.h, or a
+ * legacy IPC block), the control blocks in host memory every rank maps and registers for the
+ * device (ch_rt_t host_register); rank 0's host block starts with the communicator's error word.
+ * The bootstrap allgather hands out the handles and channel addresses, and every rank maps every
+ * peer's blocks, so each rank can
  * address every connection. An op becomes one program per channel (ch_ce_build over the
  * schedule; the next step of every connection is kept here, on the host, from op to op), queued
  * on the user's stream (ce_launch). Programs exchange no op header: a mismatched op is not
