@@ -24,6 +24,7 @@
  * the op's result and every later call ncclRemoteError.
  */
 #include "cuda_devpath_ce.h"
+#include "cuda_devpath_ce_priv.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -45,35 +46,8 @@
 #include "log.h"
 #include "param.h"
 
-#define CE_HDR_BYTES 4096 /* the host block's header: the error word, the dead peer's rank */
-#define CE_DEAD_OFF 64    /* offset of the dead peer's word (rank + 1) */
 #define CE_WATCH_MS 2
-#define CE_RELEASED (1ull << 62) /* past every step a wait can ask for */
-#define CE_TAG_DEV 0x43450001u   /* the descriptor of a rank's device block */
-
-struct dp_ce {
-    const ch_rt_t *rt;
-    int nranks, rank, nch, nslots;
-    size_t slot_bytes, dev_bytes, host_bytes;
-    void **dev;           /* [rank]: every rank's device block, mapped here (own included) */
-    peer_mem_own_t own;   /* this rank's device block */
-    peer_mem_map_t *maps; /* [rank]: the peers' device blocks as mapped here */
-    fd_chan_t *chan;      /* descriptors of cuMem device blocks come over it */
-    char **host;          /* [rank]: every rank's host block, mapped here */
-    int *host_fd;         /* [rank]: the memfd (own) or this rank's open of a peer's */
-    char *registered;     /* [rank]: host[rank] is registered with the runtime */
-    int *pids;            /* [rank] (messages) */
-    ch_conn_t *conns;     /* [c][src][dst] */
-    int *ring;            /* [c][pos] */
-    pthread_mutex_t lock; /* next_send/next_recv */
-    uint64_t *next_send;  /* [c][peer]: steps built on conn(c, rank, peer) */
-    uint64_t *next_recv;  /* [c][peer]: steps built on conn(c, peer, rank) */
-    pthread_t watch;
-    int watching;
-    pthread_mutex_t stop_lock;
-    pthread_cond_t stop_cond;
-    int stop;
-};
+#define CE_TAG_DEV 0x43450001u /* the descriptor of a rank's device block */
 
 static size_t ce_round_page(size_t b) {
     return (b + 4095) / 4096 * 4096;
@@ -140,7 +114,7 @@ static ncclResult_t ce_host_open(dp_ce_t *ce, int q, const ch_ipc_handle_t *h) {
 }
 
 /* 0 when rank q's process has ended (its lock is gone), 1 while it lives (or cannot be told). */
-static int ce_peer_alive(const dp_ce_t *ce, int q) {
+int ce_peer_alive(const dp_ce_t *ce, int q) {
     if (q == ce->rank || ce->host_fd[q] < 0) return 1;
     const int t = ce_lock(ce->host_fd[q], F_WRLCK, F_OFD_GETLK);
     return t < 0 || t != F_UNLCK;
@@ -161,6 +135,7 @@ static void ce_watch_stop(dp_ce_t *ce) {
 void dp_ce_free(dp_ce_t *ce) {
     if (ce == NULL) return;
     ce_watch_stop(ce);
+    ce_zc_free(ce);
     for (int q = 0; q < ce->nranks; q++) {
         if (q == ce->rank)
             peer_mem_free(&ce->own);
@@ -174,10 +149,12 @@ void dp_ce_free(dp_ce_t *ce) {
     }
     fd_chan_close(ce->chan);
     pthread_mutex_destroy(&ce->lock);
+    pthread_mutex_destroy(&ce->zc_lock);
     pthread_mutex_destroy(&ce->stop_lock);
     pthread_cond_destroy(&ce->stop_cond);
     free(ce->dev);
     free(ce->maps);
+    free(ce->addrs);
     free(ce->host);
     free(ce->host_fd);
     free(ce->registered);
@@ -201,12 +178,17 @@ static dp_ce_t *ce_alloc(struct ncclComm *comm, const ch_rt_t *rt, int nch, int 
     ce->nslots = nslots;
     ce->slot_bytes = slot_bytes;
     ce->dev_bytes = (size_t)nch * n * nslots * slot_bytes;
-    ce->host_bytes = ce_round_page(CE_HDR_BYTES + (size_t)nch * n * sizeof(ch_ctrl_t));
+    ce->zc_off = (CE_HDR_BYTES + (size_t)nch * n * sizeof(ch_ctrl_t) + 63) / 64 * 64;
+    ce->host_bytes = ce_round_page(ce->zc_off + ce_zc_area_bytes());
+    ce->cuda_dev = comm->cuda_dev;
+    ce->abort_flag = &comm->abort_flag;
     pthread_mutex_init(&ce->lock, NULL);
+    pthread_mutex_init(&ce->zc_lock, NULL);
     pthread_mutex_init(&ce->stop_lock, NULL);
     pthread_cond_init(&ce->stop_cond, NULL);
     ce->dev = calloc((size_t)n, sizeof(void *));
     ce->maps = calloc((size_t)n, sizeof(*ce->maps));
+    ce->addrs = calloc((size_t)n, sizeof(*ce->addrs));
     ce->host = calloc((size_t)n, sizeof(char *));
     ce->host_fd = malloc((size_t)n * sizeof(int));
     ce->registered = calloc((size_t)n, 1);
@@ -218,8 +200,8 @@ static dp_ce_t *ce_alloc(struct ncclComm *comm, const ch_rt_t *rt, int nch, int 
     if (ce->host_fd)
         for (int q = 0; q < n; q++)
             ce->host_fd[q] = -1;
-    if (!ce->dev || !ce->maps || !ce->host || !ce->host_fd || !ce->registered || !ce->pids || !ce->conns ||
-        !ce->ring || !ce->next_send || !ce->next_recv) {
+    if (!ce->dev || !ce->maps || !ce->addrs || !ce->host || !ce->host_fd || !ce->registered ||
+        !ce->pids || !ce->conns || !ce->ring || !ce->next_send || !ce->next_recv) {
         dp_ce_free(ce);
         return NULL;
     }
@@ -306,6 +288,9 @@ dp_ce_t *dp_ce_setup(struct ncclComm *comm, const ch_rt_t *rt, int local_ok, int
         goto fail;
     }
     /* Every rank sees the same table: all pass descriptors, or none does. */
+    for (int q = 0; q < n && ok; q++)
+        ce->addrs[q] = hs[q].chan;
+    if (ok && ce_zc_init(ce) != ncclSuccess) ok = 0;
     for (int q = 0; q < n && ok; q++)
         if (hs[q].dev.kind == PEER_MEM_NONE || hs[q].dev.bytes != ce->dev_bytes ||
             hs[q].host.bytes != ce->host_bytes)
@@ -401,6 +386,7 @@ static void ce_release(dp_ce_t *ce) {
             ch_st_release(&ce_conn_at(ce, c, me, q)->ctrl->tail, CE_RELEASED);
         }
     }
+    ce_zc_release(ce);
 }
 
 /* Whether this rank still waits for rank q (its head into here or the tail of this rank's sends
@@ -417,7 +403,7 @@ static int ce_owed_by(dp_ce_t *ce, int q, uint64_t *sum_p) {
             owed = 1;
     }
     pthread_mutex_unlock(&ce->lock);
-    return owed;
+    return ce_zc_owed_by(ce, q, sum_p) || owed;
 }
 
 static void *ce_watch_main(void *arg) {
@@ -438,6 +424,7 @@ static void *ce_watch_main(void *arg) {
         (void)pthread_cond_timedwait(&ce->stop_cond, &ce->stop_lock, &ts);
         if (ce->stop) break;
         pthread_mutex_unlock(&ce->stop_lock);
+        ce_zc_watch(ce);
         if (ch_ld32_relaxed(err) != CH_OK) {
             ce_release(ce);
         } else {
@@ -481,8 +468,17 @@ static const ch_conn_t *ce_conn(void *arg, int c, int src, int dst) {
 }
 
 ncclResult_t dp_ce_launch(dp_ce_t *ce, const ch_plan_t *plan, const void *sendbuff, void *recvbuff,
-                          const chorus_redop_t *rop, void *stream) {
+                          const chorus_redop_t *rop, void *stream, int immediate) {
     const int n = ce->nranks;
+    int taken = 0;
+    ncclResult_t zr = ce_zc_launch(ce, plan, sendbuff, recvbuff, rop, stream, immediate, &taken);
+    if (zr != ncclSuccess) {
+        /* The peers may have launched their part: fail the communicator (the watchdog releases
+         * them). */
+        ch_set_once32(dp_ce_err(ce), CH_ERR_ABORT);
+        return zr;
+    }
+    if (taken) return ncclSuccess;
     ch_ce_prog_t *progs = calloc((size_t)plan->nch, sizeof(*progs));
     if (progs == NULL) return ncclSystemError;
     ncclResult_t res = ncclSuccess;

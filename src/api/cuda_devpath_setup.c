@@ -438,3 +438,31 @@ void devpath_comm_free(struct ncclComm *comm) {
     pthread_mutex_destroy(&dp->lock);
     free(dp);
 }
+
+/* ---- registered buffers -----------------------------------------------------------------------
+ */
+
+ncclResult_t devpath_register(struct ncclComm *comm, void *buff, size_t size) {
+    devpath_comm_t *dp = comm ? comm->dev_path : NULL;
+    if (dp == NULL || dp->ce == NULL || chorus_mem_kind(buff) != CHORUS_MEM_DEVICE)
+        return ncclSuccess;
+    return dp_ce_register(dp->ce, buff, size);
+}
+
+ncclResult_t devpath_deregister(struct ncclComm *comm, const void *buff, size_t size) {
+    devpath_comm_t *dp = comm ? comm->dev_path : NULL;
+    if (dp == NULL || dp->ce == NULL) return ncclSuccess;
+    /* Peers read the range only inside this rank's launched ops, which end once every reader is
+     * done: with them finished, nothing reads it any more. */
+    const ncclResult_t res = devpath_drain(comm);
+    if (dp_ce_deregister(dp->ce, buff, size) != ncclSuccess) return res; /* never exported */
+    if (res != ncclSuccess)
+        WARN("rank %d: deregistering %p while its device work did not finish (%s)", comm->rank,
+             buff, ncclGetErrorString(res));
+    return res;
+}
+
+unsigned long devpath_zero_copy_ops(struct ncclComm *comm) {
+    devpath_comm_t *dp = comm ? comm->dev_path : NULL;
+    return dp && dp->ce ? dp_ce_zero_copy_ops(dp->ce) : 0;
+}

@@ -13,10 +13,16 @@
 
 #define PM_ZERO_CHUNK ((size_t)1 << 20)
 
-static unsigned long g_opened[3];
+static unsigned long g_opened[3], g_closed[3];
 
 unsigned long peer_mem_opened(int kind) {
     return kind >= 0 && kind < 3 ? __atomic_load_n(&g_opened[kind], __ATOMIC_RELAXED) : 0;
+}
+
+unsigned long peer_mem_live(int kind) {
+    return kind >= 0 && kind < 3 ? __atomic_load_n(&g_opened[kind], __ATOMIC_RELAXED) -
+                                       __atomic_load_n(&g_closed[kind], __ATOMIC_RELAXED)
+                                 : 0;
 }
 
 /* cuMem memory is not zeroed when made: write zeros through the runtime's setup copy. */
@@ -125,8 +131,8 @@ ncclResult_t peer_mem_open(const ch_rt_t *rt, int dev, const peer_mem_desc_t *d,
     if (d->kind == PEER_MEM_CUMEM) {
         ARGCHECK(fd >= 0, "no descriptor came with the cuMem memory of process %d", (int)d->pid);
         ARGCHECK(d->offset + d->bytes <= d->mapped,
-                 "process %d described %llu bytes at offset %llu of a mapping of %llu",
-                 (int)d->pid, (unsigned long long)d->bytes, (unsigned long long)d->offset,
+                 "process %d described %llu bytes at offset %llu of a mapping of %llu", (int)d->pid,
+                 (unsigned long long)d->bytes, (unsigned long long)d->offset,
                  (unsigned long long)d->mapped);
         CHECK(mem_alloc_import(rt, dev, fd, (size_t)d->mapped, &m->imp));
         m->kind = PEER_MEM_CUMEM;
@@ -150,5 +156,6 @@ void peer_mem_close(peer_mem_map_t *m) {
         mem_alloc_unimport(&m->imp);
     else if (m->kind == PEER_MEM_IPC)
         m->rt->ipc_free(m->ipc_ptr, m->ipc_bytes);
+    if (m->kind != PEER_MEM_NONE) __atomic_add_fetch(&g_closed[m->kind], 1, __ATOMIC_RELAXED);
     m->ptr = NULL;
 }

@@ -35,8 +35,8 @@ typedef struct {
     int32_t pid;   /* the owner's process */
     uint64_t ptr;  /* the range's address in the owner's process */
     uint64_t bytes;
-    uint64_t offset; /* CUMEM: the range's offset in the mapping */
-    uint64_t mapped; /* CUMEM: the mapping's size */
+    uint64_t offset;     /* CUMEM: the range's offset in the mapping */
+    uint64_t mapped;     /* CUMEM: the mapping's size */
     ch_ipc_handle_t ipc; /* IPC: the runtime's handle */
 } peer_mem_desc_t;
 
@@ -53,10 +53,10 @@ typedef struct {
 /* A peer's range mapped here. */
 typedef struct {
     const ch_rt_t *rt;
-    int kind;          /* PEER_MEM_*, NONE for the owner's own address (same process) */
-    void *ptr;         /* the range here */
-    mem_import_t imp;  /* CUMEM */
-    void *ipc_ptr;     /* IPC: what ipc_open gave */
+    int kind;         /* PEER_MEM_*, NONE for the owner's own address (same process) */
+    void *ptr;        /* the range here */
+    mem_import_t imp; /* CUMEM */
+    void *ipc_ptr;    /* IPC: what ipc_open gave */
     size_t ipc_bytes;
 } peer_mem_map_t;
 
@@ -74,6 +74,8 @@ ncclResult_t peer_mem_open(const ch_rt_t *rt, int dev, const peer_mem_desc_t *d,
 void peer_mem_close(peer_mem_map_t *m);
 /* Ranges this process has mapped from other processes since it started, by kind (tests). */
 unsigned long peer_mem_opened(int kind);
+/* Of those, the ones still mapped (tests). */
+unsigned long peer_mem_live(int kind);
 
 #ifdef __cplusplus
 }

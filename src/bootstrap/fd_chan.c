@@ -12,6 +12,7 @@
 
 #include <errno.h>
 #include <poll.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,7 +28,7 @@
 #define FC_MAGIC 0x43484644464431ull /* "CHFDFD1" */
 #define FC_SLICE_MS 5
 #define FC_PROBE_MS 50
-#define FC_PENDING 64 /* messages kept for a later exchange */
+#define FC_PENDING 4096 /* messages kept for a later exchange */
 
 typedef struct {
     uint64_t magic;
@@ -40,9 +41,11 @@ typedef struct {
 struct fd_chan {
     int sock;
     int rank;
+    int nranks; /* of the last exchange (what a sender's rank is checked against) */
     fd_chan_addr_t addr;
-    fd_chan_msg_t pending[FC_PENDING];
-    int npending;
+    pthread_mutex_t lock; /* the socket's receive side and the queue */
+    fd_chan_msg_t *pending;
+    int npending, cap;
 };
 
 static socklen_t fc_sockaddr(const char *name, struct sockaddr_un *sa) {
@@ -60,6 +63,8 @@ ncclResult_t fd_chan_open(int rank, fd_chan_t **out, fd_chan_addr_t *addr) {
         return ncclSystemError;
     }
     ch->rank = rank;
+    ch->nranks = 1 << 24;
+    pthread_mutex_init(&ch->lock, NULL);
     uint8_t rnd[8];
     if (chorus_random_bytes(rnd, sizeof(rnd)) != 0 ||
         chorus_random_bytes(ch->addr.key, sizeof(ch->addr.key)) != 0) {
@@ -90,6 +95,8 @@ void fd_chan_close(fd_chan_t *ch) {
     for (int i = 0; i < ch->npending; i++)
         close(ch->pending[i].fd);
     close(ch->sock);
+    pthread_mutex_destroy(&ch->lock);
+    free(ch->pending);
     free(ch);
 }
 
@@ -172,6 +179,48 @@ static int fc_recv(fd_chan_t *ch, int nranks, fd_chan_msg_t *m) {
     return 1;
 }
 
+/* Keep m for a later exchange (ch->lock held); its descriptor is closed when the queue is full. */
+static void fc_queue(fd_chan_t *ch, fd_chan_msg_t *m) {
+    if (ch->npending == ch->cap && ch->cap < FC_PENDING) {
+        const int cap = ch->cap ? 2 * ch->cap : 16;
+        fd_chan_msg_t *p = realloc(ch->pending, (size_t)cap * sizeof(*p));
+        if (p != NULL) {
+            ch->pending = p;
+            ch->cap = cap;
+        }
+    }
+    if (ch->npending == ch->cap) {
+        WARN("rank %d: descriptor channel: more than %d messages from rank %d and others came "
+             "before they were wanted: dropping one",
+             ch->rank, ch->cap, m->peer);
+        close(m->fd);
+        return;
+    }
+    ch->pending[ch->npending++] = *m;
+}
+
+void fd_chan_poll(fd_chan_t *ch) {
+    if (ch == NULL || pthread_mutex_trylock(&ch->lock) != 0) return; /* an exchange receives */
+    fd_chan_msg_t m;
+    int r;
+    while ((r = fc_recv(ch, ch->nranks, &m)) > 0)
+        if (r == 1) fc_queue(ch, &m);
+    pthread_mutex_unlock(&ch->lock);
+}
+
+void fd_chan_drop_if(fd_chan_t *ch, int (*stale)(void *arg, const fd_chan_msg_t *m), void *arg) {
+    if (ch == NULL || pthread_mutex_trylock(&ch->lock) != 0) return;
+    for (int j = 0; j < ch->npending;) {
+        if (stale(arg, &ch->pending[j])) {
+            close(ch->pending[j].fd);
+            ch->pending[j] = ch->pending[--ch->npending];
+        } else {
+            j++;
+        }
+    }
+    pthread_mutex_unlock(&ch->lock);
+}
+
 /* 1 while peer's channel has a socket. */
 static int fc_peer_alive(const fd_chan_addr_t *a) {
     const int s = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
@@ -216,6 +265,8 @@ ncclResult_t fd_chan_exchange(fd_chan_t *ch, const fd_chan_addr_t *addrs, int nr
             return ncclInvalidUsage;
         }
     }
+    pthread_mutex_lock(&ch->lock);
+    ch->nranks = nranks;
     /* The ones that came early, from the queue. */
     for (int j = 0; j < ch->npending;) {
         if (fc_match(in, nin, &ch->pending[j]))
@@ -257,14 +308,7 @@ ncclResult_t fd_chan_exchange(fd_chan_t *ch, const fd_chan_addr_t *addrs, int nr
                 goto done;
             }
             if (r != 1 || fc_match(in, nin, &m)) continue;
-            if (ch->npending == FC_PENDING) {
-                WARN("rank %d: descriptor channel: more than %d messages from rank %d and others "
-                     "came before they were wanted: dropping one",
-                     me, FC_PENDING, m.peer);
-                close(m.fd);
-                continue;
-            }
-            ch->pending[ch->npending++] = m;
+            fc_queue(ch, &m);
         }
         for (int i = 0; i < nin; i++)
             missing += in[i].fd < 0;
@@ -308,6 +352,7 @@ ncclResult_t fd_chan_exchange(fd_chan_t *ch, const fd_chan_addr_t *addrs, int nr
         (void)poll(&p, 1, FC_SLICE_MS);
     }
 done:
+    pthread_mutex_unlock(&ch->lock);
     free(sent);
     return res;
 }

@@ -13,7 +13,8 @@
  * each other never deadlock. It ends by the deadline (CHORUS_TIMEOUT unless given), at an abort,
  * or when a peer it still needs has no socket any more (its process ended), with an error naming
  * that rank. A message that arrives before the exchange that wants it waits in the channel (a
- * bounded queue).
+ * bounded queue, which fd_chan_poll fills from another thread and fd_chan_drop_if prunes). The
+ * calls are thread-safe.
  *
  * Abstract socket names belong to a network namespace: ranks of one host in different network
  * namespaces cannot reach each other, and the exchange reports the peer's socket as gone.
@@ -61,6 +62,14 @@ void fd_chan_close(fd_chan_t *ch);
 ncclResult_t fd_chan_exchange(fd_chan_t *ch, const fd_chan_addr_t *addrs, int nranks,
                               const fd_chan_msg_t *out, int nout, fd_chan_msg_t *in, int nin,
                               double timeout_s, volatile int *abort_flag);
+
+/* Take the datagrams waiting on the socket into the queue (a thread beside the exchanges keeps the
+ * socket from filling, so that senders need not wait for this rank's next exchange). Returns at
+ * once while an exchange runs. */
+void fd_chan_poll(fd_chan_t *ch);
+/* Close and forget the queued messages stale(arg, m) says no exchange will want. Returns at once
+ * while an exchange runs. */
+void fd_chan_drop_if(fd_chan_t *ch, int (*stale)(void *arg, const fd_chan_msg_t *m), void *arg);
 
 #ifdef __cplusplus
 }

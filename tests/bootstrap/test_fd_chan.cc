@@ -31,8 +31,8 @@ struct Board {
 };
 
 Board *new_board() {
-    void *m = mmap(nullptr, sizeof(Board), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1,
-                   0);
+    void *m =
+        mmap(nullptr, sizeof(Board), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     if (m == MAP_FAILED) return nullptr;
     memset(m, 0, sizeof(Board));
     return (Board *)m;
@@ -55,8 +55,8 @@ int publish(Board *b, int rank, int n, const fd_chan_addr_t &a) {
 int make_fd(int src, int dst, int k) {
     int fd = memfd_create("fdchan-test", MFD_CLOEXEC);
     if (fd < 0) return -1;
-    const std::string s = "from " + std::to_string(src) + " to " + std::to_string(dst) + " #" +
-                          std::to_string(k);
+    const std::string s =
+        "from " + std::to_string(src) + " to " + std::to_string(dst) + " #" + std::to_string(k);
     if (write(fd, s.c_str(), s.size()) != (ssize_t)s.size()) {
         close(fd);
         return -1;
@@ -101,8 +101,8 @@ int all_to_all(Board *b, int rank, int n, int per) {
     RANK_CHECK(res == ncclSuccess, "exchange: %s\n", ncclGetErrorString(res));
     for (auto &m : in) {
         const int k = (int)(m.tag - 100);
-        const std::string want = "from " + std::to_string(m.peer) + " to " +
-                                 std::to_string(rank) + " #" + std::to_string(k);
+        const std::string want = "from " + std::to_string(m.peer) + " to " + std::to_string(rank) +
+                                 " #" + std::to_string(k);
         RANK_CHECK(m.fd >= 0, "nothing from rank %d tag %u\n", m.peer, m.tag);
         const std::string got = fd_text(m.fd);
         close(m.fd);
@@ -131,8 +131,8 @@ TEST_P(FdChan, AllToAll) {
 
 INSTANTIATE_TEST_SUITE_P(
     Ranks, FdChan,
-    ::testing::Combine(::testing::Values(2, 3, 5),
-                       ::testing::Values(chorus_test::Launch::Forked, chorus_test::Launch::Threads)),
+    ::testing::Combine(::testing::Values(2, 3, 5), ::testing::Values(chorus_test::Launch::Forked,
+                                                                     chorus_test::Launch::Threads)),
     [](const ::testing::TestParamInfo<std::tuple<int, chorus_test::Launch>> &i) {
         return "n" + std::to_string(std::get<0>(i.param)) + "_" +
                chorus_test::launch_name(std::get<1>(i.param));
@@ -208,32 +208,36 @@ TEST(FdChanOrder, EarlyMessageAndWrongKeyForked) {
 TEST(FdChanDead, PeerKilledForked) {
     Board *b = new_board();
     ASSERT_NE(b, nullptr);
-    auto res = chorus_test::run_forked(3, [&](int rank, int n) -> int {
-        fd_chan_t *ch = nullptr;
-        fd_chan_addr_t a;
-        RANK_NCCL(fd_chan_open(rank, &ch, &a));
-        RANK_CHECK(publish(b, rank, n, a) == 0, "no addresses\n");
-        if (rank == 2) raise(SIGKILL);
-        fd_chan_msg_t in[2] = {msg(2, 5, -1), msg(1 - rank, 5, -1)};
-        const int f = make_fd(rank, 1 - rank, 5);
-        fd_chan_msg_t out = msg(1 - rank, 5, f);
-        const double t0 = chorus_test::now_s();
-        ncclResult_t r = fd_chan_exchange(ch, b->addr, n, &out, 1, in, 2, 60, nullptr);
-        const double took = chorus_test::now_s() - t0;
-        RANK_CHECK(r == ncclRemoteError, "exchange: %s\n", ncclGetErrorString(r));
-        RANK_CHECK(took < 10, "took %.1f s\n", took);
-        const std::string why = ncclGetLastError(nullptr);
-        RANK_CHECK(why.find("rank 2") != std::string::npos, "does not name rank 2: %s\n",
-                   why.c_str());
-        for (auto &m : in)
-            if (m.fd >= 0) close(m.fd);
-        fd_chan_msg_t to_dead = msg(2, 6, f);
-        r = fd_chan_exchange(ch, b->addr, n, &to_dead, 1, nullptr, 0, 60, nullptr);
-        RANK_CHECK(r == ncclRemoteError, "sending to the dead rank: %s\n", ncclGetErrorString(r));
-        close(f);
-        fd_chan_close(ch);
-        return 0;
-    }, 90);
+    auto res = chorus_test::run_forked(
+        3,
+        [&](int rank, int n) -> int {
+            fd_chan_t *ch = nullptr;
+            fd_chan_addr_t a;
+            RANK_NCCL(fd_chan_open(rank, &ch, &a));
+            RANK_CHECK(publish(b, rank, n, a) == 0, "no addresses\n");
+            if (rank == 2) raise(SIGKILL);
+            fd_chan_msg_t in[2] = {msg(2, 5, -1), msg(1 - rank, 5, -1)};
+            const int f = make_fd(rank, 1 - rank, 5);
+            fd_chan_msg_t out = msg(1 - rank, 5, f);
+            const double t0 = chorus_test::now_s();
+            ncclResult_t r = fd_chan_exchange(ch, b->addr, n, &out, 1, in, 2, 60, nullptr);
+            const double took = chorus_test::now_s() - t0;
+            RANK_CHECK(r == ncclRemoteError, "exchange: %s\n", ncclGetErrorString(r));
+            RANK_CHECK(took < 10, "took %.1f s\n", took);
+            const std::string why = ncclGetLastError(nullptr);
+            RANK_CHECK(why.find("rank 2") != std::string::npos, "does not name rank 2: %s\n",
+                       why.c_str());
+            for (auto &m : in)
+                if (m.fd >= 0) close(m.fd);
+            fd_chan_msg_t to_dead = msg(2, 6, f);
+            r = fd_chan_exchange(ch, b->addr, n, &to_dead, 1, nullptr, 0, 60, nullptr);
+            RANK_CHECK(r == ncclRemoteError, "sending to the dead rank: %s\n",
+                       ncclGetErrorString(r));
+            close(f);
+            fd_chan_close(ch);
+            return 0;
+        },
+        90);
     EXPECT_FALSE(res.timed_out) << res.detail;
     EXPECT_EQ(res.failed, 1) << res.detail;
     EXPECT_NE(res.detail.find("rank 2: signal 9"), std::string::npos) << res.detail;

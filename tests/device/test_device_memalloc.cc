@@ -127,7 +127,8 @@ TEST_F(MemAlloc, FallbackWithoutCuMem) {
 
 // No device (no GPU, no emulator): page-aligned host memory.
 TEST_F(MemAlloc, HostWithoutDevice) {
-    if (chorus_cuda_available()) GTEST_SKIP() << "a GPU is current: ncclMemAlloc gives device memory";
+    if (chorus_cuda_available())
+        GTEST_SKIP() << "a GPU is current: ncclMemAlloc gives device memory";
     setenv("CHORUS_DEVICE_EMU", "0", 1);
     chorus_param_reset();
     void *p = nullptr;
@@ -294,8 +295,8 @@ TEST_F(MemAlloc, ExportImportForked) {
             ExportMsg m{};
             // An interior address: the offset says where it lies in the allocation.
             RANK_NCCL(mem_alloc_export_fd(p + 4096, &fd, &m.offset, &m.mapped));
-            RANK_CHECK(m.offset == 4096 && m.mapped == 4 * kGran, "offset %zu mapped %zu",
-                       m.offset, m.mapped);
+            RANK_CHECK(m.offset == 4096 && m.mapped == 4 * kGran, "offset %zu mapped %zu", m.offset,
+                       m.mapped);
             m.size = size;
             RANK_CHECK(send_fd(sock, fd, m) == 0, "sendmsg");
             close(fd);
@@ -372,8 +373,8 @@ int shared_buffer_rank(int rank, int n, const ncclUniqueId &id, size_t count) {
         RANK_NCCL(ncclMemAlloc((void **)&alloc, bytes));
         for (size_t i = 0; i < bytes; i++)
             alloc[i] = pattern(i, 0);
-        RANK_NCCL(peer_mem_describe(ch_rt_emu(), alloc + lead, bytes - lead, nullptr, &mine.desc,
-                                    &fd));
+        RANK_NCCL(
+            peer_mem_describe(ch_rt_emu(), alloc + lead, bytes - lead, nullptr, &mine.desc, &fd));
         RANK_CHECK(mine.desc.kind == PEER_MEM_CUMEM && mine.desc.offset == lead &&
                        mine.desc.mapped == kGran,
                    "described as kind %u offset %llu mapped %llu", mine.desc.kind,
