@@ -104,6 +104,8 @@ static int zc_other_process(const dp_ce_t *ce, int q) {
 
 ncclResult_t dp_ce_register(dp_ce_t *ce, void *buff, size_t size) {
     ce_zc_area_t *me = zc_area(ce, ce->rank);
+    /* The slot is chosen and published under the lock, so registrations of several threads
+     * never share one. */
     pthread_mutex_lock(&ce->zc_lock);
     int slot = -1;
     for (int i = 0; i < ZC_REGS && slot < 0; i++)
@@ -115,7 +117,6 @@ ncclResult_t dp_ce_register(dp_ce_t *ce, void *buff, size_t size) {
         return ncclSuccess;
     }
     const uint64_t gen = ++ce->reg_gen;
-    pthread_mutex_unlock(&ce->zc_lock);
     zc_reg_t *r = &me->regs[slot];
     int fd = -1;
     peer_mem_desc_t d;
@@ -132,6 +133,7 @@ ncclResult_t dp_ce_register(dp_ce_t *ce, void *buff, size_t size) {
     r->exported = dres == ncclSuccess;
     __atomic_store_n(&r->gen, gen, __ATOMIC_RELEASE);
     __atomic_store_n(&r->live, 1, __ATOMIC_RELEASE);
+    pthread_mutex_unlock(&ce->zc_lock);
     if (fd < 0) return ncclSuccess;
     /* The descriptor goes to every peer process now; their watchdogs keep it queued until a
      * zero-copy op first reads the buffer, or drop it once the buffer is deregistered. */
@@ -159,15 +161,18 @@ ncclResult_t dp_ce_register(dp_ce_t *ce, void *buff, size_t size) {
 
 ncclResult_t dp_ce_deregister(dp_ce_t *ce, const void *buff, size_t size) {
     ce_zc_area_t *me = zc_area(ce, ce->rank);
-    for (int i = 0; i < ZC_REGS; i++) {
+    ncclResult_t res = ncclInvalidArgument;
+    pthread_mutex_lock(&ce->zc_lock);
+    for (int i = 0; i < ZC_REGS && res != ncclSuccess; i++) {
         zc_reg_t *r = &me->regs[i];
         if (__atomic_load_n(&r->live, __ATOMIC_ACQUIRE) && r->base == (uint64_t)(uintptr_t)buff &&
             r->size == size) {
             __atomic_store_n(&r->live, 0, __ATOMIC_RELEASE);
-            return ncclSuccess;
+            res = ncclSuccess;
         }
     }
-    return ncclInvalidArgument;
+    pthread_mutex_unlock(&ce->zc_lock);
+    return res;
 }
 
 /* ---- the watchdog's part -------------------------------------------------------------------- */
