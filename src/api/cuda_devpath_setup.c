@@ -455,10 +455,14 @@ ncclResult_t devpath_deregister(struct ncclComm *comm, const void *buff, size_t 
     /* Peers read the range only inside this rank's launched ops, which end once every reader is
      * done: with them finished, nothing reads it any more. */
     const ncclResult_t res = devpath_drain(comm);
-    if (dp_ce_deregister(dp->ce, buff, size) != ncclSuccess) return res; /* never exported */
-    if (res != ncclSuccess)
-        WARN("rank %d: deregistering %p while its device work did not finish (%s)", comm->rank,
-             buff, ncclGetErrorString(res));
+    if (dp->drain_failed) {
+        /* A peer may still read it: the registration stays (the peers keep their mappings). */
+        WARN("rank %d: %p stays registered: this rank's device work did not finish (%s)",
+             comm->rank, buff, ncclGetErrorString(res));
+        return res;
+    }
+    /* The work finished (perhaps with an error, which the caller gets): nothing reads it. */
+    (void)dp_ce_deregister(dp->ce, buff, size); /* ncclInvalidArgument: it was never exported */
     return res;
 }
 
