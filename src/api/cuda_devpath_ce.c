@@ -226,7 +226,7 @@ static ncclResult_t ce_pass_fds(dp_ce_t *ce, struct ncclComm *comm, const ce_han
     ncclResult_t res = addrs && out && in ? ncclSuccess : ncclSystemError;
     for (int q = 0; q < n && res == ncclSuccess; q++) {
         addrs[q] = hs[q].chan;
-        if (q == me || hs[q].dev.pid == hs[me].dev.pid) continue;
+        if (q == me || (hs[q].dev.pid == hs[me].dev.pid && !ce->rt->emulated)) continue;
         if (own_fd >= 0) {
             out[nout].peer = q;
             out[nout].tag = CE_TAG_DEV;

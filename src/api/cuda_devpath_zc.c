@@ -98,8 +98,10 @@ unsigned long dp_ce_zero_copy_ops(dp_ce_t *ce) {
 
 /* ---- registration --------------------------------------------------------------------------- */
 
-static int zc_other_process(const dp_ce_t *ce, int q) {
-    return q != ce->rank && ce->pids[q] != ce->pids[ce->rank];
+/* Rank q maps this rank's registrations (with their descriptors) rather than using them at
+ * their addresses. */
+static int zc_peer_maps(const dp_ce_t *ce, int q) {
+    return q != ce->rank && (ce->pids[q] != ce->pids[ce->rank] || ce->rt->emulated);
 }
 
 ncclResult_t dp_ce_register(dp_ce_t *ce, void *buff, size_t size) {
@@ -141,7 +143,7 @@ ncclResult_t dp_ce_register(dp_ce_t *ce, void *buff, size_t size) {
     int nout = 0;
     ncclResult_t res = out ? ncclSuccess : ncclSystemError;
     for (int q = 0; out && q < ce->nranks; q++) {
-        if (!zc_other_process(ce, q)) continue;
+        if (!zc_peer_maps(ce, q)) continue;
         out[nout].peer = q;
         out[nout].tag = ZC_TAG_BASE | (uint32_t)(gen & 0x0fffffffu);
         out[nout].fd = fd;
@@ -293,7 +295,7 @@ static ncclResult_t zc_peer_ptr(dp_ce_t *ce, int q, const zc_ann_t *e, const cha
     if (im->map.ptr == NULL || im->gen != e->gen) {
         peer_mem_close(&im->map);
         int fd = -1;
-        if (r->desc.pid != (int32_t)getpid()) {
+        if (peer_mem_needs_map(ce->rt, r->desc.pid)) {
             fd_chan_msg_t in;
             memset(&in, 0, sizeof(in));
             in.peer = q;
@@ -325,7 +327,7 @@ static int zc_local_ok(const dp_ce_t *ce, const ch_plan_t *p, const void *sendbu
     if (s < 0) return 0;
     const zc_reg_t *r = &zc_area(ce, ce->rank)->regs[s];
     for (int q = 0; q < ce->nranks; q++)
-        if (zc_other_process(ce, q) && !r->exported) return 0;
+        if (zc_peer_maps(ce, q) && !r->exported) return 0;
     *slot = s;
     *off = (uint64_t)(uintptr_t)sendbuff - r->base;
     return 1;

@@ -119,11 +119,15 @@ ncclResult_t peer_mem_describe(const ch_rt_t *rt, const void *p, size_t bytes,
     return ncclSuccess;
 }
 
+int peer_mem_needs_map(const ch_rt_t *rt, int32_t owner_pid) {
+    return owner_pid != (int32_t)getpid() || rt->emulated;
+}
+
 ncclResult_t peer_mem_open(const ch_rt_t *rt, int dev, const peer_mem_desc_t *d, int fd,
                            peer_mem_map_t *m) {
     memset(m, 0, sizeof(*m));
     m->rt = rt;
-    if (d->pid == (int32_t)getpid()) { /* a peer in this process: the owner's address */
+    if (!peer_mem_needs_map(rt, d->pid)) { /* a peer in this process: the owner's address */
         m->kind = PEER_MEM_NONE;
         m->ptr = (void *)(uintptr_t)d->ptr;
         return ncclSuccess;

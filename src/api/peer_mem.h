@@ -10,8 +10,12 @@
  * mapping's size and the range's offset in it, and travels as a file descriptor that the caller
  * passes to the peer over a Unix socket (fd_chan.h); other memory by its legacy IPC handle,
  * which travels in the description itself. A peer maps it with peer_mem_open (cuMem: import the
- * descriptor, map it, grant access) and undoes that with peer_mem_close. A peer in the owner's
- * process maps nothing and uses the owner's address.
+ * descriptor, map it, grant access) and undoes that with peer_mem_close. On a GPU a peer in the
+ * owner's process maps nothing and uses the owner's address; under the emulator it maps the
+ * memory at an address of its own, as a peer process does, so that each rank reaches a peer's
+ * memory only through its own mapping (as the emulator's legacy IPC blocks always did: the
+ * counters that order the accesses live in host blocks each rank maps for itself too, and a
+ * thread sanitizer sees accesses and their ordering through the same addresses).
  */
 #ifndef CHORUS_API_PEER_MEM_H_
 #define CHORUS_API_PEER_MEM_H_
@@ -67,6 +71,9 @@ void peer_mem_free(peer_mem_own_t *own);
  * caller closes it), else -1. own (may be NULL) gives the legacy handle of a block it made. */
 ncclResult_t peer_mem_describe(const ch_rt_t *rt, const void *p, size_t bytes,
                                const peer_mem_own_t *own, peer_mem_desc_t *d, int *fd);
+/* 1 when a peer of process owner_pid maps the owner's memory (and needs the descriptor of
+ * cuMem memory) rather than using the owner's address. */
+int peer_mem_needs_map(const ch_rt_t *rt, int32_t owner_pid);
 /* Map a peer's range described by d (fd: the descriptor received with it, for PEER_MEM_CUMEM; it
  * stays the caller's) for device dev; m->ptr is the range here. */
 ncclResult_t peer_mem_open(const ch_rt_t *rt, int dev, const peer_mem_desc_t *d, int fd,

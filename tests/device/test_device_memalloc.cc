@@ -398,12 +398,13 @@ int shared_buffer_rank(int rank, int n, const ncclUniqueId &id, size_t count) {
         }
     RANK_NCCL(fd_chan_exchange(ch, addrs, n, out.data(), (int)out.size(), &in, rank == 0 ? 0 : 1,
                                60, nullptr));
-    if (fd >= 0) close(fd);
+    // Under the emulator rank 0 maps its own buffer a second time too, from its own descriptor.
     peer_mem_map_t map{};
     const unsigned long before = peer_mem_opened(PEER_MEM_CUMEM);
-    RANK_NCCL(peer_mem_open(ch_rt_emu(), 0, &all[0].desc, rank == 0 ? -1 : in.fd, &map));
+    RANK_NCCL(peer_mem_open(ch_rt_emu(), 0, &all[0].desc, rank == 0 ? fd : in.fd, &map));
+    if (fd >= 0) close(fd);
     if (in.fd >= 0) close(in.fd);
-    RANK_CHECK(peer_mem_opened(PEER_MEM_CUMEM) - before == (rank == 0 ? 0u : 1u),
+    RANK_CHECK(peer_mem_opened(PEER_MEM_CUMEM) - before == 1u,
                "rank %d: the buffer was not imported as cuMem memory", rank);
     unsigned char *shared = (unsigned char *)map.ptr;
     RANK_CHECK(ch_emu_is_device(shared), "the mapping is not device memory");
