@@ -138,7 +138,7 @@ ncclResult_t devpath_hook(const coll_args_t *call, int *handled_p) {
     if (res == ncclSuccess && group_depth() > 0) {
         return group_keep(&dp_pending, a);
     }
-    if (res == ncclSuccess) res = dp_launch_one(a);
+    if (res == ncclSuccess) res = dp_launch_one(a, 1);
     if (group_depth() > 0) group_note_error(res);
     return res;
 }
@@ -162,7 +162,7 @@ static ncclResult_t dp_group_comm(coll_args_t *ops, int n) {
     const int nr = comm->nranks, me = comm->rank;
     ncclResult_t res = ncclSuccess;
     for (int i = 0; i < n && res == ncclSuccess; i++)
-        if (ops[i].coll != COLL_SEND && ops[i].coll != COLL_RECV) res = dp_launch_one(&ops[i]);
+        if (ops[i].coll != COLL_SEND && ops[i].coll != COLL_RECV) res = dp_launch_one(&ops[i], 0);
     for (int d = 0; d < nr && res == ncclSuccess; d++) {
         const int to = (me + d) % nr, from = (me - d + nr) % nr;
         int si = 0, ri = 0;
@@ -176,8 +176,8 @@ static ncclResult_t dp_group_comm(coll_args_t *ops, int n) {
                 ops[si].dtype == ops[ri].dtype) {
                 res = dp_launch_pair(&ops[si], &ops[ri]);
             } else {
-                if (si < n) res = dp_launch_one(&ops[si]);
-                if (res == ncclSuccess && ri < n) res = dp_launch_one(&ops[ri]);
+                if (si < n) res = dp_launch_one(&ops[si], 0);
+                if (res == ncclSuccess && ri < n) res = dp_launch_one(&ops[ri], 0);
             }
             if (res != ncclSuccess) break;
             if (si < n) si++;

@@ -45,5 +45,12 @@ void devpath_poll_error(struct ncclComm *comm);
 int devpath_kernel_on(const struct ncclComm *comm);
 /* comm_free: drain, then drop this rank's share of the world. */
 void devpath_comm_free(struct ncclComm *comm);
+/* ncclCommRegister / ncclCommDeregister of device memory on a communicator whose ranks run
+ * copy-engine programs: the range becomes readable zero-copy by the peers (cuda_devpath_ce.h);
+ * nothing on other communicators. Deregistration first waits for this rank's launched work. */
+ncclResult_t devpath_register(struct ncclComm *comm, void *buff, size_t size);
+ncclResult_t devpath_deregister(struct ncclComm *comm, const void *buff, size_t size);
+/* Ops this rank launched zero-copy (tests). */
+unsigned long devpath_zero_copy_ops(struct ncclComm *comm);
 
 #endif

@@ -3,7 +3,9 @@
  * cuda_devpath_ce.h).
  *
  * Each rank owns two blocks, shared with every rank of the host:
- *   device block  (ch_rt_t ipc_*: CUDA IPC, the emulator's memfd)  [c][src] SIMPLE slots
+ *   device block  (peer_mem.h: cuMem memory where the device has it, its file descriptor passed
+ *                 to each peer process over the descriptor channel, fd_chan.h; else a legacy
+ *                 IPC block, its handle in the bootstrap allgather)  [c][src] SIMPLE slots
  *   host block    (a memfd every rank maps, registered for the device)  a 4 KiB header, then
  *                 [c][src] control blocks; rank 0's header holds the error word and the rank of
  *                 a peer found dead
@@ -22,6 +24,7 @@
  * the op's result and every later call ncclRemoteError.
  */
 #include "cuda_devpath_ce.h"
+#include "cuda_devpath_ce_priv.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -35,37 +38,16 @@
 
 #include "bootstrap.h"
 #include "comm.h"
+#include "fd_chan.h"
+#include "peer_mem.h"
 #include "device/ce_prog.h"
 #include "device/ch_proto.h"
 #include "device/cpu_exec.h"
 #include "log.h"
 #include "param.h"
 
-#define CE_HDR_BYTES 4096 /* the host block's header: the error word, the dead peer's rank */
-#define CE_DEAD_OFF 64    /* offset of the dead peer's word (rank + 1) */
 #define CE_WATCH_MS 2
-#define CE_RELEASED (1ull << 62) /* past every step a wait can ask for */
-
-struct dp_ce {
-    const ch_rt_t *rt;
-    int nranks, rank, nch, nslots;
-    size_t slot_bytes, dev_bytes, host_bytes;
-    void **dev;           /* [rank]: every rank's device block, mapped here (own included) */
-    char **host;          /* [rank]: every rank's host block, mapped here */
-    int *host_fd;         /* [rank]: the memfd (own) or this rank's open of a peer's */
-    char *registered;     /* [rank]: host[rank] is registered with the runtime */
-    int *pids;            /* [rank] (messages) */
-    ch_conn_t *conns;     /* [c][src][dst] */
-    int *ring;            /* [c][pos] */
-    pthread_mutex_t lock; /* next_send/next_recv */
-    uint64_t *next_send;  /* [c][peer]: steps built on conn(c, rank, peer) */
-    uint64_t *next_recv;  /* [c][peer]: steps built on conn(c, peer, rank) */
-    pthread_t watch;
-    int watching;
-    pthread_mutex_t stop_lock;
-    pthread_cond_t stop_cond;
-    int stop;
-};
+#define CE_TAG_DEV 0x43450001u /* the descriptor of a rank's device block */
 
 static size_t ce_round_page(size_t b) {
     return (b + 4095) / 4096 * 4096;
@@ -132,7 +114,7 @@ static ncclResult_t ce_host_open(dp_ce_t *ce, int q, const ch_ipc_handle_t *h) {
 }
 
 /* 0 when rank q's process has ended (its lock is gone), 1 while it lives (or cannot be told). */
-static int ce_peer_alive(const dp_ce_t *ce, int q) {
+int ce_peer_alive(const dp_ce_t *ce, int q) {
     if (q == ce->rank || ce->host_fd[q] < 0) return 1;
     const int t = ce_lock(ce->host_fd[q], F_WRLCK, F_OFD_GETLK);
     return t < 0 || t != F_UNLCK;
@@ -153,18 +135,26 @@ static void ce_watch_stop(dp_ce_t *ce) {
 void dp_ce_free(dp_ce_t *ce) {
     if (ce == NULL) return;
     ce_watch_stop(ce);
+    ce_zc_free(ce);
     for (int q = 0; q < ce->nranks; q++) {
-        if (ce->dev && ce->dev[q]) ce->rt->ipc_free(ce->dev[q], ce->dev_bytes);
+        if (q == ce->rank)
+            peer_mem_free(&ce->own);
+        else if (ce->maps)
+            peer_mem_close(&ce->maps[q]);
         if (ce->host && ce->host[q]) {
             if (ce->registered[q]) ce->rt->host_unregister(ce->host[q]);
             munmap(ce->host[q], ce->host_bytes);
         }
         if (ce->host_fd && ce->host_fd[q] >= 0) close(ce->host_fd[q]);
     }
+    fd_chan_close(ce->chan);
     pthread_mutex_destroy(&ce->lock);
+    pthread_mutex_destroy(&ce->zc_lock);
     pthread_mutex_destroy(&ce->stop_lock);
     pthread_cond_destroy(&ce->stop_cond);
     free(ce->dev);
+    free(ce->maps);
+    free(ce->addrs);
     free(ce->host);
     free(ce->host_fd);
     free(ce->registered);
@@ -188,11 +178,17 @@ static dp_ce_t *ce_alloc(struct ncclComm *comm, const ch_rt_t *rt, int nch, int 
     ce->nslots = nslots;
     ce->slot_bytes = slot_bytes;
     ce->dev_bytes = (size_t)nch * n * nslots * slot_bytes;
-    ce->host_bytes = ce_round_page(CE_HDR_BYTES + (size_t)nch * n * sizeof(ch_ctrl_t));
+    ce->zc_off = (CE_HDR_BYTES + (size_t)nch * n * sizeof(ch_ctrl_t) + 63) / 64 * 64;
+    ce->host_bytes = ce_round_page(ce->zc_off + ce_zc_area_bytes());
+    ce->cuda_dev = comm->cuda_dev;
+    ce->abort_flag = &comm->abort_flag;
     pthread_mutex_init(&ce->lock, NULL);
+    pthread_mutex_init(&ce->zc_lock, NULL);
     pthread_mutex_init(&ce->stop_lock, NULL);
     pthread_cond_init(&ce->stop_cond, NULL);
     ce->dev = calloc((size_t)n, sizeof(void *));
+    ce->maps = calloc((size_t)n, sizeof(*ce->maps));
+    ce->addrs = calloc((size_t)n, sizeof(*ce->addrs));
     ce->host = calloc((size_t)n, sizeof(char *));
     ce->host_fd = malloc((size_t)n * sizeof(int));
     ce->registered = calloc((size_t)n, 1);
@@ -204,8 +200,8 @@ static dp_ce_t *ce_alloc(struct ncclComm *comm, const ch_rt_t *rt, int nch, int 
     if (ce->host_fd)
         for (int q = 0; q < n; q++)
             ce->host_fd[q] = -1;
-    if (!ce->dev || !ce->host || !ce->host_fd || !ce->registered || !ce->pids || !ce->conns ||
-        !ce->ring || !ce->next_send || !ce->next_recv) {
+    if (!ce->dev || !ce->maps || !ce->addrs || !ce->host || !ce->host_fd || !ce->registered ||
+        !ce->pids || !ce->conns || !ce->ring || !ce->next_send || !ce->next_recv) {
         dp_ce_free(ce);
         return NULL;
     }
@@ -213,8 +209,50 @@ static dp_ce_t *ce_alloc(struct ncclComm *comm, const ch_rt_t *rt, int nch, int 
 }
 
 typedef struct {
-    ch_ipc_handle_t dev, host;
+    peer_mem_desc_t dev;
+    ch_ipc_handle_t host;
+    fd_chan_addr_t chan;
 } ce_handles_t;
+
+/* Pass this rank's device block's descriptor (own_fd, cuMem) to every peer process and take
+ * theirs (fds[q]; -1 where a peer's block is legacy IPC or in this process). */
+static ncclResult_t ce_pass_fds(dp_ce_t *ce, struct ncclComm *comm, const ce_handles_t *hs,
+                                int own_fd, int *fds) {
+    const int n = ce->nranks, me = ce->rank;
+    fd_chan_addr_t *addrs = calloc((size_t)n, sizeof(*addrs));
+    fd_chan_msg_t *out = calloc((size_t)n, sizeof(*out));
+    fd_chan_msg_t *in = calloc((size_t)n, sizeof(*in));
+    int nout = 0, nin = 0;
+    ncclResult_t res = addrs && out && in ? ncclSuccess : ncclSystemError;
+    for (int q = 0; q < n && res == ncclSuccess; q++) {
+        addrs[q] = hs[q].chan;
+        if (q == me || (hs[q].dev.pid == hs[me].dev.pid && !ce->rt->emulated)) continue;
+        if (own_fd >= 0) {
+            out[nout].peer = q;
+            out[nout].tag = CE_TAG_DEV;
+            out[nout].fd = own_fd;
+            nout++;
+        }
+        if (hs[q].dev.kind == PEER_MEM_CUMEM) {
+            in[nin].peer = q;
+            in[nin].tag = CE_TAG_DEV;
+            nin++;
+        }
+    }
+    if (res == ncclSuccess && (nout > 0 || nin > 0))
+        res = fd_chan_exchange(ce->chan, addrs, n, out, nout, in, nin, 0, &comm->abort_flag);
+    for (int i = 0; in && i < nin; i++) {
+        if (in[i].fd < 0) continue;
+        if (res == ncclSuccess)
+            fds[in[i].peer] = in[i].fd;
+        else
+            close(in[i].fd);
+    }
+    free(addrs);
+    free(out);
+    free(in);
+    return res;
+}
 
 static void *ce_watch_main(void *arg);
 
@@ -228,28 +266,60 @@ dp_ce_t *dp_ce_setup(struct ncclComm *comm, const ch_rt_t *rt, int local_ok, int
     /* Every rank takes part in both allgathers whatever happened before, so all agree. */
     ce_handles_t mine;
     memset(&mine, 0, sizeof(mine));
-    if (ok && rt->ipc_alloc(&ce->dev[me], ce->dev_bytes, &mine.dev) != ncclSuccess) ok = 0;
+    int own_fd = -1;
+    int *fds = calloc((size_t)n, sizeof(int));
+    if (fds == NULL) ok = 0;
+    for (int q = 0; fds && q < n; q++)
+        fds[q] = -1;
+    if (ok && peer_mem_alloc(rt, comm->cuda_dev, ce->dev_bytes, &ce->own) != ncclSuccess) ok = 0;
+    if (ok) ce->dev[me] = ce->own.ptr;
+    if (ok && peer_mem_describe(rt, ce->own.ptr, ce->dev_bytes, &ce->own, &mine.dev, &own_fd) !=
+                  ncclSuccess)
+        ok = 0;
+    if (ok && fd_chan_open(me, &ce->chan, &mine.chan) != ncclSuccess) ok = 0;
     if (ok && ce_host_create(ce, &mine.host) != ncclSuccess) ok = 0;
     if (ok && rt->host_register(ce->host[me], ce->host_bytes) != ncclSuccess) ok = 0;
     if (ok) ce->registered[me] = 1;
     if (!ok) memset(&mine, 0, sizeof(mine));
     if (hs) hs[me] = mine;
     ncclResult_t res = hs ? bootstrap_allgather(comm->bs, hs, sizeof(*hs)) : ncclSystemError;
-    if (res != ncclSuccess) goto fail; /* the bootstrap failed: nothing more can be agreed */
+    if (res != ncclSuccess) { /* the bootstrap failed: nothing more can be agreed */
+        if (own_fd >= 0) close(own_fd);
+        goto fail;
+    }
+    /* Every rank sees the same table: all pass descriptors, or none does. */
+    for (int q = 0; q < n && ok; q++)
+        ce->addrs[q] = hs[q].chan;
+    if (ok && ce_zc_init(ce) != ncclSuccess) ok = 0;
+    for (int q = 0; q < n && ok; q++)
+        if (hs[q].dev.kind == PEER_MEM_NONE || hs[q].dev.bytes != ce->dev_bytes ||
+            hs[q].host.bytes != ce->host_bytes)
+            ok = 0; /* that rank could not set up (or sized its blocks differently) */
+    if (ok && ce_pass_fds(ce, comm, hs, own_fd, fds) != ncclSuccess) {
+        /* Closing the channel now tells the peers still waiting for this rank's descriptor. */
+        fd_chan_close(ce->chan);
+        ce->chan = NULL;
+        ok = 0;
+    }
+    if (own_fd >= 0) close(own_fd);
     for (int q = 0; q < n && ok; q++) {
         ce->pids[q] = (int)hs[q].host.pid;
-        if (hs[q].dev.bytes == 0 || hs[q].host.bytes != ce->host_bytes)
-            ok = 0; /* that rank could not set up (or sized its blocks differently) */
-        else if (q == me)
+        if (q == me)
             continue;
-        else if (rt->ipc_open(&hs[q].dev, &ce->dev[q]) != ncclSuccess ||
+        else if (peer_mem_open(rt, comm->cuda_dev, &hs[q].dev, fds[q], &ce->maps[q]) !=
+                     ncclSuccess ||
                  ce_host_open(ce, q, &hs[q].host) != ncclSuccess)
             ok = 0;
         else if (rt->host_register(ce->host[q], ce->host_bytes) != ncclSuccess)
             ok = 0;
         else
             ce->registered[q] = 1;
+        if (ok) ce->dev[q] = ce->maps[q].ptr;
     }
+    for (int q = 0; q < n; q++)
+        if (fds[q] >= 0) close(fds[q]); /* the imports hold the memory */
+    free(fds);
+    fds = NULL;
     if (oks) oks[me] = ok;
     res = oks ? bootstrap_allgather(comm->bs, oks, sizeof(int)) : ncclSystemError;
     if (res != ncclSuccess) goto fail;
@@ -280,6 +350,9 @@ dp_ce_t *dp_ce_setup(struct ncclComm *comm, const ch_rt_t *rt, int local_ok, int
     free(oks);
     return ce;
 fail:
+    for (int q = 0; fds && q < n; q++)
+        if (fds[q] >= 0) close(fds[q]);
+    free(fds);
     free(hs);
     free(oks);
     dp_ce_free(ce);
@@ -313,6 +386,7 @@ static void ce_release(dp_ce_t *ce) {
             ch_st_release(&ce_conn_at(ce, c, me, q)->ctrl->tail, CE_RELEASED);
         }
     }
+    ce_zc_release(ce);
 }
 
 /* Whether this rank still waits for rank q (its head into here or the tail of this rank's sends
@@ -329,7 +403,7 @@ static int ce_owed_by(dp_ce_t *ce, int q, uint64_t *sum_p) {
             owed = 1;
     }
     pthread_mutex_unlock(&ce->lock);
-    return owed;
+    return ce_zc_owed_by(ce, q, sum_p) || owed;
 }
 
 static void *ce_watch_main(void *arg) {
@@ -350,6 +424,7 @@ static void *ce_watch_main(void *arg) {
         (void)pthread_cond_timedwait(&ce->stop_cond, &ce->stop_lock, &ts);
         if (ce->stop) break;
         pthread_mutex_unlock(&ce->stop_lock);
+        ce_zc_watch(ce);
         if (ch_ld32_relaxed(err) != CH_OK) {
             ce_release(ce);
         } else {
@@ -393,8 +468,17 @@ static const ch_conn_t *ce_conn(void *arg, int c, int src, int dst) {
 }
 
 ncclResult_t dp_ce_launch(dp_ce_t *ce, const ch_plan_t *plan, const void *sendbuff, void *recvbuff,
-                          const chorus_redop_t *rop, void *stream) {
+                          const chorus_redop_t *rop, void *stream, int immediate) {
     const int n = ce->nranks;
+    int taken = 0;
+    ncclResult_t zr = ce_zc_launch(ce, plan, sendbuff, recvbuff, rop, stream, immediate, &taken);
+    if (zr != ncclSuccess) {
+        /* The peers may have launched their part: fail the communicator (the watchdog releases
+         * them). */
+        ch_set_once32(dp_ce_err(ce), CH_ERR_ABORT);
+        return zr;
+    }
+    if (taken) return ncclSuccess;
     ch_ce_prog_t *progs = calloc((size_t)plan->nch, sizeof(*progs));
     if (progs == NULL) return ncclSystemError;
     ncclResult_t res = ncclSuccess;

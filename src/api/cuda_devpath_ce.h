@@ -3,10 +3,12 @@
  * (private to cuda_devpath.c and cuda_devpath_ce.c).
  *
  * Each rank allocates the receiving ends of its connections, for every channel and every sender:
- * the SIMPLE slots in device memory other processes of the host can map (ch_rt_t ipc_*), the
- * control blocks in host memory every rank maps and registers for the device (ch_rt_t
- * host_register); rank 0's host block starts with the communicator's error word. The bootstrap
- * allgather hands out the handles and every rank maps every peer's blocks, so each rank can
+ * the SIMPLE slots in device memory other processes of the host can map (peer_mem.h: cuMem memory
+ * whose file descriptor goes to each peer process over the descriptor channel, fd_chan.h, or a
+ * legacy IPC block), the control blocks in host memory every rank maps and registers for the
+ * device (ch_rt_t host_register); rank 0's host block starts with the communicator's error word.
+ * The bootstrap allgather hands out the handles and channel addresses, and every rank maps every
+ * peer's blocks, so each rank can
  * address every connection. An op becomes one program per channel (ch_ce_build over the
  * schedule; the next step of every connection is kept here, on the host, from op to op), queued
  * on the user's stream (ce_launch). Programs exchange no op header: a mismatched op is not
@@ -40,8 +42,24 @@ int dp_ce_dead_peer(const dp_ce_t *ce);
 /* The ring table and slot size a plan over these connections uses. */
 const int *dp_ce_ring(const dp_ce_t *ce);
 size_t dp_ce_slot_bytes(const dp_ce_t *ce);
-/* Build plan's programs (one per channel) and queue them on stream. */
+/* Build plan's programs (one per channel) and queue them on stream; immediate: the call was made
+ * outside a group (only such calls may run zero-copy, below). */
 ncclResult_t dp_ce_launch(dp_ce_t *ce, const ch_plan_t *plan, const void *sendbuff, void *recvbuff,
-                          const chorus_redop_t *rop, void *stream);
+                          const chorus_redop_t *rop, void *stream, int immediate);
+
+/* Registered buffers, read zero-copy (cuda_devpath_zc.c). ncclCommRegister of device memory
+ * records the range in this rank's registration table (in its host block, which every rank
+ * maps): cuMem memory with its description, its file descriptor sent at once to every peer
+ * process (whose watchdog takes it into its channel's queue); other memory only for the ranks of
+ * this process, which use it at its address. An all-gather, broadcast or out-of-place all-reduce
+ * called outside a group is announced to the peers with the registration its input lies in (a
+ * non-root of a broadcast reads only); when every rank announced one, each reads the peers'
+ * inputs directly (imported at first use, kept until the owner deregisters), and the slots are not
+ * used. Deregistration waits for this rank's launched work first; peers unmap a registration
+ * once its owner marked it gone. */
+ncclResult_t dp_ce_register(dp_ce_t *ce, void *buff, size_t size);
+/* ncclInvalidArgument when [buff, buff + size) is not registered here. */
+ncclResult_t dp_ce_deregister(dp_ce_t *ce, const void *buff, size_t size);
+unsigned long dp_ce_zero_copy_ops(dp_ce_t *ce);
 
 #endif

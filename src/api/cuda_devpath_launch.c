@@ -67,7 +67,7 @@ static ncclResult_t dp_track(struct ncclComm *comm, devpath_comm_t *dp, void *st
 /* Launch one op of this rank: coll (CH_COLL_*), count as ch_cpu_op_t takes it. */
 static ncclResult_t dp_launch(struct ncclComm *comm, devpath_comm_t *dp, int coll,
                               const coll_args_t *a, const void *sendbuff, void *recvbuff,
-                              size_t count, int send_peer, int recv_peer) {
+                              size_t count, int send_peer, int recv_peer, int immediate) {
     const dp_sizes_t *sz = &dp->sz;
     const int n = comm->nranks;
     const size_t esize = chorus_dtype_size(a->dtype);
@@ -114,8 +114,9 @@ static ncclResult_t dp_launch(struct ncclComm *comm, devpath_comm_t *dp, int col
     ch_op_hdr_make(&k.hdr, coll, a->dtype, k.redop.kind, count, p->root, seq);
     /* Whether the stream captures was asked once, when the call was made (dp_op_check); a
      * group's calls all agree on it (devpath_group_end). */
-    ncclResult_t res = dp->ce ? dp_ce_launch(dp->ce, p, sendbuff, recvbuff, &k.redop, a->stream)
-                              : dp->rt->launch(&k, a->stream);
+    ncclResult_t res =
+        dp->ce ? dp_ce_launch(dp->ce, p, sendbuff, recvbuff, &k.redop, a->stream, immediate)
+               : dp->rt->launch(&k, a->stream);
     if (res != ncclSuccess) {
         WARN("%s: rank %d: the device launch failed: %s", a->api, comm->rank,
              ncclGetErrorString(res));
@@ -126,7 +127,7 @@ static ncclResult_t dp_launch(struct ncclComm *comm, devpath_comm_t *dp, int col
     return a->capturing ? ncclSuccess : dp_track(comm, dp, a->stream);
 }
 
-ncclResult_t dp_launch_one(const coll_args_t *a) {
+ncclResult_t dp_launch_one(const coll_args_t *a, int immediate) {
     struct ncclComm *comm = a->comm;
     devpath_comm_t *dp = comm->dev_path;
     const int coll = dp_coll(a->coll);
@@ -134,11 +135,11 @@ ncclResult_t dp_launch_one(const coll_args_t *a) {
     pthread_mutex_lock(&dp->lock);
     ncclResult_t res;
     if (a->coll == COLL_SEND)
-        res = dp_launch(comm, dp, coll, a, a->sendbuff, NULL, a->count, a->root, -1);
+        res = dp_launch(comm, dp, coll, a, a->sendbuff, NULL, a->count, a->root, -1, 0);
     else if (a->coll == COLL_RECV)
-        res = dp_launch(comm, dp, coll, a, NULL, a->recvbuff, a->count, -1, a->root);
+        res = dp_launch(comm, dp, coll, a, NULL, a->recvbuff, a->count, -1, a->root, 0);
     else
-        res = dp_launch(comm, dp, coll, a, a->sendbuff, a->recvbuff, a->count, -1, -1);
+        res = dp_launch(comm, dp, coll, a, a->sendbuff, a->recvbuff, a->count, -1, -1, immediate);
     pthread_mutex_unlock(&dp->lock);
     return res;
 }
@@ -150,7 +151,7 @@ ncclResult_t dp_launch_pair(const coll_args_t *s, const coll_args_t *r) {
     CHECK(dp_set_device(dp->rt, comm->cuda_dev));
     pthread_mutex_lock(&dp->lock);
     ncclResult_t res = dp_launch(comm, dp, CH_COLL_SENDRECV, s, s->sendbuff, r->recvbuff, s->count,
-                                 s->root, r->root);
+                                 s->root, r->root, 0);
     pthread_mutex_unlock(&dp->lock);
     return res;
 }

@@ -76,8 +76,9 @@ static inline uint32_t dp_err(const devpath_comm_t *dp) {
 
 /* CH_COLL_* for an API collective, or -1 when the device path has none for it. */
 int dp_coll(coll_kind_t k);
-/* Launch one kept or immediate op of its communicator; a send and a receive as one launch. */
-ncclResult_t dp_launch_one(const coll_args_t *a);
+/* Launch one kept or immediate op of its communicator (immediate: called outside a group); a send
+ * and a receive as one launch. */
+ncclResult_t dp_launch_one(const coll_args_t *a, int immediate);
 ncclResult_t dp_launch_pair(const coll_args_t *s, const coll_args_t *r);
 /* What error word value e means, for messages (buf holds the text when it needs formatting). */
 const char *dp_err_text(const devpath_comm_t *dp, uint32_t e, char *buf, size_t len);

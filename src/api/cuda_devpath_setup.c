@@ -438,3 +438,35 @@ void devpath_comm_free(struct ncclComm *comm) {
     pthread_mutex_destroy(&dp->lock);
     free(dp);
 }
+
+/* ---- registered buffers -----------------------------------------------------------------------
+ */
+
+ncclResult_t devpath_register(struct ncclComm *comm, void *buff, size_t size) {
+    devpath_comm_t *dp = comm ? comm->dev_path : NULL;
+    if (dp == NULL || dp->ce == NULL || chorus_mem_kind(buff) != CHORUS_MEM_DEVICE)
+        return ncclSuccess;
+    return dp_ce_register(dp->ce, buff, size);
+}
+
+ncclResult_t devpath_deregister(struct ncclComm *comm, const void *buff, size_t size) {
+    devpath_comm_t *dp = comm ? comm->dev_path : NULL;
+    if (dp == NULL || dp->ce == NULL) return ncclSuccess;
+    /* Peers read the range only inside this rank's launched ops, which end once every reader is
+     * done: with them finished, nothing reads it any more. */
+    const ncclResult_t res = devpath_drain(comm);
+    if (dp->drain_failed) {
+        /* A peer may still read it: the registration stays (the peers keep their mappings). */
+        WARN("rank %d: %p stays registered: this rank's device work did not finish (%s)",
+             comm->rank, buff, ncclGetErrorString(res));
+        return res;
+    }
+    /* The work finished (perhaps with an error, which the caller gets): nothing reads it. */
+    (void)dp_ce_deregister(dp->ce, buff, size); /* ncclInvalidArgument: it was never exported */
+    return res;
+}
+
+unsigned long devpath_zero_copy_ops(struct ncclComm *comm) {
+    devpath_comm_t *dp = comm ? comm->dev_path : NULL;
+    return dp && dp->ce ? dp_ce_zero_copy_ops(dp->ce) : 0;
+}

@@ -6,9 +6,11 @@
  * Registration is a hint in Chorus: collectives work on any buffer, registered or not. A
  * registration records the range and whether it is device memory; the handle is that record and
  * is checked when passed back. The collective engine may ask comm_reg_find whether a buffer is
- * registered. Windows are the same kind of record with their flags: Chorus has no symmetric
- * kernels, so a window asks nothing of the peers and registering one is a local operation, which
- * is compatible with NCCL's rule that every rank calls it.
+ * registered. Device memory on a communicator running copy-engine programs is also exported to
+ * the peers, which then read it zero-copy (devpath_register); host memory goes to the transports.
+ * Windows are the same kind of record with their flags: Chorus has no symmetric kernels, so a
+ * window asks nothing of the peers and registering one is a local operation, which is compatible
+ * with NCCL's rule that every rank calls it.
  */
 #include <pthread.h>
 #include <stdlib.h>
@@ -18,6 +20,7 @@
 #include "check.h"
 #include "comm.h"
 #include "api.h"
+#include "cuda_devpath.h"
 #include "cuda_util.h"
 
 #if CHORUS_HAVE_CUDA
@@ -119,8 +122,11 @@ ncclResult_t ncclCommRegister(const ncclComm_t comm, void *buff, size_t size, vo
     ARGCHECK(size > 0, "ncclCommRegister: size is 0");
     comm_reg_t *r;
     CHECK(reg_add(comm, buff, size, COMM_REG_MAGIC, 0, &r));
-    /* Host memory may go over RDMA without a copy (the verbs transport maps it at first use). */
-    ncclResult_t tr = r->is_device ? ncclSuccess : transport_buffer_register(buff, size);
+    /* Host memory may go over RDMA without a copy (the verbs transport maps it at first use);
+     * device memory may be read zero-copy by the peers on the device path. */
+    ncclResult_t tr = r->is_device || chorus_mem_kind(buff) == CHORUS_MEM_DEVICE
+                          ? devpath_register(comm, buff, size)
+                          : transport_buffer_register(buff, size);
     if (tr != ncclSuccess) {
         reg_remove(comm, r, COMM_REG_MAGIC);
         return tr;
@@ -147,7 +153,10 @@ ncclResult_t ncclCommDeregister(const ncclComm_t comm, void *handle) {
             device = r->is_device;
         }
     pthread_mutex_unlock(&comm->lock);
-    if (base && !device) CHECK(transport_buffer_deregister(base, size));
+    if (base && !device && chorus_mem_kind(base) != CHORUS_MEM_DEVICE)
+        CHECK(transport_buffer_deregister(base, size));
+    else if (base)
+        CHECK(devpath_deregister(comm, base, size));
     ARGCHECK(reg_remove(comm, handle, COMM_REG_MAGIC),
              "ncclCommDeregister: handle %p is not a registration of comm %p", handle,
              (void *)comm);

@@ -17,8 +17,10 @@
  *    cuMem entries make a memfd of its own per allocation, mapped, and emulated device memory
  *    once access is granted; another process imports the exported descriptor.
  *
- * Processes sharing a device (copy-engine programs): ipc_* export device memory to the other
- * processes of the host (CUDA IPC handles; the emulator's memfd), host_register makes host memory
+ * Processes sharing a device (copy-engine programs): device memory the other processes of the host
+ * map is cuMem memory (mem_*, its file descriptor passed over a Unix socket) or, where the device
+ * has no cuMem, ipc_* blocks (CUDA IPC handles; the emulator's memfd); mem_retain tells which an
+ * allocation is, host_register makes host memory
  * that processes share (a memfd each maps) reachable by the device at the same address, and
  * ce_launch queues programs whose waits and writes the device front end runs (GPU:
  * cuStreamWaitValue64/cuStreamWriteValue64, looked up through the runtime, so the library needs no
@@ -128,6 +130,12 @@ typedef struct {
     ncclResult_t (*mem_export_fd)(uint64_t handle, int *fd);
     ncclResult_t (*mem_import_fd)(int fd, uint64_t *handle);
     void (*mem_release)(uint64_t handle);
+    /* Which kind of memory p is, as the driver tells (cuMemRetainAllocationHandle): for memory
+     * of cuMem (ncclMemAlloc's, PyTorch's expandable segments) a new handle of the physical
+     * memory holding p (mem_release drops it) and the start and size of the mapping of that
+     * handle; ncclInvalidArgument for any other memory (cudaMalloc's, which legacy IPC handles
+     * share). */
+    ncclResult_t (*mem_retain)(const void *p, uint64_t *handle, void **base, size_t *bytes);
 } ch_rt_t;
 
 /* The emulator (always there) and the CUDA runtime (NULL in a build without CUDA). */

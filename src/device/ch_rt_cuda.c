@@ -302,6 +302,7 @@ static const ch_rt_t g_cuda_rt = {
     .mem_export_fd = ch_cuda_mem_export_fd,
     .mem_import_fd = ch_cuda_mem_import_fd,
     .mem_release = ch_cuda_mem_release,
+    .mem_retain = ch_cuda_mem_retain,
 };
 
 const ch_rt_t *ch_rt_cuda(void) {

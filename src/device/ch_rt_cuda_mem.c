@@ -33,6 +33,8 @@ typedef CUresult (*cm_access_fn)(CUdeviceptr, size_t, const CUmemAccessDesc *, s
 typedef CUresult (*cm_export_fn)(void *, CUmemGenericAllocationHandle, CUmemAllocationHandleType,
                                  unsigned long long);
 typedef CUresult (*cm_import_fn)(CUmemGenericAllocationHandle *, void *, CUmemAllocationHandleType);
+typedef CUresult (*cm_retain_fn)(CUmemGenericAllocationHandle *, void *);
+typedef CUresult (*cm_range_fn)(CUdeviceptr *, size_t *, CUdeviceptr);
 
 static pthread_once_t cm_once = PTHREAD_ONCE_INIT;
 static struct {
@@ -48,6 +50,8 @@ static struct {
     cm_access_fn access;
     cm_export_fn export_fd;
     cm_import_fn import_fd;
+    cm_retain_fn retain;
+    cm_range_fn range;
 } cm;
 
 static void cm_lookup(void) {
@@ -63,6 +67,8 @@ static void cm_lookup(void) {
     cm.access = (cm_access_fn)ch_cuda_driver_entry("cuMemSetAccess");
     cm.export_fd = (cm_export_fn)ch_cuda_driver_entry("cuMemExportToShareableHandle");
     cm.import_fd = (cm_import_fn)ch_cuda_driver_entry("cuMemImportFromShareableHandle");
+    cm.retain = (cm_retain_fn)ch_cuda_driver_entry("cuMemRetainAllocationHandle");
+    cm.range = (cm_range_fn)ch_cuda_driver_entry("cuMemGetAddressRange");
 }
 
 static int cm_have_all(void) {
@@ -196,6 +202,30 @@ void ch_cuda_mem_release(uint64_t handle) {
     if (!cm_have_all()) return;
     CUresult r = cm.release((CUmemGenericAllocationHandle)handle);
     if (r != CUDA_SUCCESS) (void)cm_fail("cuMemRelease", r);
+}
+
+/* cuMemRetainAllocationHandle succeeds only for memory mapped by cuMemMap; cuMemGetAddressRange
+ * then gives the extent of the mapping that holds p (one handle's, as cuMemMap maps a whole handle
+ * at offset 0). */
+ncclResult_t ch_cuda_mem_retain(const void *p, uint64_t *handle, void **base, size_t *bytes) {
+    if (!cm_have_all() || cm.retain == NULL || cm.range == NULL || p == NULL)
+        return ncclInvalidArgument;
+    CUmemGenericAllocationHandle h = 0;
+    if (cm.retain(&h, (void *)(uintptr_t)p) != CUDA_SUCCESS) {
+        (void)cudaGetLastError();
+        return ncclInvalidArgument; /* not cuMem memory */
+    }
+    CUdeviceptr b = 0;
+    size_t n = 0;
+    CUresult r = cm.range(&b, &n, (CUdeviceptr)(uintptr_t)p);
+    if (r != CUDA_SUCCESS) {
+        (void)cm.release(h);
+        return cm_fail("cuMemGetAddressRange", r);
+    }
+    *handle = (uint64_t)h;
+    *base = (void *)(uintptr_t)b;
+    *bytes = n;
+    return ncclSuccess;
 }
 
 #else

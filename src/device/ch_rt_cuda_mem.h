@@ -23,6 +23,7 @@ void ch_cuda_mem_unmap(void *p, size_t bytes);
 ncclResult_t ch_cuda_mem_export_fd(uint64_t handle, int *fd);
 ncclResult_t ch_cuda_mem_import_fd(int fd, uint64_t *handle);
 void ch_cuda_mem_release(uint64_t handle);
+ncclResult_t ch_cuda_mem_retain(const void *p, uint64_t *handle, void **base, size_t *bytes);
 #endif
 
 #ifdef __cplusplus

@@ -761,6 +761,7 @@ static const ch_rt_t g_emu_rt = {
     .mem_export_fd = ch_emu_mem_export_fd,
     .mem_import_fd = ch_emu_mem_import_fd,
     .mem_release = ch_emu_mem_release,
+    .mem_retain = ch_emu_mem_retain,
 };
 
 const ch_rt_t *ch_rt_emu(void) {

@@ -125,6 +125,17 @@ typedef struct {
 
 static int g_cumem_off; /* ch_emu_set_cumem(0): the runtime behaves as a device without cuMem */
 
+/* The live mappings, so that mem_retain can tell the memory behind an address (as the driver's
+ * cuMemRetainAllocationHandle does): each keeps a descriptor of its memory of its own. */
+typedef struct emu_map {
+    uintptr_t base;
+    size_t bytes;
+    int fd;
+    struct emu_map *next;
+} emu_map_t;
+static emu_map_t *g_maps;
+static pthread_mutex_t g_maps_lock = PTHREAD_MUTEX_INITIALIZER;
+
 void ch_emu_set_cumem(int supported) {
     __atomic_store_n(&g_cumem_off, !supported, __ATOMIC_RELEASE);
 }
@@ -167,11 +178,27 @@ ncclResult_t ch_emu_mem_map(uint64_t handle, size_t bytes, size_t align, void **
         WARN("device emulator: mapping %zu bytes of a handle of %zu", bytes, m ? m->bytes : 0);
         return ncclInvalidArgument;
     }
+    emu_map_t *rec = malloc(sizeof(*rec));
+    const int fd = rec ? fcntl(m->fd, F_DUPFD_CLOEXEC, 0) : -1;
+    if (fd < 0) {
+        WARN("device emulator: recording a mapping: %s", rec ? strerror(errno) : "out of memory");
+        free(rec);
+        return ncclSystemError;
+    }
     void *a = mmap(NULL, bytes, PROT_NONE, MAP_SHARED, m->fd, 0);
     if (a == MAP_FAILED) {
         WARN("device emulator: mmap of %zu bytes: %s", bytes, strerror(errno));
+        close(fd);
+        free(rec);
         return ncclSystemError;
     }
+    rec->base = (uintptr_t)a;
+    rec->bytes = bytes;
+    rec->fd = fd;
+    pthread_mutex_lock(&g_maps_lock);
+    rec->next = g_maps;
+    g_maps = rec;
+    pthread_mutex_unlock(&g_maps_lock);
     *p = a;
     return ncclSuccess;
 }
@@ -188,6 +215,20 @@ ncclResult_t ch_emu_mem_set_access(void *p, size_t bytes, int dev) {
 void ch_emu_mem_unmap(void *p, size_t bytes) {
     if (p == NULL) return;
     ch_emu_untrack(p);
+    emu_map_t *rec = NULL;
+    pthread_mutex_lock(&g_maps_lock);
+    for (emu_map_t **pp = &g_maps; *pp; pp = &(*pp)->next) {
+        if ((*pp)->base == (uintptr_t)p) {
+            rec = *pp;
+            *pp = rec->next;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&g_maps_lock);
+    if (rec) {
+        close(rec->fd);
+        free(rec);
+    }
     if (munmap(p, bytes) != 0)
         WARN("device emulator: munmap of %p (%zu bytes): %s", p, bytes, strerror(errno));
 }
@@ -224,4 +265,37 @@ void ch_emu_mem_release(uint64_t handle) {
     if (m == NULL) return;
     close(m->fd);
     free(m);
+}
+
+ncclResult_t ch_emu_mem_retain(const void *p, uint64_t *handle, void **base, size_t *bytes) {
+    const uintptr_t u = (uintptr_t)p;
+    int fd = -1;
+    uintptr_t b = 0;
+    size_t n = 0;
+    pthread_mutex_lock(&g_maps_lock);
+    for (const emu_map_t *m = g_maps; m; m = m->next) {
+        if (u >= m->base && u < m->base + m->bytes) {
+            fd = fcntl(m->fd, F_DUPFD_CLOEXEC, 0);
+            b = m->base;
+            n = m->bytes;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&g_maps_lock);
+    if (n == 0) return ncclInvalidArgument; /* not a mapping of the cuMem entries */
+    if (fd < 0) {
+        WARN("device emulator: retaining the memory at %p: %s", p, strerror(errno));
+        return ncclSystemError;
+    }
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        WARN("device emulator: retaining the memory at %p: %s", p, strerror(errno));
+        close(fd);
+        return ncclSystemError;
+    }
+    const ncclResult_t res = emu_cumem_wrap(fd, (size_t)st.st_size, handle);
+    if (res != ncclSuccess) return res;
+    *base = (void *)b;
+    *bytes = n;
+    return ncclSuccess;
 }

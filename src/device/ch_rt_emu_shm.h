@@ -25,6 +25,7 @@ void ch_emu_mem_unmap(void *p, size_t bytes);
 ncclResult_t ch_emu_mem_export_fd(uint64_t handle, int *fd);
 ncclResult_t ch_emu_mem_import_fd(int fd, uint64_t *handle);
 void ch_emu_mem_release(uint64_t handle);
+ncclResult_t ch_emu_mem_retain(const void *p, uint64_t *handle, void **base, size_t *bytes);
 
 /* The registry of emulated device memory (ch_rt_emu.c): record [p, p + bytes) as device memory
  * (mapped: a mapping of the cuMem entries, which ch_emu_free leaves alone); 0 when out of memory.

@@ -7,7 +7,10 @@
 // ordinary calls between replays, 2 and 4 ranks. The same cases run on the CPU under
 // the device emulator (tests/device/test_device_path.cc); here they check the kernel itself.
 // CudaDevPathProcs: forked processes sharing GPU 0 take copy-engine programs (=ce): every
-// collective between 2 and 3 processes, and a peer killed mid-op. Skipped without a GPU.
+// collective between 2 and 3 processes, and a peer killed mid-op, with the slots' device blocks
+// in cuMem memory whose descriptors pass between the processes (each rank counts its imports;
+// legacy IPC blocks on a GPU without cuMem); registered ncclMemAlloc buffers read zero-copy by
+// the peers (all-gather, broadcast, all-reduce, counted). Skipped without a GPU.
 #include <gtest/gtest.h>
 
 #include <signal.h>
@@ -24,10 +27,12 @@
 #include "device/ch_rt.h"
 #include "launch.h"
 #include "nccl.h"
+#include "peer_mem.h"
 
 extern "C" {
 #include "param.h"
 int devpath_kernel_on(const struct ncclComm *comm);
+unsigned long devpath_zero_copy_ops(struct ncclComm *comm);
 }
 
 #if CHORUS_HAVE_CUDA
@@ -137,9 +142,28 @@ int run_op(const R &k, int coll, ncclDataType_t t, int op, size_t count, bool in
     return wrong ? 1 : 0;
 }
 
+// The kind of block peers of another process open on this GPU: cuMem where the device has it
+// (asks the driver: only in a forked rank, never in the test process before it forks).
+int peer_kind() {
+    size_t gran = 0;
+    return ch_rt_cuda()->mem_granularity(0, &gran) == ncclSuccess ? PEER_MEM_CUMEM : PEER_MEM_IPC;
+}
+
+// In a forked rank after init: it opened each peer's device block once, as the kind says (the
+// counts before are the test process's, taken before it forked).
+int check_opened(int rank, int nr, unsigned long cumem0, unsigned long ipc0) {
+    const unsigned long got =
+        peer_mem_opened(peer_kind()) - (peer_kind() == PEER_MEM_CUMEM ? cumem0 : ipc0);
+    RANK_CHECK(got == (unsigned long)nr - 1, "rank %d opened %lu %s blocks, want %d\n", rank, got,
+               peer_kind() == PEER_MEM_CUMEM ? "cuMem" : "IPC", nr - 1);
+    return 0;
+}
+
 void with_ranks(int n, const std::function<int(R &)> &fn, bool failed_comm = false,
                 chorus_test::Launch how = chorus_test::Launch::Threads) {
     ncclUniqueId id = chorus_test::make_unique_id();
+    const unsigned long cumem0 = peer_mem_opened(PEER_MEM_CUMEM);
+    const unsigned long ipc0 = peer_mem_opened(PEER_MEM_IPC);
     auto res = chorus_test::run_ranks(how, n, [&](int rank, int nr) -> int {
         RANK_CUDA(cudaSetDevice(0));
         R k;
@@ -151,6 +175,7 @@ void with_ranks(int n, const std::function<int(R &)> &fn, bool failed_comm = fal
         RANK_CUDA(cudaMalloc(&k.rbuf, k.cap));
         RANK_NCCL(ncclCommInitRank(&k.comm, nr, id, rank));
         RANK_CHECK(devpath_kernel_on(k.comm), "the communicator did not take the device path\n");
+        if (how == chorus_test::Launch::Forked && check_opened(rank, nr, cumem0, ipc0)) return 1;
         int bad = fn(k);
         ncclResult_t d = ncclCommDestroy(k.comm);
         if (!bad)
@@ -212,8 +237,8 @@ TEST_F(CudaDevPath, GraphReplaysThreads) {
                 for (int i = 0; i < 100; i++) {
                     for (size_t j = 0; j < count; j++)
                         h[j] = value(k.r, j, i);
-                    RANK_CUDA(cudaMemcpyAsync(in, h.data(), count * 4, cudaMemcpyHostToDevice,
-                                              k.st));
+                    RANK_CUDA(
+                        cudaMemcpyAsync(in, h.data(), count * 4, cudaMemcpyHostToDevice, k.st));
                     RANK_CUDA(cudaMemsetAsync(out, 0xa5, count * 4, k.st));
                     RANK_NCCL(rt->graph_launch(exec, k.st));
                     RANK_CUDA(cudaStreamSynchronize(k.st));
@@ -223,8 +248,8 @@ TEST_F(CudaDevPath, GraphReplaysThreads) {
                         for (int q = 0; q < k.n; q++)
                             want += (uint32_t)value(q, j, i);
                         RANK_CHECK((uint32_t)h[j] == want,
-                                   "count %zu replay %d: element %zu is %d, want %d\n", count, i,
-                                   j, h[j], (int32_t)want);
+                                   "count %zu replay %d: element %zu is %d, want %d\n", count, i, j,
+                                   h[j], (int32_t)want);
                     }
                     if (i % 10 == 9 &&
                         run_op(k, CH_COLL_ALLREDUCE, ncclInt32, ncclSum, 3001 + (size_t)i, false))
@@ -282,6 +307,46 @@ TEST_F(CudaDevPathProcs, EveryCollectiveForked) {
     }
 }
 
+// Registered ncclMemAlloc buffers (cuMem) read zero-copy between processes: all-gather, broadcast
+// and out-of-place all-reduce (sum, avg, max; float32 and int32), counts 1, 1001 and 1 Mi, each
+// checked and counted as one zero-copy op on every rank; an in-place all-reduce falls back to the
+// slots (right, not zero-copy).
+int zero_copy(R &k) {
+    R z = k;
+    RANK_NCCL(ncclMemAlloc((void **)&z.sbuf, k.cap));
+    RANK_NCCL(ncclMemAlloc((void **)&z.rbuf, k.cap));
+    void *sh = nullptr, *rh = nullptr;
+    RANK_NCCL(ncclCommRegister(z.comm, z.sbuf, z.cap, &sh));
+    RANK_NCCL(ncclCommRegister(z.comm, z.rbuf, z.cap, &rh));
+    for (int coll : {CH_COLL_ALLGATHER, CH_COLL_BROADCAST, CH_COLL_ALLREDUCE})
+        for (ncclDataType_t t : {ncclFloat32, ncclInt32})
+            for (int op : {(int)ncclSum, (int)ncclAvg, (int)ncclMax}) {
+                if (coll != CH_COLL_ALLREDUCE && op != ncclSum) continue;
+                for (size_t count : {(size_t)1, (size_t)1001, kMaxCount})
+                    for (bool inplace : {false, true}) {
+                        const bool zc = !(inplace && coll == CH_COLL_ALLREDUCE);
+                        const unsigned long before = devpath_zero_copy_ops(z.comm);
+                        if (run_op(z, coll, t, op, count, inplace)) return 1;
+                        const unsigned long got = devpath_zero_copy_ops(z.comm) - before;
+                        RANK_CHECK(got == (zc ? 1u : 0u),
+                                   "rank %d coll %d count %zu%s: %lu zero-copy ops\n", z.r, coll,
+                                   count, inplace ? " inplace" : "", got);
+                    }
+            }
+    RANK_NCCL(ncclCommDeregister(z.comm, sh));
+    RANK_NCCL(ncclCommDeregister(z.comm, rh));
+    RANK_NCCL(ncclMemFree(z.sbuf));
+    RANK_NCCL(ncclMemFree(z.rbuf));
+    return 0;
+}
+
+TEST_F(CudaDevPathProcs, ZeroCopyForked) {
+    for (int n : {2, 3}) {
+        SCOPED_TRACE("n=" + std::to_string(n));
+        with_ranks(n, zero_copy, false, chorus_test::Launch::Forked);
+    }
+}
+
 // A process killed in the middle of an op: the survivor's watchdog writes the counters its
 // stream waits on, so the stream ends (its result may be a CUDA error: the dead rank's device
 // block went with it) and the next call fails with ncclRemoteError naming the rank.
@@ -289,6 +354,8 @@ TEST_F(CudaDevPathProcs, PeerKilledForked) {
     setenv("CHORUS_TIMEOUT", "60", 1);
     chorus_param_reset();
     ncclUniqueId id = chorus_test::make_unique_id();
+    const unsigned long cumem0 = peer_mem_opened(PEER_MEM_CUMEM);
+    const unsigned long ipc0 = peer_mem_opened(PEER_MEM_IPC);
     auto res = chorus_test::run_forked(
         2,
         [&](int rank, int nr) -> int {
@@ -302,6 +369,8 @@ TEST_F(CudaDevPathProcs, PeerKilledForked) {
             ncclComm_t comm;
             RANK_NCCL(ncclCommInitRank(&comm, nr, id, rank));
             RANK_CHECK(devpath_kernel_on(comm), "the communicator did not take the device path\n");
+            // It dies holding a mapping of its peer's block, and the peer one of its.
+            if (check_opened(rank, nr, cumem0, ipc0)) return 1;
             RANK_NCCL(ncclAllReduce(buf, buf, 1001, ncclFloat32, ncclSum, comm, st));
             RANK_CUDA(cudaStreamSynchronize(st));
             RANK_NCCL(ncclAllReduce(buf, buf, count, ncclFloat32, ncclSum, comm, st));

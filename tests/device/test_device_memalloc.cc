@@ -20,15 +20,18 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "device/ch_rt.h"
 #include "device/ch_rt_emu.h"
 #include "launch.h"
 #include "mem_alloc.h"
 #include "nccl.h"
+#include "peer_mem.h"
 #include "scoped_env.h"
 extern "C" {
 #include "cuda_util.h"
+#include "fd_chan.h"
 #include "param.h"
 }
 
@@ -124,7 +127,8 @@ TEST_F(MemAlloc, FallbackWithoutCuMem) {
 
 // No device (no GPU, no emulator): page-aligned host memory.
 TEST_F(MemAlloc, HostWithoutDevice) {
-    if (chorus_cuda_available()) GTEST_SKIP() << "a GPU is current: ncclMemAlloc gives device memory";
+    if (chorus_cuda_available())
+        GTEST_SKIP() << "a GPU is current: ncclMemAlloc gives device memory";
     setenv("CHORUS_DEVICE_EMU", "0", 1);
     chorus_param_reset();
     void *p = nullptr;
@@ -291,8 +295,8 @@ TEST_F(MemAlloc, ExportImportForked) {
             ExportMsg m{};
             // An interior address: the offset says where it lies in the allocation.
             RANK_NCCL(mem_alloc_export_fd(p + 4096, &fd, &m.offset, &m.mapped));
-            RANK_CHECK(m.offset == 4096 && m.mapped == 4 * kGran, "offset %zu mapped %zu",
-                       m.offset, m.mapped);
+            RANK_CHECK(m.offset == 4096 && m.mapped == 4 * kGran, "offset %zu mapped %zu", m.offset,
+                       m.mapped);
             m.size = size;
             RANK_CHECK(send_fd(sock, fd, m) == 0, "sendmsg");
             close(fd);
@@ -327,5 +331,130 @@ TEST_F(MemAlloc, ExportImportForked) {
     close(sv[1]);
     EXPECT_TRUE(res.ok()) << res.detail;
 }
+
+// What each rank publishes (through an all-gather of host memory): its descriptor channel and,
+// on rank 0, the description of the shared buffer.
+struct Published {
+    fd_chan_addr_t chan;
+    peer_mem_desc_t desc;
+};
+
+// One ncclMemAlloc buffer of rank 0 used by n processes: rank 0 describes it from an interior
+// address (the runtime tells that it is cuMem memory) and passes its descriptor over the
+// descriptor channel to every peer, which maps it (peer_mem_open) and finds rank 0's bytes. Every
+// rank then writes its slice through its mapping, and an all-gather on the device path (copy-
+// engine programs) reads each rank's slice of the shared buffer as that rank's input: every rank
+// gets every slice, checked against the values written. Memory that is not cuMem (a plain device
+// allocation) cannot be described.
+int shared_buffer_rank(int rank, int n, const ncclUniqueId &id, size_t count) {
+    const size_t lead = 4096; // the buffer used starts inside the allocation
+    const size_t bytes = lead + (size_t)n * count * sizeof(float) + 8;
+    ch_emu_stream_t *st = ch_emu_stream_create();
+    RANK_CHECK(st != nullptr, "no emulated stream");
+    ncclComm_t comm;
+    RANK_NCCL(ncclCommInitRank(&comm, n, id, rank));
+    unsigned char *alloc = nullptr;
+    int fd = -1;
+    Published mine{}, *all = new Published[(size_t)n];
+    fd_chan_t *ch = nullptr;
+    RANK_NCCL(fd_chan_open(rank, &ch, &mine.chan));
+    if (rank == 0) {
+        ch_emu_set_cumem(0);
+        void *plain = nullptr;
+        RANK_NCCL(ncclMemAlloc(&plain, 4096));
+        peer_mem_desc_t d;
+        int pfd = -1;
+        RANK_CHECK(peer_mem_describe(ch_rt_emu(), plain, 4096, nullptr, &d, &pfd) ==
+                           ncclInvalidArgument &&
+                       pfd < 0,
+                   "plain device memory was described");
+        RANK_NCCL(ncclMemFree(plain));
+        ch_emu_set_cumem(1);
+        RANK_NCCL(ncclMemAlloc((void **)&alloc, bytes));
+        for (size_t i = 0; i < bytes; i++)
+            alloc[i] = pattern(i, 0);
+        RANK_NCCL(
+            peer_mem_describe(ch_rt_emu(), alloc + lead, bytes - lead, nullptr, &mine.desc, &fd));
+        RANK_CHECK(mine.desc.kind == PEER_MEM_CUMEM && mine.desc.offset == lead &&
+                       mine.desc.mapped == kGran,
+                   "described as kind %u offset %llu mapped %llu", mine.desc.kind,
+                   (unsigned long long)mine.desc.offset, (unsigned long long)mine.desc.mapped);
+    }
+    RANK_NCCL(ncclAllGather(&mine, all, sizeof(Published), ncclUint8, comm, nullptr));
+    fd_chan_addr_t *addrs = new fd_chan_addr_t[(size_t)n];
+    for (int q = 0; q < n; q++)
+        addrs[q] = all[q].chan;
+    std::vector<fd_chan_msg_t> out;
+    fd_chan_msg_t in{};
+    in.peer = 0;
+    in.tag = 7;
+    if (rank == 0)
+        for (int q = 1; q < n; q++) {
+            fd_chan_msg_t m{};
+            m.peer = q;
+            m.tag = 7;
+            m.fd = fd;
+            out.push_back(m);
+        }
+    RANK_NCCL(fd_chan_exchange(ch, addrs, n, out.data(), (int)out.size(), &in, rank == 0 ? 0 : 1,
+                               60, nullptr));
+    // Under the emulator rank 0 maps its own buffer a second time too, from its own descriptor.
+    peer_mem_map_t map{};
+    const unsigned long before = peer_mem_opened(PEER_MEM_CUMEM);
+    RANK_NCCL(peer_mem_open(ch_rt_emu(), 0, &all[0].desc, rank == 0 ? fd : in.fd, &map));
+    if (fd >= 0) close(fd);
+    if (in.fd >= 0) close(in.fd);
+    RANK_CHECK(peer_mem_opened(PEER_MEM_CUMEM) - before == 1u,
+               "rank %d: the buffer was not imported as cuMem memory", rank);
+    unsigned char *shared = (unsigned char *)map.ptr;
+    RANK_CHECK(ch_emu_is_device(shared), "the mapping is not device memory");
+    size_t wrong = 0;
+    for (size_t i = 0; i < bytes - lead; i++)
+        wrong += shared[i] != pattern(i + lead, 0);
+    RANK_CHECK(wrong == 0, "rank %d: %zu bytes differ from rank 0's", rank, wrong);
+    // Everyone has read rank 0's bytes before anyone writes its slice.
+    RANK_NCCL(ncclAllGather(&mine, all, sizeof(Published), ncclUint8, comm, nullptr));
+    float *slices = (float *)shared;
+    for (size_t i = 0; i < count; i++)
+        slices[(size_t)rank * count + i] = (float)(rank * 100000 + (int)i);
+    float *recv = (float *)ch_emu_malloc((size_t)n * count * sizeof(float));
+    RANK_NCCL(ncclAllGather(slices + (size_t)rank * count, recv, count, ncclFloat32, comm,
+                            (cudaStream_t)st));
+    RANK_NCCL(ch_emu_stream_sync(st));
+    RANK_CHECK(ch_emu_stream_launches(st) == 1, "the all-gather did not take the device path");
+    wrong = 0;
+    for (int q = 0; q < n; q++)
+        for (size_t i = 0; i < count; i++)
+            wrong += recv[(size_t)q * count + i] != (float)(q * 100000 + (int)i);
+    RANK_CHECK(wrong == 0, "rank %d: %zu elements of the all-gather are wrong", rank, wrong);
+    ch_emu_free(recv);
+    // Everyone is done with the buffer before rank 0 frees it.
+    RANK_NCCL(ncclAllGather(&mine, all, sizeof(Published), ncclUint8, comm, nullptr));
+    peer_mem_close(&map);
+    if (rank == 0) RANK_NCCL(ncclMemFree(alloc));
+    fd_chan_close(ch);
+    delete[] addrs;
+    delete[] all;
+    RANK_NCCL(ncclCommDestroy(comm));
+    ch_emu_stream_destroy(st);
+    return 0;
+}
+
+class MemAllocShared : public MemAlloc, public ::testing::WithParamInterface<int> {};
+
+TEST_P(MemAllocShared, BufferAcrossProcessesForked) {
+    for (size_t count : {(size_t)1, (size_t)1001, (size_t)40003}) {
+        SCOPED_TRACE("count " + std::to_string(count));
+        ncclUniqueId id = chorus_test::make_unique_id();
+        auto res = chorus_test::run_forked(
+            GetParam(), [&](int r, int n) { return shared_buffer_rank(r, n, id, count); }, 120);
+        EXPECT_TRUE(res.ok()) << res.detail;
+    }
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, MemAllocShared, ::testing::Values(2, 3, 5),
+                         [](const ::testing::TestParamInfo<int> &i) {
+                             return "n" + std::to_string(i.param);
+                         });
 
 } // namespace

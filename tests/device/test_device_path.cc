@@ -29,6 +29,7 @@
 #include "device/ch_rt_emu.h"
 #include "device_ref.h"
 #include "launch.h"
+#include "peer_mem.h"
 #include "scoped_env.h"
 #include "nccl.h"
 extern "C" {
@@ -183,13 +184,15 @@ int run_op(const Rank &k, int coll, ncclDataType_t t, int op, size_t count, bool
     return check(k, coll, t, op, count, root, b, what) ? 1 : 0;
 }
 
-// Each of n thread ranks: init, fn, destroy.
+// Each of n thread ranks: init, fn, destroy (pre, when given, runs before init).
 void with_ranks(int n, const std::function<int(Rank &)> &fn, double timeout_s = 240,
-                chorus_test::Launch how = chorus_test::Launch::Threads) {
+                chorus_test::Launch how = chorus_test::Launch::Threads,
+                const std::function<void(int)> &pre = nullptr) {
     ncclUniqueId id = chorus_test::make_unique_id();
     auto res = chorus_test::run_ranks(
         how, n,
         [&](int rank, int nr) -> int {
+            if (pre) pre(rank);
             Rank k;
             k.r = rank;
             k.n = nr;
@@ -489,10 +492,48 @@ int ce_sweep(Rank &k) {
 
 class DevicePathProcs : public DevicePath, public ::testing::WithParamInterface<int> {};
 
-// Ranks in separate processes: copy-engine programs over connections in shared device memory
-// (the emulator's memfd blocks), one program per channel on the rank's stream.
+// Ranks in separate processes: copy-engine programs over connections in shared device memory,
+// one program per channel on the rank's stream. The device blocks are cuMem memory (the emulator's
+// cuMem entries), each passed to every peer process as a file descriptor and imported there:
+// each rank counts its n - 1 imports, and no legacy IPC open.
 TEST_P(DevicePathProcs, CopyEngineForked) {
-    with_ranks(GetParam(), ce_sweep, 240, chorus_test::Launch::Forked);
+    const unsigned long cumem0 = peer_mem_opened(PEER_MEM_CUMEM);
+    const unsigned long ipc0 = peer_mem_opened(PEER_MEM_IPC);
+    with_ranks(
+        GetParam(),
+        [&](Rank &k) -> int {
+            RANK_CHECK(peer_mem_opened(PEER_MEM_CUMEM) - cumem0 == (unsigned long)k.n - 1 &&
+                           peer_mem_opened(PEER_MEM_IPC) == ipc0,
+                       "rank %d imported %lu cuMem blocks and opened %lu IPC blocks, want %d and "
+                       "0\n",
+                       k.r, peer_mem_opened(PEER_MEM_CUMEM) - cumem0,
+                       peer_mem_opened(PEER_MEM_IPC) - ipc0, k.n - 1);
+            return ce_sweep(k);
+        },
+        240, chorus_test::Launch::Forked);
+}
+
+// A device without cuMem (the emulator's cuMem entries turned off in every rank's process): the
+// device blocks are legacy IPC blocks, opened through their handles, and no descriptor passes.
+TEST_P(DevicePathProcs, CopyEngineLegacyIpcForked) {
+    const unsigned long cumem0 = peer_mem_opened(PEER_MEM_CUMEM);
+    const unsigned long ipc0 = peer_mem_opened(PEER_MEM_IPC);
+    with_ranks(
+        GetParam(),
+        [&](Rank &k) -> int {
+            RANK_CHECK(peer_mem_opened(PEER_MEM_IPC) - ipc0 == (unsigned long)k.n - 1 &&
+                           peer_mem_opened(PEER_MEM_CUMEM) == cumem0,
+                       "rank %d opened %lu IPC blocks and imported %lu cuMem blocks, want %d and "
+                       "0\n",
+                       k.r, peer_mem_opened(PEER_MEM_IPC) - ipc0,
+                       peer_mem_opened(PEER_MEM_CUMEM) - cumem0, k.n - 1);
+            for (int coll : {CH_COLL_ALLREDUCE, CH_COLL_ALLGATHER, CH_COLL_BROADCAST})
+                for (size_t count : {(size_t)0, (size_t)1, (size_t)1001, (size_t)40003})
+                    if (run_op(k, coll, ncclFloat32, ncclSum, count, false, (int)(count % k.n)))
+                        return 1;
+            return 0;
+        },
+        240, chorus_test::Launch::Forked, [](int) { ch_emu_set_cumem(0); });
 }
 
 INSTANTIATE_TEST_SUITE_P(Ranks, DevicePathProcs, ::testing::Values(1, 2, 3, 5),
@@ -540,6 +581,7 @@ TEST_F(DevicePath, CopyEnginePeerKilledForked) {
     for (auto nv : {std::make_pair(2, 1), std::make_pair(3, 0)}) {
         const int n = nv.first, victim = nv.second;
         SCOPED_TRACE("n=" + std::to_string(n) + " victim=" + std::to_string(victim));
+        const unsigned long cumem0 = peer_mem_opened(PEER_MEM_CUMEM);
         ncclUniqueId id = chorus_test::make_unique_id();
         auto res = chorus_test::run_forked(
             n,
@@ -549,6 +591,11 @@ TEST_F(DevicePath, CopyEnginePeerKilledForked) {
                 ncclComm_t comm;
                 RANK_NCCL(ncclCommInitRank(&comm, nr, id, rank));
                 Rank k{comm, st, rank, nr, false};
+                // The device blocks are cuMem imports: the killed rank dies holding mappings of
+                // its peers' memory, and they hold mappings of its.
+                RANK_CHECK(peer_mem_opened(PEER_MEM_CUMEM) - cumem0 == (unsigned long)nr - 1,
+                           "rank %d imported %lu cuMem blocks\n", rank,
+                           peer_mem_opened(PEER_MEM_CUMEM) - cumem0);
                 const size_t count = (size_t)4 << 20;
                 Bufs b;
                 make_bufs(k, CH_COLL_ALLREDUCE, ncclFloat32, ncclSum, count, false, &b);

@@ -1,0 +1,485 @@
+/*
+ * cuda_devpath_zc.c: registered buffers read zero-copy by the copy-engine programs (design in
+ * cuda_devpath_ce.h).
+ *
+ * Each host block ends with this rank's zero-copy area (ce_zc_area_t), which every rank maps:
+ *   ready, done   written by this rank's zero-copy programs (op seq): its input is in place; it
+ *                 has read every peer's input
+ *   ann           the last eligible op this rank announced (host)
+ *   consumed      the last op whose announcements this rank has read (host)
+ *   ring          [seq % ZC_RING] the registration the input of a zero-copy announcement lies in
+ *   regs          the registration table: the range, a generation, and the description peers map
+ *                 it with
+ * Each eligible op gets the next seq on every rank (ranks call collectives in the same order). A
+ * rank that cannot read zero-copy (not registered, in a group, in-place all-reduce) only sets ann
+ * and consumed and builds slot programs. A rank that can writes its ring entry, sets ann, and
+ * waits until every peer's ann reaches seq: a peer whose ring entry holds that seq can too. Every
+ * rank so reaches the same answer, and when all can, each builds one program:
+ *   WRITE ready = seq; for each peer it reads: WAIT peer.ready >= seq, COPY (or REDUCE) from the
+ *   peer's buffer; WRITE done = seq; WAIT every peer's done >= seq (no one reads this rank's input
+ *   any more when its stream moves on).
+ * A ring entry is rewritten only once every peer has consumed the op ZC_RING before it, so a
+ * slow rank never misreads. Waits are bounded by CHORUS_TIMEOUT, the abort flag, the error word
+ * and the peers' liveness; the watchdog treats ready and done like the slot counters.
+ */
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "check.h"
+#include "cuda_devpath_ce_priv.h"
+#include "device/ce_prog.h"
+#include "device/cpu_exec.h"
+#include "log.h"
+#include "param.h"
+
+#define ZC_RING 256
+#define ZC_REGS 128
+#define ZC_TAG_BASE 0x10000000u /* descriptor tags: base | generation */
+#define ZC_HOUSEKEEP_ROUNDS 16  /* watchdog rounds between prunes of stale imports */
+
+typedef struct {
+    uint64_t seq;
+    uint32_t slot;
+    uint32_t pad;
+    uint64_t gen, off, bytes;
+    uint64_t pad2[3];
+} zc_ann_t;
+
+typedef struct {
+    uint64_t gen;      /* 0: never used */
+    uint32_t live;     /* 1 while registered */
+    uint32_t exported; /* desc maps it from other processes */
+    uint64_t base, size;
+    peer_mem_desc_t desc;
+} zc_reg_t;
+
+typedef struct {
+    uint64_t ready, pad0[7];
+    uint64_t done, pad1[7];
+    uint64_t ann, pad2[7];
+    uint64_t consumed, pad3[7];
+    zc_ann_t ring[ZC_RING];
+    zc_reg_t regs[ZC_REGS];
+} ce_zc_area_t;
+
+size_t ce_zc_area_bytes(void) {
+    return sizeof(ce_zc_area_t);
+}
+
+static ce_zc_area_t *zc_area(const dp_ce_t *ce, int q) {
+    return (ce_zc_area_t *)(ce->host[q] + ce->zc_off);
+}
+
+static ce_zc_import_t *zc_import(const dp_ce_t *ce, int q, int slot) {
+    return &ce->imports[(size_t)q * ZC_REGS + slot];
+}
+
+ncclResult_t ce_zc_init(dp_ce_t *ce) {
+    ce->imports = calloc((size_t)ce->nranks * ZC_REGS, sizeof(*ce->imports));
+    return ce->imports ? ncclSuccess : ncclSystemError;
+}
+
+void ce_zc_free(dp_ce_t *ce) {
+    if (ce->imports == NULL) return;
+    for (size_t i = 0; i < (size_t)ce->nranks * ZC_REGS; i++)
+        peer_mem_close(&ce->imports[i].map);
+    free(ce->imports);
+    ce->imports = NULL;
+}
+
+unsigned long dp_ce_zero_copy_ops(dp_ce_t *ce) {
+    pthread_mutex_lock(&ce->zc_lock);
+    const unsigned long n = ce->zc_ops;
+    pthread_mutex_unlock(&ce->zc_lock);
+    return n;
+}
+
+/* ---- registration --------------------------------------------------------------------------- */
+
+/* Rank q maps this rank's registrations (with their descriptors) rather than using them at
+ * their addresses. */
+static int zc_peer_maps(const dp_ce_t *ce, int q) {
+    return q != ce->rank && (ce->pids[q] != ce->pids[ce->rank] || ce->rt->emulated);
+}
+
+ncclResult_t dp_ce_register(dp_ce_t *ce, void *buff, size_t size) {
+    ce_zc_area_t *me = zc_area(ce, ce->rank);
+    /* The slot is chosen and published under the lock, so registrations of several threads
+     * never share one. */
+    pthread_mutex_lock(&ce->zc_lock);
+    int slot = -1;
+    for (int i = 0; i < ZC_REGS && slot < 0; i++)
+        if (!__atomic_load_n(&me->regs[i].live, __ATOMIC_ACQUIRE)) slot = i;
+    if (slot < 0) {
+        pthread_mutex_unlock(&ce->zc_lock);
+        INFO(SUB_REG, "rank %d: %d device registrations already: %p is not read zero-copy",
+             ce->rank, ZC_REGS, buff);
+        return ncclSuccess;
+    }
+    const uint64_t gen = ++ce->reg_gen;
+    zc_reg_t *r = &me->regs[slot];
+    int fd = -1;
+    peer_mem_desc_t d;
+    const ncclResult_t dres = peer_mem_describe(ce->rt, buff, size, NULL, &d, &fd);
+    if (dres != ncclSuccess) { /* not cuMem: for this process's ranks only */
+        memset(&d, 0, sizeof(d));
+        d.pid = (int32_t)getpid();
+        d.ptr = (uint64_t)(uintptr_t)buff;
+        d.bytes = size;
+    }
+    r->base = (uint64_t)(uintptr_t)buff;
+    r->size = size;
+    r->desc = d;
+    r->exported = dres == ncclSuccess;
+    __atomic_store_n(&r->gen, gen, __ATOMIC_RELEASE);
+    __atomic_store_n(&r->live, 1, __ATOMIC_RELEASE);
+    pthread_mutex_unlock(&ce->zc_lock);
+    if (fd < 0) return ncclSuccess;
+    /* The descriptor goes to every peer process now; their watchdogs keep it queued until a
+     * zero-copy op first reads the buffer, or drop it once the buffer is deregistered. */
+    fd_chan_msg_t *out = calloc((size_t)ce->nranks, sizeof(*out));
+    int nout = 0;
+    ncclResult_t res = out ? ncclSuccess : ncclSystemError;
+    for (int q = 0; out && q < ce->nranks; q++) {
+        if (!zc_peer_maps(ce, q)) continue;
+        out[nout].peer = q;
+        out[nout].tag = ZC_TAG_BASE | (uint32_t)(gen & 0x0fffffffu);
+        out[nout].fd = fd;
+        nout++;
+    }
+    if (res == ncclSuccess && nout > 0)
+        res = fd_chan_exchange(ce->chan, ce->addrs, ce->nranks, out, nout, NULL, 0, 0,
+                               ce->abort_flag);
+    free(out);
+    close(fd);
+    if (res != ncclSuccess) {
+        __atomic_store_n(&r->live, 0, __ATOMIC_RELEASE);
+        WARN("rank %d: the registration of %p could not reach every peer process", ce->rank, buff);
+    }
+    return res;
+}
+
+ncclResult_t dp_ce_deregister(dp_ce_t *ce, const void *buff, size_t size) {
+    ce_zc_area_t *me = zc_area(ce, ce->rank);
+    ncclResult_t res = ncclInvalidArgument;
+    pthread_mutex_lock(&ce->zc_lock);
+    for (int i = 0; i < ZC_REGS && res != ncclSuccess; i++) {
+        zc_reg_t *r = &me->regs[i];
+        if (__atomic_load_n(&r->live, __ATOMIC_ACQUIRE) && r->base == (uint64_t)(uintptr_t)buff &&
+            r->size == size) {
+            __atomic_store_n(&r->live, 0, __ATOMIC_RELEASE);
+            res = ncclSuccess;
+        }
+    }
+    pthread_mutex_unlock(&ce->zc_lock);
+    return res;
+}
+
+/* ---- the watchdog's part -------------------------------------------------------------------- */
+
+/* A queued descriptor whose registration its owner has deregistered (or never published). */
+static int zc_stale_msg(void *arg, const fd_chan_msg_t *m) {
+    const dp_ce_t *ce = (const dp_ce_t *)arg;
+    if ((m->tag & 0xf0000000u) != ZC_TAG_BASE || m->peer < 0 || m->peer >= ce->nranks) return 0;
+    const ce_zc_area_t *a = zc_area(ce, m->peer);
+    for (int i = 0; i < ZC_REGS; i++)
+        if (__atomic_load_n(&a->regs[i].live, __ATOMIC_ACQUIRE) &&
+            (__atomic_load_n(&a->regs[i].gen, __ATOMIC_ACQUIRE) & 0x0fffffffu) ==
+                (m->tag & 0x0fffffffu))
+            return 0;
+    return 1;
+}
+
+void ce_zc_watch(dp_ce_t *ce) {
+    fd_chan_poll(ce->chan);
+    if (++ce->zc_rounds % ZC_HOUSEKEEP_ROUNDS != 0) return;
+    fd_chan_drop_if(ce->chan, zc_stale_msg, ce);
+    /* Imports of registrations their owners deregistered: the owner waited for its launched work
+     * first, and its zero-copy ops end only once every reader is done, so nothing of this rank
+     * reads them any more. */
+    if (pthread_mutex_trylock(&ce->zc_lock) != 0) return;
+    for (int q = 0; q < ce->nranks; q++) {
+        const ce_zc_area_t *a = zc_area(ce, q);
+        for (int i = 0; i < ZC_REGS; i++) {
+            ce_zc_import_t *im = zc_import(ce, q, i);
+            if (im->map.ptr == NULL) continue;
+            if (__atomic_load_n(&a->regs[i].live, __ATOMIC_ACQUIRE) &&
+                __atomic_load_n(&a->regs[i].gen, __ATOMIC_ACQUIRE) == im->gen)
+                continue;
+            peer_mem_close(&im->map);
+            im->gen = 0;
+        }
+    }
+    pthread_mutex_unlock(&ce->zc_lock);
+}
+
+int ce_zc_owed_by(dp_ce_t *ce, int q, uint64_t *sum_p) {
+    const ce_zc_area_t *a = zc_area(ce, q);
+    const uint64_t ready = ch_ld_acquire(&a->ready), done = ch_ld_acquire(&a->done);
+    const uint64_t want = __atomic_load_n(&ce->zc_launched, __ATOMIC_ACQUIRE);
+    *sum_p += ready + done;
+    return ready < want || done < want;
+}
+
+void ce_zc_release(dp_ce_t *ce) {
+    for (int q = 0; q < ce->nranks; q++) {
+        if (q == ce->rank) continue;
+        ce_zc_area_t *a = zc_area(ce, q);
+        ch_st_release(&a->ready, CE_RELEASED);
+        ch_st_release(&a->done, CE_RELEASED);
+    }
+}
+
+/* ---- launch --------------------------------------------------------------------------------- */
+
+/* Wait until word(q) >= value for every peer q; bounded like every wait of the device path. */
+static ncclResult_t zc_wait_peers(dp_ce_t *ce, size_t word_off, uint64_t value, const char *what) {
+    const int64_t deadline = ch_host_now_ns() + chorus_param_int(PARAM_TIMEOUT) * 1000000000LL;
+    long spins = 0;
+    for (int q = 0; q < ce->nranks; q++) {
+        if (q == ce->rank) continue;
+        const uint64_t *w = (const uint64_t *)((const char *)zc_area(ce, q) + word_off);
+        while (ch_ld_acquire(w) < value) {
+            if (ch_ld32_relaxed(dp_ce_err(ce)) != CH_OK ||
+                __atomic_load_n(ce->abort_flag, __ATOMIC_ACQUIRE)) {
+                WARN("rank %d: waiting for rank %d's %s: the communicator failed or was aborted",
+                     ce->rank, q, what);
+                return ncclRemoteError;
+            }
+            if (++spins % 64 == 0) {
+                if (!ce_peer_alive(ce, q)) {
+                    /* As the watchdog reports it: later calls name the rank too. */
+                    ch_set_once32((uint32_t *)(ce->host[0] + CE_DEAD_OFF), (uint32_t)q + 1);
+                    ch_set_once32(dp_ce_err(ce), CH_ERR_PEER);
+                    WARN("rank %d: peer rank %d (pid %d) ended before its %s", ce->rank, q,
+                         ce->pids[q], what);
+                    return ncclRemoteError;
+                }
+                if (ch_host_now_ns() > deadline) {
+                    WARN("rank %d: rank %d has not made its %s within CHORUS_TIMEOUT", ce->rank, q,
+                         what);
+                    return ncclSystemError;
+                }
+                struct timespec ts = {0, 20000};
+                nanosleep(&ts, NULL);
+            }
+        }
+    }
+    return ncclSuccess;
+}
+
+/* The live registration of this rank holding [p, p + bytes), or -1. */
+static int zc_find_reg(const dp_ce_t *ce, const void *p, size_t bytes) {
+    const ce_zc_area_t *me = zc_area(ce, ce->rank);
+    const uint64_t lo = (uint64_t)(uintptr_t)p;
+    for (int i = 0; i < ZC_REGS; i++) {
+        const zc_reg_t *r = &me->regs[i];
+        if (__atomic_load_n(&r->live, __ATOMIC_ACQUIRE) && lo >= r->base &&
+            lo + bytes <= r->base + r->size)
+            return i;
+    }
+    return -1;
+}
+
+/* Rank q's announced input mapped here (imported at first use). */
+static ncclResult_t zc_peer_ptr(dp_ce_t *ce, int q, const zc_ann_t *e, const char **out) {
+    const zc_reg_t *r = &zc_area(ce, q)->regs[e->slot];
+    if (!__atomic_load_n(&r->live, __ATOMIC_ACQUIRE) ||
+        __atomic_load_n(&r->gen, __ATOMIC_ACQUIRE) != e->gen) {
+        WARN("rank %d: rank %d announced a registration it no longer has", ce->rank, q);
+        return ncclInternalError;
+    }
+    ce_zc_import_t *im = zc_import(ce, q, (int)e->slot);
+    if (im->map.ptr == NULL || im->gen != e->gen) {
+        peer_mem_close(&im->map);
+        int fd = -1;
+        if (peer_mem_needs_map(ce->rt, r->desc.pid)) {
+            fd_chan_msg_t in;
+            memset(&in, 0, sizeof(in));
+            in.peer = q;
+            in.tag = ZC_TAG_BASE | (uint32_t)(e->gen & 0x0fffffffu);
+            CHECK(fd_chan_exchange(ce->chan, ce->addrs, ce->nranks, NULL, 0, &in, 1, 0,
+                                   ce->abort_flag));
+            fd = in.fd;
+        }
+        const ncclResult_t res = peer_mem_open(ce->rt, ce->cuda_dev, &r->desc, fd, &im->map);
+        if (fd >= 0) close(fd);
+        if (res != ncclSuccess) return res;
+        im->gen = e->gen;
+    }
+    *out = (const char *)im->map.ptr + e->off; /* the mapping starts at the registration's base */
+    return ncclSuccess;
+}
+
+/* What this rank can read zero-copy for the op, or 0: the registration slot and offset of the
+ * buffer peers read from it (*slot -1: it reads only). */
+static int zc_local_ok(const dp_ce_t *ce, const ch_plan_t *p, const void *sendbuff,
+                       const void *recvbuff, int immediate, int *slot, uint64_t *off) {
+    const size_t bytes = p->count * p->esize;
+    *slot = -1;
+    *off = 0;
+    if (!immediate) return 0;
+    if (p->coll == CH_COLL_ALLREDUCE && sendbuff == recvbuff) return 0;
+    if (p->coll == CH_COLL_BROADCAST && p->rank != p->root) return 1;
+    const int s = zc_find_reg(ce, sendbuff, bytes);
+    if (s < 0) return 0;
+    const zc_reg_t *r = &zc_area(ce, ce->rank)->regs[s];
+    for (int q = 0; q < ce->nranks; q++)
+        if (zc_peer_maps(ce, q) && !r->exported) return 0;
+    *slot = s;
+    *off = (uint64_t)(uintptr_t)sendbuff - r->base;
+    return 1;
+}
+
+#define ZC_TRY(x)                                                                                  \
+    do {                                                                                           \
+        if ((res = (x)) != ncclSuccess) goto out;                                                  \
+    } while (0)
+
+static ncclResult_t zc_push(ch_ce_prog_t *prog, ch_ce_op_t op) {
+    if (op.op == CH_CE_COPY && (op.n == 0 || op.dst == op.in)) return ncclSuccess;
+    if (prog->nops == prog->cap) {
+        const size_t cap = prog->cap ? 2 * prog->cap : 32;
+        ch_ce_op_t *ops = realloc(prog->ops, cap * sizeof(*ops));
+        if (ops == NULL) return ncclSystemError;
+        prog->ops = ops;
+        prog->cap = cap;
+    }
+    prog->ops[prog->nops++] = op;
+    return ncclSuccess;
+}
+
+static ch_ce_op_t zc_op(int op, uint64_t *addr, uint64_t value) {
+    ch_ce_op_t o;
+    memset(&o, 0, sizeof(o));
+    o.op = op;
+    o.addr = addr;
+    o.value = value;
+    return o;
+}
+
+static ch_ce_op_t zc_data(int op, int shape, void *dst, const void *in, const void *acc, size_t n) {
+    ch_ce_op_t o;
+    memset(&o, 0, sizeof(o));
+    o.op = op;
+    o.shape = shape;
+    o.dst = dst;
+    o.in = in;
+    o.acc = acc;
+    o.n = n;
+    return o;
+}
+
+/* The program of a zero-copy op over the peers' inputs src[q] (src[rank]: this rank's). */
+static ncclResult_t zc_build(dp_ce_t *ce, const ch_plan_t *p, const char **src, void *recvbuff,
+                             const chorus_redop_t *rop, uint64_t s, ch_ce_prog_t *prog) {
+    const int n = ce->nranks, me = ce->rank;
+    const size_t bytes = p->count * p->esize;
+    ce_zc_area_t *mine = zc_area(ce, me);
+    ncclResult_t res;
+    ZC_TRY(zc_push(prog, zc_op(CH_CE_WRITE, &mine->ready, s)));
+    if (p->coll == CH_COLL_ALLGATHER) {
+        for (int k = 0; k < n; k++) {
+            const int q = (me + k) % n;
+            if (q != me) ZC_TRY(zc_push(prog, zc_op(CH_CE_WAIT, &zc_area(ce, q)->ready, s)));
+            ZC_TRY(zc_push(prog, zc_data(CH_CE_COPY, 0, (char *)recvbuff + (size_t)q * bytes,
+                                         src[q], NULL, bytes)));
+        }
+    } else if (p->coll == CH_COLL_BROADCAST) {
+        const int root = p->root;
+        if (me != root) ZC_TRY(zc_push(prog, zc_op(CH_CE_WAIT, &zc_area(ce, root)->ready, s)));
+        ZC_TRY(zc_push(prog, zc_data(CH_CE_COPY, 0, recvbuff, src[root], NULL, bytes)));
+    } else { /* all-reduce: every rank reduces all inputs, in rank order */
+        for (int q = 0; q < n; q++) {
+            if (q != me) ZC_TRY(zc_push(prog, zc_op(CH_CE_WAIT, &zc_area(ce, q)->ready, s)));
+            ZC_TRY(zc_push(prog, q == 0 ? zc_data(CH_CE_REDUCE, CH_CE_PREPARE, recvbuff, src[0],
+                                                  NULL, p->count)
+                                        : zc_data(CH_CE_REDUCE, CH_CE_COMBINE, recvbuff, src[q],
+                                                  recvbuff, p->count)));
+        }
+        if (rop->kind == RK_SUMDIV)
+            ZC_TRY(zc_push(
+                prog, zc_data(CH_CE_REDUCE, CH_CE_FINISH, recvbuff, recvbuff, NULL, p->count)));
+    }
+    ZC_TRY(zc_push(prog, zc_op(CH_CE_WRITE, &mine->done, s)));
+    /* This rank's input stays untouched until every reader is done with it. */
+    if (p->coll != CH_COLL_BROADCAST || me == p->root)
+        for (int q = 0; q < n; q++)
+            if (q != me) ZC_TRY(zc_push(prog, zc_op(CH_CE_WAIT, &zc_area(ce, q)->done, s)));
+out:
+    return res;
+}
+
+ncclResult_t ce_zc_launch(dp_ce_t *ce, const ch_plan_t *p, const void *sendbuff, void *recvbuff,
+                          const chorus_redop_t *rop, void *stream, int immediate, int *taken) {
+    *taken = 0;
+    if (p->count == 0 || (p->coll != CH_COLL_ALLGATHER && p->coll != CH_COLL_BROADCAST &&
+                          p->coll != CH_COLL_ALLREDUCE))
+        return ncclSuccess;
+    const int n = ce->nranks, me = ce->rank;
+    ce_zc_area_t *mine = zc_area(ce, me);
+    const size_t off_ann = offsetof(ce_zc_area_t, ann),
+                 off_consumed = offsetof(ce_zc_area_t, consumed);
+    int slot;
+    uint64_t off;
+    const int ok = zc_local_ok(ce, p, sendbuff, recvbuff, immediate, &slot, &off);
+    pthread_mutex_lock(&ce->zc_lock);
+    const uint64_t s = ++ce->zc_seq;
+    ncclResult_t res = ncclSuccess;
+    const char **src = NULL;
+    ch_ce_prog_t prog;
+    memset(&prog, 0, sizeof(prog));
+    if (!ok) {
+        ch_st_release(&mine->ann, s);
+        ch_st_release(&mine->consumed, s);
+        goto out;
+    }
+    if (s > ZC_RING) ZC_TRY(zc_wait_peers(ce, off_consumed, s - ZC_RING, "reading of the ring"));
+    zc_ann_t *e = &mine->ring[s % ZC_RING];
+    e->slot = slot < 0 ? 0 : (uint32_t)slot;
+    e->gen = slot < 0 ? 0 : mine->regs[slot].gen;
+    e->off = off;
+    e->bytes = p->count * p->esize;
+    ch_st_release(&e->seq, s);
+    ch_st_release(&mine->ann, s);
+    ZC_TRY(zc_wait_peers(ce, off_ann, s, "announcement of the op"));
+    int all = 1;
+    zc_ann_t *seen = calloc((size_t)n, sizeof(*seen));
+    if (seen == NULL) {
+        res = ncclSystemError;
+        goto out;
+    }
+    for (int q = 0; q < n; q++) {
+        const zc_ann_t *pe = &zc_area(ce, q)->ring[s % ZC_RING];
+        if (ch_ld_acquire(&pe->seq) != s) {
+            all = 0;
+            continue;
+        }
+        seen[q] = *pe;
+    }
+    ch_st_release(&mine->consumed, s);
+    src = calloc((size_t)n, sizeof(*src));
+    if (all && src == NULL) res = ncclSystemError;
+    for (int q = 0; all && res == ncclSuccess && q < n; q++) {
+        const int reads = p->coll != CH_COLL_BROADCAST || q == p->root;
+        if (!reads) continue;
+        if (q == me)
+            src[q] = (const char *)sendbuff;
+        else
+            res = zc_peer_ptr(ce, q, &seen[q], &src[q]);
+    }
+    free(seen);
+    if (res != ncclSuccess || !all) goto out;
+    ZC_TRY(zc_build(ce, p, src, recvbuff, rop, s, &prog));
+    __atomic_store_n(&ce->zc_launched, s, __ATOMIC_RELEASE);
+    ZC_TRY(ce->rt->ce_launch(&prog, 1, rop, dp_ce_err(ce), stream));
+    ce->zc_ops++;
+    *taken = 1;
+out:
+    pthread_mutex_unlock(&ce->zc_lock);
+    ch_ce_prog_free(&prog);
+    free(src);
+    return res;
+}

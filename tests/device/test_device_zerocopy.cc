@@ -1,0 +1,295 @@
+// test_device_zerocopy.cc: registered device buffers read zero-copy by the copy-engine programs
+// (src/api/cuda_devpath_zc.c) on the device emulator, between forked processes (the buffers are
+// ncclMemAlloc's cuMem memory, passed to the peers as descriptors and imported at first use) and
+// between thread ranks (=ce: the peers' buffers at their addresses), 2, 3 and 5 ranks.
+//
+// Every rank registers its buffers; all-gather (in and out of place), broadcast (in and out of
+// place, every root) and out-of-place all-reduce (sum, avg, premulsum; float32 and int32), counts
+// 1, 1001 and 40003, are checked against the serial reference of device_ref.h, and each counts
+// one zero-copy op on every rank (devpath_zero_copy_ops), so a silent fallback to the slots fails.
+// Falling back is checked too: an in-place all-reduce, a buffer that is not registered, a call in
+// a group, each right and not zero-copy. Deregistration: every rank deregisters and frees, the
+// peers unmap their imports (counted), and a new registration is read zero-copy again. A peer
+// killed while the others hold imports of its memory: their next zero-copy call fails with
+// ncclRemoteError naming it, within seconds.
+#include <gtest/gtest.h>
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "device/ch_plan.h"
+#include "device/ch_rt_emu.h"
+#include "device_ref.h"
+#include "launch.h"
+#include "nccl.h"
+#include "peer_mem.h"
+#include "scoped_env.h"
+extern "C" {
+#include "param.h"
+unsigned long devpath_zero_copy_ops(struct ncclComm *comm);
+}
+
+namespace {
+
+using chorus_test::Launch;
+using chorus_test::ScopedEnv;
+
+const int kPremul = 5;
+const size_t kMaxCount = 40003;
+
+struct Z {
+    ncclComm_t comm;
+    ch_emu_stream_t *st;
+    int r, n;
+    char *sbuf, *rbuf; // ncclMemAlloc, registered
+    void *sh, *rh;     // their registrations
+    size_t cap;
+};
+
+// Issue one op; in-place forms use rbuf as NCCL defines them.
+ncclResult_t issue(const Z &k, int coll, ncclDataType_t t, ncclRedOp_t o, size_t count, int root,
+                   bool inplace, const char *sbuf, char *rbuf) {
+    const size_t es = devref::dsize(t);
+    const char *in =
+        inplace ? (coll == CH_COLL_ALLGATHER ? rbuf + (size_t)k.r * count * es : rbuf) : sbuf;
+    cudaStream_t s = (cudaStream_t)k.st;
+    switch (coll) {
+    case CH_COLL_ALLGATHER:
+        return ncclAllGather(in, rbuf, count, t, k.comm, s);
+    case CH_COLL_BROADCAST:
+        return ncclBroadcast(in, rbuf, count, t, root, k.comm, s);
+    default:
+        return ncclAllReduce(in, rbuf, count, t, o, k.comm, s);
+    }
+}
+
+// One op on (sbuf, rbuf), checked; want_zc: whether it must have been zero-copy. 0 when right.
+int run(const Z &k, int coll, ncclDataType_t t, int op, size_t count, int root, bool inplace,
+        bool want_zc, char *sbuf, char *rbuf, bool grouped = false) {
+    const size_t es = devref::dsize(t);
+    const size_t nout = coll == CH_COLL_ALLGATHER ? count * k.n : count;
+    memset(rbuf, 0xa5, nout * es);
+    char *in =
+        inplace ? (coll == CH_COLL_ALLGATHER ? rbuf + (size_t)k.r * count * es : rbuf) : sbuf;
+    devref::fill(op, t, k.r, in, 0, count, 0);
+    ncclRedOp_t o = (ncclRedOp_t)op;
+    if (op == kPremul) {
+        const uint64_t scalar = devref::encode(t, devref::is_int(t) ? 3 : 2);
+        RANK_NCCL(
+            ncclRedOpCreatePreMulSum(&o, (void *)&scalar, t, ncclScalarHostImmediate, k.comm));
+    }
+    const unsigned long zc0 = devpath_zero_copy_ops(k.comm);
+    if (grouped) RANK_NCCL(ncclGroupStart());
+    ncclResult_t res = issue(k, coll, t, o, count, root, inplace, sbuf, rbuf);
+    if (grouped) {
+        ncclResult_t e = ncclGroupEnd();
+        if (res == ncclSuccess) res = e;
+    }
+    RANK_CHECK(res == ncclSuccess, "coll %d: %s\n", coll, ncclGetErrorString(res));
+    RANK_NCCL(ch_emu_stream_sync(k.st));
+    if (op == kPremul) RANK_NCCL(ncclRedOpDestroy(o, k.comm));
+    const unsigned long zc = devpath_zero_copy_ops(k.comm) - zc0;
+    RANK_CHECK(zc == (want_zc ? 1u : 0u),
+               "rank %d coll %d count %zu%s: %lu zero-copy ops, want %d\n", k.r, coll, count,
+               inplace ? " inplace" : "", zc, want_zc ? 1 : 0);
+    int wrong = 0;
+    for (size_t i = 0; i < nout; i++) {
+        double want_d;
+        const uint64_t want = devref::expected(coll, op, t, k.n, k.r, root, count, i, &want_d);
+        if (!devref::is_int(t) && want_d == 0) want_d = rkref::to_double(t, want);
+        const uint64_t got = rkref::load_raw(t, rbuf, i);
+        if (!devref::matches(t, k.n, got, want, want_d) && wrong++ < 3)
+            fprintf(stderr,
+                    "rank %d coll %d %s op %d count %zu%s root %d: [%zu] 0x%llx want 0x%llx\n", k.r,
+                    coll, chorus_dtype_name(t), op, count, inplace ? " inplace" : "", root, i,
+                    (unsigned long long)got, (unsigned long long)want);
+    }
+    ncclResult_t async = ncclSuccess;
+    RANK_NCCL(ncclCommGetAsyncError(k.comm, &async));
+    RANK_CHECK(async == ncclSuccess, "async %s\n", ncclGetErrorString(async));
+    return wrong ? 1 : 0;
+}
+
+// Every rank got here (an all-reduce of host memory: the host engine).
+int barrier(const Z &k) {
+    int one = 1, sum = 0;
+    RANK_NCCL(ncclAllReduce(&one, &sum, 1, ncclInt32, ncclSum, k.comm, nullptr));
+    RANK_CHECK(sum == k.n, "barrier: %d\n", sum);
+    return 0;
+}
+
+int setup(Z &k, int rank, int n, const ncclUniqueId &id) {
+    k.r = rank;
+    k.n = n;
+    k.st = ch_emu_stream_create();
+    RANK_CHECK(k.st != nullptr, "no stream\n");
+    RANK_NCCL(ncclCommInitRank(&k.comm, n, id, rank));
+    k.cap = kMaxCount * n * 8 + 64;
+    RANK_NCCL(ncclMemAlloc((void **)&k.sbuf, k.cap));
+    RANK_NCCL(ncclMemAlloc((void **)&k.rbuf, k.cap));
+    RANK_NCCL(ncclCommRegister(k.comm, k.sbuf, k.cap, &k.sh));
+    RANK_NCCL(ncclCommRegister(k.comm, k.rbuf, k.cap, &k.rh));
+    return 0;
+}
+
+int teardown(Z &k, bool registered = true) {
+    if (registered) {
+        RANK_NCCL(ncclCommDeregister(k.comm, k.sh));
+        RANK_NCCL(ncclCommDeregister(k.comm, k.rh));
+    }
+    RANK_NCCL(ncclCommDestroy(k.comm));
+    RANK_NCCL(ncclMemFree(k.sbuf));
+    RANK_NCCL(ncclMemFree(k.rbuf));
+    ch_emu_stream_destroy(k.st);
+    return 0;
+}
+
+int sweep(Z &k) {
+    for (size_t count : {(size_t)1, (size_t)1001, kMaxCount}) {
+        const int root = (int)(count % k.n);
+        for (bool inplace : {false, true}) {
+            if (run(k, CH_COLL_ALLGATHER, ncclFloat32, ncclSum, count, 0, inplace, true, k.sbuf,
+                    k.rbuf))
+                return 1;
+            for (int rt = 0; rt < k.n; rt += std::max(1, k.n - 1))
+                if (run(k, CH_COLL_BROADCAST, ncclInt32, ncclSum, count, (rt + root) % k.n, inplace,
+                        true, k.sbuf, k.rbuf))
+                    return 1;
+        }
+        for (ncclDataType_t t : {ncclFloat32, ncclInt32})
+            for (int op : {(int)ncclSum, (int)ncclAvg, kPremul})
+                if (run(k, CH_COLL_ALLREDUCE, t, op, count, 0, false, true, k.sbuf, k.rbuf))
+                    return 1;
+    }
+    return 0;
+}
+
+// The falls-backs: right, and not zero-copy.
+int fallbacks(Z &k) {
+    const size_t count = 1001;
+    if (run(k, CH_COLL_ALLREDUCE, ncclFloat32, ncclSum, count, 0, true, false, k.sbuf, k.rbuf))
+        return 1;
+    char *plain = (char *)ch_emu_malloc(k.cap);
+    char *plain_r = (char *)ch_emu_malloc(k.cap);
+    int bad =
+        run(k, CH_COLL_ALLGATHER, ncclFloat32, ncclSum, count, 0, false, false, plain, k.rbuf);
+    // The registered output with an unregistered input: still not zero-copy.
+    if (!bad)
+        bad = run(k, CH_COLL_ALLREDUCE, ncclInt32, ncclSum, count, 0, false, false, plain, k.rbuf);
+    if (!bad)
+        bad = run(k, CH_COLL_ALLGATHER, ncclInt32, ncclSum, count, 0, false, false, k.sbuf, plain_r,
+                  true);
+    ch_emu_free(plain);
+    ch_emu_free(plain_r);
+    return bad;
+}
+
+class ZeroCopy : public ::testing::TestWithParam<std::tuple<int, Launch>> {
+  protected:
+    void SetUp() override {
+        setenv("CHORUS_DEVICE_EMU", "1", 1);
+        if (std::get<1>(GetParam()) == Launch::Threads) setenv("CHORUS_DEVICE_PATH", "ce", 1);
+        chorus_param_reset();
+    }
+    void TearDown() override {
+        unsetenv("CHORUS_DEVICE_PATH");
+        chorus_param_reset();
+    }
+};
+
+TEST_P(ZeroCopy, Collectives) {
+    const int n = std::get<0>(GetParam());
+    const Launch how = std::get<1>(GetParam());
+    ncclUniqueId id = chorus_test::make_unique_id();
+    const unsigned long live0 = peer_mem_live(PEER_MEM_CUMEM);
+    auto res = chorus_test::run_ranks(
+        how, n,
+        [&](int rank, int nr) -> int {
+            Z k;
+            if (setup(k, rank, nr, id) || sweep(k) || fallbacks(k) || barrier(k)) return 1;
+            if (how == Launch::Forked) {
+                // The CE blocks, and every peer's two registrations.
+                const unsigned long live = peer_mem_live(PEER_MEM_CUMEM) - live0;
+                RANK_CHECK(live == 3ul * (nr - 1), "rank %d holds %lu imports, want %d\n", rank,
+                           live, 3 * (nr - 1));
+            }
+            if (barrier(k)) return 1; // no rank deregisters while another counts
+            // Deregister and free the input, register a fresh one: read zero-copy again, and the
+            // peers drop their imports of the old one.
+            RANK_NCCL(ncclCommDeregister(k.comm, k.sh));
+            RANK_NCCL(ncclMemFree(k.sbuf));
+            RANK_NCCL(ncclMemAlloc((void **)&k.sbuf, k.cap));
+            RANK_NCCL(ncclCommRegister(k.comm, k.sbuf, k.cap, &k.sh));
+            if (run(k, CH_COLL_ALLGATHER, ncclFloat32, ncclSum, 1001, 0, false, true, k.sbuf,
+                    k.rbuf))
+                return 1;
+            if (how == Launch::Forked) {
+                const double t0 = chorus_test::now_s();
+                unsigned long live = 0;
+                while ((live = peer_mem_live(PEER_MEM_CUMEM) - live0) != 3ul * (nr - 1) &&
+                       chorus_test::now_s() - t0 < 10)
+                    usleep(1000);
+                RANK_CHECK(live == 3ul * (nr - 1),
+                           "rank %d holds %lu imports after the "
+                           "deregistration, want %d\n",
+                           rank, live, 3 * (nr - 1));
+            }
+            if (barrier(k)) return 1; // no rank deregisters while another counts
+            return teardown(k);
+        },
+        240);
+    EXPECT_TRUE(res.ok()) << res.detail;
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, ZeroCopy,
+                         ::testing::Combine(::testing::Values(2, 3, 5),
+                                            ::testing::Values(Launch::Forked, Launch::Threads)),
+                         [](const ::testing::TestParamInfo<std::tuple<int, Launch>> &i) {
+                             return "n" + std::to_string(std::get<0>(i.param)) + "_" +
+                                    chorus_test::launch_name(std::get<1>(i.param));
+                         });
+
+// Rank 2 of 3 killed after a zero-copy op, while ranks 0 and 1 hold imports of its buffers: their
+// next zero-copy all-gather fails with ncclRemoteError naming it, well within CHORUS_TIMEOUT.
+TEST(ZeroCopyDead, PeerKilledForked) {
+    ScopedEnv emu("CHORUS_DEVICE_EMU", "1");
+    ScopedEnv timeout("CHORUS_TIMEOUT", "60");
+    ncclUniqueId id = chorus_test::make_unique_id();
+    auto res = chorus_test::run_forked(
+        3,
+        [&](int rank, int nr) -> int {
+            Z k;
+            if (setup(k, rank, nr, id)) return 1;
+            if (run(k, CH_COLL_ALLGATHER, ncclFloat32, ncclSum, 1001, 0, false, true, k.sbuf,
+                    k.rbuf))
+                return 1;
+            if (rank == 2) raise(SIGKILL);
+            const double t0 = chorus_test::now_s();
+            ncclResult_t r =
+                ncclAllGather(k.sbuf, k.rbuf, 1001, ncclFloat32, k.comm, (cudaStream_t)k.st);
+            const double took = chorus_test::now_s() - t0;
+            RANK_CHECK(r == ncclRemoteError, "the call after the kill: %s\n",
+                       ncclGetErrorString(r));
+            RANK_CHECK(took < 20, "it failed after %.1f s\n", took);
+            r = ncclAllGather(k.sbuf, k.rbuf, 1001, ncclFloat32, k.comm, (cudaStream_t)k.st);
+            RANK_CHECK(r == ncclRemoteError, "the next call: %s\n", ncclGetErrorString(r));
+            const std::string why = ncclGetLastError(k.comm);
+            RANK_CHECK(why.find("peer rank 2 ended") != std::string::npos,
+                       "does not name rank 2: %s\n", why.c_str());
+            (void)ch_emu_stream_sync(k.st);
+            RANK_NCCL(ncclCommAbort(k.comm));
+            ch_emu_stream_destroy(k.st);
+            return 0;
+        },
+        100);
+    EXPECT_FALSE(res.timed_out) << res.detail;
+    EXPECT_EQ(res.failed, 1) << res.detail;
+    EXPECT_NE(res.detail.find("rank 2: signal 9"), std::string::npos) << res.detail;
+}
+
+} // namespace
