@@ -21,20 +21,21 @@
  * that both ends compute (coll_xfer_drive walks each transfer through it): in one tree an edge
  * carries one chunk per piece in each direction, and a connection's chunks are ordered by a key,
  * 2p for a chunk of piece p going up (towards the root) and 2(p + lag) + 1 for one going down,
- * lag = 2 * tree depth (the plan's tree_lag, CHORUS_TREE_LAG; 0 gives plain piece order). A connection often carries one tree's chunks up and the other's down (on
- * 2 ranks every connection does): in plain piece order each down chunk of piece p, which waits
- * for its piece's round trip up to the root, would hold back the up chunk of piece p + 1 behind
- * it, and each direction of the link would idle while the other one works. With the lag the up
- * chunks run up to lag pieces ahead, about the round trip of the deepest node, so both
- * directions stay busy. A chunk moves when its own inputs are there (the children's chunks of the
- * piece for a send up, the parent's for a send down) and the connection has room; every
- * dependency points to a chunk of the same or a smaller key (up: the children's chunks of the
- * same piece, one level further from the root; down: the parent's, one level nearer, or at the
- * root the children's up chunks, key 2p), so the chunks flow through the trees without a cycle
- * and up to NSLOTS chunks of a connection are in flight: a pipeline of depth ~2 log2(n) instead
- * of the ring's 2(n-1) steps. Every chunk goes through prim_step, so a connection's first chunk carries
- * the op header (mismatches fail with ncclInvalidUsage naming both sides), error chunks and dead
- * peers are reported naming the rank, and the engine's waiter owns deadlines and aborts.
+ * lag = 2 * tree depth (the plan's tree_lag, CHORUS_TREE_LAG; 0 gives plain piece order). A
+ * connection often carries one tree's chunks up and the other's down (on 2 ranks every connection
+ * does): in plain piece order each down chunk of piece p, which waits for its piece's round trip up
+ * to the root, would hold back the up chunk of piece p + 1 behind it, and each direction of the
+ * link would idle while the other one works. With the lag the up chunks run up to lag pieces ahead,
+ * about the round trip of the deepest node, so both directions stay busy. A chunk moves when its
+ * own inputs are there (the children's chunks of the piece for a send up, the parent's for a send
+ * down) and the connection has room; every dependency points to a chunk of the same or a smaller
+ * key (up: the children's chunks of the same piece, one level further from the root; down: the
+ * parent's, one level nearer, or at the root the children's up chunks, key 2p), so the chunks flow
+ * through the trees without a cycle and up to NSLOTS chunks of a connection are in flight: a
+ * pipeline of depth ~2 log2(n) instead of the ring's 2(n-1) steps. Every chunk goes through
+ * prim_step, so a connection's first chunk carries the op header (mismatches fail with
+ * ncclInvalidUsage naming both sides), error chunks and dead peers are reported naming the rank,
+ * and the engine's waiter owns deadlines and aborts.
  */
 #include "check.h"
 #include "coll_ring.h"

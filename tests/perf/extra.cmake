@@ -78,8 +78,8 @@ endif()
 # What an all-to-all costs each rank (perf/resources.py): 16 forked ranks through chorusrun, over
 # TCP and over shared memory. Each rank's growth from init to after its last op must stay within
 # 4 threads and 40 descriptors (shm: a descriptor per connection, 2 x 15 for the pairs and 4 for
-# the rings of the harness's result all-gather; TCP: fewer, see below; the bootstrap connections the setups opened are
-# released, 30 more if they were not; at most CHORUS_SOCKET_HELPERS helper threads and their
+# the rings of the harness's result all-gather; TCP: fewer, see below; the bootstrap connections
+# the setups opened are released, 30 more if they were not; at most CHORUS_SOCKET_HELPERS helper threads and their
 # eventfds for the process, none when the kernel takes every chunk at once) and 64 MB of /dev/shm
 # created.
 if(Python3_Interpreter_FOUND AND TARGET alltoall_perf AND TARGET chorusrun)

@@ -48,10 +48,10 @@
  * delivered. At finalize the collective engine asks (send_consumed): the sender writes one SYNC
  * header carrying its head S on socket 0, and the receiver's transport answers on the same socket,
  * in the other direction (behind a TCP_HDR_ACK header, between two pieces of the connection that
- * shares the socket, if one does), with the word the engine left on the receiving connection (how many
- * chunks that rank sent back the other way, 0 while it is not finalizing). It answers once every
- * step before S has been delivered to its slots, whether or not its application took them: a
- * helper thread reads and answers while the application is elsewhere (finalizing another
+ * shares the socket, if one does), with the word the engine left on the receiving connection
+ * (how many chunks that rank sent back the other way, 0 while it is not finalizing). It answers
+ * once every step before S has been delivered to its slots, whether or not its application took
+ * them: a helper thread reads and answers while the application is elsewhere (finalizing another
  * communicator that waits for this rank, say). That answer is final when the consumer had
  * released every step or the receiver is finalizing (word set). Otherwise a second, final answer
  * follows when either happens, and the sender waits for it at most TCP_FIN_GRACE_NS: long enough
