@@ -251,9 +251,10 @@ static ncclResult_t tcp_send_consumed_pass(chorus_conn_t *conn, int *done_p, uin
                                            sizeof(tc->sync_hdr) - tc->sync_sent,
                                            MSG_NOSIGNAL | MSG_DONTWAIT);
         int e = errno;
-        __atomic_store_n(&s->lock, 0, __ATOMIC_RELEASE);
+        /* Under the lock: a partner's answer may only go out between whole headers. */
         if (r > 0) tc->sync_sent += (size_t)r;
-        else if (r == -1 && e != EAGAIN && e != EWOULDBLOCK && e != EINTR) *done_p = 1;
+        __atomic_store_n(&s->lock, 0, __ATOMIC_RELEASE);
+        if (r == -1 && e != EAGAIN && e != EWOULDBLOCK && e != EINTR) *done_p = 1;
         return ncclSuccess; /* a receiver that is gone consumes nothing more */
     }
     tcp_share_t *sh = tc->share && tc->share->had_rx ? tc->share : NULL;
