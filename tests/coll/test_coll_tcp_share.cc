@@ -4,7 +4,7 @@
 //                against values computed here; with sharing on every rank's ring and
 //                point-to-point connections to a peer share sockets (the process counts them),
 //                and a forked rank holds one socket per peer; with CHORUS_SOCKET_SHARE=0 none
-//                are shared and the results are the same.
+//                are shared and the results are the same; by default none below 9 ranks.
 //   Abort        rank 0 aborts its communicator after those ops: the others' next all-reduce
 //                fails with an error, never a hang.
 //   DeadPeer     rank 2 is killed inside an all-reduce with shared sockets up: the others fail
@@ -115,7 +115,7 @@ int mixed_ops(ncclComm_t comm, int rank, int n) {
 struct ShareCase {
     Launch how;
     int nranks;
-    int share;
+    int share; // CHORUS_SOCKET_SHARE: 1, 0, or -1 for the default (none shared below 9 ranks)
 };
 
 class TcpShare : public testing::TestWithParam<ShareCase> {};
@@ -123,7 +123,7 @@ class TcpShare : public testing::TestWithParam<ShareCase> {};
 TEST_P(TcpShare, Interleaved) {
     const ShareCase &c = GetParam();
     ScopedEnv env1("NCCL_SHM_DISABLE", "1");
-    ScopedEnv env2("CHORUS_SOCKET_SHARE", c.share ? "1" : "0");
+    ScopedEnv env2("CHORUS_SOCKET_SHARE", c.share < 0 ? nullptr : c.share ? "1" : "0");
     ScopedEnv env3("CHORUS_TIMEOUT", "60");
     ncclResetDebugInit();
     ncclUniqueId id = make_unique_id();
@@ -138,14 +138,15 @@ TEST_P(TcpShare, Interleaved) {
             // Counted between two all-reduces: no thread rank has closed its sockets yet.
             const int shared = tcp_share_count(), socks = count_sockets();
             if (all_reduce(comm, rank, n, 1, 0)) return 1;
-            if (c.share) {
+            if (c.share > 0) {
                 // Every pair's two point-to-point connections share a socket.
                 RANK_CHECK(shared >= (forked ? n - 1 : n * (n - 1)),
                            "%d shared sockets with %d ranks", shared, n);
             } else {
+                // Off, or the default below 9 ranks.
                 RANK_CHECK(shared == 0, "%d shared sockets with sharing off", shared);
             }
-            if (forked && c.share) {
+            if (forked && c.share > 0) {
                 // One socket per peer for the point-to-point pairs (two without sharing), and
                 // at most one per ring connection (two channels, each way).
                 RANK_CHECK(socks - socks0 <= (n - 1) + 4, "sockets grew by %d for %d peers",
@@ -165,16 +166,20 @@ INSTANTIATE_TEST_SUITE_P(Tcp, TcpShare,
                                          ShareCase{Launch::Forked, 3, 1},
                                          ShareCase{Launch::Forked, 5, 1},
                                          ShareCase{Launch::Threads, 4, 1},
-                                         ShareCase{Launch::Forked, 3, 0}),
+                                         ShareCase{Launch::Forked, 3, 0},
+                                         ShareCase{Launch::Forked, 3, -1}),
                          [](const testing::TestParamInfo<ShareCase> &info) {
                              return std::string(launch_name(info.param.how)) + "_" +
                                     std::to_string(info.param.nranks) + "ranks" +
-                                    (info.param.share ? "" : "_off");
+                                    (info.param.share > 0    ? ""
+                                     : info.param.share == 0 ? "_off"
+                                                             : "_default");
                          });
 
 TEST(TcpShareFail, Abort) {
     ScopedEnv env1("NCCL_SHM_DISABLE", "1");
     ScopedEnv env2("CHORUS_TIMEOUT", "10");
+    ScopedEnv env3("CHORUS_SOCKET_SHARE", "1");
     ncclResetDebugInit();
     ncclUniqueId id = make_unique_id();
     RunResult res = run_forked(
@@ -210,6 +215,7 @@ TEST(TcpShareFail, Abort) {
 TEST(TcpShareFail, DeadPeer) {
     ScopedEnv env1("NCCL_SHM_DISABLE", "1");
     ScopedEnv env2("CHORUS_TIMEOUT", "10");
+    ScopedEnv env3("CHORUS_SOCKET_SHARE", "1");
     ncclResetDebugInit();
     ncclUniqueId id = make_unique_id();
     const int victim = 2;

@@ -225,6 +225,7 @@ TEST_P(TcpHelpers, ConstantAcrossPeers) {
     env.set("NCCL_SOCKET_NTHREADS", std::to_string(c.nthreads).c_str());
     env.set("CHORUS_SOCKET_RECV_NTHREADS", "0");
     env.set("CHORUS_SOCKET_HELPERS", std::to_string(c.helpers).c_str());
+    env.set("CHORUS_SOCKET_SHARE", "1"); // the default only from 9 ranks
     env.set("CHORUS_TIMEOUT", "60");
     chorus_unique_id_t id = transport_make_id();
     bool forked = c.how == Launch::Forked;

@@ -5,10 +5,10 @@
  * to each, and its rings and trees add more to its neighbours; with a socket per connection that
  * is two descriptors per peer. TCP is full duplex, so a new connection of one socket to a peer
  * that already has a connection of one socket in the other direction (same communicator, its
- * other direction still unused) takes that socket instead of opening one (CHORUS_SOCKET_SHARE=0:
- * never). Each direction then still carries the chunks of exactly one connection, with TCP's
- * own flow control per direction, as on a socket of its own: a receiver that does not release
- * its slots holds back only its own sender.
+ * other direction still unused) takes that socket instead of opening one (CHORUS_SOCKET_SHARE:
+ * by default from 9 ranks, see share_enabled). Each direction then still carries the chunks of
+ * exactly one connection, with TCP's own flow control per direction, as on a socket of its own: a
+ * receiver that does not release its slots holds back only its own sender.
  *
  * Pairing. At setup each end offers the ids of its candidates (tcp_blob_t.share_ids): its
  * connections of the other direction with that peer, on this transport context, of one socket,
@@ -58,8 +58,14 @@ static void share_init_once(void) {
     (void)pthread_atfork(NULL, NULL, share_atfork_child);
 }
 
-static int share_enabled(void) {
-    return chorus_param_int(PARAM_SOCKET_SHARE) != 0;
+/* CHORUS_SOCKET_SHARE: 1 always, 0 never, -1 (default) from TRANSPORT_P2P_MIN_RANKS ranks, where
+ * a rank's connections add up; below, a rank has few peers, and a 2-rank TCP all-reduce of 4-16
+ * MiB over loopback measured 4-12 % slower with its ring's two directions on one socket (medians
+ * of 5 alternating rounds at load average 20: within the noise, not ruled out). Both ends see the
+ * same rank count, so they agree. */
+static int share_enabled(const tcp_conn_t *tc) {
+    const int64_t v = chorus_param_int(PARAM_SOCKET_SHARE);
+    return v > 0 || (v < 0 && tc->ctx->nranks >= TRANSPORT_P2P_MIN_RANKS);
 }
 
 /* Under share_mu: a socket tc could take (the other direction free, same context and peer). */
@@ -70,7 +76,7 @@ static int share_candidate(const tcp_share_t *sh, const tcp_conn_t *tc) {
 
 void tcp_share_offer(tcp_conn_t *tc) {
     tc->nshare = 0;
-    if (!share_enabled() || (tc->is_send && tc->nsocks != 1)) return;
+    if (!share_enabled(tc) || (tc->is_send && tc->nsocks != 1)) return;
     pthread_once(&share_once, share_init_once);
     pthread_mutex_lock(&share_mu);
     for (tcp_share_t *sh = share_head; sh && tc->nshare < TCP_SHARE_MAX; sh = sh->next)
@@ -122,7 +128,7 @@ ncclResult_t tcp_share_attach(tcp_conn_t *tc, uint64_t id) {
 }
 
 void tcp_share_register(tcp_conn_t *tc) {
-    if (!share_enabled() || tc->nsocks != 1 || tc->share) return;
+    if (!share_enabled(tc) || tc->nsocks != 1 || tc->share) return;
     tcp_share_t *sh = calloc(1, sizeof(*sh));
     if (sh == NULL) return; /* it just is not shared */
     pthread_once(&share_once, share_init_once);
