@@ -4,7 +4,8 @@
 //                against values computed here; with sharing on every rank's ring and
 //                point-to-point connections to a peer share sockets (the process counts them),
 //                and a forked rank holds one socket per peer; with CHORUS_SOCKET_SHARE=0 none
-//                are shared and the results are the same; by default none below 9 ranks.
+//                are shared and the results are the same; by default none below 9 ranks. Also
+//                with helper threads on the receiving ends (CHORUS_SOCKET_RECV_NTHREADS=1).
 //   Abort        rank 0 aborts its communicator after those ops: the others' next all-reduce
 //                fails with an error, never a hang.
 //   DeadPeer     rank 2 is killed inside an all-reduce with shared sockets up: the others fail
@@ -116,6 +117,7 @@ struct ShareCase {
     Launch how;
     int nranks;
     int share; // CHORUS_SOCKET_SHARE: 1, 0, or -1 for the default (none shared below 9 ranks)
+    int recv_helpers = 0; // CHORUS_SOCKET_RECV_NTHREADS: receiving ends read by helpers too
 };
 
 class TcpShare : public testing::TestWithParam<ShareCase> {};
@@ -125,6 +127,7 @@ TEST_P(TcpShare, Interleaved) {
     ScopedEnv env1("NCCL_SHM_DISABLE", "1");
     ScopedEnv env2("CHORUS_SOCKET_SHARE", c.share < 0 ? nullptr : c.share ? "1" : "0");
     ScopedEnv env3("CHORUS_TIMEOUT", "60");
+    ScopedEnv env4("CHORUS_SOCKET_RECV_NTHREADS", std::to_string(c.recv_helpers).c_str());
     ncclResetDebugInit();
     ncclUniqueId id = make_unique_id();
     const bool forked = c.how == Launch::Forked;
@@ -166,6 +169,8 @@ INSTANTIATE_TEST_SUITE_P(Tcp, TcpShare,
                                          ShareCase{Launch::Forked, 3, 1},
                                          ShareCase{Launch::Forked, 5, 1},
                                          ShareCase{Launch::Threads, 4, 1},
+                                         ShareCase{Launch::Forked, 3, 1, 1},
+                                         ShareCase{Launch::Threads, 3, 1, 1},
                                          ShareCase{Launch::Forked, 3, 0},
                                          ShareCase{Launch::Forked, 3, -1}),
                          [](const testing::TestParamInfo<ShareCase> &info) {
@@ -173,7 +178,8 @@ INSTANTIATE_TEST_SUITE_P(Tcp, TcpShare,
                                     std::to_string(info.param.nranks) + "ranks" +
                                     (info.param.share > 0    ? ""
                                      : info.param.share == 0 ? "_off"
-                                                             : "_default");
+                                                             : "_default") +
+                                    (info.param.recv_helpers ? "_recv_helpers" : "");
                          });
 
 TEST(TcpShareFail, Abort) {
