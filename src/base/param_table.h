@@ -71,7 +71,7 @@ PARAM(SHM_CMA_THRESHOLD, INT, -1, 0, "bytes from which a shm transfer uses singl
 PARAM(SHM_CMA_COOP, INT, 1, 0, "1: the sender copies part of a large single-copy chunk itself (process_vm_writev), so two cores share it; 0: the receiver copies alone")
 PARAM(SHM_CMA_BLOCK, INT, 1048576, 0, "bytes per block of a cooperative single-copy chunk; chunks of at least two blocks are shared")
 PARAM(SOCKET_NTHREADS, INT, 1, 1, "TCP helper threads a connection uses: its socket i is served by the process's helper i % N, and the helpers are shared by all connections of the process (0: none, the caller moves all data and must call progress)")
-PARAM(SOCKET_SHARE, INT, -1, 0, "TCP: a connection to a rank that already has a one-socket connection of the other direction from this communicator shares that socket, one direction each (-1: from 9 ranks, where a rank's peers add up; 1: always; 0: never)")
+PARAM(SOCKET_SHARE, INT, -1, 0, "TCP: a point-to-point connection to a rank that already has a one-socket connection of the other direction from this communicator shares that socket, one direction each (-1: from 9 ranks, where a rank's peers add up; 1: always; 0: never; ring connections never)")
 PARAM(SOCKET_HELPERS, INT, 4, 0, "most TCP helper threads a process runs, shared by its connections: a connection gets helpers of its own while there are fewer than this many (at least SOCKET_NTHREADS), then shares the least busy; a sender's helper starts at its first commit the kernel could not take at once")
 PARAM(NSOCKS_PERTHREAD, INT, 1, 1, "TCP sockets per helper thread")
 PARAM(SOCKET_RECV_NTHREADS, INT, 0, 0, "TCP helper threads on the receiving end of a connection (0: the caller reads inline, the kernel buffers meanwhile; -1: as SOCKET_NTHREADS)")

@@ -92,7 +92,7 @@ if(Python3_Interpreter_FOUND AND TARGET alltoall_perf AND TARGET chorusrun)
                        ENVIRONMENT "CHORUS_TIMEOUT=120"
                        FAIL_REGULAR_EXPRESSION "FAILED;Test NCCL failure")
   # Over TCP alone, tighter: the two connections of a pair share one socket (tcp_share.c), so 15
-  # sockets for the pairs, at most 4 for the rings, and the helpers' eventfds (34 without sharing).
+  # sockets for the pairs, 4 for the rings, and the helpers' eventfds (34 without sharing).
   add_test(NAME perf_resources_alltoall_np16_tcp
            COMMAND ${Python3_EXECUTABLE} ${CMAKE_SOURCE_DIR}/perf/resources.py --np 16
                    --transports tcp

@@ -2,11 +2,11 @@
  * tcp_share.c: one socket for two connections between the same two ranks, one each way.
  *
  * A rank that talks to all its peers (an all-to-all) holds a sending and a receiving connection
- * to each, and its rings and trees add more to its neighbours; with a socket per connection that
- * is two descriptors per peer. TCP is full duplex, so a new connection of one socket to a peer
- * that already has a connection of one socket in the other direction (same communicator, its
- * other direction still unused) takes that socket instead of opening one (CHORUS_SOCKET_SHARE:
- * by default from 9 ranks, see share_enabled). Each direction then still carries the chunks of
+ * to each; with a socket per connection that is two descriptors per peer. TCP is full duplex, so
+ * a new point-to-point connection of one socket to a peer that already has one of one socket in
+ * the other direction (same communicator, its other direction still unused) takes that socket
+ * instead of opening one (CHORUS_SOCKET_SHARE: by default from 9 ranks; never the rings'
+ * connections: see share_enabled). Each direction then still carries the chunks of
  * exactly one connection, with TCP's own flow control per direction, as on a socket of its own: a
  * receiver that does not release its slots holds back only its own sender.
  *
@@ -58,13 +58,17 @@ static void share_init_once(void) {
     (void)pthread_atfork(NULL, NULL, share_atfork_child);
 }
 
-/* CHORUS_SOCKET_SHARE: 1 always, 0 never, -1 (default) from TRANSPORT_P2P_MIN_RANKS ranks, where
- * a rank's connections add up; below, a rank has few peers, and a 2-rank TCP all-reduce of 4-16
- * MiB over loopback measured 4-12 % slower with its ring's two directions on one socket (medians
- * of 5 alternating rounds at load average 20: within the noise, not ruled out). Both ends see the
- * same rank count, so they agree. */
+/* Point-to-point connections only, and (CHORUS_SOCKET_SHARE: 1 always, 0 never, -1 the default)
+ * from TRANSPORT_P2P_MIN_RANKS ranks, where a rank's connections add up. Both directions of one
+ * socket are slower for large chunks: a 2-rank TCP all-reduce of 16 MiB over loopback, whose ring
+ * then had its two directions on one socket, took 32.3 against 23.5 ms (medians of 5 alternating
+ * rounds, quiet machine; 1 and 4 MiB within noise), likely the kernel's lock of a socket that its
+ * sends and receives both take. So the rings, which move large chunks both ways between the same
+ * neighbours (the second channel runs the other way round), keep sockets of their own. Both ends
+ * see the same rank count and channel, so they agree. */
 static int share_enabled(const tcp_conn_t *tc) {
     const int64_t v = chorus_param_int(PARAM_SOCKET_SHARE);
+    if (tc->conn->channel >= 0) return 0;
     return v > 0 || (v < 0 && tc->ctx->nranks >= TRANSPORT_P2P_MIN_RANKS);
 }
 
