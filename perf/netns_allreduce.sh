@@ -12,7 +12,9 @@
 # host's link is shaped with tc tbf at its egress (the kernel here has no netem, so no added
 # latency). Then ROUNDS rounds, each running all_reduce_perf -b MIN -e MAX -f 4 once per
 # algorithm in the list, in an order that rotates each round ("auto" is the tuner's own choice;
-# the others set CHORUS_ALGO; "hier" is the hierarchical all-reduce, which needs L >= 2). Output:
+# the others set CHORUS_ALGO; "hier" is the hierarchical all-reduce, which needs L >= 2; an entry
+# ALGO:NAME=VALUE[,NAME=VALUE...] also sets those variables for its runs, e.g.
+# "tree tree:CHORUS_TREE_LAG=0" compares two settings of one algorithm). Output:
 # one line per host count, algorithm and size with the median over rounds of rank 0's time per
 # call (us) and the per-round values.
 # Needs root (ip netns). The namespaces and the bridge are removed on exit.
@@ -102,8 +104,10 @@ port=29600
 run_once() {
     local h=$1 algo=$2
     port=$((port + 1))
-    local pids=() env_algo=""
-    [ "$algo" != auto ] && env_algo="CHORUS_ALGO=$algo"
+    local pids=() env_algo="" name=${algo%%:*} extra=""
+    [ "$name" != "$algo" ] && extra=$(echo "${algo#*:}" | tr ',' ' ')
+    [ "$name" != auto ] && env_algo="CHORUS_ALGO=$name"
+    env_algo="$env_algo $extra"
     for ((k = 0; k < h; k++)); do
         ip netns exec "chns${tag}_$k" unshare --uts --mount --propagation private sh -c "
             hostname chorus-h$k && mount -t tmpfs -o size=$((64 * per))m shm$k /dev/shm || exit 1

@@ -17,16 +17,25 @@
  * rank's result is the root's, so all ranks end with bitwise identical results.
  *
  * Each rank holds one transfer per connection and direction it uses (to and from its parents and
- * children of both trees, at most 6 peers), and moves its chunks on a connection in piece order:
- * in one tree an edge carries one chunk per piece in each direction, so both ends of a connection
- * know its chunk sequence (coll_xfer_drive walks each transfer through the pieces). A chunk moves
- * when its own inputs are there (the children's chunks of the piece for a send up, the parent's
- * for a send down) and the connection has room; every dependency points to the same piece earlier
- * in its tree or to an earlier piece, so the pieces flow through the trees without a cycle and up
- * to NSLOTS chunks of a connection are in flight: a pipeline of depth ~2 log2(n) instead of the
- * ring's 2(n-1) steps. Every chunk goes through prim_step, so a connection's first chunk carries
- * the op header (mismatches fail with ncclInvalidUsage naming both sides), error chunks and dead
- * peers are reported naming the rank, and the engine's waiter owns deadlines and aborts.
+ * children of both trees, at most 6 peers), and moves its chunks on a connection in a fixed order
+ * that both ends compute (coll_xfer_drive walks each transfer through it): in one tree an edge
+ * carries one chunk per piece in each direction, and a connection's chunks are ordered by a key,
+ * 2p for a chunk of piece p going up (towards the root) and 2(p + lag) + 1 for one going down,
+ * lag = 2 * tree depth (the plan's tree_lag, CHORUS_TREE_LAG; 0 gives plain piece order). A
+ * connection often carries one tree's chunks up and the other's down (on 2 ranks every connection
+ * does): in plain piece order each down chunk of piece p, which waits for its piece's round trip up
+ * to the root, would hold back the up chunk of piece p + 1 behind it, and each direction of the
+ * link would idle while the other one works. With the lag the up chunks run up to lag pieces ahead,
+ * about the round trip of the deepest node, so both directions stay busy. A chunk moves when its
+ * own inputs are there (the children's chunks of the piece for a send up, the parent's for a send
+ * down) and the connection has room; every dependency points to a chunk of the same or a smaller
+ * key (up: the children's chunks of the same piece, one level further from the root; down: the
+ * parent's, one level nearer, or at the root the children's up chunks, key 2p), so the chunks flow
+ * through the trees without a cycle and up to NSLOTS chunks of a connection are in flight: a
+ * pipeline of depth ~2 log2(n) instead of the ring's 2(n-1) steps. Every chunk goes through
+ * prim_step, so a connection's first chunk carries the op header (mismatches fail with
+ * ncclInvalidUsage naming both sides), error chunks and dead peers are reported naming the rank,
+ * and the engine's waiter owns deadlines and aborts.
  */
 #include "check.h"
 #include "coll_ring.h"
@@ -69,14 +78,38 @@ int coll_tree_depth(int n) {
     return d; /* levels of a balanced tree of n nodes: floor(log2 n) + 1 */
 }
 
-/* The links of this rank in both trees. */
+/* The links of this rank in both trees, and how many pieces up chunks may run ahead of down
+ * chunks on a connection (see the file comment). */
 typedef struct {
     int parent[2], child[2][2];
+    long lag;
 } tree_t;
 
-static void tree_get(const struct ncclComm *comm, tree_t *tr) {
+static void tree_get(const coll_op_t *op, tree_t *tr) {
+    const struct ncclComm *comm = op->comm;
     for (int t = 0; t < 2; t++)
         coll_tree_links(comm->nranks, comm->rank, t, &tr->parent[t], tr->child[t]);
+    tr->lag = op->plan.tree_lag > 0 ? op->plan.tree_lag : 0;
+}
+
+/* Whether transfer x's chunk of piece p (in which x's peer has `role`) goes towards the root:
+ * sent to the parent, or received from a child. */
+static int tree_up(const coll_xfer_t *x, int role) {
+    return x->is_send ? role == COLL_TREE_PARENT : role != COLL_TREE_PARENT;
+}
+
+/* The position of transfer x's chunk of piece p in its connection's order. */
+static long tree_key(const tree_t *tr, const coll_xfer_t *x, long p) {
+    return tree_up(x, coll_xfer_tree_role(x, p)) ? 2 * p : 2 * (p + tr->lag) + 1;
+}
+
+/* The piece at position k of transfer x's order, or -1 where it has none. */
+static long tree_key_piece(const tree_t *tr, const coll_xfer_t *x, long k) {
+    const int up = (k & 1) == 0;
+    const long p = up ? k / 2 : (k - 1) / 2 - tr->lag;
+    if (p < 0) return -1;
+    const int role = coll_xfer_tree_role(x, p);
+    return role != COLL_TREE_NONE && tree_up(x, role) == up ? p : -1;
 }
 
 /* Element range of piece p: tree p%2's half, chunk p/2 of it. */
@@ -98,9 +131,9 @@ static long tree_npieces(const coll_op_t *op) {
 }
 
 /* Whether the transfer to/from peer has moved its chunk of piece p (it has one there). */
-static int tree_moved(coll_op_t *op, int peer, int is_send, long p) {
+static int tree_moved(coll_op_t *op, const tree_t *tr, int peer, int is_send, long p) {
     const coll_xfer_t *x = coll_xfer_find(op, 0, peer, is_send);
-    return x && (x->done || (long)x->off > p);
+    return x && (x->done || (long)x->off > tree_key(tr, x, p));
 }
 
 size_t coll_tree_chunk_elems(const coll_op_t *op) {
@@ -124,34 +157,37 @@ static ncclResult_t tree_setup(coll_op_t *op) {
     op->xfer = op->xfer_inline;
     op->nxfer = 0;
     tree_t tr;
-    tree_get(comm, &tr);
+    tree_get(op, &tr);
     for (int t = 0; t < 2; t++) {
         coll_xfer_add_tree_role(op, 0, tr.parent[t], t, COLL_TREE_PARENT);
         coll_xfer_add_tree_role(op, 0, tr.child[t][0], t, COLL_TREE_CHILD0);
         coll_xfer_add_tree_role(op, 0, tr.child[t][1], t, COLL_TREE_CHILD1);
     }
-    /* Every transfer walks the op's pieces (coll_xfer_drive); tree_has skips the others'. */
-    const long np = tree_npieces(op);
+    /* Every transfer walks the keys of the op's pieces (coll_xfer_drive); tree_has skips the
+     * keys that are not its own. */
+    const long nkeys = 2 * (tree_npieces(op) + tr.lag) + 2;
     for (int i = 0; i < op->nxfer; i++) {
-        op->xfer[i].bytes = (size_t)np;
+        op->xfer[i].bytes = (size_t)nkeys;
         op->xfer[i].items = 1;
     }
     return ncclSuccess;
 }
 
-/* Transfer xi has a chunk of piece p: the piece is not empty and the peer has a role in its
- * tree. */
-static int tree_has(coll_op_t *op, const void *ctx, int xi, long p) {
-    (void)ctx;
+/* Transfer xi has a chunk at key k: a piece that is not empty, in whose tree the peer has a
+ * role that moves it in k's direction. */
+static int tree_has(coll_op_t *op, const void *ctx, int xi, long k) {
+    const long p = tree_key_piece(ctx, &op->xfer[xi], k);
+    if (p < 0) return 0;
     size_t beg, len;
     tree_piece(op, p, &beg, &len);
-    return len > 0 && coll_xfer_tree_role(&op->xfer[xi], p) != COLL_TREE_NONE;
+    return len > 0;
 }
 
-/* Try to move transfer xi's chunk of piece p: *ok_p = 1 when it moved. */
-static ncclResult_t tree_move(coll_op_t *op, const void *ctx, int xi, long p, int *ok_p) {
+/* Try to move transfer xi's chunk at key k: *ok_p = 1 when it moved. */
+static ncclResult_t tree_move(coll_op_t *op, const void *ctx, int xi, long k, int *ok_p) {
     const tree_t *tr = ctx;
     coll_xfer_t *x = &op->xfer[xi];
+    const long p = tree_key_piece(tr, x, k); /* tree_has said there is one */
     const int t = (int)(p & 1), role = coll_xfer_tree_role(x, p);
     const int parent = tr->parent[t], c0 = tr->child[t][0], c1 = tr->child[t][1];
     const int last_child = c1 >= 0 ? c1 : c0; /* -1: a leaf */
@@ -169,18 +205,19 @@ static ncclResult_t tree_move(coll_op_t *op, const void *ctx, int xi, long p, in
             cc.kind = PRIM_PREP_SEND;
             cc.in = in;
         } else {
-            if (!tree_moved(op, last_child, 0, p)) return ncclSuccess;
+            if (!tree_moved(op, tr, last_child, 0, p)) return ncclSuccess;
             cc.kind = PRIM_SEND;
             cc.in = out;
         }
     } else if (x->is_send) { /* the result down to a child */
-        if (parent >= 0 ? !tree_moved(op, parent, 0, p) : !tree_moved(op, last_child, 0, p))
+        if (parent >= 0 ? !tree_moved(op, tr, parent, 0, p)
+                        : !tree_moved(op, tr, last_child, 0, p))
             return ncclSuccess;
         cc.kind = PRIM_SEND;
         cc.in = out;
         cc.direct_ok = 1; /* final output: it stays put until the op completes */
     } else if (role == COLL_TREE_PARENT) { /* the result from the parent */
-        if (!tree_moved(op, parent, 1, p)) return ncclSuccess;
+        if (!tree_moved(op, tr, parent, 1, p)) return ncclSuccess;
         cc.kind = PRIM_RECV;
         cc.dst = out;
         cc.recv_direct_ok = 1;
@@ -191,7 +228,7 @@ static ncclResult_t tree_move(coll_op_t *op, const void *ctx, int xi, long p, in
         cc.recv_direct_ok = 1;
         finish = parent < 0 && c1 < 0;
     } else { /* out = second child's (+) out */
-        if (!tree_moved(op, c0, 0, p)) return ncclSuccess;
+        if (!tree_moved(op, tr, c0, 0, p)) return ncclSuccess;
         cc.kind = PRIM_RECV_COMBINE;
         cc.in = out;
         cc.dst = out;
@@ -211,7 +248,7 @@ static ncclResult_t tree_progress(coll_op_t *op, int *done_p) {
     }
     static const coll_xfer_items_t items = {.has = tree_has, .move = tree_move};
     tree_t tr;
-    tree_get(op->comm, &tr);
+    tree_get(op, &tr);
     return coll_xfer_drive(op, &items, &tr, done_p);
 }
 

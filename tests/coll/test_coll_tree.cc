@@ -11,6 +11,7 @@
 
 #include <cstdlib>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "coll_runs.h"
@@ -78,10 +79,14 @@ TEST(CollTree, ShapeOfBothTrees) {
     }
 }
 
-class CollTreeIdentical : public ::testing::TestWithParam<int> {};
+// Param: ranks, and how far a connection's up chunks may run ahead of its down chunks
+// (CHORUS_TREE_LAG; -1 the default, 0 plain piece order): any order both ends share must give
+// the same bits.
+class CollTreeIdentical : public ::testing::TestWithParam<std::pair<int, int>> {};
 TEST_P(CollTreeIdentical, SameBitsOnEveryRank) {
-    const int n = GetParam();
+    const int n = GetParam().first, lag = GetParam().second;
     const size_t count = 300001; // ~1.2 MB: several pieces per tree
+    if (lag >= 0) setenv("CHORUS_TREE_LAG", std::to_string(lag).c_str(), 1);
     tree_env("tree");
     ncclUniqueId id = chorus_test::make_unique_id();
     std::vector<std::vector<std::vector<float>>> outs(n, std::vector<std::vector<float>>(2));
@@ -99,6 +104,7 @@ TEST_P(CollTreeIdentical, SameBitsOnEveryRank) {
         RANK_NCCL(ncclCommDestroy(comm));
         return 0;
     });
+    unsetenv("CHORUS_TREE_LAG");
     tree_env_clear();
     ASSERT_TRUE(res.ok()) << res.detail;
     for (int inplace = 0; inplace < 2; inplace++) {
@@ -107,7 +113,17 @@ TEST_P(CollTreeIdentical, SameBitsOnEveryRank) {
         coll_test::expect_sum_and_same_bits(ranks, 97, inplace ? " (in place)" : "");
     }
 }
-INSTANTIATE_TEST_SUITE_P(Coll, CollTreeIdentical, ::testing::Values(2, 3, 5, 8));
+INSTANTIATE_TEST_SUITE_P(Coll, CollTreeIdentical,
+                         ::testing::Values(std::make_pair(2, -1), std::make_pair(3, -1),
+                                           std::make_pair(5, -1), std::make_pair(8, -1),
+                                           std::make_pair(2, 0), std::make_pair(5, 0),
+                                           std::make_pair(5, 1), std::make_pair(8, 3)),
+                         [](const ::testing::TestParamInfo<std::pair<int, int>> &info) {
+                             return std::to_string(info.param.first) + "ranks" +
+                                    (info.param.second < 0
+                                         ? std::string()
+                                         : "_lag" + std::to_string(info.param.second));
+                         });
 
 // Many tree all-reduces queued at once (a group and async ops): each holds its connections in
 // ticket order and pieces of different ops never mix.

@@ -77,9 +77,9 @@ if(TARGET chorus_sim)
 endif()
 # What an all-to-all costs each rank (perf/resources.py): 16 forked ranks through chorusrun, over
 # TCP and over shared memory. Each rank's growth from init to after its last op must stay within
-# 4 threads and 40 descriptors (TCP: a socket per connection, 2 x 15 for the pairs and 4 for the
-# rings of the harness's result all-gather; the bootstrap connections the setups opened are
-# released, 30 more if they were not; at most CHORUS_SOCKET_HELPERS helper threads and their
+# 4 threads and 40 descriptors (shm: a descriptor per connection, 2 x 15 for the pairs and 4 for
+# the rings of the harness's result all-gather; TCP: fewer, see below; the bootstrap connections
+# the setups opened are released, 30 more if they were not; at most CHORUS_SOCKET_HELPERS helper threads and their
 # eventfds for the process, none when the kernel takes every chunk at once) and 64 MB of /dev/shm
 # created.
 if(Python3_Interpreter_FOUND AND TARGET alltoall_perf AND TARGET chorusrun)
@@ -89,6 +89,16 @@ if(Python3_Interpreter_FOUND AND TARGET alltoall_perf AND TARGET chorusrun)
                    --maxbytes 4K --iters 2 --max-threads 4
                    --max-fds 40 --max-shm-mb 64)
   set_tests_properties(perf_resources_alltoall_np16 PROPERTIES LABELS "perf-run" TIMEOUT 600
+                       ENVIRONMENT "CHORUS_TIMEOUT=120"
+                       FAIL_REGULAR_EXPRESSION "FAILED;Test NCCL failure")
+  # Over TCP alone, tighter: the two connections of a pair share one socket (tcp_share.c), so 15
+  # sockets for the pairs, 4 for the rings, and the helpers' eventfds (34 without sharing).
+  add_test(NAME perf_resources_alltoall_np16_tcp
+           COMMAND ${Python3_EXECUTABLE} ${CMAKE_SOURCE_DIR}/perf/resources.py --np 16
+                   --transports tcp
+                   --chorusrun $<TARGET_FILE:chorusrun> --alltoall $<TARGET_FILE:alltoall_perf>
+                   --maxbytes 4K --iters 2 --max-threads 4 --max-fds 23)
+  set_tests_properties(perf_resources_alltoall_np16_tcp PROPERTIES LABELS "perf-run" TIMEOUT 600
                        ENVIRONMENT "CHORUS_TIMEOUT=120"
                        FAIL_REGULAR_EXPRESSION "FAILED;Test NCCL failure")
 endif()

@@ -40,13 +40,18 @@
  *   tcp_setup.c    can_connect, setup, connect (handshake, accept loop), close
  *   tcp_conn.c     the data-path ops (acquire/commit/drained, peek/release, progress), ops table
  *
+ * Sharing (tcp_share.c). A connection of one socket to a peer that already has a connection of
+ * one socket in the other direction (same communicator) takes that socket instead of opening one:
+ * each direction carries one connection's chunks, so an all-to-all holds one socket per peer.
+ *
  * Consumption. send_drained is done once the kernel has taken every piece; that is not yet
  * delivered. At finalize the collective engine asks (send_consumed): the sender writes one SYNC
  * header carrying its head S on socket 0, and the receiver's transport answers on the same socket,
- * in the other direction, with the word the engine left on the receiving connection (how many
- * chunks that rank sent back the other way, 0 while it is not finalizing). It answers once every
- * step before S has been delivered to its slots, whether or not its application took them: a
- * helper thread reads and answers while the application is elsewhere (finalizing another
+ * in the other direction (behind a TCP_HDR_ACK header, between two pieces of the connection that
+ * shares the socket, if one does), with the word the engine left on the receiving connection
+ * (how many chunks that rank sent back the other way, 0 while it is not finalizing). It answers
+ * once every step before S has been delivered to its slots, whether or not its application took
+ * them: a helper thread reads and answers while the application is elsewhere (finalizing another
  * communicator that waits for this rank, say). That answer is final when the consumer had
  * released every step or the receiver is finalizing (word set). Otherwise a second, final answer
  * follows when either happens, and the sender waits for it at most TCP_FIN_GRACE_NS: long enough
@@ -60,6 +65,7 @@
  * the receiver's application reads.
  *   tcp_worker.c   per-socket send/receive state machines, the list of ends without helpers
  *   tcp_progress.c the process's helper threads, serving every connection's sockets
+ *   tcp_share.c    one socket for two connections between the same ranks, one each way
  */
 #ifndef CHORUS_TRANSPORT_TCP_H_
 #define CHORUS_TRANSPORT_TCP_H_
@@ -92,7 +98,9 @@
 
 #define TCP_BLOB_MAGIC 0x54435042u                /* "TCPB" */
 #define TCP_HANDSHAKE_MAGIC 0x43484f5255535443ull /* "CHORUSTC" */
-#define TCP_WIRE_VERSION 3u /* 2: the challenge-response; 3: its 256-bit key, two answers to SYNC */
+/* 2: the challenge-response; 3: its 256-bit key, two answers to SYNC; 4: the answers framed
+ * behind a header (TCP_HDR_ACK), so that they can share a socket with chunks going the same way */
+#define TCP_WIRE_VERSION 4u
 #define TCP_AUTH_LABEL "chorus-tcp-v3"
 #define TCP_ACK_MAGIC 0x4143484f52555321ull
 #define TCP_HDR_DATA 0x44415441u   /* "DATA" */
@@ -100,6 +108,8 @@
 #define TCP_HDR_DIRECT 0x44495243u /* "DIRC": a direct chunk, read into the user buffer */
 #define TCP_HDR_SYNC 0x53594e43u   /* "SYNC": answer once every step before this one is released */
 #define TCP_ACK_CONSUMED 0x41434b43u /* "ACKC": the receiver's answer to a SYNC */
+#define TCP_HDR_ACK 0x41434b48u /* "ACKH": a tcp_consumed_t follows (len bytes) */
+#define TCP_SHARE_MAX 4         /* sharing candidates offered in a setup blob */
 
 /* What the receiver's setup() publishes. */
 typedef struct {
@@ -111,6 +121,11 @@ typedef struct {
     uint32_t nslots;
     uint64_t slot_bytes;
     int32_t rank;
+    /* Sockets this end could share with the new connection (tcp_share.c): the ids of its
+     * connections of the other direction with the same peer that carry nothing the other way
+     * yet. Both ends pick the smallest id they both offer. */
+    uint32_t nshare;
+    uint64_t share_ids[TCP_SHARE_MAX];
 } tcp_blob_t;
 
 /* First bytes the receiver writes on every socket it accepts. */
@@ -182,6 +197,41 @@ typedef struct {
     uint64_t word;     /* the receiving chorus_conn_t's fin_word */
 } tcp_consumed_t;
 
+/* An answer as it travels: behind a header of kind TCP_HDR_ACK (len: sizeof(tcp_consumed_t)). */
+typedef struct {
+    tcp_hdr_t hdr;
+    tcp_consumed_t a;
+} tcp_ack_frame_t;
+
+/* A socket shared by two connections between the same two ranks, one each way (tcp_share.c).
+ * TCP is full duplex: each direction carries one connection's chunks, with its own flow
+ * control, exactly as on a socket of its own. What else would go the other way, the answers to
+ * the SYNC of the connection that sends here, travels framed (TCP_HDR_ACK): the receiving
+ * connection queues its answers in `out`, and they go onto the socket between two pieces of the
+ * sending connection (never inside one); the receiving connection's pass hands the answers it
+ * reads to the sending connection (in[], nin). Locks, in this order: a socket's try-lock, then
+ * out_mu (tx, out); ptr_mu (rx) is taken before any of them. */
+#define TCP_SHARE_ACKS 2 /* a SYNC gets at most two answers */
+typedef struct tcp_share {
+    struct tcp_share *next; /* the process's list (tcp_share.c) */
+    const void *owner;      /* the transport context of both connections */
+    int peer;
+    uint64_t id;            /* the first connection's id */
+    int fd;
+    int refs;               /* connections on it (list lock) */
+    int closing;            /* one of them closed: no new partner */
+    pthread_mutex_t out_mu, ptr_mu;
+    struct tcp_conn *tx;    /* the connection sending on it (out_mu) */
+    struct tcp_conn *rx;    /* the connection receiving on it (ptr_mu) */
+    int out_pending;        /* out_done < out_len; read without out_mu as a hint */
+    size_t out_len, out_done;
+    char out[TCP_SHARE_ACKS * sizeof(tcp_ack_frame_t)];
+    tcp_consumed_t in[TCP_SHARE_ACKS];
+    int nin;       /* answers read for tx (released after in[] is written) */
+    int had_rx;    /* a receiving connection used it: it reads tx's answers (ptr_mu) */
+    int peer_gone; /* the peer closed the socket (EOF after its CLOSE, or a failure) */
+} tcp_share_t;
+
 /* Receive states. RX_DIRECT: a direct chunk's header was read and published; its payload waits in
  * the kernel for the caller's recv_copy, which reads it straight into the user buffer. */
 enum { TCP_RX_HDR = 0, TCP_RX_SLOT, TCP_RX_DATA, TCP_RX_DIRECT, TCP_RX_DONE };
@@ -211,6 +261,7 @@ typedef struct {
     tcp_hdr_t rhdr;
     size_t rdata_got;
     uint64_t rlast_step;
+    int rclosed; /* shared socket: the sender's CLOSE came; only answers may follow */
     size_t stage_pos, stage_len;
     char stage[TCP_STAGE_BYTES];
 } __attribute__((aligned(64))) tcp_sock_t;
@@ -258,7 +309,12 @@ typedef struct tcp_conn {
     size_t sync_sent, ack_got;
     uint64_t ack_first_ns;
     tcp_hdr_t sync_hdr;
-    tcp_consumed_t ack;
+    tcp_ack_frame_t ack;
+    int acks_taken; /* shared socket: answers taken from share->in */
+    /* Sharing (tcp_share.c): the socket's other user, if any, and the ids this end offered. */
+    tcp_share_t *share;
+    uint32_t nshare;
+    uint64_t share_ids[TCP_SHARE_MAX];
 
     /* A receiving end without helpers is listed process-wide (rx_prev/rx_next, rx_listed), so
      * that a thread of this process waiting in send_consumed answers its SYNCs (tcp_rx_idle). */
@@ -352,6 +408,30 @@ ncclResult_t tcp_can_connect(const chorus_transport_ctx_t *ctx, const chorus_loc
 ncclResult_t tcp_setup(chorus_conn_t *conn, void *blob, size_t *blob_bytes_p);
 ncclResult_t tcp_connect(chorus_conn_t *conn, const void *peer_blob, size_t peer_blob_bytes);
 void tcp_close(chorus_conn_t *conn);
+
+/* tcp_share.c */
+/* Setup: the ids this end offers for a new connection to peer (none when sharing is off or the
+ * connection will have more than one socket). */
+void tcp_share_offer(tcp_conn_t *tc);
+/* Connect: the id both ends offered (smallest), or 0. */
+uint64_t tcp_share_pick(const tcp_conn_t *tc, const tcp_blob_t *peer_blob);
+/* Connect: take the shared socket of id as socket 0 (tc->nsocks == 1, sockets allocated). */
+ncclResult_t tcp_share_attach(tcp_conn_t *tc, uint64_t id);
+/* After a connection of one socket came up on its own socket: offer it for sharing. */
+void tcp_share_register(tcp_conn_t *tc);
+/* Close: leave the socket (a sender writes its CLOSE first); the last one closes it. */
+void tcp_share_leave(tcp_conn_t *tc);
+/* The receiver's answer: queued for the socket's sender and written when no piece is half out. */
+void tcp_share_queue_ack(tcp_conn_t *rx, const tcp_ack_frame_t *f);
+/* Write what is queued. Called by the socket's sender with its socket lock held (s: its socket
+ * 0): TCP_SOCK_BLOCKED when bytes are still left, 0 when all are out. */
+int tcp_share_flush_locked(tcp_conn_t *tx, tcp_sock_t *s);
+/* Try to write what is queued from any thread (takes the sender's socket lock if it is free). */
+void tcp_share_flush_try(tcp_share_t *sh);
+/* The sender's wait for an answer: one pass of the receiving partner (it reads the answers). */
+void tcp_share_drive_rx(tcp_share_t *sh);
+/* Sockets of this process shared by two connections now (tests). */
+int tcp_share_count(void);
 
 /* Test hook: shut one socket of a connection down as if the network had cut it. */
 ncclResult_t tcp_test_shutdown_socket(chorus_conn_t *conn, int index);

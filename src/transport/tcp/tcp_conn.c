@@ -243,25 +243,43 @@ static ncclResult_t tcp_send_consumed_pass(chorus_conn_t *conn, int *done_p, uin
         if (__atomic_load_n(&s->lock, __ATOMIC_RELAXED) ||
             __atomic_exchange_n(&s->lock, 1, __ATOMIC_ACQUIRE))
             return ncclSuccess; /* its helper is in a pass; try again at the next call */
-        ssize_t r = s->busy ? -2
-                            : send(s->fd, (char *)&tc->sync_hdr + tc->sync_sent,
-                                   sizeof(tc->sync_hdr) - tc->sync_sent,
-                                   MSG_NOSIGNAL | MSG_DONTWAIT);
+        /* On a shared socket the partner's queued answers go first, whole. */
+        int held = tc->sync_sent == 0 && tc->share &&
+                   (tcp_share_flush_locked(tc, s) & TCP_SOCK_BLOCKED);
+        ssize_t r = s->busy || held ? -2
+                                    : send(s->fd, (char *)&tc->sync_hdr + tc->sync_sent,
+                                           sizeof(tc->sync_hdr) - tc->sync_sent,
+                                           MSG_NOSIGNAL | MSG_DONTWAIT);
         int e = errno;
-        __atomic_store_n(&s->lock, 0, __ATOMIC_RELEASE);
+        /* Under the lock: a partner's answer may only go out between whole headers. */
         if (r > 0) tc->sync_sent += (size_t)r;
-        else if (r == -1 && e != EAGAIN && e != EWOULDBLOCK && e != EINTR) *done_p = 1;
+        __atomic_store_n(&s->lock, 0, __ATOMIC_RELEASE);
+        if (r == -1 && e != EAGAIN && e != EWOULDBLOCK && e != EINTR) *done_p = 1;
         return ncclSuccess; /* a receiver that is gone consumes nothing more */
     }
+    tcp_share_t *sh = tc->share && tc->share->had_rx ? tc->share : NULL;
     for (;;) {
+        if (sh && tc->ack_got < sizeof(tc->ack)) {
+            /* The receiving partner reads this socket and hands the answers over. */
+            tcp_share_drive_rx(sh);
+            if (tc->acks_taken < LOAD_ACQ(&sh->nin)) {
+                tc->ack.hdr = (tcp_hdr_t){.len = sizeof(tcp_consumed_t), .kind = TCP_HDR_ACK};
+                tc->ack.a = sh->in[tc->acks_taken++];
+                tc->ack_got = sizeof(tc->ack);
+            } else if (LOAD_ACQ(&sh->peer_gone)) {
+                *done_p = 1; /* closed or reset: the receiver is gone */
+                return ncclSuccess;
+            }
+        }
         while (tc->ack_got < sizeof(tc->ack)) {
-            ssize_t r = recv(s->fd, (char *)&tc->ack + tc->ack_got, sizeof(tc->ack) - tc->ack_got,
-                             MSG_DONTWAIT);
+            ssize_t r = sh ? -1
+                           : recv(s->fd, (char *)&tc->ack + tc->ack_got,
+                                  sizeof(tc->ack) - tc->ack_got, MSG_DONTWAIT);
             if (r > 0) {
                 tc->ack_got += (size_t)r;
                 continue;
             }
-            if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
+            if (sh || (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))) {
                 if (tc->ack_first_ns && chorus_now_ns() - tc->ack_first_ns > TCP_FIN_GRACE_NS) {
                     INFO(SUB_NET, "tcp: rank %d took every chunk to it into its slots but did not "
                          "consume them or start its own finalize within %.0f s; not waiting for "
@@ -274,9 +292,10 @@ static ncclResult_t tcp_send_consumed_pass(chorus_conn_t *conn, int *done_p, uin
             *done_p = 1; /* closed or reset: the receiver is gone */
             return ncclSuccess;
         }
-        const tcp_consumed_t *a = &tc->ack;
+        const tcp_consumed_t *a = &tc->ack.a;
         const int final = (a->flags & TCP_ACK_FINAL) != 0;
-        if (a->magic != TCP_ACK_CONSUMED || (a->flags & ~TCP_ACK_FINAL) ||
+        if (tc->ack.hdr.kind != TCP_HDR_ACK || tc->ack.hdr.len != sizeof(*a) ||
+            a->magic != TCP_ACK_CONSUMED || (a->flags & ~TCP_ACK_FINAL) ||
             (final && a->released < tc->sync_hdr.step && a->word == 0) ||
             (!final && tc->ack_first_ns)) {
             tcp_conn_fail(tc, ncclRemoteError, "malformed consumption answer (magic 0x%x, flags "

@@ -165,6 +165,9 @@ ncclResult_t tcp_setup(chorus_conn_t *conn, void *blob, size_t *blob_bytes_p) {
         b.addr = tc->listen_addr;
         b.conn_id = tc->conn_id;
     }
+    tcp_share_offer(tc);
+    b.nshare = tc->nshare;
+    memcpy(b.share_ids, tc->share_ids, sizeof(b.share_ids));
     if (*blob_bytes_p < sizeof(b)) {
         WARN("tcp: setup blob of %zu bytes is too small (need %zu)", *blob_bytes_p, sizeof(b));
         res = ncclInternalError;
@@ -182,6 +185,11 @@ int tcp_blob_problem(const tcp_blob_t *b, int is_send, int peer, size_t slot_byt
                      size_t len) {
     if (b->magic != TCP_BLOB_MAGIC || (int)b->is_send == (is_send != 0) || b->rank != peer) {
         snprintf(why, len, "not a tcp %s blob", is_send ? "receiver" : "sender");
+        return -1;
+    }
+    if (b->nshare > TCP_SHARE_MAX) {
+        snprintf(why, len, "it offers %u sockets to share (at most %d)", b->nshare,
+                 TCP_SHARE_MAX);
         return -1;
     }
     if (is_send) { /* the receiver's blob: where to connect, how large its slots are */
@@ -254,6 +262,7 @@ static ncclResult_t tcp_connect_send(tcp_conn_t *tc, const tcp_blob_t *b) {
     volatile int *abort_flag = tc->ctx->abort_flag;
     chorus_waiter_init(&w, abort_flag);
     tc->peer_addr = b->addr;
+    tc->conn_id = b->conn_id;
     tcp_addr_str(&b->addr, tc->peer_str, sizeof(tc->peer_str));
     CHECK(tcp_conn_alloc_data(tc));
     const chorus_key_t *secret = bootstrap_secret(tc->ctx->bs);
@@ -509,10 +518,26 @@ ncclResult_t tcp_connect(chorus_conn_t *conn, const void *peer_blob, size_t peer
         WARN("tcp: setup blob from rank %d: %s", conn->peer, why);
         return ncclInternalError;
     }
-    if (conn->is_send)
-        CHECK(tcp_connect_send(tc, &b));
-    else
-        CHECK(tcp_connect_recv(tc, &b));
+    const uint64_t share_id = tcp_share_pick(tc, &b);
+    if (share_id != 0) {
+        /* Both ends offered this socket: it carries the new connection the other way. */
+        if (!conn->is_send) tc->nsocks = (int)b.nsocks;
+        if (tc->nsocks != 1) {
+            WARN("tcp: rank %d offered to share a socket for a connection of %d sockets",
+                 conn->peer, tc->nsocks);
+            return ncclInternalError;
+        }
+        CHECK(tcp_conn_alloc_data(tc));
+        CHECK(tcp_share_attach(tc, share_id));
+        if (tc->listen_fd >= 0) close(tc->listen_fd);
+        tc->listen_fd = -1;
+    } else {
+        if (conn->is_send)
+            CHECK(tcp_connect_send(tc, &b));
+        else
+            CHECK(tcp_connect_recv(tc, &b));
+        tcp_share_register(tc);
+    }
     CHECK(tcp_threads_start(tc));
     /* Direct chunks need the sender's helper threads: a rank blocked in recv_copy must not stall
      * its own sends, which only its send helpers then move. A receiving end takes direct chunks
@@ -527,9 +552,11 @@ ncclResult_t tcp_connect(chorus_conn_t *conn, const void *peer_blob, size_t peer
      * until close; one without is read by whoever waits in this process (tcp_rx_idle). */
     if (!conn->is_send && tc->nthreads == 0) tcp_rx_list_add(tc);
     conn->connected = 1;
-    INFO(SUB_NET | SUB_INIT, "tcp: %s rank %d (%s) via %s: %d sockets, %d threads, %d slots of %zu",
+    INFO(SUB_NET | SUB_INIT,
+         "tcp: %s rank %d (%s) via %s: %d sockets%s, %d threads, %d slots of %zu",
          conn->is_send ? "send to" : "receive from", tc->peer, tc->peer_str, conn->desc, tc->nsocks,
-         tc->nthreads, tc->nslots, tc->slot_bytes);
+         share_id ? " (shared with the other direction)" : "", tc->nthreads, tc->nslots,
+         tc->slot_bytes);
     return ncclSuccess;
 }
 
@@ -540,6 +567,7 @@ void tcp_close(chorus_conn_t *conn) {
     if (tc == NULL) return;
     tcp_rx_list_remove(tc); /* before anything is freed: no other thread drives it after this */
     tcp_threads_stop(tc);
+    tcp_share_leave(tc); /* a shared socket: its CLOSE, and closed by its last user */
     for (int i = 0; tc->socks && i < tc->nsocks; i++) {
         tcp_sock_t *s = &tc->socks[i];
         if (s->fd < 0) continue;

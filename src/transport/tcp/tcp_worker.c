@@ -16,6 +16,7 @@
 #include <poll.h>
 #include <pthread.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -73,6 +74,10 @@ uint32_t tcp_split(const tcp_conn_t *tc, size_t bytes, size_t *piece_p) {
 int tcp_sock_send_pass(tcp_conn_t *tc, tcp_sock_t *s) {
     int did = 0;
     for (;;) {
+        /* Answers of this socket's receiving partner go out between pieces. */
+        if (tc->share && LOAD_ACQ(&tc->share->out_pending) &&
+            (tcp_share_flush_locked(tc, s) & TCP_SOCK_BLOCKED))
+            return did | TCP_SOCK_BLOCKED;
         if (!s->busy) {
             uint64_t head = LOAD_ACQ(&tc->head);
             while (s->cursor < head) {
@@ -154,6 +159,11 @@ int tcp_sock_send_pass(tcp_conn_t *tc, tcp_sock_t *s) {
 /* ---- receive -------------------------------------------------------------------------------- */
 
 static int tcp_recv_eof(tcp_conn_t *tc, tcp_sock_t *s, int err) {
+    if (tc->share) STORE_REL(&tc->share->peer_gone, 1); /* no answer will come either */
+    if (s->rclosed && err == 0) { /* after its CLOSE: the peer closed the socket, cleanly */
+        s->rstate = TCP_RX_DONE;
+        return TCP_SOCK_CLOSED;
+    }
     if (err == 0)
         tcp_conn_fail(tc, ncclRemoteError, "connection closed by peer during transfer (socket %d)",
                       s->index);
@@ -180,13 +190,44 @@ int tcp_sock_recv_pass(tcp_conn_t *tc, tcp_sock_t *s) {
         if (s->rstate == TCP_RX_DONE) return did | TCP_SOCK_CLOSED;
         if (s->rstate == TCP_RX_HDR) {
             size_t avail = s->stage_len - s->stage_pos;
-            if (avail >= sizeof(tcp_hdr_t)) {
+            uint32_t kind = 0;
+            if (avail >= sizeof(tcp_hdr_t))
+                memcpy(&kind, s->stage + s->stage_pos + offsetof(tcp_hdr_t, kind), sizeof(kind));
+            /* An answer is taken whole: with part of it staged, read on. */
+            const int part = avail >= sizeof(tcp_hdr_t) && kind == TCP_HDR_ACK &&
+                             avail < sizeof(tcp_ack_frame_t);
+            if (!part && avail >= sizeof(tcp_hdr_t) && kind == TCP_HDR_ACK) {
+                /* The peer's answer to the SYNC of this socket's sending partner. */
+                tcp_ack_frame_t f;
+                memcpy(&f, s->stage + s->stage_pos, sizeof(f));
+                s->stage_pos += sizeof(f);
+                tcp_share_t *sh = tc->share;
+                int n = sh ? LOAD_ACQ(&sh->nin) : 0;
+                if (sh == NULL || n >= TCP_SHARE_ACKS || f.hdr.len != sizeof(f.a)) {
+                    tcp_conn_fail(tc, ncclRemoteError,
+                                  "unexpected answer on socket %d (%u bytes, %d before)", s->index,
+                                  f.hdr.len, n);
+                    return did | TCP_SOCK_FAIL;
+                }
+                sh->in[n] = f.a;
+                STORE_REL(&sh->nin, n + 1);
+                did = TCP_SOCK_DID;
+                continue;
+            }
+            if (!part && avail >= sizeof(tcp_hdr_t) && s->rclosed) {
+                tcp_conn_fail(tc, ncclRemoteError, "data after the sender's CLOSE on socket %d",
+                              s->index);
+                return did | TCP_SOCK_FAIL;
+            }
+            if (!part && avail >= sizeof(tcp_hdr_t)) {
                 memcpy(&s->rhdr, s->stage + s->stage_pos, sizeof(tcp_hdr_t));
                 s->stage_pos += sizeof(tcp_hdr_t);
                 tcp_hdr_t *h = &s->rhdr;
                 if (h->kind == TCP_HDR_CLOSE) {
-                    s->rstate = TCP_RX_DONE;
                     __atomic_add_fetch(&tc->closed_socks, 1, __ATOMIC_ACQ_REL);
+                    /* A shared socket still brings answers for its sending partner. */
+                    if (tc->share) s->rclosed = 1;
+                    else s->rstate = TCP_RX_DONE;
                     return did | TCP_SOCK_CLOSED;
                 }
                 if (h->kind == TCP_HDR_SYNC && s->index == 0) {
@@ -227,7 +268,8 @@ int tcp_sock_recv_pass(tcp_conn_t *tc, tcp_sock_t *s) {
             }
             if (r == 0) return did | tcp_recv_eof(tc, s, 0);
             if (errno == EINTR) continue;
-            if (errno == EAGAIN || errno == EWOULDBLOCK) return did | TCP_SOCK_BLOCKED;
+            if (errno == EAGAIN || errno == EWOULDBLOCK)
+                return did | TCP_SOCK_BLOCKED | (s->rclosed ? TCP_SOCK_CLOSED : 0);
             return did | tcp_recv_eof(tc, s, errno);
         }
         if (s->rstate == TCP_RX_SLOT) {
@@ -295,14 +337,21 @@ static void tcp_sync_answer_locked(tcp_conn_t *tc) {
     uint64_t released = LOAD_ACQ(&tc->released);
     int final = released >= end || word != 0;
     if (!final && (state == TCP_SYNC_DELIVERED || !tcp_delivered(tc, released, end))) return;
-    tcp_consumed_t a = {.magic = TCP_ACK_CONSUMED,
-                        .flags = final ? TCP_ACK_FINAL : 0,
-                        .released = released,
-                        .word = word};
+    tcp_ack_frame_t f = {.hdr = {.step = released, .len = sizeof(tcp_consumed_t),
+                                 .kind = TCP_HDR_ACK},
+                         .a = {.magic = TCP_ACK_CONSUMED,
+                               .flags = final ? TCP_ACK_FINAL : 0,
+                               .released = released,
+                               .word = word}};
     STORE_REL(&tc->sync_state, final ? TCP_SYNC_FINAL : TCP_SYNC_DELIVERED);
+    if (tc->share) {
+        /* The socket may carry another connection's chunks this way: between its pieces. */
+        tcp_share_queue_ack(tc, &f);
+        return;
+    }
     /* Nothing else travels in this direction, so the kernel takes these few bytes at once; a
      * peer that is gone just never reads them. */
-    ssize_t r = send(tc->socks[0].fd, &a, sizeof(a), MSG_NOSIGNAL | MSG_DONTWAIT);
+    ssize_t r = send(tc->socks[0].fd, &f, sizeof(f), MSG_NOSIGNAL | MSG_DONTWAIT);
     (void)r;
 }
 
@@ -382,6 +431,8 @@ int tcp_sock_try(tcp_conn_t *tc, tcp_sock_t *s) {
         return TCP_SOCK_BUSY;
     int r = tc->is_send ? tcp_sock_send_pass(tc, s) : tcp_sock_recv_pass(tc, s);
     __atomic_store_n(&s->lock, 0, __ATOMIC_RELEASE);
+    /* An answer queued while this pass held the lock (tcp_share_flush_try let it be). */
+    if (tc->share && LOAD_ACQ(&tc->share->out_pending)) tcp_share_flush_try(tc->share);
     return r;
 }
 
