@@ -24,7 +24,6 @@
  */
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "check.h"
@@ -33,6 +32,7 @@
 #include "device/cpu_exec.h"
 #include "log.h"
 #include "param.h"
+#include "waiter.h"
 
 #define ZC_RING 256
 #define ZC_REGS 128
@@ -234,36 +234,39 @@ void ce_zc_release(dp_ce_t *ce) {
 
 /* ---- launch --------------------------------------------------------------------------------- */
 
-/* Wait until word(q) >= value for every peer q; bounded like every wait of the device path. */
+/* Wait until word(q) >= value for every peer q, with the project's wait policy (waiter.c: spin,
+ * yield, sleep; CHORUS_TIMEOUT; the abort flag), the communicator's error word and, every 64
+ * polls, the peer's liveness. */
 static ncclResult_t zc_wait_peers(dp_ce_t *ce, size_t word_off, uint64_t value, const char *what) {
-    const int64_t deadline = ch_host_now_ns() + chorus_param_int(PARAM_TIMEOUT) * 1000000000LL;
-    long spins = 0;
+    chorus_waiter_t w;
+    chorus_waiter_init(&w, ce->abort_flag);
     for (int q = 0; q < ce->nranks; q++) {
         if (q == ce->rank) continue;
-        const uint64_t *w = (const uint64_t *)((const char *)zc_area(ce, q) + word_off);
-        while (ch_ld_acquire(w) < value) {
-            if (ch_ld32_relaxed(dp_ce_err(ce)) != CH_OK ||
-                __atomic_load_n(ce->abort_flag, __ATOMIC_ACQUIRE)) {
-                WARN("rank %d: waiting for rank %d's %s: the communicator failed or was aborted",
-                     ce->rank, q, what);
+        const uint64_t *word = (const uint64_t *)((const char *)zc_area(ce, q) + word_off);
+        while (ch_ld_acquire(word) < value) {
+            if (ch_ld32_relaxed(dp_ce_err(ce)) != CH_OK) {
+                WARN("rank %d: waiting for rank %d's %s: the communicator failed", ce->rank, q,
+                     what);
                 return ncclRemoteError;
             }
-            if (++spins % 64 == 0) {
-                if (!ce_peer_alive(ce, q)) {
-                    /* As the watchdog reports it: later calls name the rank too. */
-                    ch_set_once32((uint32_t *)(ce->host[0] + CE_DEAD_OFF), (uint32_t)q + 1);
-                    ch_set_once32(dp_ce_err(ce), CH_ERR_PEER);
-                    WARN("rank %d: peer rank %d (pid %d) ended before its %s", ce->rank, q,
-                         ce->pids[q], what);
-                    return ncclRemoteError;
-                }
-                if (ch_host_now_ns() > deadline) {
-                    WARN("rank %d: rank %d has not made its %s within CHORUS_TIMEOUT", ce->rank, q,
-                         what);
-                    return ncclSystemError;
-                }
-                struct timespec ts = {0, 20000};
-                nanosleep(&ts, NULL);
+            if ((w.polls & 63) == 63 && !ce_peer_alive(ce, q)) {
+                /* As the watchdog reports it: later calls name the rank too. */
+                ch_set_once32((uint32_t *)(ce->host[0] + CE_DEAD_OFF), (uint32_t)q + 1);
+                ch_set_once32(dp_ce_err(ce), CH_ERR_PEER);
+                WARN("rank %d: peer rank %d (pid %d) ended before its %s", ce->rank, q,
+                     ce->pids[q], what);
+                return ncclRemoteError;
+            }
+            const ncclResult_t r = chorus_waiter_step(&w);
+            if (r == ncclRemoteError) {
+                WARN("rank %d: waiting for rank %d's %s: the communicator was aborted", ce->rank,
+                     q, what);
+                return r;
+            }
+            if (r != ncclSuccess) {
+                WARN("rank %d: rank %d has not made its %s within CHORUS_TIMEOUT", ce->rank, q,
+                     what);
+                return r;
             }
         }
     }
