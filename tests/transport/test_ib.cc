@@ -10,6 +10,7 @@
 // that names the peer before the deadline.
 #include <gtest/gtest.h>
 
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -468,6 +469,7 @@ struct Fault {
     const char *says = nullptr; // the error must also contain this
     const char *qps = "1";      // NCCL_IB_QPS_PER_CONNECTION
     const char *split = "0";    // NCCL_IB_SPLIT_DATA_ON_QPS
+    const char *one_says = nullptr; // at least one rank's error must contain this
 };
 
 class IbFault : public ::testing::TestWithParam<Fault> {};
@@ -489,6 +491,11 @@ TEST_P(IbFault, ErrorNamesPeerBeforeDeadline) {
     for (int i = 0; i < 40; i++)
         p.sizes.push_back(1 << 20);
     chorus_unique_id_t id = transport_make_id();
+    // Which ranks' errors contained f.one_says, written by the forked ranks.
+    int *said = static_cast<int *>(mmap(nullptr, 2 * sizeof(int), PROT_READ | PROT_WRITE,
+                                        MAP_SHARED | MAP_ANONYMOUS, -1, 0));
+    ASSERT_NE(said, MAP_FAILED);
+    said[0] = said[1] = 0;
     RunResult res = run_forked(
         2,
         [&](int r, int n) {
@@ -506,10 +513,15 @@ TEST_P(IbFault, ErrorNamesPeerBeforeDeadline) {
                        peer.c_str(), last ? last : "");
             RANK_CHECK(!f.says || strstr(last, f.says), "the error does not say '%s': '%s'",
                        f.says, last);
+            said[r] = f.one_says && strstr(last, f.one_says) != nullptr;
             return 0;
         },
         60);
     EXPECT_TRUE(res.ok()) << res.detail;
+    if (f.one_says)
+        EXPECT_TRUE(said[0] || said[1]) << "no rank's error says '" << f.one_says << "'\n"
+                                        << res.detail;
+    munmap(said, 2 * sizeof(int));
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -523,7 +535,10 @@ INSTANTIATE_TEST_SUITE_P(
                       Fault{"CompletionError", "CHORUS_SOFTIB_FAIL_WC", "7"},
                       Fault{"PeerDeath", "CHORUS_SOFTIB_PEER_DEATH", "7"},
                       Fault{"PortDown", "CHORUS_SOFTIB_PORT_DOWN", "1"},
-                      Fault{"PortDownMidRun", "CHORUS_SOFTIB_PORT_DOWN_AFTER", "7", "went down"},
+                      // The rank whose port goes down first says so; its peer may see its
+                      // retries run out (the remote side's view) before its own port goes.
+                      Fault{"PortDownMidRun", "CHORUS_SOFTIB_PORT_DOWN_AFTER", "7", nullptr, "1",
+                            "0", "went down"},
                       Fault{"CreateQpThirdOfFour", "CHORUS_SOFTIB_FAIL_CREATE_QP", "3", nullptr,
                             "4"},
                       Fault{"CompletionErrorFourQps", "CHORUS_SOFTIB_FAIL_WC", "10",
