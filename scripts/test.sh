@@ -7,6 +7,7 @@
 # the sanitizer stages (build-asan, build-tsan; see the block at the end).
 #   CHORUS_TEST_COVERAGE=0 scripts/test.sh          skip the coverage stage
 #   CHORUS_TEST_SANITIZERS=0 scripts/test.sh        skip the sanitizer stages (local use; CI runs them)
+#   CHORUS_TEST_OPT="-O2 -g" scripts/test.sh        compile the test code with these flags (-O1 -g1)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs=$(nproc)
@@ -34,8 +35,11 @@ if [ -z "$cuda_archs" ]; then
     cuda_archs=native
   fi
 fi
+# The test code (not the library) is compiled with -O1 -g1 in every tree below: about half the
+# compile time of -O2 -g, with the line tables that sanitizer reports need (tests/CMakeLists.txt).
+test_opt="${CHORUS_TEST_OPT:--O1 -g1}"
 cmake -S . -B build -DCHORUS_WERROR=ON -DCHORUS_TESTS=ON -DCHORUS_TEST_PCH=ON \
-  -DCMAKE_CUDA_ARCHITECTURES="$cuda_archs"
+  -DCHORUS_TEST_OPT="$test_opt" -DCMAKE_CUDA_ARCHITECTURES="$cuda_archs"
 cmake --build build -j"$jobs"
 stage_done "build"
 # The library and tools must also build with the CUDA path off. The sanitizer trees below are
@@ -108,12 +112,14 @@ if [ "$sanitizers" != 0 ]; then
   tsan_exclude+='|^Coll/CollTcpTune.*buf65536|^DdpModel|^perf_run'
   CHORUS_TSAN_EXCLUDE="${CHORUS_TSAN_EXCLUDE:-$tsan_exclude}"
   cmake -S . -B build-asan -DCHORUS_SANITIZE=address,undefined -DCHORUS_WERROR=ON \
+    -DCHORUS_TEST_OPT="$test_opt" \
     -DCHORUS_TEST_PCH=ON >/dev/null
   cmake --build build-asan -j"$jobs"
   stage_done "build-asan"
   (cd build-asan && ctest --output-on-failure --timeout 900 -j2 -LE nightly -E "$CHORUS_ASAN_EXCLUDE")
   stage_done "ctest asan"
-  cmake -S . -B build-tsan -DCHORUS_SANITIZE=thread -DCHORUS_WERROR=ON -DCHORUS_TEST_PCH=ON >/dev/null
+  cmake -S . -B build-tsan -DCHORUS_SANITIZE=thread -DCHORUS_WERROR=ON -DCHORUS_TEST_PCH=ON \
+    -DCHORUS_TEST_OPT="$test_opt" >/dev/null
   cmake --build build-tsan -j"$jobs"
   stage_done "build-tsan"
   # gcc's TSan maps its shadow at fixed addresses; where the kernel randomises mmap with more
