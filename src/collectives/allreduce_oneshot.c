@@ -86,28 +86,13 @@ static ncclResult_t oneshot_progress(coll_op_t *op, int *done_p) {
     const int n = comm->nranks, me = comm->rank;
     char *out = op->recvbuff;
     if (n == 1) {
-        rk_prepare(out, op->sendbuff, op->count, &op->redop);
-        if (op->redop.kind == RK_SUMDIV) rk_finish(out, out, op->count, &op->redop);
+        coll_local_reduce(op, out, op->sendbuff, op->count);
         *done_p = 1;
         return ncclSuccess;
     }
     if (op->round == 0) CHECK(oneshot_start(op));
-    int moved = 0, sends_done = 1;
-    for (int i = 0; i < n - 1; i++) {
-        coll_xfer_t *x = &op->xfer[i];
-        if (x->done) continue;
-        coll_chunk_t cc = {0};
-        cc.kind = PRIM_PREP_SEND;
-        cc.in = x->buf;
-        cc.count = op->count;
-        int ok;
-        CHECK(prim_xfer_chunk(op, x, &cc, &ok));
-        if (!ok) {
-            sends_done = 0;
-            continue;
-        }
-        moved = 1;
-    }
+    int moved = 0, sends_done;
+    CHECK(coll_oneshot_send(op, &moved, &sends_done));
     /* The fold, in rank order. op->round - 1 is the next rank whose contribution to add. In
      * place, `out` is the input the sends read: wait for them before writing it. */
     const int in_place = op->sendbuff == op->recvbuff;

@@ -161,6 +161,12 @@ ncclResult_t coll_engine_run_started(coll_op_t *op);
  * to the engine part way (tests check that it ran). */
 void coll_allreduce_fast_stats(struct ncclComm *comm, uint64_t *ops_p, uint64_t *handovers_p);
 void coll_oneshot_setup(coll_op_t *op, int send_per_peer, int recv_per_peer);
+/* ring_common.c: a single rank's reduction, out = post(pre(in)). */
+void coll_local_reduce(coll_op_t *op, void *out, const void *in, size_t count);
+/* oneshot_common.c: one progress pass over the sends that have not finished (each moves its whole
+ * block as the op's one chunk): *moved is set when one went out, *sends_done cleared while one
+ * waits for its slot. */
+ncclResult_t coll_oneshot_send(coll_op_t *op, int *moved, int *sends_done);
 /* algo_filter.c: the algorithms NCCL_ALGO / CHORUS_ALGO allow for a collective (NCCL's syntax:
  * "ring,oneshot;allreduce:^ll"), as a mask of 1 << COLL_ALGO_*. */
 #define COLL_ALLOW_ALL                                                                             \

@@ -45,8 +45,6 @@ void coll_ring_plan(coll_op_t *op, size_t total, size_t loop_chunks);
 ncclResult_t coll_ring_setup_single(coll_op_t *op);
 /* The ring position of `rank` on channel c. */
 int coll_ring_pos(const struct ncclComm *comm, int c, int rank);
-/* Single-rank reductions: out = post(pre(in)). */
-void coll_local_reduce(coll_op_t *op, void *out, const void *in, size_t count);
 /* Finish the channel once its loops are done: wait for direct chunks to be consumed. Returns 1
  * when the channel is done. */
 ncclResult_t coll_ring_channel_end(coll_op_t *op, coll_chan_t *ch, int *done_p);

@@ -10,6 +10,7 @@
  */
 #include <string.h>
 
+#include "check.h"
 #include "coll_internal.h"
 #include "comm.h"
 
@@ -38,4 +39,24 @@ void coll_oneshot_setup(coll_op_t *op, int send_per_peer, int recv_per_peer) {
         r->bytes = bytes;
         r->buf = (char *)op->recvbuff + (recv_per_peer ? (size_t)r->peer * bytes : 0);
     }
+}
+
+ncclResult_t coll_oneshot_send(coll_op_t *op, int *moved, int *sends_done) {
+    *sends_done = 1;
+    for (int i = 0; i < op->comm->nranks - 1; i++) {
+        coll_xfer_t *x = &op->xfer[i];
+        if (x->done) continue;
+        coll_chunk_t cc = {0};
+        cc.kind = PRIM_PREP_SEND;
+        cc.in = x->buf;
+        cc.count = op->count;
+        int ok;
+        CHECK(prim_xfer_chunk(op, x, &cc, &ok));
+        if (!ok) {
+            *sends_done = 0;
+            continue;
+        }
+        *moved = 1;
+    }
+    return ncclSuccess;
 }

@@ -32,27 +32,12 @@ static ncclResult_t rs_oneshot_progress(coll_op_t *op, int *done_p) {
     char *out = op->recvbuff;
     const char *own = (const char *)op->sendbuff + (size_t)me * op->count * op->esize;
     if (n == 1) {
-        rk_prepare(out, op->sendbuff, op->count, &op->redop);
-        if (op->redop.kind == RK_SUMDIV) rk_finish(out, out, op->count, &op->redop);
+        coll_local_reduce(op, out, op->sendbuff, op->count);
         *done_p = 1;
         return ncclSuccess;
     }
-    int moved = 0, sends_done = 1;
-    for (int i = 0; i < n - 1; i++) {
-        coll_xfer_t *x = &op->xfer[i];
-        if (x->done) continue;
-        coll_chunk_t cc = {0};
-        cc.kind = PRIM_PREP_SEND;
-        cc.in = x->buf;
-        cc.count = op->count;
-        int ok;
-        CHECK(prim_xfer_chunk(op, x, &cc, &ok));
-        if (!ok) {
-            sends_done = 0;
-            continue;
-        }
-        moved = 1;
-    }
+    int moved = 0, sends_done;
+    CHECK(coll_oneshot_send(op, &moved, &sends_done));
     /* op->round: 0 before the own block, then 1 + the number of peers folded in. The own block
      * and the first peer's fold in one pass (out = pre(own) (+) block) unless the integer average
      * with more than one peer, whose divide must wait for the last: then own is prepared alone. */
