@@ -18,7 +18,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from ddp_common import WIDTH, setup, start_busy, stop_busy  # noqa: E402
+from ddp_common import WIDTH, finish, setup, start_busy, stop_busy  # noqa: E402
 
 args, ch, R, W, make = setup(rounds=5)
 nparam = sum(p.numel() for p in make().parameters())
@@ -52,5 +52,4 @@ if R == 0:
     share = f"{cc / cg * 100:.0f} %" if cg > 0 else "n/a"
     print(f"  step ratio gloo/chorus {med['gloo'] / med['chorus']:.2f}x; communication above the "
           f"floor: chorus {cc:.2f} ms, gloo {cg:.2f} ms ({share})")
-dist.destroy_process_group(ch)
-dist.destroy_process_group()
+finish(ch)

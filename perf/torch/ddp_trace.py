@@ -24,7 +24,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from ddp_common import WIDTH, setup, start_busy, stop_busy  # noqa: E402
+from ddp_common import WIDTH, finish, setup, start_busy, stop_busy  # noqa: E402
 from chorus_torch import process_group as cpg  # noqa: E402
 
 args, ch, R, W, make = setup(rounds=3)
@@ -145,5 +145,4 @@ if R == 0:
           f"{args.steps} steps, {args.busy} busy processes beside, load {load:.1f}")
     for t in texts:
         print(t)
-dist.destroy_process_group(ch)
-dist.destroy_process_group()
+finish(ch)
