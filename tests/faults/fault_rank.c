@@ -7,7 +7,8 @@
  *   FAULT_STAGE    where: init     just before ncclCommInitRank (the others are in bootstrap)
  *                         connect  just after ncclCommInitRank returns (the others set up the
  *                                  connections of their first all-reduce)
- *                         midop    2 ms into its fourth all-reduce (connections are up)
+ *                         midop    2 ms into its fourth all-reduce (connections are up); a
+ *                                  victim whose fourth all-reduce ends first waits for it there
  *                         destroy  after its last all-reduce, before ncclCommDestroy
  *                         killall  every rank (FAULT_VICTIM ignored) kills itself with SIGKILL
  *                                  a random 0-3 ms into its first all-reduce, i.e. while the
@@ -120,6 +121,12 @@ int main(void) {
             int rc = result("op", r, comm);
             ncclCommAbort(comm);
             return rc;
+        }
+        if (me_victim && it == 3 && strcmp(stage, "midop") == 0) {
+            /* The timer missed the op (a loaded host can run it late): wait for it here, so
+             * that the survivors are in the next all-reduce when the victim goes, never past
+             * the end of the run. */
+            for (;;) pause();
         }
         float want = (float)nranks * (float)(nranks + 1) / 2.0f;
         if (b[0] != want || b[count - 1] != want) {
