@@ -1,0 +1,308 @@
+/*
+ * cost_time.c: each algorithm's time in the cost model (coll_model_time_us), on the shape of a
+ * communicator (coll_model_comm_t) with a link table; cost_model.c holds the constants and the
+ * choice.
+ *
+ * An algorithm's time on n ranks for a message of B bytes is steps * alpha + traffic / beta, per
+ * link: with ranks on several hosts and L of them on each (ranks in host order), steps inside a
+ * host are shared memory and steps between hosts the communicator's inter-host class, whose beta
+ * is a host's link, shared by its L ranks (model_layout); otherwise (one host, uneven hosts)
+ * every step is charged the communicator's slowest class and each rank its whole bandwidth:
+ *   ring all-reduce         2(n-1) steps of B/n, H of every n of them between hosts: the longer
+ *                           of that chain of steps and 2(n-1)/n B back to back through the
+ *                           slower of a host link and shared memory (its slowest queue)
+ *   recursive doubling      log2(m) rounds (+2 folding n - m ranks in and out) of B: a round
+ *                           whose pairs stay inside the hosts over shm, else across with the L
+ *                           ranks of a host sending B each through its link
+ *   one-shot                1 step, (n-1) B (every rank sends its input to every other)
+ *   direct                  1 step, B (threads of one process: one pass over memory)
+ *   tree                    to fill the pipe, one chunk c down and up the path with the most
+ *                           inter-host hops; then B/2 per tree edge at the busiest queue: the
+ *                           host link with the most edges to other hosts, or the rank with the
+ *                           most edges inside its host (walked from the trees themselves)
+ *   hier (H hosts of L)     a pipeline of columns (chunk c of every shard): one column through
+ *                           shm, the host tree (its L chunks sharing the host link) and shm
+ *                           again, then per further column the busier of a rank's shm copies
+ *                           (2(L-1) c) and a host link (L c / 2 per host tree edge)
+ *   reduce-scatter/all-gather ring: n-1 steps, (n-1) B (B per rank); one-shot 1 step, (n-1) B
+ *   broadcast/reduce chain  n-1 steps, B (pipelined)
+ *   send/recv: 1 step, B; all-to-all, gather, scatter: 1 step, (n-1) B (B per block; across
+ *   hosts L (n-L) B through a host link)
+ */
+#include <math.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "coll_internal.h"
+#include "coll_model.h"
+#include "util.h"
+
+static int log2_floor(int n) {
+    int r = 0;
+    while ((2 << r) <= n) r++;
+    return r;
+}
+
+/* ---- where the ranks sit ----------------------------------------------------------------------
+ *
+ * With ranks on several hosts and the same count L on each, the model takes rank h * L + l to be
+ * local rank l of host h (ranks in host order, as launchers number them and the topology orders
+ * its rings): an edge between ranks of one host is shared memory, an edge between hosts goes
+ * through both hosts' links, and each host's link (beta of the inter-host class: a host's NIC)
+ * carries what all L ranks of the host send across. Without such a layout (one host, or hosts
+ * with different counts) L is 1: every step is charged the communicator's slowest class and
+ * each rank its whole bandwidth. */
+typedef struct {
+    int n, L, H;
+    const coll_link_cost_t *x; /* between hosts (one host: the communicator's class) */
+    const coll_link_cost_t *s; /* within a host (shm) */
+} model_layout_t;
+
+static void model_layout(const coll_model_comm_t *m, const coll_link_cost_t *links,
+                         model_layout_t *lay) {
+    lay->n = m->nranks;
+    lay->L = 1;
+    if (m->nhosts > 1 && m->host_ranks > 1 && (long)m->host_ranks * m->nhosts == m->nranks)
+        lay->L = m->host_ranks;
+    lay->H = m->nranks / lay->L;
+    lay->x = &links[m->link];
+    lay->s = &links[COLL_LINK_SHM];
+}
+
+/* Microseconds per byte of the slowest queue of a pipelined ring in host order, where every rank
+ * sends as much as the others to its neighbour: the host link where the edge crosses hosts,
+ * shared memory where it does not (L > 1 only). */
+static double model_edge_us_per_byte(const model_layout_t *lay) {
+    double t = 1.0 / lay->x->beta;
+    if (lay->L > 1) t = CHORUS_MAX(t, 1.0 / lay->s->beta);
+    return t;
+}
+
+/* The double binary tree (coll_tree_links) over n ranks in hosts of L, walked once per shape:
+ *   net        the most edges of both trees one host's ranks have to ranks of other hosts (each
+ *              edge moves its tree's half of the op once each way: the host link's load, each
+ *              direction)
+ *   shm        the most edges one rank has to ranks of its own host (its shared-memory load)
+ *   cross, intra  the root-to-leaf path with the most inter-host edges (then the most edges):
+ *              its inter-host and intra-host edges (the pipeline's fill)
+ * With L = 1 every edge crosses: net = the edges of the rank with the most. The last shapes
+ * asked for are kept (the tuner asks per op; the walk is O(n log n)). */
+typedef struct {
+    int n, L;
+    int net, shm, cross, intra;
+} tree_shape_t;
+
+#define TREE_SHAPES 8
+static pthread_mutex_t shape_lock = PTHREAD_MUTEX_INITIALIZER;
+static tree_shape_t shapes[TREE_SHAPES];
+static int shapes_next;
+
+static void tree_shape_walk(int n, int L, tree_shape_t *sh) {
+    const int H = n / L;
+    int *par = malloc(2 * (size_t)n * sizeof(int)), *local = calloc((size_t)n, sizeof(int));
+    int *tx = calloc((size_t)H, sizeof(int));
+    if (par == NULL || local == NULL || tx == NULL) {
+        /* No memory for the walk: every edge crossing, three per tree at the busiest rank. */
+        free(par);
+        free(local);
+        free(tx);
+        sh->net = 6;
+        sh->shm = 0;
+        sh->cross = coll_tree_depth(n) - 1;
+        sh->intra = 0;
+        return;
+    }
+    for (int t = 0; t < 2; t++)
+        for (int r = 0; r < n; r++) {
+            int parent, child[2];
+            coll_tree_links(n, r, t, &parent, child);
+            par[t * n + r] = parent;
+            const int peers[3] = {parent, child[0], child[1]};
+            for (int i = 0; i < 3; i++) {
+                if (peers[i] < 0) continue;
+                if (peers[i] / L != r / L)
+                    tx[r / L]++; /* this end's send of the edge (up or down), and its receive */
+                else
+                    local[r]++;
+            }
+        }
+    sh->net = sh->shm = 0;
+    for (int h = 0; h < H; h++) sh->net = CHORUS_MAX(sh->net, tx[h]);
+    for (int r = 0; r < n; r++) sh->shm = CHORUS_MAX(sh->shm, local[r]);
+    sh->cross = sh->intra = 0;
+    for (int t = 0; t < 2; t++)
+        for (int r = 0; r < n; r++) {
+            int c = 0, i = 0;
+            for (int x = r; par[t * n + x] >= 0; x = par[t * n + x]) {
+                if (par[t * n + x] / L != x / L) c++;
+                else i++;
+            }
+            if (c > sh->cross || (c == sh->cross && c + i > sh->cross + sh->intra)) {
+                sh->cross = c;
+                sh->intra = i;
+            }
+        }
+    free(par);
+    free(local);
+    free(tx);
+}
+
+static void tree_shape(int n, int L, tree_shape_t *out) {
+    pthread_mutex_lock(&shape_lock);
+    for (int i = 0; i < TREE_SHAPES; i++)
+        if (shapes[i].n == n && shapes[i].L == L) {
+            *out = shapes[i];
+            pthread_mutex_unlock(&shape_lock);
+            return;
+        }
+    pthread_mutex_unlock(&shape_lock);
+    tree_shape_t sh = {n, L, 0, 0, 0, 0};
+    tree_shape_walk(n, L, &sh);
+    pthread_mutex_lock(&shape_lock);
+    shapes[shapes_next] = sh;
+    shapes_next = (shapes_next + 1) % TREE_SHAPES;
+    pthread_mutex_unlock(&shape_lock);
+    *out = sh;
+}
+
+/* The double binary tree: to fill the pipe, one chunk c along the path with the most
+ * inter-host hops, up and down; then what the busiest queue moves, B/2 per edge: a host link
+ * carries its host's edges across, shared memory a rank's edges within its host. */
+static double tree_time_us(const model_layout_t *lay, double b, size_t chunk, size_t bytes) {
+    tree_shape_t sh;
+    tree_shape(lay->n, lay->L, &sh);
+    if (chunk == 0) chunk = coll_model_tree_chunk(bytes, 1, (size_t)512 << 10);
+    const double c = CHORUS_MIN((double)chunk, b / 2);
+    const coll_link_cost_t *x = lay->x, *s = lay->s;
+    const double fill =
+        2 * (sh.cross * (x->alpha_us + c / x->beta) + sh.intra * (s->alpha_us + c / s->beta));
+    double pipe = sh.net * (b / 2) / x->beta;
+    if (sh.shm > 0) pipe = CHORUS_MAX(pipe, sh.shm * (b / 2) / s->beta);
+    return fill + pipe;
+}
+
+/* Recursive doubling over m = 2^R ranks after folding r = n - m pairs (allreduce_rd.c: the folded
+ * pair 2i, 2i+1; the rest n' >= r as rank n' + r). Round k pairs ranks 2^(k-1) apart in the
+ * folded numbering; it stays inside every host when the pairs' blocks (2^k ranks, twice that
+ * among the folded) align with hosts of L, else it crosses: every rank of a host sends the whole
+ * message through the host's link. The first crossing round queues the host's L messages on its
+ * link (the last leaves after L transfers) and so staggers the ranks by one transfer each: in
+ * every later crossing round a rank's message finds the link free unless the link's L transfers
+ * take longer than one hop (latency and transfer), so such a round takes the longer of the two.
+ * The fold in and out: a pair of one host when L is even. */
+static double rd_time_us(const model_layout_t *lay, double b) {
+    const int n = lay->n, L = lay->L, R = log2_floor(n), r = n - (1 << R);
+    const coll_link_cost_t *x = lay->x, *s = lay->s;
+    const double local = s->alpha_us + b / s->beta, across = x->alpha_us + L * b / x->beta;
+    const double across_again = CHORUS_MAX(x->alpha_us + b / x->beta, L * b / x->beta);
+    double t = 0;
+    int crossed = 0;
+    for (int k = 1; k <= R; k++) {
+        const long blk = 2L << (k - 1); /* ranks of a block of round k */
+        const int inside = L > 1 && r % blk == 0 && L % blk == 0 && (r == 0 || L % (2 * blk) == 0);
+        if (inside) {
+            t += local;
+        } else {
+            t += crossed ? across_again : across;
+            crossed = 1;
+        }
+    }
+    if (r > 0) t += 2 * (L % 2 == 0 ? local : across);
+    return t;
+}
+
+/* The hierarchical all-reduce (allreduce_hier.c): shm inside hosts, the double binary tree over
+ * the H hosts between them, each of a host's L ranks running it for its shard (B/L) through the
+ * host's shared link. The op is a pipeline of columns (chunk c of every shard). One column's
+ * time: into its owners over shm (each rank sends its L-1 peers a chunk), up and down the host
+ * tree (a hop per edge of the path with the most, one chunk each; the host's L chunks of the
+ * column share its link, which delays the last of them by L-1 chunks), out again over shm; or,
+ * where longer, the shm phases and the busiest host link's share of the column (L chunks on
+ * each of its edges in the column's tree). Each further column adds the busier of its queues:
+ * a rank's shm copies (2(L-1) chunks) or a host link (its host tree edges, L/2 chunks each way
+ * on each: the trees alternate columns). */
+static double hier_time_us(const coll_model_comm_t *m, const model_layout_t *lay, double b,
+                           size_t chunk) {
+    const int L = m->host_ranks, H = m->nhosts;
+    if (L < 2 || H < 2 || lay->L != L) return 1e30; /* it does not run there */
+    const coll_link_cost_t *s = lay->s, *x = lay->x;
+    const double shard = b / L;
+    if (chunk == 0) chunk = coll_model_hier_chunk((size_t)shard, 1, (size_t)512 << 10);
+    const double c = CHORUS_MIN((double)chunk, shard);
+    const double cols = c > 0 ? CHORUS_MAX(1.0, ceil(shard / c)) : 1.0;
+    tree_shape_t sh;
+    tree_shape(H, 1, &sh);
+    const double shm_phases = 2 * (s->alpha_us + (L - 1) * c / s->beta);
+    const double chain = shm_phases + 2 * sh.cross * (x->alpha_us + c / x->beta) +
+                         (L - 1) * c / x->beta;
+    /* ... unless a host link's share of the column (its busiest host's edges in one tree, L
+     * chunks on each) takes longer than that chain. */
+    const double queue = shm_phases + x->alpha_us + (sh.net + 1) / 2 * L * c / x->beta;
+    const double column = CHORUS_MAX(chain, queue);
+    const double shm_col = 2.0 * (L - 1) * c / s->beta;
+    const double net_col = sh.net * (L * c / 2) / x->beta;
+    return column + (cols - 1) * CHORUS_MAX(shm_col, net_col);
+}
+
+/* A ring of `steps` steps moving blk bytes per rank and step: the longer of the chain of steps a
+ * block takes (each an average step: its latency and transfer) and the slowest queue's sends
+ * back to back plus one hop. With one rank per host both are the same link and the chain is the
+ * longer: steps * (alpha + blk / beta). */
+static double ring_time_us(const model_layout_t *lay, double steps, double blk, double alpha,
+                           double inv, double edge) {
+    const double chain = steps * (alpha + blk * inv);
+    const double queue = steps * blk * edge + lay->x->alpha_us;
+    return CHORUS_MAX(chain, queue);
+}
+
+double coll_model_time_us(const coll_model_comm_t *m, const coll_link_cost_t *links, int coll,
+                          int algo, size_t bytes, size_t chunk) {
+    const int n = m->nranks;
+    const double b = (double)bytes;
+    if (n <= 1) return 0.1 + b / 20e3; /* a local copy at ~20 GB/s */
+    model_layout_t lay;
+    model_layout(m, links, &lay);
+    const int L = lay.L, H = lay.H;
+    /* A ring in host order: H of its n edges cross hosts, each the host link's only ring edge
+     * per channel (the channels' crossing edges share it); the rest are shared memory. A step's
+     * latency and time per byte on average (the chain of steps a block takes around the ring),
+     * and the slowest queue's time per byte (which paces the pipeline). */
+    const double ring_alpha = ((double)H * lay.x->alpha_us + (double)(n - H) * lay.s->alpha_us) / n;
+    const double ring_inv = L == 1 ? 1.0 / lay.x->beta
+                                   : ((double)H / lay.x->beta + (double)(n - H) / lay.s->beta) / n;
+    const double edge = model_edge_us_per_byte(&lay);
+    switch (coll) {
+    case COLL_ALLREDUCE:
+        switch (algo) {
+        case COLL_ALGO_LL: return rd_time_us(&lay, b);
+        case COLL_ALGO_ONESHOT:
+            /* Every rank sends its input to every other: (n-L) copies across per rank through
+             * its host's link, L-1 within. */
+            if (L == 1) return lay.x->alpha_us + b * (n - 1) / lay.x->beta;
+            return lay.x->alpha_us + CHORUS_MAX((double)L * (n - L) * b / lay.x->beta,
+                                                (L - 1) * b / lay.s->beta);
+        case COLL_ALGO_DIRECT: return lay.x->alpha_us + b / lay.x->beta;
+        case COLL_ALGO_TREE: return tree_time_us(&lay, b, chunk, bytes);
+        case COLL_ALGO_HIER: return hier_time_us(m, &lay, b, chunk);
+        default: /* the ring */
+            return ring_time_us(&lay, 2.0 * (n - 1), b / n, ring_alpha, ring_inv, edge);
+        }
+    case COLL_REDUCESCATTER:
+    case COLL_ALLGATHER:
+        if (algo == COLL_ALGO_ONESHOT || algo == COLL_ALGO_DIRECT)
+            return lay.x->alpha_us + b * (n - 1) / lay.x->beta;
+        return ring_time_us(&lay, n - 1.0, b, ring_alpha, ring_inv, edge);
+    case COLL_BROADCAST:
+    case COLL_REDUCE: return (n - 1) * ring_alpha + b * edge; /* the chain, pipelined */
+    case COLL_ALLTOALL:
+    case COLL_GATHER:
+    case COLL_SCATTER:
+        /* A block to or from every other rank; across hosts the host's ranks share its link. */
+        if (L == 1) return lay.x->alpha_us + b * (n - 1) / lay.x->beta;
+        return lay.x->alpha_us + CHORUS_MAX((double)L * (n - L) * b / lay.x->beta,
+                                            (L - 1) * b / lay.s->beta);
+    default: return lay.x->alpha_us + b / lay.x->beta;
+    }
+}
+
