@@ -20,10 +20,12 @@
  *                           inter-host hops; then B/2 per tree edge at the busiest queue: the
  *                           host link with the most edges to other hosts, or the rank with the
  *                           most edges inside its host (walked from the trees themselves)
- *   hier (H hosts of L)     a pipeline of columns (chunk c of every shard): one column through
- *                           shm, the host tree (its L chunks sharing the host link) and shm
- *                           again, then per further column the busier of a rank's shm copies
- *                           (2(L-1) c) and a host link (L c / 2 per host tree edge)
+ *   hier (H hosts of L)     a pipeline of columns (chunk c of every shard): one column walked
+ *                           chunk by chunk through shm, the host tree (a host's L chunks one
+ *                           after the other through its link, both children's into it) and shm
+ *                           again; then per further column the busiest host link (L c / 2 per
+ *                           host tree edge), or a rank's shm copies (2(L-1) c) after the first
+ *                           column
  *   reduce-scatter/all-gather ring: n-1 steps, (n-1) B (B per rank); one-shot 1 step, (n-1) B
  *   broadcast/reduce chain  n-1 steps, B (pipelined)
  *   send/recv: 1 step, B; all-to-all, gather, scatter: 1 step, (n-1) B (B per block; across
@@ -36,6 +38,7 @@
 
 #include "coll_internal.h"
 #include "coll_model.h"
+#include "param.h"
 #include "util.h"
 
 static int log2_floor(int n) {
@@ -214,14 +217,141 @@ static double rd_time_us(const model_layout_t *lay, double b) {
 
 /* The hierarchical all-reduce (allreduce_hier.c): shm inside hosts, the double binary tree over
  * the H hosts between them, each of a host's L ranks running it for its shard (B/L) through the
- * host's shared link. The op is a pipeline of columns (chunk c of every shard). One column's
- * time: into its owners over shm (each rank sends its L-1 peers a chunk), up and down the host
- * tree (a hop per edge of the path with the most, one chunk each; the host's L chunks of the
- * column share its link, which delays the last of them by L-1 chunks), out again over shm; or,
- * where longer, the shm phases and the busiest host link's share of the column (L chunks on
- * each of its edges in the column's tree). Each further column adds the busier of its queues:
- * a rank's shm copies (2(L-1) chunks) or a host link (its host tree edges, L/2 chunks each way
- * on each: the trees alternate columns). */
+ * host's shared link. The op is a pipeline of columns (chunk c of every shard).
+ *
+ * One column is walked chunk by chunk through the schedule (hier_column_us): rank l of a host
+ * has its chunk folded after its local peers' copies into it (each peer copies the columns of a
+ * window, as many as a connection's slots hold, to one peer before the next, in local order); a
+ * host sends its L chunks up the host tree as they are ready, one after the other through its
+ * link, and a host with two children receives both children's L chunks through its one link, in
+ * the order they were sent; a rank sends up once both children's chunks of its shard are there.
+ * At the root the result goes down, each chunk to the first child and then the second through
+ * the host's link, after the host's own sends up that were ready first; every rank then copies
+ * its final chunk to its L-1 local peers. So a hop costs a host link L chunks, 2L into a host
+ * with two children and out of it on the way down, not one, which is what decides on TCP at a
+ * column or two.
+ *
+ * The further columns: at the pace of the busiest host link (its host tree edges, L/2 chunks
+ * each way on each: the trees alternate columns), or of a rank's shm copies, which after the
+ * first column still copy the other columns' phase 3 and the phase 1 of those past the first
+ * window; never less than all of a rank's copies (2(L-1) chunks a column). */
+#define HIER_MEMO 80 /* subtree sizes of a host tree: at most two per level */
+
+typedef struct {
+    int L;
+    double q, a;      /* a chunk through a host link; a hop's latency */
+    const double *p1; /* [L]: when each local rank's own chunk is folded (phase 1) */
+    int nmemo;
+    int size[HIER_MEMO];
+    double *ready; /* [HIER_MEMO][L]: when each rank of a subtree's root host has its chunk up */
+} hier_walk_t;
+
+/* The children (subtree sizes) of a subtree of sz hosts in the balanced in-order tree
+ * (coll_tree_links: the middle label is the root, a single child is child[0]). */
+static int hier_kids(int sz, int kid[2]) {
+    const int left = (sz - 1) / 2, right = sz - 1 - left;
+    int k = 0;
+    if (left > 0) kid[k++] = left;
+    if (right > 0) kid[k++] = right;
+    return k;
+}
+
+/* A host's L chunks sent up in order through its link (as each is ready: ready[l]): when each
+ * send starts. */
+static void hier_sends(const hier_walk_t *w, const double *ready, double *start) {
+    double free_at = 0;
+    for (int l = 0; l < w->L; l++) {
+        start[l] = CHORUS_MAX(ready[l], free_at);
+        free_at = start[l] + w->q;
+    }
+}
+
+/* When each rank of the root host of a subtree of sz hosts has its column's chunk folded with
+ * its children's: the children send theirs as they are ready, and the host's link takes the
+ * chunks in the order they were sent (both children's, by the time each became ready). NULL:
+ * no memory. */
+static const double *hier_up(hier_walk_t *w, int sz) {
+    for (int i = 0; i < w->nmemo; i++)
+        if (w->size[i] == sz) return w->ready + (size_t)i * (size_t)w->L;
+    int kid[2];
+    const int nk = hier_kids(sz, kid);
+    const double *r[2] = {NULL, NULL};
+    for (int i = 0; i < nk; i++)
+        if ((r[i] = hier_up(w, kid[i])) == NULL) return NULL;
+    if (w->nmemo == HIER_MEMO) return NULL; /* more sizes than a tree of 2^31 hosts has */
+    const int L = w->L;
+    double *out = w->ready + (size_t)w->nmemo * (size_t)L;
+    double *st = w->ready + (size_t)HIER_MEMO * (size_t)L; /* scratch: 2 L past the memo */
+    memcpy(out, w->p1, (size_t)L * sizeof(double));
+    for (int i = 0; i < nk; i++) hier_sends(w, r[i], st + (size_t)i * (size_t)L);
+    double rx_free = 0;
+    for (int next[2] = {0, 0};;) {
+        int i = -1;
+        for (int j = 0; j < nk; j++)
+            if (next[j] < L && (i < 0 || r[j][next[j]] < r[i][next[i]])) i = j;
+        if (i < 0) break;
+        const int l = next[i]++;
+        const double at = CHORUS_MAX(st[(size_t)i * (size_t)L + (size_t)l], rx_free);
+        rx_free = at + w->q;
+        out[l] = CHORUS_MAX(out[l], rx_free + w->a);
+    }
+    w->size[w->nmemo++] = sz;
+    return out;
+}
+
+/* One column: phase 1, up the host tree (hier_up), down it along the path that ends last (the
+ * second child's, the larger subtree that gets each chunk after the first), phase 3. */
+static double hier_column_us(int H, int L, double c, int window, const coll_link_cost_t *s,
+                             const coll_link_cost_t *x) {
+    const double cs = c / s->beta;
+    hier_walk_t w = {.L = L, .q = c / x->beta, .a = x->alpha_us};
+    double *mem = malloc(((size_t)HIER_MEMO + 6) * (size_t)L * sizeof(double));
+    if (mem == NULL) return 1e30; /* no memory for the walk: the tuner takes another */
+    w.ready = mem;
+    double *p1 = mem + ((size_t)HIER_MEMO + 2) * (size_t)L, *t = p1 + L, *nt = t + L;
+    double *up = nt + L;
+    /* Phase 1: each rank copies its L-1 peers their chunks in local order, each peer the
+     * window's columns (as many as its slots hold) before the next peer, so rank l's chunk of the
+     * first column arrives after the window's copies to the l peers before it (L-2 for the last
+     * rank) at the peers above it. */
+    for (int l = 0; l < L; l++)
+        p1[l] = s->alpha_us + ((double)CHORUS_MIN(l, L - 2) * window + 1) * cs;
+    w.p1 = p1;
+    const double *root = hier_up(&w, H);
+    if (root == NULL) {
+        free(mem);
+        return 1e30;
+    }
+    memcpy(t, root, (size_t)L * sizeof(double));
+    double end = 0;
+    for (int sz = H, top = 1;;) {
+        for (int l = 0; l < L; l++) end = CHORUS_MAX(end, t[l]);
+        int kid[2];
+        const int nk = hier_kids(sz, kid);
+        if (nk == 0) break;
+        /* The host's link: its sends up (ready when folded, hier_up) and down (each chunk to
+         * child 0, then child 1, when final), in the order they became ready. */
+        const double *mine = hier_up(&w, sz);
+        if (mine == NULL) break;
+        if (!top) hier_sends(&w, mine, up);
+        double tx_free = 0;
+        int u = top ? L : 0;
+        for (int l = 0; l < L; l++)
+            for (int i = 0; i < nk; i++) {
+                for (; u < L && mine[u] <= t[l]; u++) tx_free = CHORUS_MAX(tx_free, up[u] + w.q);
+                const double at = CHORUS_MAX(t[l], tx_free);
+                tx_free = at + w.q;
+                if (i == nk - 1) nt[l] = tx_free + w.a;
+            }
+        memcpy(t, nt, (size_t)L * sizeof(double));
+        sz = kid[nk - 1];
+        top = 0;
+    }
+    free(mem);
+    /* Phase 3: every rank copies its final chunk to its L-1 peers. */
+    return end + (L - 1) * cs + s->alpha_us;
+}
+
 static double hier_time_us(const coll_model_comm_t *m, const model_layout_t *lay, double b,
                            size_t chunk) {
     const int L = m->host_ranks, H = m->nhosts;
@@ -233,16 +363,14 @@ static double hier_time_us(const coll_model_comm_t *m, const model_layout_t *lay
     const double cols = c > 0 ? CHORUS_MAX(1.0, ceil(shard / c)) : 1.0;
     tree_shape_t sh;
     tree_shape(H, 1, &sh);
-    const double shm_phases = 2 * (s->alpha_us + (L - 1) * c / s->beta);
-    const double chain = shm_phases + 2 * sh.cross * (x->alpha_us + c / x->beta) +
-                         (L - 1) * c / x->beta;
-    /* ... unless a host link's share of the column (its busiest host's edges in one tree, L
-     * chunks on each) takes longer than that chain. */
-    const double queue = shm_phases + x->alpha_us + (sh.net + 1) / 2 * L * c / x->beta;
-    const double column = CHORUS_MAX(chain, queue);
     const double shm_col = 2.0 * (L - 1) * c / s->beta;
     const double net_col = sh.net * (L * c / 2) / x->beta;
-    return column + (cols - 1) * CHORUS_MAX(shm_col, net_col);
+    const int64_t nslots = chorus_param_int(PARAM_NSLOTS);
+    const double window = CHORUS_MIN(cols, (double)(nslots > 0 ? nslots : 1));
+    const double column = hier_column_us(H, L, c, (int)window, s, x);
+    const double by_net = column + (cols - 1) * net_col;
+    const double by_shm = column + (L - 1) * c / s->beta * ((cols - 1) + (cols - window));
+    return CHORUS_MAX(CHORUS_MAX(by_net, by_shm), cols * shm_col + 2 * s->alpha_us);
 }
 
 /* A ring of `steps` steps moving blk bytes per rank and step: the longer of the chain of steps a
