@@ -12,8 +12,10 @@
  *                           of that chain of steps and 2(n-1)/n B back to back through the
  *                           slower of a host link and shared memory (its slowest queue)
  *   recursive doubling      log2(m) rounds (+2 folding n - m ranks in and out) of B: a round
- *                           whose pairs stay inside the hosts over shm, else across with the L
- *                           ranks of a host sending B each through its link
+ *                           whose pairs stay inside a host over shm, else across with the host's
+ *                           crossing ranks sending B each through its link (walked from the
+ *                           pairs: a host of folded ranks has half of its ranks in the rounds),
+ *                           each host's round after its partners' previous one
  *   one-shot                1 step, (n-1) B (every rank sends its input to every other)
  *   direct                  1 step, B (threads of one process: one pass over memory)
  *   tree                    to fill the pipe, one chunk c down and up the path with the most
@@ -186,32 +188,129 @@ static double tree_time_us(const model_layout_t *lay, double b, size_t chunk, si
 }
 
 /* Recursive doubling over m = 2^R ranks after folding r = n - m pairs (allreduce_rd.c: the folded
- * pair 2i, 2i+1; the rest n' >= r as rank n' + r). Round k pairs ranks 2^(k-1) apart in the
- * folded numbering; it stays inside every host when the pairs' blocks (2^k ranks, twice that
- * among the folded) align with hosts of L, else it crosses: every rank of a host sends the whole
- * message through the host's link. The first crossing round queues the host's L messages on its
- * link (the last leaves after L transfers) and so staggers the ranks by one transfer each: in
- * every later crossing round a rank's message finds the link free unless the link's L transfers
- * take longer than one hop (latency and transfer), so such a round takes the longer of the two.
- * The fold in and out: a pair of one host when L is even. */
+ * pair 2i, 2i+1; the rest n' >= r as rank n' + r), walked once per shape: for each host, how
+ * many of its ranks cross to another host in each round k (pairs 2^(k-1) apart in the folded
+ * numbering; 0: the round stays inside the host). Only the odd rank of a folded pair takes part,
+ * so a host of folded ranks sends half as many messages through its link as one of the rest, and
+ * hosts of folded ranks and of the rest cross in different rounds. Hosts with the same counts
+ * are kept once (a pattern), with the patterns of the hosts their ranks pair with in each round;
+ * past RD_PATTERNS the last pattern takes the most of each round. The last shapes asked for are
+ * kept (the walk is O(n log n)). */
+#define RD_PATTERNS 6
+typedef struct {
+    int n, L, npat;
+    unsigned char cross[RD_PATTERNS][32]; /* [pattern][k - 1]: round k (at most L <= 255) */
+    unsigned char peers[RD_PATTERNS][32]; /* [pattern][k - 1]: the partners' patterns (bits) */
+} rd_shape_t;
+
+#define RD_SHAPES 8
+static rd_shape_t rd_shapes[RD_SHAPES];
+static int rd_shapes_next;
+
+static int rd_model_real(int nr, int r) { return nr < r ? 2 * nr + 1 : nr + r; }
+
+static void rd_shape_walk(int n, int L, rd_shape_t *sh) {
+    const int H = n / L, R = log2_floor(n), r = n - (1 << R);
+    const size_t nh = (size_t)(H > 0 ? H : 1);
+    unsigned char *cnt = calloc(nh * 32, 1), *pat = malloc(nh);
+    if (cnt == NULL || pat == NULL) { /* no memory for the walk: every rank crosses every round */
+        free(cnt);
+        free(pat);
+        sh->npat = 1;
+        memset(sh->cross[0], (unsigned char)CHORUS_MIN(L, 255), sizeof(sh->cross[0]));
+        memset(sh->peers[0], 1, sizeof(sh->peers[0]));
+        return;
+    }
+    for (int k = 1; k <= R; k++)
+        for (int nr = 0; nr < (1 << R); nr++) {
+            const int x = rd_model_real(nr, r), y = rd_model_real(nr ^ (1 << (k - 1)), r);
+            if (x / L != y / L && cnt[(size_t)(x / L) * 32 + (size_t)(k - 1)] < 255)
+                cnt[(size_t)(x / L) * 32 + (size_t)(k - 1)]++;
+        }
+    for (int h = 0; h < H; h++) {
+        const unsigned char *c = cnt + (size_t)h * 32;
+        int p = 0;
+        while (p < sh->npat && memcmp(sh->cross[p], c, 32) != 0) p++;
+        if (p == sh->npat && sh->npat < RD_PATTERNS) {
+            memcpy(sh->cross[sh->npat++], c, 32);
+        } else if (p == sh->npat) {
+            p = RD_PATTERNS - 1;
+            for (int k = 0; k < 32; k++) sh->cross[p][k] = CHORUS_MAX(sh->cross[p][k], c[k]);
+        }
+        pat[h] = (unsigned char)p;
+    }
+    for (int k = 1; k <= R; k++)
+        for (int nr = 0; nr < (1 << R); nr++) {
+            const int x = rd_model_real(nr, r), y = rd_model_real(nr ^ (1 << (k - 1)), r);
+            sh->peers[pat[x / L]][k - 1] |= (unsigned char)(1u << pat[y / L]);
+        }
+    free(cnt);
+    free(pat);
+}
+
+static void rd_shape(int n, int L, rd_shape_t *out) {
+    pthread_mutex_lock(&shape_lock);
+    for (int i = 0; i < RD_SHAPES; i++)
+        if (rd_shapes[i].n == n && rd_shapes[i].L == L) {
+            *out = rd_shapes[i];
+            pthread_mutex_unlock(&shape_lock);
+            return;
+        }
+    pthread_mutex_unlock(&shape_lock);
+    rd_shape_t sh;
+    memset(&sh, 0, sizeof(sh));
+    sh.n = n;
+    sh.L = L;
+    rd_shape_walk(n, L, &sh);
+    pthread_mutex_lock(&shape_lock);
+    rd_shapes[rd_shapes_next] = sh;
+    rd_shapes_next = (rd_shapes_next + 1) % RD_SHAPES;
+    pthread_mutex_unlock(&shape_lock);
+    *out = sh;
+}
+
+/* Recursive doubling's time: round by round, when each pattern of hosts (rd_shape) is through
+ * it, then the fold in and out (a pair of one host when L is even). A host's round starts when
+ * its ranks and their partners are through the previous one (the latest of the partners'
+ * patterns). A round that stays inside the host is one shm step; one that crosses queues the
+ * host's crossing messages on its link. The host's first crossing round so staggers its ranks
+ * by one transfer each: in every later crossing round a rank's message finds the link free
+ * unless the link's transfers take longer than one hop (latency and transfer), so such a round
+ * takes the longer of the two. */
 static double rd_time_us(const model_layout_t *lay, double b) {
     const int n = lay->n, L = lay->L, R = log2_floor(n), r = n - (1 << R);
     const coll_link_cost_t *x = lay->x, *s = lay->s;
-    const double local = s->alpha_us + b / s->beta, across = x->alpha_us + L * b / x->beta;
-    const double across_again = CHORUS_MAX(x->alpha_us + b / x->beta, L * b / x->beta);
-    double t = 0;
-    int crossed = 0;
-    for (int k = 1; k <= R; k++) {
-        const long blk = 2L << (k - 1); /* ranks of a block of round k */
-        const int inside = L > 1 && r % blk == 0 && L % blk == 0 && (r == 0 || L % (2 * blk) == 0);
-        if (inside) {
-            t += local;
-        } else {
-            t += crossed ? across_again : across;
-            crossed = 1;
-        }
+    const double local = s->alpha_us + b / s->beta;
+    rd_shape_t sh;
+    if (L > 1) {
+        rd_shape(n, L, &sh);
+    } else { /* one rank per host: every round crosses, one message per link */
+        sh.npat = 1;
+        memset(sh.cross[0], 1, sizeof(sh.cross[0]));
+        memset(sh.peers[0], 1, sizeof(sh.peers[0]));
     }
-    if (r > 0) t += 2 * (L % 2 == 0 ? local : across);
+    double tp[RD_PATTERNS] = {0}, next[RD_PATTERNS];
+    int crossed[RD_PATTERNS] = {0};
+    for (int k = 1; k <= R; k++) {
+        for (int p = 0; p < sh.npat; p++) {
+            double start = tp[p];
+            for (int q = 0; q < sh.npat; q++)
+                if (sh.peers[p][k - 1] >> q & 1) start = CHORUS_MAX(start, tp[q]);
+            const int m = sh.cross[p][k - 1];
+            if (m == 0) {
+                next[p] = start + local;
+            } else {
+                next[p] = start + (crossed[p] ? CHORUS_MAX(x->alpha_us + b / x->beta,
+                                                           m * b / x->beta)
+                                              : x->alpha_us + m * b / x->beta);
+                crossed[p] = 1;
+            }
+        }
+        memcpy(tp, next, sizeof(tp));
+    }
+    double t = 0;
+    for (int p = 0; p < sh.npat; p++) t = CHORUS_MAX(t, tp[p]);
+    if (r > 0) t += 2 * (L % 2 == 0 ? local : x->alpha_us + b / x->beta);
     return t;
 }
 
