@@ -170,6 +170,26 @@ TEST(Sim, HierModelFollowsOneColumn) {
     }
 }
 
+// The host trees' connections send their chunks in the schedule's key order. On 2 hosts every
+// connection carries one tree's chunks up and the other's down: in column order (lag 0) the
+// chunk down of column k, which waits for its column's round trip, holds back the chunk up of
+// column k + 1 behind it, and the op takes longer; with the default lag (chunks up up to twice
+// the host tree's depth in columns ahead) it takes the time of no order at all here.
+TEST(Sim, HierColumnOrderStallsTheLinks) {
+    sim_net_t net = Net(4, 2);
+    net.net_alpha_us = 50;
+    net.nic_gbps = 0.125;
+    const size_t bytes = 1 << 20;
+    net.tree_lag = 0;
+    const double column_order = Simulate(net, SIM_HIER, bytes);
+    net.tree_lag = -1;
+    const double lagged = Simulate(net, SIM_HIER, bytes);
+    net.tree_lag = 1 << 20;
+    const double unordered = Simulate(net, SIM_HIER, bytes);
+    EXPECT_GT(column_order, lagged * 1.10);
+    EXPECT_NEAR(lagged, unordered, unordered * 0.01);
+}
+
 // Runs that exceed the message budget extrapolate; the result stays within 10% of the full run
 // (hier from 7 of 17 columns: 8% short, the pipeline's start and end weigh more than in the full
 // run).
