@@ -331,7 +331,8 @@ static double rd_time_us(const model_layout_t *lay, double b) {
  * column or two.
  *
  * The further columns: at the pace of the busiest host link (its host tree edges, L/2 chunks
- * each way on each: the trees alternate columns), or of a rank's shm copies, which after the
+ * each way on each: the trees alternate columns; on 2 hosts the second column runs beside the
+ * first, as the trees mirror each other), or of a rank's shm copies, which after the
  * first column still copy the other columns' phase 3 and the phase 1 of those past the first
  * window; never less than all of a rank's copies (2(L-1) chunks a column). */
 #define HIER_MEMO 80 /* subtree sizes of a host tree: at most two per level */
@@ -467,7 +468,10 @@ static double hier_time_us(const coll_model_comm_t *m, const model_layout_t *lay
     const int64_t nslots = chorus_param_int(PARAM_NSLOTS);
     const double window = CHORUS_MIN(cols, (double)(nslots > 0 ? nslots : 1));
     const double column = hier_column_us(H, L, c, (int)window, s, x);
-    const double by_net = column + (cols - 1) * net_col;
+    /* On 2 hosts the trees mirror each other: column 1 goes up each link direction while
+     * column 0 comes down it, so the first two columns take one column's time. */
+    const double paired = H == 2 ? CHORUS_MIN(cols, 2.0) : 1.0;
+    const double by_net = column + (cols - paired) * net_col;
     const double by_shm = column + (L - 1) * c / s->beta * ((cols - 1) + (cols - window));
     return CHORUS_MAX(CHORUS_MAX(by_net, by_shm), cols * shm_col + 2 * s->alpha_us);
 }

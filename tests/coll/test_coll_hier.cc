@@ -138,12 +138,14 @@ TEST(CollHier, Model) {
     const coll_model_comm_t m{4, 2, COLL_LINK_TCP_INTER, 0, 2};
     // 2 hosts x 2: a shard of B/2 in 8 columns of 64 KiB. The first column: to its owner over
     // shm, one tree hop each way (H = 2), the host's second chunk behind the first on its link,
-    // back over shm. Each further column: two chunks through each rank's shm queue, or two
-    // through each host's link (both ranks' trees, one edge each way per host).
+    // back over shm. The second column runs beside it (on 2 hosts the trees mirror each other:
+    // it goes up each link direction while the first comes down). Each further column: two
+    // chunks through each rank's shm queue, or two through each host's link (both ranks' trees,
+    // one edge each way per host).
     const double got = coll_model_time_us(&m, links, COLL_ALLREDUCE, COLL_ALGO_HIER, MiB, 64 * KiB);
     const double c = 64 * KiB;
     const double want = 2 * (s.alpha_us + c / s.beta) + 2 * (l.alpha_us + c / l.beta) +
-                        c / l.beta + 7 * std::fmax(2 * c / s.beta, 2 * c / l.beta);
+                        c / l.beta + 6 * std::fmax(2 * c / s.beta, 2 * c / l.beta);
     EXPECT_NEAR(got, want, 1e-6);
     const coll_model_comm_t uneven{4, 2, COLL_LINK_TCP_INTER, 0, 0};
     EXPECT_GT(coll_model_time_us(&uneven, links, COLL_ALLREDUCE, COLL_ALGO_HIER, MiB, 0), 1e20);
