@@ -5,8 +5,8 @@
  *   chorus_sim [-n RANKS[,RANKS...]] [-L RANKS_PER_HOST] [-b MIN] [-e MAX] [-f FACTOR]
  *              [--shm ALPHA_US/GBPS] [--net ALPHA_US/GBPS] [--ib] [--nic-rx GBPS]
  *              [--leaf HOSTS/UPLINK_GBPS] [--cores C] [--threads] [--channels N] [--slot BYTES]
- *              [--nslots N] [--ring-chunk BYTES] [-a ALGOS] [--events N] [--no-symmetry] [-M]
- *              [-v] [--markdown]
+ *              [--nslots N] [--ring-chunk BYTES] [--lag N] [-a ALGOS] [--events N]
+ *              [--no-symmetry] [-M] [-v] [--markdown]
  *
  * Per rank count and size: the simulated time (us) of each algorithm that runs there, the
  * fastest of them, and what the tuner picks (with its reason under -v). -M adds the cost model's
@@ -37,6 +37,9 @@ static void usage(FILE *f) {
                "  --slot BYTES          slot size (default NCCL_BUFFSIZE / CHORUS_NSLOTS)\n"
                "  --nslots N            slots per connection (default CHORUS_NSLOTS)\n"
                "  --ring-chunk BYTES    the ring's chunk (default a slot's payload)\n"
+               "  --lag N               hier: columns a host tree connection's chunks up may run\n"
+               "                        ahead of its chunks down (-1: twice the tree's depth;\n"
+               "                        0: column order; default CHORUS_TREE_LAG)\n"
                "  -a ALGOS              algorithms, comma separated (ring,tree,hier,rd,oneshot)\n"
                "  --events N            simulated messages per run before extrapolating\n"
                "  --no-symmetry         simulate every rank of the ring (not one host's)\n"
@@ -118,7 +121,8 @@ int main(int argc, char **argv) {
         O_EVENTS,
         O_MD,
         O_NOSYM,
-        O_RCHUNK
+        O_RCHUNK,
+        O_LAG
     };
     static const struct option opts[] = {{"shm", 1, 0, O_SHM},
                                          {"net", 1, 0, O_NET},
@@ -134,6 +138,7 @@ int main(int argc, char **argv) {
                                          {"markdown", 0, 0, O_MD},
                                          {"no-symmetry", 0, 0, O_NOSYM},
                                          {"ring-chunk", 1, 0, O_RCHUNK},
+                                         {"lag", 1, 0, O_LAG},
                                          {"help", 0, 0, 'h'},
                                          {0, 0, 0, 0}};
     int c;
@@ -225,6 +230,10 @@ int main(int argc, char **argv) {
         case O_RCHUNK:
             if (parse_size(optarg, &z)) goto bad;
             net.ring_chunk = z;
+            break;
+        case O_LAG:
+            net.tree_lag = atoi(optarg);
+            if (net.tree_lag < -1) goto bad;
             break;
         case 'h':
             usage(stdout);

@@ -34,7 +34,10 @@
  *            its peers their shard's chunk (at most NSLOTS columns ahead on a connection), the
  *            shard owner's fold done, the same double binary tree over the hosts among the ranks
  *            of one local index (all L trees share their hosts' NICs), then the final chunk to
- *            every local peer.
+ *            every local peer. A host tree connection sends its chunks in the schedule's key
+ *            order (chunks up up to tree_lag columns ahead of chunks down; 0: column order), so
+ *            a chunk waits for the ones before it on its connection (but not for slots: a lag
+ *            past NSLOTS runs further ahead here than the library's connections let it).
  *   rd       (allreduce_rd.c) recursive doubling: fold the first 2(n - m) ranks pairwise, log2 m
  *            exchange rounds of the whole message, the result back to the folded ranks; a round
  *            starts when the rank's previous round is complete.
@@ -97,6 +100,7 @@ void sim_net_defaults(sim_net_t *net) {
     net->threads = 0;
     net->slot_bytes = coll_model_slot_bytes();
     net->nslots = (int)chorus_param_int(PARAM_NSLOTS);
+    net->tree_lag = (int)chorus_param_int(PARAM_TREE_LAG);
     net->nchannels = 0;
     net->max_events = 0;
     net->no_symmetry = 0;

@@ -24,8 +24,14 @@
  * tree peers' sends and receives, their roles two bits per tree in coll_xfer_t.round as in
  * allreduce_tree.c. A local connection carries the op's items in one order at both ends: the
  * reduce-scatter chunks of every column, then the all-gather chunks of every column (item index
- * k and K + k, K columns); a tree connection carries column k's chunk at item k where the peer has
- * a role in tree k % 2. Empty chunks (small counts) are skipped alike at both ends. An item
+ * k and K + k, K columns); a tree connection carries column k's chunk where the peer has a role in
+ * tree k % 2, in the flat tree's key order (coll_xfer_tree_key, xfer_drive.h): chunks up run up to
+ * lag columns ahead of chunks down (the plan's tree_lag, 2 * the host tree's depth by default,
+ * CHORUS_TREE_LAG; 0 gives column order). With the trees alternating columns, a connection often
+ * carries one tree's chunks up and the other's down (on 2 hosts every one does); in column order
+ * the chunk down of column k, which waits for its column's round trip through the host tree's
+ * root, would hold back the chunk up of column k + 1 behind it, as in the flat tree. Empty chunks
+ * (small counts) are skipped alike at both ends. An item
  * moves when its inputs are there: a fold after the previous local peer's fold of the column, the
  * tree steps after the column's local folds as in the tree all-reduce, an all-gather send after
  * the column's final result; so the columns flow through the three phases as a pipeline without
@@ -144,6 +150,7 @@ typedef struct {
     size_t shard;               /* elements per shard (the last may be shorter) */
     long ncol;                  /* columns: chunks per shard */
     int parent[2], child[2][2]; /* tree peers (ranks, -1 none) */
+    long lag;                   /* columns a tree connection's chunks up run ahead of its down */
 } hier_view_t;
 
 static void hier_view(const coll_op_t *op, hier_view_t *v) {
@@ -155,6 +162,7 @@ static void hier_view(const coll_op_t *op, hier_view_t *v) {
     v->nintra = 2 * (h->local - 1);
     v->shard = CHORUS_ALIGN_UP(CHORUS_DIV_UP(op->count, (size_t)h->local), 64 / es);
     v->ncol = (long)CHORUS_DIV_UP(v->shard, op->chunk_elems);
+    v->lag = op->plan.tree_lag > 0 ? op->plan.tree_lag : 0;
     for (int t = 0; t < 2; t++) {
         int p, c[2];
         coll_tree_links(h->nhosts, h->host, t, &p, c);
@@ -177,8 +185,11 @@ static int hier_moved(const coll_xfer_t *x, long idx) {
     return x && (x->done || (long)x->off > idx);
 }
 
+/* The tree transfer to/from peer has moved its chunk of column k (the peer has a role in tree
+ * k % 2). */
 static int hier_tree_moved(coll_op_t *op, const hier_view_t *v, int peer, int is_send, long k) {
-    return hier_moved(coll_xfer_find(op, v->nintra, peer, is_send), k);
+    const coll_xfer_t *x = coll_xfer_find(op, v->nintra, peer, is_send);
+    return x && (x->done || (long)x->off > coll_xfer_tree_key(x, v->lag, k));
 }
 
 /* Column k's chunk of this rank's shard has every local contribution folded in. */
@@ -205,11 +216,12 @@ static size_t hier_item(coll_op_t *op, const hier_view_t *v, int xi, long idx, s
         const int s = (x->is_send != phase3) ? j : v->l;
         return hier_chunk(op, v, s, k, len);
     }
-    if (coll_xfer_tree_role(x, idx) == COLL_TREE_NONE) {
+    const long k = coll_xfer_tree_item(x, v->lag, idx);
+    if (k < 0) {
         *len = 0;
         return 0;
     }
-    return hier_chunk(op, v, v->l, idx, len);
+    return hier_chunk(op, v, v->l, k, len);
 }
 
 /* Transfer xi has a chunk at item idx (coll_xfer_drive skips the empty ones). */
@@ -261,7 +273,7 @@ static ncclResult_t hier_move(coll_op_t *op, const void *ctx, int xi, long idx, 
             cc.recv_direct_ok = 1;
         }
     } else {
-        const long k = idx;
+        const long k = coll_xfer_tree_item(x, v->lag, idx); /* hier_has said there is one */
         const int t = (int)(k & 1), role = coll_xfer_tree_role(x, k);
         const int parent = v->parent[t], c0 = v->child[t][0], c1 = v->child[t][1];
         const int last = c1 >= 0 ? c1 : c0;
@@ -350,9 +362,10 @@ static ncclResult_t hier_setup(coll_op_t *op) {
         coll_xfer_add_tree_role(op, nintra, v.child[t][0], t, COLL_TREE_CHILD0);
         coll_xfer_add_tree_role(op, nintra, v.child[t][1], t, COLL_TREE_CHILD1);
     }
-    /* Items per transfer (coll_xfer_drive): a local connection carries every column twice. */
+    /* Items per transfer (coll_xfer_drive): a local connection carries every column twice, a
+     * tree connection walks the keys of the columns. */
     for (int i = 0; i < op->nxfer; i++) {
-        op->xfer[i].bytes = (size_t)(i < nintra ? 2 * v.ncol : v.ncol);
+        op->xfer[i].bytes = (size_t)(i < nintra ? 2 * v.ncol : coll_xfer_tree_nkeys(v.ncol, v.lag));
         op->xfer[i].items = 1;
     }
     return ncclSuccess;

@@ -19,8 +19,9 @@
  * Each rank holds one transfer per connection and direction it uses (to and from its parents and
  * children of both trees, at most 6 peers), and moves its chunks on a connection in a fixed order
  * that both ends compute (coll_xfer_drive walks each transfer through it): in one tree an edge
- * carries one chunk per piece in each direction, and a connection's chunks are ordered by a key,
- * 2p for a chunk of piece p going up (towards the root) and 2(p + lag) + 1 for one going down,
+ * carries one chunk per piece in each direction, and a connection's chunks are ordered by a key
+ * (coll_xfer_tree_key in xfer_drive.h, shared with the hierarchical all-reduce's host trees), 2p
+ * for a chunk of piece p going up (towards the root) and 2(p + lag) + 1 for one going down,
  * lag = 2 * tree depth (the plan's tree_lag, CHORUS_TREE_LAG; 0 gives plain piece order). A
  * connection often carries one tree's chunks up and the other's down (on 2 ranks every connection
  * does): in plain piece order each down chunk of piece p, which waits for its piece's round trip up
@@ -92,26 +93,6 @@ static void tree_get(const coll_op_t *op, tree_t *tr) {
     tr->lag = op->plan.tree_lag > 0 ? op->plan.tree_lag : 0;
 }
 
-/* Whether transfer x's chunk of piece p (in which x's peer has `role`) goes towards the root:
- * sent to the parent, or received from a child. */
-static int tree_up(const coll_xfer_t *x, int role) {
-    return x->is_send ? role == COLL_TREE_PARENT : role != COLL_TREE_PARENT;
-}
-
-/* The position of transfer x's chunk of piece p in its connection's order. */
-static long tree_key(const tree_t *tr, const coll_xfer_t *x, long p) {
-    return tree_up(x, coll_xfer_tree_role(x, p)) ? 2 * p : 2 * (p + tr->lag) + 1;
-}
-
-/* The piece at position k of transfer x's order, or -1 where it has none. */
-static long tree_key_piece(const tree_t *tr, const coll_xfer_t *x, long k) {
-    const int up = (k & 1) == 0;
-    const long p = up ? k / 2 : (k - 1) / 2 - tr->lag;
-    if (p < 0) return -1;
-    const int role = coll_xfer_tree_role(x, p);
-    return role != COLL_TREE_NONE && tree_up(x, role) == up ? p : -1;
-}
-
 /* Element range of piece p: tree p%2's half, chunk p/2 of it. */
 static void tree_piece(const coll_op_t *op, long p, size_t *beg_p, size_t *len_p) {
     const size_t es = op->esize, count = op->count;
@@ -133,7 +114,7 @@ static long tree_npieces(const coll_op_t *op) {
 /* Whether the transfer to/from peer has moved its chunk of piece p (it has one there). */
 static int tree_moved(coll_op_t *op, const tree_t *tr, int peer, int is_send, long p) {
     const coll_xfer_t *x = coll_xfer_find(op, 0, peer, is_send);
-    return x && (x->done || (long)x->off > tree_key(tr, x, p));
+    return x && (x->done || (long)x->off > coll_xfer_tree_key(x, tr->lag, p));
 }
 
 size_t coll_tree_chunk_elems(const coll_op_t *op) {
@@ -165,7 +146,7 @@ static ncclResult_t tree_setup(coll_op_t *op) {
     }
     /* Every transfer walks the keys of the op's pieces (coll_xfer_drive); tree_has skips the
      * keys that are not its own. */
-    const long nkeys = 2 * (tree_npieces(op) + tr.lag) + 2;
+    const long nkeys = coll_xfer_tree_nkeys(tree_npieces(op), tr.lag);
     for (int i = 0; i < op->nxfer; i++) {
         op->xfer[i].bytes = (size_t)nkeys;
         op->xfer[i].items = 1;
@@ -176,7 +157,8 @@ static ncclResult_t tree_setup(coll_op_t *op) {
 /* Transfer xi has a chunk at key k: a piece that is not empty, in whose tree the peer has a
  * role that moves it in k's direction. */
 static int tree_has(coll_op_t *op, const void *ctx, int xi, long k) {
-    const long p = tree_key_piece(ctx, &op->xfer[xi], k);
+    const tree_t *tr = ctx;
+    const long p = coll_xfer_tree_item(&op->xfer[xi], tr->lag, k);
     if (p < 0) return 0;
     size_t beg, len;
     tree_piece(op, p, &beg, &len);
@@ -187,7 +169,7 @@ static int tree_has(coll_op_t *op, const void *ctx, int xi, long k) {
 static ncclResult_t tree_move(coll_op_t *op, const void *ctx, int xi, long k, int *ok_p) {
     const tree_t *tr = ctx;
     coll_xfer_t *x = &op->xfer[xi];
-    const long p = tree_key_piece(tr, x, k); /* tree_has said there is one */
+    const long p = coll_xfer_tree_item(x, tr->lag, k); /* tree_has said there is one */
     const int t = (int)(p & 1), role = coll_xfer_tree_role(x, p);
     const int parent = tr->parent[t], c0 = tr->child[t][0], c1 = tr->child[t][1];
     const int last_child = c1 >= 0 ? c1 : c0; /* -1: a leaf */

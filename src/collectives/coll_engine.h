@@ -135,8 +135,9 @@ typedef struct {
                          * (CHORUS_RING_DIRECT=1, TCP rings), -1 never (CHORUS_RING_DIRECT=0),
                          * 0 where it pays (coll_ring_direct) */
     int direct_reduce;  /* 1: reduce steps go single copy too (as DIRECT_REDUCE=1) */
-    int tree_lag;       /* tree all-reduce: pieces a connection's up chunks may run ahead of
-                         * its down chunks (allreduce_tree.c; CHORUS_TREE_LAG); 0: piece order */
+    int tree_lag;       /* tree and hier all-reduce: pieces (columns) a tree connection's up
+                         * chunks may run ahead of its down chunks (allreduce_tree.c;
+                         * CHORUS_TREE_LAG); 0: piece order */
     double est_us;      /* the cost model's time for the op (ncclGroupSimulateEnd) */
     const char *why;    /* why the tuner chose the algorithm (a static text, or one the
                          * engine owns: a refusal of the hierarchical all-reduce) */

@@ -1,6 +1,6 @@
 /*
- * coll_model.h: the cost model behind the tuner's plan and ncclGroupSimulateEnd (cost_model.c),
- * private to src/collectives.
+ * coll_model.h: the cost model behind the tuner's plan and ncclGroupSimulateEnd (cost_model.c:
+ * constants and choice; cost_time.c: each algorithm's time), private to src/collectives.
  *
  * time(algorithm, collective, n ranks, hosts, bytes) = steps * alpha + traffic / beta, with alpha
  * (microseconds per step) and beta (bytes per microsecond) per link class; with ranks on several

@@ -469,7 +469,10 @@ ncclResult_t coll_tuner_pick(coll_op_t *op) {
         const size_t shard = CHORUS_DIV_UP(op->count, per) * op->esize;
         op->plan.chunk_bytes =
             coll_model_hier_chunk(shard, op->esize, prim_chunk_elems(op->plan.slot_bytes, 1));
-        snprintf(tuned, sizeof(tuned), ", hier chunk %zu KiB", op->plan.chunk_bytes >> 10);
+        const int64_t lag = chorus_param_int(PARAM_TREE_LAG);
+        op->plan.tree_lag = lag >= 0 ? (int)lag : 2 * coll_tree_depth(m.nhosts);
+        snprintf(tuned, sizeof(tuned), ", hier chunk %zu KiB, lag %d", op->plan.chunk_bytes >> 10,
+                 op->plan.tree_lag);
     } else if (pick->id == COLL_ALGO_TREE && comm->nranks > 1) {
         op->plan.chunk_bytes = coll_model_tree_chunk(op->count * op->esize, op->esize,
                                                      prim_chunk_elems(op->plan.slot_bytes, 1));

@@ -40,6 +40,34 @@ static inline int coll_xfer_tree_role(const coll_xfer_t *x, long p) {
     return (x->round >> (2 * (p & 1))) & 3;
 }
 
+/* The order of a tree connection's chunks, which both ends compute (allreduce_tree.c explains
+ * why): the chunk of item p going up (sent to the parent, received from a child) has key 2p, the
+ * one going down (from the parent, to a child) 2(p + lag) + 1, so a connection's chunks up run
+ * up to lag items ahead of its chunks down; lag 0 is plain item order. A transfer walks keys
+ * (coll_xfer_t.off). */
+static inline int coll_xfer_tree_up(const coll_xfer_t *x, int role) {
+    return x->is_send ? role == COLL_TREE_PARENT : role != COLL_TREE_PARENT;
+}
+
+/* The key of transfer x's chunk of item p (its peer has a role in tree p % 2). */
+static inline long coll_xfer_tree_key(const coll_xfer_t *x, long lag, long p) {
+    return coll_xfer_tree_up(x, coll_xfer_tree_role(x, p)) ? 2 * p : 2 * (p + lag) + 1;
+}
+
+/* The item at key k of transfer x's order, or -1 where it has none. */
+static inline long coll_xfer_tree_item(const coll_xfer_t *x, long lag, long k) {
+    const int up = (k & 1) == 0;
+    const long p = up ? k / 2 : (k - 1) / 2 - lag;
+    if (p < 0) return -1;
+    const int role = coll_xfer_tree_role(x, p);
+    return role != COLL_TREE_NONE && coll_xfer_tree_up(x, role) == up ? p : -1;
+}
+
+/* Keys a tree transfer walks for n items. */
+static inline long coll_xfer_tree_nkeys(long n, long lag) {
+    return 2 * (n + lag) + 2;
+}
+
 /* The transfer to (is_send) or from peer at index `from` or above; NULL when there is none. */
 static inline coll_xfer_t *coll_xfer_find(coll_op_t *op, int from, int peer, int is_send) {
     for (int i = from; i < op->nxfer; i++)

@@ -8,8 +8,9 @@
 //   - every dtype and op, counts 0, 1, odd and large, in and out of place, against the
 //     independent reference, on layouts 2x2, 2x3, 3x2 and interleaved ranks, threads and forked
 //     ranks; an uneven layout (3 + 1) forced to hier runs the default choice, correctly;
-//   - bitwise identical results on every rank; the tuner picks it on its own; a rank killed
-//     mid-op gives every survivor an error naming it.
+//   - bitwise identical results on every rank, with the host trees' chunks in any shared order
+//     (CHORUS_TREE_LAG); the tuner picks it on its own; a rank killed mid-op gives every
+//     survivor an error naming it.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -137,12 +138,14 @@ TEST(CollHier, Model) {
     const coll_model_comm_t m{4, 2, COLL_LINK_TCP_INTER, 0, 2};
     // 2 hosts x 2: a shard of B/2 in 8 columns of 64 KiB. The first column: to its owner over
     // shm, one tree hop each way (H = 2), the host's second chunk behind the first on its link,
-    // back over shm. Each further column: two chunks through each rank's shm queue, or two
-    // through each host's link (both ranks' trees, one edge each way per host).
+    // back over shm. The second column runs beside it (on 2 hosts the trees mirror each other:
+    // it goes up each link direction while the first comes down). Each further column: two
+    // chunks through each rank's shm queue, or two through each host's link (both ranks' trees,
+    // one edge each way per host).
     const double got = coll_model_time_us(&m, links, COLL_ALLREDUCE, COLL_ALGO_HIER, MiB, 64 * KiB);
     const double c = 64 * KiB;
     const double want = 2 * (s.alpha_us + c / s.beta) + 2 * (l.alpha_us + c / l.beta) +
-                        c / l.beta + 7 * std::fmax(2 * c / s.beta, 2 * c / l.beta);
+                        c / l.beta + 6 * std::fmax(2 * c / s.beta, 2 * c / l.beta);
     EXPECT_NEAR(got, want, 1e-6);
     const coll_model_comm_t uneven{4, 2, COLL_LINK_TCP_INTER, 0, 0};
     EXPECT_GT(coll_model_time_us(&uneven, links, COLL_ALLREDUCE, COLL_ALGO_HIER, MiB, 0), 1e20);
@@ -273,6 +276,60 @@ TEST(CollHier, SameBitsOnEveryRankAndTunerPicksIt) {
     EXPECT_EQ(hier_ops() - before, (uint64_t)n) << "the tuner did not pick hier";
     expect_sum_and_same_bits(outs, 101, "");
 }
+
+// Param: layout, and how far a tree connection's chunks up may run ahead of its chunks down
+// (CHORUS_TREE_LAG; -1 the default, 0 column order, 1, and more than the op has columns): any
+// order both ends share must give the sum, with the same bits on every rank.
+class CollHierLag : public ::testing::TestWithParam<std::tuple<std::string, int>> {};
+TEST_P(CollHierLag, SameBitsOnEveryRank) {
+    const std::string layout = std::get<0>(GetParam());
+    const int lag = std::get<1>(GetParam());
+    const int nhosts = layout[0] - '0', per = layout[2] - '0', n = nhosts * per;
+    const size_t count = (1 << 20) + 3; // ~4 MiB of float32: 8 columns per shard and more
+    set_hosts(hosts_blocks(nhosts, per));
+    setenv("CHORUS_ALGO", "hier", 1);
+    if (lag >= 0) setenv("CHORUS_TREE_LAG", std::to_string(lag).c_str(), 1);
+    ncclResetDebugInit();
+    const uint64_t before = hier_ops();
+    ncclUniqueId id = chorus_test::make_unique_id();
+    std::vector<std::vector<std::vector<float>>> outs(n, std::vector<std::vector<float>>(2));
+    auto res = chorus_test::run_threads(n, [&](int rank, int nr) -> int {
+        ncclComm_t comm;
+        RANK_NCCL(ncclCommInitRank(&comm, nr, id, rank));
+        for (int inplace = 0; inplace < 2; inplace++) {
+            std::vector<float> in(count), out(count, -1.0f);
+            for (size_t i = 0; i < count; i++)
+                in[i] = order_sensitive_value(rank, i);
+            if (inplace) out = in;
+            RANK_NCCL(ncclAllReduce(inplace ? out.data() : in.data(), out.data(), count,
+                                    ncclFloat32, ncclSum, comm, nullptr));
+            outs[rank][inplace] = out;
+        }
+        RANK_NCCL(ncclCommDestroy(comm));
+        return 0;
+    });
+    unsetenv("CHORUS_TREE_LAG");
+    clear_env();
+    ASSERT_TRUE(res.ok()) << res.detail;
+    EXPECT_EQ(hier_ops() - before, (uint64_t)(2 * n)) << "hier did not run";
+    for (int inplace = 0; inplace < 2; inplace++) {
+        std::vector<std::vector<float>> ranks(n);
+        for (int r = 0; r < n; r++)
+            ranks[r] = outs[r][inplace];
+        expect_sum_and_same_bits(ranks, 97, inplace ? " (in place)" : "");
+    }
+}
+INSTANTIATE_TEST_SUITE_P(Coll, CollHierLag,
+                         ::testing::Combine(::testing::Values("2x2", "3x2", "5x2"),
+                                            ::testing::Values(-1, 0, 1, 1000)),
+                         [](const auto &info) {
+                             std::string l = std::get<0>(info.param);
+                             for (char &c : l)
+                                 if (c == 'x') c = '_';
+                             const int lag = std::get<1>(info.param);
+                             return "hosts_" + l + "_lag_" +
+                                    (lag < 0 ? std::string("default") : std::to_string(lag));
+                         });
 
 // Several hier all-reduces in a group: each holds its connections in ticket order.
 TEST(CollHier, GroupOfManyOps) {

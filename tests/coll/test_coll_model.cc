@@ -241,15 +241,16 @@ TEST(CostModel, HostsShareTheirLink) {
     const double rd_want = 3 * (s.alpha_us + b / s.beta) + (x.alpha_us + 8 * b / x.beta);
     EXPECT_NEAR(coll_model_time_us(&m, links, COLL_ALLREDUCE, COLL_ALGO_LL, 64 * KiB, 0), rd_want,
                 1e-6);
-    // 24 ranks (3 hosts x 8): 8 folded pairs, then 16; the fold is inside the hosts, rounds 1
-    // and 2 too (pairs of blocks of 4 folded ranks, 8 = L), round 3 is not (8 folded ranks'
-    // blocks span 16 real ranks) and neither is round 4. Round 3 queues the host's 8 messages on
-    // its link, which staggers its ranks by a transfer each; in round 4 a rank's message waits
-    // only if the link's 8 transfers take longer than its own hop.
+    // 24 ranks (3 hosts x 8): 8 folded pairs (ranks 0-15, hosts 0 and 1), then ranks 16-23; the
+    // fold is inside the hosts, rounds 1 and 2 too. Round 3 pairs odd ranks 8 apart: it crosses
+    // between the two hosts of folded ranks, 4 messages through each link (only the odd rank of
+    // a pair takes part), and stays inside host 2. Round 4 crosses everywhere; host 2 starts it
+    // when its partners on hosts 0 and 1 are through round 3, and as its first crossing round it
+    // queues all 8 of its messages on its link (the folded hosts' 4, staggered by round 3, take
+    // the longer of a hop and their 4 transfers: less).
     const coll_model_comm_t m3{24, 3, COLL_LINK_TCP_INTER, 0, 8};
     const double rd3 = 2 * (s.alpha_us + b / s.beta) + 2 * (s.alpha_us + b / s.beta) +
-                       (x.alpha_us + 8 * b / x.beta) +
-                       std::fmax(x.alpha_us + b / x.beta, 8 * b / x.beta);
+                       (x.alpha_us + 4 * b / x.beta) + (x.alpha_us + 8 * b / x.beta);
     EXPECT_NEAR(coll_model_time_us(&m3, links, COLL_ALLREDUCE, COLL_ALGO_LL, 64 * KiB, 0), rd3,
                 1e-6);
     // One rank per host: the link is the rank's own, every step crosses (the flat model).
