@@ -1,7 +1,8 @@
-// devpath_util.h: what the device path's tests on the emulator share: thread ranks with an
-// emulated stream each, one op's buffers, the op issued through the NCCL API and checked against
-// device_ref.h's serial reference, and whole scenarios (ops back to back, a group, an abort or a
-// deadline releasing a launch whose peer never calls).
+// devpath_util.h: what the device path's tests on the emulator share (test_device_path.cc: the
+// slot kernel and copy-engine programs; test_device_direct.cc: the kernel's direct mode): thread
+// ranks with an emulated stream each, one op's buffers, the op issued through the NCCL API and
+// checked against device_ref.h's serial reference, and whole scenarios (ops back to back, a group,
+// an abort or a deadline releasing a launch whose peer never calls).
 #ifndef CHORUS_TESTS_DEVICE_DEVPATH_UTIL_H_
 #define CHORUS_TESTS_DEVICE_DEVPATH_UTIL_H_
 

@@ -9,7 +9,8 @@
 // a launch whose peer never calls ending at CHORUS_TIMEOUT. Copy-engine programs between forked
 // and thread ranks, with the watchdog's releases: a peer killed mid-op, an abort, a deadline.
 // Each call's launch is counted on its stream, so a call that the device path did not take fails
-// the test. The helpers live in devpath_util.h.
+// the test. The kernel runs over its slots here (CHORUS_DEVICE_DIRECT=-1); test_device_direct.cc
+// checks its direct mode with the same helpers (devpath_util.h).
 #include <gtest/gtest.h>
 
 #include <signal.h>
@@ -40,10 +41,16 @@ extern "C" {
 namespace {
 
 using namespace devpath_test;
+// The slot kernel (CHORUS_DEVICE_DIRECT=-1) here; DevicePathDirect runs the direct mode.
 class DevicePath : public ::testing::Test {
   protected:
     static void SetUpTestSuite() {
         setenv("CHORUS_DEVICE_EMU", "1", 1);
+        setenv("CHORUS_DEVICE_DIRECT", "-1", 1);
+        chorus_param_reset();
+    }
+    static void TearDownTestSuite() {
+        unsetenv("CHORUS_DEVICE_DIRECT");
         chorus_param_reset();
     }
 };
