@@ -18,8 +18,9 @@
 #    results checked (#wrong).
 # 5. Prints one table: busbw at the largest size, as a fraction of the copy limit for that pattern.
 # 6. The device path between thread ranks of one process on GPU 0 (-t n, CHORUS_DEVICE_PATH): the
-#    same three collectives with the collective kernel (kernel) and with staging (staged), side by
-#    side, at 8 bytes (all-reduce; 64 for the others) and the largest size, in a second table
+#    same three collectives with the collective kernel's defaults (kernel: direct, each rank
+#    reading its share of every peer's buffer), the kernel over slots (ring:
+#    CHORUS_DEVICE_DIRECT=-1) and with staging (staged), side by side, at 8 bytes (all-reduce; 64 for the others) and the largest size, in a second table
 #    (CHORUS_DEVICE_PATH=auto takes the kernel for thread ranks on one GPU; perf/gpu_devpath.sh
 #    checks that path in more depth and sweeps its parameters).
 #
@@ -158,15 +159,18 @@ dp_rows=()
 for coll in all_reduce all_gather reduce_scatter; do
     for n in $rank_counts; do
         [ "$n" -le 1 ] && continue
-        for path in kernel staged; do
+        for path in kernel ring staged; do
             p="$bin/${coll}_perf"
+            # kernel: the defaults (direct, CHORUS_DEVICE_DIRECT=0); ring: the kernel over slots.
+            kpath=$path; direct=0
+            [ "$path" = ring ] && { kpath=kernel; direct=-1; }
             small=64; [ "$coll" = all_reduce ] && small=8
             echo "running $coll with $n thread ranks on GPU 0, CHORUS_DEVICE_PATH=$path ..." >&2
             tag="dp_${path}_${coll}_${n}"
-            lat=$(CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0} CHORUS_DEVICE_PATH=$path timeout -k 5 "$tmo" "$p" -t "$n" -b "$small" -e "$small" \
+            lat=$(CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0} CHORUS_DEVICE_PATH=$kpath CHORUS_DEVICE_DIRECT=$direct timeout -k 5 "$tmo" "$p" -t "$n" -b "$small" -e "$small" \
                 -n 100 -w 10 -m device 2>"$log/${tag}_lat.err")
             rc1=$?
-            bw=$(CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0} CHORUS_DEVICE_PATH=$path timeout -k 5 "$tmo" "$p" -t "$n" -b "$max_bytes" \
+            bw=$(CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0} CHORUS_DEVICE_PATH=$kpath CHORUS_DEVICE_DIRECT=$direct timeout -k 5 "$tmo" "$p" -t "$n" -b "$max_bytes" \
                 -e "$max_bytes" -n 10 -w 3 -m device 2>"$log/${tag}_bw.err")
             rc2=$?
             printf '%s\n' "$lat" > "$log/${tag}_lat.out"; printf '%s\n' "$bw" > "$log/${tag}_bw.out"

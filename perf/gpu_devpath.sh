@@ -10,17 +10,22 @@
 #
 # run does, each step under its own time limit, with logs in logdir:
 #   alltests every test_cuda case, each in its own process (not in the default sections)
-#   tests    test_cuda's CudaDevPath cases (the collective kernel on the GPU, thread ranks)
+#   tests    test_cuda's CudaDevPath cases (the collective kernel on the GPU, thread ranks), with
+#            the defaults (direct) and again over the slots (CHORUS_DEVICE_DIRECT=-1)
 #   procs    processes sharing the GPU (copy-engine programs, CHORUS_DEVICE_PATH=ce): test_cuda's
 #            forked cases each in a process of its own (CudaDevPathProcs.*, CudaColl.*Forked),
 #            then all_reduce_perf with 2 processes under chorusrun, every dtype and op, checked,
 #            and a 256 MiB one (busbw), each with the path it took read from its INIT log
 #   copy     the GPU's copy bandwidth (the limit the busbw figures are read against)
 #   correct  the perf binaries with CHORUS_DEVICE_PATH=kernel, results checked: every collective
-#            with 1, 2, 3, 4 and 8 thread ranks, every dtype and op for the reducing ones at 2 and 4,
-#            unaligned buffers (-u 1) for all-reduce
-#   bw       256 MiB: all-reduce staged vs the kernel's defaults and one knob at a time (2-8
-#            ranks), the other collectives at 2 ranks; then a size sweep of kernel vs staging
+#            with 1, 2, 3, 4 and 8 thread ranks, every dtype and op for the reducing ones at 2 and 4
+#            (all-reduce, reduce-scatter, all-gather, broadcast run direct: CHORUS_DEVICE_DIRECT),
+#            the same four over the slots (CHORUS_DEVICE_DIRECT=-1) at 2 and 3 ranks, unaligned
+#            buffers (-u 1) for all-reduce
+#   bw       256 MiB: all-reduce staged vs the kernel's defaults (direct) vs the kernel over slots
+#            (ring_*, CHORUS_DEVICE_DIRECT=-1) and one knob at a time (2-8 ranks), the other
+#            collectives at 2 ranks (all-gather, reduce-scatter also ring and at 4); then a size
+#            sweep of kernel (direct) vs ring vs staging
 #   tune     all-reduce busbw per channel count, slot size and hardware queues at 2, 4, 8 ranks,
 #            and the LL limit (not in the default sections)
 #   torch    tests/torch/torch_nccl_gpu.py under torchrun: torch's nccl backend on Chorus
@@ -99,6 +104,13 @@ if has tests; then
     rc=$?
     note "tests: test_cuda CudaDevPath.* rc=$rc: $(grep -E '^\[  (PASSED|FAILED) ' "$logs/test_cuda_devpath.log" | tr '\n' ' ')"
     [ $rc -ne 0 ] && { status=1; grep -E 'FAILED|Failure|WARN' "$logs/test_cuda_devpath.log" | head -20; }
+    # The same cases over the slots (the defaults run all-reduce, reduce-scatter, all-gather and
+    # broadcast direct).
+    CHORUS_DEVICE_DIRECT=-1 CHORUS_TIMEOUT=20 timeout -k 5 90 "$bin/test_cuda" --gtest_filter='CudaDevPath.*' \
+        > "$logs/test_cuda_devpath_ring.log" 2>&1
+    rc=$?
+    note "tests: test_cuda CudaDevPath.* CHORUS_DEVICE_DIRECT=-1 rc=$rc: $(grep -E '^\[  (PASSED|FAILED) ' "$logs/test_cuda_devpath_ring.log" | tr '\n' ' ')"
+    [ $rc -ne 0 ] && { status=1; grep -E 'FAILED|Failure|WARN' "$logs/test_cuda_devpath_ring.log" | head -20; }
 fi
 
 if has procs; then
@@ -157,27 +169,36 @@ if has bw; then
     done <<EOF2
 staged_t2 CHORUS_DEVICE_PATH=staged all_reduce 2
 kernel_t2 $K all_reduce 2
+ring_t2 $K,CHORUS_DEVICE_DIRECT=-1 all_reduce 2
 kernel_t2_vec0 $K,CHORUS_DEVICE_VEC=0 all_reduce 2
 kernel_t2_ch16 $K,CHORUS_DEVICE_CHANNELS=16 all_reduce 2
 kernel_t2_slot1M $K,CHORUS_DEVICE_SLOT_BYTES=1M all_reduce 2
 kernel_t2_slot4M $K,CHORUS_DEVICE_SLOT_BYTES=4M all_reduce 2
 kernel_t3 $K all_reduce 3
 kernel_t4 $K all_reduce 4
+ring_t4 $K,CHORUS_DEVICE_DIRECT=-1 all_reduce 4
 kernel_t4_slot1M $K,CHORUS_DEVICE_SLOT_BYTES=1M all_reduce 4
 kernel_t8 $K all_reduce 8
+ring_t8 $K,CHORUS_DEVICE_DIRECT=-1 all_reduce 8
 kernel_t8_slot1M $K,CHORUS_DEVICE_SLOT_BYTES=1M all_reduce 8
 ag_kernel_t2 $K all_gather 2
+ag_ring_t2 $K,CHORUS_DEVICE_DIRECT=-1 all_gather 2
 rs_kernel_t2 $K reduce_scatter 2
+rs_ring_t2 $K,CHORUS_DEVICE_DIRECT=-1 reduce_scatter 2
+ag_kernel_t4 $K all_gather 4
+rs_kernel_t4 $K reduce_scatter 4
 bc_kernel_t2 $K broadcast 2
 red_kernel_t2 $K reduce 2
 a2a_kernel_t2 $K alltoall 2
 sr_kernel_t2 $K sendrecv 2
 a2a_kernel_t4 $K alltoall 4
 EOF2
-    for path in kernel staged; do
+    # kernel: the defaults (direct from CHORUS_DEVICE_DIRECT bytes), ring: the kernel over slots.
+    for path in kernel ring staged; do
         budget 250 "sweep $path" || continue
-        [ $path = kernel ] && [ $kernel_ok = 0 ] && continue
-        CHORUS_TIMEOUT=20 CHORUS_DEVICE_PATH=$path timeout -k 5 120 \
+        [ $path != staged ] && [ $kernel_ok = 0 ] && continue
+        direct=0; [ $path = ring ] && direct=-1
+        CHORUS_TIMEOUT=20 CHORUS_DEVICE_PATH=${path/ring/kernel} CHORUS_DEVICE_DIRECT=$direct timeout -k 5 120 \
             "$bin/all_reduce_perf" -t 2 -b 8 -e 256M -f 4 -n 20 -w 5 -m device > "$logs/sweep_$path.out" 2>&1
         echo "sweep $path rc=$?"; grep -E '^ +[0-9]+ ' "$logs/sweep_$path.out" | awk '{print "  " $1, $6, $8, $9}'
     done
@@ -202,6 +223,12 @@ if has correct && [ $kernel_ok = 1 ]; then
         for coll in all_gather broadcast alltoall sendrecv; do
             case $t in 1|3|8) extra=(-d float -e 64M -f 4) ;; *) extra=(-d all -e 1M -f 32) ;; esac
             tags+=("c_${coll}_$t"); jobs_run "c_${coll}_$t" "$bin/${coll}_perf" -t $t -b 8 "${extra[@]}" -n 1 -w 1 -c 1 -m device
+        done
+    done
+    # The kernel over slots, now that the defaults run these collectives direct.
+    for t in 2 3; do
+        for coll in all_reduce reduce_scatter all_gather broadcast; do
+            tags+=("c_ring_${coll}_$t"); jobs_run "c_ring_${coll}_$t" env CHORUS_DEVICE_DIRECT=-1 "$bin/${coll}_perf" -t $t -b 8 -d float -e 64M -f 4 -n 1 -w 1 -c 1 -m device
         done
     done
     tags+=(c_all_reduce_unaligned); jobs_run c_all_reduce_unaligned "$bin/all_reduce_perf" -t 2 -b 8 -e 8M -f 8 -u 1 -d all -n 1 -w 1 -c 1 -m device

@@ -52,5 +52,7 @@ ncclResult_t devpath_register(struct ncclComm *comm, void *buff, size_t size);
 ncclResult_t devpath_deregister(struct ncclComm *comm, const void *buff, size_t size);
 /* Ops this rank launched zero-copy (tests). */
 unsigned long devpath_zero_copy_ops(struct ncclComm *comm);
+/* Ops this rank launched as the kernel's direct mode (tests). */
+unsigned long devpath_direct_ops(struct ncclComm *comm);
 
 #endif

@@ -110,6 +110,16 @@ static ncclResult_t dp_launch(struct ncclComm *comm, devpath_comm_t *dp, int col
      * kernel advances: nothing of a launch depends on how many calls the host made, so a launch
      * captured into a CUDA graph runs right however often the graph is replayed. */
     if (dp->w) k.op_seq = dp->w->op_seq + (size_t)comm->rank * sz->nch;
+    /* Direct (ch_direct.h): every block of every rank takes part, so the launch has all the
+     * world's channels whatever the op's size; the ranks decide alike (the same parameter, and
+     * sizes that a mismatch check then compares). */
+    if (dp->w && ch_dir_coll(coll) && dp->direct_min >= 0 && bytes >= (size_t)dp->direct_min) {
+        k.proto = CH_PROTO_SIMPLE;
+        p->nch = sz->nch;
+        k.dir = dp->w->dir;
+        k.dir_seq = dp->w->dir_seq + (size_t)comm->rank * sz->nch;
+        dp->direct_ops++;
+    }
     const uint64_t seq = coll == CH_COLL_SENDRECV || dp->w ? 0 : dp->coll_seq++;
     ch_op_hdr_make(&k.hdr, coll, a->dtype, k.redop.kind, count, p->root, seq);
     /* Whether the stream captures was asked once, when the call was made (dp_op_check); a

@@ -41,6 +41,8 @@ typedef struct {
     ch_conn_t *conns;      /* device memory */
     int *ring;             /* device memory */
     uint64_t *op_seq;      /* device memory: [rank][c] the op counters (ch_block_hdr) */
+    ch_dir_ent_t *dir;     /* device memory: [c][rank] the direct mode's entries (ch_direct.h) */
+    uint64_t *dir_seq;     /* device memory: [rank][c] the direct ops so far */
 } dp_world_t;
 
 typedef struct devpath_comm {
@@ -56,7 +58,10 @@ typedef struct devpath_comm {
         void *stream, *ev;
     } evs[DP_MAX_STREAMS]; /* the last launch on each stream used */
     int nevs;
-    int drain_failed; /* launched work did not finish: the world is never freed */
+    int drain_failed;         /* launched work did not finish: the world is never freed */
+    unsigned long direct_ops; /* ops launched direct (tests) */
+    int64_t direct_min; /* kernel: collectives of at least this many bytes run direct (-1: none;
+                           CHORUS_DEVICE_DIRECT, the same on every rank) */
 } devpath_comm_t;
 
 /* Make comm's device current for a call into a GPU runtime (the emulator has no devices). */

@@ -7,6 +7,7 @@
  *             (a rank's send to itself goes through its own slots)
  *   ctrl/buf/ll  the control blocks, SIMPLE slots and LL slots they point to
  *   ring      [c][pos]: channels alternate direction (ch_cpu_ring_rank)
+ *   dir       [c][rank] the direct mode's entries, dir_seq its op counters (ch_direct.h)
  *   err       the error word, in host memory the device writes (mapped)
  * Rank 0 allocates it, the others take its address from the bootstrap allgather, and the last
  * rank to free its communicator frees it.
@@ -48,6 +49,8 @@ static void dp_world_free(dp_world_t *w) {
     if (w->conns) rt->dev_free(w->conns);
     if (w->ring) rt->dev_free(w->ring);
     if (w->op_seq) rt->dev_free(w->op_seq);
+    if (w->dir) rt->dev_free(w->dir);
+    if (w->dir_seq) rt->dev_free(w->dir_seq);
     if (w->ctrl) rt->dev_free(w->ctrl);
     if (w->buf) rt->dev_free(w->buf);
     if (w->ll) rt->dev_free(w->ll);
@@ -96,6 +99,10 @@ static dp_world_t *dp_world_create(const ch_rt_t *rt, int nranks, const dp_sizes
         rt->dev_alloc((void **)&w->conns, nconn * sizeof(ch_conn_t)) != ncclSuccess ||
         rt->dev_alloc((void **)&w->ring, (size_t)sz->nch * nranks * sizeof(int)) != ncclSuccess ||
         rt->dev_alloc((void **)&w->op_seq, (size_t)sz->nch * nranks * sizeof(uint64_t)) !=
+            ncclSuccess ||
+        rt->dev_alloc((void **)&w->dir, (size_t)sz->nch * nranks * sizeof(ch_dir_ent_t)) !=
+            ncclSuccess ||
+        rt->dev_alloc((void **)&w->dir_seq, (size_t)sz->nch * nranks * sizeof(uint64_t)) !=
             ncclSuccess)
         goto fail;
     for (size_t i = 0, u = 0; i < nconn; i++) {
@@ -241,9 +248,9 @@ static void dp_attach(struct ncclComm *comm, devpath_comm_t *dp) {
     comm->dev_path = dp;
     INFO(SUB_INIT,
          "rank %d: device-buffer ops run as %s on the user's stream (%s runtime, %d channels, %d "
-         "slots of %zu bytes)",
+         "slots of %zu bytes; direct from %lld bytes, -1: never)",
          comm->rank, dp->ce ? "copy-engine programs" : "the collective kernel", dp->rt->name,
-         dp->sz.nch, dp->sz.nslots, dp->sz.slot_bytes);
+         dp->sz.nch, dp->sz.nslots, dp->sz.slot_bytes, dp->ce ? -1LL : (long long)dp->direct_min);
 }
 
 /* Copy-engine programs: on a GPU 2 channels of 8 slots of CHORUS_DEVICE_SLOT_BYTES (a channel's
@@ -336,6 +343,7 @@ void devpath_comm_init(struct ncclComm *comm) {
     dp->sz = w->sz;
     dp->err_host = (uint32_t *)w->err_host;
     dp->err_dev = w->err_dev;
+    dp->direct_min = comm->nranks <= CH_DIR_MAX_RANKS ? chorus_param_int(PARAM_DEVICE_DIRECT) : -1;
     dp_attach(comm, dp);
 }
 
@@ -469,4 +477,13 @@ ncclResult_t devpath_deregister(struct ncclComm *comm, const void *buff, size_t 
 unsigned long devpath_zero_copy_ops(struct ncclComm *comm) {
     devpath_comm_t *dp = comm ? comm->dev_path : NULL;
     return dp && dp->ce ? dp_ce_zero_copy_ops(dp->ce) : 0;
+}
+
+unsigned long devpath_direct_ops(struct ncclComm *comm) {
+    devpath_comm_t *dp = comm ? comm->dev_path : NULL;
+    if (dp == NULL) return 0;
+    pthread_mutex_lock(&dp->lock);
+    const unsigned long n = dp->direct_ops;
+    pthread_mutex_unlock(&dp->lock);
+    return n;
 }

@@ -5,12 +5,14 @@
  * Per step, thread 0 does the waits (receive: the sender's head; send: a free slot) and shares
  * the step numbers through shared memory; after a barrier all threads move the chunk: 16-byte
  * pack i by thread i, i + blockDim, ... (four in flight a thread) where every pointer is aligned
- * (CHORUS_DEVICE_VEC), else element by element. Peer-written bytes (a received SIMPLE slot) are read with volatile loads,
- * so no stale L1 line answers. After a second barrier thread 0 fences at system
- * scope and publishes the send (head) and releases the receive (tail). LL chunks are read by
+ * (CHORUS_DEVICE_VEC), else element by element. Peer-written bytes (a received SIMPLE slot) are
+ * read with volatile loads, so no stale L1 line answers. After a second barrier thread 0 fences at
+ * system scope and publishes the send (head) and releases the receive (tail). LL chunks are read by
  * all threads word by word into shared memory (each word's flag is its own ready signal) and
  * written from a shared-memory stage the same way. A step with two peers (send/recv, all-to-all)
  * runs its send half before its receive half, as every executor of these schedules does.
+ * Launches with a direct table (ch_direct.h) run ch_k_direct instead: no slots, every rank's
+ * share read from and written to the peers' buffers.
  */
 #include <cuda_runtime.h>
 
@@ -313,6 +315,159 @@ __global__ void __launch_bounds__(CH_KERNEL_THREADS)
     }
 }
 
+/* Direct mode (ch_direct.h): thread 0 publishes the block's entry, waits for the peers' and
+ * checks their headers, and lays the part's sources and destinations out in shared memory; all
+ * threads then fold and copy the part, 16-byte pack i by thread i, i + blockDim, ... (two packs in
+ * flight a thread) where every pointer is aligned, else element by element. Peers' buffers are
+ * read through L2 (ld.global.cg), so no L1 line from before their ready answers. After a barrier
+ * thread 0 fences at system scope, publishes done and waits for the peers' done. */
+/* The unsigned integer of an element's size, which __ldcg loads. */
+template <int B> struct ChRaw;
+template <> struct ChRaw<1> {
+    using T = unsigned char;
+};
+template <> struct ChRaw<2> {
+    using T = unsigned short;
+};
+template <> struct ChRaw<4> {
+    using T = unsigned int;
+};
+template <> struct ChRaw<8> {
+    using T = unsigned long long;
+};
+
+template <typename D, int K> struct ChDirect {
+    using S = typename D::S;
+    using C = typename D::C;
+    using F = Fn<D, K>;
+
+    template <int W> __device__ static void ld(const char *p, S (&x)[W]) {
+        if constexpr (W * sizeof(S) == 16) {
+            const uint4 u = __ldcg((const uint4 *)p);
+            memcpy(x, &u, 16);
+        } else {
+            for (int j = 0; j < W; j++) {
+                const auto raw = __ldcg((const typename ChRaw<sizeof(S)>::T *)p + j);
+                memcpy(&x[j], &raw, sizeof(S));
+            }
+        }
+    }
+    template <int W> __device__ static void st(char *p, const S (&x)[W]) {
+        if constexpr (W * sizeof(S) == 16) {
+            uint4 u;
+            memcpy(&u, x, 16);
+            *(uint4 *)p = u;
+        } else {
+            for (int j = 0; j < W; j++)
+                ((S *)p)[j] = x[j];
+        }
+    }
+
+    /* U groups of W elements, at byte offsets off, off + step, ...: every source read and folded
+     * (in C, rounded once, as rk_reduce_n), post() applied, every destination written. */
+    template <int W, int U>
+    __device__ static void go(const ch_dir_ptrs_t &d, const C *sc, bool red, int nranks, size_t off,
+                              size_t step) {
+        S v[U][W];
+#pragma unroll
+        for (int u = 0; u < U; u++)
+            ld<W>(d.src[0] + off + u * step, v[u]);
+        if (red) {
+            C acc[U][W];
+#pragma unroll
+            for (int u = 0; u < U; u++)
+                for (int j = 0; j < W; j++)
+                    acc[u][j] = F::pre(D::load(v[u][j]), sc[0]);
+            for (int i = 1; i < d.nsrc; i++) {
+#pragma unroll
+                for (int u = 0; u < U; u++)
+                    ld<W>(d.src[i] + off + u * step, v[u]);
+#pragma unroll
+                for (int u = 0; u < U; u++)
+                    for (int j = 0; j < W; j++)
+                        acc[u][j] = F::combine(acc[u][j], F::pre(D::load(v[u][j]), sc[i]));
+            }
+#pragma unroll
+            for (int u = 0; u < U; u++)
+                for (int j = 0; j < W; j++) {
+                    v[u][j] = D::store(acc[u][j]);
+                    if (K == RK_SUMDIV) v[u][j] = D::store(D::divide(D::load(v[u][j]), nranks));
+                }
+        }
+        for (int i = 0; i < d.ndst; i++)
+#pragma unroll
+            for (int u = 0; u < U; u++)
+                st<W>(d.dst[i] + off + u * step, v[u]);
+    }
+
+    __device__ static void move(const ch_dir_ptrs_t &d, const C *sc, bool red, int nranks,
+                                size_t count, int vec) {
+        constexpr int N = 16 / sizeof(S);
+        uintptr_t bits = 0;
+        for (int i = 0; i < d.nsrc; i++)
+            bits |= (uintptr_t)d.src[i];
+        for (int i = 0; i < d.ndst; i++)
+            bits |= (uintptr_t)d.dst[i];
+        size_t i0 = 0;
+        if (vec && (bits & 15) == 0) {
+            const size_t np = count / N, stride = blockDim.x;
+            size_t q = threadIdx.x;
+            for (; q + stride < np; q += 2 * stride)
+                go<N, 2>(d, sc, red, nranks, q * 16, stride * 16);
+            for (; q < np; q += stride)
+                go<N, 1>(d, sc, red, nranks, q * 16, 0);
+            i0 = np * N;
+        }
+        for (size_t i = i0 + threadIdx.x; i < count; i += blockDim.x)
+            go<1, 1>(d, sc, red, nranks, i * sizeof(S), 0);
+    }
+};
+
+template <typename D, int K>
+__global__ void __launch_bounds__(CH_KERNEL_THREADS)
+    ch_k_direct(const ch_kernel_args_t a, const typename D::C scalar) {
+    using C = typename D::C;
+    __shared__ uint32_t s_err;
+    __shared__ uint64_t s_seq;
+    __shared__ ch_dir_ptrs_t s_ptrs;
+    __shared__ C s_sc[CH_DIR_MAX_RANKS];
+    __shared__ uint64_t s_send[CH_DIR_MAX_RANKS], s_recv[CH_DIR_MAX_RANKS],
+        s_scal[CH_DIR_MAX_RANKS];
+    const ch_plan_t *p = &a.plan;
+    const int c = blockIdx.x, n = p->nranks, r = p->rank;
+    if (c >= p->nch) return;
+    ch_wait_t w;
+    w.err = a.err;
+    w.spins = 0;
+    w.host = nullptr;
+    ch_dir_ent_t *ents = a.dir + (size_t)c * n;
+    size_t beg = 0, end = 0;
+    ch_dir_part(p, c, &beg, &end);
+    if (threadIdx.x == 0) {
+        const ch_op_hdr_t h = ch_dir_block_hdr(&a, c);
+        s_seq = h.seq;
+        uint64_t mine = 0;
+        memcpy(&mine, &scalar, sizeof(scalar));
+        ch_dir_publish(&ents[r], &h, a.sendbuff, a.recvbuff, mine);
+        const ch_conn_t *conns = a.conns ? a.conns + (size_t)c * n * n : nullptr;
+        s_err = ch_dir_wait_ready(ents, n, r, &h, conns, &w, s_send, s_recv, s_scal);
+        if (!s_err) {
+            ch_dir_ptrs(p, s_send, s_recv, beg, &s_ptrs);
+            for (int i = 0; i < s_ptrs.nsrc; i++)
+                memcpy(&s_sc[i], &s_scal[s_ptrs.srank[i]], sizeof(C));
+        }
+    }
+    __syncthreads();
+    if (s_err) return; /* every thread returns: nobody writes s_err again */
+    const bool red = p->coll == CH_COLL_ALLREDUCE || p->coll == CH_COLL_REDUCESCATTER;
+    ChDirect<D, K>::move(s_ptrs, s_sc, red, n, end - beg, a.vec);
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        __threadfence_system();
+        (void)ch_dir_finish(ents, n, r, s_seq, &w); /* an error is in the error word */
+    }
+}
+
 template <typename D, int K, int P>
 ncclResult_t ch_launch3(const ch_kernel_args_t *a, cudaStream_t st) {
     const size_t smem = P == CH_PROTO_LL ? 2 * (size_t)a->ll_bytes : 0;
@@ -326,6 +481,15 @@ ncclResult_t ch_launch3(const ch_kernel_args_t *a, cudaStream_t st) {
 }
 
 template <typename D, int K> ncclResult_t ch_launch2(const ch_kernel_args_t *a, cudaStream_t st) {
+    if (a->dir) {
+        ch_k_direct<D, K><<<a->plan.nch, CH_KERNEL_THREADS, 0, st>>>(*a, D::scalar(&a->redop));
+        cudaError_t e = cudaGetLastError();
+        if (e != cudaSuccess) {
+            WARN("device direct kernel launch failed: %s", cudaGetErrorString(e));
+            return ncclUnhandledCudaError;
+        }
+        return ncclSuccess;
+    }
     return a->proto == CH_PROTO_LL ? ch_launch3<D, K, CH_PROTO_LL>(a, st)
                                    : ch_launch3<D, K, CH_PROTO_SIMPLE>(a, st);
 }

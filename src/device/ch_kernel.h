@@ -11,6 +11,7 @@
 #ifndef CHORUS_DEVICE_CH_KERNEL_H_
 #define CHORUS_DEVICE_CH_KERNEL_H_
 
+#include "ch_direct.h"
 #include "ch_plan.h"
 #include "ch_proto.h"
 #include "nccl.h"
@@ -33,6 +34,9 @@ typedef struct {
     int proto;         /* CH_PROTO_SIMPLE or CH_PROTO_LL */
     uint32_t ll_bytes; /* LL payload per slot (a multiple of 8, at most CH_KERNEL_LL_MAX) */
     int vec;           /* 1: SIMPLE chunks move in 16-byte accesses where every pointer allows */
+    ch_dir_ent_t *dir; /* device memory: the direct mode's [c][rank] entries (ch_direct.h), or
+                          NULL: the op runs over the slots */
+    uint64_t *dir_seq; /* device memory: [c] this rank's direct ops on channel c so far */
 } ch_kernel_args_t;
 
 /* The header block c of a launch sends and checks: the launch's header, whose seq comes from
@@ -46,6 +50,15 @@ CH_FN ch_op_hdr_t ch_block_hdr(const ch_kernel_args_t *a, int c) {
         h.seq = a->op_seq[c];
         a->op_seq[c] = h.seq + 1;
     }
+    return h;
+}
+
+/* The header block c of a direct launch publishes: the launch's, with the next direct op number
+ * of the channel's counter (from 1: a zeroed entry describes no op). */
+CH_FN ch_op_hdr_t ch_dir_block_hdr(const ch_kernel_args_t *a, int c) {
+    ch_op_hdr_t h = a->hdr;
+    h.seq = a->dir_seq[c] + 1;
+    a->dir_seq[c] = h.seq;
     return h;
 }
 

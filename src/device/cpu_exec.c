@@ -24,9 +24,11 @@ struct ch_cpu_world {
     int nranks, max_ch, nslots;
     size_t slot_bytes, ll_bytes;
     int64_t timeout_ms;
-    ch_conn_t *conns; /* [c][src][dst], src != dst */
-    int *ring;        /* [c][pos] */
-    uint64_t *seq;    /* per rank: ops run */
+    ch_conn_t *conns;  /* [c][src][dst], src != dst */
+    int *ring;         /* [c][pos] */
+    uint64_t *seq;     /* per rank: ops run */
+    ch_dir_ent_t *dir; /* [c][rank]: the direct mode's entries */
+    uint64_t *dir_seq; /* [rank][c]: direct ops so far */
     uint32_t err;
 };
 
@@ -89,7 +91,10 @@ ch_cpu_world_t *ch_cpu_world_create(int nranks, int max_ch, int nslots, size_t s
     w->conns = calloc(nconn, sizeof(ch_conn_t));
     w->ring = calloc((size_t)max_ch * nranks, sizeof(int));
     w->seq = calloc((size_t)nranks, sizeof(uint64_t));
-    if (!w->conns || !w->ring || !w->seq) goto fail;
+    w->dir = aligned_alloc(64, (size_t)max_ch * nranks * sizeof(ch_dir_ent_t));
+    w->dir_seq = calloc((size_t)nranks * max_ch, sizeof(uint64_t));
+    if (!w->conns || !w->ring || !w->seq || !w->dir || !w->dir_seq) goto fail;
+    memset(w->dir, 0, (size_t)max_ch * nranks * sizeof(ch_dir_ent_t));
     for (int c = 0; c < max_ch; c++)
         for (int pos = 0; pos < nranks; pos++)
             w->ring[c * nranks + pos] = ch_cpu_ring_rank(nranks, c, pos);
@@ -125,6 +130,8 @@ void ch_cpu_world_destroy(ch_cpu_world_t *w) {
     free(w->conns);
     free(w->ring);
     free(w->seq);
+    free(w->dir);
+    free(w->dir_seq);
     free(w);
 }
 
@@ -313,6 +320,7 @@ uint32_t ch_cpu_block(const ch_kernel_args_t *a, int c, int64_t deadline_ns) {
     b.wait.err = a->err;
     b.wait.host = deadline_ns > 0 ? &dl : NULL;
     uint32_t e = CH_OK;
+    if (a->dir) return ch_cpu_direct_block(a, c, &b.wait);
     if (a->proto == CH_PROTO_LL) {
         b.bounce = malloc(a->ll_bytes);
         b.stage = malloc(a->ll_bytes);
@@ -398,6 +406,11 @@ static void *thr_main(void *arg) {
     p->chunk_elems = ch_plan_chunk_elems(room, esize);
     p->ring = w->ring;
     p->nch = ch_plan_channels(op->coll, w->nranks, op->count, p->chunk_elems, w->max_ch);
+    if (t->proto == CH_CPU_DIRECT) { /* every block meets every peer's on its channel */
+        p->nch = w->max_ch;
+        a.dir = w->dir;
+        a.dir_seq = w->dir_seq + (size_t)t->rank * w->max_ch;
+    }
     p->inplace = ch_plan_inplace(op->coll, op->sendbuff, op->recvbuff, t->rank, op->count, esize);
     a.sendbuff = op->sendbuff;
     a.recvbuff = op->recvbuff;

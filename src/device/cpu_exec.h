@@ -50,12 +50,15 @@ void ch_cpu_world_destroy(ch_cpu_world_t *w);
 /* ch_cpu_run's proto for copy-engine programs (ce_prog.h): each thread builds its channel's
  * program from the schedule and interprets it (no op header exchange). */
 #define CH_CPU_CE 2
+/* ch_cpu_run's proto for the kernel's direct mode (ch_direct.h; all-reduce, reduce-scatter,
+ * all-gather, broadcast): a thread per rank and channel runs ch_cpu_direct_block on the world's
+ * entries; every channel takes part, whatever the op's size. */
+#define CH_CPU_DIRECT 3
 
-/* Run ops[0..nranks-1] (one per rank) with protocol proto (CH_PROTO_SIMPLE, CH_PROTO_LL or
- * CH_CPU_CE) and
- * wait for every thread. results[r]: CH_OK, or the error rank r's threads met; a rank that
- * finished while another failed gets the error word too, as every rank of a failed
- * communicator does. The error word stays set: a failed world runs nothing more. */
+/* Run ops[0..nranks-1] (one per rank) with protocol proto (CH_PROTO_SIMPLE, CH_PROTO_LL,
+ * CH_CPU_CE or CH_CPU_DIRECT) and wait for every thread. results[r]: CH_OK, or the error rank r's
+ * threads met; a rank that finished while another failed gets the error word too, as every rank
+ * of a failed communicator does. The error word stays set: a failed world runs nothing more. */
 void ch_cpu_run(ch_cpu_world_t *w, const ch_cpu_op_t *ops, int proto, uint32_t *results);
 
 /* Sets the error word to CH_ERR_ABORT (from any thread): every spinning wait returns. */
@@ -72,6 +75,8 @@ int ch_cpu_ring_rank(int nranks, int c, int pos);
  * runtime's emulator (ch_rt_emu.c) runs a launch as one such call per channel. */
 uint32_t ch_cpu_block(const ch_kernel_args_t *a, int c, int64_t deadline_ns);
 int64_t ch_host_now_ns(void);
+/* The direct mode's block (a->dir set; cpu_direct.c), which ch_cpu_block runs for such args. */
+uint32_t ch_cpu_direct_block(const ch_kernel_args_t *a, int c, ch_wait_t *w);
 
 /* This rank's header of an op (the fields a peer must agree on; see ch_proto.h). */
 void ch_op_hdr_make(ch_op_hdr_t *h, int coll, ncclDataType_t dtype, int redop_kind, size_t count,

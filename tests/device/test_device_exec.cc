@@ -3,7 +3,8 @@
 // (every op wraps around), SIMPLE, LL and copy-engine programs, in and out of place, against a
 // serial reference; and the failure paths: an abort while ranks spin, a wait past its deadline,
 // and mismatched op headers. The suite also runs under ThreadSanitizer (scripts/test.sh's TSan
-// stage).
+// stage). The kernel's direct mode runs here too (CH_CPU_DIRECT): its entries, waits and header
+// checks, with the same failure paths.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -48,9 +49,10 @@ std::string describe(const Case &c) {
     return std::string(colls[c.coll]) + " " + chorus_dtype_name(c.t) + " " +
            kOpNames[c.op == kPremul ? 5 : c.op] + " n=" + std::to_string(c.n) +
            " count=" + std::to_string(c.count) + (c.inplace ? " inplace" : "") +
-           (c.proto == CH_PROTO_LL ? " LL"
-            : c.proto == CH_CPU_CE ? " CE"
-                                   : " SIMPLE") +
+           (c.proto == CH_PROTO_LL     ? " LL"
+            : c.proto == CH_CPU_CE     ? " CE"
+            : c.proto == CH_CPU_DIRECT ? " DIRECT"
+                                       : " SIMPLE") +
            " root=" + std::to_string(c.root);
 }
 
@@ -188,6 +190,26 @@ TEST_P(DeviceCpuExec, CopyEnginePrograms) {
     }
 }
 
+// The kernel's direct mode (ch_direct.h, cpu_direct.c): all-reduce, reduce-scatter, all-gather
+// and broadcast, every reduction and size class, in and out of place, 1, 2, 3, 5 and 8 ranks.
+TEST_P(DeviceCpuExec, Direct) {
+    const ncclDataType_t t = GetParam();
+    for (int coll :
+         {CH_COLL_ALLREDUCE, CH_COLL_REDUCESCATTER, CH_COLL_ALLGATHER, CH_COLL_BROADCAST}) {
+        const bool reduces = coll == CH_COLL_ALLREDUCE || coll == CH_COLL_REDUCESCATTER;
+        for (int op : kOps) {
+            if (!reduces && op != ncclSum) continue;
+            for (int n : {1, 2, 3, 5, 8})
+                for (size_t count : counts(t, n))
+                    for (bool inplace : {false, true}) {
+                        run_case({coll, t, op, n, count, inplace, CH_CPU_DIRECT,
+                                  (int)((count + 2) % n)});
+                        if (HasFailure()) return;
+                    }
+        }
+    }
+}
+
 INSTANTIATE_TEST_SUITE_P(Dtypes, DeviceCpuExec, ::testing::ValuesIn(kDtypes),
                          [](const ::testing::TestParamInfo<ncclDataType_t> &i) {
                              return std::string(chorus_dtype_name(i.param));
@@ -218,7 +240,9 @@ TEST(DeviceCpuExecFixed, OpsInARowShareCounters) {
             ops[r].recvbuff = out[r].data();
         }
         std::vector<uint32_t> res(n);
-        ch_cpu_run(w, ops.data(), iter % 2 ? CH_PROTO_LL : CH_PROTO_SIMPLE, res.data());
+        // Slot ops and direct ops take turns: each keeps its own counters.
+        const int protos[] = {CH_PROTO_SIMPLE, CH_PROTO_LL, CH_CPU_DIRECT};
+        ch_cpu_run(w, ops.data(), protos[iter % 3], res.data());
         for (int r = 0; r < n; r++) {
             ASSERT_EQ(res[r], (uint32_t)CH_OK);
             for (size_t i = 0; i < count; i++) {
@@ -230,6 +254,60 @@ TEST(DeviceCpuExecFixed, OpsInARowShareCounters) {
         }
     }
     ch_cpu_world_destroy(w);
+}
+
+// The direct mode's blocks run by threads of the test, one per rank, each writing its input,
+// running ops back to back and reading its output with no join between the ops: only the
+// entries' ready (a peer reads this rank's input after it is written) and done (this rank reads
+// its output after the peers wrote it, and rewrites its input after they read it) order those
+// accesses, so under TSan a weaker memory order on either fails this test.
+TEST(DeviceCpuExecFixed, DirectOpsInARowOwnThreads) {
+    const int n = 3, nops = 40;
+    const size_t count = 1000 + 17;
+    uint32_t err = 0;
+    std::vector<ch_dir_ent_t> dir(n);
+    memset(dir.data(), 0, n * sizeof(ch_dir_ent_t));
+    std::vector<uint64_t> dir_seq(n, 0);
+    std::vector<std::vector<int32_t>> in(n, std::vector<int32_t>(count)),
+        out(n, std::vector<int32_t>(count));
+    std::vector<int> bad(n, 0);
+    std::vector<std::thread> thr;
+    for (int r = 0; r < n; r++) {
+        thr.emplace_back([&, r] {
+            ch_kernel_args_t a;
+            memset(&a, 0, sizeof(a));
+            a.plan.coll = CH_COLL_ALLREDUCE;
+            a.plan.nranks = n;
+            a.plan.rank = r;
+            a.plan.nch = 1;
+            a.plan.count = count;
+            a.plan.esize = sizeof(int32_t);
+            a.plan.chunk_elems = 64;
+            a.sendbuff = in[r].data();
+            a.recvbuff = out[r].data();
+            a.err = &err;
+            a.redop.kind = RK_SUM;
+            a.redop.dtype = ncclInt32;
+            a.redop.nranks = n;
+            a.dir = dir.data();
+            a.dir_seq = &dir_seq[r];
+            ch_op_hdr_make(&a.hdr, CH_COLL_ALLREDUCE, ncclInt32, RK_SUM, count, 0, 0);
+            for (int k = 0; k < nops && !bad[r]; k++) {
+                for (size_t i = 0; i < count; i++)
+                    in[r][i] = (int32_t)(r * 7 + k + i);
+                if (ch_cpu_block(&a, 0, ch_host_now_ns() + 60000000000LL) != CH_OK) {
+                    bad[r] = 1;
+                    break;
+                }
+                for (size_t i = 0; i < count && !bad[r]; i++)
+                    if (out[r][i] != (int32_t)(7 * n * (n - 1) / 2 + n * (k + i))) bad[r] = 2;
+            }
+        });
+    }
+    for (auto &t : thr)
+        t.join();
+    for (int r = 0; r < n; r++)
+        EXPECT_EQ(bad[r], 0) << "rank " << r;
 }
 
 // Runs an all-reduce on a world where the ranks in `skip` do not take part, so the others spin.
@@ -255,7 +333,7 @@ std::vector<uint32_t> run_stuck(ch_cpu_world_t *w, int n, std::vector<int> skip,
 }
 
 TEST(DeviceCpuExecFixed, AbortReleasesSpinningRanks) {
-    for (int proto : {(int)CH_PROTO_SIMPLE, (int)CH_PROTO_LL, CH_CPU_CE}) {
+    for (int proto : {(int)CH_PROTO_SIMPLE, (int)CH_PROTO_LL, CH_CPU_CE, CH_CPU_DIRECT}) {
         const int n = 4;
         ch_cpu_world_t *w = ch_cpu_world_create(n, kChannels, kSlots, kSlot, kLL, 600000);
         ASSERT_NE(w, nullptr);
@@ -277,13 +355,15 @@ TEST(DeviceCpuExecFixed, AbortReleasesSpinningRanks) {
 }
 
 TEST(DeviceCpuExecFixed, DeadlineEndsAWaitThatCannotEnd) {
-    const int n = 3;
-    ch_cpu_world_t *w = ch_cpu_world_create(n, kChannels, kSlots, kSlot, kLL, 200);
-    ASSERT_NE(w, nullptr);
-    std::vector<uint32_t> res = run_stuck(w, n, {0}, CH_PROTO_SIMPLE);
-    for (int r = 1; r < n; r++)
-        EXPECT_EQ(res[r], (uint32_t)CH_ERR_TIMEOUT) << "rank " << r;
-    ch_cpu_world_destroy(w);
+    for (int proto : {(int)CH_PROTO_SIMPLE, CH_CPU_DIRECT}) {
+        const int n = 3;
+        ch_cpu_world_t *w = ch_cpu_world_create(n, kChannels, kSlots, kSlot, kLL, 200);
+        ASSERT_NE(w, nullptr);
+        std::vector<uint32_t> res = run_stuck(w, n, {0}, proto);
+        for (int r = 1; r < n; r++)
+            EXPECT_EQ(res[r], (uint32_t)CH_ERR_TIMEOUT) << "rank " << r << " proto " << proto;
+        ch_cpu_world_destroy(w);
+    }
 }
 
 // Rank `odd` calls a different op from everyone else; every rank must end with the mismatch,
@@ -313,6 +393,10 @@ void expect_mismatch(int n, int odd, void (*change)(ch_cpu_op_t *), int proto) {
         EXPECT_EQ(res[r], (uint32_t)CH_ERR_MISMATCH) << "rank " << r;
         EXPECT_EQ(ch_error_result(res[r]), ncclInvalidUsage) << "rank " << r;
     }
+    // Direct: the headers are compared before any buffer is touched.
+    for (int r = 0; r < n && proto == CH_CPU_DIRECT; r++)
+        for (size_t i = 0; i < out[r].size(); i++)
+            ASSERT_EQ(out[r][i], 0.0f) << "rank " << r << " wrote element " << i;
     ch_cpu_world_destroy(w);
 }
 
@@ -332,7 +416,7 @@ TEST(DeviceCpuExecFixed, MismatchedHeaderFailsEveryRank) {
     };
     for (auto change : changes)
         for (int n : {2, 3, 5, 8})
-            for (int proto : {CH_PROTO_SIMPLE, CH_PROTO_LL})
+            for (int proto : {(int)CH_PROTO_SIMPLE, (int)CH_PROTO_LL, CH_CPU_DIRECT})
                 expect_mismatch(n, n / 2, change, proto);
 }
 

@@ -1,0 +1,340 @@
+// devpath_util.h: what the device path's tests on the emulator share (test_device_path.cc: the
+// slot kernel and copy-engine programs; test_device_direct.cc: the kernel's direct mode): thread
+// ranks with an emulated stream each, one op's buffers, the op issued through the NCCL API and
+// checked against device_ref.h's serial reference, and whole scenarios (ops back to back, a group,
+// an abort or a deadline releasing a launch whose peer never calls).
+#ifndef CHORUS_TESTS_DEVICE_DEVPATH_UTIL_H_
+#define CHORUS_TESTS_DEVICE_DEVPATH_UTIL_H_
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "device/ch_plan.h"
+#include "device/ch_rt_emu.h"
+#include "device_ref.h"
+#include "launch.h"
+#include "nccl.h"
+extern "C" {
+#include "param.h"
+}
+
+namespace devpath_test {
+
+constexpr int kPremul = 5; // stands for a ncclRedOpCreatePreMulSum op
+constexpr int kOps[] = {ncclSum, ncclProd, ncclMax, ncclMin, ncclAvg, kPremul};
+
+struct Rank {
+    ncclComm_t comm;
+    ch_emu_stream_t *st;
+    int r, n;
+    bool destroyed = false; // the rank function destroyed comm itself
+    cudaStream_t stream() const {
+        return (cudaStream_t)st;
+    }
+};
+
+inline bool reduces(int coll) {
+    return coll == CH_COLL_ALLREDUCE || coll == CH_COLL_REDUCESCATTER || coll == CH_COLL_REDUCE;
+}
+inline size_t in_elems(int coll, size_t count, int n) {
+    return coll == CH_COLL_REDUCESCATTER || coll == CH_COLL_ALLTOALL ? count * n : count;
+}
+inline size_t out_elems(int coll, size_t count, int n) {
+    return coll == CH_COLL_ALLGATHER || coll == CH_COLL_ALLTOALL ? count * n : count;
+}
+
+// One op's buffers on one rank, filled with its input.
+struct Bufs {
+    char *sbuf = nullptr, *rbuf = nullptr;
+    const void *in = nullptr;
+    void *out = nullptr;
+    ~Bufs() {
+        ch_emu_free(sbuf);
+        ch_emu_free(rbuf);
+    }
+};
+
+inline void make_bufs(const Rank &k, int coll, ncclDataType_t t, int op, size_t count, bool inplace,
+                      Bufs *b) {
+    const size_t es = devref::dsize(t), ni = in_elems(coll, count, k.n),
+                 no = out_elems(coll, count, k.n);
+    b->sbuf = (char *)ch_emu_malloc(ni * es + 64);
+    b->rbuf = (char *)ch_emu_malloc(std::max(no, ni) * es + 64);
+    memset(b->rbuf, 0xa5, std::max(no, ni) * es + 64);
+    char *in = b->sbuf;
+    if (inplace) {
+        in = coll == CH_COLL_ALLGATHER ? b->rbuf + (size_t)k.r * count * es : b->rbuf;
+        b->out = coll == CH_COLL_REDUCESCATTER ? b->rbuf + (size_t)k.r * count * es : b->rbuf;
+    } else {
+        b->out = b->rbuf;
+    }
+    b->in = in;
+    devref::fill(op, t, k.r, in, 0, ni, 0);
+}
+
+// Issue the op (a send/recv ring step for CH_COLL_SENDRECV) on the rank's stream.
+inline ncclResult_t issue(const Rank &k, int coll, ncclDataType_t t, ncclRedOp_t o, size_t count,
+                          int root, const Bufs &b) {
+    switch (coll) {
+    case CH_COLL_ALLREDUCE:
+        return ncclAllReduce(b.in, b.out, count, t, o, k.comm, k.stream());
+    case CH_COLL_REDUCESCATTER:
+        return ncclReduceScatter(b.in, b.out, count, t, o, k.comm, k.stream());
+    case CH_COLL_ALLGATHER:
+        return ncclAllGather(b.in, b.out, count, t, k.comm, k.stream());
+    case CH_COLL_BROADCAST:
+        return ncclBroadcast(b.in, b.out, count, t, root, k.comm, k.stream());
+    case CH_COLL_REDUCE:
+        return ncclReduce(b.in, b.out, count, t, o, root, k.comm, k.stream());
+    case CH_COLL_SENDRECV: {
+        ncclResult_t r = ncclGroupStart();
+        if (r == ncclSuccess) r = ncclSend(b.in, count, t, (k.r + 1) % k.n, k.comm, k.stream());
+        if (r == ncclSuccess)
+            r = ncclRecv(b.out, count, t, (k.r - 1 + k.n) % k.n, k.comm, k.stream());
+        ncclResult_t e = ncclGroupEnd();
+        return r != ncclSuccess ? r : e;
+    }
+    default:
+        return ncclAlltoAll(b.in, b.out, count, t, k.comm, k.stream());
+    }
+}
+
+// Elements of this rank's output that differ from the reference (the first few are printed).
+inline int check(const Rank &k, int coll, ncclDataType_t t, int op, size_t count, int root,
+                 const Bufs &b, const std::string &what) {
+    const int n = k.n, r = k.r;
+    if (coll == CH_COLL_REDUCE && r != root) return 0;
+    int wrong = 0;
+    const size_t no = out_elems(coll, count, n);
+    for (size_t i = 0; i < no; i++) {
+        double want_d;
+        const uint64_t want = devref::expected(coll, op, t, n, r, root, count, i, &want_d);
+        if (!devref::is_int(t) && want_d == 0) want_d = rkref::to_double(t, want);
+        const uint64_t got = rkref::load_raw(t, b.out, i);
+        if (!devref::matches(t, n, got, want, want_d)) {
+            if (wrong++ < 3)
+                fprintf(stderr, "rank %d %s: element %zu is 0x%llx, want 0x%llx\n", r, what.c_str(),
+                        i, (unsigned long long)got, (unsigned long long)want);
+        }
+    }
+    return wrong;
+}
+
+inline std::string describe(int coll, ncclDataType_t t, int op, size_t count, bool inplace,
+                            int root) {
+    static const char *colls[] = {"allreduce", "reducescatter", "allgather", "broadcast",
+                                  "reduce",    "sendrecv",      "alltoall"};
+    return std::string(colls[coll]) + " " + chorus_dtype_name(t) + " op" + std::to_string(op) +
+           " count=" + std::to_string(count) + (inplace ? " inplace" : "") +
+           " root=" + std::to_string(root);
+}
+
+// Run one op on one rank and check it; 0 when right.
+inline int run_op(const Rank &k, int coll, ncclDataType_t t, int op, size_t count, bool inplace,
+                  int root) {
+    const std::string what = describe(coll, t, op, count, inplace, root);
+    Bufs b;
+    make_bufs(k, coll, t, op, count, inplace, &b);
+    ncclRedOp_t o = ncclSum;
+    if (reduces(coll)) o = (ncclRedOp_t)op;
+    if (reduces(coll) && op == kPremul) {
+        const uint64_t scalar = devref::encode(t, devref::is_int(t) ? 3 : 2);
+        RANK_NCCL(
+            ncclRedOpCreatePreMulSum(&o, (void *)&scalar, t, ncclScalarHostImmediate, k.comm));
+    }
+    const unsigned long before = ch_emu_stream_launches(k.st);
+    ncclResult_t res = issue(k, coll, t, o, count, root, b);
+    RANK_CHECK(res == ncclSuccess, "%s: %s\n", what.c_str(), ncclGetErrorString(res));
+    RANK_NCCL(ch_emu_stream_sync(k.st));
+    if (reduces(coll) && op == kPremul) RANK_NCCL(ncclRedOpDestroy(o, k.comm));
+    const unsigned long launched = ch_emu_stream_launches(k.st) - before;
+    // A collective of count 0 launches nothing; everything else launches once on the stream.
+    const unsigned long want_launches = count == 0 && coll != CH_COLL_SENDRECV ? 0 : 1;
+    RANK_CHECK(launched == want_launches, "%s: %lu launches on the stream, want %lu\n",
+               what.c_str(), launched, want_launches);
+    ncclResult_t async = ncclSuccess;
+    RANK_NCCL(ncclCommGetAsyncError(k.comm, &async));
+    RANK_CHECK(async == ncclSuccess, "%s: async error %s\n", what.c_str(),
+               ncclGetErrorString(async));
+    return check(k, coll, t, op, count, root, b, what) ? 1 : 0;
+}
+
+// Each of n thread ranks: init, fn, destroy (pre, when given, runs before init).
+inline void with_ranks(int n, const std::function<int(Rank &)> &fn, double timeout_s = 240,
+                       chorus_test::Launch how = chorus_test::Launch::Threads,
+                       const std::function<void(int)> &pre = nullptr) {
+    ncclUniqueId id = chorus_test::make_unique_id();
+    auto res = chorus_test::run_ranks(
+        how, n,
+        [&](int rank, int nr) -> int {
+            if (pre) pre(rank);
+            Rank k;
+            k.r = rank;
+            k.n = nr;
+            k.st = ch_emu_stream_create();
+            RANK_CHECK(k.st != nullptr, "no emulated stream\n");
+            RANK_NCCL(ncclCommInitRank(&k.comm, nr, id, rank));
+            int bad = fn(k);
+            if (bad == 0 && !k.destroyed) RANK_NCCL(ncclCommDestroy(k.comm));
+            ch_emu_stream_destroy(k.st);
+            return bad;
+        },
+        timeout_s);
+    EXPECT_TRUE(res.ok()) << res.detail;
+}
+
+// Many ops queued back to back on one stream before a single sync: all-reduces of growing sizes
+// (LL and SIMPLE), then an all-gather; every result checked afterwards.
+inline void back_to_back() {
+    with_ranks(4, [&](Rank &k) -> int {
+        const int nops = 24;
+        std::vector<Bufs> b(nops + 1);
+        std::vector<size_t> counts(nops);
+        for (int i = 0; i < nops; i++) {
+            counts[i] = 1 + (size_t)i * 617;
+            make_bufs(k, CH_COLL_ALLREDUCE, ncclInt32, ncclSum, counts[i], i % 2, &b[i]);
+            RANK_NCCL(ncclAllReduce(b[i].in, b[i].out, counts[i], ncclInt32, ncclSum, k.comm,
+                                    k.stream()));
+        }
+        make_bufs(k, CH_COLL_ALLGATHER, ncclInt32, ncclSum, 5000, false, &b[nops]);
+        RANK_NCCL(ncclAllGather(b[nops].in, b[nops].out, 5000, ncclInt32, k.comm, k.stream()));
+        RANK_NCCL(ch_emu_stream_sync(k.st));
+        RANK_CHECK(ch_emu_stream_launches(k.st) == (unsigned long)nops + 1, "launches %lu\n",
+                   ch_emu_stream_launches(k.st));
+        int bad = 0;
+        for (int i = 0; i < nops; i++)
+            bad += check(k, CH_COLL_ALLREDUCE, ncclInt32, ncclSum, counts[i], 0, b[i],
+                         "back-to-back allreduce " + std::to_string(i)) != 0;
+        bad += check(k, CH_COLL_ALLGATHER, ncclInt32, ncclSum, 5000, 0, b[nops],
+                     "back-to-back allgather") != 0;
+        return bad;
+    });
+}
+
+// A group: two collectives, then an all-to-all made of sends and receives to every rank
+// (itself included), on 3 and 5 ranks.
+inline void group_ops() {
+    for (int n : {3, 5}) {
+        SCOPED_TRACE("n=" + std::to_string(n));
+        with_ranks(n, [&](Rank &k) -> int {
+            const size_t count = 3001;
+            Bufs ar, ag, a2a;
+            make_bufs(k, CH_COLL_ALLREDUCE, ncclFloat32, ncclSum, count, false, &ar);
+            make_bufs(k, CH_COLL_ALLGATHER, ncclFloat32, ncclSum, count, false, &ag);
+            make_bufs(k, CH_COLL_ALLTOALL, ncclFloat32, ncclSum, count, false, &a2a);
+            const size_t es = sizeof(float);
+            RANK_NCCL(ncclGroupStart());
+            RANK_NCCL(
+                ncclAllReduce(ar.in, ar.out, count, ncclFloat32, ncclSum, k.comm, k.stream()));
+            RANK_NCCL(ncclAllGather(ag.in, ag.out, count, ncclFloat32, k.comm, k.stream()));
+            for (int q = 0; q < k.n; q++) {
+                RANK_NCCL(ncclSend((const char *)a2a.in + q * count * es, count, ncclFloat32, q,
+                                   k.comm, k.stream()));
+                RANK_NCCL(ncclRecv((char *)a2a.out + q * count * es, count, ncclFloat32, q, k.comm,
+                                   k.stream()));
+            }
+            RANK_NCCL(ncclGroupEnd());
+            RANK_NCCL(ch_emu_stream_sync(k.st));
+            // Two collectives and one send/receive launch per ring distance.
+            RANK_CHECK(ch_emu_stream_launches(k.st) == 2u + (unsigned long)k.n, "launches %lu\n",
+                       ch_emu_stream_launches(k.st));
+            int bad = check(k, CH_COLL_ALLREDUCE, ncclFloat32, ncclSum, count, 0, ar, "group ar");
+            bad += check(k, CH_COLL_ALLGATHER, ncclFloat32, ncclSum, count, 0, ag, "group ag");
+            bad += check(k, CH_COLL_ALLTOALL, ncclFloat32, ncclSum, count, 0, a2a, "group a2a");
+            return bad ? 1 : 0;
+        });
+    }
+}
+
+// Rank 0 starts an all-reduce on the emulated stream whose peer never calls, so its work
+// (`what`: the launch or the copy-engine program) waits; ncclCommAbort must end that work before it
+// returns, well within the deadline. The peer then destroys its communicator (ncclRemoteError
+// allowed), after checking that the abort left it an error when peer_error says it must.
+inline chorus_test::RunResult abort_releases_waiting_work(const char *what, bool peer_error) {
+    ncclUniqueId id = chorus_test::make_unique_id();
+    std::atomic<int> aborted{0};
+    return chorus_test::run_threads(2, [&](int rank, int nr) -> int {
+        ch_emu_stream_t *st = ch_emu_stream_create();
+        ncclComm_t comm;
+        RANK_NCCL(ncclCommInitRank(&comm, nr, id, rank));
+        Rank k{comm, st, rank, nr, false};
+        if (rank == 0) {
+            Bufs b;
+            make_bufs(k, CH_COLL_ALLREDUCE, ncclFloat32, ncclSum, 100000, false, &b);
+            RANK_NCCL(
+                ncclAllReduce(b.in, b.out, 100000, ncclFloat32, ncclSum, comm, (cudaStream_t)st));
+            std::this_thread::sleep_for(std::chrono::milliseconds(300));
+            RANK_CHECK(ch_emu_stream_launches(st) == 0, "the %s ended without its peer\n", what);
+            const double t0 = chorus_test::now_s();
+            RANK_NCCL(ncclCommAbort(comm));
+            const double took = chorus_test::now_s() - t0;
+            RANK_CHECK(ch_emu_stream_launches(st) == 1, "abort returned before the %s\n", what);
+            RANK_CHECK(took < 10, "abort took %.1f s\n", took);
+            aborted = 1;
+        } else {
+            while (!aborted)
+                std::this_thread::sleep_for(std::chrono::milliseconds(10));
+            if (peer_error) {
+                ncclResult_t async = ncclSuccess;
+                RANK_NCCL(ncclCommGetAsyncError(comm, &async));
+                RANK_CHECK(async != ncclSuccess, "the peer's abort left no error\n");
+            }
+            ncclResult_t d = ncclCommDestroy(comm); // reports the failed communicator
+            RANK_CHECK(d == ncclSuccess || d == ncclRemoteError, "destroy: %s\n",
+                       ncclGetErrorString(d));
+        }
+        ch_emu_stream_destroy(st);
+        return 0;
+    });
+}
+
+// A launch whose peer never calls ends at CHORUS_TIMEOUT with an error, not a hang.
+inline void deadline_ends_waiting_launch() {
+    const char *old = getenv("CHORUS_TIMEOUT");
+    const std::string old_timeout = old ? old : "";
+    setenv("CHORUS_TIMEOUT", "2", 1);
+    chorus_param_reset();
+    ncclUniqueId id = chorus_test::make_unique_id();
+    auto res = chorus_test::run_threads(2, [&](int rank, int nr) -> int {
+        ch_emu_stream_t *st = ch_emu_stream_create();
+        ncclComm_t comm;
+        RANK_NCCL(ncclCommInitRank(&comm, nr, id, rank));
+        if (rank == 0) {
+            Rank k{comm, st, rank, nr, false};
+            Bufs b;
+            make_bufs(k, CH_COLL_ALLREDUCE, ncclInt32, ncclSum, 5000, false, &b);
+            const double t0 = chorus_test::now_s();
+            RANK_NCCL(ncclAllReduce(b.in, b.out, 5000, ncclInt32, ncclSum, comm, (cudaStream_t)st));
+            RANK_NCCL(ch_emu_stream_sync(st));
+            const double took = chorus_test::now_s() - t0;
+            RANK_CHECK(took >= 1.5 && took < 30, "the launch ended after %.1f s\n", took);
+            ncclResult_t async = ncclSuccess;
+            RANK_NCCL(ncclCommGetAsyncError(comm, &async));
+            RANK_CHECK(async == ncclRemoteError, "async error %s\n", ncclGetErrorString(async));
+        }
+        ncclResult_t d = ncclCommDestroy(comm);
+        RANK_CHECK(d == ncclSuccess || d == ncclRemoteError, "destroy: %s\n",
+                   ncclGetErrorString(d));
+        ch_emu_stream_destroy(st);
+        return 0;
+    });
+    if (old)
+        setenv("CHORUS_TIMEOUT", old_timeout.c_str(), 1);
+    else
+        unsetenv("CHORUS_TIMEOUT");
+    chorus_param_reset();
+    EXPECT_TRUE(res.ok()) << res.detail;
+}
+
+} // namespace devpath_test
+
+#endif
