@@ -161,7 +161,7 @@ for coll in all_reduce all_gather reduce_scatter; do
         [ "$n" -le 1 ] && continue
         for path in kernel ring staged; do
             p="$bin/${coll}_perf"
-            # kernel: the defaults (direct, CHORUS_DEVICE_DIRECT=0); ring: the kernel over slots.
+            # kernel: direct (CHORUS_DEVICE_DIRECT=0); ring: the kernel over slots.
             kpath=$path; direct=0
             [ "$path" = ring ] && { kpath=kernel; direct=-1; }
             small=64; [ "$coll" = all_reduce ] && small=8

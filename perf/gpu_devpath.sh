@@ -11,7 +11,7 @@
 # run does, each step under its own time limit, with logs in logdir:
 #   alltests every test_cuda case, each in its own process (not in the default sections)
 #   tests    test_cuda's CudaDevPath cases (the collective kernel on the GPU, thread ranks), with
-#            the defaults (direct) and again over the slots (CHORUS_DEVICE_DIRECT=-1)
+#            direct (CHORUS_DEVICE_DIRECT=0) and again over the slots (CHORUS_DEVICE_DIRECT=-1)
 #   procs    processes sharing the GPU (copy-engine programs, CHORUS_DEVICE_PATH=ce): test_cuda's
 #            forked cases each in a process of its own (CudaDevPathProcs.*, CudaColl.*Forked),
 #            then all_reduce_perf with 2 processes under chorusrun, every dtype and op, checked,
@@ -22,7 +22,7 @@
 #            (all-reduce, reduce-scatter, all-gather, broadcast run direct: CHORUS_DEVICE_DIRECT),
 #            the same four over the slots (CHORUS_DEVICE_DIRECT=-1) at 2 and 3 ranks, unaligned
 #            buffers (-u 1) for all-reduce
-#   bw       256 MiB: all-reduce staged vs the kernel's defaults (direct) vs the kernel over slots
+#   bw       256 MiB: all-reduce staged vs the kernel direct (CHORUS_DEVICE_DIRECT=0) vs over slots
 #            (ring_*, CHORUS_DEVICE_DIRECT=-1) and one knob at a time (2-8 ranks), the other
 #            collectives at 2 ranks (all-gather, reduce-scatter also ring and at 4); then a size
 #            sweep of kernel (direct) vs ring vs staging
@@ -99,7 +99,7 @@ if has alltests; then
 fi
 
 if has tests; then
-    CHORUS_TIMEOUT=20 timeout -k 5 90 "$bin/test_cuda" --gtest_filter='CudaDevPath.*' \
+    CHORUS_DEVICE_DIRECT=0 CHORUS_TIMEOUT=20 timeout -k 5 90 "$bin/test_cuda" --gtest_filter='CudaDevPath.*' \
         > "$logs/test_cuda_devpath.log" 2>&1
     rc=$?
     note "tests: test_cuda CudaDevPath.* rc=$rc: $(grep -E '^\[  (PASSED|FAILED) ' "$logs/test_cuda_devpath.log" | tr '\n' ' ')"
@@ -161,7 +161,7 @@ ar() { # tag env... -- args
 
 if has bw; then
     big=(-b 256M -e 256M -n 10 -w 3 -m device)
-    K="CHORUS_DEVICE_PATH=kernel"
+    K="CHORUS_DEVICE_PATH=kernel,CHORUS_DEVICE_DIRECT=0"
     # tag | environment | collective | thread ranks: the defaults, then one knob at a time.
     while read -r tag envs coll t; do
         # shellcheck disable=SC2086
@@ -193,7 +193,7 @@ a2a_kernel_t2 $K alltoall 2
 sr_kernel_t2 $K sendrecv 2
 a2a_kernel_t4 $K alltoall 4
 EOF2
-    # kernel: the defaults (direct from CHORUS_DEVICE_DIRECT bytes), ring: the kernel over slots.
+    # kernel: direct (CHORUS_DEVICE_DIRECT=0), ring: the kernel over slots.
     for path in kernel ring staged; do
         budget 250 "sweep $path" || continue
         [ $path != staged ] && [ $kernel_ok = 0 ] && continue
@@ -210,7 +210,7 @@ if has correct && [ $kernel_ok = 1 ]; then
     jobs_run() {
         local tag=$1; shift
         budget 300 "$tag" || return 0
-        ( CHORUS_TIMEOUT=20 CHORUS_DEVICE_PATH=kernel timeout -k 5 60 "$@" > "$logs/$tag.out" 2>&1
+        ( CHORUS_TIMEOUT=20 CHORUS_DEVICE_PATH=kernel CHORUS_DEVICE_DIRECT=0 timeout -k 5 60 "$@" > "$logs/$tag.out" 2>&1
           echo $? > "$logs/$tag.rc" ) &
         while [ "$(jobs -rp | wc -l)" -ge 3 ]; do sleep 0.2; done
     }
@@ -225,7 +225,7 @@ if has correct && [ $kernel_ok = 1 ]; then
             tags+=("c_${coll}_$t"); jobs_run "c_${coll}_$t" "$bin/${coll}_perf" -t $t -b 8 "${extra[@]}" -n 1 -w 1 -c 1 -m device
         done
     done
-    # The kernel over slots, now that the defaults run these collectives direct.
+    # The kernel over slots, beside the direct runs above.
     for t in 2 3; do
         for coll in all_reduce reduce_scatter all_gather broadcast; do
             tags+=("c_ring_${coll}_$t"); jobs_run "c_ring_${coll}_$t" env CHORUS_DEVICE_DIRECT=-1 "$bin/${coll}_perf" -t $t -b 8 -d float -e 64M -f 4 -n 1 -w 1 -c 1 -m device

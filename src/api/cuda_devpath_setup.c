@@ -343,7 +343,11 @@ void devpath_comm_init(struct ncclComm *comm) {
     dp->sz = w->sz;
     dp->err_host = (uint32_t *)w->err_host;
     dp->err_dev = w->err_dev;
-    dp->direct_min = comm->nranks <= CH_DIR_MAX_RANKS ? chorus_param_int(PARAM_DEVICE_DIRECT) : -1;
+    /* Direct from CHORUS_DEVICE_DIRECT bytes; its default (-2) takes it under the emulator only,
+     * the ring over slots on a GPU, until the direct kernel has run on one. */
+    int direct = chorus_param_int(PARAM_DEVICE_DIRECT);
+    if (direct == -2) direct = w->rt->emulated ? 0 : -1;
+    dp->direct_min = comm->nranks <= CH_DIR_MAX_RANKS ? direct : -1;
     dp_attach(comm, dp);
 }
 
