@@ -361,6 +361,7 @@ static void tuner_view(const sim_net_t *net, coll_model_comm_t *m,
     m->link = m->nhosts > 1 ? cls : COLL_LINK_SHM;
     m->one_process = net->threads && m->nhosts == 1;
     m->host_ranks = net->host_ranks;
+    m->nchannels = sim_net_channels(net);
 }
 
 static const int algo_ids[SIM_NALGOS] = {COLL_ALGO_RING, COLL_ALGO_TREE, COLL_ALGO_HIER,
@@ -396,7 +397,7 @@ double sim_model_us(const sim_net_t *net, int algo, size_t bytes) {
     tuner_view(net, &m, links);
     if (algo < 0 || algo >= SIM_NALGOS) return NAN;
     const size_t slot_elems = prim_chunk_elems(sim_net_slot(net), 1);
-    size_t chunk = 0;
+    size_t chunk = algo == SIM_RING ? slot_elems : 0;
     if (algo == SIM_TREE) chunk = coll_model_tree_chunk(bytes, SIM_ESIZE, slot_elems);
     if (algo == SIM_HIER && net->host_ranks > 0)
         chunk = coll_model_hier_chunk(bytes / (size_t)net->host_ranks, SIM_ESIZE, slot_elems);

@@ -39,6 +39,7 @@ typedef struct {
     int link;        /* the slowest class any two ranks use (the inter-host one with hosts > 1) */
     int one_process; /* every rank is a thread of this process */
     int host_ranks;  /* ranks on each host when every host has the same count, else 0 */
+    int nchannels;   /* rings a ring op may use (comm->nchannels; 0: unknown, taken as 2) */
 } coll_model_comm_t;
 
 /* The constants in force (CHORUS_COST_MODEL applied to the defaults), and the class names as the

@@ -278,7 +278,9 @@ int coll_model_choose(const coll_model_comm_t *m, const coll_link_cost_t *links,
             if (!has(can, id) || (id == COLL_ALGO_LL && in->bytes > ll_max)) continue;
             const size_t slot_elems = prim_chunk_elems(coll_model_slot_bytes(), 1);
             size_t chunk = 0;
-            if (id == COLL_ALGO_TREE)
+            if (id == COLL_ALGO_RING)
+                chunk = slot_elems; /* a ring step's chunk, in bytes (esize 1) */
+            else if (id == COLL_ALGO_TREE)
                 chunk = coll_model_tree_chunk(in->bytes, in->esize, slot_elems);
             else if (id == COLL_ALGO_HIER && m->host_ranks > 0)
                 chunk = coll_model_hier_chunk(in->bytes / (size_t)m->host_ranks, in->esize,

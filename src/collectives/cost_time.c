@@ -10,7 +10,9 @@
  * every step is charged the communicator's slowest class and each rank its whole bandwidth:
  *   ring all-reduce         2(n-1) steps of B/n, H of every n of them between hosts: the longer
  *                           of that chain of steps and 2(n-1)/n B back to back through the
- *                           slower of a host link and shared memory (its slowest queue)
+ *                           slower of a host link and shared memory (its slowest queue; in
+ *                           hosts of two a rank's shm carries only the channels of one
+ *                           direction, ring_ar_shm_share)
  *   recursive doubling      log2(m) rounds (+2 folding n - m ranks in and out) of B: a round
  *                           whose pairs stay inside a host over shm, else across with the host's
  *                           crossing ranks sending B each through its link (walked from the
@@ -487,6 +489,23 @@ static double ring_time_us(const model_layout_t *lay, double steps, double blk, 
     return CHORUS_MAX(chain, queue);
 }
 
+/* The share of a ring all-reduce's bytes that a rank's shared-memory queue carries over `nch`
+ * channels (ring_common.c: one per full loop of n chunks, at most the communicator's rings; odd
+ * channels run backwards). In hosts of two, local rank 0 sends to local rank 1 on forward
+ * channels and to the previous host on backward ones, local rank 1 the other way round: each
+ * rank's queue carries only its channels of one direction, the larger half of them, and so does
+ * a block's step within the host while the other channels' steps use the peer's queue. With
+ * more ranks per host the middle ones send within their host on every channel; the host link
+ * carries one crossing edge of every channel either way. */
+static double ring_ar_shm_share(const model_layout_t *lay, const coll_model_comm_t *m, double b,
+                                size_t chunk) {
+    if (lay->L != 2 || chunk == 0) return 1.0;
+    double nch = floor(b / ((double)lay->n * (double)chunk));
+    const int most = m->nchannels > 0 ? m->nchannels : 2;
+    nch = CHORUS_MAX(1.0, CHORUS_MIN(nch, (double)most));
+    return ceil(nch / 2) / nch;
+}
+
 double coll_model_time_us(const coll_model_comm_t *m, const coll_link_cost_t *links, int coll,
                           int algo, size_t bytes, size_t chunk) {
     const int n = m->nranks;
@@ -516,8 +535,15 @@ double coll_model_time_us(const coll_model_comm_t *m, const coll_link_cost_t *li
         case COLL_ALGO_DIRECT: return lay.x->alpha_us + b / lay.x->beta;
         case COLL_ALGO_TREE: return tree_time_us(&lay, b, chunk, bytes);
         case COLL_ALGO_HIER: return hier_time_us(m, &lay, b, chunk);
-        default: /* the ring */
+        default: { /* the ring */
+            const double sh = ring_ar_shm_share(&lay, m, b, chunk);
+            if (sh < 1) {
+                const double inv = ((double)H / lay.x->beta + (n - H) * sh / lay.s->beta) / n;
+                const double slowest = CHORUS_MAX(1.0 / lay.x->beta, sh / lay.s->beta);
+                return ring_time_us(&lay, 2.0 * (n - 1), b / n, ring_alpha, inv, slowest);
+            }
             return ring_time_us(&lay, 2.0 * (n - 1), b / n, ring_alpha, ring_inv, edge);
+        }
         }
     case COLL_REDUCESCATTER:
     case COLL_ALLGATHER:

@@ -98,6 +98,7 @@ static void tuner_model_comm(struct ncclComm *comm, coll_model_comm_t *m) {
     m->nranks = comm->nranks;
     m->nhosts = comm->nhosts;
     m->link = comm->net_class;
+    m->nchannels = comm->nchannels;
     m->one_process = 0;
     m->host_ranks = comm->host_ranks;
 }
