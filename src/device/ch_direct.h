@@ -42,7 +42,7 @@
 
 typedef struct {
     uint64_t ready;
-    uint64_t hdr[4]; /* as ch_hdr_send packs them */
+    uint64_t hdr[4]; /* ch_hdr_store's words */
     uint64_t send, recv;
     uint64_t scalar; /* the rank's scalar, in the executor's form (GPU: the kernel's C value) */
     uint64_t done, pad[7];
@@ -125,10 +125,7 @@ CH_FN void ch_dir_ptrs(const ch_plan_t *p, const uint64_t *sends, const uint64_t
 /* Rank r's entry of op h.seq, then ready = seq (release: a peer that sees ready sees the rest). */
 CH_FN void ch_dir_publish(ch_dir_ent_t *e, const ch_op_hdr_t *h, const void *send, const void *recv,
                           uint64_t scalar) {
-    ch_st_relaxed(&e->hdr[0], (uint64_t)h->coll | (uint64_t)h->dtype << 32);
-    ch_st_relaxed(&e->hdr[1], (uint64_t)h->redop | (uint64_t)h->root << 32);
-    ch_st_relaxed(&e->hdr[2], h->count);
-    ch_st_relaxed(&e->hdr[3], h->seq);
+    ch_hdr_store(e->hdr, h);
     ch_st_relaxed(&e->send, (uint64_t)(uintptr_t)send);
     ch_st_relaxed(&e->recv, (uint64_t)(uintptr_t)recv);
     ch_st_relaxed(&e->scalar, scalar);
@@ -162,14 +159,8 @@ CH_FN uint32_t ch_dir_wait_ready(ch_dir_ent_t *ents, int n, int r, const ch_op_h
     }
     for (int q = 0; q < n; q++) {
         ch_dir_ent_t *e = &ents[q];
-        const uint64_t w0 = ch_ld_relaxed(&e->hdr[0]), w1 = ch_ld_relaxed(&e->hdr[1]);
         ch_op_hdr_t peer;
-        peer.coll = (uint32_t)w0;
-        peer.dtype = (uint32_t)(w0 >> 32);
-        peer.redop = (uint32_t)w1;
-        peer.root = (uint32_t)(w1 >> 32);
-        peer.count = ch_ld_relaxed(&e->hdr[2]);
-        peer.seq = ch_ld_relaxed(&e->hdr[3]);
+        ch_hdr_load(e->hdr, &peer);
         if (!ch_hdr_agree(h, &peer, h->root)) return ch_set_once32(w->err, CH_ERR_MISMATCH);
         sends[q] = ch_ld_relaxed(&e->send);
         recvs[q] = ch_ld_relaxed(&e->recv);

@@ -225,6 +225,25 @@ CH_FN uint64_t ch_ll_next(const ch_conn_t *c) {
 
 /* ---- op header ---------------------------------------------------------------------------- */
 
+/* A header as four words (relaxed: the writer publishes them with a release store of its own,
+ * the reader loads them after the matching acquire). */
+CH_FN void ch_hdr_store(uint64_t *words, const ch_op_hdr_t *h) {
+    ch_st_relaxed(&words[0], (uint64_t)h->coll | (uint64_t)h->dtype << 32);
+    ch_st_relaxed(&words[1], (uint64_t)h->redop | (uint64_t)h->root << 32);
+    ch_st_relaxed(&words[2], h->count);
+    ch_st_relaxed(&words[3], h->seq);
+}
+
+CH_FN void ch_hdr_load(const uint64_t *words, ch_op_hdr_t *h) {
+    const uint64_t w0 = ch_ld_relaxed(&words[0]), w1 = ch_ld_relaxed(&words[1]);
+    h->coll = (uint32_t)w0;
+    h->dtype = (uint32_t)(w0 >> 32);
+    h->redop = (uint32_t)w1;
+    h->root = (uint32_t)(w1 >> 32);
+    h->count = ch_ld_relaxed(&words[2]);
+    h->seq = ch_ld_relaxed(&words[3]);
+}
+
 CH_FN uint32_t ch_hdr_send(const ch_conn_t *c, const ch_op_hdr_t *h, ch_wait_t *w) {
     ch_ctrl_t *k = c->ctrl;
     const uint64_t s = ch_ld_relaxed(&k->hdr_seq);
@@ -232,10 +251,7 @@ CH_FN uint32_t ch_hdr_send(const ch_conn_t *c, const ch_op_hdr_t *h, ch_wait_t *
         uint32_t e = ch_poll(w);
         if (e) return e;
     }
-    ch_st_relaxed(&k->hdr[0], (uint64_t)h->coll | (uint64_t)h->dtype << 32);
-    ch_st_relaxed(&k->hdr[1], (uint64_t)h->redop | (uint64_t)h->root << 32);
-    ch_st_relaxed(&k->hdr[2], h->count);
-    ch_st_relaxed(&k->hdr[3], h->seq);
+    ch_hdr_store(k->hdr, h);
     ch_st_release(&k->hdr_seq, s + 1);
     return CH_OK;
 }
@@ -247,13 +263,7 @@ CH_FN uint32_t ch_hdr_recv(const ch_conn_t *c, ch_op_hdr_t *h, ch_wait_t *w) {
         uint32_t e = ch_poll(w);
         if (e) return e;
     }
-    const uint64_t w0 = ch_ld_relaxed(&k->hdr[0]), w1 = ch_ld_relaxed(&k->hdr[1]);
-    h->coll = (uint32_t)w0;
-    h->dtype = (uint32_t)(w0 >> 32);
-    h->redop = (uint32_t)w1;
-    h->root = (uint32_t)(w1 >> 32);
-    h->count = ch_ld_relaxed(&k->hdr[2]);
-    h->seq = ch_ld_relaxed(&k->hdr[3]);
+    ch_hdr_load(k->hdr, h);
     ch_st_release(&k->hdr_ack, s + 1);
     return CH_OK;
 }
