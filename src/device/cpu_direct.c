@@ -21,9 +21,10 @@ static int dir_reduces(int coll) {
     return coll == CH_COLL_ALLREDUCE || coll == CH_COLL_REDUCESCATTER;
 }
 
-/* Elements [0, m) from the sources into every destination. */
+/* Elements [0, m) from the sources into every destination. mixed: the ranks' PreMulSum scalars
+ * differ. */
 static void dir_piece(const ch_kernel_args_t *a, const ch_dir_ptrs_t *d, const uint64_t *scalars,
-                      size_t m, unsigned char *bounce) {
+                      int mixed, size_t m, unsigned char *bounce) {
     const size_t bytes = m * a->plan.esize;
     if (!dir_reduces(a->plan.coll)) {
         for (int i = 0; i < d->ndst; i++)
@@ -31,9 +32,6 @@ static void dir_piece(const ch_kernel_args_t *a, const ch_dir_ptrs_t *d, const u
         return;
     }
     const chorus_redop_t *rop = &a->redop;
-    int mixed = 0;
-    for (int i = 1; i < d->nsrc && rop->kind == RK_PREMULSUM; i++)
-        mixed |= scalars[d->srank[i]] != scalars[d->srank[0]];
     if (!mixed) {
         chorus_redop_t op = *rop;
         op.scalar.u = scalars[d->srank[0]];
@@ -68,10 +66,13 @@ uint32_t ch_cpu_direct_block(const ch_kernel_args_t *a, int c, ch_wait_t *w) {
     ch_dir_part(p, c, &beg, &end);
     _Alignas(64) unsigned char bounce[DIR_BOUNCE];
     const size_t piece = DIR_BOUNCE / p->esize;
+    int mixed = 0;
+    for (int q = 1; q < n && a->redop.kind == RK_PREMULSUM; q++)
+        mixed |= scalars[q] != scalars[0];
     for (size_t off = beg; off < end; off += piece) {
         ch_dir_ptrs_t d;
         ch_dir_ptrs(p, sends, recvs, off, &d);
-        dir_piece(a, &d, scalars, ch_min(piece, end - off), bounce);
+        dir_piece(a, &d, scalars, mixed, ch_min(piece, end - off), bounce);
     }
     return ch_dir_finish(ents, n, r, h.seq, w);
 }
