@@ -400,6 +400,13 @@ static const coll_algo_t *tuner_choose(coll_op_t *op, const coll_model_comm_t *m
     return id < 0 ? NULL : tuner_algo(op->coll, id);
 }
 
+/* How far a tree connection's chunks up run ahead of its chunks down, for a tree of n nodes
+ * (the flat tree's ranks, hier's hosts): CHORUS_TREE_LAG, or twice the tree's depth. */
+static int tuner_tree_lag(int n) {
+    const int64_t lag = chorus_param_int(PARAM_TREE_LAG);
+    return lag >= 0 ? (int)lag : 2 * coll_tree_depth(n);
+}
+
 ncclResult_t coll_tuner_pick(coll_op_t *op) {
     const uint64_t gen = chorus_param_generation();
     if (op->engine && tuner_memo_take(op, gen)) {
@@ -470,15 +477,13 @@ ncclResult_t coll_tuner_pick(coll_op_t *op) {
         const size_t shard = CHORUS_DIV_UP(op->count, per) * op->esize;
         op->plan.chunk_bytes =
             coll_model_hier_chunk(shard, op->esize, prim_chunk_elems(op->plan.slot_bytes, 1));
-        const int64_t lag = chorus_param_int(PARAM_TREE_LAG);
-        op->plan.tree_lag = lag >= 0 ? (int)lag : 2 * coll_tree_depth(m.nhosts);
+        op->plan.tree_lag = tuner_tree_lag(m.nhosts);
         snprintf(tuned, sizeof(tuned), ", hier chunk %zu KiB, lag %d", op->plan.chunk_bytes >> 10,
                  op->plan.tree_lag);
     } else if (pick->id == COLL_ALGO_TREE && comm->nranks > 1) {
         op->plan.chunk_bytes = coll_model_tree_chunk(op->count * op->esize, op->esize,
                                                      prim_chunk_elems(op->plan.slot_bytes, 1));
-        const int64_t lag = chorus_param_int(PARAM_TREE_LAG);
-        op->plan.tree_lag = lag >= 0 ? (int)lag : 2 * coll_tree_depth(comm->nranks);
+        op->plan.tree_lag = tuner_tree_lag(comm->nranks);
         snprintf(tuned, sizeof(tuned), ", tree chunk %zu KiB, lag %d", op->plan.chunk_bytes >> 10,
                  op->plan.tree_lag);
     }
