@@ -468,27 +468,27 @@ __global__ void __launch_bounds__(CH_KERNEL_THREADS)
     }
 }
 
-template <typename D, int K, int P>
-ncclResult_t ch_launch3(const ch_kernel_args_t *a, cudaStream_t st) {
-    const size_t smem = P == CH_PROTO_LL ? 2 * (size_t)a->ll_bytes : 0;
-    ch_k_coll<D, K, P><<<a->plan.nch, CH_KERNEL_THREADS, smem, st>>>(*a, D::scalar(&a->redop));
+/* What the launch just made on this thread came to. */
+static ncclResult_t ch_launched(const char *what) {
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) {
-        WARN("device collective kernel launch failed: %s", cudaGetErrorString(e));
+        WARN("device %s kernel launch failed: %s", what, cudaGetErrorString(e));
         return ncclUnhandledCudaError;
     }
     return ncclSuccess;
 }
 
+template <typename D, int K, int P>
+ncclResult_t ch_launch3(const ch_kernel_args_t *a, cudaStream_t st) {
+    const size_t smem = P == CH_PROTO_LL ? 2 * (size_t)a->ll_bytes : 0;
+    ch_k_coll<D, K, P><<<a->plan.nch, CH_KERNEL_THREADS, smem, st>>>(*a, D::scalar(&a->redop));
+    return ch_launched("collective");
+}
+
 template <typename D, int K> ncclResult_t ch_launch2(const ch_kernel_args_t *a, cudaStream_t st) {
     if (a->dir) {
         ch_k_direct<D, K><<<a->plan.nch, CH_KERNEL_THREADS, 0, st>>>(*a, D::scalar(&a->redop));
-        cudaError_t e = cudaGetLastError();
-        if (e != cudaSuccess) {
-            WARN("device direct kernel launch failed: %s", cudaGetErrorString(e));
-            return ncclUnhandledCudaError;
-        }
-        return ncclSuccess;
+        return ch_launched("direct");
     }
     return a->proto == CH_PROTO_LL ? ch_launch3<D, K, CH_PROTO_LL>(a, st)
                                    : ch_launch3<D, K, CH_PROTO_SIMPLE>(a, st);
