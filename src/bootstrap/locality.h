@@ -9,6 +9,7 @@
 
 #include <stdint.h>
 #include "bootstrap.h"
+#include "proc_state.h"
 
 #define CHORUS_MAX_NICS 4
 
@@ -56,6 +57,22 @@ typedef struct {
 
 static inline int locality_same_host(const chorus_locality_t *a, const chorus_locality_t *b) {
     return a->host_hash == b->host_hash;
+}
+
+/* The first rank of peers[0..nranks) (not me) that runs on this host, in this pid namespace, and
+ * is stopped (SIGSTOP, job control, a debugger), or -1. Such a rank is alive to every liveness
+ * probe yet moves nothing, so the ranks that time out waiting name it rather than the neighbour
+ * they wait on. Reads /proc once per same-host peer: for error paths only. */
+static inline int locality_find_stopped(const chorus_locality_t *peers, int nranks, int me) {
+    const chorus_locality_t *self = &peers[me];
+    if (!self->pid_ns_ok) return -1;
+    for (int q = 0; q < nranks; q++) {
+        const chorus_locality_t *p = &peers[q];
+        if (q == me || p->pid == self->pid || !locality_same_host(self, p) || !p->pid_ns_ok || p->pid_ns != self->pid_ns)
+            continue;
+        if (chorus_proc_state(p->pid) == CHORUS_PROC_STOPPED) return q;
+    }
+    return -1;
 }
 
 #endif

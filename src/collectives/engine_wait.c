@@ -31,9 +31,9 @@ static const char *op_where(const coll_op_t *op, char *buf, size_t len) {
         for (int c = 0; c < op->nch; c++) {
             const coll_chan_t *ch = &op->ch[c];
             if (ch->done) continue;
-            snprintf(buf, len, "channel %d at element %zu of %zu, step %d: receiving from rank %d, "
-                     "sending to rank %d", c, ch->base, ch->end, ch->step,
-                     op->comm->channels[c].prev, op->comm->channels[c].next);
+            snprintf(buf, len, "receiving from rank %d, sending to rank %d (channel %d, step %d, "
+                     "element %zu of %zu)", op->comm->channels[c].prev,
+                     op->comm->channels[c].next, c, ch->step, ch->base, ch->end);
             return buf;
         }
     }
@@ -88,16 +88,31 @@ static void engine_wait_report(void *arg, double waited_s, double timeout_s) {
  * (ncclRemoteError): fail every op of e still running, naming what it waited for. */
 static void engine_fail_running(struct coll_engine *e, ncclResult_t r) {
     char where[160];
+    /* A stopped peer of this host: what the timeout names. The texts are bounded (error chunks
+     * carry COLL_ERR_TEXT bytes, behind the relaying rank's prefix), so the likely cause and the
+     * peer waited on come first and the position in the op last. */
+    const struct ncclComm *comm = e->comm;
+    const int stopped =
+        r == ncclSystemError ? locality_find_stopped(comm->peers, comm->nranks, comm->rank) : -1;
     engine_lock(&e->lock);
     for (coll_op_t *q = e->head; q; q = q->next) {
         if (q->done || q->failing) continue;
         if (r == ncclRemoteError)
             coll_op_fail(q, r, "%s #%llu: communicator aborted", coll_kind_name(q->coll),
                          (unsigned long long)q->seq);
+        else if (stopped >= 0)
+            coll_op_fail(q, r,
+                         "%s #%llu: no progress for %lld s (CHORUS_TIMEOUT) on rank %d (%s): rank "
+                         "%d (%s, pid %d) is stopped (SIGSTOP, job control or a debugger); rank %d "
+                         "was %s",
+                         coll_kind_name(q->coll), (unsigned long long)q->seq,
+                         (long long)chorus_param_int(PARAM_TIMEOUT), q->comm->rank, q->comm->host,
+                         stopped, comm->peers[stopped].hostname, comm->peers[stopped].pid,
+                         q->comm->rank, op_where(q, where, sizeof(where)));
         else
             coll_op_fail(q, r,
-                         "%s #%llu: no progress for %lld s (CHORUS_TIMEOUT) on rank %d (%s): a "
-                         "peer is stuck, dead, or called a different op (%s)",
+                         "%s #%llu: no progress for %lld s (CHORUS_TIMEOUT) on rank %d (%s) %s: a "
+                         "peer is stuck, dead, or called a different op",
                          coll_kind_name(q->coll), (unsigned long long)q->seq,
                          (long long)chorus_param_int(PARAM_TIMEOUT), q->comm->rank, q->comm->host,
                          op_where(q, where, sizeof(where)));

@@ -125,7 +125,16 @@ static void transport_note_failure(chorus_transport_ctx_t *ctx, const chorus_con
     if (ctx->fail_text[0]) return;
     char where[32] = "", why[320] = "";
     if (conn->channel >= 0) snprintf(where, sizeof(where), " (ring channel %d)", conn->channel);
-    if (cause != conn->peer && cause >= 0 && cause < ctx->nranks)
+    /* A stopped rank of this host is alive to every probe and answers nothing: whatever this
+     * setup waited on, it is the likely cause, and the note to the peers names it. */
+    const int stopped = cause == ctx->rank ? -1
+                                           : locality_find_stopped(ctx->peers, ctx->nranks,
+                                                                   ctx->rank);
+    if (stopped >= 0) {
+        cause = stopped;
+        snprintf(why, sizeof(why), "; rank %d (%s, pid %d) is stopped (SIGSTOP, job control or a "
+                 "debugger)", stopped, ctx->peers[stopped].hostname, ctx->peers[stopped].pid);
+    } else if (cause != conn->peer && cause >= 0 && cause < ctx->nranks)
         snprintf(why, sizeof(why), "; the failure started at rank %d (%s)", cause,
                  ctx->peers[cause].hostname);
     else if (unanswered && conn->channel < 0)

@@ -304,7 +304,7 @@ def main():
         args.trials = min(args.trials, 2)
         scenarios = [("KILL", "connect", "tcp", 3), ("KILL", "connect", "shm", 3),
                      ("KILL", "midop", "shm", 2), ("KILL", "init", "tcp", 2),
-                     ("STOP", "midop", "shm", 2)]
+                     ("STOP", "midop", "shm", 4), ("STOP", "connect", "tcp", 3)]
     rx = re.compile(args.filter) if args.filter else None
     name = lambda s: "%s %s %s %dr" % s
     scenarios = [s for s in scenarios if not rx or rx.search(name(s))]

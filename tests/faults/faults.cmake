@@ -8,8 +8,9 @@ if(TARGET test_bootstrap)
   add_dependencies(test_bootstrap fault_rank) # ChorusRun.NoShmLeftAfterRanksKilledDuringConnect
 endif()
 
-# The quick fault suite (5 scenarios x 2 trials, ~20 s; CHORUS_TIMEOUT=5 inside the trials):
-# SIGKILL at init, during connect and mid-op, SIGSTOP mid-op, over shm and TCP. Label "faults".
+# The quick fault suite (6 scenarios x 2 trials, ~35 s; CHORUS_TIMEOUT=5 inside the trials):
+# SIGKILL at init, during connect and mid-op, SIGSTOP mid-op (4 ranks: the ranks not next to
+# the stopped one must name it too) and during connect, over shm and TCP. Label "faults".
 # The full suite (every stage x signal x transport x 2-4 ranks, link down between namespace
 # hosts, 20 trials each) is run by hand: tests/faults/fault_suite.py.
 find_package(Python3 COMPONENTS Interpreter)
