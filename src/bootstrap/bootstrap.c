@@ -311,8 +311,29 @@ static ncclResult_t rendezvous_result(bootstrap_t *bs, const chorus_unique_id_t 
     int peers[2] = {n, parent}, tags[2] = {BS_TAG_ROOT, BS_TAG_SCATTER};
     int which = 0;
     bs_msg_t *m = NULL;
-    CHECK(bs_peer_wait_any(bs, parent < 0 ? 1 : 2, peers, tags, d, &which, &m));
-    ncclResult_t res = ncclSuccess;
+    ncclResult_t res = bs_peer_wait_any(bs, parent < 0 ? 1 : 2, peers, tags, d, &which, &m);
+    if (res != ncclSuccess && parent >= 0) {
+        /* The root ends once it has sent the result to rank lo, so a root that is gone says
+         * nothing about this rank's part, which comes down the relay tree from parent. */
+        pthread_mutex_lock(&bs->lock);
+        const int root_gone = bs->in_state[n] == BS_PEER_CLOSED || bs->in_state[n] == BS_PEER_FAILED;
+        pthread_mutex_unlock(&bs->lock);
+        if (root_gone && bs_deadline_check(d) == BS_IO_OK) {
+            res = bs_peer_wait_any(bs, 1, &peers[1], &tags[1], d, &which, &m);
+            which = 1;
+        }
+        if (res == ncclSystemError && parent == lo)
+            WARN("bootstrap rank %d: no rendezvous result by the deadline (CHORUS_TIMEOUT + 5 s): "
+                 "rank %d relays it from the root, which sent neither it nor a list of missing "
+                 "ranks: rank %d (the root's process) is stopped, stuck or too slow",
+                 r, parent, parent);
+        else if (res == ncclSystemError)
+            WARN("bootstrap rank %d: no rendezvous result by the deadline (CHORUS_TIMEOUT + 5 s): "
+                 "rank %d relays it from rank %d down a tree; rank %d (or a rank above it) is "
+                 "stopped, stuck or too slow",
+                 r, parent, lo, parent);
+    }
+    if (res != ncclSuccess) return res;
     /* Addresses of ranks r-1 .. hi (mod n). */
     const char *tbl = NULL;
     size_t want = as * ((size_t)(hi - r) + 2);
@@ -423,6 +444,10 @@ static ncclResult_t join_root(bootstrap_t *bs, const chorus_unique_id_t *id, int
     }
 }
 
+/* How long a rank that failed in bootstrap waits for a root of its process to send its verdict
+ * to the other ranks (bs_root_wait): a fan-out takes milliseconds. */
+#define BS_ROOT_VERDICT_S 10.0
+
 ncclResult_t bootstrap_init(const chorus_unique_id_t *id, int rank, int nranks,
                             volatile int *abort_flag, bootstrap_t **bs_p) {
     return bootstrap_init_multi(id, 1, rank, nranks, abort_flag, bs_p);
@@ -502,6 +527,7 @@ ncclResult_t bootstrap_init_multi(const chorus_unique_id_t *ids, int nids, int r
     return ncclSuccess;
 err_free:
     bs_free(bs);
+    for (int k = 0; k < nids; k++) (void)bs_root_wait(&ids[k].secret, BS_ROOT_VERDICT_S, abort_flag);
     return res;
 }
 

@@ -264,6 +264,11 @@ void bs_warn_auth_failed(const char *who, const chorus_sockaddr_t *from);
 /* The hello counts of the roots of this process that completed a rendezvous since the last
  * call, oldest first (at most max; the 64 first are kept): for tests. */
 int bs_root_stats_take(int *hellos, int max);
+/* Wait (at most max_s, until *abort_flag) while a root of this process serving the id with this
+ * secret sends its verdict (the table, or the missing ranks) to the ranks that joined. A rank
+ * that fails in bootstrap calls it before it returns: its process may exit next, and that would
+ * cut the verdict off from the other ranks. Returns 1 when such a root still sends. */
+int bs_root_wait(const chorus_key_t *secret, double max_s, const volatile int *abort_flag);
 /* Start a detached thread that serves one rendezvous on listen_fd (which it then owns). */
 ncclResult_t bs_root_start(int listen_fd, const chorus_key_t *secret,
                            const chorus_sockaddr_t *addr);

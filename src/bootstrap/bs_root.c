@@ -39,9 +39,11 @@
  */
 #include <errno.h>
 #include <poll.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "bs_internal.h"
@@ -80,7 +82,9 @@ typedef struct {
     uint8_t nonce[CHORUS_NONCE_BYTES]; /* the challenge it was sent */
 } root_pending_t;
 
-typedef struct {
+typedef struct root {
+    struct root *run_next; /* the roots of this process still running (bs_root_wait) */
+    int finishing;         /* sending its verdict (under run_lock) */
     int listen_fd;
     chorus_key_t secret;
     chorus_sockaddr_t addr;
@@ -100,6 +104,60 @@ typedef struct {
     int emfile_warned;
     uint64_t fanout_ns; /* how long the last fan-out took (INFO) */
 } root_t;
+
+/* The roots of this process that have not finished their rendezvous. */
+static pthread_mutex_t run_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t run_cond = PTHREAD_COND_INITIALIZER;
+static root_t *run_head;
+
+static void run_add(root_t *r) {
+    pthread_mutex_lock(&run_lock);
+    r->run_next = run_head;
+    run_head = r;
+    pthread_mutex_unlock(&run_lock);
+}
+
+static void run_remove(root_t *r) {
+    pthread_mutex_lock(&run_lock);
+    for (root_t **pp = &run_head; *pp; pp = &(*pp)->run_next)
+        if (*pp == r) {
+            *pp = r->run_next;
+            break;
+        }
+    pthread_cond_broadcast(&run_cond);
+    pthread_mutex_unlock(&run_lock);
+}
+
+static void run_finishing(root_t *r) {
+    pthread_mutex_lock(&run_lock);
+    r->finishing = 1;
+    pthread_mutex_unlock(&run_lock);
+}
+
+static int run_has(const chorus_key_t *secret) {
+    for (const root_t *r = run_head; r; r = r->run_next)
+        if (r->finishing && memcmp(&r->secret, secret, sizeof(*secret)) == 0) return 1;
+    return 0;
+}
+
+int bs_root_wait(const chorus_key_t *secret, double max_s, const volatile int *abort_flag) {
+    const uint64_t until = chorus_now_ns() + (uint64_t)(max_s * 1e9);
+    pthread_mutex_lock(&run_lock);
+    int running;
+    while ((running = run_has(secret)) && chorus_now_ns() < until &&
+           !(abort_flag && __atomic_load_n(abort_flag, __ATOMIC_ACQUIRE))) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += 10000000;
+        if (ts.tv_nsec >= 1000000000) {
+            ts.tv_sec++;
+            ts.tv_nsec -= 1000000000;
+        }
+        pthread_cond_timedwait(&run_cond, &run_lock, &ts);
+    }
+    pthread_mutex_unlock(&run_lock);
+    return running;
+}
 
 static void root_free(root_t *r) {
     bs_close(r->listen_fd);
@@ -614,11 +672,13 @@ static void *root_main(void *arg) {
     int starved = 0;
     for (;;) {
         if (r->nranks > 0 && r->joined == r->expected) {
+            run_finishing(r);
             finish_ok(r);
             break;
         }
         uint64_t now = chorus_now_ns();
         if (now > r->deadline_ns) {
+            run_finishing(r);
             finish_timeout(r);
             break;
         }
@@ -640,6 +700,7 @@ static void *root_main(void *arg) {
         }
         if (starved || (pfd[0].revents & POLLIN)) accept_batch(r, &starved);
     }
+    run_remove(r);
     root_free(r);
     return NULL;
 }
@@ -665,9 +726,11 @@ ncclResult_t bs_root_start(int listen_fd, const chorus_key_t *secret,
     pthread_attr_init(&attr);
     pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
     pthread_t th;
+    run_add(r);
     int rc = pthread_create(&th, &attr, root_main, r);
     pthread_attr_destroy(&attr);
     if (rc != 0) {
+        run_remove(r);
         WARN("bootstrap root %s: cannot start thread: %s", r->addr_str, strerror(rc));
         root_free(r);
         return ncclSystemError;
