@@ -59,20 +59,39 @@ static inline int locality_same_host(const chorus_locality_t *a, const chorus_lo
     return a->host_hash == b->host_hash;
 }
 
-/* The first rank of peers[0..nranks) (not me) that runs on this host, in this pid namespace, and
- * is stopped (SIGSTOP, job control, a debugger), or -1. Such a rank is alive to every liveness
- * probe yet moves nothing, so the ranks that time out waiting name it rather than the neighbour
- * they wait on. Reads /proc once per same-host peer: for error paths only. */
-static inline int locality_find_stopped(const chorus_locality_t *peers, int nranks, int me) {
+/* A rank of peers[0..nranks) (not me, not in this process) that runs on this host, in this pid
+ * namespace, and is stopped (SIGSTOP, job control, a debugger), else the one such rank that has
+ * exited, else -1; *state gets CHORUS_PROC_STOPPED or CHORUS_PROC_GONE. A stopped rank is alive
+ * to every liveness probe yet moves nothing, and a rank that died is seen first by its neighbours
+ * only: the ranks that time out or fail to connect name it rather than the neighbour they waited
+ * on. Of several exited ranks none is named: ranks exit after the errors a failure caused, and
+ * /proc cannot tell which went first. Reads /proc once per same-host peer: for error paths. */
+static inline int locality_find_failed(const chorus_locality_t *peers, int nranks, int me,
+                                       int *state) {
     const chorus_locality_t *self = &peers[me];
     if (!self->pid_ns_ok) return -1;
+    int gone = -1, ngone = 0;
     for (int q = 0; q < nranks; q++) {
         const chorus_locality_t *p = &peers[q];
-        if (q == me || p->pid == self->pid || !locality_same_host(self, p) || !p->pid_ns_ok || p->pid_ns != self->pid_ns)
+        if (q == me || p->pid == self->pid || !locality_same_host(self, p) || !p->pid_ns_ok ||
+            p->pid_ns != self->pid_ns)
             continue;
-        if (chorus_proc_state(p->pid) == CHORUS_PROC_STOPPED) return q;
+        const int st = chorus_proc_state(p->pid);
+        if (st == CHORUS_PROC_STOPPED) {
+            *state = st;
+            return q;
+        }
+        if (st == CHORUS_PROC_GONE && ngone++ == 0) gone = q;
     }
-    return -1;
+    if (ngone != 1) return -1;
+    *state = CHORUS_PROC_GONE;
+    return gone;
+}
+
+/* "is stopped (...)" or "has exited", for locality_find_failed's state. */
+static inline const char *locality_failed_text(int state) {
+    return state == CHORUS_PROC_STOPPED ? "is stopped (SIGSTOP, job control or a debugger)"
+                                        : "has exited";
 }
 
 #endif

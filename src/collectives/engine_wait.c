@@ -88,27 +88,29 @@ static void engine_wait_report(void *arg, double waited_s, double timeout_s) {
  * (ncclRemoteError): fail every op of e still running, naming what it waited for. */
 static void engine_fail_running(struct coll_engine *e, ncclResult_t r) {
     char where[160];
-    /* A stopped peer of this host: what the timeout names. The texts are bounded (error chunks
+    /* A stopped (or exited) peer of this host: what the timeout names. The texts are bounded (error chunks
      * carry COLL_ERR_TEXT bytes, behind the relaying rank's prefix), so the likely cause and the
      * peer waited on come first and the position in the op last. */
     const struct ncclComm *comm = e->comm;
-    const int stopped =
-        r == ncclSystemError ? locality_find_stopped(comm->peers, comm->nranks, comm->rank) : -1;
+    int state = 0;
+    const int failed = r == ncclSystemError
+                           ? locality_find_failed(comm->peers, comm->nranks, comm->rank, &state)
+                           : -1;
     engine_lock(&e->lock);
     for (coll_op_t *q = e->head; q; q = q->next) {
         if (q->done || q->failing) continue;
         if (r == ncclRemoteError)
             coll_op_fail(q, r, "%s #%llu: communicator aborted", coll_kind_name(q->coll),
                          (unsigned long long)q->seq);
-        else if (stopped >= 0)
+        else if (failed >= 0)
             coll_op_fail(q, r,
                          "%s #%llu: no progress for %lld s (CHORUS_TIMEOUT) on rank %d (%s): rank "
-                         "%d (%s, pid %d) is stopped (SIGSTOP, job control or a debugger); rank %d "
-                         "was %s",
+                         "%d (%s, pid %d) %s; rank %d was %s",
                          coll_kind_name(q->coll), (unsigned long long)q->seq,
                          (long long)chorus_param_int(PARAM_TIMEOUT), q->comm->rank, q->comm->host,
-                         stopped, comm->peers[stopped].hostname, comm->peers[stopped].pid,
-                         q->comm->rank, op_where(q, where, sizeof(where)));
+                         failed, comm->peers[failed].hostname, comm->peers[failed].pid,
+                         locality_failed_text(state), q->comm->rank,
+                         op_where(q, where, sizeof(where)));
         else
             coll_op_fail(q, r,
                          "%s #%llu: no progress for %lld s (CHORUS_TIMEOUT) on rank %d (%s) %s: a "

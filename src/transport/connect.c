@@ -125,15 +125,17 @@ static void transport_note_failure(chorus_transport_ctx_t *ctx, const chorus_con
     if (ctx->fail_text[0]) return;
     char where[32] = "", why[320] = "";
     if (conn->channel >= 0) snprintf(where, sizeof(where), " (ring channel %d)", conn->channel);
-    /* A stopped rank of this host is alive to every probe and answers nothing: whatever this
-     * setup waited on, it is the likely cause, and the note to the peers names it. */
-    const int stopped = cause == ctx->rank ? -1
-                                           : locality_find_stopped(ctx->peers, ctx->nranks,
-                                                                   ctx->rank);
-    if (stopped >= 0) {
-        cause = stopped;
-        snprintf(why, sizeof(why), "; rank %d (%s, pid %d) is stopped (SIGSTOP, job control or a "
-                 "debugger)", stopped, ctx->peers[stopped].hostname, ctx->peers[stopped].pid);
+    /* A rank of this host that is stopped (alive to every probe, answering nothing) or has
+     * exited: whatever this setup waited on, it is the likely cause, and the note to the peers
+     * names it. */
+    int state = 0;
+    const int failed = cause == ctx->rank ? -1
+                                          : locality_find_failed(ctx->peers, ctx->nranks,
+                                                                 ctx->rank, &state);
+    if (failed >= 0) {
+        cause = failed;
+        snprintf(why, sizeof(why), "; rank %d (%s, pid %d) %s", failed,
+                 ctx->peers[failed].hostname, ctx->peers[failed].pid, locality_failed_text(state));
     } else if (cause != conn->peer && cause >= 0 && cause < ctx->nranks)
         snprintf(why, sizeof(why), "; the failure started at rank %d (%s)", cause,
                  ctx->peers[cause].hostname);
