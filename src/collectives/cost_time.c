@@ -17,7 +17,8 @@
  *                           whose pairs stay inside a host over shm, else across with the host's
  *                           crossing ranks sending B each through its link (walked from the
  *                           pairs: a host of folded ranks has half of its ranks in the rounds),
- *                           each host's round after its partners' previous one
+ *                           each host's round after its partners' previous one; with odd L
+ *                           (folded pairs across hosts) walked rank by rank, folds included
  *   one-shot                1 step, (n-1) B (every rank sends its input to every other)
  *   direct                  1 step, B (threads of one process: one pass over memory)
  *   tree                    to fill the pipe, one chunk c down and up the path with the most
@@ -271,6 +272,105 @@ static void rd_shape(int n, int L, rd_shape_t *out) {
     *out = sh;
 }
 
+/* Recursive doubling with an odd number L of ranks per host, walked rank by rank: a folded pair
+ * (2i, 2i+1) then may sit on two hosts, so the fold in and out cross a host link as well, and
+ * they delay only the folded ranks and, round by round, the ranks that wait for them; a host's
+ * rounds do not run in step (its odd folded rank may still wait for its fold while the rest are
+ * rounds ahead). Each rank's round ends when it has its partner's message (a rank does not wait
+ * for its own send): one shm step, or, across hosts, the partner host's link, which sends the
+ * crossing messages round by round, a round's in the order they are ready, each after the one
+ * before it on the link, then a hop's latency. Rounds 0 and R + 1 are the fold in (even to odd
+ * rank) and out (odd to even). O(n log n) per size; the last sizes asked for are kept. */
+typedef struct {
+    int n, L;
+    double b, xa, xb, sa, sb; /* the size and the links it was walked for */
+    double us;
+} rd_rank_memo_t;
+
+#define RD_RANK_MEMO 8
+static rd_rank_memo_t rd_rank_memo[RD_RANK_MEMO];
+static int rd_rank_memo_next;
+
+/* Round k's partner of rank x (-1: none), and whether x sends to it (0: only receives). */
+static int rd_rank_partner(int x, int k, int R, int r, int *sends_p) {
+    const int folded = x < 2 * r, even = x % 2 == 0;
+    *sends_p = 1;
+    if (k == 0 || k == R + 1) {
+        if (!folded) return -1;
+        *sends_p = (k == 0) == even;
+        return even ? x + 1 : x - 1;
+    }
+    if (folded && even) return -1;
+    return rd_model_real((folded ? x / 2 : x - r) ^ (1 << (k - 1)), r);
+}
+
+static double rd_rank_walk(const model_layout_t *lay, double b) {
+    const int n = lay->n, L = lay->L, R = log2_floor(n), r = n - (1 << R);
+    const coll_link_cost_t *x = lay->x, *s = lay->s;
+    pthread_mutex_lock(&shape_lock);
+    for (int i = 0; i < RD_RANK_MEMO; i++) {
+        const rd_rank_memo_t *e = &rd_rank_memo[i];
+        if (e->n == n && e->L == L && e->b == b && e->xa == x->alpha_us && e->xb == x->beta &&
+            e->sa == s->alpha_us && e->sb == s->beta) {
+            const double us = e->us;
+            pthread_mutex_unlock(&shape_lock);
+            return us;
+        }
+    }
+    pthread_mutex_unlock(&shape_lock);
+    double *t = malloc((2 * (size_t)n + (size_t)(n / L)) * sizeof(double));
+    int *order = malloc((size_t)L * sizeof(int));
+    if (t == NULL || order == NULL) { /* no memory for the walk: every round a host's queue */
+        free(t);
+        free(order);
+        return (R + 2) * (x->alpha_us + L * b / x->beta);
+    }
+    double *nt = t + n, *link = nt + n;
+    for (int i = 0; i < n; i++) t[i] = 0;
+    for (int h = 0; h < n / L; h++) link[h] = 0;
+    const double q = b / x->beta, local = s->alpha_us + b / s->beta;
+    for (int k = 0; k <= R + 1; k++) {
+        memcpy(nt, t, (size_t)n * sizeof(double));
+        for (int h = 0; h < n / L; h++) {
+            /* The host's crossing senders of this round, by when they are ready. */
+            int m = 0;
+            for (int l = 0; l < L; l++) {
+                const int y = h * L + l;
+                int sends;
+                const int to = rd_rank_partner(y, k, R, r, &sends);
+                if (to < 0 || !sends) continue;
+                if (to / L == h) {
+                    nt[to] = CHORUS_MAX(nt[to], t[y] + local);
+                    continue;
+                }
+                int i = m++;
+                for (; i > 0 && t[order[i - 1]] > t[y]; i--) order[i] = order[i - 1];
+                order[i] = y;
+            }
+            double free_at = link[h];
+            for (int i = 0; i < m; i++) {
+                const int y = order[i];
+                int sends;
+                const int to = rd_rank_partner(y, k, R, r, &sends);
+                free_at = CHORUS_MAX(free_at, t[y]) + q;
+                nt[to] = CHORUS_MAX(nt[to], free_at + x->alpha_us);
+            }
+            link[h] = free_at;
+        }
+        memcpy(t, nt, (size_t)n * sizeof(double));
+    }
+    double us = 0;
+    for (int i = 0; i < n; i++) us = CHORUS_MAX(us, t[i]);
+    free(t);
+    free(order);
+    pthread_mutex_lock(&shape_lock);
+    rd_rank_memo[rd_rank_memo_next] =
+        (rd_rank_memo_t){n, L, b, x->alpha_us, x->beta, s->alpha_us, s->beta, us};
+    rd_rank_memo_next = (rd_rank_memo_next + 1) % RD_RANK_MEMO;
+    pthread_mutex_unlock(&shape_lock);
+    return us;
+}
+
 /* Recursive doubling's time: round by round, when each pattern of hosts (rd_shape) is through
  * it, then the fold in and out (a pair of one host when L is even). A host's round starts when
  * its ranks and their partners are through the previous one (the latest of the partners'
@@ -283,6 +383,7 @@ static double rd_time_us(const model_layout_t *lay, double b) {
     const int n = lay->n, L = lay->L, R = log2_floor(n), r = n - (1 << R);
     const coll_link_cost_t *x = lay->x, *s = lay->s;
     const double local = s->alpha_us + b / s->beta;
+    if (L > 1 && L % 2 == 1) return rd_rank_walk(lay, b);
     rd_shape_t sh;
     if (L > 1) {
         rd_shape(n, L, &sh);
@@ -312,7 +413,7 @@ static double rd_time_us(const model_layout_t *lay, double b) {
     }
     double t = 0;
     for (int p = 0; p < sh.npat; p++) t = CHORUS_MAX(t, tp[p]);
-    if (r > 0) t += 2 * (L % 2 == 0 ? local : x->alpha_us + b / x->beta);
+    if (r > 0) t += 2 * (L == 1 ? x->alpha_us + b / x->beta : local);
     return t;
 }
 
