@@ -5,8 +5,8 @@
  *   chorus_sim [-n RANKS[,RANKS...]] [-L RANKS_PER_HOST] [-b MIN] [-e MAX] [-f FACTOR]
  *              [--shm ALPHA_US/GBPS] [--net ALPHA_US/GBPS] [--ib] [--nic-rx GBPS]
  *              [--leaf HOSTS/UPLINK_GBPS] [--cores C] [--threads] [--channels N] [--slot BYTES]
- *              [--nslots N] [--ring-chunk BYTES] [--lag N] [-a ALGOS] [--events N]
- *              [--no-symmetry] [-M] [-v] [--markdown]
+ *              [--nslots N] [--p2p-nslots N] [--ring-chunk BYTES] [--lag N] [-a ALGOS]
+ *              [--events N] [--no-symmetry] [-M] [-v] [--markdown]
  *
  * Per rank count and size: the simulated time (us) of each algorithm that runs there, the
  * fastest of them, and what the tuner picks (with its reason under -v). -M adds the cost model's
@@ -36,10 +36,12 @@ static void usage(FILE *f) {
                "  --channels N          rings (default as the topology makes them)\n"
                "  --slot BYTES          slot size (default NCCL_BUFFSIZE / CHORUS_NSLOTS)\n"
                "  --nslots N            slots per connection (default CHORUS_NSLOTS)\n"
+               "  --p2p-nslots N        slots per point-to-point connection, the tree's (default\n"
+               "                        as connect: CHORUS_P2P_NSLOTS, 2 from 9 ranks)\n"
                "  --ring-chunk BYTES    the ring's chunk (default a slot's payload)\n"
-               "  --lag N               hier: columns a host tree connection's chunks up may run\n"
-               "                        ahead of its chunks down (-1: twice the tree's depth;\n"
-               "                        0: column order; default CHORUS_TREE_LAG)\n"
+               "  --lag N               tree and hier: pieces (columns) a tree connection's chunks\n"
+               "                        up may run ahead of its chunks down (-1: twice the\n"
+               "                        tree's depth; 0: piece order; default CHORUS_TREE_LAG)\n"
                "  -a ALGOS              algorithms, comma separated (ring,tree,hier,rd,oneshot)\n"
                "  --events N            simulated messages per run before extrapolating\n"
                "  --no-symmetry         simulate every rank of the ring (not one host's)\n"
@@ -122,7 +124,8 @@ int main(int argc, char **argv) {
         O_MD,
         O_NOSYM,
         O_RCHUNK,
-        O_LAG
+        O_LAG,
+        O_P2P
     };
     static const struct option opts[] = {{"shm", 1, 0, O_SHM},
                                          {"net", 1, 0, O_NET},
@@ -134,6 +137,7 @@ int main(int argc, char **argv) {
                                          {"channels", 1, 0, O_CH},
                                          {"slot", 1, 0, O_SLOT},
                                          {"nslots", 1, 0, O_NSLOTS},
+                                         {"p2p-nslots", 1, 0, O_P2P},
                                          {"events", 1, 0, O_EVENTS},
                                          {"markdown", 0, 0, O_MD},
                                          {"no-symmetry", 0, 0, O_NOSYM},
@@ -217,6 +221,10 @@ int main(int argc, char **argv) {
             break;
         case O_NSLOTS:
             net.nslots = atoi(optarg);
+            break;
+        case O_P2P:
+            net.p2p_nslots = atoi(optarg);
+            if (net.p2p_nslots < 1) goto bad;
             break;
         case O_EVENTS:
             net.max_events = atol(optarg);

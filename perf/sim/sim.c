@@ -15,7 +15,8 @@
  *                              last, plus the latency
  * A rank's reduction work is not charged apart from its copies, and slots limit what a connection
  * has in flight only where the schedule's order depends on it (the hierarchical all-reduce's
- * phase 1, NSLOTS chunks per connection).
+ * phase 1, NSLOTS chunks per connection; the tree's point-to-point connections, 2 slots from 9
+ * ranks as connect sizes them, sim_net_p2p_nslots).
  *
  * The algorithms (sim_ring.c, sim_tree.c, sim_hier.c, sim_rd.c), as their schedules in
  * src/collectives run them:
@@ -29,7 +30,9 @@
  *   tree     (allreduce_tree.c) two balanced in-order binary trees (coll_tree_links), the second
  *            shifted by one rank; pieces of the op alternate between them; a rank sends a piece
  *            up when its children's chunks of it arrived, the root then sends the result down,
- *            every rank passes it on to its children when it arrives.
+ *            every rank passes it on to its children when it arrives. A connection sends in the
+ *            schedule's key order (up chunks up to tree_lag pieces ahead of down chunks) and holds
+ *            at most its slots' chunks that the receiver has not taken (sim_tree.c).
  *   hier     (allreduce_hier.c) per column (chunk k of each of the L shards): each rank sends
  *            its peers their shard's chunk (at most NSLOTS columns ahead on a connection), the
  *            shard owner's fold done, the same double binary tree over the hosts among the ranks
@@ -65,6 +68,7 @@
 #include "coll_model.h"
 #include "param.h"
 #include "sim_internal.h"
+#include "transport.h"
 
 /* ---- parameters ------------------------------------------------------------------------------ */
 
@@ -100,6 +104,7 @@ void sim_net_defaults(sim_net_t *net) {
     net->threads = 0;
     net->slot_bytes = coll_model_slot_bytes();
     net->nslots = (int)chorus_param_int(PARAM_NSLOTS);
+    net->p2p_nslots = 0;
     net->tree_lag = (int)chorus_param_int(PARAM_TREE_LAG);
     net->nchannels = 0;
     net->max_events = 0;
@@ -114,6 +119,19 @@ size_t sim_net_slot(const sim_net_t *net) {
 int sim_net_nslots(const sim_net_t *net) {
     int s = net->nslots > 0 ? net->nslots : (int)chorus_param_int(PARAM_NSLOTS);
     return s > 0 ? s : 1;
+}
+
+/* A point-to-point connection's slots as connect sizes them (transport_geometry): at most
+ * NSLOTS, CHORUS_P2P_NSLOTS where set, else TRANSPORT_P2P_NSLOTS from TRANSPORT_P2P_MIN_RANKS
+ * ranks. */
+int sim_net_p2p_nslots(const sim_net_t *net) {
+    const int all = sim_net_nslots(net);
+    int p2p = net->p2p_nslots;
+    if (p2p <= 0) {
+        p2p = (int)chorus_param_int(PARAM_P2P_NSLOTS);
+        if (p2p < 0) p2p = net->nranks >= TRANSPORT_P2P_MIN_RANKS ? TRANSPORT_P2P_NSLOTS : all;
+    }
+    return p2p >= 1 && p2p < all ? p2p : all;
 }
 
 /* Rings as the topology makes them (topo_channel_count): 2 inside a host; between hosts one per

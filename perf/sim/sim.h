@@ -37,12 +37,14 @@ typedef struct {
     int threads;         /* one host: the ranks are threads of one process (the tuner's direct) */
     size_t slot_bytes;   /* a connection's slot (0: NCCL_BUFFSIZE / CHORUS_NSLOTS as connect) */
     int nslots;          /* slots per connection (0: CHORUS_NSLOTS) */
+    int p2p_nslots;      /* slots per point-to-point connection, the flat tree's (0: as connect
+                            sizes them: CHORUS_P2P_NSLOTS, 2 from 9 ranks) */
     int nchannels;       /* rings of the ring algorithm (0: as the topology makes them) */
     size_t ring_chunk;   /* the ring's chunk in bytes (0: a slot's payload; the tuner gives rings
                             of up to 4 ranks on one host L2-sized chunks instead) */
-    int tree_lag;        /* hier: columns a host tree connection's chunks up may run ahead of
-                            its chunks down (-1: as the tuner, twice the host tree's depth; 0:
-                            column order; CHORUS_TREE_LAG as sim_net_defaults reads it) */
+    int tree_lag;        /* tree and hier: pieces (columns) a tree connection's chunks up may
+                            run ahead of its chunks down (-1: as the tuner, twice the tree's
+                            depth; 0: piece order; CHORUS_TREE_LAG as sim_net_defaults reads it) */
     long max_events;     /* budget of simulated messages per run (0: 8 million) */
     int no_symmetry;     /* simulate every rank of the ring, not one host's (tests, checks) */
 } sim_net_t;

@@ -80,6 +80,7 @@ double sim_extrapolate(const sim_t *s, double *end, long sim, long total);
 /* The parameters with their defaults applied. */
 size_t sim_net_slot(const sim_net_t *net);
 int sim_net_nslots(const sim_net_t *net);
+int sim_net_p2p_nslots(const sim_net_t *net);
 int sim_net_channels(const sim_net_t *net);
 long sim_net_budget(const sim_net_t *net);
 size_t sim_chunk_elems(const sim_net_t *net); /* a slot's payload in elements */
