@@ -24,7 +24,9 @@
  *   tree                    to fill the pipe, one chunk c down and up the path with the most
  *                           inter-host hops; then B/2 per tree edge at the busiest queue: the
  *                           host link with the most edges to other hosts, or the rank with the
- *                           most edges inside its host (walked from the trees themselves)
+ *                           most edges inside its host (walked from the trees themselves); at
+ *                           least the busiest queue's sends up of the first lag pieces and then
+ *                           the busiest queue's sends down (the key order of chunks up and down)
  *   hier (H hosts of L)     a pipeline of columns (chunk c of every shard): one column walked
  *                           chunk by chunk through shm, the host tree (a host's L chunks one
  *                           after the other through its link, both children's into it) and shm
@@ -99,6 +101,7 @@ static double model_edge_us_per_byte(const model_layout_t *lay) {
 typedef struct {
     int n, L;
     int net, shm, cross, intra;
+    int net_up, net_dn, shm_up, shm_dn; /* of them, the most sent up (to parents) and down */
 } tree_shape_t;
 
 #define TREE_SHAPES 8
@@ -108,15 +111,17 @@ static int shapes_next;
 
 static void tree_shape_walk(int n, int L, tree_shape_t *sh) {
     const int H = n / L;
-    int *par = malloc(2 * (size_t)n * sizeof(int)), *local = calloc((size_t)n, sizeof(int));
-    int *tx = calloc((size_t)H, sizeof(int));
+    int *par = malloc(2 * (size_t)n * sizeof(int)), *local = calloc(2 * (size_t)n, sizeof(int));
+    int *tx = calloc(2 * (size_t)H, sizeof(int)); /* [2h]: sends up, [2h + 1]: down */
     if (par == NULL || local == NULL || tx == NULL) {
         /* No memory for the walk: every edge crossing, three per tree at the busiest rank. */
         free(par);
         free(local);
         free(tx);
         sh->net = 6;
-        sh->shm = 0;
+        sh->net_up = 2;
+        sh->net_dn = 4;
+        sh->shm = sh->shm_up = sh->shm_dn = 0;
         sh->cross = coll_tree_depth(n) - 1;
         sh->intra = 0;
         return;
@@ -129,15 +134,25 @@ static void tree_shape_walk(int n, int L, tree_shape_t *sh) {
             const int peers[3] = {parent, child[0], child[1]};
             for (int i = 0; i < 3; i++) {
                 if (peers[i] < 0) continue;
+                /* This end's send of the edge (up to a parent, down to a child), and its
+                 * receive. */
                 if (peers[i] / L != r / L)
-                    tx[r / L]++; /* this end's send of the edge (up or down), and its receive */
+                    tx[2 * (r / L) + (i > 0)]++;
                 else
-                    local[r]++;
+                    local[2 * r + (i > 0)]++;
             }
         }
-    sh->net = sh->shm = 0;
-    for (int h = 0; h < H; h++) sh->net = CHORUS_MAX(sh->net, tx[h]);
-    for (int r = 0; r < n; r++) sh->shm = CHORUS_MAX(sh->shm, local[r]);
+    sh->net = sh->shm = sh->net_up = sh->net_dn = sh->shm_up = sh->shm_dn = 0;
+    for (int h = 0; h < H; h++) {
+        sh->net = CHORUS_MAX(sh->net, tx[2 * h] + tx[2 * h + 1]);
+        sh->net_up = CHORUS_MAX(sh->net_up, tx[2 * h]);
+        sh->net_dn = CHORUS_MAX(sh->net_dn, tx[2 * h + 1]);
+    }
+    for (int r = 0; r < n; r++) {
+        sh->shm = CHORUS_MAX(sh->shm, local[2 * r] + local[2 * r + 1]);
+        sh->shm_up = CHORUS_MAX(sh->shm_up, local[2 * r]);
+        sh->shm_dn = CHORUS_MAX(sh->shm_dn, local[2 * r + 1]);
+    }
     sh->cross = sh->intra = 0;
     for (int t = 0; t < 2; t++)
         for (int r = 0; r < n; r++) {
@@ -165,7 +180,7 @@ static void tree_shape(int n, int L, tree_shape_t *out) {
             return;
         }
     pthread_mutex_unlock(&shape_lock);
-    tree_shape_t sh = {n, L, 0, 0, 0, 0};
+    tree_shape_t sh = {n, L, 0, 0, 0, 0, 0, 0, 0, 0};
     tree_shape_walk(n, L, &sh);
     pthread_mutex_lock(&shape_lock);
     shapes[shapes_next] = sh;
@@ -176,7 +191,14 @@ static void tree_shape(int n, int L, tree_shape_t *out) {
 
 /* The double binary tree: to fill the pipe, one chunk c along the path with the most
  * inter-host hops, up and down; then what the busiest queue moves, B/2 per edge: a host link
- * carries its host's edges across, shared memory a rank's edges within its host. */
+ * carries its host's edges across, shared memory a rank's edges within its host. And the key
+ * order (allreduce_tree.c): a connection that carries one tree's chunks up and the other's down
+ * sends piece p's chunk down only after its chunks up of the pieces before p + lag, so no chunk
+ * goes down before the first min(np, lag) of the np pieces went up, at the pace of the busiest
+ * queue's sends up; the busiest queue's sends down follow. With lag = twice the tree's depth
+ * that decides on ops of a few dozen pieces whose busiest queues are the up and down sides of
+ * two ranks (hosts of 2 over RDMA: one rank's shared memory carries both trees' chunks up to its
+ * host peer, the other both trees' chunks down). */
 static double tree_time_us(const model_layout_t *lay, double b, size_t chunk, size_t bytes) {
     tree_shape_t sh;
     tree_shape(lay->n, lay->L, &sh);
@@ -187,7 +209,12 @@ static double tree_time_us(const model_layout_t *lay, double b, size_t chunk, si
         2 * (sh.cross * (x->alpha_us + c / x->beta) + sh.intra * (s->alpha_us + c / s->beta));
     double pipe = sh.net * (b / 2) / x->beta;
     if (sh.shm > 0) pipe = CHORUS_MAX(pipe, sh.shm * (b / 2) / s->beta);
-    return fill + pipe;
+    const double np = 2 * ceil(b / 2 / c);
+    const int64_t lagp = chorus_param_int(PARAM_TREE_LAG);
+    const double lag = lagp >= 0 ? (double)lagp : 2.0 * coll_tree_depth(lay->n);
+    const double up = CHORUS_MAX(sh.net_up * (b / 2) / x->beta, sh.shm_up * (b / 2) / s->beta);
+    const double dn = CHORUS_MAX(sh.net_dn * (b / 2) / x->beta, sh.shm_dn * (b / 2) / s->beta);
+    return CHORUS_MAX(fill + pipe, CHORUS_MIN(1.0, lag / np) * up + dn);
 }
 
 /* Recursive doubling over m = 2^R ranks after folding r = n - m pairs (allreduce_rd.c: the folded
