@@ -464,7 +464,8 @@ static double rd_time_us(const model_layout_t *lay, double b) {
  * each way on each: the trees alternate columns; on 2 hosts the second column runs beside the
  * first, as the trees mirror each other), or of a rank's shm copies, which after the
  * first column still copy the other columns' phase 3 and the phase 1 of those past the first
- * window; never less than all of a rank's copies (2(L-1) chunks a column). */
+ * window; never less than all of a rank's copies (2(L-1) chunks a column), nor than the busiest
+ * link's chunks of all columns between the first fold and the last chunk's hop and phase 3. */
 #define HIER_MEMO 80 /* subtree sizes of a host tree: at most two per level */
 
 typedef struct {
@@ -599,11 +600,21 @@ static double hier_time_us(const coll_model_comm_t *m, const model_layout_t *lay
     const double window = CHORUS_MIN(cols, (double)(nslots > 0 ? nslots : 1));
     const double column = hier_column_us(H, L, c, (int)window, s, x);
     /* On 2 hosts the trees mirror each other: column 1 goes up each link direction while
-     * column 0 comes down it, so the first two columns take one column's time. */
+     * column 0 comes down it, so the first two columns take one column's time on the links. */
     const double paired = H == 2 ? CHORUS_MIN(cols, 2.0) : 1.0;
     const double by_net = column + (cols - paired) * net_col;
     const double by_shm = column + (L - 1) * c / s->beta * ((cols - 1) + (cols - window));
-    return CHORUS_MAX(CHORUS_MAX(by_net, by_shm), cols * shm_col + 2 * s->alpha_us);
+    /* And the busiest host link carries all the columns' chunks: it starts no earlier than the
+     * first chunk is folded (one shm copy), and after its last chunk that chunk still takes a hop
+     * and phase 3. Within one column a link's chunks up and another's down overlap (rank 0's
+     * chunk comes down while rank L-1's goes up), so where the pairing above makes the first two
+     * columns one column's time, the link's load is what decides (2 hosts of 8 at 512 KiB: the
+     * link carries 16 chunks each way, 2 L q, not the column's L q). */
+    const double cs = c / s->beta;
+    const double by_link = s->alpha_us + cs + cols * net_col + x->alpha_us + (L - 1) * cs +
+                           s->alpha_us;
+    return CHORUS_MAX(CHORUS_MAX(by_net, by_shm),
+                      CHORUS_MAX(by_link, cols * shm_col + 2 * s->alpha_us));
 }
 
 /* A ring of `steps` steps moving blk bytes per rank and step: the longer of the chain of steps a
