@@ -50,8 +50,9 @@ ncclResult_t dp_ce_launch(dp_ce_t *ce, const ch_plan_t *plan, const void *sendbu
 /* Registered buffers, read zero-copy (cuda_devpath_zc.c). ncclCommRegister of device memory
  * records the range in this rank's registration table (in its host block, which every rank
  * maps): cuMem memory with its description, its file descriptor sent at once to every peer
- * process (whose watchdog takes it into its channel's queue); other memory only for the ranks of
- * this process, which use it at its address. An all-gather, broadcast or out-of-place all-reduce
+ * process (whose watchdog takes it into its channel's queue); other device memory (cudaMalloc's)
+ * with the legacy IPC handle of its allocation and the range's offset; memory with neither only
+ * for the ranks of this process, which use it at its address. An all-gather, broadcast or out-of-place all-reduce
  * called outside a group is announced to the peers with the registration its input lies in (a
  * non-root of a broadcast reads only); when every rank announced one, each reads the peers'
  * inputs directly (imported at first use, kept until the owner deregisters), and the slots are not

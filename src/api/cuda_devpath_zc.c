@@ -9,7 +9,13 @@
  *   consumed      the last op whose announcements this rank has read (host)
  *   ring          [seq % ZC_RING] the registration the input of a zero-copy announcement lies in
  *   regs          the registration table: the range, a generation, and the description peers map
- *                 it with
+ *                 it with (peer_mem.h): cuMem memory (ncclMemAlloc's) as its mapping and the
+ *                 range's offset in it, its file descriptor sent to every peer process at
+ *                 registration; other device memory (cudaMalloc's) as the legacy IPC handle of
+ *                 the allocation holding it and the range's offset there. A peer imports a
+ *                 registration at its first zero-copy read and keeps it until the owner
+ *                 deregisters; imports of ranges of one allocation share one open of its handle
+ *                 (peer_mem.c), as CUDA opens a handle once per process.
  * Each eligible op gets the next seq on every rank (ranks call collectives in the same order). A
  * rank that cannot read zero-copy (not registered, in a group, in-place all-reduce) only sets ann
  * and consumed and builds slot programs. A rank that can writes its ring entry, sets ann, and
@@ -123,7 +129,7 @@ ncclResult_t dp_ce_register(dp_ce_t *ce, void *buff, size_t size) {
     int fd = -1;
     peer_mem_desc_t d;
     const ncclResult_t dres = peer_mem_describe(ce->rt, buff, size, NULL, &d, &fd);
-    if (dres != ncclSuccess) { /* not cuMem: for this process's ranks only */
+    if (dres != ncclSuccess) { /* no handle: for this process's ranks only */
         memset(&d, 0, sizeof(d));
         d.pid = (int32_t)getpid();
         d.ptr = (uint64_t)(uintptr_t)buff;
@@ -298,7 +304,7 @@ static ncclResult_t zc_peer_ptr(dp_ce_t *ce, int q, const zc_ann_t *e, const cha
     if (im->map.ptr == NULL || im->gen != e->gen) {
         peer_mem_close(&im->map);
         int fd = -1;
-        if (peer_mem_needs_map(ce->rt, r->desc.pid)) {
+        if (r->desc.kind == PEER_MEM_CUMEM && peer_mem_needs_map(ce->rt, r->desc.pid)) {
             fd_chan_msg_t in;
             memset(&in, 0, sizeof(in));
             in.peer = q;

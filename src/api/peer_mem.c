@@ -3,6 +3,7 @@
  */
 #include "peer_mem.h"
 
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -110,13 +111,85 @@ ncclResult_t peer_mem_describe(const ch_rt_t *rt, const void *p, size_t bytes,
         d->mapped = mapped;
         return ncclSuccess;
     }
-    if (own == NULL || own->mapped || p != own->ptr) {
-        WARN("%p is not cuMem memory, and has no legacy IPC handle here", p);
+    d->kind = PEER_MEM_IPC;
+    if (own != NULL && !own->mapped && p == own->ptr) {
+        d->ipc = own->ipc;
+        return ncclSuccess;
+    }
+    size_t off = 0;
+    if (rt->ipc_describe(p, bytes, &d->ipc, &off) != ncclSuccess) {
+        d->kind = PEER_MEM_NONE;
+        WARN("%p (%zu bytes) is neither cuMem memory nor inside one allocation with a legacy IPC "
+             "handle",
+             p, bytes);
         return ncclInvalidArgument;
     }
-    d->kind = PEER_MEM_IPC;
-    d->ipc = own->ipc;
+    d->offset = off;
     return ncclSuccess;
+}
+
+/* ---- legacy IPC blocks opened here, shared ---------------------------------------------------- */
+
+/* CUDA maps an allocation's IPC handle at most once per process at a time: every range of one
+ * allocation opened here (several registrations in one buffer, several communicators, emulated
+ * ranks of one process) shares one open, counted. The handle names its allocation uniquely
+ * (ch_ipc_handle_t pad[0]), so a live entry never stands for a later allocation at its address. */
+typedef struct pm_ipc_open {
+    ch_ipc_handle_t h;
+    const ch_rt_t *rt;
+    void *base;
+    unsigned long refs;
+    struct pm_ipc_open *next;
+} pm_ipc_open_t;
+static pm_ipc_open_t *g_ipc_opens;
+static pthread_mutex_t g_ipc_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static ncclResult_t pm_ipc_get(const ch_rt_t *rt, const ch_ipc_handle_t *h, void **base) {
+    pthread_mutex_lock(&g_ipc_lock);
+    pm_ipc_open_t *o = g_ipc_opens;
+    while (o && (o->rt != rt || memcmp(&o->h, h, sizeof(*h)) != 0))
+        o = o->next;
+    ncclResult_t res = ncclSuccess;
+    if (o == NULL) {
+        o = calloc(1, sizeof(*o));
+        if (o == NULL) {
+            WARN("out of memory opening a peer's device memory");
+            res = ncclSystemError;
+        } else if ((res = rt->ipc_open(h, &o->base)) != ncclSuccess) {
+            free(o);
+            o = NULL;
+        } else {
+            o->h = *h;
+            o->rt = rt;
+            o->next = g_ipc_opens;
+            g_ipc_opens = o;
+            __atomic_add_fetch(&g_opened[PEER_MEM_IPC], 1, __ATOMIC_RELAXED);
+        }
+    }
+    if (o) {
+        o->refs++;
+        *base = o->base;
+    }
+    pthread_mutex_unlock(&g_ipc_lock);
+    return res;
+}
+
+static void pm_ipc_put(void *base) {
+    pm_ipc_open_t *gone = NULL;
+    pthread_mutex_lock(&g_ipc_lock);
+    for (pm_ipc_open_t **pp = &g_ipc_opens; *pp; pp = &(*pp)->next) {
+        if ((*pp)->base != base) continue;
+        if (--(*pp)->refs == 0) {
+            gone = *pp;
+            *pp = gone->next;
+        }
+        break;
+    }
+    pthread_mutex_unlock(&g_ipc_lock);
+    if (gone == NULL) return;
+    gone->rt->ipc_free(gone->base, (size_t)gone->h.bytes);
+    __atomic_add_fetch(&g_closed[PEER_MEM_IPC], 1, __ATOMIC_RELAXED);
+    free(gone);
 }
 
 int peer_mem_needs_map(const ch_rt_t *rt, int32_t owner_pid) {
@@ -141,25 +214,30 @@ ncclResult_t peer_mem_open(const ch_rt_t *rt, int dev, const peer_mem_desc_t *d,
         CHECK(mem_alloc_import(rt, dev, fd, (size_t)d->mapped, &m->imp));
         m->kind = PEER_MEM_CUMEM;
         m->ptr = (char *)m->imp.ptr + d->offset;
+        __atomic_add_fetch(&g_opened[PEER_MEM_CUMEM], 1, __ATOMIC_RELAXED);
     } else if (d->kind == PEER_MEM_IPC) {
-        CHECK(rt->ipc_open(&d->ipc, &m->ipc_ptr));
+        ARGCHECK(d->offset <= d->ipc.bytes && d->bytes <= d->ipc.bytes - d->offset,
+                 "process %d described %llu bytes at offset %llu of an allocation of %llu",
+                 (int)d->pid, (unsigned long long)d->bytes, (unsigned long long)d->offset,
+                 (unsigned long long)d->ipc.bytes);
+        CHECK(pm_ipc_get(rt, &d->ipc, &m->ipc_ptr));
         m->kind = PEER_MEM_IPC;
         m->ipc_bytes = (size_t)d->ipc.bytes;
-        m->ptr = m->ipc_ptr;
+        m->ptr = (char *)m->ipc_ptr + d->offset;
     } else {
         WARN("process %d's memory has no description", (int)d->pid);
         return ncclInvalidArgument;
     }
-    __atomic_add_fetch(&g_opened[m->kind], 1, __ATOMIC_RELAXED);
     return ncclSuccess;
 }
 
 void peer_mem_close(peer_mem_map_t *m) {
     if (m == NULL || m->ptr == NULL) return;
-    if (m->kind == PEER_MEM_CUMEM)
+    if (m->kind == PEER_MEM_CUMEM) {
         mem_alloc_unimport(&m->imp);
-    else if (m->kind == PEER_MEM_IPC)
-        m->rt->ipc_free(m->ipc_ptr, m->ipc_bytes);
-    if (m->kind != PEER_MEM_NONE) __atomic_add_fetch(&g_closed[m->kind], 1, __ATOMIC_RELAXED);
+        __atomic_add_fetch(&g_closed[PEER_MEM_CUMEM], 1, __ATOMIC_RELAXED);
+    } else if (m->kind == PEER_MEM_IPC) {
+        pm_ipc_put(m->ipc_ptr);
+    }
     m->ptr = NULL;
 }

@@ -8,8 +8,11 @@
  * peer_mem_describe asks the runtime which kind the memory at an address is (ch_rt_t mem_retain,
  * cuMemRetainAllocationHandle on a GPU), per allocation: cuMem memory is described by its
  * mapping's size and the range's offset in it, and travels as a file descriptor that the caller
- * passes to the peer over a Unix socket (fd_chan.h); other memory by its legacy IPC handle,
- * which travels in the description itself. A peer maps it with peer_mem_open (cuMem: import the
+ * passes to the peer over a Unix socket (fd_chan.h); other memory by the legacy IPC handle of
+ * its allocation (an own block's, or ch_rt_t ipc_describe: cudaMalloc's memory, the emulator's
+ * dev_alloc) and the range's offset in it, which travel in the description itself. A process
+ * opens an allocation's handle once (CUDA refuses a second cudaIpcOpenMemHandle of it): the maps
+ * of ranges of one allocation share that open, counted, until the last is closed. A peer maps it with peer_mem_open (cuMem: import the
  * descriptor, map it, grant access) and undoes that with peer_mem_close. On a GPU a peer in the
  * owner's process maps nothing and uses the owner's address; under the emulator it maps the
  * memory at an address of its own, as a peer process does, so that each rank reaches a peer's

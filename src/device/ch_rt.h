@@ -20,7 +20,8 @@
  * Processes sharing a device (copy-engine programs): device memory the other processes of the host
  * map is cuMem memory (mem_*, its file descriptor passed over a Unix socket) or, where the device
  * has no cuMem, ipc_* blocks (CUDA IPC handles; the emulator's memfd); mem_retain tells which an
- * allocation is, host_register makes host memory
+ * allocation is, ipc_describe gives the IPC handle of any other allocation (cudaMalloc's; the
+ * emulator's dev_alloc blocks are memfds too), host_register makes host memory
  * that processes share (a memfd each maps) reachable by the device at the same address, and
  * ce_launch queues programs whose waits and writes the device front end runs (GPU:
  * cuStreamWaitValue64/cuStreamWriteValue64, looked up through the runtime, so the library needs no
@@ -47,7 +48,9 @@ extern "C" {
 
 /* What another process of this host needs to map a block of device memory: the emulator's memfd
  * (pid, fd) or the CUDA IPC handle (cuda: a cudaIpcMemHandle_t); ptr is the owner's address
- * (a peer in the same process maps nothing and uses it). */
+ * (a peer in the same process maps nothing and uses it). pad[0] names the allocation uniquely in
+ * its process (the driver's buffer id; the emulator's serial), so two handles are equal only for
+ * one allocation; the emulator's pad[1] is where the allocation starts in its memfd. */
 typedef struct {
     int64_t pid;
     int64_t fd;
@@ -83,6 +86,14 @@ typedef struct {
     ncclResult_t (*ipc_alloc)(void **p, size_t bytes, ch_ipc_handle_t *h);
     ncclResult_t (*ipc_open)(const ch_ipc_handle_t *h, void **p);
     void (*ipc_free)(void *p, size_t bytes);
+    /* The legacy IPC handle of the allocation holding [p, p + bytes) and the range's offset in it
+     * (cudaMalloc's memory, dev_alloc's and ipc_alloc's: on a GPU cudaIpcGetMemHandle of the base
+     * cuMemGetAddressRange finds; the emulator's blocks are memfds); ncclInvalidArgument for
+     * memory without one (host memory, cuMem memory). ipc_open of the handle maps the whole
+     * allocation and gives its base. A process opens one allocation at most once at a time (CUDA
+     * refuses a second cudaIpcOpenMemHandle of it; the emulator does too), so callers share an
+     * opened block (peer_mem.c). */
+    ncclResult_t (*ipc_describe)(const void *p, size_t bytes, ch_ipc_handle_t *h, size_t *offset);
     /* Host memory shared between processes (page aligned), made reachable by the device at its
      * host address (the ctrl words the programs wait on, which the host can also write), and
      * undone. */

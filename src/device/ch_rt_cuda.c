@@ -159,6 +159,34 @@ static ncclResult_t cuda_rt_ipc_open(const ch_ipc_handle_t *h, void **p) {
     return ncclSuccess;
 }
 
+/* Any cudaMalloc allocation has a legacy IPC handle (of its base): ch_cuda_mem_range finds the
+ * allocation holding the range; pad[0] keeps the driver's id of it, so that handles of two
+ * allocations made one after the other at one address never compare equal. */
+static ncclResult_t cuda_rt_ipc_describe(const void *p, size_t bytes, ch_ipc_handle_t *h,
+                                         size_t *offset) {
+    void *base = NULL;
+    size_t n = 0;
+    uint64_t id = 0;
+    ncclResult_t res = ch_cuda_mem_range(p, &base, &n, &id);
+    if (res != ncclSuccess) return res;
+    const size_t off = (size_t)((uintptr_t)p - (uintptr_t)base);
+    if (off > n || bytes > n - off) return ncclInvalidArgument;
+    cudaIpcMemHandle_t mh;
+    cudaError_t e = cudaIpcGetMemHandle(&mh, base);
+    if (e != cudaSuccess) { /* cuMem or managed memory: no legacy handle */
+        (void)cudaGetLastError();
+        return ncclInvalidArgument;
+    }
+    memset(h, 0, sizeof(*h));
+    h->pid = getpid();
+    h->bytes = n;
+    h->ptr = (uint64_t)(uintptr_t)base;
+    h->pad[0] = id;
+    memcpy(h->cuda, &mh, sizeof(mh));
+    *offset = off;
+    return ncclSuccess;
+}
+
 static void cuda_rt_ipc_free(void *p, size_t bytes) {
     (void)bytes;
     int found = 0, opened = 0;
@@ -283,6 +311,7 @@ static const ch_rt_t g_cuda_rt = {
     .ipc_alloc = cuda_rt_ipc_alloc,
     .ipc_open = cuda_rt_ipc_open,
     .ipc_free = cuda_rt_ipc_free,
+    .ipc_describe = cuda_rt_ipc_describe,
     .host_register = cuda_rt_host_register,
     .host_unregister = cuda_rt_host_unregister,
     .ce_check = ch_ce_cuda_check,

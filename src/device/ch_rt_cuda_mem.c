@@ -35,6 +35,7 @@ typedef CUresult (*cm_export_fn)(void *, CUmemGenericAllocationHandle, CUmemAllo
 typedef CUresult (*cm_import_fn)(CUmemGenericAllocationHandle *, void *, CUmemAllocationHandleType);
 typedef CUresult (*cm_retain_fn)(CUmemGenericAllocationHandle *, void *);
 typedef CUresult (*cm_range_fn)(CUdeviceptr *, size_t *, CUdeviceptr);
+typedef CUresult (*cm_ptr_attr_fn)(void *, CUpointer_attribute, CUdeviceptr);
 
 static pthread_once_t cm_once = PTHREAD_ONCE_INIT;
 static struct {
@@ -52,6 +53,7 @@ static struct {
     cm_import_fn import_fd;
     cm_retain_fn retain;
     cm_range_fn range;
+    cm_ptr_attr_fn ptr_attr;
 } cm;
 
 static void cm_lookup(void) {
@@ -69,6 +71,7 @@ static void cm_lookup(void) {
     cm.import_fd = (cm_import_fn)ch_cuda_driver_entry("cuMemImportFromShareableHandle");
     cm.retain = (cm_retain_fn)ch_cuda_driver_entry("cuMemRetainAllocationHandle");
     cm.range = (cm_range_fn)ch_cuda_driver_entry("cuMemGetAddressRange");
+    cm.ptr_attr = (cm_ptr_attr_fn)ch_cuda_driver_entry("cuPointerGetAttribute");
 }
 
 static int cm_have_all(void) {
@@ -225,6 +228,31 @@ ncclResult_t ch_cuda_mem_retain(const void *p, uint64_t *handle, void **base, si
     *handle = (uint64_t)h;
     *base = (void *)(uintptr_t)b;
     *bytes = n;
+    return ncclSuccess;
+}
+
+/* cuMemGetAddressRange gives the allocation (cudaMalloc's, or a cuMem mapping) that holds p;
+ * CU_POINTER_ATTRIBUTE_BUFFER_ID names it uniquely for the process's lifetime, so that a new
+ * allocation at a freed one's address never passes for it. */
+ncclResult_t ch_cuda_mem_range(const void *p, void **base, size_t *bytes, uint64_t *id) {
+    pthread_once(&cm_once, cm_lookup);
+    if (cm.range == NULL || cm.ptr_attr == NULL || p == NULL) return ncclInvalidArgument;
+    if (cudaFree(NULL) != cudaSuccess) { /* the runtime's primary context, current */
+        (void)cudaGetLastError();
+        return ncclInvalidArgument;
+    }
+    CUdeviceptr b = 0;
+    size_t n = 0;
+    unsigned long long buffer_id = 0;
+    if (cm.range(&b, &n, (CUdeviceptr)(uintptr_t)p) != CUDA_SUCCESS ||
+        cm.ptr_attr(&buffer_id, CU_POINTER_ATTRIBUTE_BUFFER_ID, (CUdeviceptr)(uintptr_t)p) !=
+            CUDA_SUCCESS) {
+        (void)cudaGetLastError();
+        return ncclInvalidArgument; /* not device memory of this process */
+    }
+    *base = (void *)(uintptr_t)b;
+    *bytes = n;
+    *id = (uint64_t)buffer_id;
     return ncclSuccess;
 }
 

@@ -24,6 +24,9 @@ ncclResult_t ch_cuda_mem_export_fd(uint64_t handle, int *fd);
 ncclResult_t ch_cuda_mem_import_fd(int fd, uint64_t *handle);
 void ch_cuda_mem_release(uint64_t handle);
 ncclResult_t ch_cuda_mem_retain(const void *p, uint64_t *handle, void **base, size_t *bytes);
+/* The allocation holding p: its start, size and the driver's unique id of it; ncclInvalidArgument
+ * for memory the driver does not know (host memory). */
+ncclResult_t ch_cuda_mem_range(const void *p, void **base, size_t *bytes, uint64_t *id);
 #endif
 
 #ifdef __cplusplus

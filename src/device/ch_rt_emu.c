@@ -42,6 +42,8 @@ typedef struct {
     uintptr_t base;
     size_t bytes;
     int mapped; /* a mapping of the cuMem entries (ch_rt_emu_shm.c), not ch_emu_malloc's */
+    int fd;     /* ch_emu_malloc's memfd (ch_emu_block_alloc), -1 for heap memory */
+    uint64_t serial;
 } emu_alloc_t;
 
 static pthread_mutex_t g_mem_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -63,7 +65,7 @@ int ch_emu_is_device(const void *p) {
     return found;
 }
 
-int ch_emu_track(void *p, size_t bytes, int mapped) {
+static int emu_track(void *p, size_t bytes, int mapped, int fd, uint64_t serial) {
     pthread_mutex_lock(&g_mem_lock);
     if (g_nallocs == g_cap_allocs) {
         size_t cap = g_cap_allocs ? 2 * g_cap_allocs : 64;
@@ -79,6 +81,8 @@ int ch_emu_track(void *p, size_t bytes, int mapped) {
     g_allocs[g_nallocs].base = (uintptr_t)p;
     g_allocs[g_nallocs].bytes = bytes;
     g_allocs[g_nallocs].mapped = mapped;
+    g_allocs[g_nallocs].fd = fd;
+    g_allocs[g_nallocs].serial = serial;
     g_nallocs++;
     pthread_mutex_unlock(&g_mem_lock);
     chorus_mem_kind_set_emu(ch_emu_is_device);
@@ -86,12 +90,18 @@ int ch_emu_track(void *p, size_t bytes, int mapped) {
     return 1;
 }
 
-/* Drop the record that starts at p and was made as `mapped` says; 1 when there was one. */
-static int emu_untrack(const void *p, int mapped) {
+int ch_emu_track(void *p, size_t bytes, int mapped) {
+    return emu_track(p, bytes, mapped, -1, 0);
+}
+
+/* Drop the record that starts at p and was made as `mapped` says; 1 when there was one (*rec_p:
+ * what it was). */
+static int emu_untrack(const void *p, int mapped, emu_alloc_t *rec_p) {
     int found = 0;
     pthread_mutex_lock(&g_mem_lock);
     for (size_t i = 0; i < g_nallocs; i++) {
         if (g_allocs[i].base == (uintptr_t)p && g_allocs[i].mapped == mapped) {
+            *rec_p = g_allocs[i];
             g_allocs[i] = g_allocs[--g_nallocs];
             found = 1;
             break;
@@ -102,16 +112,44 @@ static int emu_untrack(const void *p, int mapped) {
 }
 
 void ch_emu_untrack(void *p) {
-    (void)emu_untrack(p, 1);
+    emu_alloc_t rec;
+    (void)emu_untrack(p, 1, &rec);
 }
 
+int ch_emu_block_find(const void *p, size_t bytes, uintptr_t *base, size_t *size, int *fd,
+                      uint64_t *serial) {
+    const uintptr_t u = (uintptr_t)p;
+    int found = 0;
+    pthread_mutex_lock(&g_mem_lock);
+    for (size_t i = 0; i < g_nallocs && !found; i++) {
+        const emu_alloc_t *a = &g_allocs[i];
+        if (a->mapped || a->fd < 0 || u < a->base || u >= a->base + a->bytes ||
+            bytes > a->base + a->bytes - u)
+            continue;
+        *base = a->base;
+        *size = a->bytes;
+        *fd = a->fd;
+        *serial = a->serial;
+        found = 1;
+    }
+    pthread_mutex_unlock(&g_mem_lock);
+    return found;
+}
+
+/* A memfd block (ch_rt_emu_shm.c), which other processes can map as a GPU's cudaMalloc memory
+ * is mapped through its IPC handle; heap memory where no memfd can be made. */
 void *ch_emu_malloc(size_t bytes) {
     const size_t size = bytes ? (bytes + 255) / 256 * 256 : 256;
-    void *p = aligned_alloc(256, size);
+    int fd = -1;
+    uint64_t serial = 0;
+    void *p = ch_emu_block_alloc(size, &fd, &serial);
+    if (p == NULL && (p = aligned_alloc(256, size)) != NULL) memset(p, 0, size);
     if (p == NULL) return NULL;
-    memset(p, 0, size);
-    if (!ch_emu_track(p, size, 0)) {
-        free(p);
+    if (!emu_track(p, size, 0, fd, serial)) {
+        if (fd >= 0)
+            ch_emu_block_free(p, size, fd);
+        else
+            free(p);
         return NULL;
     }
     return p;
@@ -119,10 +157,13 @@ void *ch_emu_malloc(size_t bytes) {
 
 void ch_emu_free(void *p) {
     if (p == NULL) return;
-    if (emu_untrack(p, 0))
-        free(p);
-    else
+    emu_alloc_t rec;
+    if (!emu_untrack(p, 0, &rec))
         WARN("ch_emu_free: %p is not emulated device memory of ch_emu_malloc", p);
+    else if (rec.fd >= 0)
+        ch_emu_block_free(p, rec.bytes, rec.fd);
+    else
+        free(p);
 }
 
 /* ---- streams -------------------------------------------------------------------------------- */
@@ -742,6 +783,7 @@ static const ch_rt_t g_emu_rt = {
     .ipc_alloc = ch_emu_ipc_alloc,
     .ipc_open = ch_emu_ipc_open,
     .ipc_free = ch_emu_ipc_free,
+    .ipc_describe = ch_emu_ipc_describe,
     .host_register = ch_emu_host_register,
     .host_unregister = ch_emu_host_unregister,
     .ce_check = emu_ce_check,

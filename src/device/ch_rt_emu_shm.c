@@ -2,7 +2,10 @@
  * ch_rt_emu_shm.c: the device emulator's memory shared between processes (see ch_rt_emu_shm.h).
  *
  * A shared block is a memfd mapped by its owner; a peer of this host opens
- * /proc/<pid>/fd/<fd> and maps it. The emulator's "device" reaches all host memory, so host
+ * /proc/<pid>/fd/<fd> and maps it. ipc_alloc's blocks are such memfds, and so is the memory of
+ * ch_emu_malloc (dev_alloc), as a GPU's cudaMalloc memory has a legacy IPC handle: its block ends
+ * at an inaccessible page, so that a write past it faults as the heap's redzones reported it
+ * before. A process opens a block at most once at a time, as CUDA allows. The emulator's "device" reaches all host memory, so host
  * registration has nothing to do. The cuMem entries (ncclMemAlloc's memory) are memfds too, with
  * handles, mappings and descriptors of their own (below).
  */
@@ -23,28 +26,56 @@
 #include "log.h"
 
 /* Shared device memory: a memfd mapped here; a peer of this host opens /proc/<pid>/fd/<fd>. The
- * owner keeps the fd while the block lives (ipc_free closes it). */
+ * owner keeps the fd while the block lives (ipc_free closes it). Every block the emulator makes
+ * (ipc_alloc's and ch_emu_malloc's) gets a serial, so that a handle names one allocation even
+ * once its descriptor number is reused. */
 typedef struct {
     void *p;
     int fd;
+    size_t bytes;
+    uint64_t serial;
 } emu_ipc_t;
 static emu_ipc_t g_ipc[64];
 static pthread_mutex_t g_ipc_lock = PTHREAD_MUTEX_INITIALIZER;
+static uint64_t g_serial;
+
+/* The blocks of other processes (or of this one) opened here, by (pid, serial): as CUDA does, a
+ * second open of one while the first is live fails. */
+typedef struct emu_opened {
+    int64_t pid;
+    uint64_t serial;
+    void *p;
+    struct emu_opened *next;
+} emu_opened_t;
+static emu_opened_t *g_opened;
+
+static void *emu_map_fd(int fd, size_t bytes) {
+    void *m = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    return m == MAP_FAILED ? NULL : m;
+}
+
+/* A memfd of bytes (a page multiple), or -1. */
+static int emu_memfd(size_t bytes) {
+    int fd = memfd_create("chorus-devemu", MFD_CLOEXEC);
+    if (fd < 0 || ftruncate(fd, (off_t)bytes) != 0) {
+        WARN("device emulator: shared memory of %zu bytes: %s", bytes, strerror(errno));
+        if (fd >= 0) close(fd);
+        return -1;
+    }
+    return fd;
+}
 
 ncclResult_t ch_emu_ipc_alloc(void **p, size_t bytes, ch_ipc_handle_t *h) {
     const size_t size = (bytes + 4095) / 4096 * 4096;
-    int fd = memfd_create("chorus-devemu", MFD_CLOEXEC);
-    if (fd < 0 || ftruncate(fd, (off_t)size) != 0) {
-        WARN("device emulator: shared memory of %zu bytes: %s", bytes, strerror(errno));
-        if (fd >= 0) close(fd);
-        return ncclSystemError;
-    }
-    void *m = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    if (m == MAP_FAILED) {
+    const int fd = emu_memfd(size);
+    if (fd < 0) return ncclSystemError;
+    void *m = emu_map_fd(fd, size);
+    if (m == NULL) {
         WARN("device emulator: mmap of %zu shared bytes: %s", size, strerror(errno));
         close(fd);
         return ncclSystemError;
     }
+    const uint64_t serial = __atomic_add_fetch(&g_serial, 1, __ATOMIC_RELAXED);
     pthread_mutex_lock(&g_ipc_lock);
     int slot = -1;
     for (int i = 0; i < 64 && slot < 0; i++)
@@ -52,6 +83,8 @@ ncclResult_t ch_emu_ipc_alloc(void **p, size_t bytes, ch_ipc_handle_t *h) {
     if (slot >= 0) {
         g_ipc[slot].p = m;
         g_ipc[slot].fd = fd;
+        g_ipc[slot].bytes = size;
+        g_ipc[slot].serial = serial;
     }
     pthread_mutex_unlock(&g_ipc_lock);
     if (slot < 0) {
@@ -64,31 +97,121 @@ ncclResult_t ch_emu_ipc_alloc(void **p, size_t bytes, ch_ipc_handle_t *h) {
     h->pid = getpid();
     h->fd = fd;
     h->bytes = size;
+    h->ptr = (uint64_t)(uintptr_t)m;
+    h->pad[0] = serial;
     *p = m;
+    return ncclSuccess;
+}
+
+void *ch_emu_block_alloc(size_t bytes, int *fd_p, uint64_t *serial_p) {
+    const size_t file = (bytes + 4095) / 4096 * 4096;
+    const int fd = emu_memfd(file);
+    if (fd < 0) return NULL;
+    /* The file, then an inaccessible page: the block ends where the page starts. */
+    char *r = mmap(NULL, file + 4096, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (r == MAP_FAILED ||
+        mmap(r, file, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, 0) == MAP_FAILED) {
+        WARN("device emulator: mmap of a %zu-byte block: %s", bytes, strerror(errno));
+        if (r != MAP_FAILED) munmap(r, file + 4096);
+        close(fd);
+        return NULL;
+    }
+    *fd_p = fd;
+    *serial_p = __atomic_add_fetch(&g_serial, 1, __ATOMIC_RELAXED);
+    return r + (file - bytes);
+}
+
+void ch_emu_block_free(void *p, size_t bytes, int fd) {
+    const size_t file = (bytes + 4095) / 4096 * 4096;
+    munmap((char *)p - (file - bytes), file + 4096);
+    close(fd);
+}
+
+ncclResult_t ch_emu_ipc_describe(const void *p, size_t bytes, ch_ipc_handle_t *h,
+                                 size_t *offset) {
+    uintptr_t base = 0;
+    size_t size = 0;
+    int fd = -1;
+    uint64_t serial = 0;
+    size_t data_off = 0;
+    if (ch_emu_block_find(p, bytes, &base, &size, &fd, &serial)) {
+        data_off = (size + 4095) / 4096 * 4096 - size;
+    } else {
+        const uintptr_t u = (uintptr_t)p;
+        pthread_mutex_lock(&g_ipc_lock);
+        for (int i = 0; i < 64 && fd < 0; i++) {
+            const uintptr_t b = (uintptr_t)g_ipc[i].p;
+            if (b == 0 || u < b || u >= b + g_ipc[i].bytes || bytes > b + g_ipc[i].bytes - u)
+                continue;
+            base = b;
+            size = g_ipc[i].bytes;
+            fd = g_ipc[i].fd;
+            serial = g_ipc[i].serial;
+        }
+        pthread_mutex_unlock(&g_ipc_lock);
+    }
+    if (fd < 0) return ncclInvalidArgument; /* not a memfd block of the emulator */
+    memset(h, 0, sizeof(*h));
+    h->pid = getpid();
+    h->fd = fd;
+    h->bytes = size + data_off;
+    h->ptr = (uint64_t)base;
+    h->pad[0] = serial;
+    h->pad[1] = data_off;
+    *offset = (size_t)((uintptr_t)p - base);
     return ncclSuccess;
 }
 
 ncclResult_t ch_emu_ipc_open(const ch_ipc_handle_t *h, void **p) {
     char path[64];
     snprintf(path, sizeof(path), "/proc/%lld/fd/%lld", (long long)h->pid, (long long)h->fd);
+    emu_opened_t *rec = malloc(sizeof(*rec));
+    if (rec == NULL) {
+        WARN("device emulator: out of memory opening %s", path);
+        return ncclSystemError;
+    }
+    rec->pid = h->pid;
+    rec->serial = h->pad[0];
+    pthread_mutex_lock(&g_ipc_lock);
+    int twice = 0;
+    for (const emu_opened_t *o = g_opened; o && !twice; o = o->next)
+        twice = o->pid == rec->pid && o->serial == rec->serial;
+    pthread_mutex_unlock(&g_ipc_lock);
+    if (twice) {
+        WARN("device emulator: block %llu of process %lld is already open here (CUDA refuses "
+             "a second open of a handle)",
+             (unsigned long long)rec->serial, (long long)rec->pid);
+        free(rec);
+        return ncclInvalidUsage;
+    }
     int fd = open(path, O_RDWR | O_CLOEXEC);
     if (fd < 0) {
         WARN("device emulator: cannot open the shared block %s: %s", path, strerror(errno));
+        free(rec);
         return ncclSystemError;
     }
-    void *m = mmap(NULL, (size_t)h->bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    char *m = emu_map_fd(fd, (size_t)h->bytes);
     close(fd);
-    if (m == MAP_FAILED) {
+    if (m == NULL) {
         WARN("device emulator: mmap of the shared block %s: %s", path, strerror(errno));
+        free(rec);
         return ncclSystemError;
     }
-    *p = m;
+    rec->p = m + h->pad[1]; /* where the allocation starts */
+    pthread_mutex_lock(&g_ipc_lock);
+    rec->next = g_opened;
+    g_opened = rec;
+    pthread_mutex_unlock(&g_ipc_lock);
+    *p = rec->p;
     return ncclSuccess;
 }
 
+/* An own ipc_alloc block (page aligned) or an opened one (bytes: its handle's, the whole file;
+ * the allocation starts in the file's first page). */
 void ch_emu_ipc_free(void *p, size_t bytes) {
     if (p == NULL) return;
     const size_t size = (bytes + 4095) / 4096 * 4096;
+    emu_opened_t *rec = NULL;
     pthread_mutex_lock(&g_ipc_lock);
     for (int i = 0; i < 64; i++) {
         if (g_ipc[i].p == p) {
@@ -96,8 +219,16 @@ void ch_emu_ipc_free(void *p, size_t bytes) {
             g_ipc[i].p = NULL;
         }
     }
+    for (emu_opened_t **pp = &g_opened; *pp; pp = &(*pp)->next) {
+        if ((*pp)->p == p) {
+            rec = *pp;
+            *pp = rec->next;
+            break;
+        }
+    }
     pthread_mutex_unlock(&g_ipc_lock);
-    munmap(p, size);
+    free(rec);
+    munmap((void *)((uintptr_t)p & ~(uintptr_t)4095), size);
 }
 
 ncclResult_t ch_emu_host_register(void *p, size_t bytes) {

@@ -13,6 +13,11 @@
 ncclResult_t ch_emu_ipc_alloc(void **p, size_t bytes, ch_ipc_handle_t *h);
 ncclResult_t ch_emu_ipc_open(const ch_ipc_handle_t *h, void **p);
 void ch_emu_ipc_free(void *p, size_t bytes);
+ncclResult_t ch_emu_ipc_describe(const void *p, size_t bytes, ch_ipc_handle_t *h, size_t *offset);
+/* ch_emu_malloc's memory: a zeroed block of bytes (a multiple of 256) in a memfd of its own, and
+ * the block's serial; NULL when no memfd can be made. ch_emu_block_free undoes it. */
+void *ch_emu_block_alloc(size_t bytes, int *fd_p, uint64_t *serial_p);
+void ch_emu_block_free(void *p, size_t bytes, int fd);
 ncclResult_t ch_emu_host_register(void *p, size_t bytes);
 void ch_emu_host_unregister(void *p);
 
@@ -32,5 +37,9 @@ ncclResult_t ch_emu_mem_retain(const void *p, uint64_t *handle, void **base, siz
  * ch_emu_untrack drops the record of such a mapping. */
 int ch_emu_track(void *p, size_t bytes, int mapped);
 void ch_emu_untrack(void *p);
+/* The ch_emu_malloc block holding [p, p + bytes) that has a memfd: its start, size, descriptor
+ * and serial; 0 when there is none. */
+int ch_emu_block_find(const void *p, size_t bytes, uintptr_t *base, size_t *size, int *fd,
+                      uint64_t *serial);
 
 #endif

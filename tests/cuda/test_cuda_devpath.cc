@@ -307,17 +307,11 @@ TEST_F(CudaDevPathProcs, EveryCollectiveForked) {
     }
 }
 
-// Registered ncclMemAlloc buffers (cuMem) read zero-copy between processes: all-gather, broadcast
-// and out-of-place all-reduce (sum, avg, max; float32 and int32), counts 1, 1001 and 1 Mi, each
-// checked and counted as one zero-copy op on every rank; an in-place all-reduce falls back to the
-// slots (right, not zero-copy).
-int zero_copy(R &k) {
-    R z = k;
-    RANK_NCCL(ncclMemAlloc((void **)&z.sbuf, k.cap));
-    RANK_NCCL(ncclMemAlloc((void **)&z.rbuf, k.cap));
-    void *sh = nullptr, *rh = nullptr;
-    RANK_NCCL(ncclCommRegister(z.comm, z.sbuf, z.cap, &sh));
-    RANK_NCCL(ncclCommRegister(z.comm, z.rbuf, z.cap, &rh));
+// Registered buffers read zero-copy between processes: all-gather, broadcast and out-of-place
+// all-reduce (sum, avg, max; float32 and int32), counts 1, 1001 and 1 Mi, each checked and
+// counted as one zero-copy op on every rank; an in-place all-reduce falls back to the slots
+// (right, not zero-copy).
+int zero_copy_sweep(R &z) {
     for (int coll : {CH_COLL_ALLGATHER, CH_COLL_BROADCAST, CH_COLL_ALLREDUCE})
         for (ncclDataType_t t : {ncclFloat32, ncclInt32})
             for (int op : {(int)ncclSum, (int)ncclAvg, (int)ncclMax}) {
@@ -333,6 +327,18 @@ int zero_copy(R &k) {
                                    count, inplace ? " inplace" : "", got);
                     }
             }
+    return 0;
+}
+
+// ncclMemAlloc's buffers (cuMem, passed as file descriptors).
+int zero_copy(R &k) {
+    R z = k;
+    RANK_NCCL(ncclMemAlloc((void **)&z.sbuf, k.cap));
+    RANK_NCCL(ncclMemAlloc((void **)&z.rbuf, k.cap));
+    void *sh = nullptr, *rh = nullptr;
+    RANK_NCCL(ncclCommRegister(z.comm, z.sbuf, z.cap, &sh));
+    RANK_NCCL(ncclCommRegister(z.comm, z.rbuf, z.cap, &rh));
+    if (zero_copy_sweep(z)) return 1;
     RANK_NCCL(ncclCommDeregister(z.comm, sh));
     RANK_NCCL(ncclCommDeregister(z.comm, rh));
     RANK_NCCL(ncclMemFree(z.sbuf));
@@ -340,10 +346,37 @@ int zero_copy(R &k) {
     return 0;
 }
 
+// cudaMalloc's buffers (legacy IPC handles of their allocations), each registered twice over
+// (its whole range and a range inside it): the peers open each allocation once
+// (cudaIpcOpenMemHandle refuses a second open of one in a process), here 2 (n - 1) opens beyond
+// the slot blocks'.
+int zero_copy_cudamalloc(R &k) {
+    const unsigned long ipc0 = peer_mem_opened(PEER_MEM_IPC);
+    void *h[4] = {nullptr, nullptr, nullptr, nullptr};
+    RANK_NCCL(ncclCommRegister(k.comm, k.sbuf + 256, k.cap - 256, &h[0]));
+    RANK_NCCL(ncclCommRegister(k.comm, k.sbuf, k.cap, &h[1]));
+    RANK_NCCL(ncclCommRegister(k.comm, k.rbuf + 256, k.cap - 256, &h[2]));
+    RANK_NCCL(ncclCommRegister(k.comm, k.rbuf, k.cap, &h[3]));
+    if (zero_copy_sweep(k)) return 1;
+    const unsigned long opened = peer_mem_opened(PEER_MEM_IPC) - ipc0;
+    RANK_CHECK(opened == 2ul * (k.n - 1), "rank %d: %lu legacy IPC opens, want %d\n", k.r, opened,
+               2 * (k.n - 1));
+    for (void *x : h)
+        RANK_NCCL(ncclCommDeregister(k.comm, x));
+    return 0;
+}
+
 TEST_F(CudaDevPathProcs, ZeroCopyForked) {
     for (int n : {2, 3}) {
         SCOPED_TRACE("n=" + std::to_string(n));
         with_ranks(n, zero_copy, false, chorus_test::Launch::Forked);
+    }
+}
+
+TEST_F(CudaDevPathProcs, ZeroCopyCudaMallocForked) {
+    for (int n : {2, 3}) {
+        SCOPED_TRACE("n=" + std::to_string(n));
+        with_ranks(n, zero_copy_cudamalloc, false, chorus_test::Launch::Forked);
     }
 }
 

@@ -5,8 +5,9 @@
 // Sizes 0 (refused), 1, odd and large: each rounded up to the granularity, emulated device memory
 // from its first to its last byte, gone after ncclMemFree. A pointer ncclMemAlloc did not hand out
 // (a stack variable, ch_emu_malloc memory, an interior pointer, a freed one) is refused with
-// ncclInvalidArgument. A runtime without cuMem gives plain device memory, which is not exportable;
-// no device at all gives host memory. A mapping is not device memory until access is granted. The
+// ncclInvalidArgument. A runtime without cuMem gives plain device memory, which is described by
+// its allocation's legacy IPC handle (no descriptor) as cudaMalloc's; host memory is described
+// by nothing; no device at all gives host memory. A mapping is not device memory until access is granted. The
 // memory carries a 2-rank device-path all-reduce between thread ranks (the kernel) and between
 // forked ranks (copy-engine programs); and a file descriptor exported by one process and sent over
 // a Unix socket maps the same bytes in another, both ways.
@@ -345,7 +346,8 @@ struct Published {
 // rank then writes its slice through its mapping, and an all-gather on the device path (copy-
 // engine programs) reads each rank's slice of the shared buffer as that rank's input: every rank
 // gets every slice, checked against the values written. Memory that is not cuMem (a plain device
-// allocation) cannot be described.
+// allocation) is described by its allocation's legacy IPC handle and the range's offset, with no
+// descriptor to pass; host memory is not described.
 int shared_buffer_rank(int rank, int n, const ncclUniqueId &id, size_t count) {
     const size_t lead = 4096; // the buffer used starts inside the allocation
     const size_t bytes = lead + (size_t)n * count * sizeof(float) + 8;
@@ -364,11 +366,17 @@ int shared_buffer_rank(int rank, int n, const ncclUniqueId &id, size_t count) {
         RANK_NCCL(ncclMemAlloc(&plain, 4096));
         peer_mem_desc_t d;
         int pfd = -1;
-        RANK_CHECK(peer_mem_describe(ch_rt_emu(), plain, 4096, nullptr, &d, &pfd) ==
+        RANK_NCCL(peer_mem_describe(ch_rt_emu(), (char *)plain + 256, 1024, nullptr, &d, &pfd));
+        RANK_CHECK(d.kind == PEER_MEM_IPC && d.offset == 256 && d.ipc.ptr == (uintptr_t)plain &&
+                       pfd < 0,
+                   "plain device memory: kind %u offset %llu base 0x%llx fd %d\n", d.kind,
+                   (unsigned long long)d.offset, (unsigned long long)d.ipc.ptr, pfd);
+        RANK_NCCL(ncclMemFree(plain));
+        std::vector<char> host(4096);
+        RANK_CHECK(peer_mem_describe(ch_rt_emu(), host.data(), 4096, nullptr, &d, &pfd) ==
                            ncclInvalidArgument &&
                        pfd < 0,
-                   "plain device memory was described");
-        RANK_NCCL(ncclMemFree(plain));
+                   "host memory was described\n");
         ch_emu_set_cumem(1);
         RANK_NCCL(ncclMemAlloc((void **)&alloc, bytes));
         for (size_t i = 0; i < bytes; i++)

@@ -29,9 +29,9 @@
 #include "nccl.h"
 #include "peer_mem.h"
 #include "scoped_env.h"
+#include "zc_util.h"
 extern "C" {
 #include "param.h"
-unsigned long devpath_zero_copy_ops(struct ncclComm *comm);
 }
 
 namespace {
@@ -39,89 +39,12 @@ namespace {
 using chorus_test::Launch;
 using chorus_test::ScopedEnv;
 
-const int kPremul = 5;
+using zctest::barrier;
+using zctest::kPremul;
+using zctest::run;
+using zctest::Z;
+
 const size_t kMaxCount = 40003;
-
-struct Z {
-    ncclComm_t comm;
-    ch_emu_stream_t *st;
-    int r, n;
-    char *sbuf, *rbuf; // ncclMemAlloc, registered
-    void *sh, *rh;     // their registrations
-    size_t cap;
-};
-
-// Issue one op; in-place forms use rbuf as NCCL defines them.
-ncclResult_t issue(const Z &k, int coll, ncclDataType_t t, ncclRedOp_t o, size_t count, int root,
-                   bool inplace, const char *sbuf, char *rbuf) {
-    const size_t es = devref::dsize(t);
-    const char *in =
-        inplace ? (coll == CH_COLL_ALLGATHER ? rbuf + (size_t)k.r * count * es : rbuf) : sbuf;
-    cudaStream_t s = (cudaStream_t)k.st;
-    switch (coll) {
-    case CH_COLL_ALLGATHER:
-        return ncclAllGather(in, rbuf, count, t, k.comm, s);
-    case CH_COLL_BROADCAST:
-        return ncclBroadcast(in, rbuf, count, t, root, k.comm, s);
-    default:
-        return ncclAllReduce(in, rbuf, count, t, o, k.comm, s);
-    }
-}
-
-// One op on (sbuf, rbuf), checked; want_zc: whether it must have been zero-copy. 0 when right.
-int run(const Z &k, int coll, ncclDataType_t t, int op, size_t count, int root, bool inplace,
-        bool want_zc, char *sbuf, char *rbuf, bool grouped = false) {
-    const size_t es = devref::dsize(t);
-    const size_t nout = coll == CH_COLL_ALLGATHER ? count * k.n : count;
-    memset(rbuf, 0xa5, nout * es);
-    char *in =
-        inplace ? (coll == CH_COLL_ALLGATHER ? rbuf + (size_t)k.r * count * es : rbuf) : sbuf;
-    devref::fill(op, t, k.r, in, 0, count, 0);
-    ncclRedOp_t o = (ncclRedOp_t)op;
-    if (op == kPremul) {
-        const uint64_t scalar = devref::encode(t, devref::is_int(t) ? 3 : 2);
-        RANK_NCCL(
-            ncclRedOpCreatePreMulSum(&o, (void *)&scalar, t, ncclScalarHostImmediate, k.comm));
-    }
-    const unsigned long zc0 = devpath_zero_copy_ops(k.comm);
-    if (grouped) RANK_NCCL(ncclGroupStart());
-    ncclResult_t res = issue(k, coll, t, o, count, root, inplace, sbuf, rbuf);
-    if (grouped) {
-        ncclResult_t e = ncclGroupEnd();
-        if (res == ncclSuccess) res = e;
-    }
-    RANK_CHECK(res == ncclSuccess, "coll %d: %s\n", coll, ncclGetErrorString(res));
-    RANK_NCCL(ch_emu_stream_sync(k.st));
-    if (op == kPremul) RANK_NCCL(ncclRedOpDestroy(o, k.comm));
-    const unsigned long zc = devpath_zero_copy_ops(k.comm) - zc0;
-    RANK_CHECK(zc == (want_zc ? 1u : 0u),
-               "rank %d coll %d count %zu%s: %lu zero-copy ops, want %d\n", k.r, coll, count,
-               inplace ? " inplace" : "", zc, want_zc ? 1 : 0);
-    int wrong = 0;
-    for (size_t i = 0; i < nout; i++) {
-        double want_d;
-        const uint64_t want = devref::expected(coll, op, t, k.n, k.r, root, count, i, &want_d);
-        if (!devref::is_int(t) && want_d == 0) want_d = rkref::to_double(t, want);
-        const uint64_t got = rkref::load_raw(t, rbuf, i);
-        if (!devref::matches(t, k.n, got, want, want_d) && wrong++ < 3)
-            fprintf(stderr,
-                    "rank %d coll %d %s op %d count %zu%s root %d: [%zu] 0x%llx want 0x%llx\n", k.r,
-                    coll, chorus_dtype_name(t), op, count, inplace ? " inplace" : "", root, i,
-                    (unsigned long long)got, (unsigned long long)want);
-    }
-    ncclResult_t async = ncclSuccess;
-    RANK_NCCL(ncclCommGetAsyncError(k.comm, &async));
-    RANK_CHECK(async == ncclSuccess, "async %s\n", ncclGetErrorString(async));
-    return wrong ? 1 : 0;
-}
-
-// Every rank got here (an all-reduce of host memory: the host engine).
-int barrier(const Z &k) {
-    int one = 1, sum = 0;
-    RANK_NCCL(ncclAllReduce(&one, &sum, 1, ncclInt32, ncclSum, k.comm, nullptr));
-    RANK_CHECK(sum == k.n, "barrier: %d\n", sum);
-    return 0;
-}
 
 int setup(Z &k, int rank, int n, const ncclUniqueId &id) {
     k.r = rank;
