@@ -16,14 +16,23 @@
  *                 registration at its first zero-copy read and keeps it until the owner
  *                 deregisters; imports of ranges of one allocation share one open of its handle
  *                 (peer_mem.c), as CUDA opens a handle once per process.
- * Each eligible op gets the next seq on every rank (ranks call collectives in the same order). A
- * rank that cannot read zero-copy (not registered, in a group, in-place all-reduce) only sets ann
- * and consumed and builds slot programs. A rank that can writes its ring entry, sets ann, and
- * waits until every peer's ann reaches seq: a peer whose ring entry holds that seq can too. Every
- * rank so reaches the same answer, and when all can, each builds one program:
+ * Eligible ops: all-gather, broadcast, all-reduce, reduce-scatter and reduce, called outside a
+ * group, with a count. Each gets the next seq on every rank (ranks call collectives in the same
+ * order). A rank that cannot read zero-copy (its input not registered where a peer reads it, in a
+ * group, an output its own fold would write before reading it: an in-place all-reduce, an
+ * in-place reduce-scatter on a rank other than 0, an in-place reduce at a root other than 0) only
+ * sets ann and consumed and builds slot programs. A rank that can writes its ring entry, sets
+ * ann, and waits until every peer's ann reaches seq: a peer whose ring entry holds that seq can
+ * too. Every rank so reaches the same answer, and when all can, each builds one program:
  *   WRITE ready = seq; for each peer it reads: WAIT peer.ready >= seq, COPY (or REDUCE) from the
- *   peer's buffer; WRITE done = seq; WAIT every peer's done >= seq (no one reads this rank's input
- *   any more when its stream moves on).
+ *   peer's buffer; WRITE done = seq; WAIT the done >= seq of every peer that reads this rank's
+ *   input (no one reads it any more when its stream moves on).
+ * What a rank reads: all-gather every input; broadcast the root's (the root reads its own);
+ * all-reduce every input, folded in rank order (REDUCE PREPARE from rank 0's, COMBINE the others,
+ * FINISH for an integer average); reduce-scatter block r of every input, folded the same way into
+ * rank r's output, so its result is bit for bit block r of an all-reduce of the same inputs;
+ * reduce: the root folds every input as all-reduce does, a non-root reads nothing and waits for
+ * the root's done (a root needs no registration: no one reads its input).
  * A ring entry is rewritten only once every peer has consumed the op ZC_RING before it, so a
  * slow rank never misreads. Waits are bounded by CHORUS_TIMEOUT, the abort flag, the error word
  * and the peers' liveness; the watchdog treats ready and done like the slot counters.
@@ -322,17 +331,62 @@ static ncclResult_t zc_peer_ptr(dp_ce_t *ce, int q, const zc_ann_t *e, const cha
     return ncclSuccess;
 }
 
+/* Bytes of each rank's input to the op. */
+static size_t zc_in_bytes(const ch_plan_t *p) {
+    const size_t b = p->count * p->esize;
+    return p->coll == CH_COLL_REDUCESCATTER ? b * (size_t)p->nranks : b;
+}
+
+/* Whether this rank reads rank q's input: a broadcast only the root's, a reduce only the root,
+ * every rank every input otherwise. */
+static int zc_reads(const ch_plan_t *p, int q) {
+    if (p->coll == CH_COLL_BROADCAST) return q == p->root;
+    if (p->coll == CH_COLL_REDUCE) return p->rank == p->root;
+    return 1;
+}
+
+/* Whether some rank reads this rank's input (then it waits for every reader's done). */
+static int zc_is_read(const ch_plan_t *p) {
+    if (p->coll == CH_COLL_BROADCAST) return p->rank == p->root;
+    if (p->coll == CH_COLL_REDUCE) return p->rank != p->root;
+    return 1;
+}
+
+static int zc_overlap(const void *a, size_t na, const void *b, size_t nb) {
+    const uintptr_t x = (uintptr_t)a, y = (uintptr_t)b;
+    return na && nb && x < y + nb && y < x + na;
+}
+
+/* Whether writing the output as this rank's fold does never overwrites an input before it is
+ * read. The fold goes in rank order into recvbuff: PREPARE from rank 0's input, COMBINE the
+ * others. An output on this rank's own input is safe only where the fold starts from it (rank
+ * 0 of an in-place reduce-scatter, a root 0 of an in-place reduce); an in-place all-reduce is
+ * never (peers read the input this rank overwrites). */
+static int zc_output_safe(const ch_plan_t *p, const void *sendbuff, const void *recvbuff) {
+    const size_t b = p->count * p->esize;
+    switch (p->coll) {
+    case CH_COLL_ALLREDUCE:
+        return sendbuff != recvbuff;
+    case CH_COLL_REDUCESCATTER:
+        if (!zc_overlap(sendbuff, zc_in_bytes(p), recvbuff, b)) return 1;
+        return p->rank == 0 && recvbuff == (const char *)sendbuff;
+    case CH_COLL_REDUCE:
+        return p->rank != p->root || !zc_overlap(sendbuff, b, recvbuff, b) ||
+               (p->root == 0 && sendbuff == recvbuff);
+    default:
+        return 1;
+    }
+}
+
 /* What this rank can read zero-copy for the op, or 0: the registration slot and offset of the
  * buffer peers read from it (*slot -1: it reads only). */
 static int zc_local_ok(const dp_ce_t *ce, const ch_plan_t *p, const void *sendbuff,
                        const void *recvbuff, int immediate, int *slot, uint64_t *off) {
-    const size_t bytes = p->count * p->esize;
     *slot = -1;
     *off = 0;
-    if (!immediate) return 0;
-    if (p->coll == CH_COLL_ALLREDUCE && sendbuff == recvbuff) return 0;
-    if (p->coll == CH_COLL_BROADCAST && p->rank != p->root) return 1;
-    const int s = zc_find_reg(ce, sendbuff, bytes);
+    if (!immediate || !zc_output_safe(p, sendbuff, recvbuff)) return 0;
+    if (!zc_is_read(p)) return 1;
+    const int s = zc_find_reg(ce, sendbuff, zc_in_bytes(p));
     if (s < 0) return 0;
     const zc_reg_t *r = &zc_area(ce, ce->rank)->regs[s];
     for (int q = 0; q < ce->nranks; q++)
@@ -400,23 +454,27 @@ static ncclResult_t zc_build(dp_ce_t *ce, const ch_plan_t *p, const char **src, 
         const int root = p->root;
         if (me != root) ZC_TRY(zc_push(prog, zc_op(CH_CE_WAIT, &zc_area(ce, root)->ready, s)));
         ZC_TRY(zc_push(prog, zc_data(CH_CE_COPY, 0, recvbuff, src[root], NULL, bytes)));
-    } else { /* all-reduce: every rank reduces all inputs, in rank order */
+    } else if (p->coll != CH_COLL_REDUCE || me == p->root) {
+        /* all-reduce, reduce-scatter, a reduce's root: fold every input (reduce-scatter: block
+         * me of it) in rank order */
+        const size_t at = p->coll == CH_COLL_REDUCESCATTER ? (size_t)me * bytes : 0;
         for (int q = 0; q < n; q++) {
             if (q != me) ZC_TRY(zc_push(prog, zc_op(CH_CE_WAIT, &zc_area(ce, q)->ready, s)));
-            ZC_TRY(zc_push(prog, q == 0 ? zc_data(CH_CE_REDUCE, CH_CE_PREPARE, recvbuff, src[0],
-                                                  NULL, p->count)
-                                        : zc_data(CH_CE_REDUCE, CH_CE_COMBINE, recvbuff, src[q],
-                                                  recvbuff, p->count)));
+            ZC_TRY(zc_push(prog, q == 0 ? zc_data(CH_CE_REDUCE, CH_CE_PREPARE, recvbuff,
+                                                  src[0] + at, NULL, p->count)
+                                        : zc_data(CH_CE_REDUCE, CH_CE_COMBINE, recvbuff,
+                                                  src[q] + at, recvbuff, p->count)));
         }
         if (rop->kind == RK_SUMDIV)
             ZC_TRY(zc_push(
                 prog, zc_data(CH_CE_REDUCE, CH_CE_FINISH, recvbuff, recvbuff, NULL, p->count)));
-    }
+    } /* a reduce's non-root only publishes its input */
     ZC_TRY(zc_push(prog, zc_op(CH_CE_WRITE, &mine->done, s)));
     /* This rank's input stays untouched until every reader is done with it. */
-    if (p->coll != CH_COLL_BROADCAST || me == p->root)
+    if (zc_is_read(p))
         for (int q = 0; q < n; q++)
-            if (q != me) ZC_TRY(zc_push(prog, zc_op(CH_CE_WAIT, &zc_area(ce, q)->done, s)));
+            if (q != me && (p->coll != CH_COLL_REDUCE || q == p->root))
+                ZC_TRY(zc_push(prog, zc_op(CH_CE_WAIT, &zc_area(ce, q)->done, s)));
 out:
     return res;
 }
@@ -425,7 +483,8 @@ ncclResult_t ce_zc_launch(dp_ce_t *ce, const ch_plan_t *p, const void *sendbuff,
                           const chorus_redop_t *rop, void *stream, int immediate, int *taken) {
     *taken = 0;
     if (p->count == 0 || (p->coll != CH_COLL_ALLGATHER && p->coll != CH_COLL_BROADCAST &&
-                          p->coll != CH_COLL_ALLREDUCE))
+                          p->coll != CH_COLL_ALLREDUCE && p->coll != CH_COLL_REDUCESCATTER &&
+                          p->coll != CH_COLL_REDUCE))
         return ncclSuccess;
     const int n = ce->nranks, me = ce->rank;
     ce_zc_area_t *mine = zc_area(ce, me);
@@ -450,7 +509,7 @@ ncclResult_t ce_zc_launch(dp_ce_t *ce, const ch_plan_t *p, const void *sendbuff,
     e->slot = slot < 0 ? 0 : (uint32_t)slot;
     e->gen = slot < 0 ? 0 : mine->regs[slot].gen;
     e->off = off;
-    e->bytes = p->count * p->esize;
+    e->bytes = zc_in_bytes(p);
     ch_st_release(&e->seq, s);
     ch_st_release(&mine->ann, s);
     ZC_TRY(zc_wait_peers(ce, off_ann, s, "announcement of the op"));
@@ -472,8 +531,7 @@ ncclResult_t ce_zc_launch(dp_ce_t *ce, const ch_plan_t *p, const void *sendbuff,
     src = calloc((size_t)n, sizeof(*src));
     if (all && src == NULL) res = ncclSystemError;
     for (int q = 0; all && res == ncclSuccess && q < n; q++) {
-        const int reads = p->coll != CH_COLL_BROADCAST || q == p->root;
-        if (!reads) continue;
+        if (!zc_reads(p, q)) continue;
         if (q == me)
             src[q] = (const char *)sendbuff;
         else
