@@ -54,11 +54,12 @@ ncclResult_t dp_ce_launch(dp_ce_t *ce, const ch_plan_t *plan, const void *sendbu
  * with the legacy IPC handle of its allocation and the range's offset; memory with neither only
  * for the ranks of this process, which use it at its address. An all-gather, broadcast,
  * all-reduce, reduce-scatter or reduce called outside a group (not in place where the fold would
- * overwrite an input before reading it: cuda_devpath_zc.c) is announced to the peers with the
- * registration its input lies in (a non-root of a broadcast and a reduce's root read only); when every rank announced one, each reads the peers'
- * inputs directly (imported at first use, kept until the owner deregisters), and the slots are not
- * used. Deregistration waits for this rank's launched work first; peers unmap a registration
- * once its owner marked it gone. */
+ * overwrite an input before reading it, nor an all-reduce in place on some ranks only:
+ * cuda_devpath_zc.c) is announced to the peers with the registration its input lies in (a
+ * non-root of a broadcast and a reduce's root read only); when every rank announced one, each
+ * reads the peers' inputs directly (imported at first use, kept until the owner deregisters),
+ * and the slots are not used. Deregistration waits for this rank's launched work first; peers
+ * unmap a registration once its owner marked it gone. */
 ncclResult_t dp_ce_register(dp_ce_t *ce, void *buff, size_t size);
 /* ncclInvalidArgument when [buff, buff + size) is not registered here. */
 ncclResult_t dp_ce_deregister(dp_ce_t *ce, const void *buff, size_t size);

@@ -19,20 +19,29 @@
  * Eligible ops: all-gather, broadcast, all-reduce, reduce-scatter and reduce, called outside a
  * group, with a count. Each gets the next seq on every rank (ranks call collectives in the same
  * order). A rank that cannot read zero-copy (its input not registered where a peer reads it, in a
- * group, an output its own fold would write before reading it: an in-place all-reduce, an
- * in-place reduce-scatter on a rank other than 0, an in-place reduce at a root other than 0) only
- * sets ann and consumed and builds slot programs. A rank that can writes its ring entry, sets
- * ann, and waits until every peer's ann reaches seq: a peer whose ring entry holds that seq can
- * too. Every rank so reaches the same answer, and when all can, each builds one program:
+ * group, an output its own fold would write before reading it: an in-place reduce-scatter on a
+ * rank other than 0, an in-place reduce at a root other than 0) only sets ann and consumed and
+ * builds slot programs. A rank that can writes its ring entry, sets ann, and waits until every
+ * peer's ann reaches seq: a peer whose ring entry holds that seq can too, unless one announced an
+ * in-place all-reduce and another not (then a peer's input is no output that others may write).
+ * Every rank so reaches the same answer, and when all can, each builds one program:
  *   WRITE ready = seq; for each peer it reads: WAIT peer.ready >= seq, COPY (or REDUCE) from the
  *   peer's buffer; WRITE done = seq; WAIT the done >= seq of every peer that reads this rank's
  *   input (no one reads it any more when its stream moves on).
- * What a rank reads: all-gather every input; broadcast the root's (the root reads its own);
- * all-reduce every input, folded in rank order (REDUCE PREPARE from rank 0's, COMBINE the others,
- * FINISH for an integer average); reduce-scatter block r of every input, folded the same way into
- * rank r's output, so its result is bit for bit block r of an all-reduce of the same inputs;
- * reduce: the root folds every input as all-reduce does, a non-root reads nothing and waits for
- * the root's done (a root needs no registration: no one reads its input).
+ * What a rank reads:
+ *   all-gather      every input
+ *   broadcast       the root's (the root reads its own)
+ *   all-reduce      every input, folded in rank order (REDUCE PREPARE from rank 0's, COMBINE the
+ *                   others, FINISH for an integer average)
+ *     in place      (every rank in place) slice r of every buffer on rank r, folded the same way
+ *                   into rank 0's slice r (no one else reads slice r, so it is free to write),
+ *                   then copied into every other buffer's slice r: a rank reads about count
+ *                   elements and writes about as many, where out of place it reads n * count
+ *   reduce-scatter  block r of every input on rank r, folded the same way into its output: bit
+ *                   for bit block r of an all-reduce of the same inputs
+ *   reduce          the root folds every input as all-reduce does; a non-root reads nothing and
+ *                   waits for the root's done (the root needs no registration: no one reads its
+ *                   input)
  * A ring entry is rewritten only once every peer has consumed the op ZC_RING before it, so a
  * slow rank never misreads. Waits are bounded by CHORUS_TIMEOUT, the abort flag, the error word
  * and the peers' liveness; the watchdog treats ready and done like the slot counters.
@@ -57,7 +66,7 @@
 typedef struct {
     uint64_t seq;
     uint32_t slot;
-    uint32_t pad;
+    uint32_t inplace; /* an all-reduce in place: every rank must call it so */
     uint64_t gen, off, bytes;
     uint64_t pad2[3];
 } zc_ann_t;
@@ -360,13 +369,13 @@ static int zc_overlap(const void *a, size_t na, const void *b, size_t nb) {
 /* Whether writing the output as this rank's fold does never overwrites an input before it is
  * read. The fold goes in rank order into recvbuff: PREPARE from rank 0's input, COMBINE the
  * others. An output on this rank's own input is safe only where the fold starts from it (rank
- * 0 of an in-place reduce-scatter, a root 0 of an in-place reduce); an in-place all-reduce is
- * never (peers read the input this rank overwrites). */
+ * 0 of an in-place reduce-scatter, a root 0 of an in-place reduce), and for an in-place
+ * all-reduce, which folds elsewhere (zc_build). */
 static int zc_output_safe(const ch_plan_t *p, const void *sendbuff, const void *recvbuff) {
     const size_t b = p->count * p->esize;
     switch (p->coll) {
-    case CH_COLL_ALLREDUCE:
-        return sendbuff != recvbuff;
+    case CH_COLL_ALLREDUCE: /* in place: every rank folds its slice into rank 0's buffer */
+        return sendbuff == recvbuff || !zc_overlap(sendbuff, b, recvbuff, b);
     case CH_COLL_REDUCESCATTER:
         if (!zc_overlap(sendbuff, zc_in_bytes(p), recvbuff, b)) return 1;
         return p->rank == 0 && recvbuff == (const char *)sendbuff;
@@ -454,6 +463,29 @@ static ncclResult_t zc_build(dp_ce_t *ce, const ch_plan_t *p, const char **src, 
         const int root = p->root;
         if (me != root) ZC_TRY(zc_push(prog, zc_op(CH_CE_WAIT, &zc_area(ce, root)->ready, s)));
         ZC_TRY(zc_push(prog, zc_data(CH_CE_COPY, 0, recvbuff, src[root], NULL, bytes)));
+    } else if (p->coll == CH_COLL_ALLREDUCE && src[me] == (const char *)recvbuff) {
+        /* In place, every rank too: rank me owns slice me of the elements. Slice me of every
+         * buffer is read by rank me alone, so it folds them in rank order into rank 0's slice
+         * (PREPARE there in place, COMBINE the others) and copies the result into every other
+         * buffer's slice. Waiting for every ready before the first write keeps each buffer's
+         * input until its owner's stream reached the op; the done waits below keep every rank's
+         * stream until every slice has arrived. */
+        const size_t per = (p->count + (size_t)n - 1) / (size_t)n;
+        const size_t beg = p->count < (size_t)me * per ? p->count : (size_t)me * per;
+        const size_t len = (p->count - beg < per ? p->count - beg : per);
+        char *acc = (char *)(uintptr_t)src[0] + beg * p->esize;
+        for (int q = 0; q < n; q++) {
+            if (q != me) ZC_TRY(zc_push(prog, zc_op(CH_CE_WAIT, &zc_area(ce, q)->ready, s)));
+            if (len == 0) continue;
+            ZC_TRY(zc_push(prog, q == 0 ? zc_data(CH_CE_REDUCE, CH_CE_PREPARE, acc, acc, NULL, len)
+                                        : zc_data(CH_CE_REDUCE, CH_CE_COMBINE, acc,
+                                                  src[q] + beg * p->esize, acc, len)));
+        }
+        if (len > 0 && rop->kind == RK_SUMDIV)
+            ZC_TRY(zc_push(prog, zc_data(CH_CE_REDUCE, CH_CE_FINISH, acc, acc, NULL, len)));
+        for (int q = 1; q < n && len > 0; q++)
+            ZC_TRY(zc_push(prog, zc_data(CH_CE_COPY, 0, (char *)(uintptr_t)src[q] + beg * p->esize,
+                                         acc, NULL, len * p->esize)));
     } else if (p->coll != CH_COLL_REDUCE || me == p->root) {
         /* all-reduce, reduce-scatter, a reduce's root: fold every input (reduce-scatter: block
          * me of it) in rank order */
@@ -510,6 +542,7 @@ ncclResult_t ce_zc_launch(dp_ce_t *ce, const ch_plan_t *p, const void *sendbuff,
     e->gen = slot < 0 ? 0 : mine->regs[slot].gen;
     e->off = off;
     e->bytes = zc_in_bytes(p);
+    e->inplace = p->coll == CH_COLL_ALLREDUCE && sendbuff == recvbuff;
     ch_st_release(&e->seq, s);
     ch_st_release(&mine->ann, s);
     ZC_TRY(zc_wait_peers(ce, off_ann, s, "announcement of the op"));
@@ -526,6 +559,7 @@ ncclResult_t ce_zc_launch(dp_ce_t *ce, const ch_plan_t *p, const void *sendbuff,
             continue;
         }
         seen[q] = *pe;
+        if (seen[q].inplace != e->inplace) all = 0; /* mixed: peers' inputs are not outputs */
     }
     ch_st_release(&mine->consumed, s);
     src = calloc((size_t)n, sizeof(*src));

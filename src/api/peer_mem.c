@@ -128,7 +128,7 @@ ncclResult_t peer_mem_describe(const ch_rt_t *rt, const void *p, size_t bytes,
     return ncclSuccess;
 }
 
-/* ---- legacy IPC blocks opened here, shared ---------------------------------------------------- */
+/* ---- legacy IPC blocks opened here, shared --------------------------------------------------- */
 
 /* CUDA maps an allocation's IPC handle at most once per process at a time: every range of one
  * allocation opened here (several registrations in one buffer, several communicators, emulated

@@ -12,13 +12,13 @@
  * its allocation (an own block's, or ch_rt_t ipc_describe: cudaMalloc's memory, the emulator's
  * dev_alloc) and the range's offset in it, which travel in the description itself. A process
  * opens an allocation's handle once (CUDA refuses a second cudaIpcOpenMemHandle of it): the maps
- * of ranges of one allocation share that open, counted, until the last is closed. A peer maps it with peer_mem_open (cuMem: import the
- * descriptor, map it, grant access) and undoes that with peer_mem_close. On a GPU a peer in the
- * owner's process maps nothing and uses the owner's address; under the emulator it maps the
- * memory at an address of its own, as a peer process does, so that each rank reaches a peer's
- * memory only through its own mapping (as the emulator's legacy IPC blocks always did: the
- * counters that order the accesses live in host blocks each rank maps for itself too, and a
- * thread sanitizer sees accesses and their ordering through the same addresses).
+ * of ranges of one allocation share that open, counted, until the last is closed. A peer maps it
+ * with peer_mem_open (cuMem: import the descriptor, map it, grant access) and undoes that with
+ * peer_mem_close. On a GPU a peer in the owner's process maps nothing and uses the owner's address;
+ * under the emulator it maps the memory at an address of its own, as a peer process does, so that
+ * each rank reaches a peer's memory only through its own mapping (as the emulator's legacy IPC
+ * blocks always did: the counters that order the accesses live in host blocks each rank maps for
+ * itself too, and a thread sanitizer sees accesses and their ordering through the same addresses).
  */
 #ifndef CHORUS_API_PEER_MEM_H_
 #define CHORUS_API_PEER_MEM_H_

@@ -5,9 +5,10 @@
  * /proc/<pid>/fd/<fd> and maps it. ipc_alloc's blocks are such memfds, and so is the memory of
  * ch_emu_malloc (dev_alloc), as a GPU's cudaMalloc memory has a legacy IPC handle: its block ends
  * at an inaccessible page, so that a write past it faults as the heap's redzones reported it
- * before. A process opens a block at most once at a time, as CUDA allows. The emulator's "device" reaches all host memory, so host
- * registration has nothing to do. The cuMem entries (ncclMemAlloc's memory) are memfds too, with
- * handles, mappings and descriptors of their own (below).
+ * before. A process opens a block at most once at a time, as CUDA allows. The emulator's "device"
+ * reaches all host memory, so host registration has nothing to do. The cuMem entries
+ * (ncclMemAlloc's memory) are memfds too, with handles, mappings and descriptors of their own
+ * (below).
  */
 #include "ch_rt_emu_shm.h"
 
@@ -127,8 +128,7 @@ void ch_emu_block_free(void *p, size_t bytes, int fd) {
     close(fd);
 }
 
-ncclResult_t ch_emu_ipc_describe(const void *p, size_t bytes, ch_ipc_handle_t *h,
-                                 size_t *offset) {
+ncclResult_t ch_emu_ipc_describe(const void *p, size_t bytes, ch_ipc_handle_t *h, size_t *offset) {
     uintptr_t base = 0;
     size_t size = 0;
     int fd = -1;

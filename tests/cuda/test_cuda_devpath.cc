@@ -309,21 +309,20 @@ TEST_F(CudaDevPathProcs, EveryCollectiveForked) {
 
 // Registered buffers read zero-copy between processes: all-gather, broadcast, all-reduce,
 // reduce-scatter and reduce (sum, avg, max; float32 and int32), counts 1, 1001 and 1 Mi, each
-// checked and counted as one zero-copy op on every rank; in place, an all-reduce, a
-// reduce-scatter and a reduce at a root other than 0 fall back to the slots (right, not
-// zero-copy).
+// checked and counted as one zero-copy op on every rank; in place, a reduce-scatter and a reduce
+// at a root other than 0 fall back to the slots (right, not zero-copy).
 int zero_copy_sweep(R &z) {
-    for (int coll : {CH_COLL_ALLGATHER, CH_COLL_BROADCAST, CH_COLL_ALLREDUCE,
-                     CH_COLL_REDUCESCATTER, CH_COLL_REDUCE})
+    for (int coll : {CH_COLL_ALLGATHER, CH_COLL_BROADCAST, CH_COLL_ALLREDUCE, CH_COLL_REDUCESCATTER,
+                     CH_COLL_REDUCE})
         for (ncclDataType_t t : {ncclFloat32, ncclInt32})
             for (int op : {(int)ncclSum, (int)ncclAvg, (int)ncclMax}) {
                 if (!reduces(coll) && op != ncclSum) continue;
                 for (size_t count : {(size_t)1, (size_t)1001, kMaxCount})
                     for (bool inplace : {false, true}) {
                         const int root = (int)(count % z.n); // as run_op takes it
-                        const bool zc =
-                            !inplace || coll == CH_COLL_ALLGATHER || coll == CH_COLL_BROADCAST ||
-                            (coll == CH_COLL_REDUCE && root == 0);
+                        const bool zc = !inplace || coll == CH_COLL_ALLGATHER ||
+                                        coll == CH_COLL_BROADCAST || coll == CH_COLL_ALLREDUCE ||
+                                        (coll == CH_COLL_REDUCE && root == 0);
                         const unsigned long before = devpath_zero_copy_ops(z.comm);
                         if (run_op(z, coll, t, op, count, inplace)) return 1;
                         const unsigned long got = devpath_zero_copy_ops(z.comm) - before;

@@ -7,10 +7,10 @@
 // (a stack variable, ch_emu_malloc memory, an interior pointer, a freed one) is refused with
 // ncclInvalidArgument. A runtime without cuMem gives plain device memory, which is described by
 // its allocation's legacy IPC handle (no descriptor) as cudaMalloc's; host memory is described
-// by nothing; no device at all gives host memory. A mapping is not device memory until access is granted. The
-// memory carries a 2-rank device-path all-reduce between thread ranks (the kernel) and between
-// forked ranks (copy-engine programs); and a file descriptor exported by one process and sent over
-// a Unix socket maps the same bytes in another, both ways.
+// by nothing; no device at all gives host memory. A mapping is not device memory until access is
+// granted. The memory carries a 2-rank device-path all-reduce between thread ranks (the kernel) and
+// between forked ranks (copy-engine programs); and a file descriptor exported by one process and
+// sent over a Unix socket maps the same bytes in another, both ways.
 #include <gtest/gtest.h>
 
 #include <sys/socket.h>

@@ -4,14 +4,14 @@
 // between thread ranks (=ce: the peers' buffers at their addresses), 2, 3 and 5 ranks.
 //
 // Every rank registers its buffers; all-gather (in and out of place), broadcast (in and out of
-// place, every root) and out-of-place all-reduce (sum, avg, premulsum; float32 and int32), counts
-// 1, 1001 and 40003, are checked against the serial reference of device_ref.h, and each counts
-// one zero-copy op on every rank (devpath_zero_copy_ops), so a silent fallback to the slots fails.
-// Falling back is checked too: an in-place all-reduce, a buffer that is not registered, a call in
-// a group, each right and not zero-copy. Deregistration: every rank deregisters and frees, the
-// peers unmap their imports (counted), and a new registration is read zero-copy again. A peer
-// killed while the others hold imports of its memory: their next zero-copy call fails with
-// ncclRemoteError naming it, within seconds.
+// place, every root) and all-reduce (in and out of place; sum, avg, premulsum; float32 and
+// int32), counts 1, 1001 and 40003, are checked against the serial reference of device_ref.h, and
+// each counts one zero-copy op on every rank (devpath_zero_copy_ops), so a silent fallback to the
+// slots fails. Falling back is checked too: an all-reduce in place on rank 0 only, a buffer that
+// is not registered, a call in a group, each right and not zero-copy. Deregistration: every rank
+// deregisters and frees, the peers unmap their imports (counted), and a new registration is read
+// zero-copy again. A peer killed while the others hold imports of its memory: their next zero-copy
+// call fails with ncclRemoteError naming it, within seconds.
 #include <gtest/gtest.h>
 
 #include <signal.h>
@@ -86,8 +86,9 @@ int sweep(Z &k) {
         }
         for (ncclDataType_t t : {ncclFloat32, ncclInt32})
             for (int op : {(int)ncclSum, (int)ncclAvg, kPremul})
-                if (run(k, CH_COLL_ALLREDUCE, t, op, count, 0, false, true, k.sbuf, k.rbuf))
-                    return 1;
+                for (bool inplace : {false, true})
+                    if (run(k, CH_COLL_ALLREDUCE, t, op, count, 0, inplace, true, k.sbuf, k.rbuf))
+                        return 1;
     }
     return 0;
 }
@@ -95,7 +96,8 @@ int sweep(Z &k) {
 // The falls-backs: right, and not zero-copy.
 int fallbacks(Z &k) {
     const size_t count = 1001;
-    if (run(k, CH_COLL_ALLREDUCE, ncclFloat32, ncclSum, count, 0, true, false, k.sbuf, k.rbuf))
+    // In place on one rank only: the others' inputs are no outputs, so no rank writes them.
+    if (run(k, CH_COLL_ALLREDUCE, ncclFloat32, ncclSum, count, 0, k.r == 0, false, k.sbuf, k.rbuf))
         return 1;
     char *plain = (char *)ch_emu_malloc(k.cap);
     char *plain_r = (char *)ch_emu_malloc(k.cap);

@@ -1,18 +1,19 @@
-// test_device_zerocopy_reduce.cc: reduce-scatter and reduce read zero-copy from registered
-// buffers by the copy-engine programs (src/api/cuda_devpath_zc.c), 2, 3 and 5 ranks as forked
-// processes (ncclMemAlloc buffers imported as descriptors) and as threads (=ce).
+// test_device_zerocopy_reduce.cc: reduce-scatter, reduce and in-place all-reduce read zero-copy
+// from registered buffers by the copy-engine programs (src/api/cuda_devpath_zc.c), 2, 3 and 5
+// ranks as forked processes (ncclMemAlloc buffers imported as descriptors) and as threads (=ce).
 //
 // Every dtype with sum, prod, max, min, avg and premulsum, counts 0, 1, 1001 and 40003, each
 // checked against the serial reference of device_ref.h and counted as zero-copy (count 0: not).
 // Reduce goes round the roots.
 // Fold order: a zero-copy reduce-scatter folds block r of every input in rank order, as the
 // zero-copy all-reduce folds every element; so block r of an all-reduce of the same inputs equals
-// rank r's reduce-scatter output bit for bit, and a root's reduce equals the all-reduce; with
-// float32 inputs whose sum depends on the order, all three equal the serial fold in rank order
-// bit for bit (the slot path's ring folds in ring order and may differ there). In place:
-// a reduce at root 0 goes zero-copy (its fold starts from its own input); a reduce-scatter (rank
-// r > 0 would overwrite its block before reading it) and a reduce at another root fall back,
-// right. An unregistered input falls back too.
+// rank r's reduce-scatter output bit for bit, and a root's reduce and an in-place all-reduce
+// (each rank folds its slice into rank 0's buffer and copies it to the others) equal the
+// out-of-place all-reduce; with float32 inputs whose sum depends on the order, all of them equal
+// the serial fold in rank order bit for bit (the slot path's ring folds in ring order and may
+// differ there). In place: a reduce at root 0 goes zero-copy (its fold starts from its own
+// input); a reduce-scatter (rank r > 0 would overwrite its block before reading it) and a reduce
+// at another root fall back, right. An unregistered input falls back too.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -66,6 +67,12 @@ int case_ops(const Z &k, ncclDataType_t t, int op, size_t count, int root) {
     RANK_CHECK(k.r != root || memcmp(red.data(), k.rbuf, count * es) == 0,
                "root %d %s op %d count %zu: the reduce differs from the all-reduce\n", k.r,
                chorus_dtype_name(t), op, count);
+    const std::vector<char> ar = saved(k, count * es);
+    if (run(k, CH_COLL_ALLREDUCE, t, op, count, 0, true, zc, k.sbuf, k.rbuf)) return 1;
+    RANK_CHECK(memcmp(ar.data(), k.rbuf, count * es) == 0,
+               "rank %d %s op %d count %zu: the in-place all-reduce differs from the "
+               "out-of-place one\n",
+               k.r, chorus_dtype_name(t), op, count);
     return 0;
 }
 
@@ -91,24 +98,26 @@ float mixed(int q, size_t i) {
     return ((h >> 31) ? -m : m) * std::ldexp(1.0f, e);
 }
 
-// A float32 sum of such inputs by reduce-scatter, reduce and all-reduce, each bit for bit the
-// serial fold in rank order ((x0 + x1) + x2 ...): the order the zero-copy programs promise.
+// A float32 sum of such inputs by reduce-scatter, reduce and all-reduce (out of and in place),
+// each bit for bit the serial fold in rank order ((x0 + x1) + x2 ...): the order the zero-copy
+// programs promise.
 int fold_order(const Z &k, size_t count) {
     const int root = k.n - 1;
-    for (int coll : {CH_COLL_REDUCESCATTER, CH_COLL_REDUCE, CH_COLL_ALLREDUCE}) {
+    for (int coll : {(int)CH_COLL_REDUCESCATTER, (int)CH_COLL_REDUCE, (int)CH_COLL_ALLREDUCE, -1}) {
+        const bool inplace = coll == -1; // an all-reduce in place
+        if (inplace) coll = CH_COLL_ALLREDUCE;
         const size_t nin = coll == CH_COLL_REDUCESCATTER ? count * k.n : count;
-        float *in = (float *)k.sbuf, *out = (float *)k.rbuf;
+        float *out = (float *)k.rbuf, *in = inplace ? out : (float *)k.sbuf;
         for (size_t i = 0; i < nin; i++)
             in[i] = mixed(k.r, i);
-        memset(out, 0xa5, count * sizeof(float));
+        if (!inplace) memset(out, 0xa5, count * sizeof(float));
         const unsigned long zc0 = devpath_zero_copy_ops(k.comm);
         cudaStream_t st = (cudaStream_t)k.st;
-        ncclResult_t res =
-            coll == CH_COLL_REDUCESCATTER
-                ? ncclReduceScatter(in, out, count, ncclFloat32, ncclSum, k.comm, st)
-            : coll == CH_COLL_REDUCE
-                ? ncclReduce(in, out, count, ncclFloat32, ncclSum, root, k.comm, st)
-                : ncclAllReduce(in, out, count, ncclFloat32, ncclSum, k.comm, st);
+        ncclResult_t res = coll == CH_COLL_REDUCESCATTER
+                               ? ncclReduceScatter(in, out, count, ncclFloat32, ncclSum, k.comm, st)
+                           : coll == CH_COLL_REDUCE
+                               ? ncclReduce(in, out, count, ncclFloat32, ncclSum, root, k.comm, st)
+                               : ncclAllReduce(in, out, count, ncclFloat32, ncclSum, k.comm, st);
         RANK_NCCL(res);
         RANK_NCCL(ch_emu_stream_sync(k.st));
         RANK_CHECK(devpath_zero_copy_ops(k.comm) - zc0 == 1, "coll %d: not zero-copy\n", coll);
@@ -120,8 +129,8 @@ int fold_order(const Z &k, size_t count) {
             for (int q = 1; q < k.n; q++)
                 want = want + mixed(q, first + i);
             if (memcmp(&want, &out[i], sizeof(float)) != 0 && wrong++ < 3)
-                fprintf(stderr, "rank %d coll %d [%zu]: %a, the rank-order fold %a\n", k.r, coll,
-                        i, (double)out[i], (double)want);
+                fprintf(stderr, "rank %d coll %d [%zu]: %a, the rank-order fold %a\n", k.r, coll, i,
+                        (double)out[i], (double)want);
         }
         RANK_CHECK(wrong == 0, "rank %d coll %d: %d elements differ from the rank-order fold\n",
                    k.r, coll, wrong);
@@ -140,8 +149,8 @@ int edges(const Z &k) {
     if (run(k, CH_COLL_REDUCESCATTER, ncclFloat32, ncclSum, count, 0, true, false, k.sbuf, k.rbuf))
         return 1;
     char *plain = (char *)ch_emu_malloc(k.cap);
-    int bad = run(k, CH_COLL_REDUCESCATTER, ncclInt32, ncclSum, count, 0, false, false, plain,
-                  k.rbuf);
+    int bad =
+        run(k, CH_COLL_REDUCESCATTER, ncclInt32, ncclSum, count, 0, false, false, plain, k.rbuf);
     // Only the root's input unregistered: the root reads only, so still zero-copy.
     if (!bad)
         bad = run(k, CH_COLL_REDUCE, ncclInt32, ncclMax, count, 1, false, true,

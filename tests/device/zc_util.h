@@ -60,8 +60,8 @@ inline ncclResult_t issue(const Z &k, int coll, ncclDataType_t t, ncclRedOp_t o,
 
 // One op on (sbuf, rbuf), checked (count: per rank as NCCL takes it); want_zc: whether it must
 // have been zero-copy. 0 when right.
-inline int run(const Z &k, int coll, ncclDataType_t t, int op, size_t count, int root,
-               bool inplace, bool want_zc, char *sbuf, char *rbuf, bool grouped = false) {
+inline int run(const Z &k, int coll, ncclDataType_t t, int op, size_t count, int root, bool inplace,
+               bool want_zc, char *sbuf, char *rbuf, bool grouped = false) {
     const size_t es = devref::dsize(t);
     const size_t nin = coll == CH_COLL_REDUCESCATTER ? count * k.n : count;
     const size_t nout = coll == CH_COLL_ALLGATHER ? count * k.n : count;
