@@ -50,6 +50,11 @@ std::vector<char> saved(const Z &k, size_t bytes) {
     return std::vector<char>(k.rbuf, k.rbuf + bytes);
 }
 
+// Whether bytes at p equal v (an empty v: nothing to compare).
+bool same(const std::vector<char> &v, const char *p) {
+    return v.empty() || memcmp(v.data(), p, v.size()) == 0;
+}
+
 // A reduce-scatter, a reduce at root, and all-reduces of the same inputs: checked, zero-copy,
 // and folded alike (bit for bit).
 int case_ops(const Z &k, ncclDataType_t t, int op, size_t count, int root) {
@@ -58,18 +63,18 @@ int case_ops(const Z &k, ncclDataType_t t, int op, size_t count, int root) {
     if (run(k, CH_COLL_REDUCESCATTER, t, op, count, 0, false, zc, k.sbuf, k.rbuf)) return 1;
     const std::vector<char> rs = saved(k, count * es);
     if (run(k, CH_COLL_ALLREDUCE, t, op, count * k.n, 0, false, zc, k.sbuf, k.rbuf)) return 1;
-    RANK_CHECK(memcmp(rs.data(), k.rbuf + (size_t)k.r * count * es, count * es) == 0,
+    RANK_CHECK(same(rs, k.rbuf + (size_t)k.r * count * es),
                "rank %d %s op %d count %zu: the reduce-scatter differs from the all-reduce\n", k.r,
                chorus_dtype_name(t), op, count);
     if (run(k, CH_COLL_REDUCE, t, op, count, root, false, zc, k.sbuf, k.rbuf)) return 1;
     const std::vector<char> red = saved(k, count * es);
     if (run(k, CH_COLL_ALLREDUCE, t, op, count, 0, false, zc, k.sbuf, k.rbuf)) return 1;
-    RANK_CHECK(k.r != root || memcmp(red.data(), k.rbuf, count * es) == 0,
+    RANK_CHECK(k.r != root || same(red, k.rbuf),
                "root %d %s op %d count %zu: the reduce differs from the all-reduce\n", k.r,
                chorus_dtype_name(t), op, count);
     const std::vector<char> ar = saved(k, count * es);
     if (run(k, CH_COLL_ALLREDUCE, t, op, count, 0, true, zc, k.sbuf, k.rbuf)) return 1;
-    RANK_CHECK(memcmp(ar.data(), k.rbuf, count * es) == 0,
+    RANK_CHECK(same(ar, k.rbuf),
                "rank %d %s op %d count %zu: the in-place all-reduce differs from the "
                "out-of-place one\n",
                k.r, chorus_dtype_name(t), op, count);
