@@ -68,7 +68,8 @@ typedef struct {
     uint32_t slot;
     uint32_t inplace; /* an all-reduce in place: every rank must call it so */
     uint64_t gen, off, bytes;
-    uint64_t pad2[3];
+    uint64_t premul; /* a PreMulSum's scalar (its bits), else 0: every rank must use the same */
+    uint64_t pad2[2];
 } zc_ann_t;
 
 typedef struct {
@@ -543,6 +544,7 @@ ncclResult_t ce_zc_launch(dp_ce_t *ce, const ch_plan_t *p, const void *sendbuff,
     e->off = off;
     e->bytes = zc_in_bytes(p);
     e->inplace = p->coll == CH_COLL_ALLREDUCE && sendbuff == recvbuff;
+    e->premul = rop->kind == RK_PREMULSUM ? rop->scalar.u : 0;
     ch_st_release(&e->seq, s);
     ch_st_release(&mine->ann, s);
     ZC_TRY(zc_wait_peers(ce, off_ann, s, "announcement of the op"));
@@ -560,6 +562,9 @@ ncclResult_t ce_zc_launch(dp_ce_t *ce, const ch_plan_t *p, const void *sendbuff,
         }
         seen[q] = *pe;
         if (seen[q].inplace != e->inplace) all = 0; /* mixed: peers' inputs are not outputs */
+        /* A PreMulSum multiplies each rank's input by that rank's scalar, and a fold here applies
+         * this rank's scalar to every input: ranks with different scalars take the slots. */
+        if (seen[q].premul != e->premul) all = 0;
     }
     ch_st_release(&mine->consumed, s);
     src = calloc((size_t)n, sizeof(*src));

@@ -93,8 +93,33 @@ int sweep(Z &k) {
     return 0;
 }
 
+// A PreMulSum whose scalar differs per rank (rank r multiplies its input by r + 1): a fold of
+// every input on one rank would apply one scalar to all, so it takes the slots. 0 when right.
+int premul_per_rank(Z &k) {
+    const size_t count = 1001;
+    float *in = (float *)k.sbuf, *out = (float *)k.rbuf;
+    for (size_t i = 0; i < count; i++) in[i] = (float)(i % 7 + k.r);
+    const float scalar = (float)(k.r + 1);
+    ncclRedOp_t o;
+    RANK_NCCL(ncclRedOpCreatePreMulSum(&o, (void *)&scalar, ncclFloat32, ncclScalarHostImmediate,
+                                       k.comm));
+    const unsigned long zc0 = devpath_zero_copy_ops(k.comm);
+    RANK_NCCL(ncclAllReduce(in, out, count, ncclFloat32, o, k.comm, (cudaStream_t)k.st));
+    RANK_NCCL(ch_emu_stream_sync(k.st));
+    RANK_NCCL(ncclRedOpDestroy(o, k.comm));
+    RANK_CHECK(devpath_zero_copy_ops(k.comm) == zc0, "rank %d: per-rank scalars went zero-copy\n",
+               k.r);
+    for (size_t i = 0; i < count; i++) {
+        float want = 0;
+        for (int q = 0; q < k.n; q++) want += (float)(q + 1) * (float)(i % 7 + q);
+        RANK_CHECK(out[i] == want, "rank %d: premul [%zu] %g want %g\n", k.r, i, out[i], want);
+    }
+    return 0;
+}
+
 // The falls-backs: right, and not zero-copy.
 int fallbacks(Z &k) {
+    if (premul_per_rank(k)) return 1;
     const size_t count = 1001;
     // In place on one rank only: the others' inputs are no outputs, so no rank writes them.
     if (run(k, CH_COLL_ALLREDUCE, ncclFloat32, ncclSum, count, 0, k.r == 0, false, k.sbuf, k.rbuf))
