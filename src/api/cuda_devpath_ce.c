@@ -150,6 +150,7 @@ void dp_ce_free(dp_ce_t *ce) {
     fd_chan_close(ce->chan);
     pthread_mutex_destroy(&ce->lock);
     pthread_mutex_destroy(&ce->zc_lock);
+    pthread_mutex_destroy(&ce->zc_imp_lock);
     pthread_mutex_destroy(&ce->stop_lock);
     pthread_cond_destroy(&ce->stop_cond);
     free(ce->dev);
@@ -184,6 +185,7 @@ static dp_ce_t *ce_alloc(struct ncclComm *comm, const ch_rt_t *rt, int nch, int 
     ce->abort_flag = &comm->abort_flag;
     pthread_mutex_init(&ce->lock, NULL);
     pthread_mutex_init(&ce->zc_lock, NULL);
+    pthread_mutex_init(&ce->zc_imp_lock, NULL);
     pthread_mutex_init(&ce->stop_lock, NULL);
     pthread_cond_init(&ce->stop_cond, NULL);
     ce->dev = calloc((size_t)n, sizeof(void *));

@@ -59,7 +59,8 @@ ncclResult_t dp_ce_launch(dp_ce_t *ce, const ch_plan_t *plan, const void *sendbu
  * non-root of a broadcast and a reduce's root read only); when every rank announced one, each
  * reads the peers' inputs directly (imported at first use, kept until the owner deregisters),
  * and the slots are not used. Deregistration waits for this rank's launched work first; peers
- * unmap a registration once its owner marked it gone. */
+ * unmap a registration once its owner marked it gone, and the deregistration returns once they
+ * have (the buffer may be freed then). */
 ncclResult_t dp_ce_register(dp_ce_t *ce, void *buff, size_t size);
 /* ncclInvalidArgument when [buff, buff + size) is not registered here. */
 ncclResult_t dp_ce_deregister(dp_ce_t *ce, const void *buff, size_t size);

@@ -57,7 +57,10 @@ struct dp_ce {
     uint64_t zc_seq;         /* eligible ops announced */
     uint64_t zc_launched;    /* the seq of the last op launched zero-copy */
     uint64_t reg_gen;        /* generations handed to registrations */
-    ce_zc_import_t *imports; /* [rank][slot]: peers' registrations mapped here */
+    /* [rank][slot]: peers' registrations mapped here, under zc_imp_lock (taken inside zc_lock
+     * or alone: the watchdog closes imports while an op waits for peers under zc_lock). */
+    ce_zc_import_t *imports;
+    pthread_mutex_t zc_imp_lock;
     unsigned long zc_ops;    /* ops launched zero-copy */
     unsigned zc_rounds;      /* watchdog rounds (housekeeping every few) */
 };

@@ -473,9 +473,11 @@ ncclResult_t devpath_deregister(struct ncclComm *comm, const void *buff, size_t 
              comm->rank, buff, ncclGetErrorString(res));
         return res;
     }
-    /* The work finished (perhaps with an error, which the caller gets): nothing reads it. */
-    (void)dp_ce_deregister(dp->ce, buff, size); /* ncclInvalidArgument: it was never exported */
-    return res;
+    /* The work finished (perhaps with an error, which the caller gets): nothing reads it, and
+     * the deregistration waits until no peer process maps it any more. ncclInvalidArgument: it
+     * was never registered with the device path. */
+    const ncclResult_t dres = dp_ce_deregister(dp->ce, buff, size);
+    return res != ncclSuccess || dres == ncclInvalidArgument ? res : dres;
 }
 
 unsigned long devpath_zero_copy_ops(struct ncclComm *comm) {

@@ -15,7 +15,10 @@
  *                 the allocation holding it and the range's offset there. A peer imports a
  *                 registration at its first zero-copy read and keeps it until the owner
  *                 deregisters; imports of ranges of one allocation share one open of its handle
- *                 (peer_mem.c), as CUDA opens a handle once per process.
+ *                 (peer_mem.c), as CUDA opens a handle once per process. A registration's
+ *                 readers word has a bit per rank holding an import; the owner's
+ *                 deregistration returns once its peers' watchdogs have closed theirs and
+ *                 cleared their bits (zc_wait_readers).
  * Eligible ops: all-gather, broadcast, all-reduce, reduce-scatter and reduce, called outside a
  * group, with a count. Each gets the next seq on every rank (ranks call collectives in the same
  * order). A rank that cannot read zero-copy (its input not registered where a peer reads it, in a
@@ -76,6 +79,7 @@ typedef struct {
     uint64_t gen;      /* 0: never used */
     uint32_t live;     /* 1 while registered */
     uint32_t exported; /* desc maps it from other processes */
+    uint64_t readers;  /* bit q: rank q (< 64) holds an import of it (set and cleared by q) */
     uint64_t base, size;
     peer_mem_desc_t desc;
 } zc_reg_t;
@@ -101,6 +105,20 @@ static ce_zc_import_t *zc_import(const dp_ce_t *ce, int q, int slot) {
     return &ce->imports[(size_t)q * ZC_REGS + slot];
 }
 
+/* The bit of this rank in an owner's readers word (none past 64 ranks: those are not waited for). */
+static uint64_t zc_reader_bit(const dp_ce_t *ce) {
+    return ce->rank < 64 ? 1ull << ce->rank : 0;
+}
+
+/* Close this rank's import of rank q's registration slot and say so in q's readers word. */
+static void zc_import_close(dp_ce_t *ce, int q, int slot) {
+    ce_zc_import_t *im = zc_import(ce, q, slot);
+    if (im->map.ptr == NULL) return;
+    peer_mem_close(&im->map);
+    im->gen = 0;
+    __atomic_fetch_and(&zc_area(ce, q)->regs[slot].readers, ~zc_reader_bit(ce), __ATOMIC_ACQ_REL);
+}
+
 ncclResult_t ce_zc_init(dp_ce_t *ce) {
     ce->imports = calloc((size_t)ce->nranks * ZC_REGS, sizeof(*ce->imports));
     return ce->imports ? ncclSuccess : ncclSystemError;
@@ -108,8 +126,8 @@ ncclResult_t ce_zc_init(dp_ce_t *ce) {
 
 void ce_zc_free(dp_ce_t *ce) {
     if (ce->imports == NULL) return;
-    for (size_t i = 0; i < (size_t)ce->nranks * ZC_REGS; i++)
-        peer_mem_close(&ce->imports[i].map);
+    for (int q = 0; q < ce->nranks; q++)
+        for (int i = 0; i < ZC_REGS; i++) zc_import_close(ce, q, i);
     free(ce->imports);
     ce->imports = NULL;
 }
@@ -136,7 +154,9 @@ ncclResult_t dp_ce_register(dp_ce_t *ce, void *buff, size_t size) {
     pthread_mutex_lock(&ce->zc_lock);
     int slot = -1;
     for (int i = 0; i < ZC_REGS && slot < 0; i++)
-        if (!__atomic_load_n(&me->regs[i].live, __ATOMIC_ACQUIRE)) slot = i;
+        if (!__atomic_load_n(&me->regs[i].live, __ATOMIC_ACQUIRE) &&
+            __atomic_load_n(&me->regs[i].readers, __ATOMIC_ACQUIRE) == 0)
+            slot = i;
     if (slot < 0) {
         pthread_mutex_unlock(&ce->zc_lock);
         INFO(SUB_REG, "rank %d: %d device registrations already: %p is not read zero-copy",
@@ -186,20 +206,49 @@ ncclResult_t dp_ce_register(dp_ce_t *ce, void *buff, size_t size) {
     return res;
 }
 
+/* Wait until no live peer holds an import of registration r: CUDA leaves freeing memory that
+ * another process still has open through its IPC handle undefined, and the caller may free the
+ * buffer as soon as ncclCommDeregister returns. Peers close an import in their watchdog's
+ * housekeeping (ce_zc_watch) once the registration is gone. Bounded by CHORUS_TIMEOUT, the abort
+ * flag and the error word; a dead peer's imports died with it. */
+static ncclResult_t zc_wait_readers(dp_ce_t *ce, const zc_reg_t *r, const void *buff) {
+    chorus_waiter_t w;
+    chorus_waiter_init(&w, ce->abort_flag);
+    for (;;) {
+        uint64_t held = __atomic_load_n(&r->readers, __ATOMIC_ACQUIRE);
+        for (int q = 0; q < ce->nranks && q < 64 && held; q++)
+            if ((held >> q & 1) && !ce_peer_alive(ce, q)) held &= ~(1ull << q);
+        if (held == 0) return ncclSuccess;
+        if (ch_ld32_relaxed(dp_ce_err(ce)) != CH_OK) {
+            WARN("rank %d: deregistering %p: the communicator failed while peers still map it",
+                 ce->rank, buff);
+            return ncclRemoteError;
+        }
+        const ncclResult_t res = chorus_waiter_step(&w);
+        if (res != ncclSuccess) {
+            WARN("rank %d: deregistering %p: rank %d still maps it after %s", ce->rank, buff,
+                 __builtin_ctzll(held),
+                 res == ncclRemoteError ? "the abort" : "CHORUS_TIMEOUT");
+            return res;
+        }
+    }
+}
+
 ncclResult_t dp_ce_deregister(dp_ce_t *ce, const void *buff, size_t size) {
     ce_zc_area_t *me = zc_area(ce, ce->rank);
-    ncclResult_t res = ncclInvalidArgument;
+    zc_reg_t *found = NULL;
     pthread_mutex_lock(&ce->zc_lock);
-    for (int i = 0; i < ZC_REGS && res != ncclSuccess; i++) {
+    for (int i = 0; i < ZC_REGS && found == NULL; i++) {
         zc_reg_t *r = &me->regs[i];
         if (__atomic_load_n(&r->live, __ATOMIC_ACQUIRE) && r->base == (uint64_t)(uintptr_t)buff &&
             r->size == size) {
             __atomic_store_n(&r->live, 0, __ATOMIC_RELEASE);
-            res = ncclSuccess;
+            found = r;
         }
     }
     pthread_mutex_unlock(&ce->zc_lock);
-    return res;
+    /* The slot stays unused until its readers word is clear (dp_ce_register). */
+    return found ? zc_wait_readers(ce, found, buff) : ncclInvalidArgument;
 }
 
 /* ---- the watchdog's part -------------------------------------------------------------------- */
@@ -224,7 +273,7 @@ void ce_zc_watch(dp_ce_t *ce) {
     /* Imports of registrations their owners deregistered: the owner waited for its launched work
      * first, and its zero-copy ops end only once every reader is done, so nothing of this rank
      * reads them any more. */
-    if (pthread_mutex_trylock(&ce->zc_lock) != 0) return;
+    if (pthread_mutex_trylock(&ce->zc_imp_lock) != 0) return;
     for (int q = 0; q < ce->nranks; q++) {
         const ce_zc_area_t *a = zc_area(ce, q);
         for (int i = 0; i < ZC_REGS; i++) {
@@ -233,11 +282,10 @@ void ce_zc_watch(dp_ce_t *ce) {
             if (__atomic_load_n(&a->regs[i].live, __ATOMIC_ACQUIRE) &&
                 __atomic_load_n(&a->regs[i].gen, __ATOMIC_ACQUIRE) == im->gen)
                 continue;
-            peer_mem_close(&im->map);
-            im->gen = 0;
+            zc_import_close(ce, q, i);
         }
     }
-    pthread_mutex_unlock(&ce->zc_lock);
+    pthread_mutex_unlock(&ce->zc_imp_lock);
 }
 
 int ce_zc_owed_by(dp_ce_t *ce, int q, uint64_t *sum_p) {
@@ -312,7 +360,7 @@ static int zc_find_reg(const dp_ce_t *ce, const void *p, size_t bytes) {
 }
 
 /* Rank q's announced input mapped here (imported at first use). */
-static ncclResult_t zc_peer_ptr(dp_ce_t *ce, int q, const zc_ann_t *e, const char **out) {
+static ncclResult_t zc_peer_ptr_locked(dp_ce_t *ce, int q, const zc_ann_t *e, const char **out) {
     const zc_reg_t *r = &zc_area(ce, q)->regs[e->slot];
     if (!__atomic_load_n(&r->live, __ATOMIC_ACQUIRE) ||
         __atomic_load_n(&r->gen, __ATOMIC_ACQUIRE) != e->gen) {
@@ -321,7 +369,7 @@ static ncclResult_t zc_peer_ptr(dp_ce_t *ce, int q, const zc_ann_t *e, const cha
     }
     ce_zc_import_t *im = zc_import(ce, q, (int)e->slot);
     if (im->map.ptr == NULL || im->gen != e->gen) {
-        peer_mem_close(&im->map);
+        zc_import_close(ce, q, (int)e->slot);
         int fd = -1;
         if (r->desc.kind == PEER_MEM_CUMEM && peer_mem_needs_map(ce->rt, r->desc.pid)) {
             fd_chan_msg_t in;
@@ -336,9 +384,18 @@ static ncclResult_t zc_peer_ptr(dp_ce_t *ce, int q, const zc_ann_t *e, const cha
         if (fd >= 0) close(fd);
         if (res != ncclSuccess) return res;
         im->gen = e->gen;
+        /* The owner's deregistration waits for this bit to clear (zc_import_close). */
+        __atomic_fetch_or((uint64_t *)&r->readers, zc_reader_bit(ce), __ATOMIC_ACQ_REL);
     }
     *out = (const char *)im->map.ptr + e->off; /* the mapping starts at the registration's base */
     return ncclSuccess;
+}
+
+static ncclResult_t zc_peer_ptr(dp_ce_t *ce, int q, const zc_ann_t *e, const char **out) {
+    pthread_mutex_lock(&ce->zc_imp_lock);
+    const ncclResult_t res = zc_peer_ptr_locked(ce, q, e, out);
+    pthread_mutex_unlock(&ce->zc_imp_lock);
+    return res;
 }
 
 /* Bytes of each rank's input to the op. */

@@ -102,6 +102,12 @@ TEST_P(ZeroCopyPlain, DevAllocBuffers) {
             if (barrier(k)) return 1; // no rank deregisters while another counts
             RANK_NCCL(ncclCommDeregister(k.comm, h1));
             RANK_NCCL(ncclCommDeregister(k.comm, h2));
+            // A deregistration returns once no peer maps the memory (CUDA leaves freeing memory
+            // another process has open undefined): after every rank's, no import is left.
+            if (barrier(k)) return 1;
+            const unsigned long left = peer_mem_live(PEER_MEM_IPC) - live0;
+            RANK_CHECK(left == 0, "rank %d: %lu legacy IPC opens still live after every rank "
+                       "deregistered\n", rank, left);
             ch_emu_free(block);
             block = (char *)ch_emu_malloc(2 * k.cap);
             RANK_CHECK(block != nullptr, "no device memory\n");
