@@ -47,29 +47,11 @@ using zctest::Z;
 const size_t kMaxCount = 40003;
 
 int setup(Z &k, int rank, int n, const ncclUniqueId &id) {
-    k.r = rank;
-    k.n = n;
-    k.st = ch_emu_stream_create();
-    RANK_CHECK(k.st != nullptr, "no stream\n");
-    RANK_NCCL(ncclCommInitRank(&k.comm, n, id, rank));
-    k.cap = kMaxCount * n * 8 + 64;
-    RANK_NCCL(ncclMemAlloc((void **)&k.sbuf, k.cap));
-    RANK_NCCL(ncclMemAlloc((void **)&k.rbuf, k.cap));
-    RANK_NCCL(ncclCommRegister(k.comm, k.sbuf, k.cap, &k.sh));
-    RANK_NCCL(ncclCommRegister(k.comm, k.rbuf, k.cap, &k.rh));
-    return 0;
+    return zctest::setup_registered(k, rank, n, id, kMaxCount * n * 8 + 64);
 }
 
 int teardown(Z &k, bool registered = true) {
-    if (registered) {
-        RANK_NCCL(ncclCommDeregister(k.comm, k.sh));
-        RANK_NCCL(ncclCommDeregister(k.comm, k.rh));
-    }
-    RANK_NCCL(ncclCommDestroy(k.comm));
-    RANK_NCCL(ncclMemFree(k.sbuf));
-    RANK_NCCL(ncclMemFree(k.rbuf));
-    ch_emu_stream_destroy(k.st);
-    return 0;
+    return zctest::teardown_registered(k, registered);
 }
 
 int sweep(Z &k) {
@@ -139,18 +121,7 @@ int fallbacks(Z &k) {
     return bad;
 }
 
-class ZeroCopy : public ::testing::TestWithParam<std::tuple<int, Launch>> {
-  protected:
-    void SetUp() override {
-        setenv("CHORUS_DEVICE_EMU", "1", 1);
-        if (std::get<1>(GetParam()) == Launch::Threads) setenv("CHORUS_DEVICE_PATH", "ce", 1);
-        chorus_param_reset();
-    }
-    void TearDown() override {
-        unsetenv("CHORUS_DEVICE_PATH");
-        chorus_param_reset();
-    }
-};
+class ZeroCopy : public zctest::ZcSuite {};
 
 TEST_P(ZeroCopy, Collectives) {
     const int n = std::get<0>(GetParam());
@@ -199,10 +170,7 @@ TEST_P(ZeroCopy, Collectives) {
 INSTANTIATE_TEST_SUITE_P(Ranks, ZeroCopy,
                          ::testing::Combine(::testing::Values(2, 3, 5),
                                             ::testing::Values(Launch::Forked, Launch::Threads)),
-                         [](const ::testing::TestParamInfo<std::tuple<int, Launch>> &i) {
-                             return "n" + std::to_string(std::get<0>(i.param)) + "_" +
-                                    chorus_test::launch_name(std::get<1>(i.param));
-                         });
+                         zctest::param_name);
 
 // Rank 2 of 3 killed after a zero-copy op, while ranks 0 and 1 hold imports of its buffers: their
 // next zero-copy all-gather fails with ncclRemoteError naming it, well within CHORUS_TIMEOUT.

@@ -57,18 +57,7 @@ int ops(Z &k, char *in1, char *in2, char *out) {
     return 0;
 }
 
-class ZeroCopyPlain : public ::testing::TestWithParam<std::tuple<int, Launch>> {
-  protected:
-    void SetUp() override {
-        setenv("CHORUS_DEVICE_EMU", "1", 1);
-        if (std::get<1>(GetParam()) == Launch::Threads) setenv("CHORUS_DEVICE_PATH", "ce", 1);
-        chorus_param_reset();
-    }
-    void TearDown() override {
-        unsetenv("CHORUS_DEVICE_PATH");
-        chorus_param_reset();
-    }
-};
+class ZeroCopyPlain : public zctest::ZcSuite {};
 
 TEST_P(ZeroCopyPlain, DevAllocBuffers) {
     const int n = std::get<0>(GetParam());
@@ -137,9 +126,6 @@ TEST_P(ZeroCopyPlain, DevAllocBuffers) {
 INSTANTIATE_TEST_SUITE_P(Ranks, ZeroCopyPlain,
                          ::testing::Combine(::testing::Values(2, 3, 5),
                                             ::testing::Values(Launch::Forked, Launch::Threads)),
-                         [](const ::testing::TestParamInfo<std::tuple<int, Launch>> &i) {
-                             return "n" + std::to_string(std::get<0>(i.param)) + "_" +
-                                    chorus_test::launch_name(std::get<1>(i.param));
-                         });
+                         zctest::param_name);
 
 } // namespace

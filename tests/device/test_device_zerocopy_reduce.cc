@@ -167,18 +167,7 @@ int edges(const Z &k) {
     return bad;
 }
 
-class ZeroCopyReduce : public ::testing::TestWithParam<std::tuple<int, Launch>> {
-  protected:
-    void SetUp() override {
-        setenv("CHORUS_DEVICE_EMU", "1", 1);
-        if (std::get<1>(GetParam()) == Launch::Threads) setenv("CHORUS_DEVICE_PATH", "ce", 1);
-        chorus_param_reset();
-    }
-    void TearDown() override {
-        unsetenv("CHORUS_DEVICE_PATH");
-        chorus_param_reset();
-    }
-};
+class ZeroCopyReduce : public zctest::ZcSuite {};
 
 TEST_P(ZeroCopyReduce, EveryDtypeAndOp) {
     const int n = std::get<0>(GetParam());
@@ -187,26 +176,10 @@ TEST_P(ZeroCopyReduce, EveryDtypeAndOp) {
         std::get<1>(GetParam()), n,
         [&](int rank, int nr) -> int {
             Z k;
-            k.r = rank;
-            k.n = nr;
-            k.st = ch_emu_stream_create();
-            RANK_CHECK(k.st != nullptr, "no stream\n");
-            RANK_NCCL(ncclCommInitRank(&k.comm, nr, id, rank));
-            k.cap = kMaxCount * nr * 8 + 64;
-            RANK_NCCL(ncclMemAlloc((void **)&k.sbuf, k.cap));
-            RANK_NCCL(ncclMemAlloc((void **)&k.rbuf, k.cap));
-            RANK_NCCL(ncclCommRegister(k.comm, k.sbuf, k.cap, &k.sh));
-            RANK_NCCL(ncclCommRegister(k.comm, k.rbuf, k.cap, &k.rh));
-            if (sweep(k) || fold_order(k, 1001) || fold_order(k, kMaxCount) || edges(k) ||
-                barrier(k))
+            if (zctest::setup_registered(k, rank, nr, id, kMaxCount * nr * 8 + 64) || sweep(k) ||
+                fold_order(k, 1001) || fold_order(k, kMaxCount) || edges(k) || barrier(k))
                 return 1;
-            RANK_NCCL(ncclCommDeregister(k.comm, k.sh));
-            RANK_NCCL(ncclCommDeregister(k.comm, k.rh));
-            RANK_NCCL(ncclCommDestroy(k.comm));
-            RANK_NCCL(ncclMemFree(k.sbuf));
-            RANK_NCCL(ncclMemFree(k.rbuf));
-            ch_emu_stream_destroy(k.st);
-            return 0;
+            return zctest::teardown_registered(k);
         },
         300);
     EXPECT_TRUE(res.ok()) << res.detail;
@@ -215,9 +188,6 @@ TEST_P(ZeroCopyReduce, EveryDtypeAndOp) {
 INSTANTIATE_TEST_SUITE_P(Ranks, ZeroCopyReduce,
                          ::testing::Combine(::testing::Values(2, 3, 5),
                                             ::testing::Values(Launch::Forked, Launch::Threads)),
-                         [](const ::testing::TestParamInfo<std::tuple<int, Launch>> &i) {
-                             return "n" + std::to_string(std::get<0>(i.param)) + "_" +
-                                    chorus_test::launch_name(std::get<1>(i.param));
-                         });
+                         zctest::param_name);
 
 } // namespace

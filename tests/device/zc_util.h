@@ -4,8 +4,12 @@
 // barrier. Children of the launchers report through RANK_CHECK (launch.h).
 #pragma once
 
+#include <gtest/gtest.h>
+
 #include <cstdio>
 #include <cstring>
+#include <string>
+#include <tuple>
 
 #include "device/ch_plan.h"
 #include "device/ch_rt_emu.h"
@@ -13,6 +17,7 @@
 #include "launch.h"
 #include "nccl.h"
 extern "C" {
+#include "param.h"
 unsigned long devpath_zero_copy_ops(struct ncclComm *comm);
 }
 
@@ -114,6 +119,58 @@ inline int barrier(const Z &k) {
     RANK_NCCL(ncclAllReduce(&one, &sum, 1, ncclInt32, ncclSum, k.comm, nullptr));
     RANK_CHECK(sum == k.n, "barrier: %d\n", sum);
     return 0;
+}
+
+// Communicator, stream and two ncclMemAlloc buffers of cap bytes (cuMem memory: peer processes
+// import it through descriptors), both registered, for rank `rank` of n.
+inline int setup_registered(Z &k, int rank, int n, const ncclUniqueId &id, size_t cap) {
+    k.r = rank;
+    k.n = n;
+    k.st = ch_emu_stream_create();
+    RANK_CHECK(k.st != nullptr, "no stream\n");
+    RANK_NCCL(ncclCommInitRank(&k.comm, n, id, rank));
+    k.cap = cap;
+    RANK_NCCL(ncclMemAlloc((void **)&k.sbuf, k.cap));
+    RANK_NCCL(ncclMemAlloc((void **)&k.rbuf, k.cap));
+    RANK_NCCL(ncclCommRegister(k.comm, k.sbuf, k.cap, &k.sh));
+    RANK_NCCL(ncclCommRegister(k.comm, k.rbuf, k.cap, &k.rh));
+    return 0;
+}
+
+// Undo setup_registered (registered: whether the buffers are still registered).
+inline int teardown_registered(Z &k, bool registered = true) {
+    if (registered) {
+        RANK_NCCL(ncclCommDeregister(k.comm, k.sh));
+        RANK_NCCL(ncclCommDeregister(k.comm, k.rh));
+    }
+    RANK_NCCL(ncclCommDestroy(k.comm));
+    RANK_NCCL(ncclMemFree(k.sbuf));
+    RANK_NCCL(ncclMemFree(k.rbuf));
+    ch_emu_stream_destroy(k.st);
+    return 0;
+}
+
+// The zero-copy suites: (rank count, launch) on the emulator; thread ranks are pinned to the
+// copy-engine programs (threads of one process would otherwise take the collective kernel).
+class ZcSuite : public ::testing::TestWithParam<std::tuple<int, chorus_test::Launch>> {
+  protected:
+    void SetUp() override {
+        setenv("CHORUS_DEVICE_EMU", "1", 1);
+        if (std::get<1>(GetParam()) == chorus_test::Launch::Threads)
+            setenv("CHORUS_DEVICE_PATH", "ce", 1);
+        chorus_param_reset();
+    }
+    void TearDown() override {
+        unsetenv("CHORUS_DEVICE_PATH");
+        chorus_param_reset();
+    }
+};
+
+// The suites' parameter names: n3_forked, n5_threads, ...
+inline std::string param_name(
+    const ::testing::TestParamInfo<std::tuple<int, chorus_test::Launch>> &i) {
+    return "n" + std::to_string(std::get<0>(i.param)) + "_" +
+           chorus_test::launch_name(std::get<1>(i.param));
 }
 
 } // namespace zctest
