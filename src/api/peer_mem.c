@@ -222,7 +222,6 @@ ncclResult_t peer_mem_open(const ch_rt_t *rt, int dev, const peer_mem_desc_t *d,
                  (unsigned long long)d->ipc.bytes);
         CHECK(pm_ipc_get(rt, &d->ipc, &m->ipc_ptr));
         m->kind = PEER_MEM_IPC;
-        m->ipc_bytes = (size_t)d->ipc.bytes;
         m->ptr = (char *)m->ipc_ptr + d->offset;
     } else {
         WARN("process %d's memory has no description", (int)d->pid);

@@ -63,8 +63,7 @@ typedef struct {
     int kind;         /* PEER_MEM_*, NONE for the owner's own address (same process) */
     void *ptr;        /* the range here */
     mem_import_t imp; /* CUMEM */
-    void *ipc_ptr;    /* IPC: what ipc_open gave */
-    size_t ipc_bytes;
+    void *ipc_ptr;    /* IPC: the allocation's base, shared by this process's opens of it */
 } peer_mem_map_t;
 
 /* Zeroed device memory of `bytes` on dev that peers can map (cuMem where dev has it). */

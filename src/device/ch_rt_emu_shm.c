@@ -50,6 +50,11 @@ typedef struct emu_opened {
 } emu_opened_t;
 static emu_opened_t *g_opened;
 
+/* bytes rounded up to whole pages (what a memfd block and its mappings take). */
+static size_t emu_pages(size_t bytes) {
+    return (bytes + 4095) / 4096 * 4096;
+}
+
 static void *emu_map_fd(int fd, size_t bytes) {
     void *m = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     return m == MAP_FAILED ? NULL : m;
@@ -67,7 +72,7 @@ static int emu_memfd(size_t bytes) {
 }
 
 ncclResult_t ch_emu_ipc_alloc(void **p, size_t bytes, ch_ipc_handle_t *h) {
-    const size_t size = (bytes + 4095) / 4096 * 4096;
+    const size_t size = emu_pages(bytes);
     const int fd = emu_memfd(size);
     if (fd < 0) return ncclSystemError;
     void *m = emu_map_fd(fd, size);
@@ -105,7 +110,7 @@ ncclResult_t ch_emu_ipc_alloc(void **p, size_t bytes, ch_ipc_handle_t *h) {
 }
 
 void *ch_emu_block_alloc(size_t bytes, int *fd_p, uint64_t *serial_p) {
-    const size_t file = (bytes + 4095) / 4096 * 4096;
+    const size_t file = emu_pages(bytes);
     const int fd = emu_memfd(file);
     if (fd < 0) return NULL;
     /* The file, then an inaccessible page: the block ends where the page starts. */
@@ -123,7 +128,7 @@ void *ch_emu_block_alloc(size_t bytes, int *fd_p, uint64_t *serial_p) {
 }
 
 void ch_emu_block_free(void *p, size_t bytes, int fd) {
-    const size_t file = (bytes + 4095) / 4096 * 4096;
+    const size_t file = emu_pages(bytes);
     munmap((char *)p - (file - bytes), file + 4096);
     close(fd);
 }
@@ -135,7 +140,7 @@ ncclResult_t ch_emu_ipc_describe(const void *p, size_t bytes, ch_ipc_handle_t *h
     uint64_t serial = 0;
     size_t data_off = 0;
     if (ch_emu_block_find(p, bytes, &base, &size, &fd, &serial)) {
-        data_off = (size + 4095) / 4096 * 4096 - size;
+        data_off = emu_pages(size) - size;
     } else {
         const uintptr_t u = (uintptr_t)p;
         pthread_mutex_lock(&g_ipc_lock);
@@ -210,7 +215,7 @@ ncclResult_t ch_emu_ipc_open(const ch_ipc_handle_t *h, void **p) {
  * the allocation starts in the file's first page). */
 void ch_emu_ipc_free(void *p, size_t bytes) {
     if (p == NULL) return;
-    const size_t size = (bytes + 4095) / 4096 * 4096;
+    const size_t size = emu_pages(bytes);
     emu_opened_t *rec = NULL;
     pthread_mutex_lock(&g_ipc_lock);
     for (int i = 0; i < 64; i++) {
