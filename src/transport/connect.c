@@ -129,9 +129,14 @@ static void transport_note_failure(chorus_transport_ctx_t *ctx, const chorus_con
      * exited: whatever this setup waited on, it is the likely cause, and the note to the peers
      * names it. */
     int state = 0;
-    const int failed = cause == ctx->rank ? -1
-                                          : locality_find_failed(ctx->peers, ctx->nranks,
-                                                                 ctx->rank, &state);
+    int failed = cause == ctx->rank ? -1
+                                    : locality_find_failed(ctx->peers, ctx->nranks, ctx->rank,
+                                                           &state);
+    /* An exited rank is the cause only where nothing better is known: a peer that never answered
+     * was alive then (it may have exited after its own error since), and a peer's note names the
+     * rank that failed first. */
+    if (failed >= 0 && state == CHORUS_PROC_GONE && (unanswered || cause != conn->peer))
+        failed = -1;
     if (failed >= 0) {
         cause = failed;
         snprintf(why, sizeof(why), "; rank %d (%s, pid %d) %s", failed,
