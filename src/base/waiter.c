@@ -25,8 +25,10 @@
  * but still faster than Open MPI's 0.67-5 ms mean there. 8 ranks on 2 cores: unchanged (they
  * keep yielding). SPIN_NS 20 us and 100 us measured alike; the default is between them.
  */
+#include <errno.h>
 #include <limits.h>
 #include <sched.h>
+#include <stdio.h>
 #include <time.h>
 #if defined(__linux__)
 #include <linux/futex.h>
@@ -43,11 +45,42 @@
 #define CHORUS_WAITER_SLOW_YIELD_NS 500000ull
 /* ... after which this thread sleeps instead of yielding for this long. */
 #define CHORUS_WAITER_NO_YIELD_NS 1000000000ull
+/* Oversubscribed by our own ranks, where slow yields may also be peers' long turns: shorter, so
+ * that a wrong guess costs little and a loaded host is looked at again (one slow yield per
+ * period). */
+#define CHORUS_WAITER_NO_YIELD_OVERSUB_NS 50000000ull
 
 /* Longest sleep of a wait still within its yield window. */
 #define CHORUS_WAITER_SHORT_SLEEP_NS 64000ull
 
 static _Thread_local uint64_t waiter_no_yield_until_ns;
+/* The most ranks of one communicator on this host (chorus_waiter_note_host_ranks). */
+static int waiter_host_ranks;
+
+void chorus_waiter_note_host_ranks(int n) {
+    int cur = __atomic_load_n(&waiter_host_ranks, __ATOMIC_RELAXED);
+    while (n > cur && !__atomic_compare_exchange_n(&waiter_host_ranks, &cur, n, 1,
+                                                   __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
+    }
+}
+
+/* Whether more tasks are runnable on the host than our ranks can make: the running count of
+ * /proc/loadavg ("0.50 0.40 0.30 7/512 1234": 7 runnable now, this thread among them). -1 when
+ * it cannot be read. */
+static int waiter_foreign_load(void) {
+#if defined(__linux__)
+    FILE *f = fopen("/proc/loadavg", "r");
+    if (f == NULL) return -1;
+    double a, b, c;
+    int running = 0, total = 0;
+    int got = fscanf(f, "%lf %lf %lf %d/%d", &a, &b, &c, &running, &total);
+    fclose(f);
+    if (got != 5) return -1;
+    return running > __atomic_load_n(&waiter_host_ranks, __ATOMIC_RELAXED);
+#else
+    return -1;
+#endif
+}
 
 uint64_t chorus_now_ns(void) {
     struct timespec ts;
@@ -108,6 +141,9 @@ void chorus_waiter_init_timeout(chorus_waiter_t *w, volatile int *abort_flag, do
     w->yield_ns = yield_ns < 0 ? 0 : (uint64_t)yield_ns;
     w->yield_until_ns = 0;
     w->yield_always = 0;
+    w->sleep = NULL;
+    w->sleep_arg = NULL;
+    w->yield_avg_ns = 0;
 }
 
 int chorus_waiter_sleeps_instead_of_yield(void) {
@@ -149,16 +185,24 @@ ncclResult_t chorus_waiter_step(chorus_waiter_t *w) {
     }
     if (w->sleep_ns == 0 && w->yield_ns) {
         if (w->yield_always) {
-            /* Oversubscribed by our own ranks: the task a yield hands the core to is a peer. */
-            /* Check the clock every 16 yields only: clock_gettime is cheap but not free. */
-            if ((polls & 15) != 0) {
+            /* Oversubscribed by our own ranks: the task a yield hands the core to is mostly a
+             * peer, whose turn may be long (a large chunk's reduction, filling its buffers),
+             * after which the wait mostly finds progress. Yields that stay slow on average
+             * without progress while more tasks are runnable than our ranks hand the core to
+             * tasks that are not peers (the host is loaded beyond our ranks): sleep instead
+             * for a while, where a peer's publish wakes this thread (the caller's sleeper)
+             * ahead of those tasks. */
+            uint64_t t0 = chorus_now_ns();
+            if (waiter_late(w, t0)) return ncclSystemError;
+            if (t0 < w->yield_until_ns && t0 >= waiter_no_yield_until_ns) {
                 sched_yield();
-                return ncclSuccess;
-            }
-            uint64_t now = chorus_now_ns();
-            if (waiter_late(w, now)) return ncclSystemError;
-            if (now < w->yield_until_ns) {
-                sched_yield();
+                uint64_t t1 = chorus_now_ns();
+                w->yield_avg_ns = (3 * w->yield_avg_ns + (t1 - t0)) / 4;
+                if (w->yield_avg_ns > CHORUS_WAITER_SLOW_YIELD_NS) {
+                    w->yield_avg_ns = 0;
+                    if (waiter_foreign_load() == 1)
+                        waiter_no_yield_until_ns = t1 + CHORUS_WAITER_NO_YIELD_OVERSUB_NS;
+                }
                 return ncclSuccess;
             }
         } else {
@@ -182,9 +226,69 @@ ncclResult_t chorus_waiter_step(chorus_waiter_t *w) {
     uint64_t max_sleep = now < w->yield_until_ns ? CHORUS_WAITER_SHORT_SLEEP_NS : 1000000;
     w->sleep_ns = w->sleep_ns ? w->sleep_ns * 2 : 1000;
     if (w->sleep_ns > max_sleep) w->sleep_ns = (uint32_t)max_sleep;
+    if (w->sleep) {
+        if (w->sleep(w->sleep_arg, w->sleep_ns)) chorus_waiter_progress(w);
+        return ncclSuccess;
+    }
     struct timespec ts = {0, (long)w->sleep_ns};
     nanosleep(&ts, NULL);
     return ncclSuccess;
+}
+
+#if defined(__linux__)
+#ifndef SYS_futex_waitv
+#define SYS_futex_waitv 449 /* every Linux architecture since 5.16 */
+#endif
+/* struct futex_waitv of linux/futex.h (5.16+), declared here for older headers. */
+struct chorus_futex_waitv_entry {
+    uint64_t val;
+    uint64_t uaddr;
+    uint32_t flags;
+    uint32_t reserved;
+};
+#define CHORUS_FUTEX_32 2 /* FUTEX2_SIZE_U32; no FUTEX2_PRIVATE: the words are shared */
+static int futex_waitv_missing; /* ENOSYS once: the kernel predates futex_waitv */
+#endif
+
+void chorus_futex_waitv(uint32_t *const *words, const uint32_t *seen, int n, uint64_t timeout_ns) {
+    if (n > CHORUS_FUTEX_WAITV_MAX) n = CHORUS_FUTEX_WAITV_MAX;
+#if defined(__linux__)
+    if (n > 1 && !__atomic_load_n(&futex_waitv_missing, __ATOMIC_RELAXED)) {
+        struct chorus_futex_waitv_entry v[CHORUS_FUTEX_WAITV_MAX];
+        for (int i = 0; i < n; i++) {
+            v[i].val = seen[i];
+            v[i].uaddr = (uint64_t)(uintptr_t)words[i];
+            v[i].flags = CHORUS_FUTEX_32;
+            v[i].reserved = 0;
+        }
+        /* The timeout is absolute, on the clock given (the monotonic one). */
+        const uint64_t until = chorus_now_ns() + timeout_ns;
+        struct timespec abs = {(time_t)(until / 1000000000ull), (long)(until % 1000000000ull)};
+        if (syscall(SYS_futex_waitv, v, (unsigned)n, 0, &abs, CLOCK_MONOTONIC) == 0 ||
+            errno != ENOSYS)
+            return;
+        __atomic_store_n(&futex_waitv_missing, 1, __ATOMIC_RELAXED);
+    }
+    if (n >= 1) {
+        struct timespec rel = {(time_t)(timeout_ns / 1000000000ull),
+                               (long)(timeout_ns % 1000000000ull)};
+        syscall(SYS_futex, words[0], FUTEX_WAIT, seen[0], &rel, NULL, 0);
+        return;
+    }
+#else
+    (void)words;
+    (void)seen;
+#endif
+    struct timespec ts = {(time_t)(timeout_ns / 1000000000ull), (long)(timeout_ns % 1000000000ull)};
+    nanosleep(&ts, NULL);
+}
+
+void chorus_futex_wake(uint32_t *word) {
+#if defined(__linux__)
+    syscall(SYS_futex, word, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+#else
+    (void)word;
+#endif
 }
 
 ncclResult_t chorus_waiter_check(chorus_waiter_t *w) {

@@ -34,13 +34,35 @@ typedef struct {
     uint64_t spin_until_ns;   /* end of the timed spin phase (0: not in it) */
     uint64_t yield_ns;        /* then yields for this long: CHORUS_YIELD_NS */
     uint64_t yield_until_ns;  /* end of the yield phase */
-    int yield_always;         /* 1: yield even when yields are slow (oversubscribed by peers) */
+    int yield_always;         /* 1: oversubscribed by peers: yields are mostly to peers */
+    uint64_t yield_avg_ns;    /* yield_always: moving average of the yields since progress */
     uint64_t start_ns;        /* when the wait began (chorus_waiter_init) */
     uint64_t report_next_ns;  /* next call of report (0: no report) */
     /* Called with the seconds waited so far and the wait's timeout (chorus_waiter_set_report). */
     void (*report)(void *arg, double waited_s, double timeout_s);
     void *report_arg;
+    /* Sleeps instead of nanosleep (chorus_waiter_set_sleeper); NULL: nanosleep. */
+    int (*sleep)(void *arg, uint64_t max_ns);
+    void *sleep_arg;
 } chorus_waiter_t;
+
+/* The waiter's sleeps call sleep(arg, max_ns) instead of nanosleep: the caller sleeps until
+ * something it waits for may have happened (a peer rang a doorbell, chorus_futex_waitv) or at
+ * most max_ns, and returns 1 when it made progress itself before sleeping (the backoff then
+ * starts again), 0 otherwise. chorus_waiter_init clears it. */
+static inline void chorus_waiter_set_sleeper(chorus_waiter_t *w, int (*sleep)(void *, uint64_t),
+                                             void *arg) {
+    w->sleep = sleep;
+    w->sleep_arg = arg;
+}
+
+/* Sleeps until one of the n 32-bit words (shared memory, possibly of another process) no longer
+ * holds seen[i], a chorus_futex_wake on one of them, timeout_ns, or a spurious wake; n <= 128.
+ * Linux's futex_waitv; where the kernel lacks it, waits on words[0] alone. n == 0: sleeps. */
+void chorus_futex_waitv(uint32_t *const *words, const uint32_t *seen, int n, uint64_t timeout_ns);
+/* Wakes every thread of any process sleeping on word (a shared futex). */
+void chorus_futex_wake(uint32_t *word);
+#define CHORUS_FUTEX_WAITV_MAX 128
 
 /* Seconds between reports of a long wait: CHORUS_WARN_INTERVAL (0: never). */
 double chorus_warn_interval_s(void);
@@ -66,6 +88,9 @@ ncclResult_t chorus_waiter_step(chorus_waiter_t *w);
 /* 1 while this thread's waits sleep instead of yielding (a recent yield lost the core for long
  * to a task that is not a peer); tests and diagnostics. */
 int chorus_waiter_sleeps_instead_of_yield(void);
+/* A communicator has n ranks on this host: its waits tell their yields to peers (at most that
+ * many runnable tasks) from yields to other load (more). */
+void chorus_waiter_note_host_ranks(int n);
 /* No spinning at all (oversubscribed hosts): the first empty poll yields. */
 static inline void chorus_waiter_no_spin(chorus_waiter_t *w) {
     w->spin = 0;
@@ -102,6 +127,7 @@ void chorus_event_wait(chorus_event_t *ev, uint32_t seen, uint64_t timeout_ns);
 static inline void chorus_waiter_progress(chorus_waiter_t *w) {
     w->polls = 0;
     w->sleep_ns = 0;
+    w->yield_avg_ns = 0;
 }
 
 #endif

@@ -322,6 +322,15 @@ void coll_engine_enqueue_locked(coll_op_t *op);
 /* Drive progress of the given comms until every op in ops[] is done (blocking entry points,
  * group end, chorusWait). Returns the first op error. */
 ncclResult_t coll_engine_wait(coll_op_t **ops, int nops);
+/* engine_sleep.c */
+/* The sleep of a wait on these engines' ops (a chorus_waiter_t sleeper): arm the doorbells of
+ * the connections their running ops use, one more progress pass, then sleep until a peer rings
+ * one or at most max_ns (longer when every end can ring). Returns 1 when the pass moved
+ * something (no sleep then). */
+#define COLL_SLEEP_MAX_ENGINES 16
+int coll_engine_sleep(struct coll_engine *const *es, int nes, uint64_t max_ns);
+/* This process's sleeps with armed ends so far, and those a peer's publish ended (tests). */
+void coll_engine_sleep_stats(uint64_t *armed_p, uint64_t *rung_p);
 /* A blocking call's one op: enqueue, then wait as coll_engine_wait, with one engine lock round
  * trip fewer. The call counts itself in comm->api_refs_locked while it holds the lock for the
  * enqueue, and leaves it as the last thing it does with the comm (comm_api_enter's purpose,

@@ -64,6 +64,7 @@ ncclResult_t coll_engine_create(struct ncclComm *comm) {
         local += locality_same_host(&comm->peers[p], &comm->peers[comm->rank]);
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
     e->oversubscribed = ncpu > 0 && local > ncpu;
+    chorus_waiter_note_host_ranks(local);
     comm->root_check_off = chorus_param_int(PARAM_ROOT_CHECK) == 0;
     INFO(SUB_COLL, "rank %d: %d ranks on this host, %ld CPUs%s", comm->rank, local, ncpu,
          e->oversubscribed ? ": oversubscribed, waits yield at once" : "");
@@ -546,12 +547,18 @@ ncclResult_t coll_engine_progress(struct coll_engine *e, int *progressed_p) {
 
 /* ---- progress thread ------------------------------------------------------------------------ */
 
+static int engine_thread_sleeper(void *arg, uint64_t max_ns) {
+    struct coll_engine *e = arg;
+    return coll_engine_sleep(&e, 1, max_ns);
+}
+
 static void *engine_thread_main(void *arg) {
     struct coll_engine *e = arg;
     chorus_log_set_rank(e->comm->rank);
     /* The shared wait policy without a deadline that matters (the ops' waiters own deadlines). */
     chorus_waiter_t w;
     chorus_waiter_init_timeout(&w, NULL, 1e9);
+    chorus_waiter_set_sleeper(&w, engine_thread_sleeper, e);
     /* No timed spin here: the caller computes on these cores meanwhile (DDP's backward), and a
      * progress thread that polls for long takes the core from it. */
     w.spin_ns = 0;
@@ -573,7 +580,10 @@ static void *engine_thread_main(void *arg) {
             chorus_waiter_progress(&w);
             continue;
         }
-        if (chorus_waiter_step(&w) != ncclSuccess) chorus_waiter_init_timeout(&w, NULL, 1e9);
+        if (chorus_waiter_step(&w) != ncclSuccess) {
+            chorus_waiter_init_timeout(&w, NULL, 1e9);
+            chorus_waiter_set_sleeper(&w, engine_thread_sleeper, e);
+        }
     }
     return NULL;
 }

@@ -195,6 +195,20 @@ static ncclResult_t engine_wait_sleep(struct coll_engine *e, coll_op_t **ops, in
     return chorus_waiter_check(w);
 }
 
+/* The waiter's sleeper of engine_wait: the distinct engines of the ops still running. */
+static int engine_wait_sleeper(void *arg, uint64_t max_ns) {
+    const engine_wait_report_t *r = arg;
+    struct coll_engine *es[COLL_SLEEP_MAX_ENGINES + 1];
+    int nes = 0;
+    for (int i = 0; i < r->nops && nes <= COLL_SLEEP_MAX_ENGINES; i++) {
+        if (op_retired(r->ops[i])) continue;
+        int seen = 0;
+        for (int j = 0; j < nes; j++) seen |= es[j] == r->ops[i]->engine;
+        if (!seen) es[nes++] = r->ops[i]->engine;
+    }
+    return coll_engine_sleep(es, nes, max_ns);
+}
+
 /* held: the engine of ops[0] (nops == 1), whose lock the caller holds and hands over.
  * api_ref: the caller counted itself in ops[0]'s comm->api_refs_locked (coll_engine_run); the
  * count drops, under the lock, after the last access to the comm. */
@@ -262,6 +276,7 @@ static ncclResult_t engine_wait(coll_op_t **ops, int nops, struct coll_engine *h
         if (!waiting) {
             chorus_waiter_init(&w, NULL);
             chorus_waiter_set_report(&w, engine_wait_report, &report);
+            chorus_waiter_set_sleeper(&w, engine_wait_sleeper, &report);
             for (int i = 0; i < nops; i++)
                 if (ops[i]->engine->oversubscribed) chorus_waiter_no_spin(&w);
             spin = w.spin;

@@ -121,6 +121,17 @@ typedef struct chorus_transport_ops {
      * fin_word when it answered (0 when it closed, had not set one, or the grace ended). NULL:
      * send_drained already means that. */
     ncclResult_t (*send_consumed)(chorus_conn_t *conn, int *done_p, uint64_t *word_p);
+    /* Optional, both sides: a thread that found nothing to do sleeps on this end. wait_arm
+     * returns a 32-bit word shared with the peer and, in *seen_p, the value it holds now, and
+     * asks the peer to change the word and wake its sleepers (chorus_futex_wake) at its next
+     * commit (to a receive end) or release (to a send end). The caller arms every end it may
+     * wait on, issues a sequentially consistent fence, looks for work once more, and sleeps
+     * (chorus_futex_waitv) only if it found none; then wait_disarm. The peer's check of the
+     * request is not fenced against its publish (that would cost every chunk a fence), so
+     * rarely a wake is missed: the caller's sleep is always bounded. NULL: the end cannot
+     * wake a sleeper (TCP ends are waited for by polling). */
+    uint32_t *(*wait_arm)(chorus_conn_t *conn, uint32_t *seen_p);
+    void (*wait_disarm)(chorus_conn_t *conn);
 } chorus_transport_ops_t;
 
 struct chorus_conn {

@@ -41,8 +41,9 @@
 #include <stdint.h>
 
 #include "transport.h"
+#include "waiter.h"
 
-#define SHM_CTRL_MAGIC 0x43484f52534d3031ull /* "CHORSM01" */
+#define SHM_CTRL_MAGIC 0x43484f52534d3032ull /* "CHORSM02" */
 #define SHM_CACHE_LINE 64
 #define SHM_NAME_LEN 64
 /* Bounds a receiver's blob must respect (connect.c allows at most 1024 slots). */
@@ -129,8 +130,24 @@ typedef struct {
     _Atomic uint32_t ack_for;   /* set by a paired sender: the pair_id of the reverse connection
                                  * whose progress its chunks' ack carries (shm_pair.c) */
     shm_coop_t coop;
+    /* Doorbells (shm_wait_arm): an end that sleeps sets its sleeping word; the other end, after
+     * it publishes (tail or head), sees it, bumps the sleeper's bell and wakes it (futex). One
+     * line that the data path only reads while nobody sleeps. [SHM_BELL_RECV]: the receiver's,
+     * rung by commits; [SHM_BELL_SEND]: the sender's, rung by releases. */
+    _Alignas(SHM_CACHE_LINE) _Atomic uint32_t bell[2];
+    _Atomic uint32_t sleeping[2];
     shm_slot_hdr_t slots[]; /* nslots */
 } shm_ctrl_t;
+
+enum { SHM_BELL_RECV = 0, SHM_BELL_SEND = 1 };
+
+/* After publishing: wake the other end if it sleeps (a load of a line nobody writes meanwhile). */
+static inline void shm_ring(shm_ctrl_t *c, int which) {
+    if (__builtin_expect(atomic_load_explicit(&c->sleeping[which], memory_order_relaxed) != 0, 0)) {
+        atomic_fetch_add_explicit(&c->bell[which], 1, memory_order_release);
+        chorus_futex_wake((uint32_t *)&c->bell[which]);
+    }
+}
 
 /* Setup blobs (must fit TRANSPORT_BLOB_BYTES). */
 typedef struct {

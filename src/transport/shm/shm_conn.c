@@ -247,6 +247,8 @@ void shm_close(chorus_conn_t *conn) {
     if (sc->ctrl) {
         _Atomic uint32_t *closed = sc->is_send ? &sc->ctrl->send_closed : &sc->ctrl->recv_closed;
         atomic_store_explicit(closed, 1, memory_order_release);
+        /* A peer asleep on this connection notices at once. */
+        shm_ring(sc->ctrl, sc->is_send ? SHM_BELL_RECV : SHM_BELL_SEND);
     }
     shm_segment_destroy(sc);
     if (sc->charged)

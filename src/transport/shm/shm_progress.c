@@ -140,6 +140,7 @@ static inline void shm_publish(chorus_conn_t *conn, shm_conn_t *sc, uint64_t src
     atomic_store_explicit(&h->seq, (uint16_t)(step + 1), memory_order_release);
     conn->step = step + 1;
     atomic_store_explicit(&sc->ctrl->tail, step + 1, memory_order_release);
+    shm_ring(sc->ctrl, SHM_BELL_RECV);
     /* Take the next step's header lines for writing now (as many as this chunk filled: the
      * next one is likely alike), while the receiver is busy with this step: the receiver read
      * them nslots steps ago and still holds a copy, and invalidating that copy when the next
@@ -274,7 +275,26 @@ static ncclResult_t shm_recv_release(chorus_conn_t *conn) {
     conn->step++;
     atomic_store_explicit(&sc->ctrl->head, conn->step, memory_order_release);
     if (sc->pair) atomic_store_explicit(&sc->pair->released, conn->step, memory_order_release);
+    shm_ring(sc->ctrl, SHM_BELL_SEND);
     return ncclSuccess;
+}
+
+/* This end's bell: the receiver's rings when the sender commits, the sender's when the
+ * receiver releases. A paired sender also gets credit from the peer's chunks on the reverse
+ * connection (shm_pair.c), which ring that connection's receive bell: a caller arms both. */
+static uint32_t *shm_wait_arm(chorus_conn_t *conn, uint32_t *seen_p) {
+    shm_conn_t *sc = conn->priv;
+    const int which = sc->is_send ? SHM_BELL_SEND : SHM_BELL_RECV;
+    shm_ctrl_t *c = sc->ctrl;
+    *seen_p = atomic_load_explicit(&c->bell[which], memory_order_acquire);
+    atomic_store_explicit(&c->sleeping[which], 1, memory_order_relaxed);
+    return (uint32_t *)&c->bell[which];
+}
+
+static void shm_wait_disarm(chorus_conn_t *conn) {
+    shm_conn_t *sc = conn->priv;
+    atomic_store_explicit(&sc->ctrl->sleeping[sc->is_send ? SHM_BELL_SEND : SHM_BELL_RECV], 0,
+                          memory_order_relaxed);
 }
 
 const chorus_transport_ops_t shm_transport_ops = {
@@ -293,4 +313,6 @@ const chorus_transport_ops_t shm_transport_ops = {
     .recv_release = shm_recv_release,
     .progress = shm_progress,
     .close = shm_close,
+    .wait_arm = shm_wait_arm,
+    .wait_disarm = shm_wait_disarm,
 };
