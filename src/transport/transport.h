@@ -13,7 +13,8 @@
  *
  * All data-path calls are nonblocking: they report ready=0 instead of waiting, so the progress
  * engine can drive many connections from one thread. Reaching a transport costs one indirect call;
- * no op is NULL (optional ones point at the shared stubs in registry.c).
+ * no data-path op is NULL (optional ones point at the shared stubs in registry.c); the ops off
+ * the data path that say "NULL:" below may be.
  *
  * Setup: each end calls setup(), which fills a blob (<= TRANSPORT_BLOB_BYTES) that the core sends to
  * the other end through the bootstrap; then each end calls connect() with the peer's blob. Both
@@ -27,7 +28,7 @@
 #include "locality.h"
 #include "nccl.h"
 
-#define TRANSPORT_ABI_VERSION 2
+#define TRANSPORT_ABI_VERSION 3
 #define TRANSPORT_BLOB_BYTES 256
 
 enum {
