@@ -8,22 +8,28 @@
  *      triggers pause-loop exits that deschedule the vCPU, the opposite of what a short wait
  *      wants.
  *   2. yield: sched_yield for up to CHORUS_YIELD_NS. When our ranks outnumber the cores the task
- *      a yield hands the core to is a peer, which is what the wait needs. When they do not, the
- *      other runnable task is somebody else's (a data loader, another job): the scheduler then
- *      runs it through its whole slice (a yield took 2-4 ms with a busy loop on the same core,
- *      against 0.6 us on an idle one), so a thread whose yield kept the core away for 0.5 ms
- *      sleeps instead of yielding for the next second: a sleeper that wakes is run ahead of a
- *      task that has been running.
- *   3. sleep: nanosleep from 1 us doubling to 64 us within the yield window, then to 1 ms, so
- *      idle ranks (8 on 2 cores) stop competing. The thread's timer slack is lowered to 1 us
- *      before its first sleep: the default 50 us slack would stretch every short sleep.
+ *      a yield hands the core to is mostly a peer, which is what the wait needs. When they do
+ *      not, the other runnable task is somebody else's (a data loader, another job): the
+ *      scheduler then runs it through its whole slice (a yield took 2-4 ms with a busy loop on
+ *      the same core, against 0.6 us on an idle one), so a thread whose yield kept the core away
+ *      for 0.5 ms sleeps instead of yielding for the next second: a sleeper that wakes is run
+ *      ahead of a task that has been running. Oversubscribed by our own ranks, a slow yield may
+ *      be a peer's long turn, so the switch takes yields that average 0.5 ms since the last
+ *      progress while more tasks are runnable than the host's ranks, and lasts 50 ms.
+ *   3. sleep: from 1 us doubling to 64 us within the yield window, then to 1 ms, so idle ranks
+ *      (8 on 2 cores) stop competing. The caller's sleeper (chorus_waiter_set_sleeper: the
+ *      engine's, which a peer's publish wakes) takes the sleep; without one, nanosleep. The
+ *      thread's timer slack is lowered to 1 us before its first sleep: the default 50 us slack
+ *      would stretch every short sleep.
  * Measured on the shared 2-core KVM guest, 2 ranks, all_reduce_perf, each rank's core shared
  * with a busy loop: 8 B shm 50-360 us per op with the old policy (16 polls, then yield) and
  * 0.47 us now, 2 MiB 26-30 ms and 0.26-0.38 ms; over TCP 8 B 3.3 ms and 10-12 us, 2 MiB 10-12
  * ms and 2.2-2.8 ms. Quiet machine: equal or better (TCP 8 B 15-19 us -> 9-10 us). Two 2-rank
  * jobs on the same 2 cores: small ops faster, 2 MiB 1.5-2x slower (0.2-0.5 ms against 0.16-0.21)
  * but still faster than Open MPI's 0.67-5 ms mean there. 8 ranks on 2 cores: unchanged (they
- * keep yielding). SPIN_NS 20 us and 100 us measured alike; the default is between them.
+ * keep yielding). SPIN_NS 20 us and 100 us measured alike; the default is between them. 4 ranks
+ * on the 2 cores beside two busy loops: 8 B 1.3-3.1 ms per op while they kept yielding, 0.04-0.1
+ * ms sleeping on the doorbells; 32-256 KiB 7.6-11.8 ms and 0.4-1.2 ms.
  */
 #include <errno.h>
 #include <limits.h>
