@@ -30,6 +30,12 @@ typedef struct {
     double net_alpha_us; /* a hop between hosts (one message's latency and fixed costs) */
     double nic_gbps;     /* GB/s of a host's NIC, each direction, shared by its ranks */
     double nic_rx_gbps;  /* the receiving side, if different (0: nic_gbps) */
+    size_t nic_burst;    /* a token bucket on each host's sending side, as tc tbf shapes it (0:
+                            none): up to this many bytes go at nic_peak GB/s before nic_gbps
+                            applies; the bucket refills at nic_gbps. The op then runs in a loop
+                            as all_reduce_perf times it, each op finding the buckets as the one
+                            before left them */
+    double nic_peak;     /* GB/s: the link's own speed under the bucket (with nic_burst) */
     int leaf_hosts;      /* hosts per leaf switch (0: one switch, no shared uplinks) */
     double uplink_gbps;  /* GB/s of a leaf's uplink, each direction (with leaf_hosts) */
     int cores;           /* cores per host: more ranks than cores slow shm steps (0: enough) */

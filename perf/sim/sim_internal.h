@@ -11,6 +11,10 @@
 
 #define SIM_ESIZE 4 /* float elements, as all_reduce_perf's default */
 #define SIM_ALIGN (64 / SIM_ESIZE)
+/* With token buckets (nic_burst) an op runs in a loop: warm-up ops, then timed ones (their mean),
+ * as all_reduce_perf -w 2 -n 10 times them, fewer of them. */
+#define SIM_LOOP_WARMUP 2
+#define SIM_LOOP_TIMED 10
 
 static inline size_t div_up(size_t a, size_t b) {
     return (a + b - 1) / b;
@@ -52,16 +56,24 @@ typedef struct {
     double free_at, busy;
 } sim_queue_t;
 
+/* A sending host's token bucket (nic_burst): tokens (bytes) at time t. */
+typedef struct {
+    double tokens, t;
+} sim_bucket_t;
+
 typedef struct {
     const sim_net_t *net;
     int n, H, L;
     double shm_a, shm_b; /* per step us, bytes per us (cores applied) */
     double net_a, tx_b, rx_b, up_b;
-    int leaf;                     /* hosts per leaf, 0: none */
-    sim_queue_t *shm_tx;          /* per rank: its copy queue */
-    sim_queue_t *nic_tx, *nic_rx; /* per host */
-    sim_queue_t *up_tx, *up_rx;   /* per leaf */
-    double max_busy;              /* the busiest queue's time in all */
+    int leaf;                            /* hosts per leaf, 0: none */
+    sim_queue_t *shm_tx;                 /* per rank: its copy queue */
+    sim_queue_t *nic_tx, *nic_rx;        /* per host */
+    sim_queue_t *up_tx, *up_rx;          /* per leaf */
+    sim_bucket_t *bucket;                /* per host, with nic_burst */
+    double burst, peak_b;                /* bucket bytes, peak bytes per us */
+    int nranks_sim, nhosts_sim, nleaves; /* sizes of the arrays above */
+    double max_busy;                     /* the busiest queue's time in all */
     heap_t heap;
     long messages;
 } sim_t;

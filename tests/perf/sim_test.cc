@@ -384,6 +384,42 @@ TEST(Sim, CoresScaleSharedMemorySteps) {
     EXPECT_NEAR(Simulate(net, SIM_RING, bytes), want, want * 1e-9);
 }
 
+// A token bucket on each host's sending side (tc tbf: nic_burst bytes at the link's own speed,
+// refilled at the NIC's rate; the receiving side not shaped), the op run in a loop: a host's link fills its bucket while it
+// waits for its peers and empties it at the link's speed later, so the loop runs at the busiest
+// host's bytes over the rate whatever the waits between. The 4-rank double tree's busiest rank
+// (tree 0's inner node with one child, tree 1's root) sends 2B per op: B/2 up and B/2 down in
+// tree 0, B/2 to each of its two children in tree 1. Without the bucket the waits add to it.
+TEST(Sim, NicBurstFillsWhileTheLinkWaits) {
+    sim_net_t net = Net(4, 1);
+    const size_t bytes = 256 << 10;
+    const double want = 2.0 * (double)bytes / 1e3;
+    net.nic_rx_gbps = 100;
+    EXPECT_GT(Simulate(net, SIM_TREE, bytes), want * 1.2);
+    net.nic_burst = 1 << 20;
+    net.nic_peak = 100;
+    EXPECT_NEAR(Simulate(net, SIM_TREE, bytes), want, want * 0.01);
+}
+
+// Over a loop the bucket does not beat the rate: on two hosts the ring's rank sends B per op
+// (two steps of B/2), so the loop takes B over the rate at least. A bucket needs a peak rate
+// above the NIC's.
+TEST(Sim, NicBurstDoesNotBeatTheRate) {
+    sim_net_t net = Net(2, 1);
+    net.nic_rx_gbps = 100;
+    net.nic_burst = 1 << 20;
+    net.nic_peak = 100;
+    const size_t bytes = 4 << 20;
+    const double want = (double)bytes / 1e3;
+    const double us = Simulate(net, SIM_RING, bytes);
+    EXPECT_GE(us, want * (1 - 1e-9));
+    EXPECT_LE(us, want * 1.01);
+    net.nic_peak = 0;
+    sim_result_t r;
+    char err[160];
+    EXPECT_NE(sim_run(&net, SIM_RING, bytes, &r, err, sizeof(err)), 0);
+}
+
 // Leaf uplinks slower than the NICs: traffic between leaves slows the tree (every rank simulated)
 // and the ring (one host's ranks: every crossing edge takes the uplink's rate).
 TEST(Sim, LeafUplinksSlowTrafficBetweenLeaves) {
