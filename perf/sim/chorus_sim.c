@@ -5,7 +5,7 @@
  *   chorus_sim [-n RANKS[,RANKS...]] [-L RANKS_PER_HOST] [-b MIN] [-e MAX] [-f FACTOR]
  *              [--shm ALPHA_US/GBPS] [--net ALPHA_US/GBPS] [--ib] [--nic-rx GBPS]
  *              [--nic-burst BYTES[/PEAK_GBPS]]
- *              [--leaf HOSTS/UPLINK_GBPS] [--cores C] [--threads] [--channels N] [--slot BYTES]
+ *              [--leaf HOSTS/UPLINK_GBPS] [--cores C] [--wake US/C] [--threads] [--channels N] [--slot BYTES]
  *              [--nslots N] [--p2p-nslots N] [--ring-chunk BYTES] [--lag N] [-a ALGOS]
  *              [--events N] [--no-symmetry] [-M] [-v] [--markdown]
  *
@@ -36,6 +36,10 @@ static void usage(FILE *f) {
                "                        empty; ops then run in a loop, the buckets carried\n"
                "  --leaf H/G            H hosts per leaf switch, G GB/s per leaf uplink\n"
                "  --cores C             cores per host (more ranks than cores slow shm steps)\n"
+               "  --wake US/C           the test bed: the job's ranks share C cores; with\n"
+               "                        more ranks, a rank that waited for its input\n"
+               "                        sleeps, and its step runs US after one of the C\n"
+               "                        cores takes its wake-up (ring, tree, rd; default off)\n"
                "  --threads             one host's ranks are threads of one process\n"
                "  --channels N          rings (default as the topology makes them)\n"
                "  --slot BYTES          slot size (default NCCL_BUFFSIZE / CHORUS_NSLOTS)\n"
@@ -130,7 +134,8 @@ int main(int argc, char **argv) {
         O_RCHUNK,
         O_LAG,
         O_P2P,
-        O_BURST
+        O_BURST,
+        O_WAKE
     };
     static const struct option opts[] = {{"shm", 1, 0, O_SHM},
                                          {"net", 1, 0, O_NET},
@@ -139,6 +144,7 @@ int main(int argc, char **argv) {
                                          {"nic-burst", 1, 0, O_BURST},
                                          {"leaf", 1, 0, O_LEAF},
                                          {"cores", 1, 0, O_CORES},
+                                         {"wake", 1, 0, O_WAKE},
                                          {"threads", 0, 0, O_THREADS},
                                          {"channels", 1, 0, O_CH},
                                          {"slot", 1, 0, O_SLOT},
@@ -229,6 +235,11 @@ int main(int argc, char **argv) {
         case O_CORES:
             net.cores = atoi(optarg);
             break;
+        case O_WAKE:
+            if (parse_pair(optarg, &a, &g) || !(a > 0) || !(g >= 1)) goto bad;
+            net.wake_us = a;
+            net.wake_cores = (int)g;
+            break;
         case O_THREADS:
             net.threads = 1;
             break;
@@ -298,6 +309,8 @@ int main(int argc, char **argv) {
                    hosts > 1 ? "s" : "", net.host_ranks, net.shm_alpha_us, net.shm_gbps,
                    net.threads ? " (threads)" : "");
             if (net.cores > 0) printf(", %d cores per host", net.cores);
+            if (net.wake_cores > 0)
+                printf(", all ranks on %d cores, %.3g us a wake-up", net.wake_cores, net.wake_us);
             if (hosts > 1) {
                 printf("; net %.3g us/hop, NIC %.3g GB/s per host (%s)", net.net_alpha_us,
                        net.nic_gbps, ib ? "rdma" : "tcp");

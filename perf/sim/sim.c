@@ -17,10 +17,14 @@
  *                              (nic_peak) while the bucket holds tokens, nic_gbps after;
  *                              the op then runs in a loop, each op finding the buckets as the
  *                              one before left them (sim_next_op)
- * A rank's reduction work is not charged apart from its copies, and slots limit what a connection
- * has in flight only where the schedule's order depends on it (the hierarchical all-reduce's
- * phase 1, NSLOTS chunks per connection; the tree's point-to-point connections, 2 slots from 9
- * ranks as connect sizes them, sim_net_p2p_nslots).
+ * Optionally (wake_cores, wake_us: the namespace test bed, every "host" on one machine) the job's
+ * ranks share wake_cores cores; with more ranks than that, a rank that waits for its input
+ * sleeps, and the step it waited for runs wake_us after one of the cores (the earliest free, first
+ * come first served) took its wake-up (sim_wake; the ring, the tree and recursive doubling, not
+ * hier or one-shot). A rank's reduction work is not charged apart from its copies, and slots
+ * limit what a connection has in flight only where the schedule's order depends on it (the
+ * hierarchical all-reduce's phase 1, NSLOTS chunks per connection; the tree's point-to-point
+ * connections, 2 slots from 9 ranks as connect sizes them, sim_net_p2p_nslots).
  *
  * The algorithms (sim_ring.c, sim_tree.c, sim_hier.c, sim_rd.c), as their schedules in
  * src/collectives run them:
@@ -107,6 +111,8 @@ void sim_net_defaults(sim_net_t *net) {
     net->leaf_hosts = 0;
     net->uplink_gbps = 0;
     net->cores = 0;
+    net->wake_cores = 0;
+    net->wake_us = 0;
     net->threads = 0;
     net->slot_bytes = coll_model_slot_bytes();
     net->nslots = (int)chorus_param_int(PARAM_NSLOTS);
@@ -260,6 +266,12 @@ static int sim_init(sim_t *s, const sim_net_t *net, int nranks_sim, int nhosts_s
         s->burst = (double)net->nic_burst;
         s->peak_b = net->nic_peak * 1e3;
     }
+    if (sim_wakes(net)) {
+        s->ncores = net->wake_cores;
+        s->wake = net->wake_us;
+        s->core_free = calloc((size_t)s->ncores, sizeof(double));
+        if (s->core_free == NULL) return -1;
+    }
     s->nhosts_sim = nhosts_sim;
     s->nranks_sim = nranks_sim;
     s->nleaves = nleaves;
@@ -274,6 +286,8 @@ static void sim_next_op(sim_t *s, double end) {
     memset(s->nic_rx, 0, (size_t)s->nhosts_sim * sizeof(sim_queue_t));
     memset(s->up_tx, 0, (size_t)s->nleaves * sizeof(sim_queue_t));
     memset(s->up_rx, 0, (size_t)s->nleaves * sizeof(sim_queue_t));
+    for (int c = 0; c < s->ncores; c++)
+        s->core_free[c] = 0;
     for (int h = 0; h < s->nhosts_sim; h++) {
         sim_bucket_t *b = &s->bucket[h];
         b->tokens = b->tokens + (end - b->t) * s->tx_b;
@@ -292,6 +306,7 @@ static void sim_free(sim_t *s) {
     free(s->up_tx);
     free(s->up_rx);
     free(s->bucket);
+    free(s->core_free);
     free(s->heap.v);
 }
 
@@ -304,6 +319,19 @@ static double queue_take(sim_t *s, sim_queue_t *q, double t, double dur, double 
     s->max_busy = max_d(s->max_busy, q->busy);
     *end_p = max_d(*end_p, q->free_at);
     return st;
+}
+
+int sim_wakes(const sim_net_t *net) {
+    return net->wake_cores > 0 && net->wake_us > 0 && net->nranks > net->wake_cores;
+}
+
+double sim_wake(sim_t *s, double t) {
+    int c = 0;
+    for (int i = 1; i < s->ncores; i++)
+        if (s->core_free[i] < s->core_free[c]) c = i;
+    const double st = max_d(t, s->core_free[c]);
+    s->core_free[c] = st + s->wake;
+    return st + s->wake;
 }
 
 /* bytes from a rank (its copy queue src_q) to a rank of the same host: the arrival time. */
@@ -413,7 +441,9 @@ int sim_run(const sim_net_t *net, int algo, size_t bytes, sim_result_t *res, cha
         return 0;
     }
     sim_t s;
-    const int ring = algo == SIM_RING && net->nranks > net->host_ranks && !net->no_symmetry;
+    /* Wake-ups share the job's cores across hosts: the ring is then simulated rank by rank. */
+    const int ring =
+        algo == SIM_RING && net->nranks > net->host_ranks && !net->no_symmetry && !sim_wakes(net);
     if (sim_init(&s, net, ring ? net->host_ranks : net->nranks,
                  ring ? 1 : net->nranks / net->host_ranks) != 0) {
         sim_free(&s);

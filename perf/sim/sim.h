@@ -39,6 +39,10 @@ typedef struct {
     int leaf_hosts;      /* hosts per leaf switch (0: one switch, no shared uplinks) */
     double uplink_gbps;  /* GB/s of a leaf's uplink, each direction (with leaf_hosts) */
     int cores;           /* cores per host: more ranks than cores slow shm steps (0: enough) */
+    int wake_cores;      /* the test bed: all the job's ranks share this many cores (0: off) */
+    double wake_us;      /* with more ranks than wake_cores, a rank that waits for its input
+                            sleeps; each step it slept for costs this long on one of the cores
+                            (the earliest free) before it runs: its wake-up */
     int net_class;       /* the tuner's class for the network: 0 TCP between hosts, 1 RDMA */
     int threads;         /* one host: the ranks are threads of one process (the tuner's direct) */
     size_t slot_bytes;   /* a connection's slot (0: NCCL_BUFFSIZE / CHORUS_NSLOTS as connect) */

@@ -420,6 +420,35 @@ TEST(Sim, NicBurstDoesNotBeatTheRate) {
     EXPECT_NE(sim_run(&net, SIM_RING, bytes, &r, err, sizeof(err)), 0);
 }
 
+// Wake-ups (the test bed: every rank on wake_cores cores): a rank that waits for its input
+// sleeps, and the step runs wake_us after one of the cores takes its wake-up. Two ranks on two
+// hosts sharing one core, W = 100 us, a = 40 us + 32 KiB at 1 GB/s the hop of a half:
+//   ring (one loop of two 32 KiB blocks): both send at 0 and sleep; the core wakes rank 0 at
+//     a + W, rank 1 at a + 2W; rank 0's block reaches rank 1 at 2a + W, before rank 1 is awake
+//     to wait for it (no sleep); rank 1's reaches rank 0, asleep since a + W, at 2a + 2W, and the
+//     core (free since a + 2W) wakes it: done at 2a + 3W;
+//   tree (one 32 KiB piece per tree): the same steps (each rank sends its half up, the root
+//     sends it back down), 2a + 3W;
+//   recursive doubling (8 KiB, one round): both sleep until a' = 40 + 8.192 us, woken one after
+//     the other: a' + 2W.
+// With as many cores as ranks nobody sleeps: the times without wake-ups.
+TEST(Sim, WakeUpsWhenRanksOutnumberCores) {
+    sim_net_t net = Net(2, 1);
+    const double a = 40 + (32 << 10) / 1e3, w = 100;
+    const double plain_ring = Simulate(net, SIM_RING, 64 << 10);
+    const double plain_tree = Simulate(net, SIM_TREE, 64 << 10);
+    const double plain_rd = Simulate(net, SIM_RD, 8 << 10);
+    net.wake_us = w;
+    net.wake_cores = 1;
+    EXPECT_NEAR(Simulate(net, SIM_RING, 64 << 10), 2 * a + 3 * w, 1e-6);
+    EXPECT_NEAR(Simulate(net, SIM_TREE, 64 << 10), 2 * a + 3 * w, 1e-6);
+    EXPECT_NEAR(Simulate(net, SIM_RD, 8 << 10), 40 + 8.192 + 2 * w, 1e-6);
+    net.wake_cores = 2;
+    EXPECT_NEAR(Simulate(net, SIM_RING, 64 << 10), plain_ring, 1e-6);
+    EXPECT_NEAR(Simulate(net, SIM_TREE, 64 << 10), plain_tree, 1e-6);
+    EXPECT_NEAR(Simulate(net, SIM_RD, 8 << 10), plain_rd, 1e-6);
+}
+
 // Leaf uplinks slower than the NICs: traffic between leaves slows the tree (every rank simulated)
 // and the ring (one host's ranks: every crossing edge takes the uplink's rate).
 TEST(Sim, LeafUplinksSlowTrafficBetweenLeaves) {
