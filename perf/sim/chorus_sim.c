@@ -4,7 +4,8 @@
  *
  *   chorus_sim [-n RANKS[,RANKS...]] [-L RANKS_PER_HOST] [-b MIN] [-e MAX] [-f FACTOR]
  *              [--shm ALPHA_US/GBPS] [--net ALPHA_US/GBPS] [--ib] [--nic-rx GBPS]
- *              [--leaf HOSTS/UPLINK_GBPS] [--cores C] [--threads] [--channels N] [--slot BYTES]
+ *              [--nic-burst BYTES[/PEAK_GBPS]]
+ *              [--leaf HOSTS/UPLINK_GBPS] [--cores C] [--wake US/C] [--threads] [--channels N] [--slot BYTES]
  *              [--nslots N] [--p2p-nslots N] [--ring-chunk BYTES] [--lag N] [-a ALGOS]
  *              [--events N] [--no-symmetry] [-M] [-v] [--markdown]
  *
@@ -30,8 +31,15 @@ static void usage(FILE *f) {
                "  --net A/G             between hosts: A us per hop, G GB/s per host NIC\n"
                "  --ib                  the network is RDMA for the tuner (default TCP)\n"
                "  --nic-rx G            GB/s of a NIC's receiving side (default: the same)\n"
+               "  --nic-burst B[/P]     a token bucket of B bytes on each host's sending side\n"
+               "                        (tc tbf): P GB/s (default --nic-rx's) until it is\n"
+               "                        empty; ops then run in a loop, the buckets carried\n"
                "  --leaf H/G            H hosts per leaf switch, G GB/s per leaf uplink\n"
                "  --cores C             cores per host (more ranks than cores slow shm steps)\n"
+               "  --wake US/C           the test bed: the job's ranks share C cores; with\n"
+               "                        more ranks, a rank that waited for its input\n"
+               "                        sleeps, and its step runs US after one of the C\n"
+               "                        cores takes its wake-up (ring, tree, rd; default off)\n"
                "  --threads             one host's ranks are threads of one process\n"
                "  --channels N          rings (default as the topology makes them)\n"
                "  --slot BYTES          slot size (default NCCL_BUFFSIZE / CHORUS_NSLOTS)\n"
@@ -125,14 +133,18 @@ int main(int argc, char **argv) {
         O_NOSYM,
         O_RCHUNK,
         O_LAG,
-        O_P2P
+        O_P2P,
+        O_BURST,
+        O_WAKE
     };
     static const struct option opts[] = {{"shm", 1, 0, O_SHM},
                                          {"net", 1, 0, O_NET},
                                          {"ib", 0, 0, O_IB},
                                          {"nic-rx", 1, 0, O_RX},
+                                         {"nic-burst", 1, 0, O_BURST},
                                          {"leaf", 1, 0, O_LEAF},
                                          {"cores", 1, 0, O_CORES},
+                                         {"wake", 1, 0, O_WAKE},
                                          {"threads", 0, 0, O_THREADS},
                                          {"channels", 1, 0, O_CH},
                                          {"slot", 1, 0, O_SLOT},
@@ -201,6 +213,20 @@ int main(int argc, char **argv) {
         case O_RX:
             net.nic_rx_gbps = atof(optarg);
             break;
+        case O_BURST: {
+            char *slash = strchr(optarg, '/');
+            if (slash) *slash = 0;
+            const int bad_size = parse_size(optarg, &z);
+            if (slash) *slash = '/';
+            if (bad_size || z == 0) goto bad;
+            net.nic_burst = z;
+            if (slash) {
+                char *end;
+                net.nic_peak = strtod(slash + 1, &end);
+                if (end == slash + 1 || *end != 0 || !(net.nic_peak > 0)) goto bad;
+            }
+            break;
+        }
         case O_LEAF:
             if (parse_pair(optarg, &a, &g)) goto bad;
             net.leaf_hosts = (int)a;
@@ -208,6 +234,11 @@ int main(int argc, char **argv) {
             break;
         case O_CORES:
             net.cores = atoi(optarg);
+            break;
+        case O_WAKE:
+            if (parse_pair(optarg, &a, &g) || !(a > 0) || !(g >= 1)) goto bad;
+            net.wake_us = a;
+            net.wake_cores = (int)g;
             break;
         case O_THREADS:
             net.threads = 1;
@@ -255,6 +286,7 @@ int main(int argc, char **argv) {
         fprintf(stderr, "chorus_sim: bad value '%s'\n", optarg);
         return 2;
     }
+    if (net.nic_burst > 0 && net.nic_peak == 0) net.nic_peak = net.nic_rx_gbps;
     if (factor <= 1 || minb > maxb || L < 1) {
         usage(stderr);
         return 2;
@@ -277,10 +309,14 @@ int main(int argc, char **argv) {
                    hosts > 1 ? "s" : "", net.host_ranks, net.shm_alpha_us, net.shm_gbps,
                    net.threads ? " (threads)" : "");
             if (net.cores > 0) printf(", %d cores per host", net.cores);
+            if (net.wake_cores > 0)
+                printf(", all ranks on %d cores, %.3g us a wake-up", net.wake_cores, net.wake_us);
             if (hosts > 1) {
                 printf("; net %.3g us/hop, NIC %.3g GB/s per host (%s)", net.net_alpha_us,
                        net.nic_gbps, ib ? "rdma" : "tcp");
                 if (net.nic_rx_gbps > 0) printf(", rx %.3g GB/s", net.nic_rx_gbps);
+                if (net.nic_burst > 0)
+                    printf(", burst %zu B at %.3g GB/s", net.nic_burst, net.nic_peak);
                 if (net.leaf_hosts > 0)
                     printf(", leaves of %d hosts, uplink %.3g GB/s", net.leaf_hosts,
                            net.uplink_gbps);

@@ -12,11 +12,19 @@
  *                              into the other), the receiving host's NIC (nic_rx_gbps), then
  *                              net_alpha_us; a message starts on the next queue when it started
  *                              on the previous one (cut-through) and arrives when it left the
- *                              last, plus the latency
- * A rank's reduction work is not charged apart from its copies, and slots limit what a connection
- * has in flight only where the schedule's order depends on it (the hierarchical all-reduce's
- * phase 1, NSLOTS chunks per connection; the tree's point-to-point connections, 2 slots from 9
- * ranks as connect sizes them, sim_net_p2p_nslots).
+ *                              last, plus the latency. Optionally (nic_burst) the sending side
+ *                              is a token bucket as tc tbf makes it: the link's own speed
+ *                              (nic_peak) while the bucket holds tokens, nic_gbps after;
+ *                              the op then runs in a loop, each op finding the buckets as the
+ *                              one before left them (sim_next_op)
+ * Optionally (wake_cores, wake_us: the namespace test bed, every "host" on one machine) the job's
+ * ranks share wake_cores cores; with more ranks than that, a rank that waits for its input
+ * sleeps, and the step it waited for runs wake_us after one of the cores (the earliest free, first
+ * come first served) took its wake-up (sim_wake; the ring, the tree and recursive doubling, not
+ * hier or one-shot). A rank's reduction work is not charged apart from its copies, and slots
+ * limit what a connection has in flight only where the schedule's order depends on it (the
+ * hierarchical all-reduce's phase 1, NSLOTS chunks per connection; the tree's point-to-point
+ * connections, 2 slots from 9 ranks as connect sizes them, sim_net_p2p_nslots).
  *
  * The algorithms (sim_ring.c, sim_tree.c, sim_hier.c, sim_rd.c), as their schedules in
  * src/collectives run them:
@@ -98,9 +106,13 @@ void sim_net_defaults(sim_net_t *net) {
     net->net_alpha_us = l->alpha_us;
     net->nic_gbps = l->beta / 1e3;
     net->nic_rx_gbps = 0;
+    net->nic_burst = 0;
+    net->nic_peak = 0;
     net->leaf_hosts = 0;
     net->uplink_gbps = 0;
     net->cores = 0;
+    net->wake_cores = 0;
+    net->wake_us = 0;
     net->threads = 0;
     net->slot_bytes = coll_model_slot_bytes();
     net->nslots = (int)chorus_param_int(PARAM_NSLOTS);
@@ -249,7 +261,42 @@ static int sim_init(sim_t *s, const sim_net_t *net, int nranks_sim, int nhosts_s
     s->nic_rx = calloc((size_t)nhosts_sim, sizeof(sim_queue_t));
     s->up_tx = calloc((size_t)nleaves, sizeof(sim_queue_t));
     s->up_rx = calloc((size_t)nleaves, sizeof(sim_queue_t));
-    return s->shm_tx && s->nic_tx && s->nic_rx && s->up_tx && s->up_rx ? 0 : -1;
+    s->bucket = calloc((size_t)nhosts_sim, sizeof(sim_bucket_t));
+    if (net->nic_burst > 0 && net->nic_peak > net->nic_gbps) {
+        s->burst = (double)net->nic_burst;
+        s->peak_b = net->nic_peak * 1e3;
+    }
+    if (sim_wakes(net)) {
+        s->ncores = net->wake_cores;
+        s->wake = net->wake_us;
+        s->core_free = calloc((size_t)s->ncores, sizeof(double));
+        if (s->core_free == NULL) return -1;
+    }
+    s->nhosts_sim = nhosts_sim;
+    s->nranks_sim = nranks_sim;
+    s->nleaves = nleaves;
+    return s->shm_tx && s->nic_tx && s->nic_rx && s->up_tx && s->up_rx && s->bucket ? 0 : -1;
+}
+
+/* The next op of a loop starts at `end` of this one: the queues empty, the clock back to 0, every
+ * bucket with the tokens it has by then. */
+static void sim_next_op(sim_t *s, double end) {
+    memset(s->shm_tx, 0, (size_t)s->nranks_sim * sizeof(sim_queue_t));
+    memset(s->nic_tx, 0, (size_t)s->nhosts_sim * sizeof(sim_queue_t));
+    memset(s->nic_rx, 0, (size_t)s->nhosts_sim * sizeof(sim_queue_t));
+    memset(s->up_tx, 0, (size_t)s->nleaves * sizeof(sim_queue_t));
+    memset(s->up_rx, 0, (size_t)s->nleaves * sizeof(sim_queue_t));
+    for (int c = 0; c < s->ncores; c++)
+        s->core_free[c] = 0;
+    for (int h = 0; h < s->nhosts_sim; h++) {
+        sim_bucket_t *b = &s->bucket[h];
+        b->tokens = b->tokens + (end - b->t) * s->tx_b;
+        if (b->tokens > s->burst) b->tokens = s->burst;
+        b->t = 0;
+    }
+    s->max_busy = 0;
+    s->messages = 0;
+    s->heap.n = 0;
 }
 
 static void sim_free(sim_t *s) {
@@ -258,6 +305,8 @@ static void sim_free(sim_t *s) {
     free(s->nic_rx);
     free(s->up_tx);
     free(s->up_rx);
+    free(s->bucket);
+    free(s->core_free);
     free(s->heap.v);
 }
 
@@ -272,6 +321,19 @@ static double queue_take(sim_t *s, sim_queue_t *q, double t, double dur, double 
     return st;
 }
 
+int sim_wakes(const sim_net_t *net) {
+    return net->wake_cores > 0 && net->wake_us > 0 && net->nranks > net->wake_cores;
+}
+
+double sim_wake(sim_t *s, double t) {
+    int c = 0;
+    for (int i = 1; i < s->ncores; i++)
+        if (s->core_free[i] < s->core_free[c]) c = i;
+    const double st = max_d(t, s->core_free[c]);
+    s->core_free[c] = st + s->wake;
+    return st + s->wake;
+}
+
 /* bytes from a rank (its copy queue src_q) to a rank of the same host: the arrival time. */
 double sim_xfer_shm(sim_t *s, int src_q, double bytes, double t) {
     s->messages++;
@@ -280,10 +342,35 @@ double sim_xfer_shm(sim_t *s, int src_q, double bytes, double t) {
     return end + s->shm_a;
 }
 
+/* How long host hq's sending side holds `bytes` that start at st: bytes / rate, or with a token
+ * bucket (tc tbf without a peak rate) the link's own speed while the bucket has tokens (it
+ * drains at peak - rate, being refilled at the rate meanwhile), then the rate. */
+static double nic_tx_time(sim_t *s, int hq, double bytes, double st) {
+    if (s->burst <= 0) return bytes / s->tx_b;
+    sim_bucket_t *b = &s->bucket[hq];
+    double tok = b->tokens + (st - b->t) * s->tx_b;
+    if (tok > s->burst) tok = s->burst;
+    const double until_empty = tok / (s->peak_b - s->tx_b); /* us at peak before it empties */
+    double dur;
+    if (bytes <= until_empty * s->peak_b) {
+        dur = bytes / s->peak_b;
+        tok -= bytes - dur * s->tx_b;
+    } else {
+        dur = until_empty + (bytes - until_empty * s->peak_b) / s->tx_b;
+        tok = 0;
+    }
+    b->tokens = tok;
+    b->t = st + dur;
+    return dur;
+}
+
 /* bytes from host hs to host hd (queues of hosts hq_s / hq_d, leaves of hs and hd). */
 double sim_xfer_net(sim_t *s, int hq_s, int hq_d, int hs, int hd, double bytes, double t) {
     s->messages++;
-    double end = 0, st = queue_take(s, &s->nic_tx[hq_s], t, bytes / s->tx_b, &end);
+    sim_queue_t *tx = &s->nic_tx[hq_s];
+    const double tx_st = max_d(t, tx->free_at);
+    double end = 0;
+    double st = queue_take(s, tx, t, nic_tx_time(s, hq_s, bytes, tx_st), &end);
     if (s->leaf && hs / s->leaf != hd / s->leaf) {
         st = queue_take(s, &s->up_tx[hs / s->leaf], st, bytes / s->up_b, &end);
         st = queue_take(s, &s->up_rx[hd / s->leaf], st, bytes / s->up_b, &end);
@@ -310,6 +397,21 @@ double sim_extrapolate(const sim_t *s, double *end, long sim, long total) {
 
 /* ---- entry points ---------------------------------------------------------------------------- */
 
+static int sim_run_algo(sim_t *s, int algo, size_t bytes, sim_result_t *res) {
+    switch (algo) {
+    case SIM_RING:
+        return sim_run_ring(s, bytes, res);
+    case SIM_TREE:
+        return sim_run_tree(s, bytes, res);
+    case SIM_HIER:
+        return sim_run_hier(s, bytes, res);
+    case SIM_RD:
+        return sim_run_rd(s, bytes, res);
+    default:
+        return sim_run_oneshot(s, bytes, res);
+    }
+}
+
 int sim_run(const sim_net_t *net, int algo, size_t bytes, sim_result_t *res, char *err,
             size_t errlen) {
     memset(res, 0, sizeof(*res));
@@ -323,6 +425,11 @@ int sim_run(const sim_net_t *net, int algo, size_t bytes, sim_result_t *res, cha
         snprintf(err, errlen, "bandwidths must be positive and latencies not negative");
         return -1;
     }
+    if (net->nic_burst > 0 && !(net->nic_peak > net->nic_gbps)) {
+        snprintf(err, errlen, "a NIC burst needs a peak rate above the NIC's %.3g GB/s",
+                 net->nic_gbps);
+        return -1;
+    }
     if (!sim_algo_applies(net, algo, bytes)) {
         snprintf(err, errlen, "%s does not run %zu bytes on %d ranks of %d per host",
                  sim_algo_name(algo), bytes, net->nranks, net->host_ranks);
@@ -334,31 +441,26 @@ int sim_run(const sim_net_t *net, int algo, size_t bytes, sim_result_t *res, cha
         return 0;
     }
     sim_t s;
-    const int ring = algo == SIM_RING && net->nranks > net->host_ranks && !net->no_symmetry;
+    /* Wake-ups share the job's cores across hosts: the ring is then simulated rank by rank. */
+    const int ring =
+        algo == SIM_RING && net->nranks > net->host_ranks && !net->no_symmetry && !sim_wakes(net);
     if (sim_init(&s, net, ring ? net->host_ranks : net->nranks,
                  ring ? 1 : net->nranks / net->host_ranks) != 0) {
         sim_free(&s);
         snprintf(err, errlen, "out of memory");
         return -1;
     }
-    int r;
-    switch (algo) {
-    case SIM_RING:
-        r = sim_run_ring(&s, bytes, res);
-        break;
-    case SIM_TREE:
-        r = sim_run_tree(&s, bytes, res);
-        break;
-    case SIM_HIER:
-        r = sim_run_hier(&s, bytes, res);
-        break;
-    case SIM_RD:
-        r = sim_run_rd(&s, bytes, res);
-        break;
-    default:
-        r = sim_run_oneshot(&s, bytes, res);
-        break;
+    /* With token buckets an op's time depends on what the ops before it left in them: run the
+     * loop as all_reduce_perf does (warm-up ops, then the mean of the timed ones). */
+    const int warm = s.burst > 0 ? SIM_LOOP_WARMUP : 0, timed = s.burst > 0 ? SIM_LOOP_TIMED : 1;
+    double sum = 0;
+    int r = 0;
+    for (int op = 0; op < warm + timed && r == 0; op++) {
+        if (op > 0) sim_next_op(&s, res->us);
+        r = sim_run_algo(&s, algo, bytes, res);
+        if (op >= warm) sum += res->us;
     }
+    res->us = sum / timed;
     res->messages = s.messages;
     sim_free(&s);
     if (r != 0) snprintf(err, errlen, "%s: simulation failed (out of memory)", sim_algo_name(algo));

@@ -30,9 +30,19 @@ typedef struct {
     double net_alpha_us; /* a hop between hosts (one message's latency and fixed costs) */
     double nic_gbps;     /* GB/s of a host's NIC, each direction, shared by its ranks */
     double nic_rx_gbps;  /* the receiving side, if different (0: nic_gbps) */
+    size_t nic_burst;    /* a token bucket on each host's sending side, as tc tbf shapes it (0:
+                            none): up to this many bytes go at nic_peak GB/s before nic_gbps
+                            applies; the bucket refills at nic_gbps. The op then runs in a loop
+                            as all_reduce_perf times it, each op finding the buckets as the one
+                            before left them */
+    double nic_peak;     /* GB/s: the link's own speed under the bucket (with nic_burst) */
     int leaf_hosts;      /* hosts per leaf switch (0: one switch, no shared uplinks) */
     double uplink_gbps;  /* GB/s of a leaf's uplink, each direction (with leaf_hosts) */
     int cores;           /* cores per host: more ranks than cores slow shm steps (0: enough) */
+    int wake_cores;      /* the test bed: all the job's ranks share this many cores (0: off) */
+    double wake_us;      /* with more ranks than wake_cores, a rank that waits for its input
+                            sleeps; each step it slept for costs this long on one of the cores
+                            (the earliest free) before it runs: its wake-up */
     int net_class;       /* the tuner's class for the network: 0 TCP between hosts, 1 RDMA */
     int threads;         /* one host: the ranks are threads of one process (the tuner's direct) */
     size_t slot_bytes;   /* a connection's slot (0: NCCL_BUFFSIZE / CHORUS_NSLOTS as connect) */

@@ -1,5 +1,7 @@
 /*
- * sim_rd.c: recursive doubling and the one-shot all-reduce (sim.c describes the model).
+ * sim_rd.c: recursive doubling and the one-shot all-reduce (sim.c describes the model). With
+ * wake-ups (sim_wake) a round whose message arrived after the rank was ready for it completes
+ * once the rank is woken.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -15,6 +17,7 @@ typedef struct {
     double *t_done; /* when its previous round completed */
     double *t_sent;
     double *recv; /* [x * (R + 2) + k]: arrival of round k's message to x (-1: not yet) */
+    int *woke;    /* wake-ups: rank x in its round slept for the message (1) and was woken (2) */
 } rd_t;
 
 static int rd_real(int newrank, int r) {
@@ -53,10 +56,17 @@ static void rd_advance(rd_t *g, int x) {
         if (rt < 0) return;
         double t = g->t_done[x];
         if (to >= 0) t = max_d(t, g->t_sent[x]);
+        if (sim_sleeps(g->s, t, rt) && g->woke[x] != 2) {
+            /* It waited for the message: asleep, woken when it arrives (EV_WAKE). */
+            if (g->woke[x] == 0) sim_heap_push(&g->s->heap, rt, EV_WAKE, x, 0, k);
+            g->woke[x] = 1;
+            return;
+        }
         t = max_d(t, rt);
         g->t_done[x] = t;
         g->cur[x]++;
         g->sent[x] = 0;
+        g->woke[x] = 0;
     }
 }
 
@@ -75,7 +85,8 @@ int sim_run_rd(sim_t *s, size_t bytes, sim_result_t *res) {
     g.t_done = calloc(n, sizeof(double));
     g.t_sent = calloc(n, sizeof(double));
     g.recv = malloc(n * w * sizeof(double));
-    int ok = g.cur && g.sent && g.t_done && g.t_sent && g.recv;
+    g.woke = calloc(n, sizeof(int));
+    int ok = g.cur && g.sent && g.t_done && g.t_sent && g.recv && g.woke;
     if (ok) {
         for (size_t i = 0; i < n * w; i++)
             g.recv[i] = -1;
@@ -84,6 +95,12 @@ int sim_run_rd(sim_t *s, size_t bytes, sim_result_t *res) {
         ev_t e;
         while (sim_heap_pop(&s->heap, &e)) {
             const int x = e.a, k = (int)e.k;
+            if (e.kind == EV_WAKE) { /* x's message of round k arrived while it slept */
+                g.recv[(size_t)x * w + (size_t)k] = sim_wake(s, e.t);
+                g.woke[x] = 2;
+                rd_advance(&g, x);
+                continue;
+            }
             int to, from;
             rd_round(&g, x, k, &to, &from);
             g.recv[(size_t)to * w + (size_t)k] = sim_xfer(s, x, to, g.bytes, e.t);
@@ -105,6 +122,7 @@ int sim_run_rd(sim_t *s, size_t bytes, sim_result_t *res) {
     free(g.t_done);
     free(g.t_sent);
     free(g.recv);
+    free(g.woke);
     return ok && !s->heap.oom ? 0 : -1;
 }
 

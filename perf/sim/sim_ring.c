@@ -1,6 +1,7 @@
 /*
  * sim_ring.c: the ring all-reduce, one host's ranks by the host symmetry (sim.c describes the
- * model).
+ * model). With wake-ups (sim_wake) a step whose input arrived after the rank's previous step is
+ * run once the rank is woken.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -94,15 +95,21 @@ static void ring_try(ring_t *g, int c, long l) {
             g->err = 1; /* arrivals come in step order: a bug if not */
             return;
         }
-        const double t = max_d(r->t, r->qt[r->qh]);
+        const double arr = r->qt[r->qh];
         r->qh = (r->qh + 1) % r->qcap;
         r->qn--;
-        sim_heap_push(&g->s->heap, t, EV_RING, c, (int)l, ns);
+        /* A rank that waited for its input slept (wake-ups on): it is woken when it arrives. */
+        const int kind = sim_sleeps(g->s, r->t, arr) ? EV_WAKE : EV_RING;
+        sim_heap_push(&g->s->heap, max_d(r->t, arr), kind, c, (int)l, ns);
     }
     r->pushed = 1;
 }
 
 static void ring_event(ring_t *g, const ev_t *e) {
+    if (e->kind == EV_WAKE) {
+        sim_heap_push(&g->s->heap, sim_wake(g->s, e->t), EV_RING, e->a, e->b, e->k);
+        return;
+    }
     const int c = e->a;
     const long l = e->b, s = e->k, k = s % g->steps_per_loop;
     ring_rank_t *r = &g->rk[c * g->R + l];
@@ -139,7 +146,7 @@ int sim_run_ring(sim_t *s, size_t bytes, sim_result_t *res) {
     g.s = s;
     g.n = s->n;
     g.remote = s->H > 1;
-    g.full = s->H == 1 || s->net->no_symmetry;
+    g.full = s->H == 1 || s->net->no_symmetry || s->ncores > 0;
     g.R = g.full ? s->n : s->L;
     res->reduced = !g.full;
     g.count = bytes / SIM_ESIZE;

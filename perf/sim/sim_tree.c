@@ -10,7 +10,9 @@
  * child once the first child's chunk of the piece was folded, a chunk down when it arrives. A
  * chunk leaves when its input is there (its children's chunks folded, or the result of the piece),
  * the chunk before it on the connection has left, and the chunk a slot count before it was taken.
- * A taken slot is free again at once (the credit's way back costs nothing here).
+ * A taken slot is free again at once (the credit's way back costs nothing here). With wake-ups
+ * (sim_wake) a chunk that arrives after its receiver last took or sent one finds it asleep: it is
+ * taken once the receiver is woken.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -27,7 +29,8 @@ typedef struct {
     int peer;      /* y (-1: none) */
     long key;      /* the sender's next key to look at */
     long pushed;   /* chunks given to the network (their send event made) */
-    long sent;     /* chunks whose arrival is known */
+    long xfered;   /* chunks the network has (their arrival time known) */
+    long sent;     /* chunks arrived (with wake-ups: their arrival event seen) */
     long taken;    /* chunks the receiver has taken */
     double last_t; /* when its latest chunk left */
     double *arr;   /* [nslots]: arrival of chunk i */
@@ -48,6 +51,7 @@ typedef struct {
     double *res_t;       /* [p * n + r]: when r has piece p's result (-1: not yet) */
     double *c0_t;        /* [p * n + r]: when r folded its first child's chunk (-1: not yet) */
     double *piece_end;
+    double *act; /* wake-ups: [r] when rank r last took or sent a chunk */
 } tree_t;
 
 static void tree_piece_len(const tree_t *g, long p, size_t *len) {
@@ -101,6 +105,7 @@ static void tree_drain(tree_t *g, int x, tree_conn_t *c) {
             t = max_d(t, c->took[(c->pushed - g->nslots) % g->nslots]);
         }
         c->last_t = max_d(c->last_t, t);
+        if (g->act) g->act[x] = max_d(g->act[x], c->last_t);
         c->piece[c->pushed % g->nslots] = p;
         c->pushed++;
         sim_heap_push(&g->s->heap, c->last_t, up ? EV_TREE_UP : EV_TREE_DOWN, x,
@@ -149,6 +154,7 @@ static void tree_take(tree_t *g, int x, tree_conn_t *c) {
         }
         c->took[s] = t;
         c->taken++;
+        if (g->act) g->act[y] = max_d(g->act[y], t);
         if (up) {
             if (g->ch[tt][0][y] == x) {
                 g->c0_t[i] = t;
@@ -167,9 +173,23 @@ static void tree_event(tree_t *g, const ev_t *e) {
     const long p = e->k;
     const int x = e->a;
     tree_conn_t *c = g->conn + (size_t)x * TREE_CONNS + (size_t)e->b;
+    if (e->kind == EV_WAKE) {
+        /* The connection's next chunk arrived at e->t: its receiver had nothing to do since
+         * before then, so it slept and takes the chunk once woken. */
+        double *arr = &c->arr[c->sent % g->nslots];
+        if (sim_sleeps(g->s, g->act[c->peer], *arr)) *arr = sim_wake(g->s, *arr);
+        c->sent++;
+        tree_take(g, x, c);
+        return;
+    }
     size_t len;
     tree_piece_len(g, p, &len);
-    c->arr[c->sent % g->nslots] = sim_xfer(g->s, x, c->peer, (double)len * SIM_ESIZE, e->t);
+    const double arr = sim_xfer(g->s, x, c->peer, (double)len * SIM_ESIZE, e->t);
+    c->arr[c->xfered++ % g->nslots] = arr;
+    if (g->act) { /* wake-ups: the arrival is an event, in time order with the others */
+        sim_heap_push(&g->s->heap, arr, EV_WAKE, x, e->b, p);
+        return;
+    }
     c->sent++;
     tree_take(g, x, c);
 }
@@ -215,6 +235,10 @@ int sim_run_tree(sim_t *s, size_t bytes, sim_result_t *res) {
     g.res_t = malloc(pn * sizeof(double));
     g.c0_t = malloc(pn * sizeof(double));
     g.piece_end = calloc((size_t)psim, sizeof(double));
+    if (s->ncores > 0) {
+        g.act = calloc((size_t)n, sizeof(double));
+        ok &= g.act != NULL;
+    }
     ok &= g.conn && slots && pieces && g.need && g.up_t && g.res_t && g.c0_t && g.piece_end;
     if (ok) {
         for (size_t i = 0; i < pn; i++)
@@ -277,5 +301,6 @@ int sim_run_tree(sim_t *s, size_t bytes, sim_result_t *res) {
     free(g.res_t);
     free(g.c0_t);
     free(g.piece_end);
+    free(g.act);
     return ok && !s->heap.oom ? 0 : -1;
 }

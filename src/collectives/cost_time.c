@@ -223,14 +223,16 @@ static double tree_time_us(const model_layout_t *lay, double b, size_t chunk, si
  * numbering; 0: the round stays inside the host). Only the odd rank of a folded pair takes part,
  * so a host of folded ranks sends half as many messages through its link as one of the rest, and
  * hosts of folded ranks and of the rest cross in different rounds. Hosts with the same counts
- * are kept once (a pattern), with the patterns of the hosts their ranks pair with in each round;
- * past RD_PATTERNS the last pattern takes the most of each round. The last shapes asked for are
- * kept (the walk is O(n log n)). */
+ * and the same fold (whether the host has folded ranks, which start their rounds after the fold
+ * in and end with the fold out) are kept once (a pattern), with the patterns of the hosts their
+ * ranks pair with in each round; past RD_PATTERNS the last pattern takes the most of each round.
+ * The last shapes asked for are kept (the walk is O(n log n)). */
 #define RD_PATTERNS 6
 typedef struct {
     int n, L, npat;
     unsigned char cross[RD_PATTERNS][32]; /* [pattern][k - 1]: round k (at most L <= 255) */
     unsigned char peers[RD_PATTERNS][32]; /* [pattern][k - 1]: the partners' patterns (bits) */
+    unsigned char folded[RD_PATTERNS];    /* the pattern's hosts have folded ranks */
 } rd_shape_t;
 
 #define RD_SHAPES 8
@@ -249,6 +251,7 @@ static void rd_shape_walk(int n, int L, rd_shape_t *sh) {
         sh->npat = 1;
         memset(sh->cross[0], (unsigned char)CHORUS_MIN(L, 255), sizeof(sh->cross[0]));
         memset(sh->peers[0], 1, sizeof(sh->peers[0]));
+        sh->folded[0] = r > 0;
         return;
     }
     for (int k = 1; k <= R; k++)
@@ -259,13 +262,16 @@ static void rd_shape_walk(int n, int L, rd_shape_t *sh) {
         }
     for (int h = 0; h < H; h++) {
         const unsigned char *c = cnt + (size_t)h * 32;
+        const unsigned char f = h * L < 2 * r; /* its first rank is folded */
         int p = 0;
-        while (p < sh->npat && memcmp(sh->cross[p], c, 32) != 0) p++;
+        while (p < sh->npat && (memcmp(sh->cross[p], c, 32) != 0 || sh->folded[p] != f)) p++;
         if (p == sh->npat && sh->npat < RD_PATTERNS) {
+            sh->folded[sh->npat] = f;
             memcpy(sh->cross[sh->npat++], c, 32);
         } else if (p == sh->npat) {
             p = RD_PATTERNS - 1;
             for (int k = 0; k < 32; k++) sh->cross[p][k] = CHORUS_MAX(sh->cross[p][k], c[k]);
+            sh->folded[p] |= f;
         }
         pat[h] = (unsigned char)p;
     }
@@ -399,13 +405,17 @@ static double rd_rank_walk(const model_layout_t *lay, double b) {
 }
 
 /* Recursive doubling's time: round by round, when each pattern of hosts (rd_shape) is through
- * it, then the fold in and out (a pair of one host when L is even). A host's round starts when
- * its ranks and their partners are through the previous one (the latest of the partners'
- * patterns). A round that stays inside the host is one shm step; one that crosses queues the
- * host's crossing messages on its link. The host's first crossing round so staggers its ranks
- * by one transfer each: in every later crossing round a rank's message finds the link free
- * unless the link's transfers take longer than one hop (latency and transfer), so such a round
- * takes the longer of the two. */
+ * it. With an even number of ranks per host a folded pair shares a host: the fold in (even to odd
+ * rank) is one shm step before a folded host's first round, the fold out one after its last, and
+ * hosts without folded ranks start at once. A round that stays inside the host is one shm step
+ * after the host's previous round. One that crosses ends when the partners' messages are there:
+ * each partner host queues its crossing messages on its link when it is through the previous
+ * round, so a message arrives its link's round later; and the host's own link takes its m
+ * messages coming in as it sends its m going out, from when the first partner started. The
+ * host's first crossing round so
+ * staggers its ranks by one transfer each: in every later crossing round a rank's message finds
+ * the link free unless the link's transfers take longer than one hop (latency and transfer), so
+ * such a round takes the longer of the two. */
 static double rd_time_us(const model_layout_t *lay, double b) {
     const int n = lay->n, L = lay->L, R = log2_floor(n), r = n - (1 << R);
     const coll_link_cost_t *x = lay->x, *s = lay->s;
@@ -414,33 +424,43 @@ static double rd_time_us(const model_layout_t *lay, double b) {
     rd_shape_t sh;
     if (L > 1) {
         rd_shape(n, L, &sh);
-    } else { /* one rank per host: every round crosses, one message per link */
+    } else { /* one rank per host: every round crosses, one message per link; the fold crosses */
+        memset(&sh, 0, sizeof(sh));
         sh.npat = 1;
         memset(sh.cross[0], 1, sizeof(sh.cross[0]));
         memset(sh.peers[0], 1, sizeof(sh.peers[0]));
     }
-    double tp[RD_PATTERNS] = {0}, next[RD_PATTERNS];
+    double tp[RD_PATTERNS] = {0}, next[RD_PATTERNS], link[RD_PATTERNS];
     int crossed[RD_PATTERNS] = {0};
+    for (int p = 0; p < sh.npat; p++)
+        if (sh.folded[p]) tp[p] = local;
     for (int k = 1; k <= R; k++) {
-        for (int p = 0; p < sh.npat; p++) {
-            double start = tp[p];
-            for (int q = 0; q < sh.npat; q++)
-                if (sh.peers[p][k - 1] >> q & 1) start = CHORUS_MAX(start, tp[q]);
+        for (int p = 0; p < sh.npat; p++) { /* the link's round of each pattern */
             const int m = sh.cross[p][k - 1];
-            if (m == 0) {
-                next[p] = start + local;
-            } else {
-                next[p] = start + (crossed[p] ? CHORUS_MAX(x->alpha_us + b / x->beta,
-                                                           m * b / x->beta)
-                                              : x->alpha_us + m * b / x->beta);
-                crossed[p] = 1;
-            }
+            link[p] = crossed[p] ? CHORUS_MAX(x->alpha_us + b / x->beta, m * b / x->beta)
+                                 : x->alpha_us + m * b / x->beta;
         }
+        for (int p = 0; p < sh.npat; p++) {
+            if (sh.cross[p][k - 1] == 0) {
+                next[p] = tp[p] + local;
+                continue;
+            }
+            double t = tp[p], first = -1;
+            for (int q = 0; q < sh.npat; q++)
+                if (sh.peers[p][k - 1] >> q & 1) {
+                    t = CHORUS_MAX(t, tp[q] + link[q]);
+                    if (first < 0 || tp[q] < first) first = tp[q];
+                }
+            /* The host's receiving side takes its m messages as its link sends its own. */
+            next[p] = CHORUS_MAX(t, first + link[p]);
+        }
+        for (int p = 0; p < sh.npat; p++)
+            if (sh.cross[p][k - 1] > 0) crossed[p] = 1;
         memcpy(tp, next, sizeof(tp));
     }
     double t = 0;
-    for (int p = 0; p < sh.npat; p++) t = CHORUS_MAX(t, tp[p]);
-    if (r > 0) t += 2 * (L == 1 ? x->alpha_us + b / x->beta : local);
+    for (int p = 0; p < sh.npat; p++) t = CHORUS_MAX(t, tp[p] + (sh.folded[p] ? local : 0));
+    if (r > 0 && L == 1) t += 2 * (x->alpha_us + b / x->beta);
     return t;
 }
 

@@ -244,13 +244,15 @@ TEST(CostModel, HostsShareTheirLink) {
     // 24 ranks (3 hosts x 8): 8 folded pairs (ranks 0-15, hosts 0 and 1), then ranks 16-23; the
     // fold is inside the hosts, rounds 1 and 2 too. Round 3 pairs odd ranks 8 apart: it crosses
     // between the two hosts of folded ranks, 4 messages through each link (only the odd rank of
-    // a pair takes part), and stays inside host 2. Round 4 crosses everywhere; host 2 starts it
-    // when its partners on hosts 0 and 1 are through round 3, and as its first crossing round it
-    // queues all 8 of its messages on its link (the folded hosts' 4, staggered by round 3, take
-    // the longer of a hop and their 4 transfers: less).
+    // a pair takes part), and stays inside host 2, which has no fold and is through it after 3
+    // shm steps. Round 4 crosses everywhere: host 2's messages to hosts 0 and 1 left at once,
+    // theirs to host 2 leave when they are through round 3 (the fold, 2 shm rounds, round 3),
+    // and host 2's link takes in their 8 as its first crossing round sends its 8 (the folded
+    // hosts' links, staggered by round 3, take the longer of a hop and their 4 transfers; their
+    // fold out follows a round that ends sooner).
     const coll_model_comm_t m3{24, 3, COLL_LINK_TCP_INTER, 0, 8};
-    const double rd3 = 2 * (s.alpha_us + b / s.beta) + 2 * (s.alpha_us + b / s.beta) +
-                       (x.alpha_us + 4 * b / x.beta) + (x.alpha_us + 8 * b / x.beta);
+    const double rd3 = 3 * (s.alpha_us + b / s.beta) + (x.alpha_us + 4 * b / x.beta) +
+                       (x.alpha_us + 8 * b / x.beta);
     EXPECT_NEAR(coll_model_time_us(&m3, links, COLL_ALLREDUCE, COLL_ALGO_LL, 64 * KiB, 0), rd3,
                 1e-6);
     // One rank per host: the link is the rank's own, every step crosses (the flat model).
