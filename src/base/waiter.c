@@ -14,8 +14,9 @@
  *      the same core, against 0.6 us on an idle one), so a thread whose yield kept the core away
  *      for 0.5 ms sleeps instead of yielding for the next second: a sleeper that wakes is run
  *      ahead of a task that has been running. Oversubscribed by our own ranks, a slow yield may
- *      be a peer's long turn, so the switch takes yields that average 0.5 ms since the last
- *      progress while more tasks are runnable than the host's ranks, and lasts 50 ms.
+ *      be a peer's long turn or a niced task's rare one, so the switch takes a 20 ms window
+ *      whose time went mostly to yields of 0.5 ms or more while more tasks were runnable than
+ *      the host's ranks, and lasts 50 ms.
  *   3. sleep: from 1 us doubling to 64 us within the yield window, then to 1 ms, so idle ranks
  *      (8 on 2 cores) stop competing. The caller's sleeper (chorus_waiter_set_sleeper: the
  *      engine's, which a peer's publish wakes) takes the sleep; without one, nanosleep. The
@@ -60,6 +61,9 @@
 #define CHORUS_WAITER_SHORT_SLEEP_NS 64000ull
 
 static _Thread_local uint64_t waiter_no_yield_until_ns;
+/* The same for waits oversubscribed by our own ranks, which decide on their own evidence: one
+ * slow yield of a wait that is not (bootstrap, connection setup) says nothing about them. */
+static _Thread_local uint64_t waiter_oversub_no_yield_until_ns;
 /* The most ranks of one communicator on this host (chorus_waiter_note_host_ranks). */
 static int waiter_host_ranks;
 
@@ -149,11 +153,27 @@ void chorus_waiter_init_timeout(chorus_waiter_t *w, volatile int *abort_flag, do
     w->yield_always = 0;
     w->sleep = NULL;
     w->sleep_arg = NULL;
-    w->yield_avg_ns = 0;
+}
+
+/* The oversubscribed yields' window (thread's own): when it began, and the time in it spent in
+ * slow yields. */
+#define CHORUS_WAITER_OVERSUB_WINDOW_NS 20000000ull
+static _Thread_local uint64_t waiter_oversub_win_start_ns, waiter_oversub_win_slow_ns;
+
+static void waiter_oversub_account(uint64_t t0, uint64_t t1) {
+    if (t1 - t0 > CHORUS_WAITER_SLOW_YIELD_NS) waiter_oversub_win_slow_ns += t1 - t0;
+    if (waiter_oversub_win_start_ns == 0) waiter_oversub_win_start_ns = t0;
+    const uint64_t span = t1 - waiter_oversub_win_start_ns;
+    if (span < CHORUS_WAITER_OVERSUB_WINDOW_NS) return;
+    if (2 * waiter_oversub_win_slow_ns > span && waiter_foreign_load() == 1)
+        waiter_oversub_no_yield_until_ns = t1 + CHORUS_WAITER_NO_YIELD_OVERSUB_NS;
+    waiter_oversub_win_start_ns = t1;
+    waiter_oversub_win_slow_ns = 0;
 }
 
 int chorus_waiter_sleeps_instead_of_yield(void) {
-    return chorus_now_ns() < waiter_no_yield_until_ns;
+    const uint64_t now = chorus_now_ns();
+    return now < waiter_no_yield_until_ns || now < waiter_oversub_no_yield_until_ns;
 }
 
 void chorus_waiter_init(chorus_waiter_t *w, volatile int *abort_flag) {
@@ -193,22 +213,16 @@ ncclResult_t chorus_waiter_step(chorus_waiter_t *w) {
         if (w->yield_always) {
             /* Oversubscribed by our own ranks: the task a yield hands the core to is mostly a
              * peer, whose turn may be long (a large chunk's reduction, filling its buffers),
-             * after which the wait mostly finds progress. Yields that stay slow on average
-             * without progress while more tasks are runnable than our ranks hand the core to
-             * tasks that are not peers (the host is loaded beyond our ranks): sleep instead
-             * for a while, where a peer's publish wakes this thread (the caller's sleeper)
-             * ahead of those tasks. */
+             * and now and then another task, which may be niced and rarely wins one. When most
+             * of a window's time went to yields that kept the core away for long while more
+             * tasks are runnable than our ranks, the host is loaded beyond our ranks: sleep
+             * instead for a while, where a peer's publish wakes this thread (the caller's
+             * sleeper) ahead of the other tasks. */
             uint64_t t0 = chorus_now_ns();
             if (waiter_late(w, t0)) return ncclSystemError;
-            if (t0 < w->yield_until_ns && t0 >= waiter_no_yield_until_ns) {
+            if (t0 < w->yield_until_ns && t0 >= waiter_oversub_no_yield_until_ns) {
                 sched_yield();
-                uint64_t t1 = chorus_now_ns();
-                w->yield_avg_ns = (3 * w->yield_avg_ns + (t1 - t0)) / 4;
-                if (w->yield_avg_ns > CHORUS_WAITER_SLOW_YIELD_NS) {
-                    w->yield_avg_ns = 0;
-                    if (waiter_foreign_load() == 1)
-                        waiter_no_yield_until_ns = t1 + CHORUS_WAITER_NO_YIELD_OVERSUB_NS;
-                }
+                waiter_oversub_account(t0, chorus_now_ns());
                 return ncclSuccess;
             }
         } else {

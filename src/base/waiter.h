@@ -35,7 +35,6 @@ typedef struct {
     uint64_t yield_ns;        /* then yields for this long: CHORUS_YIELD_NS */
     uint64_t yield_until_ns;  /* end of the yield phase */
     int yield_always;         /* 1: oversubscribed by peers: yields are mostly to peers */
-    uint64_t yield_avg_ns;    /* yield_always: moving average of the yields since progress */
     uint64_t start_ns;        /* when the wait began (chorus_waiter_init) */
     uint64_t report_next_ns;  /* next call of report (0: no report) */
     /* Called with the seconds waited so far and the wait's timeout (chorus_waiter_set_report). */
@@ -127,7 +126,6 @@ void chorus_event_wait(chorus_event_t *ev, uint32_t seen, uint64_t timeout_ns);
 static inline void chorus_waiter_progress(chorus_waiter_t *w) {
     w->polls = 0;
     w->sleep_ns = 0;
-    w->yield_avg_ns = 0;
 }
 
 #endif
