@@ -29,8 +29,9 @@
  * jobs on the same 2 cores: small ops faster, 2 MiB 1.5-2x slower (0.2-0.5 ms against 0.16-0.21)
  * but still faster than Open MPI's 0.67-5 ms mean there. 8 ranks on 2 cores: unchanged (they
  * keep yielding). SPIN_NS 20 us and 100 us measured alike; the default is between them. 4 ranks
- * on the 2 cores beside two busy loops: 8 B 1.3-3.1 ms per op while they kept yielding, 0.04-0.1
- * ms sleeping on the doorbells; 32-256 KiB 7.6-11.8 ms and 0.4-1.2 ms.
+ * on the 2 cores beside two busy loops (compare.py --busy 2, mean per call): 8 B-4 KiB 1.2-1.5
+ * ms while they kept yielding, 0.14-0.22 ms switching to sleeps on the doorbells; 32-256 KiB
+ * 5.4-11 ms and 0.7-1.4 ms. Unloaded, 4 and 8 ranks measured level with the yields alone.
  */
 #include <errno.h>
 #include <limits.h>
