@@ -54,8 +54,8 @@
 /* ... after which this thread sleeps instead of yielding for this long. */
 #define CHORUS_WAITER_NO_YIELD_NS 1000000000ull
 /* Oversubscribed by our own ranks, where slow yields may also be peers' long turns: shorter, so
- * that a wrong guess costs little and a loaded host is looked at again (one slow yield per
- * period). */
+ * that a wrong guess costs little and a loaded host is looked at again (one window of yields
+ * per period). */
 #define CHORUS_WAITER_NO_YIELD_OVERSUB_NS 50000000ull
 
 /* Longest sleep of a wait still within its yield window. */
