@@ -7,8 +7,9 @@
  * thread whose yield lost the core for long to a task that is not a peer sleeps instead of
  * yielding for a while (src/base/waiter.c has the reasons and the measurements). Callers that
  * know the host is oversubscribed by their own ranks call chorus_waiter_no_spin after init: no
- * spin, and yields whatever they cost. Every wait has a deadline (CHORUS_TIMEOUT) and checks an
- * abort flag. Usage:
+ * spin, and yields that sleep instead only when the host is loaded beyond those ranks. A caller
+ * may take the sleeps itself (chorus_waiter_set_sleeper: the engine sleeps until a peer's
+ * publish wakes it). Every wait has a deadline (CHORUS_TIMEOUT) and checks an abort flag. Usage:
  *
  *   chorus_waiter_t w; chorus_waiter_init(&w, comm->abort_flag);
  *   while (!ready) { CHECK(chorus_waiter_step(&w)); }

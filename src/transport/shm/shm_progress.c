@@ -279,9 +279,9 @@ static ncclResult_t shm_recv_release(chorus_conn_t *conn) {
     return ncclSuccess;
 }
 
-/* This end's bell: the receiver's rings when the sender commits, the sender's when the
- * receiver releases. A paired sender also gets credit from the peer's chunks on the reverse
- * connection (shm_pair.c), which ring that connection's receive bell: a caller arms both. */
+/* This end's bell: the receiver's rings when the sender commits (or closes), the sender's when
+ * the receiver releases (every release stores head, so a paired sender that takes its credit
+ * from acks is woken by the release too) or closes. */
 static uint32_t *shm_wait_arm(chorus_conn_t *conn, uint32_t *seen_p) {
     shm_conn_t *sc = conn->priv;
     const int which = sc->is_send ? SHM_BELL_SEND : SHM_BELL_RECV;
