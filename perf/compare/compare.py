@@ -113,13 +113,32 @@ class Results:
         self.round = 0     # the round that add() files samples under
         self.status = {}   # lib -> coll -> "ok" | message
         self.version = {}
-        self.rtt = {}      # lib -> [cross-core round trip in ns before each of its runs]
+        self.runs = {}     # lib -> round -> {rtt_before, rtt_after (ns), steal_ms} of its run
 
     def add(self, lib, coll, size, t, mean):
         self.samples.setdefault(lib, {}).setdefault(coll, {}).setdefault(size, []).append(t)
         self.means.setdefault(lib, {}).setdefault(coll, {}).setdefault(size, []).append(mean)
         self.rounds.setdefault(lib, {}).setdefault(coll, {}).setdefault(size, {}) \
             .setdefault(self.round, []).append(t)
+
+    def observe(self, lib, rtt_before, rtt_after, steal):
+        """The machine's state around one run of lib in the current round (runners.observed)."""
+        self.runs.setdefault(lib, {})[self.round] = {
+            "rtt_before": rtt_before, "rtt_after": rtt_after, "steal_ms": steal}
+
+    def run_state(self, lib, r):
+        """One run's state as text: "92->509 ns, steal 0 ms"."""
+        o = self.runs.get(lib, {}).get(r)
+        if not o:
+            return "?"
+        ns = "->".join("?" if v is None else str(v) for v in (o["rtt_before"], o["rtt_after"]))
+        return f"{ns} ns, steal {'?' if o['steal_ms'] is None else o['steal_ms']} ms"
+
+    def slowest_round(self, lib, coll, size):
+        """The round whose median time was the largest at this size, or None."""
+        per = self.rounds.get(lib, {}).get(coll, {}).get(size, {})
+        meds = {r: statistics.median(v) for r, v in per.items() if v}
+        return max(meds, key=meds.get) if len(meds) >= 2 else None
 
     def round_spread(self, lib, coll, size):
         """Slowest round's median time / fastest round's, with the number of rounds; None with
@@ -223,6 +242,17 @@ def spread_table(a, res, libs, coll, sizes):
         lines.append("| " + " | ".join(row) + " |")
     lines.append("| largest | " + " | ".join(f"{worst[lib]:.2f}x" if lib in worst else "-"
                                              for lib in shown) + " |")
+    slow = {}  # lib -> the round that was slowest at the most sizes
+    for lib in shown:
+        counts = {}
+        for s in sizes:
+            r = res.slowest_round(lib, coll, s)
+            if r is not None:
+                counts[r] = counts.get(r, 0) + 1
+        if counts:
+            r = max(counts, key=counts.get)
+            slow[lib] = f"{r + 1} at {counts[r]} of {len(sizes)} sizes ({res.run_state(lib, r)})"
+    lines.append("| slowest round | " + " | ".join(slow.get(lib, "-") for lib in shown) + " |")
     lines.append("")
     return lines
 
@@ -431,11 +461,14 @@ def write_outputs(a, res, skipped, started, load0):
           + (f" Chorus environment: {' '.join(a.chorus_env)}." if a.chorus_env else "")
           + (f" {a.busy} busy loops ran alongside every library." if a.busy > 0 else ""),
           ""]
-    if res.rtt:
-        md += ["Cross-core round trip just before each run (`build/bin/membw_bench -L`, ns; on the "
-               "project's guest ~60-140 when its two vCPUs share a die, ~420-560 when they do "
-               "not): " + "; ".join(f"{lib} {', '.join(str(v) for v in vs)}"
-                                   for lib, vs in res.rtt.items()) + ".", ""]
+    if res.runs:
+        md += ["Machine state around each run, per round: the cross-core round trip before -> "
+               "after it (`build/bin/membw_bench -L`; on the project's guest ~60-140 ns when its "
+               "two vCPUs share a die, ~420-560 ns when they do not) and the CPU time the "
+               "hypervisor gave to others during it (steal, /proc/stat, both CPUs together):", ""]
+        md += [f"- {lib}: " + "; ".join(f"{r + 1}: {res.run_state(lib, r)}"
+                                       for r in sorted(rs)) for lib, rs in res.runs.items()]
+        md.append("")
     md += [f"- skipped {s}" for s in skipped]
     md += ["", make_tables(a, res, libs), "![busbw vs size](latest.png)" if plot_status == "ok"
            else f"(plot: {plot_status})", ""]
@@ -446,7 +479,9 @@ def write_outputs(a, res, skipped, started, load0):
                    "iters": a.iters, "warmup": a.warmup, "repeats": a.repeats,
                    "rounds": a.rounds, "peers": a.peers,
                    "stat": a.stat, "versions": res.version, "status": res.status,
-                   "skipped": skipped, "rtt_ns": res.rtt,
+                   "skipped": skipped,
+                   "runs": {lib: {str(r + 1): o for r, o in rs.items()}
+                            for lib, rs in res.runs.items()},
                    "mean_us": {lib: {c: {str(s): v for s, v in d.items()}
                                      for c, d in cs.items()}
                                for lib, cs in res.means.items()},

@@ -6,6 +6,7 @@ MPICH, oneccl_bench.cpp, gloo_bench.py) print `[coll] size count mean_us rep med
 prepare_peers() finds and compiles every peer that --peers names, once per run; run_all() is one
 round: every Chorus column, then every peer.
 """
+import contextlib
 import glob
 import json
 import os
@@ -54,16 +55,37 @@ def tail(text, n=4):
     return " | ".join(line for line in text.strip().splitlines()[-n:])
 
 
-def probe_rtt(a, res, lib):
-    """Record the cross-core round trip (build/bin/membw_bench -L) just before a library runs:
-    on a guest whose vCPUs the host moves between dies it tells which state the run saw."""
+def probe_rtt(a):
+    """The cross-core round trip in ns (build/bin/membw_bench -L), or None: on a guest whose
+    vCPUs the host moves between dies it tells which state a run saw."""
     exe = os.path.join(a.build, "bin", "membw_bench")
     if not os.access(exe, os.X_OK):
-        return
+        return None
     rc, out, err = run([exe, "-L"], timeout=60)
     m = re.search(r"rtt_ns (-?\d+)", out or "")
-    if rc == 0 and m and int(m.group(1)) > 0:
-        res.rtt.setdefault(lib, []).append(int(m.group(1)))
+    return int(m.group(1)) if rc == 0 and m and int(m.group(1)) > 0 else None
+
+
+def steal_ms():
+    """CPU time the hypervisor gave to others, all CPUs together, in ms since boot (the steal
+    column of /proc/stat), or None where the kernel does not count it."""
+    try:
+        with open("/proc/stat") as f:
+            fields = f.readline().split()
+        return int(fields[8]) * 1000 // os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+@contextlib.contextmanager
+def observed(a, res, lib):
+    """Around one library's run: the round trip before and after it and the steal time during
+    it, so that a slow round can be matched with the state the machine was in."""
+    before, steal0 = probe_rtt(a), steal_ms()
+    yield
+    steal1 = steal_ms()
+    res.observe(lib, before, probe_rtt(a),
+                steal1 - steal0 if steal0 is not None and steal1 is not None else None)
 
 
 def chorus_launcher(build):
@@ -184,18 +206,18 @@ def run_ompi(a, res, peer):
     for lib, btl in (("mpi-shm", "vader,self"), ("mpi-tcp", "tcp,self")):
         if lib == "mpi-tcp" and a.no_mpi_tcp:
             continue
-        probe_rtt(a, res, lib)
-        run_launched(a, res, lib, [peer["mpirun"], "--allow-run-as-root", "--oversubscribe",
-                                   "-np", str(a.np), "--mca", "btl", btl, peer["exe"]])
+        with observed(a, res, lib):
+            run_launched(a, res, lib, [peer["mpirun"], "--allow-run-as-root", "--oversubscribe",
+                                       "-np", str(a.np), "--mca", "btl", btl, peer["exe"]])
 
 
 def run_mpich(a, res, peer):
     # MPICH's launcher leaves its ranks unbound, where Open MPI's mpirun, Intel MPI's mpiexec and
     # chorusrun bind theirs by default; unbound, two polling ranks that the scheduler puts on one
     # core wait a time slice for each other (milliseconds per call on a busy machine).
-    probe_rtt(a, res, "mpich")
-    run_launched(a, res, "mpich", [peer["mpiexec"], "-bind-to", "core", "-n", str(a.np),
-                                   peer["exe"]])
+    with observed(a, res, "mpich"):
+        run_launched(a, res, "mpich", [peer["mpiexec"], "-bind-to", "core", "-n", str(a.np),
+                                       peer["exe"]])
 
 
 def oneccl_env(venv, ofi):
@@ -213,13 +235,18 @@ def oneccl_env(venv, ofi):
 
 
 def run_oneccl(a, res, peer, lib):
-    probe_rtt(a, res, lib)
-    run_launched(a, res, lib, [os.path.join(peer["venv"], "bin", "mpiexec"), "-n", str(a.np),
-                               peer["exe"]], env=oneccl_env(peer["venv"], lib == "oneccl-ofi"))
+    with observed(a, res, lib):
+        run_launched(a, res, lib, [os.path.join(peer["venv"], "bin", "mpiexec"), "-n",
+                                   str(a.np), peer["exe"]],
+                     env=oneccl_env(peer["venv"], lib == "oneccl-ofi"))
 
 
 def run_gloo(a, res, peer=None):
-    probe_rtt(a, res, "gloo")
+    with observed(a, res, "gloo"):
+        run_gloo_once(a, res)
+
+
+def run_gloo_once(a, res):
     cmd = ["/usr/bin/python3", os.path.join(HERE, "gloo_bench.py"), "--np", str(a.np), "--coll",
            ",".join(a.colls), "--minbytes", str(a.minbytes), "--maxbytes", str(a.maxbytes),
            "--factor", str(a.factor), "--iters", str(a.iters), "--warmup", str(a.warmup),
@@ -238,17 +265,17 @@ def run_gloo(a, res, peer=None):
 
 def run_all(a, res, peers):
     """One round: every Chorus column, then every peer that prepare_peers readied."""
-    probe_rtt(a, res, "chorus-shm")
-    run_chorus(a, res, "chorus-shm", "shm")
+    with observed(a, res, "chorus-shm"):
+        run_chorus(a, res, "chorus-shm", "shm")
     if a.before:
-        probe_rtt(a, res, "chorus-shm-before")
-        run_chorus(a, res, "chorus-shm-before", "shm", os.path.abspath(a.before))
+        with observed(a, res, "chorus-shm-before"):
+            run_chorus(a, res, "chorus-shm-before", "shm", os.path.abspath(a.before))
     if not a.no_chorus_threads:
-        probe_rtt(a, res, "chorus-threads")
-        run_chorus(a, res, "chorus-threads", "shm", threads=True)
+        with observed(a, res, "chorus-threads"):
+            run_chorus(a, res, "chorus-threads", "shm", threads=True)
     if not a.no_chorus_tcp:
-        probe_rtt(a, res, "chorus-tcp")
-        run_chorus(a, res, "chorus-tcp", "tcp")
+        with observed(a, res, "chorus-tcp"):
+            run_chorus(a, res, "chorus-tcp", "tcp")
     for name, peer in peers.items():
         if name == "ompi":
             run_ompi(a, res, peer)

@@ -98,6 +98,26 @@ class Tables(unittest.TestCase):
         self.assertIn("chorus-shm/best peer", md)
         self.assertEqual(rows[1], "| 1048576 | 2.00x | 1.00x | 1.00x |")
 
+    def test_slowest_round_names_its_machine_state(self):
+        a = compare.parse_args(["--colls", "allreduce", "--rounds", "2"])
+        res = self.results()
+        for r, (before, after, steal) in enumerate([(92, 101, 0), (503, 512, 40)]):
+            res.round = r
+            res.observe("chorus-shm", before, after, steal)
+        res.observe("mpich", None, 95, None)
+        self.assertEqual(res.slowest_round("chorus-shm", "allreduce", 1 << 20), 1)
+        md = compare.make_tables(a, res, ["chorus-shm", "mpich", "oneccl-ofi"])
+        row = [line for line in md.splitlines() if line.startswith("| slowest round ")][0]
+        self.assertIn("| 2 at 1 of 1 sizes (503->512 ns, steal 40 ms) |", row)
+        self.assertEqual(res.run_state("mpich", 1), "?->95 ns, steal ? ms")
+        self.assertEqual(res.run_state("oneccl-ofi", 0), "?")
+
+    def test_steal_reads_proc_stat(self):
+        v = runners.steal_ms()
+        if os.path.exists("/proc/stat"):
+            self.assertIsNotNone(v)
+            self.assertGreaterEqual(v, 0)
+
 
 class Exit(unittest.TestCase):
     def test_failures(self):
