@@ -149,6 +149,17 @@ typedef struct {
 /* Direct algorithm (direct.c): largest rank count (inputs folded per kernel call). */
 #define COLL_DIRECT_MAX_RANKS 64
 
+/* store_choice.c: per collective and size class, how a streamed ring op's senders write their
+ * slots (SLOT_STORE_*), from whole ops timed in each mode. */
+#define COLL_STORE_CLASSES 48 /* size classes: powers of two of the output bytes */
+#define COLL_STORE_KEEP 3     /* runs kept per mode; the estimate is their fastest */
+typedef struct {
+    uint32_t ops;    /* streamed ops of this class begun so far */
+    uint8_t mode;    /* the mode in use */
+    uint8_t next[2]; /* per mode: where its next run goes in runs[] */
+    uint64_t runs[2][COLL_STORE_KEEP]; /* per mode: ns per KiB of output (0: none) */
+} coll_store_choice_t;
+
 typedef struct coll_op {
     struct ncclComm *comm;
     struct coll_engine *engine;
@@ -172,6 +183,8 @@ typedef struct coll_op {
     size_t chunk_elems;
     int stream; /* output far larger than the cache: streaming stores, chunks through the slots
                  * (coll_ring_plan) */
+    int8_t store_mode; /* streamed ops: how its senders write the slots (store_choice.c) */
+    uint64_t store_t0; /* streamed ops: when it began running (0: not timed) */
     coll_plan_t plan;
 
     /* point-to-point transfers */
@@ -298,6 +311,10 @@ struct coll_engine {
     uint64_t wf_epoch, wf_sent_ns;
     uint64_t *wf_fwd;
     uint64_t serial; /* unique among all engines this process created (tuner.c's cache key) */
+    /* store_choice.c: [all-reduce, reduce-scatter, all-gather][size class]; off when
+     * CHORUS_SHM_SLOT_STREAM forces a mode. Under the engine lock. */
+    int store_choice_off;
+    coll_store_choice_t store_choice[3][COLL_STORE_CLASSES];
     /* allreduce_oneshot.c: a copy of this rank's input for in-place ops, used only by the op at
      * the head of the queue (one at a time); grown at setup, freed with the engine. */
     void *oneshot_scratch;
@@ -322,6 +339,18 @@ void coll_engine_enqueue_locked(coll_op_t *op);
 /* Drive progress of the given comms until every op in ops[] is done (blocking entry points,
  * group end, chorusWait). Returns the first op error. */
 ncclResult_t coll_engine_wait(coll_op_t **ops, int nops);
+/* store_choice.c. Begin: when a streamed ring op starts running, pick its mode and set it on
+ * its send connections; end: when it finishes (ok: successfully, then its time counts), clear
+ * them. Both under the engine lock. */
+void coll_store_begin(coll_op_t *op);
+void coll_store_end(coll_op_t *op, int ok);
+/* The mode for the next op of a chooser, and recording that op's time (returns 1 when the mode
+ * in use changed); for tests. */
+int coll_store_choice_next(coll_store_choice_t *c);
+int coll_store_choice_record(coll_store_choice_t *c, int mode, uint64_t ns, size_t bytes);
+/* Streamed ops timed in this process so far, those run streaming, and mode changes (tests). */
+void coll_store_choice_stats(uint64_t *ops_p, uint64_t *streamed_p, uint64_t *changes_p);
+
 /* engine_sleep.c */
 /* The sleep of a wait on these engines' ops (a chorus_waiter_t sleeper): arm the doorbells of
  * the connections their running ops use, one more progress pass, then sleep until a peer rings

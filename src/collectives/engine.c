@@ -66,6 +66,7 @@ ncclResult_t coll_engine_create(struct ncclComm *comm) {
     e->oversubscribed = ncpu > 0 && local > ncpu;
     chorus_waiter_note_host_ranks(local);
     comm->root_check_off = chorus_param_int(PARAM_ROOT_CHECK) == 0;
+    e->store_choice_off = chorus_param_int(PARAM_SHM_SLOT_STREAM) != -1;
     INFO(SUB_COLL, "rank %d: %d ranks on this host, %ld CPUs%s", comm->rank, local, ncpu,
          e->oversubscribed ? ": oversubscribed, waits yield at once" : "");
     comm->engine = e;
@@ -506,10 +507,14 @@ void coll_engine_progress_locked(struct coll_engine *e, int *progressed_p) {
         }
         if (op->failing) {
             op_fail_progress(op);
-            if (op->done) *progressed_p = 1;
+            if (op->done) {
+                coll_store_end(op, 0);
+                *progressed_p = 1;
+            }
             continue;
         }
         if (op->uses_ring && e->ring_served != op->ring_ticket) continue;
+        if (op->stream && op->store_t0 == 0) coll_store_begin(op);
         int done = 0;
         ncclResult_t r = op->algo->progress(op, &done);
         if (r != ncclSuccess && !op->failing) {
@@ -522,6 +527,7 @@ void coll_engine_progress_locked(struct coll_engine *e, int *progressed_p) {
         }
         if (done == 2) *progressed_p = 1; /* moved without finishing */
         if (done == 1) {
+            coll_store_end(op, 1);
             __atomic_store_n(&op->done, 1, __ATOMIC_RELAXED);
             op->result = ncclSuccess;
             if (op->uses_ring) e->ring_served++;

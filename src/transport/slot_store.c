@@ -25,6 +25,11 @@
  * The sender's own copy is what slows down between dies. Where the cores share a cache, the two
  * rates are close, and the receiver's reads from cache make plain stores the faster choice.
  *
+ * That measurement cannot tell the two states apart for the streamed ring ops (their slots stay
+ * in cache, so the receiver's reads decide): those choose per op from whole ops' times
+ * (src/collectives/store_choice.c) and set op_mode on their send connections while they run;
+ * chunks written then follow it and are not sampled.
+ *
  * CHORUS_SHM_SLOT_STREAM: -1 measure (the default), 0 always plain, 1 always streaming.
  */
 #include <stdatomic.h>
@@ -85,6 +90,7 @@ void slot_store_init(slot_store_t *st, int ok) {
         st->mode = (uint8_t)p;
     }
     st->best[0] = st->best[1] = UINT64_MAX;
+    st->op_mode = -1;
 }
 
 static inline void slot_store_write(int mode, void *dst, const void *src, size_t bytes) {
@@ -134,7 +140,9 @@ void slot_store_copy_large(chorus_conn_t *conn, void *dst, const void *src, size
     slot_store_t *st = &conn->store;
     int mode = st->mode;
     const uint32_t k = ++st->chunks;
-    if (st->forced) {
+    if (st->forced || st->op_mode >= 0) {
+        /* Forced, or the running op chose (store_choice.c): no probes, no samples. */
+        if (!st->forced) mode = st->op_mode;
         st->streamed += mode == SLOT_STORE_STREAM;
         slot_store_write(mode, dst, src, bytes);
         return;

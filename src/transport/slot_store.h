@@ -31,9 +31,14 @@ static inline void slot_store_copy(chorus_conn_t *conn, void *dst, const void *s
     else
         slot_store_copy_large(conn, dst, src, bytes);
 }
+/* The mode large chunks are written in now: the running op's choice, else the connection's. */
+static inline int slot_store_mode(const slot_store_t *st) {
+    return st->op_mode >= 0 ? st->op_mode : st->mode;
+}
 /* Whether a chunk of `bytes` that a kernel writes into the slot (a reduce) should stream. */
 static inline int slot_store_streams(const chorus_conn_t *conn, size_t bytes) {
-    return conn->store.mode == SLOT_STORE_STREAM && bytes >= SLOT_STORE_MIN_BYTES;
+    return conn->store.ok && slot_store_mode(&conn->store) == SLOT_STORE_STREAM &&
+           bytes >= SLOT_STORE_MIN_BYTES;
 }
 /* One timed copy of `bytes` in `mode` that took `ticks`, as slot_store_copy records it (tests). */
 void slot_store_feed(chorus_conn_t *conn, int mode, uint64_t ticks, size_t bytes);

@@ -15,6 +15,7 @@
 #include "coll_cases.h"
 
 extern "C" {
+#include "coll_engine.h"
 #include "slot_store.h"
 }
 
@@ -87,6 +88,61 @@ TEST(SlotStoreChooser, ForcedModesIgnoreMeasurements) {
     }
     unsetenv("CHORUS_SHM_SLOT_STREAM");
     ncclResetDebugInit();
+}
+
+// The per-op chooser of the streamed ring ops (store_choice.c): whole ops timed in each mode.
+namespace {
+
+struct OpChooser {
+    coll_store_choice_t c{};
+    std::string modes; // 'p' or 's' per op run so far
+    // One op at these costs (ns per KiB) per mode; returns whether the mode in use changed.
+    int run(uint64_t plain_ns_per_kib, uint64_t stream_ns_per_kib) {
+        int m = coll_store_choice_next(&c);
+        modes += m == SLOT_STORE_STREAM ? 's' : 'p';
+        uint64_t per = m == SLOT_STORE_STREAM ? stream_ns_per_kib : plain_ns_per_kib;
+        return coll_store_choice_record(&c, m, per * 1024, 1 << 20); // 1 MiB ops
+    }
+    void run_n(int n, uint64_t plain, uint64_t stream) {
+        for (int i = 0; i < n; i++) run(plain, stream);
+    }
+};
+
+} // namespace
+
+TEST(StoreChoice, AlternatesFourOpsThenProbesEverySixteenth) {
+    OpChooser o;
+    o.run_n(40, 100, 170); // plain faster: stays plain
+    EXPECT_EQ(o.modes.substr(0, 4), "psps");
+    for (size_t k = 5; k <= 40; k++) // 1-based op numbers
+        EXPECT_EQ(o.modes[k - 1], k % 16 == 0 ? 's' : 'p') << "op " << k;
+    EXPECT_EQ(o.c.mode, SLOT_STORE_PLAIN);
+}
+
+TEST(StoreChoice, FollowsTheFasterModeBothWays) {
+    OpChooser o;
+    o.run_n(4, 160, 110); // two dies: streaming faster, chosen after the first four
+    EXPECT_EQ(o.c.mode, SLOT_STORE_STREAM);
+    o.run_n(4, 120, 105); // plain 1.14x slower: keeps streaming
+    EXPECT_EQ(o.c.mode, SLOT_STORE_STREAM);
+    // The cores come to share a cache: streaming slows, plain speeds up. The next plain probe
+    // (op 16) switches back.
+    int changes = 0;
+    for (int k = 9; k <= 16; k++) changes += o.run(100, 170);
+    EXPECT_EQ(o.c.mode, SLOT_STORE_PLAIN);
+    EXPECT_EQ(changes, 1);
+    // Within 10 %: no change either way.
+    o.run_n(40, 100, 95);
+    EXPECT_EQ(o.c.mode, SLOT_STORE_PLAIN);
+}
+
+TEST(StoreChoice, OneSlowOpChangesNothing) {
+    OpChooser o;
+    o.run_n(8, 100, 170);
+    ASSERT_EQ(o.c.mode, SLOT_STORE_PLAIN);
+    EXPECT_EQ(o.run(100 * 50, 170), 0); // a preempted plain op, 50x slower
+    o.run_n(8, 100, 170);
+    EXPECT_EQ(o.c.mode, SLOT_STORE_PLAIN);
 }
 
 namespace {
