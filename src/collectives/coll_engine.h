@@ -149,15 +149,19 @@ typedef struct {
 /* Direct algorithm (direct.c): largest rank count (inputs folded per kernel call). */
 #define COLL_DIRECT_MAX_RANKS 64
 
-/* store_choice.c: per collective and size class, how a streamed ring op's senders write their
- * slots (SLOT_STORE_*), from whole ops timed in each mode. */
+/* store_choice.c: how a communicator's ring ops write large chunks into their slots
+ * (SLOT_STORE_*), from whole ops timed in each mode, per collective and size class. */
 #define COLL_STORE_CLASSES 48 /* size classes: powers of two of the output bytes */
-#define COLL_STORE_KEEP 3     /* runs kept per mode; the estimate is their fastest */
+#define COLL_STORE_KEEP 3     /* runs kept per class and mode; the estimate is their fastest */
+enum { COLL_STORE_NOT_YET = 0, COLL_STORE_TIMED = 1, COLL_STORE_SKIP = 2 };
 typedef struct {
-    uint32_t ops;    /* streamed ops of this class begun so far */
-    uint8_t mode;    /* the mode in use */
-    uint8_t next[2]; /* per mode: where its next run goes in runs[] */
     uint64_t runs[2][COLL_STORE_KEEP]; /* per mode: ns per KiB of output (0: none) */
+    uint8_t next[2];                   /* per mode: where its next run goes */
+} coll_store_class_t;
+typedef struct {
+    uint32_t ops; /* ops timed so far */
+    uint8_t mode; /* the mode in use */
+    coll_store_class_t cls[3][COLL_STORE_CLASSES]; /* all-reduce, reduce-scatter, all-gather */
 } coll_store_choice_t;
 
 typedef struct coll_op {
@@ -183,8 +187,9 @@ typedef struct coll_op {
     size_t chunk_elems;
     int stream; /* output far larger than the cache: streaming stores, chunks through the slots
                  * (coll_ring_plan) */
-    int8_t store_mode; /* streamed ops: how its senders write the slots (store_choice.c) */
-    uint64_t store_t0; /* streamed ops: when it began running (0: not timed) */
+    int8_t store_state; /* ring ops: COLL_STORE_* (store_choice.c) */
+    int8_t store_mode;  /* ... TIMED: how its senders write large chunks into the slots */
+    uint64_t store_t0;  /* ... TIMED: when it began running */
     coll_plan_t plan;
 
     /* point-to-point transfers */
@@ -311,10 +316,9 @@ struct coll_engine {
     uint64_t wf_epoch, wf_sent_ns;
     uint64_t *wf_fwd;
     uint64_t serial; /* unique among all engines this process created (tuner.c's cache key) */
-    /* store_choice.c: [all-reduce, reduce-scatter, all-gather][size class]; off when
-     * CHORUS_SHM_SLOT_STREAM forces a mode. Under the engine lock. */
+    /* store_choice.c, under the engine lock; off when CHORUS_SHM_SLOT_STREAM forces a mode. */
     int store_choice_off;
-    coll_store_choice_t store_choice[3][COLL_STORE_CLASSES];
+    coll_store_choice_t store_choice;
     /* allreduce_oneshot.c: a copy of this rank's input for in-place ops, used only by the op at
      * the head of the queue (one at a time); grown at setup, freed with the engine. */
     void *oneshot_scratch;
@@ -339,16 +343,18 @@ void coll_engine_enqueue_locked(coll_op_t *op);
 /* Drive progress of the given comms until every op in ops[] is done (blocking entry points,
  * group end, chorusWait). Returns the first op error. */
 ncclResult_t coll_engine_wait(coll_op_t **ops, int nops);
-/* store_choice.c. Begin: when a streamed ring op starts running, pick its mode and set it on
- * its send connections; end: when it finishes (ok: successfully, then its time counts), clear
+/* store_choice.c. Begin: when a ring op starts running, pick its mode and set it on its send
+ * connections (ring all-reduce, reduce-scatter and all-gather with large chunks; others are
+ * marked COLL_STORE_SKIP); end: when it finishes (ok: successfully, then its time counts), clear
  * them. Both under the engine lock. */
 void coll_store_begin(coll_op_t *op);
 void coll_store_end(coll_op_t *op, int ok);
-/* The mode for the next op of a chooser, and recording that op's time (returns 1 when the mode
+/* The mode for the next op, and recording that op's time in its class k (returns 1 when the mode
  * in use changed); for tests. */
 int coll_store_choice_next(coll_store_choice_t *c);
-int coll_store_choice_record(coll_store_choice_t *c, int mode, uint64_t ns, size_t bytes);
-/* Streamed ops timed in this process so far, those run streaming, and mode changes (tests). */
+int coll_store_choice_record(coll_store_choice_t *c, coll_store_class_t *k, int mode, uint64_t ns,
+                             size_t bytes);
+/* Ring ops timed in this process so far, those run streaming, and mode changes (tests). */
 void coll_store_choice_stats(uint64_t *ops_p, uint64_t *streamed_p, uint64_t *changes_p);
 
 /* engine_sleep.c */

@@ -6,6 +6,10 @@
 //    ring all-reduce, reduce-scatter and all-gather, and one-shot all-reduce, against the
 //    independent references, on 2, 3 and 5 ranks, threads and forked processes; the counters
 //    show the streaming path really ran (or did not).
+//  - The per-op chooser of ring ops (store_choice.c): its schedule and switches fed op times,
+//    one mode for every size, compared within a size class,
+//    and ring ops under it (2 and 3 ranks, threads and forked, streamed or not): correct results,
+//    every op timed, both modes run.
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -96,32 +100,33 @@ namespace {
 struct OpChooser {
     coll_store_choice_t c{};
     std::string modes; // 'p' or 's' per op run so far
-    // One op at these costs (ns per KiB) per mode; returns whether the mode in use changed.
-    int run(uint64_t plain_ns_per_kib, uint64_t stream_ns_per_kib) {
+    // One 1 MiB op of size class cls at these costs (ns per KiB) per mode; returns whether the
+    // mode in use changed.
+    int run(uint64_t plain_ns_per_kib, uint64_t stream_ns_per_kib, int cls = 20) {
         int m = coll_store_choice_next(&c);
         modes += m == SLOT_STORE_STREAM ? 's' : 'p';
         uint64_t per = m == SLOT_STORE_STREAM ? stream_ns_per_kib : plain_ns_per_kib;
-        return coll_store_choice_record(&c, m, per * 1024, 1 << 20); // 1 MiB ops
+        return coll_store_choice_record(&c, &c.cls[0][cls], m, per * 1024, 1 << 20);
     }
-    void run_n(int n, uint64_t plain, uint64_t stream) {
-        for (int i = 0; i < n; i++) run(plain, stream);
+    void run_n(int n, uint64_t plain, uint64_t stream, int cls = 20) {
+        for (int i = 0; i < n; i++) run(plain, stream, cls);
     }
 };
 
 } // namespace
 
-TEST(StoreChoice, AlternatesFourOpsThenProbesEverySixteenth) {
+TEST(StoreChoice, AlternatesFourOpsThenProbesRarely) {
     OpChooser o;
-    o.run_n(40, 100, 170); // plain faster: stays plain
+    o.run_n(800, 100, 170); // plain faster: stays plain
     EXPECT_EQ(o.modes.substr(0, 4), "psps");
-    for (size_t k = 5; k <= 40; k++) // 1-based op numbers
-        EXPECT_EQ(o.modes[k - 1], k % 16 == 0 ? 's' : 'p') << "op " << k;
+    for (size_t k = 5; k <= 800; k++) // 1-based op numbers
+        EXPECT_EQ(o.modes[k - 1], k == 16 || k == 64 || k % 256 == 0 ? 's' : 'p') << "op " << k;
     EXPECT_EQ(o.c.mode, SLOT_STORE_PLAIN);
 }
 
 TEST(StoreChoice, FollowsTheFasterModeBothWays) {
     OpChooser o;
-    o.run_n(4, 160, 110); // two dies: streaming faster, chosen after the first four
+    o.run_n(4, 160, 110); // two dies: streaming faster, chosen in the first four ops
     EXPECT_EQ(o.c.mode, SLOT_STORE_STREAM);
     o.run_n(4, 120, 105); // plain 1.14x slower: keeps streaming
     EXPECT_EQ(o.c.mode, SLOT_STORE_STREAM);
@@ -133,6 +138,20 @@ TEST(StoreChoice, FollowsTheFasterModeBothWays) {
     EXPECT_EQ(changes, 1);
     // Within 10 %: no change either way.
     o.run_n(40, 100, 95);
+    EXPECT_EQ(o.c.mode, SLOT_STORE_PLAIN);
+}
+
+TEST(StoreChoice, OneModeForEverySizeComparedWithinEach) {
+    OpChooser o;
+    o.run_n(4, 160, 110, 20); // decided on 1 MiB ops: streaming
+    ASSERT_EQ(o.c.mode, SLOT_STORE_STREAM);
+    // Another size class runs in that mode at once, and with no plain run of its own nothing
+    // can change it, however its times compare with the first class's.
+    o.run_n(11, 10, 500, 24);
+    EXPECT_EQ(o.c.mode, SLOT_STORE_STREAM);
+    EXPECT_EQ(o.modes.substr(4), std::string(11, 's'));
+    // Its first probe (op 16) compares within the class.
+    EXPECT_EQ(o.run(10, 500, 24), 1);
     EXPECT_EQ(o.c.mode, SLOT_STORE_PLAIN);
 }
 
@@ -197,6 +216,57 @@ chorus_test::RunResult run_store(Launch how, int nranks, const char *mode, const
     return res;
 }
 
+// The per-op chooser (store_choice.c) on real ops: CHORUS_SHM_SLOT_STREAM left to the default,
+// every chunk through the slots, 20 ring all-reduces of one size (ops 2, 4 and 16 run
+// the mode not in use, so both modes run whatever this machine measures) and a reduce-scatter
+// and an all-gather; streamed (threshold lowered to 512 KiB) or not.
+chorus_test::RunResult run_chosen(Launch how, int nranks, bool streamed) {
+    const size_t big = 600 * 1024 + 3, per = big / (size_t)nranks;
+    std::vector<Case> cases;
+    for (int i = 0; i < 20; i++) {
+        auto part = cross({C_ALLREDUCE}, {ncclFloat32}, {i % 2 ? T_SUM : T_MAX}, {big});
+        cases.insert(cases.end(), part.begin(), part.end());
+    }
+    for (auto &part : {cross({C_REDUCESCATTER}, {ncclFloat32}, {T_SUM}, {per}),
+                       cross({C_ALLGATHER}, {ncclFloat32}, {T_SUM}, {per})})
+        cases.insert(cases.end(), part.begin(), part.end());
+    unsetenv("CHORUS_SHM_SLOT_STREAM");
+    setenv("CHORUS_SHM_CMA", "0", 1);
+    setenv("CHORUS_ALGO", "ring", 1);
+    if (streamed) setenv("CHORUS_STREAM_THRESHOLD", "524288", 1);
+    ncclResetDebugInit();
+    ncclUniqueId id = chorus_test::make_unique_id();
+    auto res = chorus_test::run_ranks(
+        how, nranks,
+        [&](int rank, int n) -> int {
+            uint64_t o0, os0, oc0, o1, os1, oc1, c0, s0, c1, s1;
+            coll_store_choice_stats(&o0, &os0, &oc0);
+            slot_store_stats(&c0, &s0);
+            int failed = run_cases_on_new_comm(id, rank, n, cases);
+            coll_store_choice_stats(&o1, &os1, &oc1);
+            slot_store_stats(&c1, &s1);
+            // Threads share the counters: a rank's own ops are at least its cases.
+            if (!failed && (o1 - o0 < cases.size() || os1 == os0 || os1 - os0 == o1 - o0 ||
+                            s1 == s0 || s1 - s0 == c1 - c0)) {
+                fprintf(stderr,
+                        "rank %d: %zu cases, %llu ops timed by the chooser of which %llu "
+                        "streaming; %llu large slot writes of which %llu streaming: expected "
+                        "every case timed and both modes run\n",
+                        rank, cases.size(), (unsigned long long)(o1 - o0),
+                        (unsigned long long)(os1 - os0), (unsigned long long)(c1 - c0),
+                        (unsigned long long)(s1 - s0));
+                failed = 1;
+            }
+            return failed;
+        },
+        240);
+    unsetenv("CHORUS_SHM_CMA");
+    unsetenv("CHORUS_ALGO");
+    unsetenv("CHORUS_STREAM_THRESHOLD");
+    ncclResetDebugInit();
+    return res;
+}
+
 std::string launch_word(Launch l) {
     return l == Launch::Threads ? "threads" : "forked";
 }
@@ -227,4 +297,19 @@ INSTANTIATE_TEST_SUITE_P(Coll, CollSlotStore,
                              return std::to_string(std::get<0>(info.param)) + "ranks_" +
                                     launch_word(std::get<1>(info.param)) +
                                     (std::get<2>(info.param) ? "_stream" : "_plain");
+                         });
+
+class CollStoreChosen : public ::testing::TestWithParam<std::tuple<int, Launch, bool>> {};
+TEST_P(CollStoreChosen, MatchesReference) {
+    EXPECT_RUN_OK(run_chosen(std::get<1>(GetParam()), std::get<0>(GetParam()),
+                             std::get<2>(GetParam())));
+}
+INSTANTIATE_TEST_SUITE_P(Coll, CollStoreChosen,
+                         ::testing::Combine(::testing::Values(2, 3),
+                                            ::testing::Values(Launch::Threads, Launch::Forked),
+                                            ::testing::Bool()),
+                         [](const auto &info) {
+                             return std::to_string(std::get<0>(info.param)) + "ranks_" +
+                                    launch_word(std::get<1>(info.param)) +
+                                    (std::get<2>(info.param) ? "_streamed" : "_cached");
                          });
