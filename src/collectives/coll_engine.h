@@ -153,7 +153,9 @@ typedef struct {
  * (SLOT_STORE_*), from whole ops timed in each mode, per collective and size class. */
 #define COLL_STORE_CLASSES 48 /* size classes: powers of two of the output bytes */
 #define COLL_STORE_KEEP 3     /* runs kept per class and mode; the estimate is their fastest */
-enum { COLL_STORE_NOT_YET = 0, COLL_STORE_TIMED = 1, COLL_STORE_SKIP = 2 };
+/* An op's part: not begun, timed (its mode set), following the communicator's mode untimed (a
+ * small op), or none. */
+enum { COLL_STORE_NOT_YET = 0, COLL_STORE_TIMED = 1, COLL_STORE_FOLLOWS = 2, COLL_STORE_SKIP = 3 };
 typedef struct {
     uint64_t runs[2][COLL_STORE_KEEP]; /* per mode: ns per KiB of output (0: none) */
     uint8_t next[2];                   /* per mode: where its next run goes */
@@ -187,8 +189,8 @@ typedef struct coll_op {
     size_t chunk_elems;
     int stream; /* output far larger than the cache: streaming stores, chunks through the slots
                  * (coll_ring_plan) */
-    int8_t store_state; /* ring ops: COLL_STORE_* (store_choice.c) */
-    int8_t store_mode;  /* ... TIMED: how its senders write large chunks into the slots */
+    int8_t store_state; /* ring and one-shot ops: COLL_STORE_* (store_choice.c) */
+    int8_t store_mode;  /* ... TIMED, FOLLOWS: how its senders write large chunks into slots */
     uint64_t store_t0;  /* ... TIMED: when it began running */
     coll_plan_t plan;
 
@@ -343,8 +345,8 @@ void coll_engine_enqueue_locked(coll_op_t *op);
 /* Drive progress of the given comms until every op in ops[] is done (blocking entry points,
  * group end, chorusWait). Returns the first op error. */
 ncclResult_t coll_engine_wait(coll_op_t **ops, int nops);
-/* store_choice.c. Begin: when a ring op starts running, pick its mode and set it on its send
- * connections (ring all-reduce, reduce-scatter and all-gather with large chunks; others are
+/* store_choice.c. Begin: when a ring or one-shot op starts running, pick its mode and set it on
+ * its send connections (all-reduce, reduce-scatter and all-gather with large chunks; others are
  * marked COLL_STORE_SKIP); end: when it finishes (ok: successfully, then its time counts), clear
  * them. Both under the engine lock. */
 void coll_store_begin(coll_op_t *op);
@@ -354,8 +356,10 @@ void coll_store_end(coll_op_t *op, int ok);
 int coll_store_choice_next(coll_store_choice_t *c);
 int coll_store_choice_record(coll_store_choice_t *c, coll_store_class_t *k, int mode, uint64_t ns,
                              size_t bytes);
-/* Ring ops timed in this process so far, those run streaming, and mode changes (tests). */
-void coll_store_choice_stats(uint64_t *ops_p, uint64_t *streamed_p, uint64_t *changes_p);
+/* Ops timed in this process so far, those run streaming, mode changes, and small ops that
+ * followed a communicator's mode untimed (tests). */
+void coll_store_choice_stats(uint64_t *ops_p, uint64_t *streamed_p, uint64_t *changes_p,
+                             uint64_t *followed_p);
 
 /* engine_sleep.c */
 /* The sleep of a wait on these engines' ops (a chorus_waiter_t sleeper): arm the doorbells of

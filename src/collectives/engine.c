@@ -514,7 +514,9 @@ void coll_engine_progress_locked(struct coll_engine *e, int *progressed_p) {
             continue;
         }
         if (op->uses_ring && e->ring_served != op->ring_ticket) continue;
-        if (op->uses_ring && op->store_state == COLL_STORE_NOT_YET) coll_store_begin(op);
+        if ((op->uses_ring || op->algo->id == COLL_ALGO_ONESHOT) &&
+            op->store_state == COLL_STORE_NOT_YET)
+            coll_store_begin(op);
         int done = 0;
         ncclResult_t r = op->algo->progress(op, &done);
         if (r != ncclSuccess && !op->failing) {

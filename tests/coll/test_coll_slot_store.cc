@@ -227,9 +227,14 @@ chorus_test::RunResult run_chosen(Launch how, int nranks, bool streamed) {
         auto part = cross({C_ALLREDUCE}, {ncclFloat32}, {i % 2 ? T_SUM : T_MAX}, {big});
         cases.insert(cases.end(), part.begin(), part.end());
     }
+    // Then all-reduces too small to be timed (128 KiB: the ring's chunks, or the one-shot's,
+    // are still large): they follow the mode the large ones chose.
+    const size_t small = 32 * 1024 + 1;
+    auto small_cases = cross({C_ALLREDUCE}, {ncclFloat32}, {T_SUM, T_MAX, T_MIN}, {small});
     for (auto &part : {cross({C_REDUCESCATTER}, {ncclFloat32}, {T_SUM}, {per}),
-                       cross({C_ALLGATHER}, {ncclFloat32}, {T_SUM}, {per})})
+                       cross({C_ALLGATHER}, {ncclFloat32}, {T_SUM}, {per}), small_cases})
         cases.insert(cases.end(), part.begin(), part.end());
+    const uint64_t nsmall = small_cases.size(), nlarge = cases.size() - nsmall;
     unsetenv("CHORUS_SHM_SLOT_STREAM");
     setenv("CHORUS_SHM_CMA", "0", 1);
     setenv("CHORUS_ALGO", "ring", 1);
@@ -239,22 +244,23 @@ chorus_test::RunResult run_chosen(Launch how, int nranks, bool streamed) {
     auto res = chorus_test::run_ranks(
         how, nranks,
         [&](int rank, int n) -> int {
-            uint64_t o0, os0, oc0, o1, os1, oc1, c0, s0, c1, s1;
-            coll_store_choice_stats(&o0, &os0, &oc0);
+            uint64_t o0, os0, oc0, of0, o1, os1, oc1, of1, c0, s0, c1, s1;
+            coll_store_choice_stats(&o0, &os0, &oc0, &of0);
             slot_store_stats(&c0, &s0);
             int failed = run_cases_on_new_comm(id, rank, n, cases);
-            coll_store_choice_stats(&o1, &os1, &oc1);
+            coll_store_choice_stats(&o1, &os1, &oc1, &of1);
             slot_store_stats(&c1, &s1);
             // Threads share the counters: a rank's own ops are at least its cases.
-            if (!failed && (o1 - o0 < cases.size() || os1 == os0 || os1 - os0 == o1 - o0 ||
-                            s1 == s0 || s1 - s0 == c1 - c0)) {
+            if (!failed && (o1 - o0 < nlarge || of1 - of0 < nsmall || os1 == os0 ||
+                            os1 - os0 == o1 - o0 || s1 == s0 || s1 - s0 == c1 - c0)) {
                 fprintf(stderr,
                         "rank %d: %zu cases, %llu ops timed by the chooser of which %llu "
-                        "streaming; %llu large slot writes of which %llu streaming: expected "
-                        "every case timed and both modes run\n",
+                        "streaming, %llu followed untimed; %llu large slot writes of which "
+                        "%llu streaming: expected every large case timed, both modes run, "
+                        "the small ones followed\n",
                         rank, cases.size(), (unsigned long long)(o1 - o0),
-                        (unsigned long long)(os1 - os0), (unsigned long long)(c1 - c0),
-                        (unsigned long long)(s1 - s0));
+                        (unsigned long long)(os1 - os0), (unsigned long long)(of1 - of0),
+                        (unsigned long long)(c1 - c0), (unsigned long long)(s1 - s0));
                 failed = 1;
             }
             return failed;
