@@ -149,20 +149,22 @@ typedef struct {
 /* Direct algorithm (direct.c): largest rank count (inputs folded per kernel call). */
 #define COLL_DIRECT_MAX_RANKS 64
 
-/* store_choice.c: how a communicator's ring ops write large chunks into their slots
- * (SLOT_STORE_*), from whole ops timed in each mode, per collective and size class. */
+/* store_choice.c: how a communicator's ring and one-shot ops write large chunks into their slots
+ * (SLOT_STORE_*), from whole ops timed in each mode in probe windows, per collective and size
+ * class. */
 #define COLL_STORE_CLASSES 48 /* size classes: powers of two of the output bytes */
-#define COLL_STORE_KEEP 3     /* runs kept per class and mode; the estimate is their fastest */
-/* An op's part: not begun, timed (its mode set), following the communicator's mode untimed (a
- * small op), or none. */
+/* An op's part: not begun, a probe (timed, its mode set), following the communicator's mode
+ * untimed, or none. */
 enum { COLL_STORE_NOT_YET = 0, COLL_STORE_TIMED = 1, COLL_STORE_FOLLOWS = 2, COLL_STORE_SKIP = 3 };
 typedef struct {
-    uint64_t runs[2][COLL_STORE_KEEP]; /* per mode: ns per KiB of output (0: none) */
-    uint8_t next[2];                   /* per mode: where its next run goes */
+    uint64_t best[2]; /* per mode: the fastest probe of the window, ns per KiB (0: none) */
+    uint32_t window;  /* the probe window best[] belongs to */
+    uint8_t seen;     /* a probe of this class has run (the first is cold, not counted) */
 } coll_store_class_t;
 typedef struct {
-    uint32_t ops; /* ops timed so far */
-    uint8_t mode; /* the mode in use */
+    uint32_t ops;    /* ops that took the choice and were not too small to time */
+    uint32_t window; /* probe windows begun (0: no choice yet) */
+    uint8_t mode;    /* the mode in use */
     coll_store_class_t cls[3][COLL_STORE_CLASSES]; /* all-reduce, reduce-scatter, all-gather */
 } coll_store_choice_t;
 
@@ -351,15 +353,16 @@ ncclResult_t coll_engine_wait(coll_op_t **ops, int nops);
  * them. Both under the engine lock. */
 void coll_store_begin(coll_op_t *op);
 void coll_store_end(coll_op_t *op, int ok);
-/* The mode for the next op, and recording that op's time in its class k (returns 1 when the mode
+/* The mode for the next op (-1: none yet, the connections measure; *probe_p: whether it is a
+ * probe, to be recorded), and recording a probe's time in its class k (returns 1 when the mode
  * in use changed); for tests. */
-int coll_store_choice_next(coll_store_choice_t *c);
+int coll_store_choice_next(coll_store_choice_t *c, int *probe_p);
 int coll_store_choice_record(coll_store_choice_t *c, coll_store_class_t *k, int mode, uint64_t ns,
                              size_t bytes);
-/* Ops timed in this process so far, those run streaming, mode changes, and small ops that
- * followed a communicator's mode untimed (tests). */
-void coll_store_choice_stats(uint64_t *ops_p, uint64_t *streamed_p, uint64_t *changes_p,
-                             uint64_t *followed_p);
+/* In this process so far (tests): ops that took a communicator's choice, the probes among them,
+ * those run streaming, and changes of the mode in use. */
+void coll_store_choice_stats(uint64_t *chosen_p, uint64_t *probes_p, uint64_t *streamed_p,
+                             uint64_t *changes_p);
 
 /* engine_sleep.c */
 /* The sleep of a wait on these engines' ops (a chorus_waiter_t sleeper): arm the doorbells of

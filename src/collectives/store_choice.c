@@ -20,23 +20,27 @@
  * KiB of output.
  *
  * One mode per communicator, since what decides it, where the cores sit, is the same for every
- * op; the times it is decided from are kept per collective and size class (a power of two of the
- * output bytes), so that only ops of one kind and size are compared: an estimate is the fastest of
- * a class's last COLL_STORE_KEEP runs in that mode (a preempted or late-started op only makes its
- * mode look slow for a while). After each op, the mode becomes the other one when the other's
- * estimate in that op's class is more than 10 % faster.
+ * op, and the same on every rank: a rank's time depends on how its peers write too, so ranks
+ * that chose differently would time mixes of modes and might never agree again (measured: with
+ * each rank probing relative to its own mode, two ranks on one die spent whole runs in opposite
+ * modes, 1.5x slower at 2 MiB). So the modes are compared only in probe windows, where every rank
+ * runs the same mode: every rank calls the same collectives in the same order, so the i-th op
+ * that takes the choice is the same op everywhere, and the schedule is a function of i alone:
+ *   ops 1-4        the connections' own measurement (slot_store.c), untimed;
+ *   probe windows  ops 5-8, 16-19 and 64-67, and ops 256k to 256k+3: plain, streaming, plain,
+ *                  streaming;
+ *   other ops      the mode in use, untimed.
+ * In a window, each size class (a collective and a power of two of the output bytes, so that
+ * only ops of one kind and size are compared) keeps each mode's fastest op, in ns per KiB of
+ * output; as soon as both modes have one, the mode in use becomes the other when the other is
+ * more than 10 % faster. Every rank times the same ops, so ranks disagree only where the two
+ * modes are within about 10 % of each other. A class's first op is never counted: it meets
+ * cold buffers and slots (a first window at ops 1-4 of 256 KiB one-shots measured plain stores
+ * 1.2-1.4x slower than streaming ones on one die, where they are 2.3x faster once warm).
  *
- * Every rank calls the same collectives in the same order, so the i-th timed op is the same op on
- * every rank, and the schedule of the modes, a function of i alone, makes every rank probe in the
- * same op (a probe that only one rank ran would time a mix of modes):
- *   ops 1-4        plain, streaming, plain, streaming: a first estimate of each, two runs;
- *   then           the mode in use, except ops 16 and 64 and every 256th op, which run the
- *                  other mode.
- * A probe in the slow mode costs up to 2.4x one op (1 MiB on two dies), so probes stay rare: about
- * 0.5 % of the time in steady state. A class runs in the communicator's mode from its first op,
- * and a change of the cores' placement is followed at the next probe of a class that has run in
- * both modes (within 256 ops). Measured, 2 ranks on the project's guest: a sweep of
- * all_reduce_perf (20 calls a size) within 1.1x of either mode forced to the faster one.
+ * A window costs two ops in the slower mode (up to 2.4x one op: 1 MiB on two dies): about 0.5 %
+ * of the time in steady state. A change of the cores' placement is followed at the next window
+ * (within 256 ops) whose ops are of one class.
  *
  * CHORUS_SHM_SLOT_STREAM=0 or 1 turns this off: every slot write follows the parameter.
  */
@@ -50,20 +54,20 @@
 #include "slot_store.h"
 #include "util.h"
 
-#define STORE_CHOICE_FIRST 4u   /* ops 1-4 alternate the modes */
+#define STORE_CHOICE_WINDOW 4u /* ops of a probe window */
 /* Ops that write less than this are not timed (waiting for a peer's arrival is much of their
  * time, and a 64 KiB one-shot measured plain stores faster on two dies, where they are 2x
  * slower); they follow the communicator's mode once it has one. */
 #define STORE_CHOICE_MIN_TIMED ((size_t)256 << 10)
-#define STORE_CHOICE_EVERY 256u /* then the probes: ops 16, 64 and every 256th */
+#define STORE_CHOICE_EVERY 256u /* windows at ops 1, 16, 64, then every 256th */
 #define STORE_CHOICE_MARGIN_NUM 11 /* other * 11 / 10 < current: the other is > 10 % faster */
 #define STORE_CHOICE_MARGIN_DEN 10
 
 static struct {
-    _Alignas(64) _Atomic uint64_t ops;
+    _Alignas(64) _Atomic uint64_t chosen;
+    _Atomic uint64_t probes;
     _Atomic uint64_t streamed;
     _Atomic uint64_t changes;
-    _Atomic uint64_t followed;
 } store_choice_stat;
 
 static coll_store_class_t *store_class_of(coll_store_choice_t *c, const coll_op_t *op,
@@ -80,29 +84,42 @@ static coll_store_class_t *store_class_of(coll_store_choice_t *c, const coll_op_
     return &c->cls[kind][cls];
 }
 
-int coll_store_choice_next(coll_store_choice_t *c) {
-    const uint32_t k = ++c->ops;
-    if (k <= STORE_CHOICE_FIRST) return (int)((k - 1) & 1u);
-    return k == 16 || k == 64 || k % STORE_CHOICE_EVERY == 0 ? !c->mode : c->mode;
+/* The mode a probe op runs in, or -1 for an op outside the probe windows. */
+static int store_probe_mode(uint32_t k) {
+    uint32_t start;
+    if (k >= 5 && k < 5 + STORE_CHOICE_WINDOW) start = 5;
+    else if (k >= 16 && k < 16 + STORE_CHOICE_WINDOW) start = 16;
+    else if (k >= 64 && k < 64 + STORE_CHOICE_WINDOW) start = 64;
+    else if (k >= STORE_CHOICE_EVERY && k % STORE_CHOICE_EVERY < STORE_CHOICE_WINDOW)
+        start = k - k % STORE_CHOICE_EVERY;
+    else return -1;
+    return (int)((k - start) & 1u);
 }
 
-static uint64_t store_class_est(const coll_store_class_t *k, int mode) {
-    uint64_t best = 0;
-    for (int i = 0; i < COLL_STORE_KEEP; i++) {
-        uint64_t v = k->runs[mode][i];
-        if (v && (best == 0 || v < best)) best = v;
-    }
-    return best;
+int coll_store_choice_next(coll_store_choice_t *c, int *probe_p) {
+    const uint32_t k = ++c->ops;
+    const int m = store_probe_mode(k);
+    *probe_p = m >= 0;
+    if (m < 0) return c->window ? c->mode : -1;
+    if (m == 0 && store_probe_mode(k - 1) < 0) c->window++; /* a window's first op */
+    return m;
 }
 
 int coll_store_choice_record(coll_store_choice_t *c, coll_store_class_t *k, int mode, uint64_t ns,
                              size_t bytes) {
     if (bytes == 0) return 0;
+    if (!k->seen) { /* cold: not counted */
+        k->seen = 1;
+        return 0;
+    }
     uint64_t per_kib = ns * 1024 / bytes;
     if (per_kib == 0) per_kib = 1;
-    k->runs[mode][k->next[mode]] = per_kib;
-    k->next[mode] = (uint8_t)((k->next[mode] + 1) % COLL_STORE_KEEP);
-    const uint64_t cur = store_class_est(k, c->mode), other = store_class_est(k, !c->mode);
+    if (k->window != c->window) { /* the class's first op of this window */
+        k->best[0] = k->best[1] = 0;
+        k->window = c->window;
+    }
+    if (k->best[mode] == 0 || per_kib < k->best[mode]) k->best[mode] = per_kib;
+    const uint64_t cur = k->best[c->mode], other = k->best[!c->mode];
     if (cur == 0 || other == 0) return 0;
     if (other * STORE_CHOICE_MARGIN_NUM >= cur * STORE_CHOICE_MARGIN_DEN) return 0;
     c->mode = (uint8_t)!c->mode;
@@ -133,19 +150,16 @@ void coll_store_begin(coll_op_t *op) {
     const size_t bytes = coll_ring_out_bytes(op);
     coll_store_choice_t *c = &e->store_choice;
     if (store_class_of(c, op, bytes) == NULL) return;
-    if (bytes < STORE_CHOICE_MIN_TIMED) {
-        if (c->ops < STORE_CHOICE_FIRST) return; /* no choice yet: the connections measure */
-        op->store_mode = (int8_t)c->mode;
-        store_set_mode(op, (int8_t)c->mode);
-        op->store_state = COLL_STORE_FOLLOWS;
-        atomic_fetch_add_explicit(&store_choice_stat.followed, 1, memory_order_relaxed);
-        return;
-    }
-    const int mode = coll_store_choice_next(c);
+    int probe = 0, mode = c->window ? c->mode : -1;
+    if (bytes >= STORE_CHOICE_MIN_TIMED) mode = coll_store_choice_next(c, &probe);
+    if (mode < 0) return; /* no choice yet: the connections measure */
     op->store_mode = (int8_t)mode;
     store_set_mode(op, (int8_t)mode);
-    op->store_t0 = chorus_now_ns();
-    op->store_state = COLL_STORE_TIMED;
+    atomic_fetch_add_explicit(&store_choice_stat.chosen, 1, memory_order_relaxed);
+    if (mode == SLOT_STORE_STREAM)
+        atomic_fetch_add_explicit(&store_choice_stat.streamed, 1, memory_order_relaxed);
+    op->store_state = probe ? COLL_STORE_TIMED : COLL_STORE_FOLLOWS;
+    if (probe) op->store_t0 = chorus_now_ns();
 }
 
 void coll_store_end(coll_op_t *op, int ok) {
@@ -161,9 +175,7 @@ void coll_store_end(coll_op_t *op, int ok) {
     const size_t bytes = coll_ring_out_bytes(op);
     coll_store_choice_t *c = &op->engine->store_choice;
     coll_store_class_t *k = store_class_of(c, op, bytes);
-    atomic_fetch_add_explicit(&store_choice_stat.ops, 1, memory_order_relaxed);
-    if (op->store_mode == SLOT_STORE_STREAM)
-        atomic_fetch_add_explicit(&store_choice_stat.streamed, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&store_choice_stat.probes, 1, memory_order_relaxed);
     if (k && coll_store_choice_record(c, k, op->store_mode, ns, bytes)) {
         atomic_fetch_add_explicit(&store_choice_stat.changes, 1, memory_order_relaxed);
         INFO(SUB_SHM | SUB_COLL,
@@ -171,15 +183,15 @@ void coll_store_end(coll_op_t *op, int ok) {
              "ns/KiB)",
              op->comm->rank, op->algo->name, coll_kind_name(op->coll), bytes,
              c->mode == SLOT_STORE_STREAM ? "streaming" : "plain",
-             (unsigned long long)store_class_est(k, SLOT_STORE_PLAIN),
-             (unsigned long long)store_class_est(k, SLOT_STORE_STREAM));
+             (unsigned long long)k->best[SLOT_STORE_PLAIN],
+             (unsigned long long)k->best[SLOT_STORE_STREAM]);
     }
 }
 
-void coll_store_choice_stats(uint64_t *ops_p, uint64_t *streamed_p, uint64_t *changes_p,
-                             uint64_t *followed_p) {
-    *followed_p = atomic_load_explicit(&store_choice_stat.followed, memory_order_relaxed);
-    *ops_p = atomic_load_explicit(&store_choice_stat.ops, memory_order_relaxed);
+void coll_store_choice_stats(uint64_t *chosen_p, uint64_t *probes_p, uint64_t *streamed_p,
+                             uint64_t *changes_p) {
+    *chosen_p = atomic_load_explicit(&store_choice_stat.chosen, memory_order_relaxed);
+    *probes_p = atomic_load_explicit(&store_choice_stat.probes, memory_order_relaxed);
     *streamed_p = atomic_load_explicit(&store_choice_stat.streamed, memory_order_relaxed);
     *changes_p = atomic_load_explicit(&store_choice_stat.changes, memory_order_relaxed);
 }

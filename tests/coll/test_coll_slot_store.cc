@@ -6,8 +6,8 @@
 //    ring all-reduce, reduce-scatter and all-gather, and one-shot all-reduce, against the
 //    independent references, on 2, 3 and 5 ranks, threads and forked processes; the counters
 //    show the streaming path really ran (or did not).
-//  - The per-op chooser of ring ops (store_choice.c): its schedule and switches fed op times,
-//    one mode for every size, compared within a size class,
+//  - The per-op chooser of ring and one-shot ops (store_choice.c): its probe windows and
+//    switches fed op times, compared within a size class and window,
 //    and ring ops under it (2 and 3 ranks, threads and forked, streamed or not): correct results,
 //    every op timed, both modes run.
 #include <gtest/gtest.h>
@@ -99,12 +99,18 @@ namespace {
 
 struct OpChooser {
     coll_store_choice_t c{};
-    std::string modes; // 'p' or 's' per op run so far
+    std::string modes; // per op run so far: 'p' or 's', upper case for a probe
     // One 1 MiB op of size class cls at these costs (ns per KiB) per mode; returns whether the
     // mode in use changed.
     int run(uint64_t plain_ns_per_kib, uint64_t stream_ns_per_kib, int cls = 20) {
-        int m = coll_store_choice_next(&c);
-        modes += m == SLOT_STORE_STREAM ? 's' : 'p';
+        int probe = 0;
+        int m = coll_store_choice_next(&c, &probe);
+        if (m < 0) {
+            modes += '-'; // no choice yet
+            return 0;
+        }
+        modes += m == SLOT_STORE_STREAM ? (probe ? 'S' : 's') : (probe ? 'P' : 'p');
+        if (!probe) return 0;
         uint64_t per = m == SLOT_STORE_STREAM ? stream_ns_per_kib : plain_ns_per_kib;
         return coll_store_choice_record(&c, &c.cls[0][cls], m, per * 1024, 1 << 20);
     }
@@ -115,52 +121,65 @@ struct OpChooser {
 
 } // namespace
 
-TEST(StoreChoice, AlternatesFourOpsThenProbesRarely) {
+TEST(StoreChoice, ProbeWindowsRunEachModeTwice) {
     OpChooser o;
-    o.run_n(800, 100, 170); // plain faster: stays plain
-    EXPECT_EQ(o.modes.substr(0, 4), "psps");
-    for (size_t k = 5; k <= 800; k++) // 1-based op numbers
-        EXPECT_EQ(o.modes[k - 1], k == 16 || k == 64 || k % 256 == 0 ? 's' : 'p') << "op " << k;
+    o.run_n(1100, 100, 170); // plain faster: stays plain
+    std::string want = "----"; // ops 1-4: the connections measure
+    for (size_t k = 5; k <= 1100; k++) { // 1-based op numbers
+        size_t start = (k >= 5 && k < 9) ? 5 : (k >= 16 && k < 20) ? 16 : (k >= 64 && k < 68) ? 64
+                     : (k >= 256 && k % 256 < 4) ? k - k % 256 : 0;
+        want += start ? ((k - start) % 2 ? 'S' : 'P') : 'p';
+    }
+    EXPECT_EQ(o.modes, want);
     EXPECT_EQ(o.c.mode, SLOT_STORE_PLAIN);
+    EXPECT_EQ(o.c.window, 7u); // ops 5, 16, 64, 256, 512, 768, 1024
 }
 
 TEST(StoreChoice, FollowsTheFasterModeBothWays) {
     OpChooser o;
-    o.run_n(4, 160, 110); // two dies: streaming faster, chosen in the first four ops
+    o.run_n(8, 160, 110); // two dies: streaming faster, chosen in the first window (ops 5-8)
     EXPECT_EQ(o.c.mode, SLOT_STORE_STREAM);
-    o.run_n(4, 120, 105); // plain 1.14x slower: keeps streaming
-    EXPECT_EQ(o.c.mode, SLOT_STORE_STREAM);
-    // The cores come to share a cache: streaming slows, plain speeds up. The next plain probe
-    // (op 16) switches back.
+    EXPECT_EQ(o.modes, "----PSPS");
+    EXPECT_EQ(o.c.window, 1u); // small ops follow from here
+    o.run_n(7, 120, 105); // ops 9-15 stream, untimed
+    EXPECT_EQ(o.modes.substr(8), std::string(7, 's'));
+    // The cores come to share a cache: streaming slows, plain speeds up. The next window (ops
+    // 16-19) compares only its own ops and switches back.
     int changes = 0;
-    for (int k = 9; k <= 16; k++) changes += o.run(100, 170);
+    for (int k = 16; k <= 19; k++) changes += o.run(100, 170);
     EXPECT_EQ(o.c.mode, SLOT_STORE_PLAIN);
     EXPECT_EQ(changes, 1);
     // Within 10 %: no change either way.
-    o.run_n(40, 100, 95);
+    o.run_n(400, 100, 95);
     EXPECT_EQ(o.c.mode, SLOT_STORE_PLAIN);
 }
 
-TEST(StoreChoice, OneModeForEverySizeComparedWithinEach) {
+TEST(StoreChoice, ComparesWithinOneClassAndWindowAndSkipsColdOps) {
     OpChooser o;
-    o.run_n(4, 160, 110, 20); // decided on 1 MiB ops: streaming
-    ASSERT_EQ(o.c.mode, SLOT_STORE_STREAM);
-    // Another size class runs in that mode at once, and with no plain run of its own nothing
-    // can change it, however its times compare with the first class's.
-    o.run_n(11, 10, 500, 24);
+    o.run_n(4, 999, 999, 20); // ops 1-4: no choice yet
+    o.run(999, 999, 20);      // op 5, plain: class 20's first probe, cold, not counted
+    o.run(160, 110, 20);      // op 6, streaming, class 20: nothing to compare with yet
+    EXPECT_EQ(o.c.mode, SLOT_STORE_PLAIN);
+    o.run(999, 999, 24);      // op 7, plain: class 24's first, not counted
+    o.run(160, 110, 24);      // op 8, streaming, class 24: alone there
+    EXPECT_EQ(o.c.mode, SLOT_STORE_PLAIN);
+    o.run_n(7, 999, 999, 20); // ops 9-15 untimed
+    o.run(160, 999, 20);      // op 16, plain, class 20, a new window: the old streaming 110 of
+    EXPECT_EQ(o.c.mode, SLOT_STORE_PLAIN); // op 6 no longer counts
+    o.run(999, 110, 20);      // op 17, streaming, class 20: 110 against 160
     EXPECT_EQ(o.c.mode, SLOT_STORE_STREAM);
-    EXPECT_EQ(o.modes.substr(4), std::string(11, 's'));
-    // Its first probe (op 16) compares within the class.
-    EXPECT_EQ(o.run(10, 500, 24), 1);
-    EXPECT_EQ(o.c.mode, SLOT_STORE_PLAIN);
 }
 
-TEST(StoreChoice, OneSlowOpChangesNothing) {
+TEST(StoreChoice, OneSlowProbeIsOutrunByItsPair) {
     OpChooser o;
-    o.run_n(8, 100, 170);
-    ASSERT_EQ(o.c.mode, SLOT_STORE_PLAIN);
-    EXPECT_EQ(o.run(100 * 50, 170), 0); // a preempted plain op, 50x slower
-    o.run_n(8, 100, 170);
+    o.run_n(4, 100, 170);
+    o.run_n(4, 100, 170);               // ops 5-8: the class's first op not counted, plain stays
+    EXPECT_EQ(o.c.mode, SLOT_STORE_PLAIN);
+    o.run_n(7, 100, 170);               // ops 9-15
+    EXPECT_EQ(o.run(100 * 50, 170), 0); // op 16: a preempted plain op, 50x slower
+    EXPECT_EQ(o.run(100, 170), 1);      // op 17: streaming looks faster for now
+    EXPECT_EQ(o.run(100, 170), 1);      // op 18: the window's second plain op puts it right
+    o.run_n(20, 100, 170);
     EXPECT_EQ(o.c.mode, SLOT_STORE_PLAIN);
 }
 
@@ -217,9 +236,10 @@ chorus_test::RunResult run_store(Launch how, int nranks, const char *mode, const
 }
 
 // The per-op chooser (store_choice.c) on real ops: CHORUS_SHM_SLOT_STREAM left to the default,
-// every chunk through the slots, 20 ring all-reduces of one size (ops 2, 4 and 16 run
-// the mode not in use, so both modes run whatever this machine measures) and a reduce-scatter
-// and an all-gather; streamed (threshold lowered to 512 KiB) or not.
+// every chunk through the slots, 20 ring all-reduces of one size (each op twice, in and out of
+// place: the probe windows at ops 5-8 and 16-19 run both modes whatever this machine measures),
+// a reduce-scatter and an all-gather, then small all-reduces that follow the mode untimed;
+// streamed (threshold lowered to 512 KiB) or not.
 chorus_test::RunResult run_chosen(Launch how, int nranks, bool streamed) {
     const size_t big = 600 * 1024 + 3, per = big / (size_t)nranks;
     std::vector<Case> cases;
@@ -244,22 +264,22 @@ chorus_test::RunResult run_chosen(Launch how, int nranks, bool streamed) {
     auto res = chorus_test::run_ranks(
         how, nranks,
         [&](int rank, int n) -> int {
-            uint64_t o0, os0, oc0, of0, o1, os1, oc1, of1, c0, s0, c1, s1;
-            coll_store_choice_stats(&o0, &os0, &oc0, &of0);
+            uint64_t o0, p0, os0, oc0, o1, p1, os1, oc1, c0, s0, c1, s1;
+            coll_store_choice_stats(&o0, &p0, &os0, &oc0);
             slot_store_stats(&c0, &s0);
             int failed = run_cases_on_new_comm(id, rank, n, cases);
-            coll_store_choice_stats(&o1, &os1, &oc1, &of1);
+            coll_store_choice_stats(&o1, &p1, &os1, &oc1);
             slot_store_stats(&c1, &s1);
-            // Threads share the counters: a rank's own ops are at least its cases.
-            if (!failed && (o1 - o0 < nlarge || of1 - of0 < nsmall || os1 == os0 ||
+            // Threads share the counters: a rank's own ops are at least its cases but the first
+            // four (the connections measure until the first window).
+            if (!failed && (o1 - o0 < nlarge + nsmall - 4 || p1 - p0 < 8 || os1 == os0 ||
                             os1 - os0 == o1 - o0 || s1 == s0 || s1 - s0 == c1 - c0)) {
                 fprintf(stderr,
-                        "rank %d: %zu cases, %llu ops timed by the chooser of which %llu "
-                        "streaming, %llu followed untimed; %llu large slot writes of which "
-                        "%llu streaming: expected every large case timed, both modes run, "
-                        "the small ones followed\n",
+                        "rank %d: %zu cases, %llu ops took the choice, %llu probes, %llu "
+                        "streaming; %llu large slot writes of which %llu streaming: expected "
+                        "every case but four to take it, two probe windows, both modes run\n",
                         rank, cases.size(), (unsigned long long)(o1 - o0),
-                        (unsigned long long)(os1 - os0), (unsigned long long)(of1 - of0),
+                        (unsigned long long)(p1 - p0), (unsigned long long)(os1 - os0),
                         (unsigned long long)(c1 - c0), (unsigned long long)(s1 - s0));
                 failed = 1;
             }
