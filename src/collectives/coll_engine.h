@@ -162,9 +162,11 @@ typedef struct {
     uint8_t seen;     /* a probe of this class has run (the first is cold, not counted) */
 } coll_store_class_t;
 typedef struct {
-    uint32_t ops;    /* ops that took the choice and were not too small to time */
-    uint32_t window; /* probe windows begun (0: no choice yet) */
-    uint8_t mode;    /* the mode in use */
+    uint32_t ops;       /* ops that took the choice and were not too small to time */
+    uint32_t window;    /* probe windows begun (0: no choice yet) */
+    uint32_t win_left;  /* ops left in the current window */
+    uint64_t win_bytes; /* output bytes of those ops since the last window began */
+    uint8_t mode;       /* the mode in use */
     coll_store_class_t cls[3][COLL_STORE_CLASSES]; /* all-reduce, reduce-scatter, all-gather */
 } coll_store_choice_t;
 
@@ -353,10 +355,10 @@ ncclResult_t coll_engine_wait(coll_op_t **ops, int nops);
  * them. Both under the engine lock. */
 void coll_store_begin(coll_op_t *op);
 void coll_store_end(coll_op_t *op, int ok);
-/* The mode for the next op (-1: none yet, the connections measure; *probe_p: whether it is a
- * probe, to be recorded), and recording a probe's time in its class k (returns 1 when the mode
+/* The mode for the next op, of `bytes` of output (-1: none yet, the connections measure;
+ * *probe_p: whether it is a probe, to be recorded), and recording a probe's time in its class k (returns 1 when the mode
  * in use changed); for tests. */
-int coll_store_choice_next(coll_store_choice_t *c, int *probe_p);
+int coll_store_choice_next(coll_store_choice_t *c, size_t bytes, int *probe_p);
 int coll_store_choice_record(coll_store_choice_t *c, coll_store_class_t *k, int mode, uint64_t ns,
                              size_t bytes);
 /* In this process so far (tests): ops that took a communicator's choice, the probes among them,

@@ -27,8 +27,10 @@
  * runs the same mode: every rank calls the same collectives in the same order, so the i-th op
  * that takes the choice is the same op everywhere, and the schedule is a function of i alone:
  *   ops 1-4        the connections' own measurement (slot_store.c), untimed;
- *   probe windows  ops 5-8, 16-19 and 64-67, and ops 256k to 256k+3: plain, streaming, plain,
- *                  streaming;
+ *   probe windows  four ops, plain, streaming, plain, streaming, from ops 5, 16, 64 and every
+ *                  256th, and from the first op after 16 GiB of output since the last window
+ *                  began (256 MiB ops: every 64th), so that large ops, whose 256 ops take
+ *                  seconds, follow a change of placement within about 2 s;
  *   other ops      the mode in use, untimed.
  * In a window, each size class (a collective and a power of two of the output bytes, so that
  * only ops of one kind and size are compared) keeps each mode's fastest op, in ns per KiB of
@@ -38,9 +40,9 @@
  * cold buffers and slots (a first window at ops 1-4 of 256 KiB one-shots measured plain stores
  * 1.2-1.4x slower than streaming ones on one die, where they are 2.3x faster once warm).
  *
- * A window costs two ops in the slower mode (up to 2.4x one op: 1 MiB on two dies): about 0.5 %
- * of the time in steady state. A change of the cores' placement is followed at the next window
- * (within 256 ops) whose ops are of one class.
+ * A window costs two ops in the slower mode (up to 2.4x one op: 1 MiB on two dies): 0.5-2 % of
+ * the time in steady state. A change of the cores' placement is followed at the next window whose
+ * ops are of one class.
  *
  * CHORUS_SHM_SLOT_STREAM=0 or 1 turns this off: every slot write follows the parameter.
  */
@@ -59,7 +61,8 @@
  * time, and a 64 KiB one-shot measured plain stores faster on two dies, where they are 2x
  * slower); they follow the communicator's mode once it has one. */
 #define STORE_CHOICE_MIN_TIMED ((size_t)256 << 10)
-#define STORE_CHOICE_EVERY 256u /* windows at ops 1, 16, 64, then every 256th */
+#define STORE_CHOICE_EVERY 256u /* windows from ops 5, 16, 64, then every 256th */
+#define STORE_CHOICE_WINDOW_BYTES ((uint64_t)16 << 30) /* ... or after this much output */
 #define STORE_CHOICE_MARGIN_NUM 11 /* other * 11 / 10 < current: the other is > 10 % faster */
 #define STORE_CHOICE_MARGIN_DEN 10
 
@@ -84,25 +87,19 @@ static coll_store_class_t *store_class_of(coll_store_choice_t *c, const coll_op_
     return &c->cls[kind][cls];
 }
 
-/* The mode a probe op runs in, or -1 for an op outside the probe windows. */
-static int store_probe_mode(uint32_t k) {
-    uint32_t start;
-    if (k >= 5 && k < 5 + STORE_CHOICE_WINDOW) start = 5;
-    else if (k >= 16 && k < 16 + STORE_CHOICE_WINDOW) start = 16;
-    else if (k >= 64 && k < 64 + STORE_CHOICE_WINDOW) start = 64;
-    else if (k >= STORE_CHOICE_EVERY && k % STORE_CHOICE_EVERY < STORE_CHOICE_WINDOW)
-        start = k - k % STORE_CHOICE_EVERY;
-    else return -1;
-    return (int)((k - start) & 1u);
-}
-
-int coll_store_choice_next(coll_store_choice_t *c, int *probe_p) {
+int coll_store_choice_next(coll_store_choice_t *c, size_t bytes, int *probe_p) {
     const uint32_t k = ++c->ops;
-    const int m = store_probe_mode(k);
-    *probe_p = m >= 0;
-    if (m < 0) return c->window ? c->mode : -1;
-    if (m == 0 && store_probe_mode(k - 1) < 0) c->window++; /* a window's first op */
-    return m;
+    if (c->win_left == 0 &&
+        (k == 5 || k == 16 || k == 64 || k % STORE_CHOICE_EVERY == 0 ||
+         (k > 5 && c->win_bytes >= STORE_CHOICE_WINDOW_BYTES))) {
+        c->win_left = STORE_CHOICE_WINDOW;
+        c->window++;
+        c->win_bytes = 0;
+    }
+    c->win_bytes += bytes;
+    *probe_p = c->win_left > 0;
+    if (c->win_left == 0) return c->window ? c->mode : -1;
+    return (int)((STORE_CHOICE_WINDOW - c->win_left--) & 1u);
 }
 
 int coll_store_choice_record(coll_store_choice_t *c, coll_store_class_t *k, int mode, uint64_t ns,
@@ -151,7 +148,7 @@ void coll_store_begin(coll_op_t *op) {
     coll_store_choice_t *c = &e->store_choice;
     if (store_class_of(c, op, bytes) == NULL) return;
     int probe = 0, mode = c->window ? c->mode : -1;
-    if (bytes >= STORE_CHOICE_MIN_TIMED) mode = coll_store_choice_next(c, &probe);
+    if (bytes >= STORE_CHOICE_MIN_TIMED) mode = coll_store_choice_next(c, bytes, &probe);
     if (mode < 0) return; /* no choice yet: the connections measure */
     op->store_mode = (int8_t)mode;
     store_set_mode(op, (int8_t)mode);

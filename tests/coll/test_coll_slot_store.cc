@@ -104,7 +104,7 @@ struct OpChooser {
     // mode in use changed.
     int run(uint64_t plain_ns_per_kib, uint64_t stream_ns_per_kib, int cls = 20) {
         int probe = 0;
-        int m = coll_store_choice_next(&c, &probe);
+        int m = coll_store_choice_next(&c, (size_t)1 << cls, &probe);
         if (m < 0) {
             modes += '-'; // no choice yet
             return 0;
@@ -112,7 +112,8 @@ struct OpChooser {
         modes += m == SLOT_STORE_STREAM ? (probe ? 'S' : 's') : (probe ? 'P' : 'p');
         if (!probe) return 0;
         uint64_t per = m == SLOT_STORE_STREAM ? stream_ns_per_kib : plain_ns_per_kib;
-        return coll_store_choice_record(&c, &c.cls[0][cls], m, per * 1024, 1 << 20);
+        return coll_store_choice_record(&c, &c.cls[0][cls], m, per << cls >> 10,
+                                        (size_t)1 << cls);
     }
     void run_n(int n, uint64_t plain, uint64_t stream, int cls = 20) {
         for (int i = 0; i < n; i++) run(plain, stream, cls);
@@ -133,6 +134,16 @@ TEST(StoreChoice, ProbeWindowsRunEachModeTwice) {
     EXPECT_EQ(o.modes, want);
     EXPECT_EQ(o.c.mode, SLOT_STORE_PLAIN);
     EXPECT_EQ(o.c.window, 7u); // ops 5, 16, 64, 256, 512, 768, 1024
+}
+
+TEST(StoreChoice, LargeOpsGetAWindowEvery16GiB) {
+    OpChooser o;
+    o.run_n(300, 100, 170, 28); // 256 MiB ops: windows from ops 5, 16, 64, 128, 192, 256
+    for (size_t k : {5, 16, 64, 128, 192, 256}) {
+        EXPECT_EQ(o.modes.substr(k - 1, 4), "PSPS") << "op " << k;
+        EXPECT_EQ(o.modes[k + 3], 'p') << "op " << k + 4;
+    }
+    EXPECT_EQ(o.c.window, 6u);
 }
 
 TEST(StoreChoice, FollowsTheFasterModeBothWays) {
