@@ -66,7 +66,12 @@ ncclResult_t coll_engine_create(struct ncclComm *comm) {
     e->oversubscribed = ncpu > 0 && local > ncpu;
     chorus_waiter_note_host_ranks(local);
     comm->root_check_off = chorus_param_int(PARAM_ROOT_CHECK) == 0;
-    e->store_choice_off = chorus_param_int(PARAM_SHM_SLOT_STREAM) != -1;
+    /* One slot-store mode for all of a communicator's ops fits only where its shared-memory
+     * connections all join the same two cores (store_choice.c); with more ranks on a host, or
+     * ranks sharing cores, pairs differ (4 ranks on 2 cores: 0.87-0.91x the per-connection
+     * choice at 256 KiB-16 MiB) and each connection measures its own. */
+    e->store_choice_off = chorus_param_int(PARAM_SHM_SLOT_STREAM) != -1 || local != 2 ||
+                          e->oversubscribed;
     INFO(SUB_COLL, "rank %d: %d ranks on this host, %ld CPUs%s", comm->rank, local, ncpu,
          e->oversubscribed ? ": oversubscribed, waits yield at once" : "");
     comm->engine = e;

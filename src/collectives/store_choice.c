@@ -44,6 +44,11 @@
  * the time in steady state. A change of the cores' placement is followed at the next window whose
  * ops are of one class.
  *
+ * Only for communicators with exactly two ranks on this host, each with a core of its own
+ * (engine.c): with more, the pairs of a ring differ (two ranks on one core, others across dies),
+ * no single mode suits them all, and each connection keeps its own measurement; measured with 4
+ * ranks on 2 cores, one mode for all was 0.87-0.91x the per-connection choice at 256 KiB-16 MiB.
+ *
  * CHORUS_SHM_SLOT_STREAM=0 or 1 turns this off: every slot write follows the parameter.
  */
 #include <stdatomic.h>
