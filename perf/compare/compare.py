@@ -222,6 +222,21 @@ def make_tables(a, res, libs):
     return "\n".join(lines)
 
 
+def rounds_led(res, lib, peers, coll, size):
+    """(rounds in which lib's median beat every peer's median of that round, rounds compared):
+    how often a library leads, not only in the median over all rounds."""
+    per = res.rounds.get(lib, {}).get(coll, {}).get(size, {})
+    led = n = 0
+    for r, v in per.items():
+        theirs = [res.rounds[p][coll][size][r] for p in peers
+                  if res.rounds.get(p, {}).get(coll, {}).get(size, {}).get(r)]
+        if not v or not theirs:
+            continue
+        n += 1
+        led += statistics.median(v) < min(statistics.median(t) for t in theirs)
+    return led, n
+
+
 def spread_table(a, res, libs, coll, sizes):
     """Per library and size: its slowest round's median time over its fastest round's (1.00x: as
     fast in every round), and the largest over the sizes."""
@@ -254,6 +269,19 @@ def spread_table(a, res, libs, coll, sizes):
             slow[lib] = f"{r + 1} at {counts[r]} of {len(sizes)} sizes ({res.run_state(lib, r)})"
     lines.append("| slowest round | " + " | ".join(slow.get(lib, "-") for lib in shown) + " |")
     lines.append("")
+    peers = [lib for lib in libs if lib in PEER_LIBS]
+    ours = [lib for lib in shown if lib not in PEER_LIBS]
+    if peers and ours:
+        lines += [f"Rounds led, {coll}: per Chorus column and size, the rounds in which its median "
+                  "beat every peer's median of the same round\n",
+                  "| size (B) | " + " | ".join(ours) + " |", "|" + "---|" * (len(ours) + 1)]
+        for s in sizes:
+            cells = []
+            for lib in ours:
+                led, n = rounds_led(res, lib, peers, coll, s)
+                cells.append(f"{led} of {n}" if n else "-")
+            lines.append(f"| {s} | " + " | ".join(cells) + " |")
+        lines.append("")
     return lines
 
 

@@ -112,6 +112,14 @@ class Tables(unittest.TestCase):
         self.assertEqual(res.run_state("mpich", 1), "?->95 ns, steal ? ms")
         self.assertEqual(res.run_state("oneccl-ofi", 0), "?")
 
+    def test_rounds_led_counts_rounds_against_that_rounds_best_peer(self):
+        a = compare.parse_args(["--colls", "allreduce", "--rounds", "2"])
+        res = self.results()  # Chorus 10 then 20 us; the best peer 20 us in both rounds
+        self.assertEqual(compare.rounds_led(res, "chorus-shm", ["mpich", "oneccl-ofi"],
+                                            "allreduce", 1 << 20), (1, 2))
+        md = compare.make_tables(a, res, ["chorus-shm", "mpich", "oneccl-ofi"])
+        self.assertIn("| 1048576 | 1 of 2 |", md)
+
     def test_steal_reads_proc_stat(self):
         v = runners.steal_ms()
         if os.path.exists("/proc/stat"):
