@@ -36,9 +36,10 @@
  * only ops of one kind and size are compared) keeps each mode's fastest op, in ns per KiB of
  * output; as soon as both modes have one, the mode in use becomes the other when the other is
  * more than 10 % faster. Every rank times the same ops, so ranks disagree only where the two
- * modes are within about 10 % of each other. A class's first op is never counted: it meets
- * cold buffers and slots (a first window at ops 1-4 of 256 KiB one-shots measured plain stores
- * 1.2-1.4x slower than streaming ones on one die, where they are 2.3x faster once warm).
+ * modes are within about 10 % of each other. A class's first probe is never counted: it is
+ * often the class's first op, which meets cold buffers and slots (a first window at ops 1-4 of
+ * 256 KiB one-shots measured plain stores 1.2-1.4x slower than streaming ones on one die, where
+ * they are 2.3x faster once warm).
  *
  * A window costs two ops in the slower mode (up to 2.4x one op: 1 MiB on two dies): 0.5-2 % of
  * the time in steady state. A change of the cores' placement is followed at the next window whose
@@ -110,7 +111,7 @@ int coll_store_choice_next(coll_store_choice_t *c, size_t bytes, int *probe_p) {
 int coll_store_choice_record(coll_store_choice_t *c, coll_store_class_t *k, int mode, uint64_t ns,
                              size_t bytes) {
     if (bytes == 0) return 0;
-    if (!k->seen) { /* cold: not counted */
+    if (!k->seen) { /* the class's first probe: maybe cold, not counted */
         k->seen = 1;
         return 0;
     }
