@@ -356,8 +356,8 @@ ncclResult_t coll_engine_wait(coll_op_t **ops, int nops);
 void coll_store_begin(coll_op_t *op);
 void coll_store_end(coll_op_t *op, int ok);
 /* The mode for the next op, of `bytes` of output (-1: none yet, the connections measure;
- * *probe_p: whether it is a probe, to be recorded), and recording a probe's time in its class k (returns 1 when the mode
- * in use changed); for tests. */
+ * *probe_p: whether it is a probe, to be recorded), and recording a probe's time in its class k
+ * (returns 1 when the mode in use changed); for tests. */
 int coll_store_choice_next(coll_store_choice_t *c, size_t bytes, int *probe_p);
 int coll_store_choice_record(coll_store_choice_t *c, coll_store_class_t *k, int mode, uint64_t ns,
                              size_t bytes);

@@ -37,8 +37,8 @@ static inline int slot_store_mode(const slot_store_t *st) {
 }
 /* Whether a chunk of `bytes` that a kernel writes into the slot (a reduce) should stream. */
 static inline int slot_store_streams(const chorus_conn_t *conn, size_t bytes) {
-    return conn->store.ok && slot_store_mode(&conn->store) == SLOT_STORE_STREAM &&
-           bytes >= SLOT_STORE_MIN_BYTES;
+    return bytes >= SLOT_STORE_MIN_BYTES && conn->store.ok &&
+           slot_store_mode(&conn->store) == SLOT_STORE_STREAM;
 }
 /* One timed copy of `bytes` in `mode` that took `ticks`, as slot_store_copy records it (tests). */
 void slot_store_feed(chorus_conn_t *conn, int mode, uint64_t ticks, size_t bytes);

@@ -83,7 +83,8 @@ typedef struct {
     uint8_t mode;    /* SLOT_STORE_*: how large chunks are written now */
     uint8_t forced;  /* CHORUS_SHM_SLOT_STREAM was 0 or 1 when the connection was made */
     int8_t op_mode;  /* -1, or SLOT_STORE_*: the mode the op running on this connection chose
-                      * (streamed ring ops, src/collectives/store_choice.c); no measuring then */
+                      * (ring and one-shot ops, src/collectives/store_choice.c); no measuring
+                      * then */
     uint32_t chunks;   /* large chunks written */
     uint32_t streamed; /* ... of which with streaming stores */
     uint32_t changes;
