@@ -17,6 +17,7 @@
 #include <string>
 
 #include "coll_cases.h"
+#include "scoped_env.h"
 
 extern "C" {
 #include "coll_engine.h"
@@ -266,11 +267,9 @@ chorus_test::RunResult run_chosen(Launch how, int nranks, bool streamed) {
                        cross({C_ALLGATHER}, {ncclFloat32}, {T_SUM}, {per}), small_cases})
         cases.insert(cases.end(), part.begin(), part.end());
     const uint64_t nsmall = small_cases.size(), nlarge = cases.size() - nsmall;
-    unsetenv("CHORUS_SHM_SLOT_STREAM");
-    setenv("CHORUS_SHM_CMA", "0", 1);
-    setenv("CHORUS_ALGO", "ring", 1);
-    if (streamed) setenv("CHORUS_STREAM_THRESHOLD", "524288", 1);
-    ncclResetDebugInit();
+    chorus_test::ScopedEnv slot_stream("CHORUS_SHM_SLOT_STREAM", nullptr);
+    chorus_test::ScopedEnv cma("CHORUS_SHM_CMA", "0"), algo("CHORUS_ALGO", "ring");
+    chorus_test::ScopedEnv threshold("CHORUS_STREAM_THRESHOLD", streamed ? "524288" : nullptr);
     ncclUniqueId id = chorus_test::make_unique_id();
     auto res = chorus_test::run_ranks(
         how, nranks,
@@ -305,15 +304,17 @@ chorus_test::RunResult run_chosen(Launch how, int nranks, bool streamed) {
             return failed;
         },
         240);
-    unsetenv("CHORUS_SHM_CMA");
-    unsetenv("CHORUS_ALGO");
-    unsetenv("CHORUS_STREAM_THRESHOLD");
-    ncclResetDebugInit();
     return res;
 }
 
 std::string launch_word(Launch l) {
     return l == Launch::Threads ? "threads" : "forked";
+}
+
+// "<n>ranks_<threads|forked><yes|no>" for a (ranks, launch, flag) parameter.
+template <class Info> std::string case_name(const Info &info, const char *yes, const char *no) {
+    return std::to_string(std::get<0>(info.param)) + "ranks_" +
+           launch_word(std::get<1>(info.param)) + (std::get<2>(info.param) ? yes : no);
 }
 
 } // namespace
@@ -338,11 +339,7 @@ INSTANTIATE_TEST_SUITE_P(Coll, CollSlotStore,
                          ::testing::Combine(::testing::Values(2, 3, 5),
                                             ::testing::Values(Launch::Threads, Launch::Forked),
                                             ::testing::Bool()),
-                         [](const auto &info) {
-                             return std::to_string(std::get<0>(info.param)) + "ranks_" +
-                                    launch_word(std::get<1>(info.param)) +
-                                    (std::get<2>(info.param) ? "_stream" : "_plain");
-                         });
+                         [](const auto &info) { return case_name(info, "_stream", "_plain"); });
 
 class CollStoreChosen : public ::testing::TestWithParam<std::tuple<int, Launch, bool>> {};
 TEST_P(CollStoreChosen, MatchesReference) {
@@ -353,8 +350,4 @@ INSTANTIATE_TEST_SUITE_P(Coll, CollStoreChosen,
                          ::testing::Combine(::testing::Values(2, 3),
                                             ::testing::Values(Launch::Threads, Launch::Forked),
                                             ::testing::Bool()),
-                         [](const auto &info) {
-                             return std::to_string(std::get<0>(info.param)) + "ranks_" +
-                                    launch_word(std::get<1>(info.param)) +
-                                    (std::get<2>(info.param) ? "_streamed" : "_cached");
-                         });
+                         [](const auto &info) { return case_name(info, "_streamed", "_cached"); });
