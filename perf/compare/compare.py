@@ -134,17 +134,20 @@ class Results:
         ns = "->".join("?" if v is None else str(v) for v in (o["rtt_before"], o["rtt_after"]))
         return f"{ns} ns, steal {'?' if o['steal_ms'] is None else o['steal_ms']} ms"
 
+    def round_medians(self, lib, coll, size):
+        """Round -> lib's median time in that round, for the rounds with samples at this size."""
+        per = self.rounds.get(lib, {}).get(coll, {}).get(size, {})
+        return {r: statistics.median(v) for r, v in per.items() if v}
+
     def slowest_round(self, lib, coll, size):
         """The round whose median time was the largest at this size, or None."""
-        per = self.rounds.get(lib, {}).get(coll, {}).get(size, {})
-        meds = {r: statistics.median(v) for r, v in per.items() if v}
+        meds = self.round_medians(lib, coll, size)
         return max(meds, key=meds.get) if len(meds) >= 2 else None
 
     def round_spread(self, lib, coll, size):
         """Slowest round's median time / fastest round's, with the number of rounds; None with
         fewer than two rounds."""
-        per = self.rounds.get(lib, {}).get(coll, {}).get(size, {})
-        meds = [statistics.median(v) for v in per.values() if v]
+        meds = list(self.round_medians(lib, coll, size).values())
         if len(meds) < 2 or min(meds) <= 0:
             return None
         return max(meds) / min(meds), len(meds)
@@ -225,15 +228,14 @@ def make_tables(a, res, libs):
 def rounds_led(res, lib, peers, coll, size):
     """(rounds in which lib's median beat every peer's median of that round, rounds compared):
     how often a library leads, not only in the median over all rounds."""
-    per = res.rounds.get(lib, {}).get(coll, {}).get(size, {})
+    ours = res.round_medians(lib, coll, size)
+    theirs = [res.round_medians(p, coll, size) for p in peers]
     led = n = 0
-    for r, v in per.items():
-        theirs = [res.rounds[p][coll][size][r] for p in peers
-                  if res.rounds.get(p, {}).get(coll, {}).get(size, {}).get(r)]
-        if not v or not theirs:
-            continue
-        n += 1
-        led += statistics.median(v) < min(statistics.median(t) for t in theirs)
+    for r, t in ours.items():
+        best = [m[r] for m in theirs if r in m]
+        if best:
+            n += 1
+            led += t < min(best)
     return led, n
 
 
