@@ -15,7 +15,9 @@
 #    1, 2 and 4 ranks that all share GPU 0 (processes under chorusrun, or perf/launch_local.sh),
 #    at 64 bytes (latency: nccl-tests rounds all-gather and reduce-scatter counts per rank down
 #    to 16 bytes, so 8 bytes would be an empty op) and at the largest size (bandwidth), with the
-#    results checked (#wrong).
+#    results checked (#wrong); with 2 and more processes once per device path between processes
+#    (CHORUS_DEVICE_PATH: auto, which stages them; ce, copy-engine programs; kernel, the collective
+#    kernel over slots each rank's peers map; -P "..." picks them).
 # 5. Prints one table: busbw at the largest size, as a fraction of the copy limit for that pattern.
 # 6. The device path between thread ranks of one process on GPU 0 (-t n, CHORUS_DEVICE_PATH): the
 #    same three collectives with the collective kernel's defaults (kernel: direct, each rank
@@ -30,8 +32,9 @@
 # busbw = algbw x 2(n-1)/n <= D / n. The same argument gives D / n for all-gather and
 # reduce-scatter (busbw = algbw x (n-1)/n, total copy volume (n-1) x S). With 1 rank busbw is 0 by
 # definition (nothing moves between ranks), so the column shows n/a.
-# Ranks that are processes stage through pinned host memory (see src/api/cuda_enqueue.c), so their
-# practical ceiling is PCIe (h2d/d2h_GBps), also printed.
+# Ranks that are processes stage through pinned host memory under auto (src/api/cuda_enqueue.c),
+# so that row's practical ceiling is PCIe (h2d/d2h_GBps), also printed; ce and kernel rows stay on
+# the GPU.
 #
 # Exit status: 0 when the tests passed and every perf row had #wrong = 0; 1 otherwise.
 set -u
@@ -39,6 +42,7 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 build="$root/build-gpu"
 do_build=1
 rank_counts="1 2 4"
+proc_paths="auto ce kernel"
 max_bytes=256M
 tmo=300
 while [ $# -gt 0 ]; do
@@ -46,9 +50,10 @@ while [ $# -gt 0 ]; do
     -B) build=$(cd "$2" 2>/dev/null && pwd || echo "$2"); shift 2 ;;
     --no-build) do_build=0; shift ;;
     -n) rank_counts=$2; shift 2 ;;
+    -P) proc_paths=$2; shift 2 ;;
     -e) max_bytes=$2; shift 2 ;;
     -t) tmo=$2; shift 2 ;;
-    -h|--help) sed -n '2,30p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,/^set -u$/{/^#/p}' "$0"; exit 0 ;;
     *) echo "gpu_check: unknown argument $1 (see --help)" >&2; exit 2 ;;
     esac
 done
@@ -98,7 +103,7 @@ else
 fi
 # The device path under the emulator (CPU threads stand in for the GPU) must pass here too.
 if [ -x "$bin/test_device" ]; then
-    if CHORUS_TIMEOUT=120 timeout -k 5 "$tmo" "$bin/test_device" --gtest_filter='*DevicePath*' \
+    if CHORUS_TIMEOUT=120 timeout -k 5 "$tmo" "$bin/test_device" --gtest_filter='*DevicePath*:*DeviceKProc*' \
         > "$log/test_device_path.log" 2>&1; then
         echo "test_device DevicePath (emulator): passed"
     else
@@ -131,13 +136,16 @@ last_row() { awk '$1 ~ /^[0-9]+$/ && NF >= 13 {r=$1" "$6" "$8" "$9" "$13} END {p
 rows=()
 for coll in all_reduce all_gather reduce_scatter; do
     for n in $rank_counts; do
+      paths=$proc_paths; [ "$n" = 1 ] && paths=auto
+      for path in $paths; do
         p="$bin/${coll}_perf"
-        echo "running $coll with $n rank(s) on GPU 0 ..." >&2
-        lat=$(launch "$n" "$p" -b 64 -e 64 -n 100 -w 10 -m device 2>"$log/${coll}_${n}_lat.err")
+        tag="${coll}_${n}_${path}"
+        echo "running $coll with $n rank(s) on GPU 0, CHORUS_DEVICE_PATH=$path ..." >&2
+        lat=$(CHORUS_DEVICE_PATH=$path launch "$n" "$p" -b 64 -e 64 -n 100 -w 10 -m device 2>"$log/${tag}_lat.err")
         rc1=$?
-        bw=$(launch "$n" "$p" -b "$max_bytes" -e "$max_bytes" -n 10 -w 3 -m device 2>"$log/${coll}_${n}_bw.err")
+        bw=$(CHORUS_DEVICE_PATH=$path launch "$n" "$p" -b "$max_bytes" -e "$max_bytes" -n 10 -w 3 -m device 2>"$log/${tag}_bw.err")
         rc2=$?
-        printf '%s\n' "$lat" > "$log/${coll}_${n}_lat.out"; printf '%s\n' "$bw" > "$log/${coll}_${n}_bw.out"
+        printf '%s\n' "$lat" > "$log/${tag}_lat.out"; printf '%s\n' "$bw" > "$log/${tag}_bw.out"
         lat_us=; lw1=; lw2=; size=; busbw=; bw1=; bw2=
         read -r _ lat_us _ lw1 lw2 <<< "$(printf '%s\n' "$lat" | last_row)"
         read -r size _ busbw bw1 bw2 <<< "$(printf '%s\n' "$bw" | last_row)"
@@ -149,8 +157,9 @@ for coll in all_reduce all_gather reduce_scatter; do
         if [ $rc1 -ne 0 ] || [ $rc2 -ne 0 ] || [ "$wrong" != 0 ]; then status=1; fi
         frac=$(awk -v b="${busbw:-0}" -v d="$d2d" -v n="$n" 'BEGIN {
             if (n <= 1 || d <= 0) print "n/a"; else printf "%.0f%%", 100 * b / (d / n) }')
-        rows+=("$(printf '%-15s %5s %11s %10s %12s %10s %7s %5s' "$coll" "$n" "${lat_us:-?}" \
-            "${size:-?}" "${busbw:-?}" "$frac" "$wrong" "$rc1/$rc2")")
+        rows+=("$(printf '%-15s %5s %-7s %11s %10s %12s %10s %7s %5s' "$coll" "$n" "$path" \
+            "${lat_us:-?}" "${size:-?}" "${busbw:-?}" "$frac" "$wrong" "$rc1/$rc2")")
+      done
     done
 done
 
@@ -190,8 +199,8 @@ done
 echo
 echo "# Chorus CUDA path on ${gpu:-?}: ranks share GPU 0; limit = d2d / n = busbw ceiling (see header)"
 echo "# d2d ${d2d} GB/s, h2d ${h2d} GB/s, d2h ${d2h} GB/s; test_cuda ${tests_pass} passed ${tests_fail} failed ${tests_skip} skipped"
-printf '%-15s %5s %11s %10s %12s %10s %7s %5s\n' "collective" "ranks" "64B time us" "size B" \
-    "busbw GB/s" "of limit" "#wrong" "rc"
+printf '%-15s %5s %-7s %11s %10s %12s %10s %7s %5s\n' "collective" "ranks" "path" "64B time us" \
+    "size B" "busbw GB/s" "of limit" "#wrong" "rc"
 for r in "${rows[@]}"; do echo "$r"; done
 echo
 echo "# Device path, thread ranks of one process on GPU 0 (-t n): collective kernel vs staging"

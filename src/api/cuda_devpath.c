@@ -53,7 +53,7 @@ static ncclResult_t dp_op_check(coll_args_t *a, devpath_comm_t *dp, int *staged_
     int capturing = 0;
     CHECK(dp->rt->stream_capturing(a->stream, &capturing));
     a->capturing = capturing; /* the launch takes it from here: the stream is asked once */
-    if (capturing && dp->ce) {
+    if (capturing && dp->ce && !dp_ce_kernel(dp->ce)) {
         WARN("%s: rank %d: %s", a->api, comm->rank, dp_no_capture_ce);
         return ncclInvalidUsage;
     }
@@ -122,8 +122,8 @@ ncclResult_t devpath_hook(const coll_args_t *call, int *handled_p) {
         if (!emu_mem) return ncclSuccess; /* staged (cuda_enqueue.c) */
         *handled_p = 1;
         WARN("%s: rank %d: emulated device memory runs on the device path only: it needs "
-             "CHORUS_DEVICE_EMU=1, ranks that are threads of one process, and a collective the "
-             "kernel has (not gather or scatter)",
+             "CHORUS_DEVICE_EMU=1, a communicator on that path (threads of one process, or "
+             "processes of one host), and a collective the kernel has (not gather or scatter)",
              call->api, comm->rank);
         group_note_error(ncclInvalidUsage);
         return ncclInvalidUsage;

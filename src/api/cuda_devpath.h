@@ -13,11 +13,16 @@
  * into one send/receive launch per ring distance d (a send to rank + d with a receive from
  * rank - d), so every rank works through the distances in the same order.
  *
+ * Ranks that are processes of one host run copy-engine programs, or the kernel itself
+ * (CHORUS_DEVICE_PATH=kernel), over connections in device memory they share
+ * (cuda_devpath_ce.h).
+ *
  * Errors: the error word (shared by the ranks) turns into the call's result and the
  * communicator's async error (ch_error_result: a mismatched op is ncclInvalidUsage on every
- * rank); ncclCommAbort writes CH_ERR_ABORT into it, which releases a spinning launch; finalize
- * and destroy wait for the launched work (CHORUS_TIMEOUT, then the error word is set to
- * CH_ERR_TIMEOUT so the kernels return).
+ * rank); ncclCommAbort writes CH_ERR_ABORT into it, which releases a spinning launch; a watchdog
+ * thread per world writes CH_ERR_TIMEOUT when launched blocks count no end within CHORUS_TIMEOUT
+ * (a rank that never launches its part); finalize and destroy wait for the launched work
+ * (CHORUS_TIMEOUT, then the error word is set to CH_ERR_TIMEOUT so the kernels return).
  */
 #ifndef CHORUS_CUDA_DEVPATH_H_
 #define CHORUS_CUDA_DEVPATH_H_
@@ -41,8 +46,11 @@ ncclResult_t devpath_drain(struct ncclComm *comm);
 void devpath_abort(struct ncclComm *comm);
 /* The error word as comm's async error (ncclCommGetAsyncError). */
 void devpath_poll_error(struct ncclComm *comm);
-/* 1 when comm runs device-buffer ops as the collective kernel (tests). */
+/* 1 when comm runs device-buffer ops on the device path (not staged; tests). */
 int devpath_kernel_on(const struct ncclComm *comm);
+/* How comm runs device-buffer ops: "kernel" (thread ranks), "kernel-procs" (the kernel between
+ * processes), "ce" (copy-engine programs) or "staged" (tests, logs). */
+const char *devpath_path_name(const struct ncclComm *comm);
 /* comm_free: drain, then drop this rank's share of the world. */
 void devpath_comm_free(struct ncclComm *comm);
 /* ncclCommRegister / ncclCommDeregister of device memory on a communicator whose ranks run

@@ -1,19 +1,23 @@
 /*
- * cuda_devpath_ce.c: the device path's copy-engine programs between processes (see
- * cuda_devpath_ce.h).
+ * cuda_devpath_ce.c: the device path's connections between processes, and the copy-engine
+ * programs that run over them (see cuda_devpath_ce.h; the kernel runs over them too).
  *
  * Each rank owns two blocks, shared with every rank of the host:
  *   device block  (peer_mem.h: cuMem memory where the device has it, its file descriptor passed
  *                 to each peer process over the descriptor channel, fd_chan.h; else a legacy
- *                 IPC block, its handle in the bootstrap allgather)  [c][src] SIMPLE slots
+ *                 IPC block, its handle in the bootstrap allgather)  [c][src] SIMPLE slots; for
+ *                 the kernel, the control blocks, SIMPLE slots and LL slots of the connections
+ *                 it uses, in that order (ce_conn_used)
  *   host block    (a memfd every rank maps, registered for the device)  a 4 KiB header, then
- *                 [c][src] control blocks; rank 0's header holds the error word and the rank of
- *                 a peer found dead
+ *                 [c][src] control blocks (programs only); rank 0's header holds the error word
+ *                 and the rank of a peer found dead; the kernel's blocks count their ends in
+ *                 their rank's header (CE_DONE_OFF)
  * The counters live in host memory so the host can always write them: a GPU stream blocked in a
  * wait cannot be interrupted, only satisfied. Every rank holds an OFD lock on its host memfd
  * while it lives; the lock goes with the process, so a peer probes it to see a rank that died.
  *
- * The watchdog (a thread per communicator, every CE_WATCH_MS) turns what would hang into an error:
+ * The watchdog (a thread per communicator, every CE_WATCH_MS) turns what would hang into an error
+ * (for the kernel, see cuda_devpath_ce.h: it watches block ends, and writes no counter):
  *   - a peer this rank still waits for (its counters are behind the steps queued here) whose lock
  *     is gone: CH_ERR_PEER, naming it;
  *   - such waits with no counter moving for CHORUS_TIMEOUT: CH_ERR_TIMEOUT;
@@ -37,6 +41,7 @@
 #include <unistd.h>
 
 #include "bootstrap.h"
+#include "check.h"
 #include "comm.h"
 #include "fd_chan.h"
 #include "peer_mem.h"
@@ -47,6 +52,7 @@
 #include "param.h"
 
 #define CE_WATCH_MS 2
+#define CE_DEAD_GRACE_MS 500 /* the kernel: a peer's end fails the communicator after this */
 #define CE_TAG_DEV 0x43450001u /* the descriptor of a rank's device block */
 
 static size_t ce_round_page(size_t b) {
@@ -55,6 +61,31 @@ static size_t ce_round_page(size_t b) {
 
 static ch_conn_t *ce_conn_at(const dp_ce_t *ce, int c, int src, int dst) {
     return &ce->conns[((size_t)c * ce->nranks + src) * ce->nranks + dst];
+}
+
+/* Whether connection (c, src -> dst) exists: copy-engine programs connect every pair on every
+ * channel; the kernel every pair on its first p2p_nch channels, then each rank to itself and to
+ * its ring successor (so a rank's device block grows with nch, not nranks * nch). */
+static int ce_conn_used(const dp_ce_t *ce, int c, int src, int dst) {
+    const int n = ce->nranks;
+    if (!ce->kernel || c < ce->p2p_nch || src == dst) return 1;
+    for (int pos = 0; pos < n; pos++)
+        if (ce->ring[c * n + pos] == src) return ce->ring[c * n + (pos + 1) % n] == dst;
+    return 0;
+}
+
+/* The kernel's connections into dst, in block order (the same count for every dst). */
+static size_t ce_conns_into(const dp_ce_t *ce, int dst) {
+    size_t u = 0;
+    for (int c = 0; c < ce->nch; c++)
+        for (int src = 0; src < ce->nranks; src++)
+            u += (size_t)ce_conn_used(ce, c, src, dst);
+    return u;
+}
+
+/* The bytes of one kernel connection's LL slots. */
+static size_t ce_ll_set(const dp_ce_t *ce) {
+    return (size_t)ce->nslots * ce->ll_words * 8;
 }
 
 /* ---- host blocks: a memfd each rank maps, with the owner's liveness lock ------------------ */
@@ -147,6 +178,9 @@ void dp_ce_free(dp_ce_t *ce) {
         }
         if (ce->host_fd && ce->host_fd[q] >= 0) close(ce->host_fd[q]);
     }
+    if (ce->dev_conns) ce->rt->dev_free(ce->dev_conns);
+    if (ce->dev_ring) ce->rt->dev_free(ce->dev_ring);
+    if (ce->op_seq) ce->rt->dev_free(ce->op_seq);
     fd_chan_close(ce->chan);
     pthread_mutex_destroy(&ce->lock);
     pthread_mutex_destroy(&ce->zc_lock);
@@ -164,12 +198,18 @@ void dp_ce_free(dp_ce_t *ce) {
     free(ce->ring);
     free(ce->next_send);
     free(ce->next_recv);
+    free(ce->hdr_checked);
     free(ce);
 }
 
 static dp_ce_t *ce_alloc(struct ncclComm *comm, const ch_rt_t *rt, int nch, int nslots,
-                         size_t slot_bytes) {
+                         size_t slot_bytes, int kernel, int p2p_nch, size_t ll_bytes) {
     const int n = comm->nranks;
+    if (kernel && nch > CE_MAX_CH) {
+        WARN("rank %d: the device path between processes takes at most %d channels, not %d",
+             comm->rank, CE_MAX_CH, nch);
+        return NULL;
+    }
     dp_ce_t *ce = calloc(1, sizeof(*ce));
     if (ce == NULL) return NULL;
     ce->rt = rt;
@@ -178,7 +218,9 @@ static dp_ce_t *ce_alloc(struct ncclComm *comm, const ch_rt_t *rt, int nch, int 
     ce->nch = nch;
     ce->nslots = nslots;
     ce->slot_bytes = slot_bytes;
-    ce->dev_bytes = (size_t)nch * n * nslots * slot_bytes;
+    ce->kernel = kernel;
+    ce->p2p_nch = p2p_nch;
+    ce->ll_words = (uint32_t)(ll_bytes / 4);
     ce->zc_off = (CE_HDR_BYTES + (size_t)nch * n * sizeof(ch_ctrl_t) + 63) / 64 * 64;
     ce->host_bytes = ce_round_page(ce->zc_off + ce_zc_area_bytes());
     ce->cuda_dev = comm->cuda_dev;
@@ -199,11 +241,23 @@ static dp_ce_t *ce_alloc(struct ncclComm *comm, const ch_rt_t *rt, int nch, int 
     ce->ring = calloc((size_t)nch * n, sizeof(int));
     ce->next_send = calloc((size_t)nch * n, sizeof(uint64_t));
     ce->next_recv = calloc((size_t)nch * n, sizeof(uint64_t));
+    ce->hdr_checked = calloc((size_t)n, sizeof(uint64_t));
+    if (ce->ring)
+        for (int c = 0; c < nch; c++)
+            for (int pos = 0; pos < n; pos++)
+                ce->ring[c * n + pos] = ch_cpu_ring_rank(n, c, pos);
+    /* Copy-engine programs: [c][src] SIMPLE slots (their counters are in the host blocks). The
+     * kernel: its connections' control blocks, then their SIMPLE slots, then their LL slots. */
+    ce->nused = kernel && ce->ring ? ce_conns_into(ce, ce->rank) : (size_t)nch * n;
+    ce->dev_bytes = kernel ? ce->nused * (sizeof(ch_ctrl_t) + (size_t)nslots * slot_bytes +
+                                          ce_ll_set(ce))
+                           : (size_t)nch * n * nslots * slot_bytes;
     if (ce->host_fd)
         for (int q = 0; q < n; q++)
             ce->host_fd[q] = -1;
     if (!ce->dev || !ce->maps || !ce->addrs || !ce->host || !ce->host_fd || !ce->registered ||
-        !ce->pids || !ce->conns || !ce->ring || !ce->next_send || !ce->next_recv) {
+        !ce->pids || !ce->conns || !ce->ring || !ce->next_send || !ce->next_recv ||
+        !ce->hdr_checked) {
         dp_ce_free(ce);
         return NULL;
     }
@@ -258,10 +312,52 @@ static ncclResult_t ce_pass_fds(dp_ce_t *ce, struct ncclComm *comm, const ce_han
 
 static void *ce_watch_main(void *arg);
 
+/* Point the connection table at every rank's blocks as mapped here; the kernel's also goes to
+ * device memory, with the ring table and the op counters. */
+static ncclResult_t ce_connect(dp_ce_t *ce) {
+    const int n = ce->nranks, nch = ce->nch, nslots = ce->nslots;
+    const size_t slot_bytes = ce->slot_bytes;
+    for (int dst = 0; dst < n; dst++) {
+        size_t u = 0;
+        char *ctrl0 = (char *)ce->dev[dst];
+        char *buf0 = ctrl0 + ce->nused * sizeof(ch_ctrl_t);
+        char *ll0 = buf0 + ce->nused * nslots * slot_bytes;
+        for (int c = 0; c < nch; c++) {
+            for (int src = 0; src < n; src++) {
+                ch_conn_t *k = ce_conn_at(ce, c, src, dst);
+                const size_t i = (size_t)c * n + src;
+                if (!ce->kernel) {
+                    k->ctrl = (ch_ctrl_t *)(ce->host[dst] + CE_HDR_BYTES) + i;
+                    k->buf = (char *)ce->dev[dst] + i * nslots * slot_bytes;
+                } else if (ce_conn_used(ce, c, src, dst)) {
+                    k->ctrl = (ch_ctrl_t *)ctrl0 + u;
+                    k->buf = buf0 + u * nslots * slot_bytes;
+                    k->ll = (uint64_t *)(ll0 + u * ce_ll_set(ce));
+                    k->ll_words = ce->ll_words;
+                    u++;
+                } else {
+                    continue;
+                }
+                k->nslots = (uint32_t)nslots;
+                k->slot_bytes = slot_bytes;
+            }
+        }
+    }
+    if (!ce->kernel) return ncclSuccess;
+    const ch_rt_t *rt = ce->rt;
+    const size_t nconn = (size_t)nch * n * n;
+    CHECK(rt->dev_alloc((void **)&ce->dev_conns, nconn * sizeof(ch_conn_t)));
+    CHECK(rt->dev_alloc((void **)&ce->dev_ring, (size_t)nch * n * sizeof(int)));
+    CHECK(rt->dev_alloc((void **)&ce->op_seq, (size_t)nch * sizeof(uint64_t)));
+    CHECK(rt->memcpy_h2d(ce->dev_conns, ce->conns, nconn * sizeof(ch_conn_t)));
+    return rt->memcpy_h2d(ce->dev_ring, ce->ring, (size_t)nch * n * sizeof(int));
+}
+
 dp_ce_t *dp_ce_setup(struct ncclComm *comm, const ch_rt_t *rt, int local_ok, int nch, int nslots,
-                     size_t slot_bytes) {
+                     size_t slot_bytes, int kernel, int p2p_nch, size_t ll_bytes) {
     const int n = comm->nranks, me = comm->rank;
-    dp_ce_t *ce = local_ok ? ce_alloc(comm, rt, nch, nslots, slot_bytes) : NULL;
+    dp_ce_t *ce =
+        local_ok ? ce_alloc(comm, rt, nch, nslots, slot_bytes, kernel, p2p_nch, ll_bytes) : NULL;
     ce_handles_t *hs = calloc((size_t)n, sizeof(*hs));
     int *oks = calloc((size_t)n, sizeof(int));
     int ok = ce && hs && oks;
@@ -322,25 +418,15 @@ dp_ce_t *dp_ce_setup(struct ncclComm *comm, const ch_rt_t *rt, int local_ok, int
         if (fds[q] >= 0) close(fds[q]); /* the imports hold the memory */
     free(fds);
     fds = NULL;
+    if (ok && ce_connect(ce) != ncclSuccess) {
+        WARN("rank %d: the device path's connection table could not be set up", me);
+        ok = 0;
+    }
     if (oks) oks[me] = ok;
     res = oks ? bootstrap_allgather(comm->bs, oks, sizeof(int)) : ncclSystemError;
     if (res != ncclSuccess) goto fail;
     for (int q = 0; q < n; q++)
         if (!oks[q]) goto fail;
-    for (int c = 0; c < nch; c++) {
-        for (int pos = 0; pos < n; pos++)
-            ce->ring[c * n + pos] = ch_cpu_ring_rank(n, c, pos);
-        for (int src = 0; src < n; src++) {
-            for (int dst = 0; dst < n; dst++) {
-                ch_conn_t *k = ce_conn_at(ce, c, src, dst);
-                const size_t i = (size_t)c * n + src;
-                k->ctrl = (ch_ctrl_t *)(ce->host[dst] + CE_HDR_BYTES) + i;
-                k->buf = (char *)ce->dev[dst] + i * nslots * slot_bytes;
-                k->nslots = (uint32_t)nslots;
-                k->slot_bytes = slot_bytes;
-            }
-        }
-    }
     if (pthread_create(&ce->watch, NULL, ce_watch_main, ce) != 0) {
         /* Without the watchdog a dead peer would hang this rank's stream: fail everywhere. */
         WARN("rank %d: the device path's watchdog thread could not start", me);
@@ -379,9 +465,11 @@ size_t dp_ce_slot_bytes(const dp_ce_t *ce) {
 
 /* ---- the watchdog --------------------------------------------------------------------------- */
 
-/* Write the released value into every counter this rank's programs wait on. */
+/* Write the released value into every counter this rank's programs wait on (the kernel's
+ * blocks see the error word themselves: nothing to write). */
 static void ce_release(dp_ce_t *ce) {
     const int me = ce->rank;
+    if (ce->kernel) return;
     for (int c = 0; c < ce->nch; c++) {
         for (int q = 0; q < ce->nranks; q++) {
             ch_st_release(&ce_conn_at(ce, c, q, me)->ctrl->head, CE_RELEASED);
@@ -408,12 +496,99 @@ static int ce_owed_by(dp_ce_t *ce, int q, uint64_t *sum_p) {
     return ce_zc_owed_by(ce, q, sum_p) || owed;
 }
 
+/* ---- the op headers of collectives (programs) ------------------------------------------------ */
+
+static ce_hdr_ent_t *ce_hdrs(const dp_ce_t *ce, int q) {
+    return (ce_hdr_ent_t *)(ce->host[q] + CE_HDRS_OFF);
+}
+
+/* Publish this rank's header of collective h->seq (a seqlock: tag 0, the words, then the tag). */
+static void ce_hdr_publish(dp_ce_t *ce, const ch_op_hdr_t *h) {
+    ce_hdr_ent_t *e = &ce_hdrs(ce, ce->rank)[h->seq % CE_NHDRS];
+    __atomic_store_n(&e->tag, 0, __ATOMIC_RELAXED);
+    __atomic_thread_fence(__ATOMIC_RELEASE);
+    ch_hdr_store(e->w, h);
+    ch_st_release(&e->tag, h->seq + 1);
+}
+
+/* Rank q's header of collective k into w: 1, or 0 while q has not published it, -1 once q's entry
+ * holds a later collective (q ran CE_NHDRS ahead: not compared). */
+static int ce_hdr_read(const dp_ce_t *ce, int q, uint64_t k, uint64_t w[4]) {
+    const ce_hdr_ent_t *e = &ce_hdrs(ce, q)[k % CE_NHDRS];
+    const uint64_t t1 = ch_ld_acquire(&e->tag);
+    if (t1 != k + 1) return t1 < k + 1 ? 0 : -1;
+    for (int i = 0; i < 4; i++)
+        w[i] = ch_ld_relaxed(&e->w[i]);
+    __atomic_thread_fence(__ATOMIC_ACQUIRE);
+    return ch_ld_relaxed(&e->tag) == t1 ? 1 : -1;
+}
+
+static const char *ce_coll_name(uint32_t coll) {
+    static const char *names[] = {"all-reduce", "reduce-scatter", "all-gather", "broadcast",
+                                  "reduce",     "send/receive",   "all-to-all"};
+    return coll < sizeof(names) / sizeof(names[0]) ? names[coll] : "?";
+}
+
+static void ce_hdr_text(const uint64_t w[4], char *buf, size_t len) {
+    ch_op_hdr_t h;
+    ch_hdr_load(w, &h);
+    snprintf(buf, len, "%s of %llu %s (op %u, root %u)", ce_coll_name(h.coll),
+             (unsigned long long)h.count, chorus_dtype_name((ncclDataType_t)h.dtype), h.redop,
+             h.root);
+}
+
+/* Compare the collectives this rank published with each peer's, as far as both have; 1 when one
+ * differs (the error word then says CH_ERR_MISMATCH). */
+static int ce_hdr_watch(dp_ce_t *ce) {
+    pthread_mutex_lock(&ce->lock);
+    const uint64_t mine = ce->hdr_pub;
+    pthread_mutex_unlock(&ce->lock);
+    for (int q = 0; q < ce->nranks; q++) {
+        if (q == ce->rank) continue;
+        while (ce->hdr_checked[q] < mine) {
+            const uint64_t k = ce->hdr_checked[q];
+            uint64_t a[4], b[4];
+            const int ra = ce_hdr_read(ce, ce->rank, k, a);
+            const int rb = ra > 0 ? ce_hdr_read(ce, q, k, b) : -1;
+            if (rb == 0) break; /* q has not called it yet */
+            if (rb > 0 && (a[0] != b[0] || a[1] != b[1] || a[2] != b[2])) {
+                char ta[128], tb[128];
+                ce_hdr_text(a, ta, sizeof(ta));
+                ce_hdr_text(b, tb, sizeof(tb));
+                ch_set_once32(dp_ce_err(ce), CH_ERR_MISMATCH);
+                WARN("rank %d: collective #%llu on device buffers differs between the ranks: this "
+                     "rank called %s, rank %d (pid %d) %s: the communicator fails "
+                     "(ncclInvalidUsage)",
+                     ce->rank, (unsigned long long)k, ta, q, ce->pids[q], tb);
+                return 1;
+            }
+            ce->hdr_checked[q] = k + 1;
+        }
+    }
+    return 0;
+}
+
+/* The kernel: whether blocks this rank launched have not ended yet; *sum_p gathers the ends
+ * counted so far, to see them move. */
+static int ce_kernel_owed(dp_ce_t *ce, uint64_t *sum_p) {
+    const uint64_t *done = (const uint64_t *)(ce->host[ce->rank] + CE_DONE_OFF);
+    uint64_t ended = 0;
+    for (int c = 0; c < ce->nch; c++)
+        ended += __atomic_load_n(&done[c], __ATOMIC_ACQUIRE);
+    pthread_mutex_lock(&ce->lock);
+    const uint64_t launched = ce->k_launched;
+    pthread_mutex_unlock(&ce->lock);
+    *sum_p += ended;
+    return ended < launched;
+}
+
 static void *ce_watch_main(void *arg) {
     dp_ce_t *ce = (dp_ce_t *)arg;
     uint32_t *err = dp_ce_err(ce);
     const int64_t timeout = chorus_param_int(PARAM_TIMEOUT) * 1000000000LL;
     uint64_t last_sum = 0;
     int64_t last_move = ch_host_now_ns();
+    int64_t dead_since = -1; /* the kernel: when a peer was first seen ended with blocks owed */
     pthread_mutex_lock(&ce->stop_lock);
     while (!ce->stop) {
         struct timespec ts;
@@ -427,20 +602,33 @@ static void *ce_watch_main(void *arg) {
         if (ce->stop) break;
         pthread_mutex_unlock(&ce->stop_lock);
         ce_zc_watch(ce);
-        if (ch_ld32_relaxed(err) != CH_OK) {
+        if (ch_ld32_relaxed(err) != CH_OK || (!ce->kernel && ce_hdr_watch(ce))) {
             ce_release(ce);
         } else {
             uint64_t sum = 0;
             int owed = 0, dead = -1;
+            /* The kernel: unfinished blocks wait for every peer (a collective's headers pass
+             * every rank), so any peer that ended is the one; programs name whom they wait for. */
+            const int kowed = ce->kernel && ce_kernel_owed(ce, &sum);
             for (int q = 0; q < ce->nranks; q++) {
-                if (q == ce->rank || !ce_owed_by(ce, q, &sum)) continue;
+                if (q == ce->rank || (ce->kernel ? !kowed : !ce_owed_by(ce, q, &sum))) continue;
                 owed = 1;
                 if (dead < 0 && !ce_peer_alive(ce, q)) dead = q;
             }
             const int64_t now = ch_host_now_ns();
-            if (sum != last_sum || !owed) {
+            const int moved = sum != last_sum;
+            if (moved || !owed) {
                 last_sum = sum;
                 last_move = now;
+            }
+            /* The kernel's owed blocks may have had everything from a peer that then ended (its
+             * last op done, its process gone) and only be about to count their own ends: the
+             * verdict waits until they made no progress for CE_DEAD_GRACE_MS. */
+            if (ce->kernel && dead >= 0) {
+                if (dead_since < 0 || moved) dead_since = now;
+                if (now - dead_since < CE_DEAD_GRACE_MS * 1000000LL) dead = -1;
+            } else if (dead < 0) {
+                dead_since = -1;
             }
             if (dead >= 0) {
                 ch_set_once32((uint32_t *)(ce->host[0] + CE_DEAD_OFF), (uint32_t)dead + 1);
@@ -465,14 +653,39 @@ static void *ce_watch_main(void *arg) {
 
 /* ---- launch --------------------------------------------------------------------------------- */
 
+int dp_ce_kernel(const dp_ce_t *ce) {
+    return ce->kernel;
+}
+
+void dp_ce_kernel_args(const dp_ce_t *ce, const ch_conn_t **conns, const int **ring,
+                       uint64_t **op_seq, uint64_t **done) {
+    *conns = ce->dev_conns;
+    *ring = ce->dev_ring;
+    *op_seq = ce->op_seq;
+    *done = (uint64_t *)(ce->host[ce->rank] + CE_DONE_OFF);
+}
+
+void dp_ce_kernel_launched(dp_ce_t *ce, int nblocks) {
+    pthread_mutex_lock(&ce->lock);
+    ce->k_launched += (uint64_t)nblocks;
+    pthread_mutex_unlock(&ce->lock);
+}
+
 static const ch_conn_t *ce_conn(void *arg, int c, int src, int dst) {
     return ce_conn_at((const dp_ce_t *)arg, c, src, dst);
 }
 
 ncclResult_t dp_ce_launch(dp_ce_t *ce, const ch_plan_t *plan, const void *sendbuff, void *recvbuff,
-                          const chorus_redop_t *rop, void *stream, int immediate) {
+                          const chorus_redop_t *rop, const ch_op_hdr_t *hdr, void *stream,
+                          int immediate) {
     const int n = ce->nranks;
     int taken = 0;
+    if (hdr->coll != CH_COLL_SENDRECV) {
+        pthread_mutex_lock(&ce->lock);
+        ce_hdr_publish(ce, hdr);
+        ce->hdr_pub = hdr->seq + 1;
+        pthread_mutex_unlock(&ce->lock);
+    }
     ncclResult_t zr = ce_zc_launch(ce, plan, sendbuff, recvbuff, rop, stream, immediate, &taken);
     if (zr != ncclSuccess) {
         /* The peers may have launched their part: fail the communicator (the watchdog releases

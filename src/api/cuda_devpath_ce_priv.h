@@ -19,6 +19,16 @@
 #define CE_HDR_BYTES 4096        /* the host block's header: the error word, the dead peer's rank */
 #define CE_RELEASED (1ull << 62) /* past every step a wait can ask for */
 #define CE_DEAD_OFF 64           /* rank 0's header: the dead peer's word (rank + 1) */
+#define CE_DONE_OFF 128          /* kernel: [c] this rank's blocks of channel c that ended */
+#define CE_HDRS_OFF 1024         /* programs: this rank's collectives' op headers (ce_hdr_ent_t) */
+#define CE_NHDRS 64              /* ... the last CE_NHDRS of them, entry seq % CE_NHDRS */
+#define CE_MAX_CH ((CE_HDRS_OFF - CE_DONE_OFF) / 8)
+
+/* One collective's op header as a rank published it: w as ch_hdr_store writes a header (w[3], the
+ * seq, is the entry's own); tag = seq + 1 once w holds that op's header (0 while rewritten). */
+typedef struct {
+    uint64_t tag, w[4];
+} ce_hdr_ent_t;
 
 /* A peer's registration mapped here. */
 typedef struct {
@@ -30,6 +40,20 @@ struct dp_ce {
     const ch_rt_t *rt;
     int nranks, rank, nch, nslots;
     size_t slot_bytes, dev_bytes, host_bytes;
+    /* The collective kernel runs over these connections (1), else copy-engine programs (0). The
+     * kernel's control blocks and LL slots live in the receiver's device block too, and only the
+     * connections it uses exist: every pair on the first p2p_nch channels, then each rank to
+     * itself and to its ring successor. */
+    int kernel, p2p_nch;
+    uint32_t ll_words;
+    size_t nused;          /* kernel: connections in each rank's device block */
+    ch_conn_t *dev_conns;  /* kernel: conns, in device memory */
+    int *dev_ring;         /* kernel: ring, in device memory */
+    uint64_t *op_seq;      /* kernel: [c] this rank's collectives on channel c (device memory) */
+    uint64_t k_launched;   /* kernel: blocks launched and tracked (under lock) */
+    uint64_t hdr_pub;      /* programs: collectives whose header this rank published (lock) */
+    uint64_t *hdr_checked; /* programs: [rank] the next collective to compare with that rank's
+                              (the watchdog's) */
     void **dev;           /* [rank]: every rank's device block, mapped here (own included) */
     peer_mem_own_t own;   /* this rank's device block */
     peer_mem_map_t *maps; /* [rank]: the peers' device blocks as mapped here */

@@ -76,8 +76,13 @@ static ncclResult_t dp_launch(struct ncclComm *comm, devpath_comm_t *dp, int col
     const size_t bytes = count * esize * (scaled ? (size_t)n : 1);
     ch_kernel_args_t k;
     memset(&k, 0, sizeof(k));
+    /* The kernel between processes runs over the copy-engine path's connections. */
+    const int progs = dp->ce != NULL && !dp_ce_kernel(dp->ce);
+    const int *ring = dp->w ? dp->w->ring : NULL;
+    if (dp->ce && !progs) dp_ce_kernel_args(dp->ce, &k.conns, &ring, &k.op_seq, &k.done);
+    if (progs) ring = dp_ce_ring(dp->ce);
     /* Copy-engine programs move SIMPLE slots only. */
-    k.proto = dp->ce == NULL && bytes <= sz->ll_max_bytes ? CH_PROTO_LL : CH_PROTO_SIMPLE;
+    k.proto = !progs && bytes <= sz->ll_max_bytes ? CH_PROTO_LL : CH_PROTO_SIMPLE;
     k.ll_bytes = (uint32_t)sz->ll_bytes;
     const size_t room = k.proto == CH_PROTO_LL ? sz->ll_bytes : sz->slot_bytes;
     ch_plan_t *p = &k.plan;
@@ -91,13 +96,13 @@ static ncclResult_t dp_launch(struct ncclComm *comm, devpath_comm_t *dp, int col
     p->esize = esize;
     const int max_ch = coll == CH_COLL_ALLTOALL || coll == CH_COLL_SENDRECV ? sz->p2p_nch : sz->nch;
     p->chunk_elems = ch_plan_fit_chunk(coll, n, count, esize, room, room / 16, max_ch);
-    p->ring = dp->ce ? dp_ce_ring(dp->ce) : dp->w->ring;
+    p->ring = ring;
     p->nch = ch_plan_channels(coll, n, count, p->chunk_elems, max_ch);
     p->inplace = ch_plan_inplace(coll, sendbuff, recvbuff, comm->rank, count, esize);
     k.vec = sz->vec;
     k.sendbuff = sendbuff;
     k.recvbuff = recvbuff;
-    k.conns = dp->w ? dp->w->conns : NULL;
+    if (dp->w) k.conns = dp->w->conns;
     k.err = dp->err_dev;
     if (a->redop_fixed) {
         k.redop = a->redop;
@@ -109,7 +114,10 @@ static ncclResult_t dp_launch(struct ncclComm *comm, devpath_comm_t *dp, int col
     /* The kernel's headers take their seq from the op counters in device memory, which the
      * kernel advances: nothing of a launch depends on how many calls the host made, so a launch
      * captured into a CUDA graph runs right however often the graph is replayed. */
-    if (dp->w) k.op_seq = dp->w->op_seq + (size_t)comm->rank * sz->nch;
+    if (dp->w) {
+        k.op_seq = dp->w->op_seq + (size_t)comm->rank * sz->nch;
+        k.done = dp->w->done_dev + (size_t)comm->rank * sz->nch;
+    }
     /* Direct (ch_direct.h): every block of every rank takes part, so the launch has all the
      * world's channels whatever the op's size; the ranks decide alike (the same parameter, and
      * sizes that a mismatch check then compares). */
@@ -120,14 +128,25 @@ static ncclResult_t dp_launch(struct ncclComm *comm, devpath_comm_t *dp, int col
         k.dir_seq = dp->w->dir_seq + (size_t)comm->rank * sz->nch;
         dp->direct_ops++;
     }
-    const uint64_t seq = coll == CH_COLL_SENDRECV || dp->w ? 0 : dp->coll_seq++;
+    const uint64_t seq = coll == CH_COLL_SENDRECV || !progs ? 0 : dp->coll_seq++;
     ch_op_hdr_make(&k.hdr, coll, a->dtype, k.redop.kind, count, p->root, seq);
     /* Whether the stream captures was asked once, when the call was made (dp_op_check); a
-     * group's calls all agree on it (devpath_group_end). */
+     * group's calls all agree on it (devpath_group_end). A captured launch counts no block ends:
+     * its replays are not launches the watchdog would expect. */
+    if (a->capturing) k.done = NULL;
     ncclResult_t res =
-        dp->ce ? dp_ce_launch(dp->ce, p, sendbuff, recvbuff, &k.redop, a->stream, immediate)
-               : dp->rt->launch(&k, a->stream);
+        progs ? dp_ce_launch(dp->ce, p, sendbuff, recvbuff, &k.redop, &k.hdr, a->stream, immediate)
+              : dp->rt->launch(&k, a->stream);
+    if (res == ncclSuccess && k.done != NULL) {
+        if (dp->ce)
+            dp_ce_kernel_launched(dp->ce, p->nch);
+        else
+            __atomic_add_fetch(&dp->w->launched, (uint64_t)p->nch, __ATOMIC_RELEASE);
+    }
     if (res != ncclSuccess) {
+        /* The peers' blocks of the op wait for this rank's: the error word releases them (the
+         * copy-engine path sets it itself). */
+        if (!progs) ch_set_once32(dp->err_host, CH_ERR_ABORT);
         WARN("%s: rank %d: the device launch failed: %s", a->api, comm->rank,
              ncclGetErrorString(res));
         return res;

@@ -9,8 +9,11 @@
  *   ring      [c][pos]: channels alternate direction (ch_cpu_ring_rank)
  *   dir       [c][rank] the direct mode's entries, dir_seq its op counters (ch_direct.h)
  *   err       the error word, in host memory the device writes (mapped)
+ *   done      [rank][c] the ends of each rank's blocks (mapped), which the world's watchdog
+ *             thread compares with the blocks launched (dp_world_watch)
  * Rank 0 allocates it, the others take its address from the bootstrap allgather, and the last
- * rank to free its communicator frees it.
+ * rank to free its communicator frees it. Processes of one host run over shared connections
+ * instead (dp_ce_init, cuda_devpath_ce.h).
  *
  * Ops are sized per runtime: on a GPU CHORUS_DEVICE_CHANNELS channels (4) of 8 slots of
  * CHORUS_DEVICE_SLOT_BYTES (64 KiB; LL: 4 KiB a slot, for ops up to 64 KiB), as rank 0 reads them
@@ -21,6 +24,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 
 #include "check.h"
@@ -43,9 +47,60 @@ static int dp_p2p_channels(int nch, int nranks) {
 
 /* ---- the world ------------------------------------------------------------------------------ */
 
+#define DP_WATCH_MS 20
+
+/* The world's watchdog (dp_world_t): a kernel whose peer never launches its part spins until
+ * something writes the error word; on a GPU nothing else would. */
+static void *dp_world_watch(void *arg) {
+    dp_world_t *w = (dp_world_t *)arg;
+    const int64_t timeout = chorus_param_int(PARAM_TIMEOUT) * 1000000000LL;
+    const size_t nwords = (size_t)w->nranks * w->sz.nch;
+    const uint64_t *done = (const uint64_t *)w->done_host;
+    uint64_t last_sum = 0;
+    int64_t last_move = ch_host_now_ns();
+    pthread_mutex_lock(&w->stop_lock);
+    while (!w->stop) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += DP_WATCH_MS * 1000000L;
+        if (ts.tv_nsec >= 1000000000L) {
+            ts.tv_sec++;
+            ts.tv_nsec -= 1000000000L;
+        }
+        (void)pthread_cond_timedwait(&w->stop_cond, &w->stop_lock, &ts);
+        if (w->stop || ch_ld32_relaxed(w->err_host) != CH_OK) continue;
+        uint64_t ended = 0;
+        for (size_t i = 0; i < nwords; i++)
+            ended += __atomic_load_n(&done[i], __ATOMIC_ACQUIRE);
+        const int owed = ended < __atomic_load_n(&w->launched, __ATOMIC_ACQUIRE);
+        const int64_t now = ch_host_now_ns();
+        if (ended != last_sum || !owed) {
+            last_sum = ended;
+            last_move = now;
+        } else if (timeout > 0 && now - last_move > timeout) {
+            ch_set_once32(w->err_host, CH_ERR_TIMEOUT);
+            WARN("device path: the collective kernel's blocks made no progress within "
+                 "CHORUS_TIMEOUT (a rank never launched its part?): releasing them "
+                 "(ncclRemoteError)");
+        }
+    }
+    pthread_mutex_unlock(&w->stop_lock);
+    return NULL;
+}
+
 static void dp_world_free(dp_world_t *w) {
     if (w == NULL) return;
     const ch_rt_t *rt = w->rt;
+    if (w->watching) {
+        pthread_mutex_lock(&w->stop_lock);
+        w->stop = 1;
+        pthread_cond_broadcast(&w->stop_cond);
+        pthread_mutex_unlock(&w->stop_lock);
+        pthread_join(w->watch, NULL);
+    }
+    pthread_mutex_destroy(&w->stop_lock);
+    pthread_cond_destroy(&w->stop_cond);
+    if (w->done_host) rt->host_mapped_free(w->done_host);
     if (w->conns) rt->dev_free(w->conns);
     if (w->ring) rt->dev_free(w->ring);
     if (w->op_seq) rt->dev_free(w->op_seq);
@@ -63,6 +118,8 @@ static dp_world_t *dp_world_create(const ch_rt_t *rt, int nranks, const dp_sizes
     ch_conn_t *table = NULL;
     int *ring = NULL;
     if (w == NULL) return NULL;
+    pthread_mutex_init(&w->stop_lock, NULL);
+    pthread_cond_init(&w->stop_cond, NULL);
     w->rt = rt;
     w->refs = nranks;
     w->nranks = nranks;
@@ -90,9 +147,13 @@ static dp_world_t *dp_world_create(const ch_rt_t *rt, int nranks, const dp_sizes
     }
     for (size_t i = 0; i < nconn; i++)
         nused += table[i].nslots;
-    void *err_dev = NULL;
+    void *err_dev = NULL, *done_dev = NULL;
     if (rt->host_mapped_alloc(&w->err_host, &err_dev, 64) != ncclSuccess) goto fail;
     w->err_dev = err_dev;
+    if (rt->host_mapped_alloc(&w->done_host, &done_dev,
+                              (size_t)sz->nch * nranks * sizeof(uint64_t)) != ncclSuccess)
+        goto fail;
+    w->done_dev = done_dev;
     if (rt->dev_alloc(&w->ctrl, nused * sizeof(ch_ctrl_t)) != ncclSuccess ||
         rt->dev_alloc(&w->buf, nused * slot_set) != ncclSuccess ||
         rt->dev_alloc(&w->ll, nused * ll_set) != ncclSuccess ||
@@ -120,6 +181,13 @@ static dp_world_t *dp_world_create(const ch_rt_t *rt, int nranks, const dp_sizes
         goto fail;
     free(table);
     free(ring);
+    if (pthread_create(&w->watch, NULL, dp_world_watch, w) != 0) {
+        WARN("device path: the kernel's watchdog thread could not start");
+        table = NULL;
+        ring = NULL;
+        goto fail;
+    }
+    w->watching = 1;
     return w;
 fail:
     free(table);
@@ -163,7 +231,19 @@ static int dp_one_host(const struct ncclComm *comm) {
     return 1;
 }
 
-enum { DP_MODE_KERNEL = 1, DP_MODE_CE = 2 };
+/* The kernel between threads (one world in one address space), copy-engine programs between
+ * processes, the kernel between processes (over the copy-engine path's connections). */
+enum { DP_MODE_KERNEL = 1, DP_MODE_CE = 2, DP_MODE_KPROC = 3 };
+
+/* 1 when an MPS control daemon's pipe is there (CUDA_MPS_PIPE_DIRECTORY, else /tmp/nvidia-mps):
+ * the driver then runs the kernels of processes sharing a GPU side by side rather than by turns. */
+static int dp_mps_present(void) {
+    const char *dir = getenv("CUDA_MPS_PIPE_DIRECTORY");
+    char path[512];
+    snprintf(path, sizeof(path), "%s/control", dir && dir[0] ? dir : "/tmp/nvidia-mps");
+    struct stat st;
+    return stat(path, &st) == 0;
+}
 
 /* The runtime and mode (DP_MODE_*) device-buffer ops run with, or NULL (with the reason in why)
  * when this communicator runs them staged. Every rank decides alike. */
@@ -185,6 +265,25 @@ static const ch_rt_t *dp_choose(const struct ncclComm *comm, int *mode, const ch
         return NULL;
     }
     const int threads = dp_threads_one_device(comm);
+    if (!threads && strcmp(path, "kernel") == 0) {
+        /* The kernel between processes: its blocks wait for each other's, so they must run side
+         * by side: one GPU each, or processes sharing a GPU under MPS (without it the driver
+         * runs their kernels by turns, a time slice per wait: copy-engine programs serve them). */
+        if (!dp_one_host(comm)) {
+            *why = "the kernel between processes needs every rank on one host";
+            return NULL;
+        }
+        if (!emu && dp_one_gpu(comm) && comm->nranks > 1 && !dp_mps_present())
+            WARN("rank %d: CHORUS_DEVICE_PATH=kernel with processes sharing a GPU and no MPS "
+                 "daemon: their kernels run by turns (CHORUS_DEVICE_PATH=ce suits them)",
+                 comm->rank);
+        if (!emu && (comm->cuda_dev < 0 || !chorus_cuda_available() || ch_rt_cuda() == NULL)) {
+            *why = "no GPU";
+            return NULL;
+        }
+        *mode = DP_MODE_KPROC;
+        return emu ? ch_rt_emu() : ch_rt_cuda();
+    }
     if (emu) {
         /* auto: the kernel between threads, copy-engine programs between processes. */
         const int want_ce = strcmp(path, "ce") == 0 || (strcmp(path, "auto") == 0 && !threads);
@@ -227,7 +326,10 @@ static const ch_rt_t *dp_choose(const struct ncclComm *comm, int *mode, const ch
         return ch_rt_cuda();
     }
     if (!threads) {
-        *why = "the kernel needs ranks that are threads of one process on one device";
+        *why = dp_one_host(comm) ? "CHORUS_DEVICE_PATH=auto keeps processes on their own GPUs "
+                                   "staged until the kernel between processes has run on a GPU "
+                                   "(it is checked under the emulator only: =kernel takes it)"
+                                 : "ranks on several hosts run staged";
         return NULL;
     }
     if (comm->cuda_dev < 0 || !chorus_cuda_available() || ch_rt_cuda() == NULL) {
@@ -249,17 +351,54 @@ static void dp_attach(struct ncclComm *comm, devpath_comm_t *dp) {
     INFO(SUB_INIT,
          "rank %d: device-buffer ops run as %s on the user's stream (%s runtime, %d channels, %d "
          "slots of %zu bytes; direct from %lld bytes, -1: never)",
-         comm->rank, dp->ce ? "copy-engine programs" : "the collective kernel", dp->rt->name,
+         comm->rank,
+         dp->ce == NULL          ? "the collective kernel"
+         : dp_ce_kernel(dp->ce) ? "the collective kernel between processes"
+                                : "copy-engine programs",
+         dp->rt->name,
          dp->sz.nch, dp->sz.nslots, dp->sz.slot_bytes, dp->ce ? -1LL : (long long)dp->direct_min);
 }
 
-/* Copy-engine programs: on a GPU 2 channels of 8 slots of CHORUS_DEVICE_SLOT_BYTES (a channel's
- * program runs after the previous one's on the stream), under the emulator the emulator's sizes.
- * A rank whose GPU cannot run them says why, and every rank then stays staged. */
-static void dp_ce_init(struct ncclComm *comm, const ch_rt_t *rt) {
+/* The kernel's sizes on a GPU (its world between threads, or its connections between processes):
+ * as measured on an H200 (256 MiB all-reduce), 32 channels a rank up to 4 ranks; at 8 ranks 16
+ * channels a rank ran 10x slower than 8, so 64 blocks in all above 4. */
+static dp_sizes_t dp_kernel_gpu_sizes(const struct ncclComm *comm) {
+    dp_sizes_t gpu = dp_sizes_gpu;
+    gpu.nch = (int)chorus_param_int(PARAM_DEVICE_CHANNELS);
+    if (gpu.nch == 0) gpu.nch = comm->nranks <= 4 ? 32 : comm->nranks >= 64 ? 1 : 64 / comm->nranks;
+    gpu.slot_bytes = (size_t)chorus_param_int(PARAM_DEVICE_SLOT_BYTES) / 64 * 64;
+    gpu.ll_max_bytes = (size_t)chorus_param_int(PARAM_DEVICE_LL_MAX);
+    gpu.vec = chorus_param_int(PARAM_DEVICE_VEC) != 0;
+    return gpu;
+}
+
+/* Whether this rank's device reaches every peer's GPU (the kernel between processes); why not. */
+static int dp_reach_peers(const struct ncclComm *comm, const ch_rt_t *rt, const char **why) {
+    const chorus_locality_t *me = &comm->peers[comm->rank];
+    for (int q = 0; q < comm->nranks; q++) {
+        const chorus_locality_t *p = &comm->peers[q];
+        if (q == comm->rank) continue;
+        if (!rt->emulated && p->gpu_bus_id[0] && me->gpu_bus_id[0] &&
+            strncmp(p->gpu_bus_id, me->gpu_bus_id, sizeof(p->gpu_bus_id)) == 0)
+            continue; /* the same GPU */
+        if (rt->peer_reach(comm->cuda_dev, p->gpu_bus_id, why) != ncclSuccess) return 0;
+    }
+    return 1;
+}
+
+/* Processes of one host: copy-engine programs (kernel 0) or the collective kernel (1) over
+ * connections in device memory each rank shares with the others. Copy-engine programs: on a GPU
+ * 2 channels of 8 slots of CHORUS_DEVICE_SLOT_BYTES (a channel's program runs after the previous
+ * one's on the stream); the kernel: its GPU sizes. Under the emulator the emulator's sizes. A
+ * rank whose GPU cannot run them says why, and every rank then stays staged. */
+static void dp_ce_init(struct ncclComm *comm, const ch_rt_t *rt, int kernel) {
     dp_sizes_t gpu = {2, 8, 1 << 20, 0, 0, 2, 0};
     gpu.slot_bytes = (size_t)chorus_param_int(PARAM_DEVICE_SLOT_BYTES) / 64 * 64;
-    const dp_sizes_t *sz = rt->emulated ? &dp_sizes_emu : &gpu;
+    if (kernel) gpu = dp_kernel_gpu_sizes(comm);
+    dp_sizes_t emu = dp_sizes_emu;
+    dp_sizes_t *sz = rt->emulated ? &emu : &gpu;
+    sz->p2p_nch = kernel ? dp_p2p_channels(sz->nch, comm->nranks) : sz->nch;
+    const char *what = kernel ? "the kernel between processes" : "copy-engine programs";
     const char *why = NULL;
     int local_ok = 1;
     if (!rt->emulated && (!chorus_cuda_available() || comm->cuda_dev < 0)) {
@@ -270,14 +409,14 @@ static void dp_ce_init(struct ncclComm *comm, const ch_rt_t *rt) {
         why = "cannot make the GPU current";
         local_ok = 0;
     }
-    if (local_ok && rt->ce_check(comm->cuda_dev, &why) != ncclSuccess) local_ok = 0;
-    if (!local_ok)
-        INFO(SUB_INIT, "rank %d: copy-engine programs cannot run here: %s", comm->rank, why);
-    dp_ce_t *ce = dp_ce_setup(comm, rt, local_ok, sz->nch, sz->nslots, sz->slot_bytes);
+    if (local_ok && !kernel && rt->ce_check(comm->cuda_dev, &why) != ncclSuccess) local_ok = 0;
+    if (local_ok && kernel && !dp_reach_peers(comm, rt, &why)) local_ok = 0;
+    if (!local_ok) INFO(SUB_INIT, "rank %d: %s cannot run here: %s", comm->rank, what, why);
+    dp_ce_t *ce = dp_ce_setup(comm, rt, local_ok, sz->nch, sz->nslots, sz->slot_bytes, kernel,
+                              sz->p2p_nch, sz->ll_bytes);
     if (ce == NULL) {
-        WARN("rank %d: copy-engine programs could not be set up (%s): device-buffer ops run "
-             "staged",
-             comm->rank, why ? why : "a rank failed to; its log says why");
+        WARN("rank %d: %s could not be set up (%s): device-buffer ops run staged", comm->rank,
+             what, why ? why : "a rank failed to; its log says why");
         return;
     }
     devpath_comm_t *dp = calloc(1, sizeof(*dp));
@@ -290,6 +429,7 @@ static void dp_ce_init(struct ncclComm *comm, const ch_rt_t *rt) {
     dp->rt = rt;
     dp->sz = *sz;
     dp->err_host = dp->err_dev = dp_ce_err(ce);
+    dp->direct_min = -1; /* the direct mode reads peers' buffers at their addresses: threads only */
     dp_attach(comm, dp);
 }
 
@@ -301,19 +441,12 @@ void devpath_comm_init(struct ncclComm *comm) {
         INFO(SUB_INIT, "rank %d: device-buffer ops run staged: %s", comm->rank, why);
         return;
     }
-    if (mode == DP_MODE_CE) {
-        dp_ce_init(comm, rt);
+    if (mode == DP_MODE_CE || mode == DP_MODE_KPROC) {
+        dp_ce_init(comm, rt, mode == DP_MODE_KPROC);
         return;
     }
     if (rt && dp_set_device(rt, comm->cuda_dev) != ncclSuccess) rt = NULL;
-    dp_sizes_t gpu = dp_sizes_gpu;
-    /* Auto, as measured on an H200 (256 MiB all-reduce): 32 channels a rank up to 4 ranks; at 8
-     * ranks 16 channels a rank ran 10x slower than 8, so 64 blocks in all above 4. */
-    gpu.nch = (int)chorus_param_int(PARAM_DEVICE_CHANNELS);
-    if (gpu.nch == 0) gpu.nch = comm->nranks <= 4 ? 32 : comm->nranks >= 64 ? 1 : 64 / comm->nranks;
-    gpu.slot_bytes = (size_t)chorus_param_int(PARAM_DEVICE_SLOT_BYTES) / 64 * 64;
-    gpu.ll_max_bytes = (size_t)chorus_param_int(PARAM_DEVICE_LL_MAX);
-    gpu.vec = chorus_param_int(PARAM_DEVICE_VEC) != 0;
+    dp_sizes_t gpu = dp_kernel_gpu_sizes(comm);
     dp_sizes_t emu = dp_sizes_emu;
     dp_sizes_t *sz = rt && rt->emulated ? &emu : &gpu;
     sz->p2p_nch = dp_p2p_channels(sz->nch, comm->nranks);
@@ -434,6 +567,13 @@ int devpath_kernel_on(const struct ncclComm *comm) {
     return comm != NULL && comm->dev_path != NULL;
 }
 
+const char *devpath_path_name(const struct ncclComm *comm) {
+    const devpath_comm_t *dp = comm ? comm->dev_path : NULL;
+    if (dp == NULL) return "staged";
+    if (dp->ce == NULL) return "kernel";
+    return dp_ce_kernel(dp->ce) ? "kernel-procs" : "ce";
+}
+
 void devpath_comm_free(struct ncclComm *comm) {
     devpath_comm_t *dp = comm->dev_path;
     if (dp == NULL) return;
@@ -456,14 +596,15 @@ void devpath_comm_free(struct ncclComm *comm) {
 
 ncclResult_t devpath_register(struct ncclComm *comm, void *buff, size_t size) {
     devpath_comm_t *dp = comm ? comm->dev_path : NULL;
-    if (dp == NULL || dp->ce == NULL || chorus_mem_kind(buff) != CHORUS_MEM_DEVICE)
+    if (dp == NULL || dp->ce == NULL || dp_ce_kernel(dp->ce) ||
+        chorus_mem_kind(buff) != CHORUS_MEM_DEVICE)
         return ncclSuccess;
     return dp_ce_register(dp->ce, buff, size);
 }
 
 ncclResult_t devpath_deregister(struct ncclComm *comm, const void *buff, size_t size) {
     devpath_comm_t *dp = comm ? comm->dev_path : NULL;
-    if (dp == NULL || dp->ce == NULL) return ncclSuccess;
+    if (dp == NULL || dp->ce == NULL || dp_ce_kernel(dp->ce)) return ncclSuccess;
     /* Peers read the range only inside this rank's launched ops, which end once every reader is
      * done: with them finished, nothing reads it any more. */
     const ncclResult_t res = devpath_drain(comm);

@@ -313,6 +313,10 @@ __global__ void __launch_bounds__(CH_KERNEL_THREADS)
         }
         if (ChBlock<D, K, P>::step(a, c, s, &w, scalar, ch_smem, s_steps, &s_err)) break;
     }
+    if (a.done != nullptr) {
+        __syncthreads(); /* every thread's part of the last step is done */
+        if (threadIdx.x == 0) ch_block_ended(&a, c);
+    }
 }
 
 /* Direct mode (ch_direct.h): thread 0 publishes the block's entry, waits for the peers' and
@@ -465,6 +469,7 @@ __global__ void __launch_bounds__(CH_KERNEL_THREADS)
     if (threadIdx.x == 0) {
         __threadfence_system();
         (void)ch_dir_finish(ents, n, r, s_seq, &w); /* an error is in the error word */
+        ch_block_ended(&a, c);
     }
 }
 

@@ -37,7 +37,16 @@ typedef struct {
     ch_dir_ent_t *dir; /* device memory: the direct mode's [c][rank] entries (ch_direct.h), or
                           NULL: the op runs over the slots */
     uint64_t *dir_seq; /* device memory: [c] this rank's direct ops on channel c so far */
+    uint64_t *done;    /* memory the host reads (mapped), or NULL: [c] counts the ends of this
+                          rank's blocks of channel c, each written by that block alone (the host's
+                          watchdog sees progress there) */
 } ch_kernel_args_t;
+
+/* Block c of a launch has ended: count it in done[c] (its one writer). */
+CH_FN void ch_block_ended(const ch_kernel_args_t *a, int c) {
+    if (a->done == NULL) return;
+    ch_st_release(&a->done[c], ch_ld_relaxed(&a->done[c]) + 1);
+}
 
 /* The header block c of a launch sends and checks: the launch's header, whose seq comes from
  * the channel's op counter when the launch has them (op_seq), read and advanced here by the one

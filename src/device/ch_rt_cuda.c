@@ -295,6 +295,26 @@ static void cuda_rt_graph_exec_destroy(void *exec) {
         (void)cudaGetLastError();
 }
 
+static ncclResult_t cuda_rt_peer_reach(int dev, const char *bus, const char **why) {
+    int pd = -1, can = 0;
+    if (bus == NULL || bus[0] == '\0') {
+        *why = "a peer's GPU has no PCI bus id";
+        return ncclInvalidUsage;
+    }
+    if (cudaDeviceGetByPCIBusId(&pd, bus) != cudaSuccess) {
+        (void)cudaGetLastError();
+        *why = "a peer's GPU is not visible to this process (CUDA_VISIBLE_DEVICES)";
+        return ncclInvalidUsage;
+    }
+    if (pd == dev) return ncclSuccess;
+    if (cudaDeviceCanAccessPeer(&can, dev, pd) != cudaSuccess || !can) {
+        (void)cudaGetLastError();
+        *why = "this GPU has no peer access to a peer's GPU";
+        return ncclInvalidUsage;
+    }
+    return ncclSuccess;
+}
+
 static const ch_rt_t g_cuda_rt = {
     .name = "cuda",
     .emulated = 0,
@@ -314,6 +334,7 @@ static const ch_rt_t g_cuda_rt = {
     .ipc_describe = cuda_rt_ipc_describe,
     .host_register = cuda_rt_host_register,
     .host_unregister = cuda_rt_host_unregister,
+    .peer_reach = cuda_rt_peer_reach,
     .ce_check = ch_ce_cuda_check,
     .ce_launch = cuda_rt_ce_launch,
     .capture_begin = cuda_rt_capture_begin,

@@ -165,10 +165,12 @@ static void *emu_block_main(void *arg) {
 }
 
 /* One launch: a thread per channel (channel 0 on the stream's thread), joined before the stream
- * runs its next item, as the next kernel on a GPU stream starts after this one. */
+ * runs its next item, as the next kernel on a GPU stream starts after this one. Its waits end at
+ * CHORUS_TIMEOUT; a launch whose block ends a host watchdog counts (a->done: the kernel between
+ * processes) is released by that watchdog as on a GPU, so it gets twice that, a safety net. */
 static void emu_run_launch(const ch_kernel_args_t *a) {
     const int nch = a->plan.nch;
-    const int64_t deadline = ch_host_now_ns() + emu_timeout_ns();
+    const int64_t deadline = ch_host_now_ns() + (a->done ? 2 : 1) * emu_timeout_ns();
     emu_block_t *blk = calloc((size_t)nch, sizeof(*blk));
     char *started = calloc((size_t)nch, 1);
     if (blk == NULL || started == NULL) {
@@ -603,6 +605,20 @@ static void emu_graph_destroy(void *graph) {
     free(g);
 }
 
+static int g_peer_reach_off; /* ch_emu_set_peer_reach(0) */
+
+void ch_emu_set_peer_reach(int reach) {
+    __atomic_store_n(&g_peer_reach_off, !reach, __ATOMIC_RELEASE);
+}
+
+static ncclResult_t emu_peer_reach(int dev, const char *bus, const char **why) {
+    (void)dev;
+    (void)bus;
+    if (!__atomic_load_n(&g_peer_reach_off, __ATOMIC_ACQUIRE)) return ncclSuccess;
+    *why = "peer access turned off (device emulator)";
+    return ncclInvalidUsage;
+}
+
 static ncclResult_t emu_ce_check(int dev, const char **why) {
     (void)dev;
     (void)why;
@@ -656,6 +672,7 @@ static const ch_rt_t g_emu_rt = {
     .ipc_describe = ch_emu_ipc_describe,
     .host_register = ch_emu_host_register,
     .host_unregister = ch_emu_host_unregister,
+    .peer_reach = emu_peer_reach,
     .ce_check = emu_ce_check,
     .ce_launch = emu_ce_launch,
     .capture_begin = emu_capture_begin,

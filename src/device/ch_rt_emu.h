@@ -30,6 +30,8 @@ int ch_emu_in_use(void);
 /* 0: the runtime's cuMem entries behave as on a device without cuMem (mem_granularity says
  * ncclInvalidUsage), so callers take their fallback; 1 (the default): they work. */
 void ch_emu_set_cumem(int supported);
+/* 0: peer_reach says no peer GPU is reachable (as GPUs without peer access); 1 (the default). */
+void ch_emu_set_peer_reach(int reach);
 
 ch_emu_stream_t *ch_emu_stream_create(void);
 /* Waits for the stream's work, then ends its thread. */

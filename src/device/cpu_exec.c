@@ -320,7 +320,11 @@ uint32_t ch_cpu_block(const ch_kernel_args_t *a, int c, int64_t deadline_ns) {
     b.wait.err = a->err;
     b.wait.host = deadline_ns > 0 ? &dl : NULL;
     uint32_t e = CH_OK;
-    if (a->dir) return ch_cpu_direct_block(a, c, &b.wait);
+    if (a->dir) {
+        e = ch_cpu_direct_block(a, c, &b.wait);
+        ch_block_ended(a, c);
+        return e;
+    }
     if (a->proto == CH_PROTO_LL) {
         b.bounce = malloc(a->ll_bytes);
         b.stage = malloc(a->ll_bytes);
@@ -338,6 +342,7 @@ uint32_t ch_cpu_block(const ch_kernel_args_t *a, int c, int64_t deadline_ns) {
 out:
     free(b.bounce);
     free(b.stage);
+    ch_block_ended(a, c);
     return e;
 }
 

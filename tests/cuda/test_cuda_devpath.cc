@@ -32,6 +32,7 @@
 extern "C" {
 #include "param.h"
 int devpath_kernel_on(const struct ncclComm *comm);
+const char *devpath_path_name(const struct ncclComm *comm);
 unsigned long devpath_zero_copy_ops(struct ncclComm *comm);
 }
 
@@ -435,6 +436,32 @@ TEST_F(CudaDevPathProcs, PeerKilledForked) {
     EXPECT_FALSE(res.timed_out) << res.detail;
     EXPECT_EQ(res.failed, 1) << res.detail;
     EXPECT_NE(res.detail.find("rank 1: signal 9"), std::string::npos) << res.detail;
+}
+
+// The collective kernel between processes (CHORUS_DEVICE_PATH=kernel): slots, LL lines and
+// counters in each receiver's device memory, mapped by its peers. On a one-GPU machine both
+// processes share GPU 0, where without MPS their kernels take turns (a time slice per wait), so
+// this runs a short sweep: all-reduce, all-gather and a send/receive at LL and SIMPLE sizes.
+class CudaDevPathKProc : public CudaDevPathProcs {
+  protected:
+    void SetUp() override {
+        CudaDevPathProcs::SetUp();
+        setenv("CHORUS_DEVICE_PATH", "kernel", 1);
+        chorus_param_reset();
+    }
+};
+
+int kproc_sweep(R &k) {
+    RANK_CHECK(std::string(devpath_path_name(k.comm)) == "kernel-procs",
+               "rank %d runs device-buffer ops as %s\n", k.r, devpath_path_name(k.comm));
+    for (int coll : {CH_COLL_ALLREDUCE, CH_COLL_ALLGATHER, CH_COLL_SENDRECV})
+        for (size_t count : {(size_t)1, (size_t)1001, kMaxCount})
+            if (run_op(k, coll, ncclFloat32, ncclSum, count, false)) return 1;
+    return 0;
+}
+
+TEST_F(CudaDevPathKProc, ShortSweepForked) {
+    with_ranks(2, kproc_sweep, false, chorus_test::Launch::Forked);
 }
 
 } // namespace

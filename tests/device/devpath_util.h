@@ -297,7 +297,9 @@ inline chorus_test::RunResult abort_releases_waiting_work(const char *what, bool
     });
 }
 
-// A launch whose peer never calls ends at CHORUS_TIMEOUT with an error, not a hang.
+// A launch whose peer never calls ends at CHORUS_TIMEOUT with an error, not a hang: the
+// watchdog's verdict (the emulator's own net for watched launches is twice that, as a GPU has
+// none).
 inline void deadline_ends_waiting_launch() {
     const char *old = getenv("CHORUS_TIMEOUT");
     const std::string old_timeout = old ? old : "";
@@ -316,7 +318,7 @@ inline void deadline_ends_waiting_launch() {
             RANK_NCCL(ncclAllReduce(b.in, b.out, 5000, ncclInt32, ncclSum, comm, (cudaStream_t)st));
             RANK_NCCL(ch_emu_stream_sync(st));
             const double took = chorus_test::now_s() - t0;
-            RANK_CHECK(took >= 1.5 && took < 30, "the launch ended after %.1f s\n", took);
+            RANK_CHECK(took >= 1.5 && took < 3.5, "the launch ended after %.1f s\n", took);
             ncclResult_t async = ncclSuccess;
             RANK_NCCL(ncclCommGetAsyncError(comm, &async));
             RANK_CHECK(async == ncclRemoteError, "async error %s\n", ncclGetErrorString(async));

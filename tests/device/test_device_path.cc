@@ -7,7 +7,8 @@
 // launches); a group of collectives and sends/receives; a mismatched op (ncclInvalidUsage on
 // every rank); an abort that releases a launch waiting for a peer; finalize draining the stream;
 // a launch whose peer never calls ending at CHORUS_TIMEOUT. Copy-engine programs between forked
-// and thread ranks, with the watchdog's releases: a peer killed mid-op, an abort, a deadline.
+// and thread ranks, with the watchdog's releases: a peer killed mid-op, an abort, a deadline, a
+// mismatched collective.
 // Each call's launch is counted on its stream, so a call that the device path did not take fails
 // the test. The kernel runs over its slots here (CHORUS_DEVICE_DIRECT=-1); test_device_direct.cc
 // checks its direct mode with the same helpers (devpath_util.h).
@@ -355,6 +356,63 @@ TEST_F(DevicePath, CopyEnginePeerKilledForked) {
                   std::string::npos)
             << res.detail;
     }
+}
+
+// Ranks whose k-th collective differs (a count, then a dtype): each rank publishes its
+// collectives' op headers in its host block and the watchdogs compare them, so every rank gets
+// ncclInvalidUsage within moments (CHORUS_TIMEOUT is 60 s here; the programs themselves cannot
+// compare headers). Between forked processes and between thread ranks (CHORUS_DEVICE_PATH=ce).
+void ce_mismatch(chorus_test::Launch how) {
+    ScopedEnv timeout("CHORUS_TIMEOUT", "60");
+    for (int what = 0; what < 2; what++) {
+        SCOPED_TRACE(what == 0 ? "count" : "dtype");
+        with_ranks(
+            3,
+            [&](Rank &k) -> int {
+                Bufs b;
+                make_bufs(k, CH_COLL_ALLREDUCE, ncclFloat32, ncclSum, 5000, false, &b);
+                // Two matching collectives first: the comparison starts from the right place.
+                for (int i = 0; i < 2; i++)
+                    RANK_NCCL(ncclAllReduce(b.in, b.out, 5000, ncclFloat32, ncclSum, k.comm,
+                                            k.stream()));
+                const size_t count = what == 0 && k.r == 1 ? 4999 : 5000;
+                const ncclDataType_t t = what == 1 && k.r == 2 ? ncclInt32 : ncclFloat32;
+                const double t0 = chorus_test::now_s();
+                ncclResult_t first = ncclAllReduce(b.in, b.out, count, t, ncclSum, k.comm,
+                                                   k.stream());
+                RANK_CHECK(first == ncclSuccess || first == ncclInvalidUsage, "call: %s\n",
+                           ncclGetErrorString(first));
+                (void)ch_emu_stream_sync(k.st);
+                ncclResult_t async = ncclSuccess;
+                // The verdict may come just after the stream's work was released.
+                while (async == ncclSuccess && chorus_test::now_s() - t0 < 30) {
+                    RANK_NCCL(ncclCommGetAsyncError(k.comm, &async));
+                    if (async == ncclSuccess) usleep(1000);
+                }
+                const double took = chorus_test::now_s() - t0;
+                RANK_CHECK(async == ncclInvalidUsage, "async error %s after %.1f s\n",
+                           ncclGetErrorString(async), took);
+                RANK_CHECK(took < 10, "the mismatch was found after %.1f s\n", took);
+                ncclResult_t again =
+                    ncclAllReduce(b.in, b.out, 5000, ncclFloat32, ncclSum, k.comm, k.stream());
+                RANK_CHECK(again == ncclInvalidUsage, "next call: %s\n", ncclGetErrorString(again));
+                ncclResult_t d = ncclCommDestroy(k.comm);
+                RANK_CHECK(d == ncclSuccess || d == ncclInvalidUsage, "destroy: %s\n",
+                           ncclGetErrorString(d));
+                k.destroyed = true;
+                return 0;
+            },
+            120, how);
+    }
+}
+
+TEST_F(DevicePath, CopyEngineMismatchForked) {
+    ce_mismatch(chorus_test::Launch::Forked);
+}
+
+TEST_F(DevicePath, CopyEngineMismatchThreads) {
+    ScopedEnv path("CHORUS_DEVICE_PATH", "ce");
+    ce_mismatch(chorus_test::Launch::Threads);
 }
 
 // ncclCommAbort on a rank whose copy-engine program waits for a peer that never calls: the

@@ -1,0 +1,387 @@
+// test_device_kproc.cc: the collective kernel between processes (CHORUS_DEVICE_PATH=kernel with
+// ranks in forked processes) on the device runtime's emulator (CHORUS_DEVICE_EMU=1).
+//
+// Each rank allocates the receiving ends of its connections (control blocks, SIMPLE and LL slots)
+// in one block of device memory that its peer processes import (cuMem descriptors over the
+// descriptor channel, or legacy IPC handles), and launches the kernel's block code on its own
+// stream over a connection table that points into its own mappings of the peers' blocks. Checked
+// here: the communicator takes that path (not staged, not copy-engine programs), every collective
+// against the serial reference (device_ref.h: dtypes, reductions, counts 0, 1, odd and large, in
+// and out of place, LL and SIMPLE, 1, 2, 3 and 5 ranks), legacy IPC blocks, a group of
+// collectives and sends/receives, a mismatched op (ncclInvalidUsage on every rank through the op
+// headers), a peer killed mid-op (ncclRemoteError naming it, within the timeout), a peer that
+// never calls (CHORUS_TIMEOUT from the watchdog, or an abort), a capture replayed 50 times with
+// ordinary calls between, and a GPU without peer access (every rank stays staged); thread ranks
+// keep their one-address-space world.
+#include <gtest/gtest.h>
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <string>
+
+#include "device/ch_plan.h"
+#include "device/ch_rt.h"
+#include "device/ch_rt_emu.h"
+#include "device_ref.h"
+#include "devpath_util.h"
+#include "launch.h"
+#include "nccl.h"
+#include "peer_mem.h"
+#include "scoped_env.h"
+extern "C" {
+#include "param.h"
+const char *devpath_path_name(const struct ncclComm *comm);
+}
+
+namespace {
+
+using namespace devpath_test;
+using chorus_test::ScopedEnv;
+
+class DeviceKProc : public ::testing::Test {
+  protected:
+    static void SetUpTestSuite() {
+        setenv("CHORUS_DEVICE_EMU", "1", 1);
+        setenv("CHORUS_DEVICE_PATH", "kernel", 1);
+        chorus_param_reset();
+    }
+    static void TearDownTestSuite() {
+        unsetenv("CHORUS_DEVICE_PATH");
+        chorus_param_reset();
+    }
+};
+
+class DeviceKProcRanks : public DeviceKProc, public ::testing::WithParamInterface<int> {};
+
+#define RANK_PATH(k, want)                                                                         \
+    RANK_CHECK(std::string(devpath_path_name((k).comm)) == (want),                                 \
+               "rank %d runs device-buffer ops as %s, want %s\n", (k).r,                         \
+               devpath_path_name((k).comm), (want))
+
+// Every collective x int32/float32/bfloat16 x sum/avg/max/premul x counts 0, 1, 1001 (LL) and
+// 40003 (SIMPLE, every slot reused) x in and out of place.
+int sweep(Rank &k) {
+    for (int coll = 0; coll < CH_COLL_COUNT; coll++)
+        for (ncclDataType_t t : {ncclInt32, ncclFloat32, ncclBfloat16})
+            for (int op : {(int)ncclSum, (int)ncclAvg, (int)ncclMax, kPremul}) {
+                if (!reduces(coll) && op != ncclSum) continue;
+                for (size_t count : {(size_t)0, (size_t)1, (size_t)1001, (size_t)40003})
+                    for (bool inplace : {false, true}) {
+                        if (inplace && (coll == CH_COLL_SENDRECV || coll == CH_COLL_ALLTOALL))
+                            continue;
+                        if (run_op(k, coll, t, op, count, inplace, (int)(count % k.n))) return 1;
+                    }
+            }
+    return 0;
+}
+
+// The device blocks are cuMem memory passed as descriptors: each rank imports its n - 1 peers'.
+TEST_P(DeviceKProcRanks, AllCollectivesForked) {
+    const unsigned long cumem0 = peer_mem_opened(PEER_MEM_CUMEM);
+    with_ranks(
+        GetParam(),
+        [&](Rank &k) -> int {
+            // One rank is a world of its own: the kernel's, with nothing to import.
+            RANK_PATH(k, k.n == 1 ? "kernel" : "kernel-procs");
+            RANK_CHECK(peer_mem_opened(PEER_MEM_CUMEM) - cumem0 == (unsigned long)k.n - 1,
+                       "rank %d imported %lu cuMem blocks, want %d\n", k.r,
+                       peer_mem_opened(PEER_MEM_CUMEM) - cumem0, k.n - 1);
+            return sweep(k);
+        },
+        300, chorus_test::Launch::Forked);
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, DeviceKProcRanks, ::testing::Values(1, 2, 3, 5),
+                         [](const ::testing::TestParamInfo<int> &i) {
+                             return "n" + std::to_string(i.param);
+                         });
+
+// Every dtype with every reduction on 3 processes, at an LL and a SIMPLE count.
+TEST_F(DeviceKProc, AllDtypesForked) {
+    with_ranks(
+        3,
+        [&](Rank &k) -> int {
+            for (ncclDataType_t t :
+                 {ncclInt8, ncclUint8, ncclInt32, ncclUint32, ncclInt64, ncclUint64, ncclFloat16,
+                  ncclFloat32, ncclFloat64, ncclBfloat16, ncclFloat8e4m3, ncclFloat8e5m2})
+                for (int op : kOps)
+                    for (size_t count : {(size_t)77, (size_t)9001})
+                        if (run_op(k, CH_COLL_ALLREDUCE, t, op, count, count == 77, 0)) return 1;
+            return 0;
+        },
+        300, chorus_test::Launch::Forked);
+}
+
+// A device without cuMem: the blocks are legacy IPC blocks, opened through their handles.
+TEST_F(DeviceKProc, LegacyIpcForked) {
+    const unsigned long ipc0 = peer_mem_opened(PEER_MEM_IPC);
+    with_ranks(
+        3,
+        [&](Rank &k) -> int {
+            RANK_PATH(k, "kernel-procs");
+            RANK_CHECK(peer_mem_opened(PEER_MEM_IPC) - ipc0 == (unsigned long)k.n - 1,
+                       "rank %d opened %lu IPC blocks, want %d\n", k.r,
+                       peer_mem_opened(PEER_MEM_IPC) - ipc0, k.n - 1);
+            for (int coll : {CH_COLL_ALLREDUCE, CH_COLL_ALLGATHER, CH_COLL_SENDRECV})
+                for (size_t count : {(size_t)1, (size_t)1001, (size_t)40003})
+                    if (run_op(k, coll, ncclFloat32, ncclSum, count, false, 0)) return 1;
+            return 0;
+        },
+        240, chorus_test::Launch::Forked, [](int) { ch_emu_set_cumem(0); });
+}
+
+// A group of two collectives and sends/receives to every rank (itself included), then ops
+// queued back to back before one sync, on 3 processes.
+TEST_F(DeviceKProc, GroupAndBackToBackForked) {
+    with_ranks(
+        3,
+        [&](Rank &k) -> int {
+            const size_t count = 3001, es = sizeof(float);
+            Bufs ar, ag, a2a;
+            make_bufs(k, CH_COLL_ALLREDUCE, ncclFloat32, ncclSum, count, false, &ar);
+            make_bufs(k, CH_COLL_ALLGATHER, ncclFloat32, ncclSum, count, false, &ag);
+            make_bufs(k, CH_COLL_ALLTOALL, ncclFloat32, ncclSum, count, false, &a2a);
+            RANK_NCCL(ncclGroupStart());
+            RANK_NCCL(
+                ncclAllReduce(ar.in, ar.out, count, ncclFloat32, ncclSum, k.comm, k.stream()));
+            RANK_NCCL(ncclAllGather(ag.in, ag.out, count, ncclFloat32, k.comm, k.stream()));
+            for (int q = 0; q < k.n; q++) {
+                RANK_NCCL(ncclSend((const char *)a2a.in + q * count * es, count, ncclFloat32, q,
+                                   k.comm, k.stream()));
+                RANK_NCCL(ncclRecv((char *)a2a.out + q * count * es, count, ncclFloat32, q, k.comm,
+                                   k.stream()));
+            }
+            RANK_NCCL(ncclGroupEnd());
+            RANK_NCCL(ch_emu_stream_sync(k.st));
+            RANK_CHECK(ch_emu_stream_launches(k.st) == 2u + (unsigned long)k.n, "launches %lu\n",
+                       ch_emu_stream_launches(k.st));
+            int bad = check(k, CH_COLL_ALLREDUCE, ncclFloat32, ncclSum, count, 0, ar, "group ar");
+            bad += check(k, CH_COLL_ALLGATHER, ncclFloat32, ncclSum, count, 0, ag, "group ag");
+            bad += check(k, CH_COLL_ALLTOALL, ncclFloat32, ncclSum, count, 0, a2a, "group a2a");
+            const int nops = 16;
+            std::vector<Bufs> b(nops);
+            for (int i = 0; i < nops; i++) {
+                make_bufs(k, CH_COLL_ALLREDUCE, ncclInt32, ncclSum, 1 + (size_t)i * 977, i % 2,
+                          &b[i]);
+                RANK_NCCL(ncclAllReduce(b[i].in, b[i].out, 1 + (size_t)i * 977, ncclInt32, ncclSum,
+                                        k.comm, k.stream()));
+            }
+            RANK_NCCL(ch_emu_stream_sync(k.st));
+            for (int i = 0; i < nops; i++)
+                bad += check(k, CH_COLL_ALLREDUCE, ncclInt32, ncclSum, 1 + (size_t)i * 977, 0,
+                             b[i], "back to back " + std::to_string(i)) != 0;
+            return bad ? 1 : 0;
+        },
+        240, chorus_test::Launch::Forked);
+}
+
+// Ranks that call different counts: the op headers disagree on some connection, the error word
+// (in rank 0's shared host block) says so, and every process gets ncclInvalidUsage.
+TEST_F(DeviceKProc, MismatchForked) {
+    with_ranks(
+        3,
+        [&](Rank &k) -> int {
+            Bufs b;
+            make_bufs(k, CH_COLL_ALLREDUCE, ncclFloat32, ncclSum, 1000, false, &b);
+            const size_t count = k.r == 1 ? 999 : 1000;
+            ncclResult_t first =
+                ncclAllReduce(b.in, b.out, count, ncclFloat32, ncclSum, k.comm, k.stream());
+            RANK_CHECK(first == ncclSuccess || first == ncclInvalidUsage, "call: %s\n",
+                       ncclGetErrorString(first));
+            RANK_NCCL(ch_emu_stream_sync(k.st));
+            ncclResult_t async = ncclSuccess;
+            RANK_NCCL(ncclCommGetAsyncError(k.comm, &async));
+            RANK_CHECK(async == ncclInvalidUsage, "async error %s\n", ncclGetErrorString(async));
+            ncclResult_t again =
+                ncclAllReduce(b.in, b.out, 1000, ncclFloat32, ncclSum, k.comm, k.stream());
+            RANK_CHECK(again == ncclInvalidUsage, "next call: %s\n", ncclGetErrorString(again));
+            ncclResult_t d = ncclCommDestroy(k.comm);
+            RANK_CHECK(d == ncclSuccess || d == ncclInvalidUsage, "destroy: %s\n",
+                       ncclGetErrorString(d));
+            k.destroyed = true;
+            return 0;
+        },
+        120, chorus_test::Launch::Forked);
+}
+
+// A peer killed in the middle of a large op: the survivors' watchdogs see blocks of theirs still
+// running and the peer's liveness lock gone, and set the error word; the blocks see it in their
+// waits, the stream's work ends well within CHORUS_TIMEOUT (60 s), the next call fails with
+// ncclRemoteError naming the dead rank, and abort is quick. 2 processes (rank 1 killed) and 3
+// (rank 0, whose host block holds the error word, killed).
+TEST_F(DeviceKProc, PeerKilledForked) {
+    ScopedEnv timeout("CHORUS_TIMEOUT", "60");
+    for (auto nv : {std::make_pair(2, 1), std::make_pair(3, 0)}) {
+        const int n = nv.first, victim = nv.second;
+        SCOPED_TRACE("n=" + std::to_string(n) + " victim=" + std::to_string(victim));
+        ncclUniqueId id = chorus_test::make_unique_id();
+        auto res = chorus_test::run_forked(
+            n,
+            [&](int rank, int nr) -> int {
+                ch_emu_stream_t *st = ch_emu_stream_create();
+                RANK_CHECK(st != nullptr, "no emulated stream\n");
+                ncclComm_t comm;
+                RANK_NCCL(ncclCommInitRank(&comm, nr, id, rank));
+                Rank k{comm, st, rank, nr, false};
+                RANK_PATH(k, "kernel-procs");
+                const size_t count = (size_t)4 << 20;
+                Bufs b;
+                make_bufs(k, CH_COLL_ALLREDUCE, ncclFloat32, ncclSum, count, false, &b);
+                RANK_NCCL(ncclAllReduce(b.in, b.out, 1001, ncclFloat32, ncclSum, comm, k.stream()));
+                RANK_NCCL(ch_emu_stream_sync(st));
+                RANK_NCCL(
+                    ncclAllReduce(b.in, b.out, count, ncclFloat32, ncclSum, comm, k.stream()));
+                if (rank == victim) {
+                    usleep(2000); // its blocks are under way, far from done
+                    raise(SIGKILL);
+                }
+                const double t0 = chorus_test::now_s();
+                (void)ch_emu_stream_sync(st);
+                const double took = chorus_test::now_s() - t0;
+                RANK_CHECK(took < 20, "the survivor's stream ended after %.1f s\n", took);
+                ncclResult_t next =
+                    ncclAllReduce(b.in, b.out, 1001, ncclFloat32, ncclSum, comm, k.stream());
+                RANK_CHECK(next == ncclRemoteError, "the next call: %s\n",
+                           ncclGetErrorString(next));
+                const std::string why = ncclGetLastError(comm);
+                RANK_CHECK(why.find("peer rank " + std::to_string(victim) + " ended") !=
+                               std::string::npos,
+                           "the error does not name the dead rank: %s\n", why.c_str());
+                const double t1 = chorus_test::now_s();
+                RANK_NCCL(ncclCommAbort(comm));
+                RANK_CHECK(chorus_test::now_s() - t1 < 20, "abort took %.1f s\n",
+                           chorus_test::now_s() - t1);
+                ch_emu_stream_destroy(st);
+                return 0;
+            },
+            100);
+        EXPECT_FALSE(res.timed_out) << res.detail;
+        EXPECT_EQ(res.failed, 1) << res.detail;
+        EXPECT_NE(res.detail.find("rank " + std::to_string(victim) + ": signal 9"),
+                  std::string::npos)
+            << res.detail;
+    }
+}
+
+// Rank 0 launches an all-reduce that rank 1 never calls. With `abort`, rank 0 aborts after 0.5 s
+// and its launch ends at once; else the watchdog sees no block end within CHORUS_TIMEOUT (3 s)
+// and sets CH_ERR_TIMEOUT (the emulator's safety net for such launches is twice that, 6 s; a GPU
+// has none). Rank 1 waits for rank 0's verdict before it leaves.
+void never_called(bool abort) {
+    ScopedEnv timeout("CHORUS_TIMEOUT", abort ? "60" : "3");
+    ncclUniqueId id = chorus_test::make_unique_id();
+    auto res = chorus_test::run_forked(
+        2,
+        [&](int rank, int nr) -> int {
+            ch_emu_stream_t *st = ch_emu_stream_create();
+            ncclComm_t comm;
+            RANK_NCCL(ncclCommInitRank(&comm, nr, id, rank));
+            Rank k{comm, st, rank, nr, false};
+            RANK_PATH(k, "kernel-procs");
+            Bufs b;
+            make_bufs(k, CH_COLL_ALLREDUCE, ncclFloat32, ncclSum, 50000, false, &b);
+            if (rank == 1) {
+                sleep(abort ? 3 : 8); // never calls; outlives rank 0's verdict
+                (void)ncclCommAbort(comm);
+                ch_emu_stream_destroy(st);
+                return 0;
+            }
+            const double t0 = chorus_test::now_s();
+            RANK_NCCL(ncclAllReduce(b.in, b.out, 50000, ncclFloat32, ncclSum, comm, k.stream()));
+            if (abort) {
+                usleep(500000);
+                RANK_NCCL(ncclCommAbort(comm));
+                RANK_CHECK(chorus_test::now_s() - t0 < 5, "abort returned after %.1f s\n",
+                           chorus_test::now_s() - t0);
+                (void)ch_emu_stream_sync(st);
+            } else {
+                (void)ch_emu_stream_sync(st);
+                const double took = chorus_test::now_s() - t0;
+                RANK_CHECK(took > 2 && took < 5, "the launch ended after %.1f s, want ~3\n", took);
+                ncclResult_t async = ncclSuccess;
+                RANK_NCCL(ncclCommGetAsyncError(comm, &async));
+                RANK_CHECK(async == ncclRemoteError, "async error %s\n",
+                           ncclGetErrorString(async));
+                (void)ncclCommAbort(comm);
+            }
+            ch_emu_stream_destroy(st);
+            return 0;
+        },
+        60);
+    EXPECT_TRUE(res.ok()) << res.detail;
+}
+
+TEST_F(DeviceKProc, AbortReleasesLaunchForked) {
+    never_called(true);
+}
+
+TEST_F(DeviceKProc, DeadlineForked) {
+    never_called(false);
+}
+
+// An all-reduce captured on every process's stream and replayed 50 times with new inputs; an
+// ordinary all-reduce after every 10th replay (the op counters in device memory number both).
+TEST_F(DeviceKProc, CaptureReplaysForked) {
+    with_ranks(
+        3,
+        [&](Rank &k) -> int {
+            const ch_rt_t *rt = ch_rt_emu();
+            for (size_t count : {(size_t)1001, (size_t)30011}) {
+                Bufs b;
+                make_bufs(k, CH_COLL_ALLREDUCE, ncclInt32, ncclSum, count, false, &b);
+                RANK_NCCL(rt->capture_begin(k.st));
+                RANK_NCCL(ncclAllReduce(b.in, b.out, count, ncclInt32, ncclSum, k.comm,
+                                        k.stream()));
+                void *graph = nullptr, *exec = nullptr;
+                RANK_NCCL(rt->capture_end(k.st, &graph));
+                RANK_NCCL(rt->graph_instantiate(&exec, graph));
+                rt->graph_destroy(graph);
+                for (int i = 0; i < 50; i++) {
+                    memset(b.out, 0xa5, count * sizeof(int32_t));
+                    RANK_NCCL(rt->graph_launch(exec, k.st));
+                    RANK_NCCL(ch_emu_stream_sync(k.st));
+                    if (check(k, CH_COLL_ALLREDUCE, ncclInt32, ncclSum, count, 0, b,
+                              "replay " + std::to_string(i)))
+                        return 1;
+                    if (i % 10 == 9 &&
+                        run_op(k, CH_COLL_ALLREDUCE, ncclInt32, ncclSum, 3000 + (size_t)i, false, 0))
+                        return 1;
+                }
+                rt->graph_exec_destroy(exec);
+            }
+            ncclResult_t async = ncclSuccess;
+            RANK_NCCL(ncclCommGetAsyncError(k.comm, &async));
+            RANK_CHECK(async == ncclSuccess, "async error %s\n", ncclGetErrorString(async));
+            return 0;
+        },
+        240, chorus_test::Launch::Forked);
+}
+
+// A rank whose device cannot reach a peer's GPU (no peer access): every rank stays staged
+// (which emulated device memory cannot be: the call says so).
+TEST_F(DeviceKProc, NoPeerAccessStaysStagedForked) {
+    with_ranks(
+        2,
+        [&](Rank &k) -> int {
+            RANK_PATH(k, "staged");
+            Bufs b;
+            make_bufs(k, CH_COLL_ALLREDUCE, ncclFloat32, ncclSum, 1001, false, &b);
+            ncclResult_t res =
+                ncclAllReduce(b.in, b.out, 1001, ncclFloat32, ncclSum, k.comm, k.stream());
+            RANK_CHECK(res == ncclInvalidUsage, "a call on emulated memory, staged: %s\n",
+                       ncclGetErrorString(res));
+            return 0;
+        },
+        120, chorus_test::Launch::Forked, [](int r) { ch_emu_set_peer_reach(r != 1); });
+}
+
+// Thread ranks under CHORUS_DEVICE_PATH=kernel keep the kernel's world of one address space.
+TEST_F(DeviceKProc, ThreadsKeepTheirWorld) {
+    with_ranks(3, [&](Rank &k) -> int {
+        RANK_PATH(k, "kernel");
+        return run_op(k, CH_COLL_ALLREDUCE, ncclFloat32, ncclSum, 1001, false, 0);
+    });
+}
+
+} // namespace
