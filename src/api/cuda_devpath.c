@@ -34,8 +34,8 @@ static ncclResult_t dp_check_err(struct ncclComm *comm, devpath_comm_t *dp, cons
 static const char dp_no_capture_ce[] =
     "the stream is being captured into a CUDA graph, and copy-engine programs (ranks in processes "
     "sharing a device) cannot be: the values their stream waits for are counted by the host per "
-    "call, so a replay would wait for values already passed. Capture works on the kernel path "
-    "(ranks that are threads of one process on one device)";
+    "call, so a replay would wait for values already passed. Capture works on the kernel paths "
+    "(thread ranks of one process on one device, or CHORUS_DEVICE_PATH=kernel between processes)";
 
 /* The checks that fail the call itself (as the host path's), and the reduction taken now. */
 static ncclResult_t dp_op_check(coll_args_t *a, devpath_comm_t *dp, int *staged_p) {

@@ -20,8 +20,9 @@
  * Errors: the error word (shared by the ranks) turns into the call's result and the
  * communicator's async error (ch_error_result: a mismatched op is ncclInvalidUsage on every
  * rank); ncclCommAbort writes CH_ERR_ABORT into it, which releases a spinning launch; a watchdog
- * thread per world writes CH_ERR_TIMEOUT when launched blocks count no end within CHORUS_TIMEOUT
- * (a rank that never launches its part); finalize and destroy wait for the launched work
+ * thread per world writes CH_ERR_TIMEOUT when running blocks count no start or end within
+ * CHORUS_TIMEOUT (a rank that never launches its part); finalize and destroy wait for the launched
+ * work
  * (CHORUS_TIMEOUT, then the error word is set to CH_ERR_TIMEOUT so the kernels return).
  */
 #ifndef CHORUS_CUDA_DEVPATH_H_

@@ -10,8 +10,9 @@
  *                 it uses, in that order (ce_conn_used)
  *   host block    (a memfd every rank maps, registered for the device)  a 4 KiB header, then
  *                 [c][src] control blocks (programs only); rank 0's header holds the error word
- *                 and the rank of a peer found dead; the kernel's blocks count their ends in
- *                 their rank's header (CE_DONE_OFF)
+ *                 and the rank of a peer found dead; every rank's header says whether it left
+ *                 (CE_LEFT_OFF), holds the kernel's block starts and ends (CE_BLOCKS_OFF) and
+ *                 its collectives' op headers (CE_HDRS_OFF)
  * The counters live in host memory so the host can always write them: a GPU stream blocked in a
  * wait cannot be interrupted, only satisfied. Every rank holds an OFD lock on its host memfd
  * while it lives; the lock goes with the process, so a peer probes it to see a rank that died.
@@ -52,7 +53,7 @@
 #include "param.h"
 
 #define CE_WATCH_MS 2
-#define CE_DEAD_GRACE_MS 500 /* the kernel: a peer's end fails the communicator after this */
+#define CE_DEAD_GRACE_MS 1000 /* the kernel: a peer's end fails the communicator after this */
 #define CE_TAG_DEV 0x43450001u /* the descriptor of a rank's device block */
 
 static size_t ce_round_page(size_t b) {
@@ -166,6 +167,9 @@ static void ce_watch_stop(dp_ce_t *ce) {
 void dp_ce_free(dp_ce_t *ce) {
     if (ce == NULL) return;
     ce_watch_stop(ce);
+    /* Leaving: a peer's watchdog that then finds this process gone does not blame it. */
+    if (ce->host && ce->host[ce->rank])
+        ch_st_release((uint64_t *)(ce->host[ce->rank] + CE_LEFT_OFF), 1);
     ce_zc_free(ce);
     for (int q = 0; q < ce->nranks; q++) {
         if (q == ce->rank)
@@ -568,18 +572,24 @@ static int ce_hdr_watch(dp_ce_t *ce) {
     return 0;
 }
 
-/* The kernel: whether blocks this rank launched have not ended yet; *sum_p gathers the ends
- * counted so far, to see them move. */
+/* The kernel: whether blocks of this rank run (started, not ended; blocks still queued behind
+ * other work on their stream wait for nobody yet); *sum_p gathers the starts and ends counted so
+ * far, to see them move. The ends are read before the starts, so no end is seen without its
+ * start. */
 static int ce_kernel_owed(dp_ce_t *ce, uint64_t *sum_p) {
-    const uint64_t *done = (const uint64_t *)(ce->host[ce->rank] + CE_DONE_OFF);
-    uint64_t ended = 0;
+    const uint64_t *blk = (const uint64_t *)(ce->host[ce->rank] + CE_BLOCKS_OFF);
+    uint64_t started = 0, ended = 0;
     for (int c = 0; c < ce->nch; c++)
-        ended += __atomic_load_n(&done[c], __ATOMIC_ACQUIRE);
-    pthread_mutex_lock(&ce->lock);
-    const uint64_t launched = ce->k_launched;
-    pthread_mutex_unlock(&ce->lock);
-    *sum_p += ended;
-    return ended < launched;
+        ended += ch_ld_acquire(&blk[2 * c + 1]);
+    for (int c = 0; c < ce->nch; c++)
+        started += ch_ld_acquire(&blk[2 * c]);
+    *sum_p += started + ended;
+    return ended < started;
+}
+
+/* 1 once rank q left the communicator cleanly (dp_ce_free). */
+static int ce_peer_left(const dp_ce_t *ce, int q) {
+    return ch_ld_acquire((const uint64_t *)(ce->host[q] + CE_LEFT_OFF)) != 0;
 }
 
 static void *ce_watch_main(void *arg) {
@@ -607,13 +617,15 @@ static void *ce_watch_main(void *arg) {
         } else {
             uint64_t sum = 0;
             int owed = 0, dead = -1;
-            /* The kernel: unfinished blocks wait for every peer (a collective's headers pass
-             * every rank), so any peer that ended is the one; programs name whom they wait for. */
+            /* Programs name whom they wait for. The kernel's running blocks may wait for any
+             * peer (through a ring, or a chain), so a peer whose process is gone without having
+             * left the communicator is taken for the one, after the grace below. */
             const int kowed = ce->kernel && ce_kernel_owed(ce, &sum);
             for (int q = 0; q < ce->nranks; q++) {
                 if (q == ce->rank || (ce->kernel ? !kowed : !ce_owed_by(ce, q, &sum))) continue;
                 owed = 1;
-                if (dead < 0 && !ce_peer_alive(ce, q)) dead = q;
+                if (dead < 0 && !ce_peer_alive(ce, q) && !(ce->kernel && ce_peer_left(ce, q)))
+                    dead = q;
             }
             const int64_t now = ch_host_now_ns();
             const int moved = sum != last_sum;
@@ -621,8 +633,8 @@ static void *ce_watch_main(void *arg) {
                 last_sum = sum;
                 last_move = now;
             }
-            /* The kernel's owed blocks may have had everything from a peer that then ended (its
-             * last op done, its process gone) and only be about to count their own ends: the
+            /* The kernel's running blocks may have had everything from a peer that then ended
+             * (its last op done, its process gone) and only be about to count their ends: the
              * verdict waits until they made no progress for CE_DEAD_GRACE_MS. */
             if (ce->kernel && dead >= 0) {
                 if (dead_since < 0 || moved) dead_since = now;
@@ -658,17 +670,11 @@ int dp_ce_kernel(const dp_ce_t *ce) {
 }
 
 void dp_ce_kernel_args(const dp_ce_t *ce, const ch_conn_t **conns, const int **ring,
-                       uint64_t **op_seq, uint64_t **done) {
+                       uint64_t **op_seq, uint64_t **blocks) {
     *conns = ce->dev_conns;
     *ring = ce->dev_ring;
     *op_seq = ce->op_seq;
-    *done = (uint64_t *)(ce->host[ce->rank] + CE_DONE_OFF);
-}
-
-void dp_ce_kernel_launched(dp_ce_t *ce, int nblocks) {
-    pthread_mutex_lock(&ce->lock);
-    ce->k_launched += (uint64_t)nblocks;
-    pthread_mutex_unlock(&ce->lock);
+    *blocks = (uint64_t *)(ce->host[ce->rank] + CE_BLOCKS_OFF);
 }
 
 static const ch_conn_t *ce_conn(void *arg, int c, int src, int dst) {

@@ -26,10 +26,11 @@
  * exist, and each rank keeps the connection table, the ring and its op counters in its own
  * device memory, pointing into its own mappings of the peers' blocks. Launches are the kernel's,
  * with op headers (a mismatch is ncclInvalidUsage on every rank) and graph capture as between
- * threads. The watchdog watches this rank's launched blocks against the ends they count in its
- * host block: blocks still owed while a peer's process is gone (and no block ended for
- * CE_DEAD_GRACE_MS: a peer that finished and left is no failure) set CH_ERR_PEER, none ending
- * within CHORUS_TIMEOUT CH_ERR_TIMEOUT; the blocks see the error word in their waits.
+ * threads. The watchdog watches the starts and ends this rank's blocks count in its host block
+ * (replays of a captured launch too): blocks running while a peer's process is gone without
+ * having left the communicator, with no block starting or ending for CE_DEAD_GRACE_MS, set
+ * CH_ERR_PEER; running blocks with none starting or ending for CHORUS_TIMEOUT, CH_ERR_TIMEOUT;
+ * the blocks see the error word in their waits.
  */
 #ifndef CHORUS_CUDA_DEVPATH_CE_H_
 #define CHORUS_CUDA_DEVPATH_CE_H_
@@ -58,12 +59,11 @@ const int *dp_ce_ring(const dp_ce_t *ce);
 size_t dp_ce_slot_bytes(const dp_ce_t *ce);
 /* The collective kernel between processes (dp_ce_setup with kernel 1): what a launch of this rank
  * takes, all in memory its device reaches: the connection table [c][src][dst], the ring table,
- * the op counters [c], and the words [c] its blocks count their ends in (the watchdog's measure of
- * progress). dp_ce_kernel_launched: a launch of nblocks blocks that count their ends went out. */
+ * the op counters [c], and the words [c][2] its blocks count their starts and ends in (the
+ * watchdog's view of which blocks run, and whether they progress). */
 int dp_ce_kernel(const dp_ce_t *ce);
 void dp_ce_kernel_args(const dp_ce_t *ce, const ch_conn_t **conns, const int **ring,
-                       uint64_t **op_seq, uint64_t **done);
-void dp_ce_kernel_launched(dp_ce_t *ce, int nblocks);
+                       uint64_t **op_seq, uint64_t **blocks);
 /* Build plan's programs (one per channel) and queue them on stream; immediate: the call was made
  * outside a group (only such calls may run zero-copy, below). hdr: the op's header; a
  * collective's (numbered by hdr->seq from 0, in call order) is published in this rank's host

@@ -19,10 +19,11 @@
 #define CE_HDR_BYTES 4096        /* the host block's header: the error word, the dead peer's rank */
 #define CE_RELEASED (1ull << 62) /* past every step a wait can ask for */
 #define CE_DEAD_OFF 64           /* rank 0's header: the dead peer's word (rank + 1) */
-#define CE_DONE_OFF 128          /* kernel: [c] this rank's blocks of channel c that ended */
+#define CE_LEFT_OFF 72           /* this rank's header: 1 once it left the communicator cleanly */
+#define CE_BLOCKS_OFF 128        /* kernel: [c][2] starts and ends of this rank's blocks */
 #define CE_HDRS_OFF 1024         /* programs: this rank's collectives' op headers (ce_hdr_ent_t) */
 #define CE_NHDRS 64              /* ... the last CE_NHDRS of them, entry seq % CE_NHDRS */
-#define CE_MAX_CH ((CE_HDRS_OFF - CE_DONE_OFF) / 8)
+#define CE_MAX_CH ((CE_HDRS_OFF - CE_BLOCKS_OFF) / 16)
 
 /* One collective's op header as a rank published it: w as ch_hdr_store writes a header (w[3], the
  * seq, is the entry's own); tag = seq + 1 once w holds that op's header (0 while rewritten). */
@@ -50,7 +51,6 @@ struct dp_ce {
     ch_conn_t *dev_conns;  /* kernel: conns, in device memory */
     int *dev_ring;         /* kernel: ring, in device memory */
     uint64_t *op_seq;      /* kernel: [c] this rank's collectives on channel c (device memory) */
-    uint64_t k_launched;   /* kernel: blocks launched and tracked (under lock) */
     uint64_t hdr_pub;      /* programs: collectives whose header this rank published (lock) */
     uint64_t *hdr_checked; /* programs: [rank] the next collective to compare with that rank's
                               (the watchdog's) */

@@ -79,7 +79,7 @@ static ncclResult_t dp_launch(struct ncclComm *comm, devpath_comm_t *dp, int col
     /* The kernel between processes runs over the copy-engine path's connections. */
     const int progs = dp->ce != NULL && !dp_ce_kernel(dp->ce);
     const int *ring = dp->w ? dp->w->ring : NULL;
-    if (dp->ce && !progs) dp_ce_kernel_args(dp->ce, &k.conns, &ring, &k.op_seq, &k.done);
+    if (dp->ce && !progs) dp_ce_kernel_args(dp->ce, &k.conns, &ring, &k.op_seq, &k.blocks);
     if (progs) ring = dp_ce_ring(dp->ce);
     /* Copy-engine programs move SIMPLE slots only. */
     k.proto = !progs && bytes <= sz->ll_max_bytes ? CH_PROTO_LL : CH_PROTO_SIMPLE;
@@ -116,7 +116,7 @@ static ncclResult_t dp_launch(struct ncclComm *comm, devpath_comm_t *dp, int col
      * captured into a CUDA graph runs right however often the graph is replayed. */
     if (dp->w) {
         k.op_seq = dp->w->op_seq + (size_t)comm->rank * sz->nch;
-        k.done = dp->w->done_dev + (size_t)comm->rank * sz->nch;
+        k.blocks = dp->w->blocks_dev + (size_t)comm->rank * sz->nch * 2;
     }
     /* Direct (ch_direct.h): every block of every rank takes part, so the launch has all the
      * world's channels whatever the op's size; the ranks decide alike (the same parameter, and
@@ -131,18 +131,10 @@ static ncclResult_t dp_launch(struct ncclComm *comm, devpath_comm_t *dp, int col
     const uint64_t seq = coll == CH_COLL_SENDRECV || !progs ? 0 : dp->coll_seq++;
     ch_op_hdr_make(&k.hdr, coll, a->dtype, k.redop.kind, count, p->root, seq);
     /* Whether the stream captures was asked once, when the call was made (dp_op_check); a
-     * group's calls all agree on it (devpath_group_end). A captured launch counts no block ends:
-     * its replays are not launches the watchdog would expect. */
-    if (a->capturing) k.done = NULL;
+     * group's calls all agree on it (devpath_group_end). */
     ncclResult_t res =
         progs ? dp_ce_launch(dp->ce, p, sendbuff, recvbuff, &k.redop, &k.hdr, a->stream, immediate)
               : dp->rt->launch(&k, a->stream);
-    if (res == ncclSuccess && k.done != NULL) {
-        if (dp->ce)
-            dp_ce_kernel_launched(dp->ce, p->nch);
-        else
-            __atomic_add_fetch(&dp->w->launched, (uint64_t)p->nch, __ATOMIC_RELEASE);
-    }
     if (res != ncclSuccess) {
         /* The peers' blocks of the op wait for this rank's: the error word releases them (the
          * copy-engine path sets it itself). */

@@ -43,12 +43,11 @@ typedef struct {
     uint64_t *op_seq;      /* device memory: [rank][c] the op counters (ch_block_hdr) */
     ch_dir_ent_t *dir;     /* device memory: [c][rank] the direct mode's entries (ch_direct.h) */
     uint64_t *dir_seq;     /* device memory: [rank][c] the direct ops so far */
-    /* The watchdog (a thread, started with the world): blocks launched by every rank (atomic)
-     * against the ends they count in done ([rank][c], host memory the device writes); no end
-     * within CHORUS_TIMEOUT while some are owed sets CH_ERR_TIMEOUT, which the blocks see. */
-    void *done_host;
-    uint64_t *done_dev;
-    uint64_t launched;
+    /* The watchdog (a thread, started with the world): the starts and ends every rank's blocks
+     * count in blocks ([rank][c][2], host memory the device writes); blocks running with none
+     * starting or ending within CHORUS_TIMEOUT set CH_ERR_TIMEOUT, which the blocks see. */
+    void *blocks_host;
+    uint64_t *blocks_dev;
     pthread_t watch;
     int watching, stop;
     pthread_mutex_t stop_lock;

@@ -9,8 +9,8 @@
  *   ring      [c][pos]: channels alternate direction (ch_cpu_ring_rank)
  *   dir       [c][rank] the direct mode's entries, dir_seq its op counters (ch_direct.h)
  *   err       the error word, in host memory the device writes (mapped)
- *   done      [rank][c] the ends of each rank's blocks (mapped), which the world's watchdog
- *             thread compares with the blocks launched (dp_world_watch)
+ *   blocks    [rank][c][2] the starts and ends of each rank's blocks (mapped), which the
+ *             world's watchdog thread watches (dp_world_watch)
  * Rank 0 allocates it, the others take its address from the bootstrap allgather, and the last
  * rank to free its communicator frees it. Processes of one host run over shared connections
  * instead (dp_ce_init, cuda_devpath_ce.h).
@@ -54,8 +54,8 @@ static int dp_p2p_channels(int nch, int nranks) {
 static void *dp_world_watch(void *arg) {
     dp_world_t *w = (dp_world_t *)arg;
     const int64_t timeout = chorus_param_int(PARAM_TIMEOUT) * 1000000000LL;
-    const size_t nwords = (size_t)w->nranks * w->sz.nch;
-    const uint64_t *done = (const uint64_t *)w->done_host;
+    const size_t nblk = (size_t)w->nranks * w->sz.nch;
+    const uint64_t *blk = (const uint64_t *)w->blocks_host;
     uint64_t last_sum = 0;
     int64_t last_move = ch_host_now_ns();
     pthread_mutex_lock(&w->stop_lock);
@@ -69,13 +69,17 @@ static void *dp_world_watch(void *arg) {
         }
         (void)pthread_cond_timedwait(&w->stop_cond, &w->stop_lock, &ts);
         if (w->stop || ch_ld32_relaxed(w->err_host) != CH_OK) continue;
-        uint64_t ended = 0;
-        for (size_t i = 0; i < nwords; i++)
-            ended += __atomic_load_n(&done[i], __ATOMIC_ACQUIRE);
-        const int owed = ended < __atomic_load_n(&w->launched, __ATOMIC_ACQUIRE);
+        /* Ends before starts: no end is seen without its start. Blocks still queued behind
+         * other work on their stream have not started, and are not owed. */
+        uint64_t started = 0, ended = 0;
+        for (size_t i = 0; i < nblk; i++)
+            ended += ch_ld_acquire(&blk[2 * i + 1]);
+        for (size_t i = 0; i < nblk; i++)
+            started += ch_ld_acquire(&blk[2 * i]);
+        const int owed = ended < started;
         const int64_t now = ch_host_now_ns();
-        if (ended != last_sum || !owed) {
-            last_sum = ended;
+        if (started + ended != last_sum || !owed) {
+            last_sum = started + ended;
             last_move = now;
         } else if (timeout > 0 && now - last_move > timeout) {
             ch_set_once32(w->err_host, CH_ERR_TIMEOUT);
@@ -100,7 +104,7 @@ static void dp_world_free(dp_world_t *w) {
     }
     pthread_mutex_destroy(&w->stop_lock);
     pthread_cond_destroy(&w->stop_cond);
-    if (w->done_host) rt->host_mapped_free(w->done_host);
+    if (w->blocks_host) rt->host_mapped_free(w->blocks_host);
     if (w->conns) rt->dev_free(w->conns);
     if (w->ring) rt->dev_free(w->ring);
     if (w->op_seq) rt->dev_free(w->op_seq);
@@ -147,13 +151,13 @@ static dp_world_t *dp_world_create(const ch_rt_t *rt, int nranks, const dp_sizes
     }
     for (size_t i = 0; i < nconn; i++)
         nused += table[i].nslots;
-    void *err_dev = NULL, *done_dev = NULL;
+    void *err_dev = NULL, *blocks_dev = NULL;
     if (rt->host_mapped_alloc(&w->err_host, &err_dev, 64) != ncclSuccess) goto fail;
     w->err_dev = err_dev;
-    if (rt->host_mapped_alloc(&w->done_host, &done_dev,
-                              (size_t)sz->nch * nranks * sizeof(uint64_t)) != ncclSuccess)
+    if (rt->host_mapped_alloc(&w->blocks_host, &blocks_dev,
+                              (size_t)sz->nch * nranks * 2 * sizeof(uint64_t)) != ncclSuccess)
         goto fail;
-    w->done_dev = done_dev;
+    w->blocks_dev = blocks_dev;
     if (rt->dev_alloc(&w->ctrl, nused * sizeof(ch_ctrl_t)) != ncclSuccess ||
         rt->dev_alloc(&w->buf, nused * slot_set) != ncclSuccess ||
         rt->dev_alloc(&w->ll, nused * ll_set) != ncclSuccess ||
@@ -277,9 +281,13 @@ static const ch_rt_t *dp_choose(const struct ncclComm *comm, int *mode, const ch
             WARN("rank %d: CHORUS_DEVICE_PATH=kernel with processes sharing a GPU and no MPS "
                  "daemon: their kernels run by turns (CHORUS_DEVICE_PATH=ce suits them)",
                  comm->rank);
-        if (!emu && (comm->cuda_dev < 0 || !chorus_cuda_available() || ch_rt_cuda() == NULL)) {
-            *why = "no GPU";
-            return NULL;
+        /* From the locality records, so every rank decides alike; whether this rank's GPU can
+         * run it is settled in dp_ce_setup, where every rank learns every other's answer. */
+        for (int r = 0; !emu && r < comm->nranks; r++) {
+            if (comm->peers[r].cuda_dev < 0 || ch_rt_cuda() == NULL) {
+                *why = "the kernel between processes needs a GPU on every rank";
+                return NULL;
+            }
         }
         *mode = DP_MODE_KPROC;
         return emu ? ch_rt_emu() : ch_rt_cuda();

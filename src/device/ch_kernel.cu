@@ -289,11 +289,17 @@ __global__ void __launch_bounds__(CH_KERNEL_THREADS)
     w.err = a.err;
     w.spins = 0;
     w.host = nullptr;
-    if (threadIdx.x == 0) s_err = ch_k_headers(a, c, &w);
+    if (threadIdx.x == 0) {
+        ch_block_began(&a, c);
+        s_err = ch_k_headers(a, c, &w);
+    }
     __syncthreads();
     const bool failed = s_err != CH_OK;
     __syncthreads(); /* every thread has read s_err before thread 0 may write it again */
-    if (failed) return;
+    if (failed) {
+        if (threadIdx.x == 0) ch_block_ended(&a, c);
+        return;
+    }
     ch_iter_t it;
     ch_step_t s;
     ch_sched_begin(p, c, &it);
@@ -313,7 +319,7 @@ __global__ void __launch_bounds__(CH_KERNEL_THREADS)
         }
         if (ChBlock<D, K, P>::step(a, c, s, &w, scalar, ch_smem, s_steps, &s_err)) break;
     }
-    if (a.done != nullptr) {
+    if (a.blocks != nullptr) {
         __syncthreads(); /* every thread's part of the last step is done */
         if (threadIdx.x == 0) ch_block_ended(&a, c);
     }
@@ -448,6 +454,7 @@ __global__ void __launch_bounds__(CH_KERNEL_THREADS)
     size_t beg = 0, end = 0;
     ch_dir_part(p, c, &beg, &end);
     if (threadIdx.x == 0) {
+        ch_block_began(&a, c);
         const ch_op_hdr_t h = ch_dir_block_hdr(&a, c);
         s_seq = h.seq;
         uint64_t mine = 0;
@@ -462,7 +469,10 @@ __global__ void __launch_bounds__(CH_KERNEL_THREADS)
         }
     }
     __syncthreads();
-    if (s_err) return; /* every thread returns: nobody writes s_err again */
+    if (s_err) { /* every thread returns: nobody writes s_err again */
+        if (threadIdx.x == 0) ch_block_ended(&a, c);
+        return;
+    }
     const bool red = p->coll == CH_COLL_ALLREDUCE || p->coll == CH_COLL_REDUCESCATTER;
     ChDirect<D, K>::move(s_ptrs, s_sc, red, n, end - beg, a.vec);
     __syncthreads();

@@ -37,15 +37,25 @@ typedef struct {
     ch_dir_ent_t *dir; /* device memory: the direct mode's [c][rank] entries (ch_direct.h), or
                           NULL: the op runs over the slots */
     uint64_t *dir_seq; /* device memory: [c] this rank's direct ops on channel c so far */
-    uint64_t *done;    /* memory the host reads (mapped), or NULL: [c] counts the ends of this
-                          rank's blocks of channel c, each written by that block alone (the host's
-                          watchdog sees progress there) */
+    uint64_t *blocks;  /* memory the host reads (mapped), or NULL: [c][2] the starts and the ends
+                          of this rank's blocks of channel c, written by those blocks alone (a
+                          host watchdog sees there which blocks run, and whether they progress;
+                          replays of a captured launch count too) */
 } ch_kernel_args_t;
 
-/* Block c of a launch has ended: count it in done[c] (its one writer). */
+/* Block c of a launch starts, or has ended (every return after its start): count it in
+ * blocks[c][0] or [c][1] (one thread of the block; the block of channel c is the words' one
+ * writer, launches on a stream running one after the other). */
+CH_FN void ch_block_began(const ch_kernel_args_t *a, int c) {
+    if (a->blocks == NULL) return;
+    uint64_t *w = &a->blocks[2 * (size_t)c];
+    ch_st_release(w, ch_ld_relaxed(w) + 1);
+}
+
 CH_FN void ch_block_ended(const ch_kernel_args_t *a, int c) {
-    if (a->done == NULL) return;
-    ch_st_release(&a->done[c], ch_ld_relaxed(&a->done[c]) + 1);
+    if (a->blocks == NULL) return;
+    uint64_t *w = &a->blocks[2 * (size_t)c + 1];
+    ch_st_release(w, ch_ld_relaxed(w) + 1);
 }
 
 /* The header block c of a launch sends and checks: the launch's header, whose seq comes from

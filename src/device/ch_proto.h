@@ -40,7 +40,8 @@
 #include "ch_hd.h"
 
 /* Error word values. CH_ERR_CUDA: a CUDA call that enqueues a program's operation failed;
- * CH_ERR_PEER: a peer process ended while others still waited for it (copy-engine programs). */
+ * CH_ERR_PEER: a peer process ended while others still waited for it (ranks in processes: the
+ * host's watchdog sets it). */
 enum {
     CH_OK = 0,
     CH_ERR_ABORT = 1,

@@ -100,8 +100,9 @@ typedef struct {
     ncclResult_t (*host_register)(void *p, size_t bytes);
     void (*host_unregister)(void *p);
     /* ncclSuccess when kernels on device dev can read and write the memory of the GPU whose PCI
-     * bus id is bus (dev itself, or a GPU it has peer access to), else why not (*why, static):
-     * the kernel between processes reaches the peers' slots that way. */
+     * bus id is bus (dev itself, or a GPU it has peer access to; a GPU this process cannot see
+     * passes, and mapping its memory tells), else why not (*why, static): the kernel between
+     * processes reaches the peers' slots that way. */
     ncclResult_t (*peer_reach)(int dev, const char *bus, const char **why);
     /* ncclSuccess when device dev can run copy-engine programs, else why not (*why, static). */
     ncclResult_t (*ce_check)(int dev, const char **why);

@@ -43,7 +43,7 @@ typedef struct emu_event {
     uint64_t completed; /* records run (the stream's thread) */
 } emu_event_t;
 
-enum { EMU_LAUNCH = 0, EMU_EVENT, EMU_CE };
+enum { EMU_LAUNCH = 0, EMU_EVENT, EMU_CE, EMU_BUSY };
 
 typedef struct emu_item {
     int kind;
@@ -54,6 +54,7 @@ typedef struct emu_item {
     uint32_t *err;
     emu_event_t *ev;
     uint64_t ev_gen;
+    int busy_ms; /* EMU_BUSY */
     struct emu_item *next;
 } emu_item_t;
 
@@ -166,11 +167,11 @@ static void *emu_block_main(void *arg) {
 
 /* One launch: a thread per channel (channel 0 on the stream's thread), joined before the stream
  * runs its next item, as the next kernel on a GPU stream starts after this one. Its waits end at
- * CHORUS_TIMEOUT; a launch whose block ends a host watchdog counts (a->done: the kernel between
- * processes) is released by that watchdog as on a GPU, so it gets twice that, a safety net. */
+ * CHORUS_TIMEOUT; a launch whose blocks a host watchdog watches (a->blocks: the communicators'
+ * launches) is released by that watchdog as on a GPU, so it gets twice that, a safety net. */
 static void emu_run_launch(const ch_kernel_args_t *a) {
     const int nch = a->plan.nch;
-    const int64_t deadline = ch_host_now_ns() + (a->done ? 2 : 1) * emu_timeout_ns();
+    const int64_t deadline = ch_host_now_ns() + (a->blocks ? 2 : 1) * emu_timeout_ns();
     emu_block_t *blk = calloc((size_t)nch, sizeof(*blk));
     char *started = calloc((size_t)nch, 1);
     if (blk == NULL || started == NULL) {
@@ -256,6 +257,9 @@ static void *emu_stream_main(void *arg) {
             emu_ce_ctx_t ctx = {it->err, ch_host_now_ns() + 2 * emu_timeout_ns()};
             for (int i = 0; i < it->nprogs; i++)
                 if (ch_ce_run(&it->progs[i], &emu_ce_ops, &ctx, &it->rop) != CH_OK) break;
+        } else if (it->kind == EMU_BUSY) {
+            struct timespec ts = {it->busy_ms / 1000, (long)(it->busy_ms % 1000) * 1000000L};
+            nanosleep(&ts, NULL);
         } else {
             uint64_t cur = __atomic_load_n(&it->ev->completed, __ATOMIC_RELAXED);
             if (it->ev_gen > cur)
@@ -264,7 +268,7 @@ static void *emu_stream_main(void *arg) {
         pthread_mutex_lock(&s->lock);
         s->head = it->next;
         if (s->head == NULL) s->tail = NULL;
-        if (it->kind != EMU_EVENT) s->launches++;
+        if (it->kind != EMU_EVENT && it->kind != EMU_BUSY) s->launches++;
         s->ran++;
         emu_item_free(it);
         if (s->sync_waiters) pthread_cond_broadcast(&s->cond);
@@ -329,7 +333,9 @@ static ncclResult_t emu_push(void *stream, emu_item_t *it) {
         if (kind == EMU_LAUNCH) return ncclSuccess;
         emu_item_free(it);
         WARN("device emulator: %s queued on a capturing stream cannot be captured",
-             kind == EMU_CE ? "a copy-engine program" : "an event record");
+             kind == EMU_CE     ? "a copy-engine program"
+             : kind == EMU_BUSY ? "a busy item"
+                                : "an event record");
         return ncclInvalidUsage;
     }
     const int was_empty = s->head == NULL;
@@ -448,6 +454,14 @@ static ncclResult_t emu_event_record(void *ev, void *stream) {
     ncclResult_t res = emu_push(stream, it);
     if (res != ncclSuccess) e->recorded--; /* not queued: nothing to wait for */
     return res;
+}
+
+ncclResult_t ch_emu_stream_busy(ch_emu_stream_t *s, int ms) {
+    emu_item_t *it = calloc(1, sizeof(*it));
+    if (it == NULL) return ncclSystemError;
+    it->kind = EMU_BUSY;
+    it->busy_ms = ms;
+    return emu_push(s, it);
 }
 
 static int emu_event_query(void *ev) {

@@ -45,6 +45,9 @@ int ch_emu_stream_capture_status(const void *stream, int *capturing);
 /* The capture-state queries (ch_rt_t stream_capturing) the calling thread has made (tests count
  * them). */
 unsigned long ch_emu_capture_queries(void);
+/* Queue ms milliseconds of other work on s (an application's long kernel, for tests); not a
+ * launch. */
+ncclResult_t ch_emu_stream_busy(ch_emu_stream_t *s, int ms);
 /* Launches the stream has run (tests count them). */
 unsigned long ch_emu_stream_launches(ch_emu_stream_t *s);
 

@@ -320,6 +320,7 @@ uint32_t ch_cpu_block(const ch_kernel_args_t *a, int c, int64_t deadline_ns) {
     b.wait.err = a->err;
     b.wait.host = deadline_ns > 0 ? &dl : NULL;
     uint32_t e = CH_OK;
+    ch_block_began(a, c);
     if (a->dir) {
         e = ch_cpu_direct_block(a, c, &b.wait);
         ch_block_ended(a, c);
