@@ -51,6 +51,7 @@
 #include "device/cpu_exec.h"
 #include "log.h"
 #include "param.h"
+#include "util.h"
 
 #define CE_WATCH_MS 2
 #define CE_DEAD_GRACE_MS 1000 /* the kernel: a peer's end fails the communicator after this */
@@ -601,14 +602,7 @@ static void *ce_watch_main(void *arg) {
     int64_t dead_since = -1; /* the kernel: when a peer was first seen ended with blocks owed */
     pthread_mutex_lock(&ce->stop_lock);
     while (!ce->stop) {
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        ts.tv_nsec += CE_WATCH_MS * 1000000L;
-        if (ts.tv_nsec >= 1000000000L) {
-            ts.tv_sec++;
-            ts.tv_nsec -= 1000000000L;
-        }
-        (void)pthread_cond_timedwait(&ce->stop_cond, &ce->stop_lock, &ts);
+        chorus_cond_wait_ms(&ce->stop_cond, &ce->stop_lock, CE_WATCH_MS);
         if (ce->stop) break;
         pthread_mutex_unlock(&ce->stop_lock);
         ce_zc_watch(ce);

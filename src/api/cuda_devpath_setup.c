@@ -34,6 +34,7 @@
 #include "device/ch_plan.h"
 #include "log.h"
 #include "param.h"
+#include "util.h"
 
 static const dp_sizes_t dp_sizes_gpu = {32, 8, 1 << 20, 4 << 10, 2 << 10, 8, 1};
 static const dp_sizes_t dp_sizes_emu = {2, 4, 4 << 10, 512, 4 << 10, 2, 0};
@@ -60,14 +61,7 @@ static void *dp_world_watch(void *arg) {
     int64_t last_move = ch_host_now_ns();
     pthread_mutex_lock(&w->stop_lock);
     while (!w->stop) {
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        ts.tv_nsec += DP_WATCH_MS * 1000000L;
-        if (ts.tv_nsec >= 1000000000L) {
-            ts.tv_sec++;
-            ts.tv_nsec -= 1000000000L;
-        }
-        (void)pthread_cond_timedwait(&w->stop_cond, &w->stop_lock, &ts);
+        chorus_cond_wait_ms(&w->stop_cond, &w->stop_lock, DP_WATCH_MS);
         if (w->stop || ch_ld32_relaxed(w->err_host) != CH_OK) continue;
         /* Ends before starts: no end is seen without its start. Blocks still queued behind
          * other work on their stream have not started, and are not owed. */

@@ -194,7 +194,7 @@ inline void with_ranks(int n, const std::function<int(Rank &)> &fn, double timeo
 
 // Many ops queued back to back on one stream before a single sync: all-reduces of growing sizes
 // (LL and SIMPLE), then an all-gather; every result checked afterwards.
-inline void back_to_back() {
+inline void back_to_back(chorus_test::Launch how = chorus_test::Launch::Threads) {
     with_ranks(4, [&](Rank &k) -> int {
         const int nops = 24;
         std::vector<Bufs> b(nops + 1);
@@ -217,12 +217,12 @@ inline void back_to_back() {
         bad += check(k, CH_COLL_ALLGATHER, ncclInt32, ncclSum, 5000, 0, b[nops],
                      "back-to-back allgather") != 0;
         return bad;
-    });
+    }, 240, how);
 }
 
 // A group: two collectives, then an all-to-all made of sends and receives to every rank
 // (itself included), on 3 and 5 ranks.
-inline void group_ops() {
+inline void group_ops(chorus_test::Launch how = chorus_test::Launch::Threads) {
     for (int n : {3, 5}) {
         SCOPED_TRACE("n=" + std::to_string(n));
         with_ranks(n, [&](Rank &k) -> int {
@@ -251,8 +251,51 @@ inline void group_ops() {
             bad += check(k, CH_COLL_ALLGATHER, ncclFloat32, ncclSum, count, 0, ag, "group ag");
             bad += check(k, CH_COLL_ALLTOALL, ncclFloat32, ncclSum, count, 0, a2a, "group a2a");
             return bad ? 1 : 0;
-        });
+        }, 240, how);
     }
+}
+
+// After a mismatched collective issued at t0 (seconds, chorus_test::now_s): the communicator's
+// async error becomes ncclInvalidUsage (waited for up to 30 s: a host watchdog may give the
+// verdict after the stream's work was released), so does the next call, and destroy reports it
+// or success. 0 when so; *took_s: seconds from t0 until the verdict was seen.
+inline int expect_mismatch(Rank &k, const Bufs &b, double t0, double *took_s) {
+    (void)ch_emu_stream_sync(k.st);
+    ncclResult_t async = ncclSuccess;
+    while (async == ncclSuccess && chorus_test::now_s() - t0 < 30) {
+        RANK_NCCL(ncclCommGetAsyncError(k.comm, &async));
+        if (async == ncclSuccess) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    *took_s = chorus_test::now_s() - t0;
+    RANK_CHECK(async == ncclInvalidUsage, "async error %s after %.1f s\n",
+               ncclGetErrorString(async), *took_s);
+    ncclResult_t again = ncclAllReduce(b.in, b.out, 1000, ncclFloat32, ncclSum, k.comm, k.stream());
+    RANK_CHECK(again == ncclInvalidUsage, "next call: %s\n", ncclGetErrorString(again));
+    // Destroy drains the stream's work and reports the communicator's error, or success.
+    ncclResult_t d = ncclCommDestroy(k.comm);
+    RANK_CHECK(d == ncclSuccess || d == ncclInvalidUsage, "destroy: %s\n", ncclGetErrorString(d));
+    k.destroyed = true;
+    return 0;
+}
+
+// 3 ranks whose all-reduce counts differ (rank 1 calls 999 elements, the others 1000): every rank
+// gets ncclInvalidUsage (a rank that calls after the mismatch was found, from the call itself).
+inline void mismatched_count(chorus_test::Launch how = chorus_test::Launch::Threads) {
+    with_ranks(
+        3,
+        [&](Rank &k) -> int {
+            Bufs b;
+            make_bufs(k, CH_COLL_ALLREDUCE, ncclFloat32, ncclSum, 1000, false, &b);
+            const size_t count = k.r == 1 ? 999 : 1000;
+            const double t0 = chorus_test::now_s();
+            ncclResult_t first =
+                ncclAllReduce(b.in, b.out, count, ncclFloat32, ncclSum, k.comm, k.stream());
+            RANK_CHECK(first == ncclSuccess || first == ncclInvalidUsage, "call: %s\n",
+                       ncclGetErrorString(first));
+            double took = 0;
+            return expect_mismatch(k, b, t0, &took);
+        },
+        120, how);
 }
 
 // Rank 0 starts an all-reduce on the emulated stream whose peer never calls, so its work

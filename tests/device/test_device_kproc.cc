@@ -5,14 +5,14 @@
 // in one block of device memory that its peer processes import (cuMem descriptors over the
 // descriptor channel, or legacy IPC handles), and launches the kernel's block code on its own
 // stream over a connection table that points into its own mappings of the peers' blocks. Checked
-// here: the communicator takes that path (not staged, not copy-engine programs), every collective
+// here: the communicator takes that path (not staged, not copy-engine programs); every collective
 // against the serial reference (device_ref.h: dtypes, reductions, counts 0, 1, odd and large, in
-// and out of place, LL and SIMPLE, 1, 2, 3 and 5 ranks), legacy IPC blocks, a group of
-// collectives and sends/receives, a mismatched op (ncclInvalidUsage on every rank through the op
-// headers), a peer killed mid-op (ncclRemoteError naming it, within the timeout), a peer that
-// never calls (CHORUS_TIMEOUT from the watchdog, or an abort), a capture replayed 50 times with
-// ordinary calls between, and a GPU without peer access (every rank stays staged); thread ranks
-// keep their one-address-space world.
+// and out of place, LL and SIMPLE, 1-5 and 8 ranks); legacy IPC blocks; a group of
+// collectives and sends/receives; ops back to back; a mismatched op (ncclInvalidUsage on every
+// rank through the op headers); a peer killed mid-op (ncclRemoteError naming it, within the
+// timeout); peers that end normally (nobody named); a peer that never calls (CHORUS_TIMEOUT from
+// the watchdog, or an abort); a capture replayed 50 times with ordinary calls between; a GPU
+// without peer access (every rank stays staged); thread ranks keeping their own world.
 #include <gtest/gtest.h>
 
 #include <signal.h>
@@ -92,7 +92,7 @@ TEST_P(DeviceKProcRanks, AllCollectivesForked) {
         300, chorus_test::Launch::Forked);
 }
 
-INSTANTIATE_TEST_SUITE_P(Ranks, DeviceKProcRanks, ::testing::Values(1, 2, 3, 5),
+INSTANTIATE_TEST_SUITE_P(Ranks, DeviceKProcRanks, ::testing::Values(1, 2, 3, 4, 5, 8),
                          [](const ::testing::TestParamInfo<int> &i) {
                              return "n" + std::to_string(i.param);
                          });
@@ -131,78 +131,20 @@ TEST_F(DeviceKProc, LegacyIpcForked) {
         240, chorus_test::Launch::Forked, [](int) { ch_emu_set_cumem(0); });
 }
 
-// A group of two collectives and sends/receives to every rank (itself included), then ops
-// queued back to back before one sync, on 3 processes.
-TEST_F(DeviceKProc, GroupAndBackToBackForked) {
-    with_ranks(
-        3,
-        [&](Rank &k) -> int {
-            const size_t count = 3001, es = sizeof(float);
-            Bufs ar, ag, a2a;
-            make_bufs(k, CH_COLL_ALLREDUCE, ncclFloat32, ncclSum, count, false, &ar);
-            make_bufs(k, CH_COLL_ALLGATHER, ncclFloat32, ncclSum, count, false, &ag);
-            make_bufs(k, CH_COLL_ALLTOALL, ncclFloat32, ncclSum, count, false, &a2a);
-            RANK_NCCL(ncclGroupStart());
-            RANK_NCCL(
-                ncclAllReduce(ar.in, ar.out, count, ncclFloat32, ncclSum, k.comm, k.stream()));
-            RANK_NCCL(ncclAllGather(ag.in, ag.out, count, ncclFloat32, k.comm, k.stream()));
-            for (int q = 0; q < k.n; q++) {
-                RANK_NCCL(ncclSend((const char *)a2a.in + q * count * es, count, ncclFloat32, q,
-                                   k.comm, k.stream()));
-                RANK_NCCL(ncclRecv((char *)a2a.out + q * count * es, count, ncclFloat32, q, k.comm,
-                                   k.stream()));
-            }
-            RANK_NCCL(ncclGroupEnd());
-            RANK_NCCL(ch_emu_stream_sync(k.st));
-            RANK_CHECK(ch_emu_stream_launches(k.st) == 2u + (unsigned long)k.n, "launches %lu\n",
-                       ch_emu_stream_launches(k.st));
-            int bad = check(k, CH_COLL_ALLREDUCE, ncclFloat32, ncclSum, count, 0, ar, "group ar");
-            bad += check(k, CH_COLL_ALLGATHER, ncclFloat32, ncclSum, count, 0, ag, "group ag");
-            bad += check(k, CH_COLL_ALLTOALL, ncclFloat32, ncclSum, count, 0, a2a, "group a2a");
-            const int nops = 16;
-            std::vector<Bufs> b(nops);
-            for (int i = 0; i < nops; i++) {
-                make_bufs(k, CH_COLL_ALLREDUCE, ncclInt32, ncclSum, 1 + (size_t)i * 977, i % 2,
-                          &b[i]);
-                RANK_NCCL(ncclAllReduce(b[i].in, b[i].out, 1 + (size_t)i * 977, ncclInt32, ncclSum,
-                                        k.comm, k.stream()));
-            }
-            RANK_NCCL(ch_emu_stream_sync(k.st));
-            for (int i = 0; i < nops; i++)
-                bad += check(k, CH_COLL_ALLREDUCE, ncclInt32, ncclSum, 1 + (size_t)i * 977, 0,
-                             b[i], "back to back " + std::to_string(i)) != 0;
-            return bad ? 1 : 0;
-        },
-        240, chorus_test::Launch::Forked);
+// A group of two collectives and sends/receives to every rank (itself included), on 3 and 5
+// processes; 25 ops queued back to back before one sync, on 4.
+TEST_F(DeviceKProc, GroupForked) {
+    group_ops(chorus_test::Launch::Forked);
+}
+
+TEST_F(DeviceKProc, BackToBackForked) {
+    back_to_back(chorus_test::Launch::Forked);
 }
 
 // Ranks that call different counts: the op headers disagree on some connection, the error word
 // (in rank 0's shared host block) says so, and every process gets ncclInvalidUsage.
 TEST_F(DeviceKProc, MismatchForked) {
-    with_ranks(
-        3,
-        [&](Rank &k) -> int {
-            Bufs b;
-            make_bufs(k, CH_COLL_ALLREDUCE, ncclFloat32, ncclSum, 1000, false, &b);
-            const size_t count = k.r == 1 ? 999 : 1000;
-            ncclResult_t first =
-                ncclAllReduce(b.in, b.out, count, ncclFloat32, ncclSum, k.comm, k.stream());
-            RANK_CHECK(first == ncclSuccess || first == ncclInvalidUsage, "call: %s\n",
-                       ncclGetErrorString(first));
-            RANK_NCCL(ch_emu_stream_sync(k.st));
-            ncclResult_t async = ncclSuccess;
-            RANK_NCCL(ncclCommGetAsyncError(k.comm, &async));
-            RANK_CHECK(async == ncclInvalidUsage, "async error %s\n", ncclGetErrorString(async));
-            ncclResult_t again =
-                ncclAllReduce(b.in, b.out, 1000, ncclFloat32, ncclSum, k.comm, k.stream());
-            RANK_CHECK(again == ncclInvalidUsage, "next call: %s\n", ncclGetErrorString(again));
-            ncclResult_t d = ncclCommDestroy(k.comm);
-            RANK_CHECK(d == ncclSuccess || d == ncclInvalidUsage, "destroy: %s\n",
-                       ncclGetErrorString(d));
-            k.destroyed = true;
-            return 0;
-        },
-        120, chorus_test::Launch::Forked);
+    mismatched_count(chorus_test::Launch::Forked);
 }
 
 // A peer killed in the middle of a large op: the survivors' watchdogs see blocks of theirs still
@@ -271,6 +213,17 @@ TEST_F(DeviceKProc, PeerKilledForked) {
 // error. And a rank that destroys its communicator while the other two keep talking, one of them
 // waiting 1.5 s for the other (the watchdog's grace is 1 s): the one gone left cleanly, nobody
 // names it.
+// 0 when b.out holds the float32 input of rank `from` (sent with make_bufs's fill).
+int check_received(const Bufs &b, int from, size_t count) {
+    const float *got = (const float *)b.out;
+    for (size_t i = 0; i < count; i++) {
+        float want;
+        devref::fill(ncclSum, ncclFloat32, from, &want, 0, 1, i);
+        RANK_CHECK(got[i] == want, "element %zu is %g, want %g\n", i, got[i], want);
+    }
+    return 0;
+}
+
 TEST_F(DeviceKProc, PeerThatFinishedAndExitedForked) {
     ScopedEnv timeout("CHORUS_TIMEOUT", "60");
     ncclUniqueId id = chorus_test::make_unique_id();
@@ -295,12 +248,7 @@ TEST_F(DeviceKProc, PeerThatFinishedAndExitedForked) {
             ncclResult_t async = ncclSuccess;
             RANK_NCCL(ncclCommGetAsyncError(comm, &async));
             RANK_CHECK(async == ncclSuccess, "async error %s\n", ncclGetErrorString(async));
-            const float *got = (const float *)b.out;
-            for (size_t i = 0; i < 100; i++) {
-                float want;
-                devref::fill(ncclSum, ncclFloat32, 0, &want, 0, 1, i);
-                RANK_CHECK(got[i] == want, "element %zu is %g, want %g\n", i, got[i], want);
-            }
+            if (check_received(b, 0, 100)) return 1;
             RANK_NCCL(ncclCommDestroy(comm));
             ch_emu_stream_destroy(st);
             return 0;
@@ -338,12 +286,7 @@ TEST_F(DeviceKProc, PeerThatLeftCleanlyForked) {
             ncclResult_t async = ncclSuccess;
             RANK_NCCL(ncclCommGetAsyncError(comm, &async));
             RANK_CHECK(async == ncclSuccess, "async error %s\n", ncclGetErrorString(async));
-            const float *got = (const float *)b.out;
-            for (size_t i = 0; i < 1001; i++) {
-                float want;
-                devref::fill(ncclSum, ncclFloat32, peer, &want, 0, 1, i);
-                RANK_CHECK(got[i] == want, "element %zu is %g, want %g\n", i, got[i], want);
-            }
+            if (check_received(b, peer, 1001)) return 1;
             RANK_NCCL(ncclCommDestroy(comm));
             ch_emu_stream_destroy(st);
             return 0;

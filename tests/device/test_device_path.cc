@@ -123,29 +123,7 @@ TEST_F(DevicePath, GroupThreads) {
 // Ranks that call different collectives: the op headers disagree, the error word says so, and
 // every rank gets ncclInvalidUsage (async error, then the next call).
 TEST_F(DevicePath, MismatchThreads) {
-    with_ranks(3, [&](Rank &k) -> int {
-        Bufs b;
-        make_bufs(k, CH_COLL_ALLREDUCE, ncclFloat32, ncclSum, 1000, false, &b);
-        const size_t count = k.r == 1 ? 999 : 1000;
-        // A rank that calls after the mismatch was found gets the error from the call itself.
-        ncclResult_t first =
-            ncclAllReduce(b.in, b.out, count, ncclFloat32, ncclSum, k.comm, k.stream());
-        RANK_CHECK(first == ncclSuccess || first == ncclInvalidUsage, "call: %s\n",
-                   ncclGetErrorString(first));
-        RANK_NCCL(ch_emu_stream_sync(k.st));
-        ncclResult_t async = ncclSuccess;
-        RANK_NCCL(ncclCommGetAsyncError(k.comm, &async));
-        RANK_CHECK(async == ncclInvalidUsage, "async error %s\n", ncclGetErrorString(async));
-        ncclResult_t again =
-            ncclAllReduce(b.in, b.out, 1000, ncclFloat32, ncclSum, k.comm, k.stream());
-        RANK_CHECK(again == ncclInvalidUsage, "next call: %s\n", ncclGetErrorString(again));
-        // Destroy drains the stream's work and reports the communicator's error, or success.
-        ncclResult_t d = ncclCommDestroy(k.comm);
-        RANK_CHECK(d == ncclSuccess || d == ncclInvalidUsage, "destroy: %s\n",
-                   ncclGetErrorString(d));
-        k.destroyed = true;
-        return 0;
-    });
+    mismatched_count();
 }
 
 // A launch whose peer never calls spins in its waits; ncclCommAbort releases it at once.
@@ -382,24 +360,9 @@ void ce_mismatch(chorus_test::Launch how) {
                                                    k.stream());
                 RANK_CHECK(first == ncclSuccess || first == ncclInvalidUsage, "call: %s\n",
                            ncclGetErrorString(first));
-                (void)ch_emu_stream_sync(k.st);
-                ncclResult_t async = ncclSuccess;
-                // The verdict may come just after the stream's work was released.
-                while (async == ncclSuccess && chorus_test::now_s() - t0 < 30) {
-                    RANK_NCCL(ncclCommGetAsyncError(k.comm, &async));
-                    if (async == ncclSuccess) usleep(1000);
-                }
-                const double took = chorus_test::now_s() - t0;
-                RANK_CHECK(async == ncclInvalidUsage, "async error %s after %.1f s\n",
-                           ncclGetErrorString(async), took);
+                double took = 0;
+                if (expect_mismatch(k, b, t0, &took)) return 1;
                 RANK_CHECK(took < 10, "the mismatch was found after %.1f s\n", took);
-                ncclResult_t again =
-                    ncclAllReduce(b.in, b.out, 5000, ncclFloat32, ncclSum, k.comm, k.stream());
-                RANK_CHECK(again == ncclInvalidUsage, "next call: %s\n", ncclGetErrorString(again));
-                ncclResult_t d = ncclCommDestroy(k.comm);
-                RANK_CHECK(d == ncclSuccess || d == ncclInvalidUsage, "destroy: %s\n",
-                           ncclGetErrorString(d));
-                k.destroyed = true;
                 return 0;
             },
             120, how);
