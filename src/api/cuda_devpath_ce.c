@@ -17,8 +17,9 @@
  * wait cannot be interrupted, only satisfied. Every rank holds an OFD lock on its host memfd
  * while it lives; the lock goes with the process, so a peer probes it to see a rank that died.
  *
- * The watchdog (a thread per communicator, every CE_WATCH_MS) turns what would hang into an error
- * (for the kernel, see cuda_devpath_ce.h: it watches block ends, and writes no counter):
+ * The watchdog (a thread per communicator, every CE_WATCH_MS; the kernel's every
+ * CE_WATCH_KERNEL_MS) turns what would hang into an error (for the kernel, see cuda_devpath_ce.h:
+ * it watches block starts and ends, and writes no counter):
  *   - a peer this rank still waits for (its counters are behind the steps queued here) whose lock
  *     is gone: CH_ERR_PEER, naming it;
  *   - such waits with no counter moving for CHORUS_TIMEOUT: CH_ERR_TIMEOUT;
@@ -54,6 +55,9 @@
 #include "util.h"
 
 #define CE_WATCH_MS 2
+/* The kernel's watchdog gives verdicts of a second or more (its blocks see the error word
+ * themselves, nothing is released): a slower round costs oversubscribed hosts less. */
+#define CE_WATCH_KERNEL_MS 20
 #define CE_DEAD_GRACE_MS 1000 /* the kernel: a peer's end fails the communicator after this */
 #define CE_TAG_DEV 0x43450001u /* the descriptor of a rank's device block */
 
@@ -602,7 +606,8 @@ static void *ce_watch_main(void *arg) {
     int64_t dead_since = -1; /* the kernel: when a peer was first seen ended with blocks owed */
     pthread_mutex_lock(&ce->stop_lock);
     while (!ce->stop) {
-        chorus_cond_wait_ms(&ce->stop_cond, &ce->stop_lock, CE_WATCH_MS);
+        chorus_cond_wait_ms(&ce->stop_cond, &ce->stop_lock,
+                            ce->kernel ? CE_WATCH_KERNEL_MS : CE_WATCH_MS);
         if (ce->stop) break;
         pthread_mutex_unlock(&ce->stop_lock);
         ce_zc_watch(ce);
