@@ -215,73 +215,73 @@ TEST_F(CudaDevPath, EveryCollectiveThreads) {
 // An all-reduce captured on each rank's stream (ch_rt_cuda's capture entries: thread-local capture,
 // cudaGraphInstantiate, cudaGraphLaunch), replayed 100 times, each with new inputs copied in and
 // the output cleared first, every replay checked; an ordinary all-reduce after every 10th.
-TEST_F(CudaDevPath, GraphReplaysThreads) {
+int graph_replays(R &k, int nreplays) {
     const ch_rt_t *rt = ch_rt_cuda();
-    ASSERT_NE(rt, nullptr);
+    for (size_t count : {(size_t)1001, kMaxCount}) {
+        int32_t *in = (int32_t *)k.sbuf, *out = (int32_t *)k.rbuf;
+        RANK_NCCL(rt->capture_begin(k.st));
+        const ncclResult_t call = ncclAllReduce(in, out, count, ncclInt32, ncclSum, k.comm, k.st);
+        void *graph = nullptr, *exec = nullptr;
+        RANK_NCCL(rt->capture_end(k.st, &graph));
+        RANK_NCCL(call);
+        RANK_NCCL(rt->graph_instantiate(&exec, graph));
+        rt->graph_destroy(graph);
+        auto value = [](int r, size_t j, int i) {
+            return (int32_t)((r + 1) * 1000003 + (int64_t)j * 7 + (int64_t)i * 131);
+        };
+        std::vector<int32_t> h(count);
+        for (int i = 0; i < nreplays; i++) {
+            for (size_t j = 0; j < count; j++)
+                h[j] = value(k.r, j, i);
+            RANK_CUDA(cudaMemcpyAsync(in, h.data(), count * 4, cudaMemcpyHostToDevice, k.st));
+            RANK_CUDA(cudaMemsetAsync(out, 0xa5, count * 4, k.st));
+            RANK_NCCL(rt->graph_launch(exec, k.st));
+            RANK_CUDA(cudaStreamSynchronize(k.st));
+            RANK_CUDA(cudaMemcpy(h.data(), out, count * 4, cudaMemcpyDeviceToHost));
+            for (size_t j = 0; j < count; j++) {
+                uint32_t want = 0;
+                for (int q = 0; q < k.n; q++)
+                    want += (uint32_t)value(q, j, i);
+                RANK_CHECK((uint32_t)h[j] == want,
+                           "count %zu replay %d: element %zu is %d, want %d\n", count, i, j, h[j],
+                           (int32_t)want);
+            }
+            if (i % 10 == 9 &&
+                run_op(k, CH_COLL_ALLREDUCE, ncclInt32, ncclSum, 3001 + (size_t)i, false))
+                return 1;
+        }
+        rt->graph_exec_destroy(exec);
+    }
+    ncclResult_t async = ncclSuccess;
+    RANK_NCCL(ncclCommGetAsyncError(k.comm, &async));
+    RANK_CHECK(async == ncclSuccess, "async %s\n", ncclGetErrorString(async));
+    return 0;
+}
+
+TEST_F(CudaDevPath, GraphReplaysThreads) {
+    ASSERT_NE(ch_rt_cuda(), nullptr);
     for (int n : {2, 4}) {
         SCOPED_TRACE("n=" + std::to_string(n));
-        with_ranks(n, [&](R &k) -> int {
-            for (size_t count : {(size_t)1001, kMaxCount}) {
-                int32_t *in = (int32_t *)k.sbuf, *out = (int32_t *)k.rbuf;
-                RANK_NCCL(rt->capture_begin(k.st));
-                const ncclResult_t call =
-                    ncclAllReduce(in, out, count, ncclInt32, ncclSum, k.comm, k.st);
-                void *graph = nullptr, *exec = nullptr;
-                RANK_NCCL(rt->capture_end(k.st, &graph));
-                RANK_NCCL(call);
-                RANK_NCCL(rt->graph_instantiate(&exec, graph));
-                rt->graph_destroy(graph);
-                auto value = [](int r, size_t j, int i) {
-                    return (int32_t)((r + 1) * 1000003 + (int64_t)j * 7 + (int64_t)i * 131);
-                };
-                std::vector<int32_t> h(count);
-                for (int i = 0; i < 100; i++) {
-                    for (size_t j = 0; j < count; j++)
-                        h[j] = value(k.r, j, i);
-                    RANK_CUDA(
-                        cudaMemcpyAsync(in, h.data(), count * 4, cudaMemcpyHostToDevice, k.st));
-                    RANK_CUDA(cudaMemsetAsync(out, 0xa5, count * 4, k.st));
-                    RANK_NCCL(rt->graph_launch(exec, k.st));
-                    RANK_CUDA(cudaStreamSynchronize(k.st));
-                    RANK_CUDA(cudaMemcpy(h.data(), out, count * 4, cudaMemcpyDeviceToHost));
-                    for (size_t j = 0; j < count; j++) {
-                        uint32_t want = 0;
-                        for (int q = 0; q < k.n; q++)
-                            want += (uint32_t)value(q, j, i);
-                        RANK_CHECK((uint32_t)h[j] == want,
-                                   "count %zu replay %d: element %zu is %d, want %d\n", count, i, j,
-                                   h[j], (int32_t)want);
-                    }
-                    if (i % 10 == 9 &&
-                        run_op(k, CH_COLL_ALLREDUCE, ncclInt32, ncclSum, 3001 + (size_t)i, false))
-                        return 1;
-                }
-                rt->graph_exec_destroy(exec);
-            }
-            ncclResult_t async = ncclSuccess;
-            RANK_NCCL(ncclCommGetAsyncError(k.comm, &async));
-            RANK_CHECK(async == ncclSuccess, "async %s\n", ncclGetErrorString(async));
-            return 0;
-        });
+        with_ranks(n, [](R &k) { return graph_replays(k, 100); });
     }
 }
 
+// Rank 1 calls 1000 elements, rank 0 1001: the op headers disagree, every rank gets
+// ncclInvalidUsage.
+int mismatch(R &k) {
+    float *b = (float *)k.rbuf;
+    ncclResult_t first = ncclAllReduce(b, b, k.r ? 1000 : 1001, ncclFloat32, ncclSum, k.comm, k.st);
+    RANK_CHECK(first == ncclSuccess || first == ncclInvalidUsage, "%s\n",
+               ncclGetErrorString(first));
+    RANK_CUDA(cudaStreamSynchronize(k.st));
+    ncclResult_t async = ncclSuccess;
+    RANK_NCCL(ncclCommGetAsyncError(k.comm, &async));
+    RANK_CHECK(async == ncclInvalidUsage, "async %s\n", ncclGetErrorString(async));
+    return 0;
+}
+
 TEST_F(CudaDevPath, MismatchThreads) {
-    with_ranks(
-        2,
-        [&](R &k) -> int {
-            float *b = (float *)k.rbuf;
-            ncclResult_t first =
-                ncclAllReduce(b, b, k.r ? 1000 : 1001, ncclFloat32, ncclSum, k.comm, k.st);
-            RANK_CHECK(first == ncclSuccess || first == ncclInvalidUsage, "%s\n",
-                       ncclGetErrorString(first));
-            RANK_CUDA(cudaStreamSynchronize(k.st));
-            ncclResult_t async = ncclSuccess;
-            RANK_NCCL(ncclCommGetAsyncError(k.comm, &async));
-            RANK_CHECK(async == ncclInvalidUsage, "async %s\n", ncclGetErrorString(async));
-            return 0;
-        },
-        true);
+    with_ranks(2, mismatch, true);
 }
 
 // Processes sharing GPU 0: CHORUS_DEVICE_PATH=ce takes copy-engine programs (stream waits and
@@ -385,10 +385,11 @@ TEST_F(CudaDevPathProcs, ZeroCopyCudaMallocForked) {
     }
 }
 
-// A process killed in the middle of an op: the survivor's watchdog writes the counters its
-// stream waits on, so the stream ends (its result may be a CUDA error: the dead rank's device
-// block went with it) and the next call fails with ncclRemoteError naming the rank.
-TEST_F(CudaDevPathProcs, PeerKilledForked) {
+// A process killed in the middle of an op: the survivor's watchdog sets the error word (and, for
+// copy-engine programs, writes the counters its stream waits on), so the stream ends (its result
+// may be a CUDA error: the dead rank's device block went with it) and the next call fails with
+// ncclRemoteError naming the rank.
+void peer_killed_forked() {
     setenv("CHORUS_TIMEOUT", "60", 1);
     chorus_param_reset();
     ncclUniqueId id = chorus_test::make_unique_id();
@@ -438,6 +439,10 @@ TEST_F(CudaDevPathProcs, PeerKilledForked) {
     EXPECT_NE(res.detail.find("rank 1: signal 9"), std::string::npos) << res.detail;
 }
 
+TEST_F(CudaDevPathProcs, PeerKilledForked) {
+    peer_killed_forked();
+}
+
 // The collective kernel between processes (CHORUS_DEVICE_PATH=kernel): slots, LL lines and
 // counters in each receiver's device memory, mapped by its peers. On a one-GPU machine both
 // processes share GPU 0, where without MPS their kernels take turns (a time slice per wait), so
@@ -462,6 +467,21 @@ int kproc_sweep(R &k) {
 
 TEST_F(CudaDevPathKProc, ShortSweepForked) {
     with_ranks(2, kproc_sweep, false, chorus_test::Launch::Forked);
+}
+
+// Capture between processes (10 replays: each of their waits may cost a time slice), a
+// mismatched count through the op headers, and a peer killed mid-op.
+TEST_F(CudaDevPathKProc, GraphReplaysForked) {
+    with_ranks(
+        2, [](R &k) { return graph_replays(k, 10); }, false, chorus_test::Launch::Forked);
+}
+
+TEST_F(CudaDevPathKProc, MismatchForked) {
+    with_ranks(2, mismatch, true, chorus_test::Launch::Forked);
+}
+
+TEST_F(CudaDevPathKProc, PeerKilledForked) {
+    peer_killed_forked();
 }
 
 } // namespace
