@@ -190,6 +190,7 @@ void dp_ce_free(dp_ce_t *ce) {
     if (ce->dev_conns) ce->rt->dev_free(ce->dev_conns);
     if (ce->dev_ring) ce->rt->dev_free(ce->dev_ring);
     if (ce->op_seq) ce->rt->dev_free(ce->op_seq);
+    if (ce->blocks_seq) ce->rt->dev_free(ce->blocks_seq);
     fd_chan_close(ce->chan);
     pthread_mutex_destroy(&ce->lock);
     pthread_mutex_destroy(&ce->zc_lock);
@@ -358,6 +359,7 @@ static ncclResult_t ce_connect(dp_ce_t *ce) {
     CHECK(rt->dev_alloc((void **)&ce->dev_conns, nconn * sizeof(ch_conn_t)));
     CHECK(rt->dev_alloc((void **)&ce->dev_ring, (size_t)nch * n * sizeof(int)));
     CHECK(rt->dev_alloc((void **)&ce->op_seq, (size_t)nch * sizeof(uint64_t)));
+    CHECK(rt->dev_alloc((void **)&ce->blocks_seq, (size_t)nch * 2 * sizeof(uint64_t)));
     CHECK(rt->memcpy_h2d(ce->dev_conns, ce->conns, nconn * sizeof(ch_conn_t)));
     return rt->memcpy_h2d(ce->dev_ring, ce->ring, (size_t)nch * n * sizeof(int));
 }
@@ -669,10 +671,11 @@ int dp_ce_kernel(const dp_ce_t *ce) {
 }
 
 void dp_ce_kernel_args(const dp_ce_t *ce, const ch_conn_t **conns, const int **ring,
-                       uint64_t **op_seq, uint64_t **blocks) {
+                       uint64_t **op_seq, uint64_t **blocks, uint64_t **blocks_seq) {
     *conns = ce->dev_conns;
     *ring = ce->dev_ring;
     *op_seq = ce->op_seq;
+    *blocks_seq = ce->blocks_seq;
     *blocks = (uint64_t *)(ce->host[ce->rank] + CE_BLOCKS_OFF);
 }
 

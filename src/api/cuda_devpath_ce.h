@@ -60,10 +60,11 @@ size_t dp_ce_slot_bytes(const dp_ce_t *ce);
 /* The collective kernel between processes (dp_ce_setup with kernel 1): what a launch of this rank
  * takes, all in memory its device reaches: the connection table [c][src][dst], the ring table,
  * the op counters [c], and the words [c][2] its blocks count their starts and ends in (the
- * watchdog's view of which blocks run, and whether they progress). */
+ * watchdog's view of which blocks run, and whether they progress; their device copy in
+ * blocks_seq). */
 int dp_ce_kernel(const dp_ce_t *ce);
 void dp_ce_kernel_args(const dp_ce_t *ce, const ch_conn_t **conns, const int **ring,
-                       uint64_t **op_seq, uint64_t **blocks);
+                       uint64_t **op_seq, uint64_t **blocks, uint64_t **blocks_seq);
 /* Build plan's programs (one per channel) and queue them on stream; immediate: the call was made
  * outside a group (only such calls may run zero-copy, below). hdr: the op's header; a
  * collective's (numbered by hdr->seq from 0, in call order) is published in this rank's host

@@ -51,6 +51,7 @@ struct dp_ce {
     ch_conn_t *dev_conns;  /* kernel: conns, in device memory */
     int *dev_ring;         /* kernel: ring, in device memory */
     uint64_t *op_seq;      /* kernel: [c] this rank's collectives on channel c (device memory) */
+    uint64_t *blocks_seq;  /* kernel: [c][2] its blocks' starts and ends (device memory) */
     uint64_t hdr_pub;      /* programs: collectives whose header this rank published (lock) */
     uint64_t *hdr_checked; /* programs: [rank] the next collective to compare with that rank's
                               (the watchdog's) */

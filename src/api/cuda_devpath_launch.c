@@ -79,7 +79,8 @@ static ncclResult_t dp_launch(struct ncclComm *comm, devpath_comm_t *dp, int col
     /* The kernel between processes runs over the copy-engine path's connections. */
     const int progs = dp->ce != NULL && !dp_ce_kernel(dp->ce);
     const int *ring = dp->w ? dp->w->ring : NULL;
-    if (dp->ce && !progs) dp_ce_kernel_args(dp->ce, &k.conns, &ring, &k.op_seq, &k.blocks);
+    if (dp->ce && !progs)
+        dp_ce_kernel_args(dp->ce, &k.conns, &ring, &k.op_seq, &k.blocks, &k.blocks_seq);
     if (progs) ring = dp_ce_ring(dp->ce);
     /* Copy-engine programs move SIMPLE slots only. */
     k.proto = !progs && bytes <= sz->ll_max_bytes ? CH_PROTO_LL : CH_PROTO_SIMPLE;
@@ -117,6 +118,7 @@ static ncclResult_t dp_launch(struct ncclComm *comm, devpath_comm_t *dp, int col
     if (dp->w) {
         k.op_seq = dp->w->op_seq + (size_t)comm->rank * sz->nch;
         k.blocks = dp->w->blocks_dev + (size_t)comm->rank * sz->nch * 2;
+        k.blocks_seq = dp->w->blocks_seq + (size_t)comm->rank * sz->nch * 2;
     }
     /* Direct (ch_direct.h): every block of every rank takes part, so the launch has all the
      * world's channels whatever the op's size; the ranks decide alike (the same parameter, and

@@ -48,6 +48,7 @@ typedef struct {
      * starting or ending within CHORUS_TIMEOUT set CH_ERR_TIMEOUT, which the blocks see. */
     void *blocks_host;
     uint64_t *blocks_dev;
+    uint64_t *blocks_seq; /* device memory: the same counts, which the blocks read */
     pthread_t watch;
     int watching, stop;
     pthread_mutex_t stop_lock;

@@ -102,6 +102,7 @@ static void dp_world_free(dp_world_t *w) {
     if (w->conns) rt->dev_free(w->conns);
     if (w->ring) rt->dev_free(w->ring);
     if (w->op_seq) rt->dev_free(w->op_seq);
+    if (w->blocks_seq) rt->dev_free(w->blocks_seq);
     if (w->dir) rt->dev_free(w->dir);
     if (w->dir_seq) rt->dev_free(w->dir_seq);
     if (w->ctrl) rt->dev_free(w->ctrl);
@@ -158,6 +159,8 @@ static dp_world_t *dp_world_create(const ch_rt_t *rt, int nranks, const dp_sizes
         rt->dev_alloc((void **)&w->conns, nconn * sizeof(ch_conn_t)) != ncclSuccess ||
         rt->dev_alloc((void **)&w->ring, (size_t)sz->nch * nranks * sizeof(int)) != ncclSuccess ||
         rt->dev_alloc((void **)&w->op_seq, (size_t)sz->nch * nranks * sizeof(uint64_t)) !=
+            ncclSuccess ||
+        rt->dev_alloc((void **)&w->blocks_seq, (size_t)sz->nch * nranks * 2 * sizeof(uint64_t)) !=
             ncclSuccess ||
         rt->dev_alloc((void **)&w->dir, (size_t)sz->nch * nranks * sizeof(ch_dir_ent_t)) !=
             ncclSuccess ||

@@ -41,21 +41,26 @@ typedef struct {
                           of this rank's blocks of channel c, written by those blocks alone (a
                           host watchdog sees there which blocks run, and whether they progress;
                           replays of a captured launch count too) */
+    uint64_t *blocks_seq; /* device memory: [c][2] the same counts, which the blocks read (a
+                             read of mapped host memory would cross the bus on every launch) */
 } ch_kernel_args_t;
 
 /* Block c of a launch starts, or has ended (every return after its start): count it in
- * blocks[c][0] or [c][1] (one thread of the block; the block of channel c is the words' one
- * writer, launches on a stream running one after the other). */
+ * [c][0] or [c][1] (one thread of the block; the block of channel c is the words' one writer,
+ * launches on a stream running one after the other). The start is stored relaxed (nothing of the
+ * block's is ordered by it), the end with release, after the block's work. */
 CH_FN void ch_block_began(const ch_kernel_args_t *a, int c) {
     if (a->blocks == NULL) return;
-    uint64_t *w = &a->blocks[2 * (size_t)c];
-    ch_st_release(w, ch_ld_relaxed(w) + 1);
+    const uint64_t v = a->blocks_seq[2 * (size_t)c] + 1;
+    a->blocks_seq[2 * (size_t)c] = v;
+    ch_st_relaxed(&a->blocks[2 * (size_t)c], v);
 }
 
 CH_FN void ch_block_ended(const ch_kernel_args_t *a, int c) {
     if (a->blocks == NULL) return;
-    uint64_t *w = &a->blocks[2 * (size_t)c + 1];
-    ch_st_release(w, ch_ld_relaxed(w) + 1);
+    const uint64_t v = a->blocks_seq[2 * (size_t)c + 1] + 1;
+    a->blocks_seq[2 * (size_t)c + 1] = v;
+    ch_st_release(&a->blocks[2 * (size_t)c + 1], v);
 }
 
 /* The header block c of a launch sends and checks: the launch's header, whose seq comes from

@@ -46,7 +46,7 @@ int ch_emu_stream_capture_status(const void *stream, int *capturing);
  * them). */
 unsigned long ch_emu_capture_queries(void);
 /* Queue ms milliseconds of other work on s (an application's long kernel, for tests); not a
- * launch. */
+ * launch, and not captured (a capturing stream refuses it, unlike a GPU's). */
 ncclResult_t ch_emu_stream_busy(ch_emu_stream_t *s, int ms);
 /* Launches the stream has run (tests count them). */
 unsigned long ch_emu_stream_launches(ch_emu_stream_t *s);

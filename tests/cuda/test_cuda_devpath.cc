@@ -389,7 +389,7 @@ TEST_F(CudaDevPathProcs, ZeroCopyCudaMallocForked) {
 // copy-engine programs, writes the counters its stream waits on), so the stream ends (its result
 // may be a CUDA error: the dead rank's device block went with it) and the next call fails with
 // ncclRemoteError naming the rank.
-void peer_killed_forked() {
+void peer_killed_forked(const char *want_path) {
     setenv("CHORUS_TIMEOUT", "60", 1);
     chorus_param_reset();
     ncclUniqueId id = chorus_test::make_unique_id();
@@ -407,7 +407,9 @@ void peer_killed_forked() {
             RANK_CUDA(cudaMemset(buf, 0, count * sizeof(float)));
             ncclComm_t comm;
             RANK_NCCL(ncclCommInitRank(&comm, nr, id, rank));
-            RANK_CHECK(devpath_kernel_on(comm), "the communicator did not take the device path\n");
+            RANK_CHECK(std::string(devpath_path_name(comm)) == want_path,
+                       "rank %d runs device-buffer ops as %s, want %s\n", rank,
+                       devpath_path_name(comm), want_path);
             // It dies holding a mapping of its peer's block, and the peer one of its.
             if (check_opened(rank, nr, cumem0, ipc0)) return 1;
             RANK_NCCL(ncclAllReduce(buf, buf, 1001, ncclFloat32, ncclSum, comm, st));
@@ -440,7 +442,7 @@ void peer_killed_forked() {
 }
 
 TEST_F(CudaDevPathProcs, PeerKilledForked) {
-    peer_killed_forked();
+    peer_killed_forked("ce");
 }
 
 // The collective kernel between processes (CHORUS_DEVICE_PATH=kernel): slots, LL lines and
@@ -481,7 +483,7 @@ TEST_F(CudaDevPathKProc, MismatchForked) {
 }
 
 TEST_F(CudaDevPathKProc, PeerKilledForked) {
-    peer_killed_forked();
+    peer_killed_forked("kernel-procs");
 }
 
 } // namespace

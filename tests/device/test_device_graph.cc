@@ -324,7 +324,8 @@ void abort_ends_replay(int aborter) {
             } else {
                 waiting = 1;
             }
-            // The replay ends (the emulator's own deadline, CHORUS_TIMEOUT, is 60 s here).
+            // The replay ends (the emulator's own net for a watched launch, twice CHORUS_TIMEOUT,
+            // is 120 s here).
             RANK_NCCL(ch_emu_stream_sync(st));
             const double took = chorus_test::now_s() - t0;
             RANK_CHECK(ch_emu_stream_launches(st) == 1, "the replay did not run\n");
