@@ -209,6 +209,7 @@ void dp_ce_free(dp_ce_t *ce) {
     free(ce->next_send);
     free(ce->next_recv);
     free(ce->hdr_checked);
+    free(ce->waits_for);
     free(ce);
 }
 
@@ -252,6 +253,7 @@ static dp_ce_t *ce_alloc(struct ncclComm *comm, const ch_rt_t *rt, int nch, int 
     ce->next_send = calloc((size_t)nch * n, sizeof(uint64_t));
     ce->next_recv = calloc((size_t)nch * n, sizeof(uint64_t));
     ce->hdr_checked = calloc((size_t)n, sizeof(uint64_t));
+    ce->waits_for = calloc((size_t)n, 1);
     if (ce->ring)
         for (int c = 0; c < nch; c++)
             for (int pos = 0; pos < n; pos++)
@@ -267,7 +269,7 @@ static dp_ce_t *ce_alloc(struct ncclComm *comm, const ch_rt_t *rt, int nch, int 
             ce->host_fd[q] = -1;
     if (!ce->dev || !ce->maps || !ce->addrs || !ce->host || !ce->host_fd || !ce->registered ||
         !ce->pids || !ce->conns || !ce->ring || !ce->next_send || !ce->next_recv ||
-        !ce->hdr_checked) {
+        !ce->hdr_checked || !ce->waits_for) {
         dp_ce_free(ce);
         return NULL;
     }
@@ -350,6 +352,8 @@ static ncclResult_t ce_connect(dp_ce_t *ce) {
                 }
                 k->nslots = (uint32_t)nslots;
                 k->slot_bytes = slot_bytes;
+                k->src = src;
+                k->dst = dst;
             }
         }
     }
@@ -581,17 +585,23 @@ static int ce_hdr_watch(dp_ce_t *ce) {
 
 /* The kernel: whether blocks of this rank run (started, not ended; blocks still queued behind
  * other work on their stream wait for nobody yet); *sum_p gathers the starts and ends counted so
- * far, to see them move. The ends are read before the starts, so no end is seen without its
- * start. */
-static int ce_kernel_owed(dp_ce_t *ce, uint64_t *sum_p) {
+ * far, to see them move; waits_for[q] becomes 1 where a running block last spun waiting for rank
+ * q. A channel's end is read before its start, so no end is seen without its start. */
+static int ce_kernel_owed(dp_ce_t *ce, uint64_t *sum_p, char *waits_for) {
     const uint64_t *blk = (const uint64_t *)(ce->host[ce->rank] + CE_BLOCKS_OFF);
-    uint64_t started = 0, ended = 0;
-    for (int c = 0; c < ce->nch; c++)
-        ended += ch_ld_acquire(&blk[2 * c + 1]);
-    for (int c = 0; c < ce->nch; c++)
-        started += ch_ld_acquire(&blk[2 * c]);
-    *sum_p += started + ended;
-    return ended < started;
+    int owed = 0;
+    memset(waits_for, 0, (size_t)ce->nranks);
+    for (int c = 0; c < ce->nch; c++) {
+        const uint64_t *b = &blk[CH_BLK_WORDS * (size_t)c];
+        const uint64_t ended = ch_ld_acquire(&b[1]);
+        const uint64_t started = ch_ld_acquire(&b[0]);
+        const uint64_t note = ch_ld_relaxed(&b[2]);
+        *sum_p += started + ended;
+        if (ended >= started) continue;
+        owed = 1;
+        if (note >= 1 && note <= (uint64_t)ce->nranks) waits_for[note - 1] = 1;
+    }
+    return owed;
 }
 
 /* 1 once rank q left the communicator cleanly (dp_ce_free). */
@@ -618,13 +628,15 @@ static void *ce_watch_main(void *arg) {
         } else {
             uint64_t sum = 0;
             int owed = 0, dead = -1;
-            /* Programs name whom they wait for. The kernel's running blocks may wait for any
-             * peer (through a ring, or a chain), so a peer whose process is gone without having
-             * left the communicator is taken for the one, after the grace below. */
-            const int kowed = ce->kernel && ce_kernel_owed(ce, &sum);
+            /* Programs name whom they wait for; the kernel's running blocks note whom they
+             * last spun for. A peer whose process is gone without having left the communicator
+             * is blamed by the ranks that wait for it (after the grace below); the error word
+             * they set releases everyone. */
+            const int kowed = ce->kernel && ce_kernel_owed(ce, &sum, ce->waits_for);
             for (int q = 0; q < ce->nranks; q++) {
                 if (q == ce->rank || (ce->kernel ? !kowed : !ce_owed_by(ce, q, &sum))) continue;
                 owed = 1;
+                if (ce->kernel && !ce->waits_for[q]) continue;
                 if (dead < 0 && !ce_peer_alive(ce, q) && !(ce->kernel && ce_peer_left(ce, q)))
                     dead = q;
             }

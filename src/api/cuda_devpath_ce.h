@@ -27,10 +27,10 @@
  * device memory, pointing into its own mappings of the peers' blocks. Launches are the kernel's,
  * with op headers (a mismatch is ncclInvalidUsage on every rank) and graph capture as between
  * threads. The watchdog watches the starts and ends this rank's blocks count in its host block
- * (replays of a captured launch too): blocks running while a peer's process is gone without
- * having left the communicator, with no block starting or ending for CE_DEAD_GRACE_MS, set
- * CH_ERR_PEER; running blocks with none starting or ending for CHORUS_TIMEOUT, CH_ERR_TIMEOUT;
- * the blocks see the error word in their waits.
+ * (replays of a captured launch too), and whom each last spun waiting for: a running block that
+ * waits for a peer whose process is gone without having left the communicator, with no block
+ * starting or ending for CE_DEAD_GRACE_MS, sets CH_ERR_PEER; running blocks with none starting or
+ * ending for CHORUS_TIMEOUT, CH_ERR_TIMEOUT; the blocks see the error word in their waits.
  */
 #ifndef CHORUS_CUDA_DEVPATH_CE_H_
 #define CHORUS_CUDA_DEVPATH_CE_H_

@@ -20,10 +20,10 @@
 #define CE_RELEASED (1ull << 62) /* past every step a wait can ask for */
 #define CE_DEAD_OFF 64           /* rank 0's header: the dead peer's word (rank + 1) */
 #define CE_LEFT_OFF 72           /* this rank's header: 1 once it left the communicator cleanly */
-#define CE_BLOCKS_OFF 128        /* kernel: [c][2] starts and ends of this rank's blocks */
+#define CE_BLOCKS_OFF 128        /* kernel: [c][CH_BLK_WORDS] this rank's blocks (ch_kernel.h) */
 #define CE_HDRS_OFF 1024         /* programs: this rank's collectives' op headers (ce_hdr_ent_t) */
 #define CE_NHDRS 64              /* ... the last CE_NHDRS of them, entry seq % CE_NHDRS */
-#define CE_MAX_CH ((CE_HDRS_OFF - CE_BLOCKS_OFF) / 16)
+#define CE_MAX_CH ((CE_HDRS_OFF - CE_BLOCKS_OFF) / (CH_BLK_WORDS * 8))
 
 /* One collective's op header as a rank published it: w as ch_hdr_store writes a header (w[3], the
  * seq, is the entry's own); tag = seq + 1 once w holds that op's header (0 while rewritten). */
@@ -55,6 +55,7 @@ struct dp_ce {
     uint64_t hdr_pub;      /* programs: collectives whose header this rank published (lock) */
     uint64_t *hdr_checked; /* programs: [rank] the next collective to compare with that rank's
                               (the watchdog's) */
+    char *waits_for;       /* kernel: [rank] a running block last spun for it (the watchdog's) */
     void **dev;           /* [rank]: every rank's device block, mapped here (own included) */
     peer_mem_own_t own;   /* this rank's device block */
     peer_mem_map_t *maps; /* [rank]: the peers' device blocks as mapped here */

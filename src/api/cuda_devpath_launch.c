@@ -117,7 +117,7 @@ static ncclResult_t dp_launch(struct ncclComm *comm, devpath_comm_t *dp, int col
      * captured into a CUDA graph runs right however often the graph is replayed. */
     if (dp->w) {
         k.op_seq = dp->w->op_seq + (size_t)comm->rank * sz->nch;
-        k.blocks = dp->w->blocks_dev + (size_t)comm->rank * sz->nch * 2;
+        k.blocks = dp->w->blocks_dev + (size_t)comm->rank * sz->nch * CH_BLK_WORDS;
         k.blocks_seq = dp->w->blocks_seq + (size_t)comm->rank * sz->nch * 2;
     }
     /* Direct (ch_direct.h): every block of every rank takes part, so the launch has all the

@@ -67,9 +67,9 @@ static void *dp_world_watch(void *arg) {
          * other work on their stream have not started, and are not owed. */
         uint64_t started = 0, ended = 0;
         for (size_t i = 0; i < nblk; i++)
-            ended += ch_ld_acquire(&blk[2 * i + 1]);
+            ended += ch_ld_acquire(&blk[CH_BLK_WORDS * i + 1]);
         for (size_t i = 0; i < nblk; i++)
-            started += ch_ld_acquire(&blk[2 * i]);
+            started += ch_ld_acquire(&blk[CH_BLK_WORDS * i]);
         const int owed = ended < started;
         const int64_t now = ch_host_now_ns();
         if (started + ended != last_sum || !owed) {
@@ -150,7 +150,8 @@ static dp_world_t *dp_world_create(const ch_rt_t *rt, int nranks, const dp_sizes
     if (rt->host_mapped_alloc(&w->err_host, &err_dev, 64) != ncclSuccess) goto fail;
     w->err_dev = err_dev;
     if (rt->host_mapped_alloc(&w->blocks_host, &blocks_dev,
-                              (size_t)sz->nch * nranks * 2 * sizeof(uint64_t)) != ncclSuccess)
+                              (size_t)sz->nch * nranks * CH_BLK_WORDS * sizeof(uint64_t)) !=
+                                  ncclSuccess)
         goto fail;
     w->blocks_dev = blocks_dev;
     if (rt->dev_alloc(&w->ctrl, nused * sizeof(ch_ctrl_t)) != ncclSuccess ||
@@ -174,6 +175,8 @@ static dp_world_t *dp_world_create(const ch_rt_t *rt, int nranks, const dp_sizes
         table[i].ll = (uint64_t *)((char *)w->ll + u * ll_set);
         table[i].nslots = (uint32_t)sz->nslots;
         table[i].ll_words = ll_words;
+        table[i].src = (int32_t)(i / nranks % nranks);
+        table[i].dst = (int32_t)(i % nranks);
         table[i].slot_bytes = sz->slot_bytes;
         u++;
     }

@@ -153,6 +153,7 @@ CH_FN uint32_t ch_dir_wait_ready(ch_dir_ent_t *ents, int n, int r, const ch_op_h
         while (ch_ld_acquire(&ents[q].ready) < h->seq) {
             if (ch_dir_slot_hdr_waiting(conns, n, q, r))
                 return ch_set_once32(w->err, CH_ERR_MISMATCH);
+            ch_wait_note(w, q);
             uint32_t e = ch_poll(w);
             if (e) return e;
         }
@@ -175,6 +176,7 @@ CH_FN uint32_t ch_dir_finish(ch_dir_ent_t *ents, int n, int r, uint64_t seq, ch_
     ch_st_release(&ents[r].done, seq);
     for (int q = 0; q < n; q++) {
         while (ch_ld_acquire(&ents[q].done) < seq) {
+            ch_wait_note(w, q);
             uint32_t e = ch_poll(w);
             if (e) return e;
         }

@@ -289,6 +289,8 @@ __global__ void __launch_bounds__(CH_KERNEL_THREADS)
     w.err = a.err;
     w.spins = 0;
     w.host = nullptr;
+    w.note = ch_block_note(&a, c);
+    w.noted = 0;
     if (threadIdx.x == 0) {
         ch_block_began(&a, c);
         s_err = ch_k_headers(a, c, &w);
@@ -450,6 +452,8 @@ __global__ void __launch_bounds__(CH_KERNEL_THREADS)
     w.err = a.err;
     w.spins = 0;
     w.host = nullptr;
+    w.note = ch_block_note(&a, c);
+    w.noted = 0;
     ch_dir_ent_t *ents = a.dir + (size_t)c * n;
     size_t beg = 0, end = 0;
     ch_dir_part(p, c, &beg, &end);

@@ -37,13 +37,21 @@ typedef struct {
     ch_dir_ent_t *dir; /* device memory: the direct mode's [c][rank] entries (ch_direct.h), or
                           NULL: the op runs over the slots */
     uint64_t *dir_seq; /* device memory: [c] this rank's direct ops on channel c so far */
-    uint64_t *blocks;  /* memory the host reads (mapped), or NULL: [c][2] the starts and the ends
-                          of this rank's blocks of channel c, written by those blocks alone (a
-                          host watchdog sees there which blocks run, and whether they progress;
-                          replays of a captured launch count too) */
+    uint64_t *blocks;  /* memory the host reads (mapped), or NULL: [c][CH_BLK_WORDS] the starts
+                          and the ends of this rank's blocks of channel c, and the rank (+ 1) the
+                          last of them spun waiting for, written by those blocks alone (a host
+                          watchdog sees there which blocks run, whether they progress, and whom
+                          they wait for; replays of a captured launch count too) */
     uint64_t *blocks_seq; /* device memory: [c][2] the same counts, which the blocks read (a
                              read of mapped host memory would cross the bus on every launch) */
 } ch_kernel_args_t;
+
+#define CH_BLK_WORDS 3 /* blocks[c]: starts, ends, the peer waited for (ch_wait_t.note) */
+
+/* Where block c notes whom it waits for (ch_wait_t.note), or NULL. */
+CH_FN uint64_t *ch_block_note(const ch_kernel_args_t *a, int c) {
+    return a->blocks ? &a->blocks[CH_BLK_WORDS * (size_t)c + 2] : NULL;
+}
 
 /* Block c of a launch starts, or has ended (every return after its start): count it in
  * [c][0] or [c][1] (one thread of the block; the block of channel c is the words' one writer,
@@ -53,14 +61,14 @@ CH_FN void ch_block_began(const ch_kernel_args_t *a, int c) {
     if (a->blocks == NULL) return;
     const uint64_t v = a->blocks_seq[2 * (size_t)c] + 1;
     a->blocks_seq[2 * (size_t)c] = v;
-    ch_st_relaxed(&a->blocks[2 * (size_t)c], v);
+    ch_st_relaxed(&a->blocks[CH_BLK_WORDS * (size_t)c], v);
 }
 
 CH_FN void ch_block_ended(const ch_kernel_args_t *a, int c) {
     if (a->blocks == NULL) return;
     const uint64_t v = a->blocks_seq[2 * (size_t)c + 1] + 1;
     a->blocks_seq[2 * (size_t)c + 1] = v;
-    ch_st_release(&a->blocks[2 * (size_t)c + 1], v);
+    ch_st_release(&a->blocks[CH_BLK_WORDS * (size_t)c + 1], v);
 }
 
 /* The header block c of a launch sends and checks: the launch's header, whose seq comes from

@@ -75,6 +75,7 @@ typedef struct {
     uint32_t nslots;
     uint32_t ll_words; /* even: 2 words a line, 8 data bytes a line */
     size_t slot_bytes;
+    int32_t src, dst; /* the ranks at its ends (a wait notes whom it waits for) */
 } ch_conn_t;
 
 typedef struct {
@@ -86,6 +87,11 @@ typedef struct ch_wait {
     uint32_t *err; /* the communicator's error word */
     uint32_t spins;
     void *host; /* the host side's deadline state (ch_host_spin_check) */
+    /* Memory a host watchdog reads, or NULL: the rank (+ 1) this block last spun waiting for,
+     * stored when it changes (noted: the last value stored), so that a peer found dead is
+     * blamed only by blocks that wait for it. */
+    uint64_t *note;
+    uint64_t noted;
 } ch_wait_t;
 
 #if !defined(__CUDA_ARCH__)
@@ -99,6 +105,19 @@ uint32_t ch_host_spin_check(ch_wait_t *w);
 }
 #endif
 #endif
+
+/* A wait for rank peer spins: note whom it waits for (see ch_wait_t.note). On the GPU thread 0
+ * of the block alone (it runs the header exchange and the SIMPLE waits; the other threads' LL
+ * waits would each cross the bus). */
+CH_FN void ch_wait_note(ch_wait_t *w, int32_t peer) {
+    const uint64_t v = (uint64_t)(uint32_t)peer + 1;
+#if defined(__CUDA_ARCH__)
+    if (threadIdx.x != 0) return;
+#endif
+    if (w->note == NULL || w->noted == v) return;
+    w->noted = v;
+    ch_st_relaxed(w->note, v);
+}
 
 CH_FN uint32_t ch_poll(ch_wait_t *w) {
     uint32_t e = ch_ld32_relaxed(w->err);
@@ -119,6 +138,7 @@ CH_FN uint32_t ch_poll(ch_wait_t *w) {
 CH_FN uint32_t ch_send_wait(const ch_conn_t *c, ch_wait_t *w, uint64_t *step_p) {
     const uint64_t s = ch_ld_relaxed(&c->ctrl->head); /* written by this side only */
     while (s - ch_ld_acquire(&c->ctrl->tail) >= c->nslots) {
+        ch_wait_note(w, c->dst);
         uint32_t e = ch_poll(w);
         if (e) return e;
     }
@@ -138,6 +158,7 @@ CH_FN void ch_send_publish(const ch_conn_t *c, uint64_t s) {
 CH_FN uint32_t ch_recv_wait(const ch_conn_t *c, ch_wait_t *w, uint64_t *step_p) {
     const uint64_t s = ch_ld_relaxed(&c->ctrl->tail); /* written by this side only */
     while (ch_ld_acquire(&c->ctrl->head) <= s) {
+        ch_wait_note(w, c->src);
         uint32_t e = ch_poll(w);
         if (e) return e;
     }
@@ -210,6 +231,7 @@ CH_FN uint32_t ch_ll_load(const ch_conn_t *c, uint64_t s, void *dst, size_t byte
     for (size_t i = first; i < n; i += stride) {
         uint64_t v;
         while ((uint32_t)((v = ch_ld_relaxed(&words[i])) >> 32) != flag) {
+            ch_wait_note(w, c->src);
             uint32_t e = ch_poll(w);
             if (e) return e;
         }
@@ -249,6 +271,7 @@ CH_FN uint32_t ch_hdr_send(const ch_conn_t *c, const ch_op_hdr_t *h, ch_wait_t *
     ch_ctrl_t *k = c->ctrl;
     const uint64_t s = ch_ld_relaxed(&k->hdr_seq);
     while (ch_ld_acquire(&k->hdr_ack) != s) { /* the previous header was read */
+        ch_wait_note(w, c->dst);
         uint32_t e = ch_poll(w);
         if (e) return e;
     }
@@ -261,6 +284,7 @@ CH_FN uint32_t ch_hdr_recv(const ch_conn_t *c, ch_op_hdr_t *h, ch_wait_t *w) {
     ch_ctrl_t *k = c->ctrl;
     const uint64_t s = ch_ld_relaxed(&k->hdr_ack);
     while (ch_ld_acquire(&k->hdr_seq) <= s) {
+        ch_wait_note(w, c->src);
         uint32_t e = ch_poll(w);
         if (e) return e;
     }

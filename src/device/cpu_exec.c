@@ -319,6 +319,7 @@ uint32_t ch_cpu_block(const ch_kernel_args_t *a, int c, int64_t deadline_ns) {
     ch_host_deadline_t dl = {deadline_ns};
     b.wait.err = a->err;
     b.wait.host = deadline_ns > 0 ? &dl : NULL;
+    b.wait.note = ch_block_note(a, c);
     uint32_t e = CH_OK;
     ch_block_began(a, c);
     if (a->dir) {

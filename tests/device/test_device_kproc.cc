@@ -210,9 +210,9 @@ TEST_F(DeviceKProc, PeerKilledForked) {
 // LL slot) finishes and
 // its process exits (no ncclCommDestroy) while the receiver's launch is still queued behind 2 s
 // of other work on its stream: the receiver's blocks start later, find the data and end, with no
-// error. And a rank that destroys its communicator while the other two keep talking, one of them
-// waiting 1.5 s for the other (the watchdog's grace is 1 s): the one gone left cleanly, nobody
-// names it.
+// error. And a rank that destroys its communicator, or exits without, while the other two keep
+// talking, one of them waiting 1.5 s for the other (the watchdog's grace is 1 s): the one gone
+// left cleanly, or nobody waits for it, and nobody names it.
 // 0 when b.out holds the float32 input of rank `from` (sent with make_bufs's fill).
 int check_received(const Bufs &b, int from, size_t count) {
     const float *got = (const float *)b.out;
@@ -257,7 +257,7 @@ TEST_F(DeviceKProc, PeerThatFinishedAndExitedForked) {
     EXPECT_TRUE(res.ok()) << res.detail;
 }
 
-TEST_F(DeviceKProc, PeerThatLeftCleanlyForked) {
+void third_rank_gone(bool destroy) {
     ScopedEnv timeout("CHORUS_TIMEOUT", "60");
     ncclUniqueId id = chorus_test::make_unique_id();
     auto res = chorus_test::run_forked(
@@ -270,6 +270,7 @@ TEST_F(DeviceKProc, PeerThatLeftCleanlyForked) {
             RANK_PATH(k, "kernel-procs");
             if (run_op(k, CH_COLL_ALLREDUCE, ncclFloat32, ncclSum, 1001, false, 0)) return 1;
             if (rank == 2) {
+                if (!destroy) return 0; // the process exits holding its communicator
                 RANK_NCCL(ncclCommDestroy(comm));
                 ch_emu_stream_destroy(st);
                 return 0;
@@ -293,6 +294,14 @@ TEST_F(DeviceKProc, PeerThatLeftCleanlyForked) {
         },
         60);
     EXPECT_TRUE(res.ok()) << res.detail;
+}
+
+TEST_F(DeviceKProc, PeerThatLeftCleanlyForked) {
+    third_rank_gone(true);
+}
+
+TEST_F(DeviceKProc, PeerThatExitedUnwaitedForked) {
+    third_rank_gone(false);
 }
 
 // Rank 0 launches an all-reduce that rank 1 never calls. With `abort`, rank 0 aborts after 0.5 s
