@@ -58,7 +58,7 @@
 /* The kernel's watchdog gives verdicts of a second or more (its blocks see the error word
  * themselves, nothing is released): a slower round costs oversubscribed hosts less. */
 #define CE_WATCH_KERNEL_MS 20
-#define CE_DEAD_GRACE_MS 1000 /* the kernel: a peer's end fails the communicator after this */
+#define CE_DEAD_GRACE_MS 1000  /* the kernel: a peer's end fails the communicator after this */
 #define CE_TAG_DEV 0x43450001u /* the descriptor of a rank's device block */
 
 static size_t ce_round_page(size_t b) {
@@ -261,9 +261,9 @@ static dp_ce_t *ce_alloc(struct ncclComm *comm, const ch_rt_t *rt, int nch, int 
     /* Copy-engine programs: [c][src] SIMPLE slots (their counters are in the host blocks). The
      * kernel: its connections' control blocks, then their SIMPLE slots, then their LL slots. */
     ce->nused = kernel && ce->ring ? ce_conns_into(ce, ce->rank) : (size_t)nch * n;
-    ce->dev_bytes = kernel ? ce->nused * (sizeof(ch_ctrl_t) + (size_t)nslots * slot_bytes +
-                                          ce_ll_set(ce))
-                           : (size_t)nch * n * nslots * slot_bytes;
+    ce->dev_bytes =
+        kernel ? ce->nused * (sizeof(ch_ctrl_t) + (size_t)nslots * slot_bytes + ce_ll_set(ce))
+               : (size_t)nch * n * nslots * slot_bytes;
     if (ce->host_fd)
         for (int q = 0; q < n; q++)
             ce->host_fd[q] = -1;

@@ -151,7 +151,7 @@ static dp_world_t *dp_world_create(const ch_rt_t *rt, int nranks, const dp_sizes
     w->err_dev = err_dev;
     if (rt->host_mapped_alloc(&w->blocks_host, &blocks_dev,
                               (size_t)sz->nch * nranks * CH_BLK_WORDS * sizeof(uint64_t)) !=
-                                  ncclSuccess)
+        ncclSuccess)
         goto fail;
     w->blocks_dev = blocks_dev;
     if (rt->dev_alloc(&w->ctrl, nused * sizeof(ch_ctrl_t)) != ncclSuccess ||
@@ -360,11 +360,11 @@ static void dp_attach(struct ncclComm *comm, devpath_comm_t *dp) {
          "rank %d: device-buffer ops run as %s on the user's stream (%s runtime, %d channels, %d "
          "slots of %zu bytes; direct from %lld bytes, -1: never)",
          comm->rank,
-         dp->ce == NULL          ? "the collective kernel"
+         dp->ce == NULL         ? "the collective kernel"
          : dp_ce_kernel(dp->ce) ? "the collective kernel between processes"
                                 : "copy-engine programs",
-         dp->rt->name,
-         dp->sz.nch, dp->sz.nslots, dp->sz.slot_bytes, dp->ce ? -1LL : (long long)dp->direct_min);
+         dp->rt->name, dp->sz.nch, dp->sz.nslots, dp->sz.slot_bytes,
+         dp->ce ? -1LL : (long long)dp->direct_min);
 }
 
 /* The kernel's sizes on a GPU (its world between threads, or its connections between processes):
@@ -423,8 +423,8 @@ static void dp_ce_init(struct ncclComm *comm, const ch_rt_t *rt, int kernel) {
     dp_ce_t *ce = dp_ce_setup(comm, rt, local_ok, sz->nch, sz->nslots, sz->slot_bytes, kernel,
                               sz->p2p_nch, sz->ll_bytes);
     if (ce == NULL) {
-        WARN("rank %d: %s could not be set up (%s): device-buffer ops run staged", comm->rank,
-             what, why ? why : "a rank failed to; its log says why");
+        WARN("rank %d: %s could not be set up (%s): device-buffer ops run staged", comm->rank, what,
+             why ? why : "a rank failed to; its log says why");
         return;
     }
     devpath_comm_t *dp = calloc(1, sizeof(*dp));

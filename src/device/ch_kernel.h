@@ -31,17 +31,17 @@ typedef struct {
     uint64_t *op_seq;       /* device memory: [c] this rank's collectives on channel c so far
                                (the header's seq; ch_block_hdr), or NULL: hdr.seq as given */
     chorus_redop_t redop;
-    int proto;         /* CH_PROTO_SIMPLE or CH_PROTO_LL */
-    uint32_t ll_bytes; /* LL payload per slot (a multiple of 8, at most CH_KERNEL_LL_MAX) */
-    int vec;           /* 1: SIMPLE chunks move in 16-byte accesses where every pointer allows */
-    ch_dir_ent_t *dir; /* device memory: the direct mode's [c][rank] entries (ch_direct.h), or
-                          NULL: the op runs over the slots */
-    uint64_t *dir_seq; /* device memory: [c] this rank's direct ops on channel c so far */
-    uint64_t *blocks;  /* memory the host reads (mapped), or NULL: [c][CH_BLK_WORDS] the starts
-                          and the ends of this rank's blocks of channel c, and the rank (+ 1) the
-                          last of them spun waiting for, written by those blocks alone (a host
-                          watchdog sees there which blocks run, whether they progress, and whom
-                          they wait for; replays of a captured launch count too) */
+    int proto;            /* CH_PROTO_SIMPLE or CH_PROTO_LL */
+    uint32_t ll_bytes;    /* LL payload per slot (a multiple of 8, at most CH_KERNEL_LL_MAX) */
+    int vec;              /* 1: SIMPLE chunks move in 16-byte accesses where every pointer allows */
+    ch_dir_ent_t *dir;    /* device memory: the direct mode's [c][rank] entries (ch_direct.h), or
+                             NULL: the op runs over the slots */
+    uint64_t *dir_seq;    /* device memory: [c] this rank's direct ops on channel c so far */
+    uint64_t *blocks;     /* memory the host reads (mapped), or NULL: [c][CH_BLK_WORDS] the starts
+                             and the ends of this rank's blocks of channel c, and the rank (+ 1) the
+                             last of them spun waiting for, written by those blocks alone (a host
+                             watchdog sees there which blocks run, whether they progress, and whom
+                             they wait for; replays of a captured launch count too) */
     uint64_t *blocks_seq; /* device memory: [c][2] the same counts, which the blocks read (a
                              read of mapped host memory would cross the bus on every launch) */
 } ch_kernel_args_t;

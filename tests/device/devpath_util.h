@@ -195,29 +195,32 @@ inline void with_ranks(int n, const std::function<int(Rank &)> &fn, double timeo
 // Many ops queued back to back on one stream before a single sync: all-reduces of growing sizes
 // (LL and SIMPLE), then an all-gather; every result checked afterwards.
 inline void back_to_back(chorus_test::Launch how = chorus_test::Launch::Threads) {
-    with_ranks(4, [&](Rank &k) -> int {
-        const int nops = 24;
-        std::vector<Bufs> b(nops + 1);
-        std::vector<size_t> counts(nops);
-        for (int i = 0; i < nops; i++) {
-            counts[i] = 1 + (size_t)i * 617;
-            make_bufs(k, CH_COLL_ALLREDUCE, ncclInt32, ncclSum, counts[i], i % 2, &b[i]);
-            RANK_NCCL(ncclAllReduce(b[i].in, b[i].out, counts[i], ncclInt32, ncclSum, k.comm,
-                                    k.stream()));
-        }
-        make_bufs(k, CH_COLL_ALLGATHER, ncclInt32, ncclSum, 5000, false, &b[nops]);
-        RANK_NCCL(ncclAllGather(b[nops].in, b[nops].out, 5000, ncclInt32, k.comm, k.stream()));
-        RANK_NCCL(ch_emu_stream_sync(k.st));
-        RANK_CHECK(ch_emu_stream_launches(k.st) == (unsigned long)nops + 1, "launches %lu\n",
-                   ch_emu_stream_launches(k.st));
-        int bad = 0;
-        for (int i = 0; i < nops; i++)
-            bad += check(k, CH_COLL_ALLREDUCE, ncclInt32, ncclSum, counts[i], 0, b[i],
-                         "back-to-back allreduce " + std::to_string(i)) != 0;
-        bad += check(k, CH_COLL_ALLGATHER, ncclInt32, ncclSum, 5000, 0, b[nops],
-                     "back-to-back allgather") != 0;
-        return bad;
-    }, 240, how);
+    with_ranks(
+        4,
+        [&](Rank &k) -> int {
+            const int nops = 24;
+            std::vector<Bufs> b(nops + 1);
+            std::vector<size_t> counts(nops);
+            for (int i = 0; i < nops; i++) {
+                counts[i] = 1 + (size_t)i * 617;
+                make_bufs(k, CH_COLL_ALLREDUCE, ncclInt32, ncclSum, counts[i], i % 2, &b[i]);
+                RANK_NCCL(ncclAllReduce(b[i].in, b[i].out, counts[i], ncclInt32, ncclSum, k.comm,
+                                        k.stream()));
+            }
+            make_bufs(k, CH_COLL_ALLGATHER, ncclInt32, ncclSum, 5000, false, &b[nops]);
+            RANK_NCCL(ncclAllGather(b[nops].in, b[nops].out, 5000, ncclInt32, k.comm, k.stream()));
+            RANK_NCCL(ch_emu_stream_sync(k.st));
+            RANK_CHECK(ch_emu_stream_launches(k.st) == (unsigned long)nops + 1, "launches %lu\n",
+                       ch_emu_stream_launches(k.st));
+            int bad = 0;
+            for (int i = 0; i < nops; i++)
+                bad += check(k, CH_COLL_ALLREDUCE, ncclInt32, ncclSum, counts[i], 0, b[i],
+                             "back-to-back allreduce " + std::to_string(i)) != 0;
+            bad += check(k, CH_COLL_ALLGATHER, ncclInt32, ncclSum, 5000, 0, b[nops],
+                         "back-to-back allgather") != 0;
+            return bad;
+        },
+        240, how);
 }
 
 // A group: two collectives, then an all-to-all made of sends and receives to every rank
@@ -225,33 +228,37 @@ inline void back_to_back(chorus_test::Launch how = chorus_test::Launch::Threads)
 inline void group_ops(chorus_test::Launch how = chorus_test::Launch::Threads) {
     for (int n : {3, 5}) {
         SCOPED_TRACE("n=" + std::to_string(n));
-        with_ranks(n, [&](Rank &k) -> int {
-            const size_t count = 3001;
-            Bufs ar, ag, a2a;
-            make_bufs(k, CH_COLL_ALLREDUCE, ncclFloat32, ncclSum, count, false, &ar);
-            make_bufs(k, CH_COLL_ALLGATHER, ncclFloat32, ncclSum, count, false, &ag);
-            make_bufs(k, CH_COLL_ALLTOALL, ncclFloat32, ncclSum, count, false, &a2a);
-            const size_t es = sizeof(float);
-            RANK_NCCL(ncclGroupStart());
-            RANK_NCCL(
-                ncclAllReduce(ar.in, ar.out, count, ncclFloat32, ncclSum, k.comm, k.stream()));
-            RANK_NCCL(ncclAllGather(ag.in, ag.out, count, ncclFloat32, k.comm, k.stream()));
-            for (int q = 0; q < k.n; q++) {
-                RANK_NCCL(ncclSend((const char *)a2a.in + q * count * es, count, ncclFloat32, q,
-                                   k.comm, k.stream()));
-                RANK_NCCL(ncclRecv((char *)a2a.out + q * count * es, count, ncclFloat32, q, k.comm,
-                                   k.stream()));
-            }
-            RANK_NCCL(ncclGroupEnd());
-            RANK_NCCL(ch_emu_stream_sync(k.st));
-            // Two collectives and one send/receive launch per ring distance.
-            RANK_CHECK(ch_emu_stream_launches(k.st) == 2u + (unsigned long)k.n, "launches %lu\n",
-                       ch_emu_stream_launches(k.st));
-            int bad = check(k, CH_COLL_ALLREDUCE, ncclFloat32, ncclSum, count, 0, ar, "group ar");
-            bad += check(k, CH_COLL_ALLGATHER, ncclFloat32, ncclSum, count, 0, ag, "group ag");
-            bad += check(k, CH_COLL_ALLTOALL, ncclFloat32, ncclSum, count, 0, a2a, "group a2a");
-            return bad ? 1 : 0;
-        }, 240, how);
+        with_ranks(
+            n,
+            [&](Rank &k) -> int {
+                const size_t count = 3001;
+                Bufs ar, ag, a2a;
+                make_bufs(k, CH_COLL_ALLREDUCE, ncclFloat32, ncclSum, count, false, &ar);
+                make_bufs(k, CH_COLL_ALLGATHER, ncclFloat32, ncclSum, count, false, &ag);
+                make_bufs(k, CH_COLL_ALLTOALL, ncclFloat32, ncclSum, count, false, &a2a);
+                const size_t es = sizeof(float);
+                RANK_NCCL(ncclGroupStart());
+                RANK_NCCL(
+                    ncclAllReduce(ar.in, ar.out, count, ncclFloat32, ncclSum, k.comm, k.stream()));
+                RANK_NCCL(ncclAllGather(ag.in, ag.out, count, ncclFloat32, k.comm, k.stream()));
+                for (int q = 0; q < k.n; q++) {
+                    RANK_NCCL(ncclSend((const char *)a2a.in + q * count * es, count, ncclFloat32, q,
+                                       k.comm, k.stream()));
+                    RANK_NCCL(ncclRecv((char *)a2a.out + q * count * es, count, ncclFloat32, q,
+                                       k.comm, k.stream()));
+                }
+                RANK_NCCL(ncclGroupEnd());
+                RANK_NCCL(ch_emu_stream_sync(k.st));
+                // Two collectives and one send/receive launch per ring distance.
+                RANK_CHECK(ch_emu_stream_launches(k.st) == 2u + (unsigned long)k.n,
+                           "launches %lu\n", ch_emu_stream_launches(k.st));
+                int bad =
+                    check(k, CH_COLL_ALLREDUCE, ncclFloat32, ncclSum, count, 0, ar, "group ar");
+                bad += check(k, CH_COLL_ALLGATHER, ncclFloat32, ncclSum, count, 0, ag, "group ag");
+                bad += check(k, CH_COLL_ALLTOALL, ncclFloat32, ncclSum, count, 0, a2a, "group a2a");
+                return bad ? 1 : 0;
+            },
+            240, how);
     }
 }
 

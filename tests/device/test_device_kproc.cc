@@ -56,7 +56,7 @@ class DeviceKProcRanks : public DeviceKProc, public ::testing::WithParamInterfac
 
 #define RANK_PATH(k, want)                                                                         \
     RANK_CHECK(std::string(devpath_path_name((k).comm)) == (want),                                 \
-               "rank %d runs device-buffer ops as %s, want %s\n", (k).r,                         \
+               "rank %d runs device-buffer ops as %s, want %s\n", (k).r,                           \
                devpath_path_name((k).comm), (want))
 
 // Every collective x int32/float32/bfloat16 x sum/avg/max/premul x counts 0, 1, 1001 (LL) and
@@ -338,11 +338,11 @@ void never_called(bool abort) {
             } else {
                 (void)ch_emu_stream_sync(st);
                 const double took = chorus_test::now_s() - t0;
-                RANK_CHECK(took > 2 && took < 5.5, "the launch ended after %.1f s, want ~3\n", took);
+                RANK_CHECK(took > 2 && took < 5.5, "the launch ended after %.1f s, want ~3\n",
+                           took);
                 ncclResult_t async = ncclSuccess;
                 RANK_NCCL(ncclCommGetAsyncError(comm, &async));
-                RANK_CHECK(async == ncclRemoteError, "async error %s\n",
-                           ncclGetErrorString(async));
+                RANK_CHECK(async == ncclRemoteError, "async error %s\n", ncclGetErrorString(async));
                 (void)ncclCommAbort(comm);
             }
             ch_emu_stream_destroy(st);
@@ -371,8 +371,8 @@ TEST_F(DeviceKProc, CaptureReplaysForked) {
                 Bufs b;
                 make_bufs(k, CH_COLL_ALLREDUCE, ncclInt32, ncclSum, count, false, &b);
                 RANK_NCCL(rt->capture_begin(k.st));
-                RANK_NCCL(ncclAllReduce(b.in, b.out, count, ncclInt32, ncclSum, k.comm,
-                                        k.stream()));
+                RANK_NCCL(
+                    ncclAllReduce(b.in, b.out, count, ncclInt32, ncclSum, k.comm, k.stream()));
                 void *graph = nullptr, *exec = nullptr;
                 RANK_NCCL(rt->capture_end(k.st, &graph));
                 RANK_NCCL(rt->graph_instantiate(&exec, graph));
@@ -384,8 +384,8 @@ TEST_F(DeviceKProc, CaptureReplaysForked) {
                     if (check(k, CH_COLL_ALLREDUCE, ncclInt32, ncclSum, count, 0, b,
                               "replay " + std::to_string(i)))
                         return 1;
-                    if (i % 10 == 9 &&
-                        run_op(k, CH_COLL_ALLREDUCE, ncclInt32, ncclSum, 3000 + (size_t)i, false, 0))
+                    if (i % 10 == 9 && run_op(k, CH_COLL_ALLREDUCE, ncclInt32, ncclSum,
+                                              3000 + (size_t)i, false, 0))
                         return 1;
                 }
                 rt->graph_exec_destroy(exec);

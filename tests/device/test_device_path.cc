@@ -349,17 +349,21 @@ void ce_mismatch(chorus_test::Launch how) {
             [&](Rank &k) -> int {
                 Bufs b;
                 make_bufs(k, CH_COLL_ALLREDUCE, ncclFloat32, ncclSum, 5000, false, &b);
-                // Two matching collectives first: the comparison starts from the right place.
-                for (int i = 0; i < 2; i++)
-                    RANK_NCCL(ncclAllReduce(b.in, b.out, 5000, ncclFloat32, ncclSum, k.comm,
-                                            k.stream()));
                 const size_t count = what == 0 && k.r == 1 ? 4999 : 5000;
                 const ncclDataType_t t = what == 1 && k.r == 2 ? ncclInt32 : ncclFloat32;
                 const double t0 = chorus_test::now_s();
-                ncclResult_t first = ncclAllReduce(b.in, b.out, count, t, ncclSum, k.comm,
-                                                   k.stream());
-                RANK_CHECK(first == ncclSuccess || first == ncclInvalidUsage, "call: %s\n",
-                           ncclGetErrorString(first));
+                // Two matching collectives first, so the comparison starts from the right place;
+                // calls return at once, so faster peers may have found the third one's mismatch
+                // before this rank makes its second: from then on every call of it fails.
+                ncclResult_t call = ncclSuccess;
+                for (int i = 0; i < 3 && call == ncclSuccess; i++) {
+                    call = i < 2
+                               ? ncclAllReduce(b.in, b.out, 5000, ncclFloat32, ncclSum, k.comm,
+                                               k.stream())
+                               : ncclAllReduce(b.in, b.out, count, t, ncclSum, k.comm, k.stream());
+                    RANK_CHECK(call == ncclSuccess || call == ncclInvalidUsage, "call %d: %s\n", i,
+                               ncclGetErrorString(call));
+                }
                 double took = 0;
                 if (expect_mismatch(k, b, t0, &took)) return 1;
                 RANK_CHECK(took < 10, "the mismatch was found after %.1f s\n", took);
