@@ -538,16 +538,10 @@ static int ce_hdr_read(const dp_ce_t *ce, int q, uint64_t k, uint64_t w[4]) {
     return ch_ld_relaxed(&e->tag) == t1 ? 1 : -1;
 }
 
-static const char *ce_coll_name(uint32_t coll) {
-    static const char *names[] = {"all-reduce", "reduce-scatter", "all-gather", "broadcast",
-                                  "reduce",     "send/receive",   "all-to-all"};
-    return coll < sizeof(names) / sizeof(names[0]) ? names[coll] : "?";
-}
-
 static void ce_hdr_text(const uint64_t w[4], char *buf, size_t len) {
     ch_op_hdr_t h;
     ch_hdr_load(w, &h);
-    snprintf(buf, len, "%s of %llu %s (op %u, root %u)", ce_coll_name(h.coll),
+    snprintf(buf, len, "%s of %llu %s (op %u, root %u)", ch_coll_name(h.coll),
              (unsigned long long)h.count, chorus_dtype_name((ncclDataType_t)h.dtype), h.redop,
              h.root);
 }
@@ -583,22 +577,18 @@ static int ce_hdr_watch(dp_ce_t *ce) {
     return 0;
 }
 
-/* The kernel: whether blocks of this rank run (started, not ended; blocks still queued behind
- * other work on their stream wait for nobody yet); *sum_p gathers the starts and ends counted so
- * far, to see them move; waits_for[q] becomes 1 where a running block last spun waiting for rank
- * q. A channel's end is read before its start, so no end is seen without its start. */
+/* The kernel: whether blocks of this rank run (blocks still queued behind other work on their
+ * stream wait for nobody yet); *sum_p gathers the starts and ends counted so far, to see them
+ * move; waits_for[q] becomes 1 where a running block last spun waiting for rank q. */
 static int ce_kernel_owed(dp_ce_t *ce, uint64_t *sum_p, char *waits_for) {
     const uint64_t *blk = (const uint64_t *)(ce->host[ce->rank] + CE_BLOCKS_OFF);
     int owed = 0;
     memset(waits_for, 0, (size_t)ce->nranks);
     for (int c = 0; c < ce->nch; c++) {
         const uint64_t *b = &blk[CH_BLK_WORDS * (size_t)c];
-        const uint64_t ended = ch_ld_acquire(&b[1]);
-        const uint64_t started = ch_ld_acquire(&b[0]);
-        const uint64_t note = ch_ld_relaxed(&b[2]);
-        *sum_p += started + ended;
-        if (ended >= started) continue;
+        if (!ch_block_running(b, sum_p)) continue;
         owed = 1;
+        const uint64_t note = ch_ld_relaxed(&b[2]);
         if (note >= 1 && note <= (uint64_t)ce->nranks) waits_for[note - 1] = 1;
     }
     return owed;

@@ -63,17 +63,15 @@ static void *dp_world_watch(void *arg) {
     while (!w->stop) {
         chorus_cond_wait_ms(&w->stop_cond, &w->stop_lock, DP_WATCH_MS);
         if (w->stop || ch_ld32_relaxed(w->err_host) != CH_OK) continue;
-        /* Ends before starts: no end is seen without its start. Blocks still queued behind
-         * other work on their stream have not started, and are not owed. */
-        uint64_t started = 0, ended = 0;
+        /* Blocks still queued behind other work on their stream have not started, and are not
+         * owed. */
+        uint64_t sum = 0;
+        int owed = 0;
         for (size_t i = 0; i < nblk; i++)
-            ended += ch_ld_acquire(&blk[CH_BLK_WORDS * i + 1]);
-        for (size_t i = 0; i < nblk; i++)
-            started += ch_ld_acquire(&blk[CH_BLK_WORDS * i]);
-        const int owed = ended < started;
+            owed |= ch_block_running(&blk[CH_BLK_WORDS * i], &sum);
         const int64_t now = ch_host_now_ns();
-        if (started + ended != last_sum || !owed) {
-            last_sum = started + ended;
+        if (sum != last_sum || !owed) {
+            last_sum = sum;
             last_move = now;
         } else if (timeout > 0 && now - last_move > timeout) {
             ch_set_once32(w->err_host, CH_ERR_TIMEOUT);
@@ -242,7 +240,7 @@ enum { DP_MODE_KERNEL = 1, DP_MODE_CE = 2, DP_MODE_KPROC = 3 };
 /* 1 when an MPS control daemon's pipe is there (CUDA_MPS_PIPE_DIRECTORY, else /tmp/nvidia-mps):
  * the driver then runs the kernels of processes sharing a GPU side by side rather than by turns. */
 static int dp_mps_present(void) {
-    const char *dir = getenv("CUDA_MPS_PIPE_DIRECTORY");
+    const char *dir = chorus_env_foreign("CUDA_MPS_PIPE_DIRECTORY");
     char path[512];
     snprintf(path, sizeof(path), "%s/control", dir && dir[0] ? dir : "/tmp/nvidia-mps");
     struct stat st;

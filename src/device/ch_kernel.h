@@ -53,6 +53,16 @@ CH_FN uint64_t *ch_block_note(const ch_kernel_args_t *a, int c) {
     return a->blocks ? &a->blocks[CH_BLK_WORDS * (size_t)c + 2] : NULL;
 }
 
+/* For a host watchdog: blocks[c] of one channel (b), its end read before its start, so that no
+ * end is seen without its start; *sum_p gathers both, to see them move. 1 while a block of the
+ * channel runs (started, not ended). */
+CH_FN int ch_block_running(const uint64_t *b, uint64_t *sum_p) {
+    const uint64_t ended = ch_ld_acquire(&b[1]);
+    const uint64_t started = ch_ld_acquire(&b[0]);
+    *sum_p += started + ended;
+    return ended < started;
+}
+
 /* Block c of a launch starts, or has ended (every return after its start): count it in
  * [c][0] or [c][1] (one thread of the block; the block of channel c is the words' one writer,
  * launches on a stream running one after the other). The start is stored relaxed (nothing of the

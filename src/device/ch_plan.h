@@ -24,6 +24,18 @@ enum {
     CH_COLL_COUNT
 };
 
+/* A CH_COLL_* for messages. */
+CH_FN const char *ch_coll_name(uint32_t coll) {
+    return coll == CH_COLL_ALLREDUCE       ? "all-reduce"
+           : coll == CH_COLL_REDUCESCATTER ? "reduce-scatter"
+           : coll == CH_COLL_ALLGATHER     ? "all-gather"
+           : coll == CH_COLL_BROADCAST     ? "broadcast"
+           : coll == CH_COLL_REDUCE        ? "reduce"
+           : coll == CH_COLL_SENDRECV      ? "send/receive"
+           : coll == CH_COLL_ALLTOALL      ? "all-to-all"
+                                           : "?";
+}
+
 /* What one step does with its chunk. slot: the send connection's slot; recv: the received
  * chunk; in/dst: the op's buffers at the step's offsets; pre/post: the reduction's first
  * contribution and final step (reduce.h). */

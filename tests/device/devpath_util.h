@@ -131,10 +131,8 @@ inline int check(const Rank &k, int coll, ncclDataType_t t, int op, size_t count
 
 inline std::string describe(int coll, ncclDataType_t t, int op, size_t count, bool inplace,
                             int root) {
-    static const char *colls[] = {"allreduce", "reducescatter", "allgather", "broadcast",
-                                  "reduce",    "sendrecv",      "alltoall"};
-    return std::string(colls[coll]) + " " + chorus_dtype_name(t) + " op" + std::to_string(op) +
-           " count=" + std::to_string(count) + (inplace ? " inplace" : "") +
+    return std::string(ch_coll_name((uint32_t)coll)) + " " + chorus_dtype_name(t) + " op" +
+           std::to_string(op) + " count=" + std::to_string(count) + (inplace ? " inplace" : "") +
            " root=" + std::to_string(root);
 }
 

@@ -44,9 +44,7 @@ struct Case {
 };
 
 std::string describe(const Case &c) {
-    static const char *colls[] = {"allreduce", "reducescatter", "allgather", "broadcast",
-                                  "reduce",    "sendrecv",      "alltoall"};
-    return std::string(colls[c.coll]) + " " + chorus_dtype_name(c.t) + " " +
+    return std::string(ch_coll_name((uint32_t)c.coll)) + " " + chorus_dtype_name(c.t) + " " +
            kOpNames[c.op == kPremul ? 5 : c.op] + " n=" + std::to_string(c.n) +
            " count=" + std::to_string(c.count) + (c.inplace ? " inplace" : "") +
            (c.proto == CH_PROTO_LL     ? " LL"

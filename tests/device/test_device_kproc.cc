@@ -226,21 +226,20 @@ int check_received(const Bufs &b, int from, size_t count) {
 
 TEST_F(DeviceKProc, PeerThatFinishedAndExitedForked) {
     ScopedEnv timeout("CHORUS_TIMEOUT", "60");
-    ncclUniqueId id = chorus_test::make_unique_id();
-    auto res = chorus_test::run_forked(
+    with_ranks(
         2,
-        [&](int rank, int nr) -> int {
-            ch_emu_stream_t *st = ch_emu_stream_create();
-            ncclComm_t comm;
-            RANK_NCCL(ncclCommInitRank(&comm, nr, id, rank));
-            Rank k{comm, st, rank, nr, false};
+        [&](Rank &k) -> int {
+            const int rank = k.r;
+            ncclComm_t comm = k.comm;
+            ch_emu_stream_t *st = k.st;
             RANK_PATH(k, "kernel-procs");
             Bufs b;
             make_bufs(k, CH_COLL_SENDRECV, ncclFloat32, ncclSum, 100, false, &b);
             if (rank == 0) {
                 RANK_NCCL(ncclSend(b.in, 100, ncclFloat32, 1, comm, k.stream()));
                 RANK_NCCL(ch_emu_stream_sync(st));
-                return 0; // the process exits holding its communicator
+                k.destroyed = true; // the process exits holding its communicator
+                return 0;
             }
             RANK_NCCL(ch_emu_stream_busy(st, 2000));
             RANK_NCCL(ncclRecv(b.out, 100, ncclFloat32, 0, comm, k.stream()));
@@ -248,31 +247,23 @@ TEST_F(DeviceKProc, PeerThatFinishedAndExitedForked) {
             ncclResult_t async = ncclSuccess;
             RANK_NCCL(ncclCommGetAsyncError(comm, &async));
             RANK_CHECK(async == ncclSuccess, "async error %s\n", ncclGetErrorString(async));
-            if (check_received(b, 0, 100)) return 1;
-            RANK_NCCL(ncclCommDestroy(comm));
-            ch_emu_stream_destroy(st);
-            return 0;
+            return check_received(b, 0, 100);
         },
-        60);
-    EXPECT_TRUE(res.ok()) << res.detail;
+        60, chorus_test::Launch::Forked);
 }
 
 void third_rank_gone(bool destroy) {
     ScopedEnv timeout("CHORUS_TIMEOUT", "60");
-    ncclUniqueId id = chorus_test::make_unique_id();
-    auto res = chorus_test::run_forked(
+    with_ranks(
         3,
-        [&](int rank, int nr) -> int {
-            ch_emu_stream_t *st = ch_emu_stream_create();
-            ncclComm_t comm;
-            RANK_NCCL(ncclCommInitRank(&comm, nr, id, rank));
-            Rank k{comm, st, rank, nr, false};
+        [&](Rank &k) -> int {
+            const int rank = k.r;
+            ncclComm_t comm = k.comm;
+            ch_emu_stream_t *st = k.st;
             RANK_PATH(k, "kernel-procs");
             if (run_op(k, CH_COLL_ALLREDUCE, ncclFloat32, ncclSum, 1001, false, 0)) return 1;
             if (rank == 2) {
-                if (!destroy) return 0; // the process exits holding its communicator
-                RANK_NCCL(ncclCommDestroy(comm));
-                ch_emu_stream_destroy(st);
+                k.destroyed = !destroy; // without: the process exits holding its communicator
                 return 0;
             }
             Bufs b;
@@ -287,13 +278,9 @@ void third_rank_gone(bool destroy) {
             ncclResult_t async = ncclSuccess;
             RANK_NCCL(ncclCommGetAsyncError(comm, &async));
             RANK_CHECK(async == ncclSuccess, "async error %s\n", ncclGetErrorString(async));
-            if (check_received(b, peer, 1001)) return 1;
-            RANK_NCCL(ncclCommDestroy(comm));
-            ch_emu_stream_destroy(st);
-            return 0;
+            return check_received(b, peer, 1001);
         },
-        60);
-    EXPECT_TRUE(res.ok()) << res.detail;
+        60, chorus_test::Launch::Forked);
 }
 
 TEST_F(DeviceKProc, PeerThatLeftCleanlyForked) {
@@ -310,21 +297,19 @@ TEST_F(DeviceKProc, PeerThatExitedUnwaitedForked) {
 // has none). Rank 1 waits for rank 0's verdict before it leaves.
 void never_called(bool abort) {
     ScopedEnv timeout("CHORUS_TIMEOUT", abort ? "60" : "3");
-    ncclUniqueId id = chorus_test::make_unique_id();
-    auto res = chorus_test::run_forked(
+    with_ranks(
         2,
-        [&](int rank, int nr) -> int {
-            ch_emu_stream_t *st = ch_emu_stream_create();
-            ncclComm_t comm;
-            RANK_NCCL(ncclCommInitRank(&comm, nr, id, rank));
-            Rank k{comm, st, rank, nr, false};
+        [&](Rank &k) -> int {
+            const int rank = k.r;
+            ncclComm_t comm = k.comm;
+            ch_emu_stream_t *st = k.st;
             RANK_PATH(k, "kernel-procs");
             Bufs b;
             make_bufs(k, CH_COLL_ALLREDUCE, ncclFloat32, ncclSum, 50000, false, &b);
             if (rank == 1) {
                 sleep(abort ? 3 : 8); // never calls; outlives rank 0's verdict
                 (void)ncclCommAbort(comm);
-                ch_emu_stream_destroy(st);
+                k.destroyed = true;
                 return 0;
             }
             const double t0 = chorus_test::now_s();
@@ -345,11 +330,10 @@ void never_called(bool abort) {
                 RANK_CHECK(async == ncclRemoteError, "async error %s\n", ncclGetErrorString(async));
                 (void)ncclCommAbort(comm);
             }
-            ch_emu_stream_destroy(st);
+            k.destroyed = true; // aborted
             return 0;
         },
-        60);
-    EXPECT_TRUE(res.ok()) << res.detail;
+        60, chorus_test::Launch::Forked);
 }
 
 TEST_F(DeviceKProc, AbortReleasesLaunchForked) {
