@@ -82,6 +82,7 @@ static ncclResult_t dp_launch(struct ncclComm *comm, devpath_comm_t *dp, int col
     if (dp->ce && !progs)
         dp_ce_kernel_args(dp->ce, &k.conns, &ring, &k.op_seq, &k.blocks, &k.blocks_seq);
     if (progs) ring = dp_ce_ring(dp->ce);
+    if (dp->net) dp_net_kernel_args(dp->net, &k.conns, &ring, &k.op_seq, &k.blocks, &k.blocks_seq);
     /* Copy-engine programs move SIMPLE slots only. */
     k.proto = !progs && bytes <= sz->ll_max_bytes ? CH_PROTO_LL : CH_PROTO_SIMPLE;
     k.ll_bytes = (uint32_t)sz->ll_bytes;
@@ -145,6 +146,7 @@ static ncclResult_t dp_launch(struct ncclComm *comm, devpath_comm_t *dp, int col
              ncclGetErrorString(res));
         return res;
     }
+    if (dp->net) dp_net_kick(dp->net); /* its proxy forwards what the launch publishes */
     /* A captured launch runs when its graph is launched, which the communicator does not see:
      * nothing to track (the caller synchronizes its stream before freeing the communicator). */
     return a->capturing ? ncclSuccess : dp_track(comm, dp, a->stream);

@@ -12,6 +12,7 @@
 
 #include "coll_api.h"
 #include "cuda_devpath_ce.h"
+#include "cuda_devpath_net.h"
 #include "cuda_util.h"
 #include "device/ch_proto.h"
 #include "device/ch_rt.h"
@@ -58,6 +59,7 @@ typedef struct {
 typedef struct devpath_comm {
     dp_world_t *w; /* the kernel's world (threads), or NULL */
     dp_ce_t *ce;   /* copy-engine programs (processes), or NULL */
+    dp_net_t *net; /* the kernel between hosts (its proxy), or NULL */
     const ch_rt_t *rt;
     dp_sizes_t sz;
     uint32_t *err_host, *err_dev; /* the error word */

@@ -235,7 +235,7 @@ static int dp_one_host(const struct ncclComm *comm) {
 
 /* The kernel between threads (one world in one address space), copy-engine programs between
  * processes, the kernel between processes (over the copy-engine path's connections). */
-enum { DP_MODE_KERNEL = 1, DP_MODE_CE = 2, DP_MODE_KPROC = 3 };
+enum { DP_MODE_KERNEL = 1, DP_MODE_CE = 2, DP_MODE_KPROC = 3, DP_MODE_NET = 4 };
 
 /* 1 when an MPS control daemon's pipe is there (CUDA_MPS_PIPE_DIRECTORY, else /tmp/nvidia-mps):
  * the driver then runs the kernels of processes sharing a GPU side by side rather than by turns. */
@@ -266,15 +266,33 @@ static const ch_rt_t *dp_choose(const struct ncclComm *comm, int *mode, const ch
         *why = "no locality records";
         return NULL;
     }
+    if (!dp_one_host(comm)) {
+        /* Several hosts: the kernel, its connections forwarded by a proxy thread per rank. On a
+         * GPU auto keeps them staged until that path has run on one (checked under the emulator
+         * only); =kernel takes it. */
+        if (strcmp(path, "ce") == 0) {
+            *why = "copy-engine programs need every rank on one host";
+            return NULL;
+        }
+        if (!emu && strcmp(path, "kernel") != 0) {
+            *why = "CHORUS_DEVICE_PATH=auto keeps ranks on several hosts staged until the kernel "
+                   "between hosts has run on a GPU (=kernel takes it)";
+            return NULL;
+        }
+        for (int r = 0; !emu && r < comm->nranks; r++) {
+            if (comm->peers[r].cuda_dev < 0 || ch_rt_cuda() == NULL) {
+                *why = "the kernel between hosts needs a GPU on every rank";
+                return NULL;
+            }
+        }
+        *mode = DP_MODE_NET;
+        return emu ? ch_rt_emu() : ch_rt_cuda();
+    }
     const int threads = dp_threads_one_device(comm);
     if (!threads && strcmp(path, "kernel") == 0) {
         /* The kernel between processes: its blocks wait for each other's, so they must run side
          * by side: one GPU each, or processes sharing a GPU under MPS (without it the driver
          * runs their kernels by turns, a time slice per wait: copy-engine programs serve them). */
-        if (!dp_one_host(comm)) {
-            *why = "the kernel between processes needs every rank on one host";
-            return NULL;
-        }
         if (!emu && dp_one_gpu(comm) && comm->nranks > 1 && !dp_mps_present())
             WARN("rank %d: CHORUS_DEVICE_PATH=kernel with processes sharing a GPU and no MPS "
                  "daemon: their kernels run by turns (CHORUS_DEVICE_PATH=ce suits them)",
@@ -294,10 +312,6 @@ static const ch_rt_t *dp_choose(const struct ncclComm *comm, int *mode, const ch
         /* auto: the kernel between threads, copy-engine programs between processes. */
         const int want_ce = strcmp(path, "ce") == 0 || (strcmp(path, "auto") == 0 && !threads);
         if (want_ce) {
-            if (!dp_one_host(comm)) {
-                *why = "copy-engine programs need every rank on one host";
-                return NULL;
-            }
             *mode = DP_MODE_CE;
             return ch_rt_emu();
         }
@@ -318,10 +332,6 @@ static const ch_rt_t *dp_choose(const struct ncclComm *comm, int *mode, const ch
         return NULL;
     }
     if (strcmp(path, "ce") == 0) {
-        if (!dp_one_host(comm)) {
-            *why = "copy-engine programs need every rank on one host";
-            return NULL;
-        }
         for (int r = 0; r < comm->nranks; r++) {
             if (comm->peers[r].cuda_dev < 0 || ch_rt_cuda() == NULL) {
                 *why = "copy-engine programs need a GPU on every rank";
@@ -332,10 +342,9 @@ static const ch_rt_t *dp_choose(const struct ncclComm *comm, int *mode, const ch
         return ch_rt_cuda();
     }
     if (!threads) {
-        *why = dp_one_host(comm) ? "CHORUS_DEVICE_PATH=auto keeps processes on their own GPUs "
-                                   "staged until the kernel between processes has run on a GPU "
-                                   "(it is checked under the emulator only: =kernel takes it)"
-                                 : "ranks on several hosts run staged";
+        *why = "CHORUS_DEVICE_PATH=auto keeps processes on their own GPUs staged until the "
+               "kernel between processes has run on a GPU (it is checked under the emulator only: "
+               "=kernel takes it)";
         return NULL;
     }
     if (comm->cuda_dev < 0 || !chorus_cuda_available() || ch_rt_cuda() == NULL) {
@@ -358,7 +367,8 @@ static void dp_attach(struct ncclComm *comm, devpath_comm_t *dp) {
          "rank %d: device-buffer ops run as %s on the user's stream (%s runtime, %d channels, %d "
          "slots of %zu bytes; direct from %lld bytes, -1: never)",
          comm->rank,
-         dp->ce == NULL         ? "the collective kernel"
+         dp->net                ? "the collective kernel between hosts (proxied)"
+         : dp->ce == NULL       ? "the collective kernel"
          : dp_ce_kernel(dp->ce) ? "the collective kernel between processes"
                                 : "copy-engine programs",
          dp->rt->name, dp->sz.nch, dp->sz.nslots, dp->sz.slot_bytes,
@@ -439,12 +449,61 @@ static void dp_ce_init(struct ncclComm *comm, const ch_rt_t *rt, int kernel) {
     dp_attach(comm, dp);
 }
 
+/* Ranks on several hosts: the kernel over connections in each rank's mapped host memory, which
+ * a proxy thread per rank forwards over the transports (cuda_devpath_net.h). On a GPU
+ * CHORUS_DEVICE_CHANNELS channels (2 when 0) of 4 slots of CHORUS_DEVICE_SLOT_BYTES, the kernel's
+ * LL sizes; under the emulator its sizes. */
+static void dp_net_init(struct ncclComm *comm, const ch_rt_t *rt) {
+    dp_sizes_t gpu = dp_kernel_gpu_sizes(comm);
+    if (chorus_param_int(PARAM_DEVICE_CHANNELS) == 0) gpu.nch = 2;
+    gpu.nslots = 4;
+    dp_sizes_t emu = dp_sizes_emu;
+    dp_sizes_t *sz = rt->emulated ? &emu : &gpu;
+    sz->p2p_nch = dp_p2p_channels(sz->nch, comm->nranks);
+    const char *why = NULL;
+    int local_ok = 1;
+    if (!rt->emulated && (!chorus_cuda_available() || comm->cuda_dev < 0)) {
+        why = "no GPU";
+        local_ok = 0;
+    }
+    if (local_ok && dp_set_device(rt, comm->cuda_dev) != ncclSuccess) {
+        why = "cannot make the GPU current";
+        local_ok = 0;
+    }
+    if (!local_ok)
+        INFO(SUB_INIT, "rank %d: the kernel between hosts cannot run here: %s", comm->rank, why);
+    dp_net_t *net = dp_net_setup(comm, rt, local_ok, sz->nch, sz->p2p_nch, sz->nslots,
+                                 sz->slot_bytes, sz->ll_bytes);
+    if (net == NULL) {
+        WARN("rank %d: the kernel between hosts could not be set up (%s): device-buffer ops run "
+             "staged",
+             comm->rank, why ? why : "a rank failed to; its log says why");
+        return;
+    }
+    devpath_comm_t *dp = calloc(1, sizeof(*dp));
+    if (dp == NULL) {
+        WARN("rank %d: out of memory setting up the device path", comm->rank);
+        dp_net_free(net);
+        return;
+    }
+    dp->net = net;
+    dp->rt = rt;
+    dp->sz = *sz;
+    dp->err_host = dp_net_err(net, &dp->err_dev);
+    dp->direct_min = -1; /* the direct mode reads peers' buffers at their addresses */
+    dp_attach(comm, dp);
+}
+
 void devpath_comm_init(struct ncclComm *comm) {
     const char *why = NULL;
     int mode = 0;
     const ch_rt_t *rt = dp_choose(comm, &mode, &why);
     if (rt == NULL) {
         INFO(SUB_INIT, "rank %d: device-buffer ops run staged: %s", comm->rank, why);
+        return;
+    }
+    if (mode == DP_MODE_NET) {
+        dp_net_init(comm, rt);
         return;
     }
     if (mode == DP_MODE_CE || mode == DP_MODE_KPROC) {
@@ -500,7 +559,10 @@ const char *dp_err_text(const devpath_comm_t *dp, uint32_t e, char *buf, size_t 
     case CH_ERR_TIMEOUT:
         return "timed out";
     case CH_ERR_PEER:
-        snprintf(buf, len, "peer rank %d ended", dp->ce ? dp_ce_dead_peer(dp->ce) : -1);
+        snprintf(buf, len, "peer rank %d ended",
+                 dp->ce    ? dp_ce_dead_peer(dp->ce)
+                 : dp->net ? dp_net_dead_peer(dp->net)
+                           : -1);
         return buf;
     default:
         return "device error";
@@ -576,6 +638,7 @@ int devpath_kernel_on(const struct ncclComm *comm) {
 const char *devpath_path_name(const struct ncclComm *comm) {
     const devpath_comm_t *dp = comm ? comm->dev_path : NULL;
     if (dp == NULL) return "staged";
+    if (dp->net) return "kernel-hosts";
     if (dp->ce == NULL) return "kernel";
     return dp_ce_kernel(dp->ce) ? "kernel-procs" : "ce";
 }
@@ -592,6 +655,7 @@ void devpath_comm_free(struct ncclComm *comm) {
     for (int i = 0; i < dp->nevs; i++)
         dp->rt->event_destroy(dp->evs[i].ev);
     if (dp->ce) dp_ce_free(dp->ce);
+    if (dp->net) dp_net_free(dp->net);
     if (dp->w && __atomic_sub_fetch(&dp->w->refs, 1, __ATOMIC_ACQ_REL) == 0) dp_world_free(dp->w);
     pthread_mutex_destroy(&dp->lock);
     free(dp);

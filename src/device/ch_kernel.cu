@@ -268,7 +268,7 @@ template <typename D, int K, int P> struct ChBlock {
         if (threadIdx.x == 0) {
             if (tx) {
                 __threadfence_system();
-                ch_send_publish(tx, ts);
+                ch_send_publish(tx, ts, bytes | (P == CH_PROTO_LL ? CH_SIZE_LL : 0));
             }
             if (rx) ch_recv_release(rx, rs);
         }

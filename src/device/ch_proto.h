@@ -76,6 +76,10 @@ typedef struct {
     uint32_t ll_words; /* even: 2 words a line, 8 data bytes a line */
     size_t slot_bytes;
     int32_t src, dst; /* the ranks at its ends (a wait notes whom it waits for) */
+    /* NULL, or nslots words the sender fills with each step's size word before publishing it
+     * (entry s % nslots): a host proxy that forwards the connection to another host reads there
+     * how much of the slot step s carries, and in which format (CH_SIZE_LL). */
+    uint64_t *sizes;
 } ch_conn_t;
 
 typedef struct {
@@ -150,7 +154,12 @@ CH_FN char *ch_slot(const ch_conn_t *c, uint64_t s) {
     return c->buf + (size_t)(s % c->nslots) * c->slot_bytes;
 }
 
-CH_FN void ch_send_publish(const ch_conn_t *c, uint64_t s) {
+/* A step's size word (ch_conn_t.sizes): its payload bytes, with CH_SIZE_LL set for an LL step. */
+#define CH_SIZE_LL (1ull << 63)
+
+/* Sender: step s is in its slot; size: its size word (ch_conn_t.sizes). */
+CH_FN void ch_send_publish(const ch_conn_t *c, uint64_t s, uint64_t size) {
+    if (c->sizes != NULL) ch_st_relaxed(&c->sizes[s % c->nslots], size);
     ch_st_release(&c->ctrl->head, s + 1);
 }
 

@@ -269,7 +269,7 @@ static uint32_t run_step(ch_blk_t *b, const ch_step_t *s) {
         sdata = ll ? (void *)b->stage : (void *)ch_slot(tx, ts);
         if (bytes) rk_copy(sdata, in, bytes);
         if (ll) ch_ll_store(tx, ts, sdata, bytes, 0, 1);
-        ch_send_publish(tx, ts);
+        ch_send_publish(tx, ts, bytes | (ll ? CH_SIZE_LL : 0));
         if (ll) {
             rs = ch_ll_next(rx);
             e = ch_ll_load(rx, rs, b->bounce, bytes, 0, 1, &b->wait);
@@ -302,7 +302,7 @@ static uint32_t run_step(ch_blk_t *b, const ch_step_t *s) {
     if (bytes) run_kernel(b, s, in, dst, rdata, sdata);
     if (tx) {
         if (ll) ch_ll_store(tx, ts, sdata, bytes, 0, 1);
-        ch_send_publish(tx, ts);
+        ch_send_publish(tx, ts, bytes | (ll ? CH_SIZE_LL : 0));
     }
     if (rx) ch_recv_release(rx, rs);
     return CH_OK;

@@ -1,0 +1,91 @@
+/*
+ * cuda_devpath_net_priv.h: the state of the kernel between hosts, shared by cuda_devpath_net.c
+ * (setup, teardown) and cuda_devpath_net_proxy.c (the proxy thread). Not an interface outside
+ * those two files.
+ */
+#ifndef CHORUS_CUDA_DEVPATH_NET_PRIV_H_
+#define CHORUS_CUDA_DEVPATH_NET_PRIV_H_
+
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "cuda_devpath_net.h"
+#include "transport.h"
+
+#define DPN_HDR_BYTES 4096 /* the mapped block's header: error word, blocks */
+#define DPN_BLOCKS_OFF 128 /* [c][CH_BLK_WORDS] this rank's blocks (ch_kernel.h) */
+#define DPN_MAX_CH ((DPN_HDR_BYTES - DPN_BLOCKS_OFF) / (CH_BLK_WORDS * 8))
+#define DPN_DEAD_GRACE_MS 1000 /* a dead peer fails the communicator after this without progress   \
+                                */
+#define DPN_WATCH_MS 20        /* watchdog rounds */
+
+/* One end of a connection to or from a peer on this rank: the host's view of its slots and
+ * counters (v), and what the proxy forwarded of it. */
+typedef struct {
+    ch_conn_t v;
+    int c, peer, is_send;
+    uint64_t next;     /* send: the next step to forward */
+    size_t off;        /* send: the bytes of it forwarded so far */
+    uint64_t hdr_fwd;  /* send: headers forwarded; receive: header acknowledgements forwarded */
+    uint64_t tail_fwd; /* receive: the release last forwarded */
+} dpn_end_t;
+
+/* What the proxy knows of a peer. */
+typedef struct {
+    chorus_conn_t tx, rx; /* transport connections to and from it */
+    int same_host_pid;    /* its process id when it is another process of this host, else 0 */
+    int bye_in;           /* it said goodbye (its failures after that are no error) */
+    int bye_out;          /* this rank said goodbye to it */
+    int err_out;          /* the error word was sent to it */
+    int dead;             /* its transport failed, or its process ended, without a goodbye */
+    int closed;           /* nothing more goes to it or comes from it */
+    int nsend, nrecv;     /* ends: sends[0..nsend), recvs[0..nrecv) */
+    dpn_end_t **sends, **recvs;
+} dpn_peer_t;
+
+struct dp_net {
+    const ch_rt_t *rt;
+    struct ncclComm *comm;
+    int rank, nranks, nch, p2p_nch, nslots;
+    size_t slot_bytes;
+    uint32_t ll_words;
+    /* One block of mapped host memory: the header (error word at 0, blocks at DPN_BLOCKS_OFF),
+     * then every end's control block, size words, SIMPLE and LL slots. */
+    char *host;
+    char *dev;
+    size_t host_bytes;
+    ch_conn_t *conns; /* [c][src][dst] the kernel's views (device addresses) */
+    int *ring;        /* [c][pos] */
+    ch_conn_t *dev_conns;
+    int *dev_ring;
+    uint64_t *op_seq, *blocks_seq; /* device memory: [c], [c][2] */
+    dpn_end_t *ends;               /* this rank's ends to and from peers */
+    int nends;
+    dpn_end_t **by_send, **by_recv; /* [c][peer]: its end, or NULL */
+    dpn_peer_t *peers;              /* [rank] */
+    int dead_peer;                  /* rank + 1 (atomic) */
+    uint64_t bytes_sent;            /* (atomic) */
+    /* The proxy thread. */
+    pthread_t thread;
+    int running;
+    int stop;     /* leave at once (atomic) */
+    int closing;  /* forward what was published, say goodbye, leave (atomic) */
+    int kicked;   /* a launch was queued (atomic) */
+    int sleeping; /* the proxy waits on cond (atomic) */
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+};
+
+/* The proxy thread (cuda_devpath_net_proxy.c). */
+void *dpn_proxy_main(void *arg);
+
+static inline dpn_end_t **dpn_slot(const dp_net_t *net, dpn_end_t **tab, int c, int peer) {
+    return &tab[(size_t)c * net->nranks + peer];
+}
+
+static inline uint32_t *dpn_err_host(const dp_net_t *net) {
+    return (uint32_t *)net->host;
+}
+
+#endif

@@ -1,0 +1,369 @@
+// test_device_net.cc: the collective kernel between hosts (ranks on several hosts, as
+// CHORUS_TEST_HOSTS names them) on the device runtime's emulator (CHORUS_DEVICE_EMU=1).
+//
+// Each rank's connection ends live in its own mapped host memory; a proxy thread per rank
+// forwards published steps, op headers, releases and errors over the transports (shared memory
+// within a named host, TCP between names). Checked here: the communicator takes that path (under
+// the emulator auto does; =kernel too); every collective against the serial reference (dtypes,
+// reductions, counts 0, 1, odd and large, in and out of place, LL and SIMPLE) on 2-5 and 8 forked
+// processes and on thread ranks; groups, ops back to back, a mismatched op (ncclInvalidUsage on
+// every rank), captures replayed; a peer killed mid-op on another host (TCP) and on the same
+// host (its process ends), which every survivor reports naming it; a peer that finished,
+// destroyed its communicator and exited while its receiver's launch was still queued (its proxy
+// forwarded first: no error); a peer that never calls (CHORUS_TIMEOUT), and an abort.
+#include <gtest/gtest.h>
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <string>
+
+#include "device/ch_plan.h"
+#include "device/ch_rt.h"
+#include "device/ch_rt_emu.h"
+#include "device_ref.h"
+#include "devpath_util.h"
+#include "launch.h"
+#include "nccl.h"
+#include "scoped_env.h"
+extern "C" {
+#include "param.h"
+const char *devpath_path_name(const struct ncclComm *comm);
+}
+
+namespace {
+
+using namespace devpath_test;
+using chorus_test::ScopedEnv;
+
+class DeviceNet : public ::testing::Test {
+  protected:
+    static void SetUpTestSuite() {
+        setenv("CHORUS_DEVICE_EMU", "1", 1);
+        unsetenv("CHORUS_DEVICE_PATH");
+        chorus_param_reset();
+    }
+    static void TearDownTestSuite() {
+        unsetenv("CHORUS_TEST_HOSTS");
+        chorus_param_reset();
+    }
+};
+
+#define RANK_PATH(k, want)                                                                         \
+    RANK_CHECK(std::string(devpath_path_name((k).comm)) == (want),                                 \
+               "rank %d runs device-buffer ops as %s, want %s\n", (k).r,                           \
+               devpath_path_name((k).comm), (want))
+
+// Host names for n ranks on `hosts` hosts, consecutive ranks sharing one ("a,a,b,b").
+std::string host_list(int n, int hosts) {
+    std::string s;
+    for (int r = 0; r < n; r++) {
+        if (r) s += ",";
+        s += (char)('a' + r * hosts / n);
+    }
+    return s;
+}
+
+// Every collective x int32/float32/bfloat16 x sum/avg/max/premul x counts 0, 1, 1001 (LL) and
+// 40003 (SIMPLE, every slot reused) x in and out of place.
+int sweep(Rank &k) {
+    for (int coll = 0; coll < CH_COLL_COUNT; coll++)
+        for (ncclDataType_t t : {ncclInt32, ncclFloat32, ncclBfloat16})
+            for (int op : {(int)ncclSum, (int)ncclAvg, (int)ncclMax, kPremul}) {
+                if (!reduces(coll) && op != ncclSum) continue;
+                for (size_t count : {(size_t)0, (size_t)1, (size_t)1001, (size_t)40003})
+                    for (bool inplace : {false, true}) {
+                        if (inplace && (coll == CH_COLL_SENDRECV || coll == CH_COLL_ALLTOALL))
+                            continue;
+                        if (run_op(k, coll, t, op, count, inplace, (int)(count % k.n))) return 1;
+                    }
+            }
+    return 0;
+}
+
+struct NetCase {
+    int n, hosts;
+};
+
+class DeviceNetRanks : public DeviceNet, public ::testing::WithParamInterface<NetCase> {};
+
+TEST_P(DeviceNetRanks, AllCollectivesForked) {
+    ScopedEnv hosts("CHORUS_TEST_HOSTS", host_list(GetParam().n, GetParam().hosts).c_str());
+    with_ranks(
+        GetParam().n,
+        [&](Rank &k) -> int {
+            RANK_PATH(k, "kernel-hosts");
+            return sweep(k);
+        },
+        300, chorus_test::Launch::Forked);
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, DeviceNetRanks,
+                         ::testing::Values(NetCase{2, 2}, NetCase{3, 3}, NetCase{4, 2},
+                                           NetCase{5, 2}, NetCase{8, 2}),
+                         [](const ::testing::TestParamInfo<NetCase> &i) {
+                             return "n" + std::to_string(i.param.n) + "h" +
+                                    std::to_string(i.param.hosts);
+                         });
+
+// Thread ranks of one process named as three hosts (TCP between them): the same proxy, with
+// every rank's memory in one address space (ThreadSanitizer sees the orderings).
+TEST_F(DeviceNet, AllCollectivesThreads) {
+    ScopedEnv hosts("CHORUS_TEST_HOSTS", "a,b,c");
+    with_ranks(3, [&](Rank &k) -> int {
+        RANK_PATH(k, "kernel-hosts");
+        for (int coll = 0; coll < CH_COLL_COUNT; coll++)
+            for (size_t count : {(size_t)0, (size_t)1, (size_t)1001, (size_t)40003})
+                if (run_op(k, coll, ncclFloat32, reduces(coll) ? ncclSum : ncclSum, count,
+                           count == 1001 && coll != CH_COLL_SENDRECV && coll != CH_COLL_ALLTOALL,
+                           (int)(count % k.n)))
+                    return 1;
+        return 0;
+    });
+}
+
+// Every dtype with every reduction on 3 processes on 2 hosts, at an LL and a SIMPLE count;
+// CHORUS_DEVICE_PATH=kernel takes the same path as auto.
+TEST_F(DeviceNet, AllDtypesForked) {
+    ScopedEnv hosts("CHORUS_TEST_HOSTS", "a,a,b");
+    ScopedEnv path("CHORUS_DEVICE_PATH", "kernel");
+    with_ranks(
+        3,
+        [&](Rank &k) -> int {
+            RANK_PATH(k, "kernel-hosts");
+            for (ncclDataType_t t :
+                 {ncclInt8, ncclUint8, ncclInt32, ncclUint32, ncclInt64, ncclUint64, ncclFloat16,
+                  ncclFloat32, ncclFloat64, ncclBfloat16, ncclFloat8e4m3, ncclFloat8e5m2})
+                for (int op : kOps)
+                    for (size_t count : {(size_t)77, (size_t)9001})
+                        if (run_op(k, CH_COLL_ALLREDUCE, t, op, count, count == 77, 0)) return 1;
+            return 0;
+        },
+        300, chorus_test::Launch::Forked);
+}
+
+// A group of two collectives and sends/receives to every rank on 3 and 5 processes; 25 ops
+// queued back to back before one sync on 4; a mismatched count (the op headers travel through
+// the proxies, and the error word of the rank that sees it reaches every other).
+TEST_F(DeviceNet, GroupForked) {
+    ScopedEnv hosts("CHORUS_TEST_HOSTS", "a,b,a,b,c");
+    group_ops(chorus_test::Launch::Forked);
+}
+
+TEST_F(DeviceNet, BackToBackForked) {
+    ScopedEnv hosts("CHORUS_TEST_HOSTS", "a,a,b,b");
+    back_to_back(chorus_test::Launch::Forked);
+}
+
+TEST_F(DeviceNet, MismatchForked) {
+    ScopedEnv hosts("CHORUS_TEST_HOSTS", "a,b,c");
+    mismatched_count(chorus_test::Launch::Forked);
+}
+
+TEST_F(DeviceNet, MismatchThreads) {
+    ScopedEnv hosts("CHORUS_TEST_HOSTS", "a,b,c");
+    mismatched_count(chorus_test::Launch::Threads);
+}
+
+// An all-reduce captured on every process's stream and replayed 30 times with new inputs, an
+// ordinary all-reduce after every 10th replay: the proxy forwards what the kernel publishes,
+// however the launch came.
+TEST_F(DeviceNet, CaptureReplaysForked) {
+    ScopedEnv hosts("CHORUS_TEST_HOSTS", "a,b,b");
+    with_ranks(
+        3,
+        [&](Rank &k) -> int {
+            const ch_rt_t *rt = ch_rt_emu();
+            for (size_t count : {(size_t)1001, (size_t)30011}) {
+                Bufs b;
+                make_bufs(k, CH_COLL_ALLREDUCE, ncclInt32, ncclSum, count, false, &b);
+                RANK_NCCL(rt->capture_begin(k.st));
+                RANK_NCCL(
+                    ncclAllReduce(b.in, b.out, count, ncclInt32, ncclSum, k.comm, k.stream()));
+                void *graph = nullptr, *exec = nullptr;
+                RANK_NCCL(rt->capture_end(k.st, &graph));
+                RANK_NCCL(rt->graph_instantiate(&exec, graph));
+                rt->graph_destroy(graph);
+                for (int i = 0; i < 30; i++) {
+                    memset(b.out, 0xa5, count * sizeof(int32_t));
+                    RANK_NCCL(rt->graph_launch(exec, k.st));
+                    RANK_NCCL(ch_emu_stream_sync(k.st));
+                    if (check(k, CH_COLL_ALLREDUCE, ncclInt32, ncclSum, count, 0, b,
+                              "replay " + std::to_string(i)))
+                        return 1;
+                    if (i % 10 == 9 && run_op(k, CH_COLL_ALLREDUCE, ncclInt32, ncclSum,
+                                              3000 + (size_t)i, false, 0))
+                        return 1;
+                }
+                rt->graph_exec_destroy(exec);
+            }
+            return 0;
+        },
+        240, chorus_test::Launch::Forked);
+}
+
+// A peer killed in the middle of a large all-reduce: every survivor's stream ends well within
+// CHORUS_TIMEOUT (60 s), the next call fails with ncclRemoteError naming the dead rank. Rank 1 of
+// "a,b,c" (its sockets close: a TCP peer), and rank 1 of "a,a,b" (shared memory with rank 0:
+// its process is seen gone).
+void peer_killed(const char *hosts_list) {
+    ScopedEnv timeout("CHORUS_TIMEOUT", "60");
+    ScopedEnv hosts("CHORUS_TEST_HOSTS", hosts_list);
+    const int n = 3, victim = 1;
+    ncclUniqueId id = chorus_test::make_unique_id();
+    auto res = chorus_test::run_forked(
+        n,
+        [&](int rank, int nr) -> int {
+            ch_emu_stream_t *st = ch_emu_stream_create();
+            RANK_CHECK(st != nullptr, "no emulated stream\n");
+            ncclComm_t comm;
+            RANK_NCCL(ncclCommInitRank(&comm, nr, id, rank));
+            Rank k{comm, st, rank, nr, false};
+            RANK_PATH(k, "kernel-hosts");
+            const size_t count = (size_t)2 << 20;
+            Bufs b;
+            make_bufs(k, CH_COLL_ALLREDUCE, ncclFloat32, ncclSum, count, false, &b);
+            RANK_NCCL(ncclAllReduce(b.in, b.out, 1001, ncclFloat32, ncclSum, comm, k.stream()));
+            RANK_NCCL(ch_emu_stream_sync(st));
+            RANK_NCCL(ncclAllReduce(b.in, b.out, count, ncclFloat32, ncclSum, comm, k.stream()));
+            if (rank == victim) {
+                usleep(20000); // its blocks are under way, far from done
+                raise(SIGKILL);
+            }
+            const double t0 = chorus_test::now_s();
+            (void)ch_emu_stream_sync(st);
+            const double took = chorus_test::now_s() - t0;
+            RANK_CHECK(took < 20, "the survivor's stream ended after %.1f s\n", took);
+            ncclResult_t next =
+                ncclAllReduce(b.in, b.out, 1001, ncclFloat32, ncclSum, comm, k.stream());
+            RANK_CHECK(next == ncclRemoteError, "the next call: %s\n", ncclGetErrorString(next));
+            const std::string why = ncclGetLastError(comm);
+            RANK_CHECK(why.find("peer rank " + std::to_string(victim) + " ended") !=
+                           std::string::npos,
+                       "the error does not name the dead rank: %s\n", why.c_str());
+            const double t1 = chorus_test::now_s();
+            RANK_NCCL(ncclCommAbort(comm));
+            RANK_CHECK(chorus_test::now_s() - t1 < 20, "abort took %.1f s\n",
+                       chorus_test::now_s() - t1);
+            ch_emu_stream_destroy(st);
+            return 0;
+        },
+        100);
+    EXPECT_FALSE(res.timed_out) << res.detail;
+    EXPECT_EQ(res.failed, 1) << res.detail;
+    EXPECT_NE(res.detail.find("rank " + std::to_string(victim) + ": signal 9"), std::string::npos)
+        << res.detail;
+}
+
+TEST_F(DeviceNet, PeerKilledOtherHostForked) {
+    peer_killed("a,b,c");
+}
+
+TEST_F(DeviceNet, PeerKilledSameHostForked) {
+    peer_killed("a,a,b");
+}
+
+// 0 when b.out holds the float32 input of rank `from` (sent with make_bufs's fill).
+int check_received(const Bufs &b, int from, size_t count) {
+    const float *got = (const float *)b.out;
+    for (size_t i = 0; i < count; i++) {
+        float want;
+        devref::fill(ncclSum, ncclFloat32, from, &want, 0, 1, i);
+        RANK_CHECK(got[i] == want, "element %zu is %g, want %g\n", i, got[i], want);
+    }
+    return 0;
+}
+
+// A sender on another host finishes its sends (an LL step and SIMPLE steps), destroys its
+// communicator and exits while the receiver's launch is still queued behind 2 s of other work:
+// the sender's proxy forwarded everything before saying goodbye, so the receiver gets the data
+// and no error.
+TEST_F(DeviceNet, PeerThatFinishedAndLeftForked) {
+    ScopedEnv timeout("CHORUS_TIMEOUT", "60");
+    ScopedEnv hosts("CHORUS_TEST_HOSTS", "a,b");
+    with_ranks(
+        2,
+        [&](Rank &k) -> int {
+            RANK_PATH(k, "kernel-hosts");
+            for (size_t count : {(size_t)100, (size_t)3000}) {
+                Bufs b;
+                make_bufs(k, CH_COLL_SENDRECV, ncclFloat32, ncclSum, count, false, &b);
+                if (k.r == 0) {
+                    RANK_NCCL(ncclSend(b.in, count, ncclFloat32, 1, k.comm, k.stream()));
+                    RANK_NCCL(ch_emu_stream_sync(k.st));
+                    continue;
+                }
+                RANK_NCCL(ch_emu_stream_busy(k.st, 1000));
+                RANK_NCCL(ncclRecv(b.out, count, ncclFloat32, 0, k.comm, k.stream()));
+                RANK_NCCL(ch_emu_stream_sync(k.st));
+                if (check_received(b, 0, count)) return 1;
+            }
+            ncclResult_t async = ncclSuccess;
+            RANK_NCCL(ncclCommGetAsyncError(k.comm, &async));
+            RANK_CHECK(async == ncclSuccess, "async error %s\n", ncclGetErrorString(async));
+            return 0;
+        },
+        60, chorus_test::Launch::Forked);
+}
+
+// Rank 0 launches an all-reduce that rank 1 (another host) never calls. With `abort`, rank 0
+// aborts after 0.5 s and its launch ends at once; else its proxy's watchdog sees nothing move
+// within CHORUS_TIMEOUT (3 s) and sets CH_ERR_TIMEOUT. Rank 1 waits for rank 0's verdict before
+// it leaves.
+void never_called(bool abort) {
+    ScopedEnv timeout("CHORUS_TIMEOUT", abort ? "60" : "3");
+    ScopedEnv hosts("CHORUS_TEST_HOSTS", "a,b");
+    with_ranks(
+        2,
+        [&](Rank &k) -> int {
+            RANK_PATH(k, "kernel-hosts");
+            Bufs b;
+            make_bufs(k, CH_COLL_ALLREDUCE, ncclFloat32, ncclSum, 50000, false, &b);
+            if (k.r == 1) {
+                sleep(abort ? 3 : 8); // never calls; outlives rank 0's verdict
+                (void)ncclCommAbort(k.comm);
+                k.destroyed = true;
+                return 0;
+            }
+            const double t0 = chorus_test::now_s();
+            RANK_NCCL(ncclAllReduce(b.in, b.out, 50000, ncclFloat32, ncclSum, k.comm, k.stream()));
+            if (abort) {
+                usleep(500000);
+                RANK_NCCL(ncclCommAbort(k.comm));
+                RANK_CHECK(chorus_test::now_s() - t0 < 5, "abort returned after %.1f s\n",
+                           chorus_test::now_s() - t0);
+                (void)ch_emu_stream_sync(k.st);
+            } else {
+                (void)ch_emu_stream_sync(k.st);
+                const double took = chorus_test::now_s() - t0;
+                RANK_CHECK(took > 2 && took < 5.5, "the launch ended after %.1f s, want ~3\n",
+                           took);
+                ncclResult_t async = ncclSuccess;
+                RANK_NCCL(ncclCommGetAsyncError(k.comm, &async));
+                RANK_CHECK(async == ncclRemoteError, "async error %s\n", ncclGetErrorString(async));
+                (void)ncclCommAbort(k.comm);
+            }
+            k.destroyed = true;
+            return 0;
+        },
+        60, chorus_test::Launch::Forked);
+}
+
+TEST_F(DeviceNet, AbortReleasesLaunchForked) {
+    never_called(true);
+}
+
+TEST_F(DeviceNet, DeadlineForked) {
+    never_called(false);
+}
+
+// One host: the communicator keeps the paths of one host (the kernel between threads here).
+TEST_F(DeviceNet, OneHostIsNotProxied) {
+    ScopedEnv hosts("CHORUS_TEST_HOSTS", "a,a");
+    with_ranks(2, [&](Rank &k) -> int {
+        RANK_PATH(k, "kernel");
+        return run_op(k, CH_COLL_ALLREDUCE, ncclFloat32, ncclSum, 1001, false, 0);
+    });
+}
+
+} // namespace
