@@ -486,6 +486,46 @@ TEST_F(CudaDevPathKProc, PeerKilledForked) {
     peer_killed_forked("kernel-procs");
 }
 
+// The collective kernel between hosts: the two processes on GPU 0 named as two hosts
+// (CHORUS_TEST_HOSTS), so each rank's slots and counters live in its pinned, mapped host memory
+// and the proxies forward them over TCP. A short sweep, capture replays, a mismatched count.
+class CudaDevPathNet : public CudaDevPathProcs {
+  protected:
+    void SetUp() override {
+        CudaDevPathProcs::SetUp();
+        setenv("CHORUS_DEVICE_PATH", "kernel", 1);
+        setenv("CHORUS_TEST_HOSTS", "h0,h1", 1);
+        chorus_param_reset();
+    }
+    void TearDown() override {
+        unsetenv("CHORUS_TEST_HOSTS");
+        chorus_param_reset();
+        CudaDevPathProcs::TearDown();
+    }
+};
+
+int net_sweep(R &k) {
+    RANK_CHECK(std::string(devpath_path_name(k.comm)) == "kernel-hosts",
+               "rank %d runs device-buffer ops as %s\n", k.r, devpath_path_name(k.comm));
+    for (int coll : {CH_COLL_ALLREDUCE, CH_COLL_ALLGATHER, CH_COLL_SENDRECV})
+        for (size_t count : {(size_t)1, (size_t)1001, kMaxCount})
+            if (run_op(k, coll, ncclFloat32, ncclSum, count, false)) return 1;
+    return 0;
+}
+
+TEST_F(CudaDevPathNet, ShortSweepForked) {
+    with_ranks(2, net_sweep, false, chorus_test::Launch::Forked);
+}
+
+TEST_F(CudaDevPathNet, GraphReplaysForked) {
+    with_ranks(
+        2, [](R &k) { return graph_replays(k, 10); }, false, chorus_test::Launch::Forked);
+}
+
+TEST_F(CudaDevPathNet, MismatchForked) {
+    with_ranks(2, mismatch, true, chorus_test::Launch::Forked);
+}
+
 } // namespace
 
 #else
