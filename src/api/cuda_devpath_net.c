@@ -193,7 +193,7 @@ static void dpn_free_mem(dp_net_t *net) {
     free(net->ring);
 }
 
-void dp_net_free(dp_net_t *net) {
+void dp_net_stop(dp_net_t *net) {
     if (net == NULL) return;
     if (net->running) {
         /* After an abort nothing more is forwarded: leave at once. */
@@ -201,11 +201,17 @@ void dp_net_free(dp_net_t *net) {
         __atomic_store_n(aborted ? &net->stop : &net->closing, 1, __ATOMIC_RELEASE);
         dp_net_kick(net);
         pthread_join(net->thread, NULL);
+        net->running = 0;
     }
     for (int q = 0; net->peers && q < net->nranks; q++) {
         if (net->peers[q].tx.ops) transport_close(&net->peers[q].tx);
         if (net->peers[q].rx.ops) transport_close(&net->peers[q].rx);
     }
+}
+
+void dp_net_free(dp_net_t *net) {
+    if (net == NULL) return;
+    dp_net_stop(net);
     dpn_free_mem(net);
     pthread_mutex_destroy(&net->lock);
     pthread_cond_destroy(&net->cond);
@@ -218,8 +224,12 @@ dp_net_t *dp_net_setup(struct ncclComm *comm, const ch_rt_t *rt, int local_ok, i
     dp_net_t *net = calloc(1, sizeof(*net));
     int *oks = calloc((size_t)n, sizeof(int));
     if (net == NULL || oks == NULL) {
-        /* Still takes part in the allgather, so the peers learn of it. */
-        local_ok = 0;
+        /* No allgather without the array: the peers' fails in the bootstrap (bounded by its
+         * deadline), and they run staged too. */
+        WARN("rank %d: out of memory setting up the device path between hosts", me);
+        free(net);
+        free(oks);
+        return NULL;
     } else {
         pthread_mutex_init(&net->lock, NULL);
         pthread_cond_init(&net->cond, NULL);
@@ -256,17 +266,21 @@ dp_net_t *dp_net_setup(struct ncclComm *comm, const ch_rt_t *rt, int local_ok, i
             net->peers[q].same_host_pid = p->pid;
     }
     mine = dpn_connect(net) == ncclSuccess;
+    /* The proxy starts before the verdict, so that every rank learns whether all of them have
+     * one (without it nothing would move). */
+    if (mine && pthread_create(&net->thread, NULL, dpn_proxy_main, net) != 0) {
+        WARN("rank %d: the device path's proxy thread could not start", me);
+        mine = 0;
+    }
+    net->running = mine;
     oks[me] = mine;
     res = bootstrap_allgather(comm->bs, oks, sizeof(int));
     for (int q = 0; res == ncclSuccess && q < n; q++)
         if (!oks[q]) agreed = 0;
-    if (res != ncclSuccess || !agreed) goto fail;
-    if (pthread_create(&net->thread, NULL, dpn_proxy_main, net) != 0) {
-        /* Without the proxy nothing moves: fail every rank's first op rather than hang it. */
-        WARN("rank %d: the device path's proxy thread could not start", me);
-        ch_set_once32(dpn_err_host(net), CH_ERR_ABORT);
-    } else {
-        net->running = 1;
+    if (res != ncclSuccess || !agreed) {
+        /* A proxy already running leaves at once: nothing was launched. */
+        if (net->running) __atomic_store_n(&net->stop, 1, __ATOMIC_RELEASE);
+        goto fail;
     }
     free(oks);
     return net;

@@ -43,8 +43,11 @@ typedef struct dp_net dp_net_t;
 dp_net_t *dp_net_setup(struct ncclComm *comm, const ch_rt_t *rt, int local_ok, int nch, int p2p_nch,
                        int nslots, size_t slot_bytes, size_t ll_bytes);
 /* Forwards what this rank's kernel published, says goodbye to the peers, closes the
- * connections (the caller drained the launched work first). */
+ * connections (the caller drained the launched work first), frees the memory. dp_net_stop does
+ * all but the last: after work that did not finish, the memory must stay (a kernel may still
+ * write it), but the proxy and the transports, which use the communicator, must go before it. */
 void dp_net_free(dp_net_t *net);
+void dp_net_stop(dp_net_t *net);
 /* The error word, as the host and the device address it. */
 uint32_t *dp_net_err(const dp_net_t *net, uint32_t **dev);
 /* The rank found dead (the error word is then CH_ERR_PEER), or -1. */

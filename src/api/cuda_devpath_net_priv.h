@@ -16,16 +16,17 @@
 #define DPN_HDR_BYTES 4096 /* the mapped block's header: error word, blocks */
 #define DPN_BLOCKS_OFF 128 /* [c][CH_BLK_WORDS] this rank's blocks (ch_kernel.h) */
 #define DPN_MAX_CH ((DPN_HDR_BYTES - DPN_BLOCKS_OFF) / (CH_BLK_WORDS * 8))
-#define DPN_DEAD_GRACE_MS 1000 /* a dead peer fails the communicator after this without progress   \
-                                */
-#define DPN_WATCH_MS 20        /* watchdog rounds */
+#define DPN_DEAD_GRACE_MS                                                                          \
+    1000                /* a dead peer fails the communicator after this without progress          \
+                         */
+#define DPN_WATCH_MS 20 /* watchdog rounds */
 
 /* One end of a connection to or from a peer on this rank: the host's view of its slots and
  * counters (v), and what the proxy forwarded of it. */
 typedef struct {
     ch_conn_t v;
     int c, peer, is_send;
-    uint64_t next;     /* send: the next step to forward */
+    uint64_t next;     /* the next step to forward (send) or to arrive (receive) */
     size_t off;        /* send: the bytes of it forwarded so far */
     uint64_t hdr_fwd;  /* send: headers forwarded; receive: header acknowledgements forwarded */
     uint64_t tail_fwd; /* receive: the release last forwarded */
@@ -37,9 +38,11 @@ typedef struct {
     int same_host_pid;    /* its process id when it is another process of this host, else 0 */
     int bye_in;           /* it said goodbye (its failures after that are no error) */
     int bye_out;          /* this rank said goodbye to it */
+    int drained;          /* ... and everything sent to it was consumed (teardown) */
     int err_out;          /* the error word was sent to it */
-    int dead;             /* its transport failed, or its process ended, without a goodbye */
-    int closed;           /* nothing more goes to it or comes from it */
+    int tx_lost, rx_lost; /* that transport end failed: nothing more goes there / comes from it */
+    int gone;             /* its process ended (a peer of this host) */
+    int64_t lost_at;      /* when the first of those was seen (ns; 0: not yet) */
     int nsend, nrecv;     /* ends: sends[0..nsend), recvs[0..nrecv) */
     dpn_end_t **sends, **recvs;
 } dpn_peer_t;
@@ -62,10 +65,10 @@ struct dp_net {
     uint64_t *op_seq, *blocks_seq; /* device memory: [c], [c][2] */
     dpn_end_t *ends;               /* this rank's ends to and from peers */
     int nends;
-    dpn_end_t **by_send, **by_recv; /* [c][peer]: its end, or NULL */
-    dpn_peer_t *peers;              /* [rank] */
-    int dead_peer;                  /* rank + 1 (atomic) */
-    uint64_t bytes_sent;            /* (atomic) */
+    dpn_end_t **by_send, **by_recv;  /* [c][peer]: its end, or NULL */
+    dpn_peer_t *peers;               /* [rank] */
+    int dead_peer;                   /* rank + 1 (atomic) */
+    uint64_t bytes_sent, bytes_recv; /* (atomic) */
     /* The proxy thread. */
     pthread_t thread;
     int running;
@@ -79,6 +82,11 @@ struct dp_net {
 
 /* The proxy thread (cuda_devpath_net_proxy.c). */
 void *dpn_proxy_main(void *arg);
+
+/* Whether peer q failed this rank: a transport end or its process lost without its goodbye. */
+static inline int dpn_peer_dead(const dpn_peer_t *p) {
+    return (p->tx_lost || p->rx_lost || p->gone) && !p->bye_in;
+}
 
 static inline dpn_end_t **dpn_slot(const dp_net_t *net, dpn_end_t **tab, int c, int peer) {
     return &tab[(size_t)c * net->nranks + peer];

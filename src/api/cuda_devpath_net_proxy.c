@@ -52,17 +52,19 @@ static size_t pad8(size_t b) {
     return (b + 7) & ~(size_t)7;
 }
 
-/* Peer q's transport failed (what: which way), or its process ended: nothing more goes there;
- * without its goodbye it is dead, which the watchdog turns into an error when this rank waits for
- * it. */
-static void dpn_peer_lost(dp_net_t *net, int q, const char *what) {
+/* The transport end to (tx 1) or from (tx 0) peer q failed: nothing more goes there or comes
+ * from there (the other end may still deliver what is on its way, its goodbye included). Without
+ * its goodbye the peer is dead (dpn_peer_dead), which the watchdog turns into an error when this
+ * rank waits for it. */
+static void dpn_peer_lost(dp_net_t *net, int q, int tx, const char *what) {
     dpn_peer_t *p = &net->peers[q];
-    if (p->closed) return;
-    p->closed = 1;
-    if (p->bye_in) return;
-    p->dead = 1;
-    INFO(SUB_INIT, "rank %d: the device path's proxy lost rank %d (%s): %s", net->rank, q,
-         net->comm->peers[q].hostname, what);
+    int *lost = tx ? &p->tx_lost : &p->rx_lost;
+    if (*lost) return;
+    *lost = 1;
+    if (p->lost_at == 0) p->lost_at = ch_host_now_ns();
+    if (!p->bye_in)
+        INFO(SUB_INIT, "rank %d: the device path's proxy lost rank %d (%s) %s: %s", net->rank, q,
+             net->comm->peers[q].hostname, tx ? "sending" : "receiving", what);
 }
 
 /* ---- in ----------------------------------------------------------------------------------- */
@@ -96,17 +98,27 @@ static int dpn_apply(dp_net_t *net, int q, const char *data, size_t bytes) {
         ch_ctrl_t *k = e->v.ctrl;
         switch (m.type) {
         case DPN_DATA: {
+            /* Steps come in order, fragments of one in order: anything else is a fault. */
             const uint64_t nbytes = m.size & ~CH_SIZE_LL;
-            if (at + m.len > bytes || (uint64_t)m.off + m.len > nbytes) return -1;
+            if (at + m.len > bytes || (uint64_t)m.off + m.len > nbytes || m.v != e->next ||
+                m.off != e->off)
+                return -1;
             if (m.size & CH_SIZE_LL) {
-                if (nbytes > (uint64_t)e->v.ll_words * 4) return -1;
+                if (nbytes > (uint64_t)e->v.ll_words * 4 || m.len != nbytes) return -1;
                 ch_ll_store(&e->v, m.v, data + at, (size_t)nbytes, 0, 1);
                 ch_st_release(&k->head, m.v + 1);
+                e->next++;
             } else {
                 if (nbytes > e->v.slot_bytes) return -1;
                 if (m.len) memcpy(ch_slot(&e->v, m.v) + m.off, data + at, m.len);
-                if ((uint64_t)m.off + m.len == nbytes) ch_st_release(&k->head, m.v + 1);
+                e->off += m.len;
+                if (e->off == nbytes) {
+                    ch_st_release(&k->head, m.v + 1);
+                    e->next++;
+                    e->off = 0;
+                }
             }
+            __atomic_add_fetch(&net->bytes_recv, m.len, __ATOMIC_RELAXED);
             at += pad8(m.len);
             break;
         }
@@ -132,12 +144,12 @@ static int dpn_pump_in(dp_net_t *net, int q) {
     dpn_peer_t *p = &net->peers[q];
     chorus_conn_t *rx = &p->rx;
     int moved = 0;
-    for (int i = 0; i < DPN_IN_CHUNKS && !p->closed; i++) {
+    for (int i = 0; i < DPN_IN_CHUNKS && !p->rx_lost; i++) {
         const void *data = NULL;
         size_t bytes = 0;
         int ready = 0;
         if (rx->ops->recv_peek(rx, &data, &bytes, &ready) != ncclSuccess) {
-            dpn_peer_lost(net, q, "receiving");
+            dpn_peer_lost(net, q, 0, "the transport failed");
             break;
         }
         if (!ready) break;
@@ -145,10 +157,10 @@ static int dpn_pump_in(dp_net_t *net, int q) {
             WARN("rank %d: a malformed device-path message from rank %d (%zu bytes)", net->rank, q,
                  bytes);
             ch_set_once32(dpn_err_host(net), CH_ERR_ABORT);
-            dpn_peer_lost(net, q, "malformed message");
+            dpn_peer_lost(net, q, 0, "malformed message");
             break;
         }
-        if (rx->ops->recv_release(rx) != ncclSuccess) dpn_peer_lost(net, q, "releasing");
+        if (rx->ops->recv_release(rx) != ncclSuccess) dpn_peer_lost(net, q, 0, "release failed");
         moved = 1;
     }
     return moved;
@@ -204,6 +216,7 @@ static int dpn_put_data(dp_net_t *net, dpn_end_t *e, char *slot, size_t *used, s
             memcpy(slot + *used, &m, DPN_MSG);
             *used += DPN_MSG + pad8(bytes);
             e->next++;
+            __atomic_add_fetch(&net->bytes_sent, bytes, __ATOMIC_RELAXED);
         } else {
             if (*used + DPN_MSG > cap) return 0;
             const size_t room = (cap - *used - DPN_MSG) & ~(size_t)7;
@@ -219,14 +232,14 @@ static int dpn_put_data(dp_net_t *net, dpn_end_t *e, char *slot, size_t *used, s
                 e->next++;
                 e->off = 0;
             }
+            __atomic_add_fetch(&net->bytes_sent, frag, __ATOMIC_RELAXED);
         }
-        __atomic_add_fetch(&net->bytes_sent, bytes, __ATOMIC_RELAXED);
     }
 }
 
 static int dpn_pump_out(dp_net_t *net, int q, int closing, unsigned turn) {
     dpn_peer_t *p = &net->peers[q];
-    if (p->closed || p->bye_out) return 0;
+    if (p->tx_lost || p->bye_out) return 0;
     const uint32_t err = ch_ld32_relaxed(dpn_err_host(net));
     int pending = err != CH_OK && !p->err_out;
     for (int i = 0; i < p->nsend && !pending; i++)
@@ -239,7 +252,7 @@ static int dpn_pump_out(dp_net_t *net, int q, int closing, unsigned turn) {
     int ready = 0;
     const size_t cap = tx->slot_bytes;
     if (tx->ops->send_acquire(tx, cap, &slotp, &ready) != ncclSuccess) {
-        dpn_peer_lost(net, q, "sending");
+        dpn_peer_lost(net, q, 1, "the transport failed");
         return 0;
     }
     if (!ready) return 0;
@@ -304,8 +317,23 @@ static int dpn_pump_out(dp_net_t *net, int q, int closing, unsigned turn) {
         memset(&m, 0, sizeof(m));
         dpn_put(slot, &used, &m);
     }
-    if (tx->ops->send_commit(tx, used) != ncclSuccess) dpn_peer_lost(net, q, "sending");
+    if (tx->ops->send_commit(tx, used) != ncclSuccess) dpn_peer_lost(net, q, 1, "commit failed");
     return 1;
+}
+
+/* Teardown, after the goodbye: whether everything sent to q was consumed there (or, where the
+ * transport cannot tell, has left this rank), so that closing the connection loses nothing. */
+static void dpn_drained(dp_net_t *net, int q) {
+    dpn_peer_t *p = &net->peers[q];
+    chorus_conn_t *tx = &p->tx;
+    int done = 0;
+    uint64_t word = 0;
+    ncclResult_t res = tx->ops->send_consumed ? tx->ops->send_consumed(tx, &done, &word)
+                                              : tx->ops->send_drained(tx, &done);
+    if (res != ncclSuccess)
+        dpn_peer_lost(net, q, 1, "the transport failed");
+    else if (done)
+        p->drained = 1;
 }
 
 /* ---- the watchdog ------------------------------------------------------------------------- */
@@ -334,11 +362,15 @@ static void dpn_watch(dp_net_t *net, dpn_watch_t *st, int64_t now, int64_t timeo
     const int n = net->nranks;
     for (int q = 0; q < n; q++) {
         dpn_peer_t *p = &net->peers[q];
-        if (p->same_host_pid && !p->closed &&
-            chorus_proc_state(p->same_host_pid) == CHORUS_PROC_GONE)
-            dpn_peer_lost(net, q, "its process ended");
+        if (p->same_host_pid && !p->gone &&
+            chorus_proc_state(p->same_host_pid) == CHORUS_PROC_GONE) {
+            p->gone = 1;
+            if (p->lost_at == 0) p->lost_at = ch_host_now_ns();
+            if (!p->bye_in) INFO(SUB_INIT, "rank %d: the process of rank %d ended", net->rank, q);
+        }
     }
-    uint64_t sum = __atomic_load_n(&net->bytes_sent, __ATOMIC_RELAXED);
+    uint64_t sum = __atomic_load_n(&net->bytes_sent, __ATOMIC_RELAXED) +
+                   __atomic_load_n(&net->bytes_recv, __ATOMIC_RELAXED);
     memset(st->waits, 0, (size_t)n);
     const int running = dpn_blocks(net, &sum, st->waits);
     if (sum != st->last_sum) {
@@ -348,14 +380,22 @@ static void dpn_watch(dp_net_t *net, dpn_watch_t *st, int64_t now, int64_t timeo
     uint32_t *err = dpn_err_host(net);
     if (!running || ch_ld32_relaxed(err) != CH_OK) return;
     const int64_t still = now - st->last_move;
+    /* A running block waits for a dead peer: blame the peer lost first among the dead (a peer
+     * that died second, after aborting on the first one's account, is no cause). */
+    int waited = 0, blame = -1;
     for (int q = 0; q < n; q++) {
-        if (!net->peers[q].dead || !st->waits[q] || still < DPN_DEAD_GRACE_MS * 1000000LL) continue;
+        const dpn_peer_t *p = &net->peers[q];
+        if (!dpn_peer_dead(p)) continue;
+        waited |= st->waits[q];
+        if (blame < 0 || p->lost_at < net->peers[blame].lost_at) blame = q;
+    }
+    if (waited && still >= DPN_DEAD_GRACE_MS * 1000000LL) {
         int none = 0;
-        __atomic_compare_exchange_n(&net->dead_peer, &none, q + 1, 0, __ATOMIC_ACQ_REL,
+        __atomic_compare_exchange_n(&net->dead_peer, &none, blame + 1, 0, __ATOMIC_ACQ_REL,
                                     __ATOMIC_ACQUIRE);
         if (ch_set_once32(err, CH_ERR_PEER) == CH_OK)
             WARN("rank %d: peer rank %d (%s) ended while this rank's device work waited for it",
-                 net->rank, q, net->comm->peers[q].hostname);
+                 net->rank, blame, net->comm->peers[blame].hostname);
         return;
     }
     if (still >= timeout && ch_set_once32(err, CH_ERR_TIMEOUT) == CH_OK)
@@ -402,13 +442,20 @@ void *dpn_proxy_main(void *arg) {
         turn++;
         for (int q = 0; q < n; q++) {
             dpn_peer_t *p = &net->peers[q];
-            if (q == net->rank || p->closed) continue;
-            if (p->tx.ops->progress(&p->tx) != ncclSuccess) dpn_peer_lost(net, q, "sending");
-            if (!p->closed && p->rx.ops->progress(&p->rx) != ncclSuccess)
-                dpn_peer_lost(net, q, "receiving");
-            if (!p->closed) moved |= dpn_pump_in(net, q);
-            if (!p->closed) moved |= dpn_pump_out(net, q, closing, turn);
-            open |= !p->closed && !p->bye_out;
+            if (q == net->rank) continue;
+            if (!p->rx_lost) {
+                /* A failed end may still hold whole chunks (a peer's last error word or its
+                 * goodbye before its sockets closed): lost once nothing more comes. */
+                const int failed = p->rx.ops->progress(&p->rx) != ncclSuccess;
+                const int got = dpn_pump_in(net, q);
+                moved |= got;
+                if (failed && !got) dpn_peer_lost(net, q, 0, "the transport failed");
+            }
+            if (!p->tx_lost && p->tx.ops->progress(&p->tx) != ncclSuccess)
+                dpn_peer_lost(net, q, 1, "the transport failed");
+            if (!p->tx_lost) moved |= dpn_pump_out(net, q, closing, turn);
+            if (closing && !p->tx_lost && p->bye_out && !p->drained) dpn_drained(net, q);
+            open |= !p->tx_lost && !(p->bye_out && p->drained);
         }
         now = ch_host_now_ns();
         if (closing) {
@@ -425,6 +472,11 @@ void *dpn_proxy_main(void *arg) {
         else
             dpn_sleep(net);
     }
+    /* Left at once (an abort): the error word still goes to the peers not told yet, if their
+     * transports take it now, so that theirs name the cause rather than this rank's departure. */
+    if (ch_ld32_relaxed(dpn_err_host(net)) != CH_OK)
+        for (int q = 0; q < n; q++)
+            if (q != net->rank && !net->peers[q].err_out) (void)dpn_pump_out(net, q, 0, turn);
     free(st.waits);
     return NULL;
 }

@@ -650,6 +650,7 @@ void devpath_comm_free(struct ncclComm *comm) {
     comm->dev_path = NULL;
     if (dp->drain_failed) {
         WARN("rank %d: device work did not finish: its device memory stays allocated", comm->rank);
+        if (dp->net) dp_net_stop(dp->net); /* its proxy uses the communicator */
         return;
     }
     for (int i = 0; i < dp->nevs; i++)

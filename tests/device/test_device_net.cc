@@ -6,11 +6,13 @@
 // within a named host, TCP between names). Checked here: the communicator takes that path (under
 // the emulator auto does; =kernel too); every collective against the serial reference (dtypes,
 // reductions, counts 0, 1, odd and large, in and out of place, LL and SIMPLE) on 2-5 and 8 forked
-// processes and on thread ranks; groups, ops back to back, a mismatched op (ncclInvalidUsage on
-// every rank), captures replayed; a peer killed mid-op on another host (TCP) and on the same
-// host (its process ends), which every survivor reports naming it; a peer that finished,
-// destroyed its communicator and exited while its receiver's launch was still queued (its proxy
-// forwarded first: no error); a peer that never calls (CHORUS_TIMEOUT), and an abort.
+// processes and on thread ranks; SIMPLE steps in fragments (transport chunks smaller than a
+// slot); groups, ops back to back, a mismatched op (ncclInvalidUsage on every rank), captures
+// replayed; a peer killed mid-op on another host (TCP) and on the same host (its process ends),
+// which every survivor reports naming it; a peer that finished, destroyed its communicator and
+// exited while its receiver's launch was still queued, and ranks destroying right after a large
+// op (their proxies forward first: no loss, no error); a peer that never calls
+// (CHORUS_TIMEOUT), and an abort.
 #include <gtest/gtest.h>
 
 #include <signal.h>
@@ -114,7 +116,7 @@ TEST_F(DeviceNet, AllCollectivesThreads) {
         RANK_PATH(k, "kernel-hosts");
         for (int coll = 0; coll < CH_COLL_COUNT; coll++)
             for (size_t count : {(size_t)0, (size_t)1, (size_t)1001, (size_t)40003})
-                if (run_op(k, coll, ncclFloat32, reduces(coll) ? ncclSum : ncclSum, count,
+                if (run_op(k, coll, ncclFloat32, ncclSum, count,
                            count == 1001 && coll != CH_COLL_SENDRECV && coll != CH_COLL_ALLTOALL,
                            (int)(count % k.n)))
                     return 1;
@@ -204,12 +206,13 @@ TEST_F(DeviceNet, CaptureReplaysForked) {
 
 // A peer killed in the middle of a large all-reduce: every survivor's stream ends well within
 // CHORUS_TIMEOUT (60 s), the next call fails with ncclRemoteError naming the dead rank. Rank 1 of
-// "a,b,c" (its sockets close: a TCP peer), and rank 1 of "a,a,b" (shared memory with rank 0:
-// its process is seen gone).
-void peer_killed(const char *hosts_list) {
+// "a,b,c,d" (its sockets close: a TCP peer; rank 3's ring neighbours are 0 and 2, so it may learn
+// of it from their error words), and rank 1 of "a,a,b" (shared memory with rank 0: its process
+// is seen gone).
+void peer_killed(const char *hosts_list, int n) {
     ScopedEnv timeout("CHORUS_TIMEOUT", "60");
     ScopedEnv hosts("CHORUS_TEST_HOSTS", hosts_list);
-    const int n = 3, victim = 1;
+    const int victim = 1;
     ncclUniqueId id = chorus_test::make_unique_id();
     auto res = chorus_test::run_forked(
         n,
@@ -256,11 +259,11 @@ void peer_killed(const char *hosts_list) {
 }
 
 TEST_F(DeviceNet, PeerKilledOtherHostForked) {
-    peer_killed("a,b,c");
+    peer_killed("a,b,c,d", 4);
 }
 
 TEST_F(DeviceNet, PeerKilledSameHostForked) {
-    peer_killed("a,a,b");
+    peer_killed("a,a,b", 3);
 }
 
 // 0 when b.out holds the float32 input of rank `from` (sent with make_bufs's fill).
@@ -304,6 +307,45 @@ TEST_F(DeviceNet, PeerThatFinishedAndLeftForked) {
             return 0;
         },
         60, chorus_test::Launch::Forked);
+}
+
+// Transport chunks smaller than a SIMPLE slot (NCCL_BUFFSIZE=16384: 2 KiB chunks, 4 KiB slots),
+// so every SIMPLE step crosses in fragments: every collective at SIMPLE and LL counts on 3 hosts.
+TEST_F(DeviceNet, FragmentedStepsForked) {
+    ScopedEnv hosts("CHORUS_TEST_HOSTS", "a,b,c");
+    ScopedEnv buff("NCCL_BUFFSIZE", "16384");
+    with_ranks(
+        3,
+        [&](Rank &k) -> int {
+            RANK_PATH(k, "kernel-hosts");
+            for (int coll = 0; coll < CH_COLL_COUNT; coll++)
+                for (size_t count : {(size_t)1, (size_t)1001, (size_t)40003})
+                    if (run_op(k, coll, ncclFloat32, ncclSum, count, false, (int)(count % k.n)))
+                        return 1;
+            return 0;
+        },
+        120, chorus_test::Launch::Forked);
+}
+
+// Every rank destroys its communicator right after a large all-reduce: a rank's kernel ends once
+// its last steps are published, which its proxy may not have sent yet while a peer's kernel
+// still waits for them. Destroy forwards them first and waits until the peer consumed them; five
+// communicators in a row, each result checked, no error anywhere.
+TEST_F(DeviceNet, DestroyRightAfterLargeOpsForked) {
+    ScopedEnv hosts("CHORUS_TEST_HOSTS", "a,b,c");
+    for (int round = 0; round < 5; round++) {
+        SCOPED_TRACE("round " + std::to_string(round));
+        with_ranks(
+            3,
+            [&](Rank &k) -> int {
+                RANK_PATH(k, "kernel-hosts");
+                if (run_op(k, CH_COLL_ALLREDUCE, ncclFloat32, ncclSum, 300007, false, 0)) return 1;
+                RANK_NCCL(ncclCommDestroy(k.comm));
+                k.destroyed = true;
+                return 0;
+            },
+            60, chorus_test::Launch::Forked);
+    }
 }
 
 // Rank 0 launches an all-reduce that rank 1 (another host) never calls. With `abort`, rank 0
