@@ -16,6 +16,7 @@
 #include <gtest/gtest.h>
 
 #include <signal.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <string>
@@ -214,6 +215,13 @@ void peer_killed(const char *hosts_list, int n) {
     ScopedEnv hosts("CHORUS_TEST_HOSTS", hosts_list);
     const int victim = 1;
     ncclUniqueId id = chorus_test::make_unique_id();
+    // The survivors abort only once all have read their error: an abort closes a rank's
+    // connections, whose failure the others' transports then report, and the last error
+    // (ncclGetLastError) is the process's latest warning.
+    int *checked = (int *)mmap(nullptr, sizeof(int), PROT_READ | PROT_WRITE,
+                               MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    ASSERT_NE(checked, MAP_FAILED);
+    *checked = 0;
     auto res = chorus_test::run_forked(
         n,
         [&](int rank, int nr) -> int {
@@ -244,6 +252,10 @@ void peer_killed(const char *hosts_list, int n) {
             RANK_CHECK(why.find("peer rank " + std::to_string(victim) + " ended") !=
                            std::string::npos,
                        "the error does not name the dead rank: %s\n", why.c_str());
+            __atomic_add_fetch(checked, 1, __ATOMIC_ACQ_REL);
+            while (__atomic_load_n(checked, __ATOMIC_ACQUIRE) < nr - 1 &&
+                   chorus_test::now_s() - t0 < 30)
+                usleep(1000);
             const double t1 = chorus_test::now_s();
             RANK_NCCL(ncclCommAbort(comm));
             RANK_CHECK(chorus_test::now_s() - t1 < 20, "abort took %.1f s\n",
@@ -252,6 +264,7 @@ void peer_killed(const char *hosts_list, int n) {
             return 0;
         },
         100);
+    munmap(checked, sizeof(int));
     EXPECT_FALSE(res.timed_out) << res.detail;
     EXPECT_EQ(res.failed, 1) << res.detail;
     EXPECT_NE(res.detail.find("rank " + std::to_string(victim) + ": signal 9"), std::string::npos)
