@@ -50,8 +50,11 @@ void devpath_poll_error(struct ncclComm *comm);
 /* 1 when comm runs device-buffer ops on the device path (not staged; tests). */
 int devpath_kernel_on(const struct ncclComm *comm);
 /* How comm runs device-buffer ops: "kernel" (thread ranks), "kernel-procs" (the kernel between
- * processes), "ce" (copy-engine programs) or "staged" (tests, logs). */
+ * processes), "kernel-hosts" (the kernel between hosts), "ce" (copy-engine programs) or "staged"
+ * (tests, logs). */
 const char *devpath_path_name(const struct ncclComm *comm);
+/* Between hosts: the peers this rank's proxy has transports to (-1 on other paths; tests). */
+int devpath_net_peers(const struct ncclComm *comm);
 /* comm_free: drain, then drop this rank's share of the world. */
 void devpath_comm_free(struct ncclComm *comm);
 /* ncclCommRegister / ncclCommDeregister of device memory on a communicator whose ranks run

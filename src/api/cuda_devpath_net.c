@@ -24,7 +24,8 @@
 #include "proc_state.h"
 #include "util.h"
 
-#define DPN_TAG 0x444E0000u /* + lo * nranks + hi: the transport setups of the proxy's pairs */
+#define DPN_TAG 0x444E0000u      /* + lo * nranks + hi: the transport setups of the proxy's pairs */
+#define DPN_PAIR_TAG 0x4E500000u /* + lo * nranks + hi: a lazy pairing's meeting */
 
 static size_t dpn_round(size_t b, size_t a) {
     return (b + a - 1) / a * a;
@@ -39,15 +40,27 @@ static int dpn_used(const dp_net_t *net, int c, int src, int dst) {
     return 0;
 }
 
-/* The bytes of one connection end in the block. */
+/* Whether (c, src -> dst) is made at init: every used one, or when lazy those of ring
+ * neighbours on channel c and of a rank to itself. */
+static int dpn_at_init(const dp_net_t *net, int c, int src, int dst) {
+    const int n = net->nranks;
+    if (!dpn_used(net, c, src, dst)) return 0;
+    if (!net->lazy || src == dst) return 1;
+    for (int pos = 0; pos < n; pos++)
+        if (net->ring[c * n + pos] == src) return net->ring[c * n + (pos + 1) % n] == dst;
+    return 0;
+}
+
+/* The bytes of one connection end in a block. */
 static size_t dpn_end_bytes(const dp_net_t *net) {
     return sizeof(ch_ctrl_t) + dpn_round((size_t)net->nslots * 8, 64) +
            (size_t)net->nslots * net->slot_bytes + (size_t)net->nslots * net->ll_words * 8;
 }
 
-/* Lay connection (c, src -> dst) out at `at` in the block: v gets the host's addresses, the
- * kernel's table entry the device's. */
-static void dpn_place(dp_net_t *net, char *at, int c, int src, int dst, ch_conn_t *v) {
+/* Lay connection (c, src -> dst) out at `at` in a block the device addresses `to_dev` bytes
+ * further: v gets the host's addresses, the kernel's table entry the device's. */
+static void dpn_place(dp_net_t *net, char *at, ptrdiff_t to_dev, int c, int src, int dst,
+                      ch_conn_t *v) {
     memset(v, 0, sizeof(*v));
     v->ctrl = (ch_ctrl_t *)at;
     v->sizes = (uint64_t *)(at + sizeof(ch_ctrl_t));
@@ -58,7 +71,6 @@ static void dpn_place(dp_net_t *net, char *at, int c, int src, int dst, ch_conn_
     v->slot_bytes = net->slot_bytes;
     v->src = src;
     v->dst = dst;
-    const ptrdiff_t to_dev = net->dev - net->host;
     ch_conn_t *k = &net->conns[((size_t)c * net->nranks + src) * net->nranks + dst];
     *k = *v;
     k->ctrl = (ch_ctrl_t *)((char *)v->ctrl + to_dev);
@@ -66,6 +78,27 @@ static void dpn_place(dp_net_t *net, char *at, int c, int src, int dst, ch_conn_
         src == net->rank && dst != net->rank ? (uint64_t *)((char *)v->sizes + to_dev) : NULL;
     k->buf = v->buf + to_dev;
     k->ll = (uint64_t *)((char *)v->ll + to_dev);
+}
+
+/* Make this rank's end of (c, src -> dst) at `at` and, for a peer's connection, hand it to the
+ * proxy (the caller holds net->install once the proxy runs). */
+static void dpn_make_end(dp_net_t *net, char *at, ptrdiff_t to_dev, int c, int src, int dst) {
+    ch_conn_t v;
+    dpn_place(net, at, to_dev, c, src, dst, &v);
+    if (src == dst) return; /* a send to itself stays in the block */
+    const int is_send = src == net->rank, q = is_send ? dst : src;
+    dpn_end_t *e = &net->ends[net->nends++];
+    e->v = v;
+    e->c = c;
+    e->peer = q;
+    e->is_send = is_send;
+    if (!is_send) e->v.sizes = NULL;
+    *dpn_slot(net, is_send ? net->by_send : net->by_recv, c, q) = e;
+    dpn_peer_t *p = &net->peers[q];
+    if (is_send)
+        p->sends[p->nsend++] = e;
+    else
+        p->recvs[p->nrecv++] = e;
 }
 
 static ncclResult_t dpn_alloc_mem(dp_net_t *net) {
@@ -77,16 +110,24 @@ static ncclResult_t dpn_alloc_mem(dp_net_t *net) {
     net->by_recv = calloc((size_t)nch * n, sizeof(dpn_end_t *));
     net->peers = calloc((size_t)n, sizeof(dpn_peer_t));
     net->ends = calloc((size_t)nch * 2 * n, sizeof(dpn_end_t));
-    if (!net->ring || !net->conns || !net->by_send || !net->by_recv || !net->peers || !net->ends)
+    net->pair_blocks = calloc((size_t)n, sizeof(void *));
+    if (!net->ring || !net->conns || !net->by_send || !net->by_recv || !net->peers || !net->ends ||
+        !net->pair_blocks)
         return ncclSystemError;
     for (int c = 0; c < nch; c++)
         for (int pos = 0; pos < n; pos++)
             net->ring[c * n + pos] = ch_cpu_ring_rank(n, c, pos);
+    for (int q = 0; q < n; q++) {
+        dpn_peer_t *p = &net->peers[q];
+        p->sends = calloc((size_t)nch, sizeof(dpn_end_t *));
+        p->recvs = calloc((size_t)nch, sizeof(dpn_end_t *));
+        if (!p->sends || !p->recvs) return ncclSystemError;
+    }
     size_t nplaces = 0;
     for (int c = 0; c < nch; c++)
         for (int q = 0; q < n; q++)
-            nplaces +=
-                (size_t)dpn_used(net, c, me, q) + (size_t)(q != me && dpn_used(net, c, q, me));
+            nplaces += (size_t)dpn_at_init(net, c, me, q) +
+                       (size_t)(q != me && dpn_at_init(net, c, q, me));
     const size_t per = dpn_end_bytes(net);
     net->host_bytes = DPN_HDR_BYTES + nplaces * per;
     void *host = NULL, *dev = NULL;
@@ -98,35 +139,14 @@ static ncclResult_t dpn_alloc_mem(dp_net_t *net) {
         for (int q = 0; q < n; q++) {
             for (int dir = 0; dir < 2; dir++) {
                 const int src = dir == 0 ? me : q, dst = dir == 0 ? q : me;
-                if ((dir == 1 && q == me) || !dpn_used(net, c, src, dst)) continue;
-                ch_conn_t v;
-                dpn_place(net, at, c, src, dst, &v);
+                if ((dir == 1 && q == me) || !dpn_at_init(net, c, src, dst)) continue;
+                dpn_make_end(net, at, net->dev - net->host, c, src, dst);
                 at += per;
-                if (q == me) continue; /* a send to itself stays in the block */
-                dpn_end_t *e = &net->ends[net->nends++];
-                e->v = v;
-                e->c = c;
-                e->peer = q;
-                e->is_send = dir == 0;
-                if (!e->is_send) e->v.sizes = NULL;
-                *dpn_slot(net, e->is_send ? net->by_send : net->by_recv, c, q) = e;
             }
         }
     }
-    for (int q = 0; q < n; q++) {
-        dpn_peer_t *p = &net->peers[q];
-        p->sends = calloc((size_t)nch, sizeof(dpn_end_t *));
-        p->recvs = calloc((size_t)nch, sizeof(dpn_end_t *));
-        if (!p->sends || !p->recvs) return ncclSystemError;
-    }
-    for (int i = 0; i < net->nends; i++) {
-        dpn_end_t *e = &net->ends[i];
-        dpn_peer_t *p = &net->peers[e->peer];
-        if (e->is_send)
-            p->sends[p->nsend++] = e;
-        else
-            p->recvs[p->nrecv++] = e;
-    }
+    for (int q = 0; q < n; q++)
+        net->peers[q].paired = !net->lazy || q == me;
     const size_t nconn = (size_t)nch * n * n;
     CHECK(rt->dev_alloc((void **)&net->dev_conns, nconn * sizeof(ch_conn_t)));
     CHECK(rt->dev_alloc((void **)&net->dev_ring, (size_t)nch * n * sizeof(int)));
@@ -136,9 +156,37 @@ static ncclResult_t dpn_alloc_mem(dp_net_t *net) {
     return rt->memcpy_h2d(net->dev_ring, net->ring, (size_t)nch * n * sizeof(int));
 }
 
-/* The proxy's transport connections, one each way to every peer. Pairs are visited in increasing
- * (lo, hi) order and lo -> hi first, the same on both ends, so no setup waits in a cycle. The
- * bootstrap links the setups opened are closed again, as after point-to-point setups. */
+/* Whether this rank has an end of a connection with q (its transports are made at init). */
+static int dpn_has_ends(const dp_net_t *net, int q) {
+    return net->peers[q].nsend > 0 || net->peers[q].nrecv > 0;
+}
+
+/* The transports to and from q, lo -> hi first (both ends of the pair do the same). */
+static ncclResult_t dpn_connect_peer(dp_net_t *net, int q, int tag) {
+    const int me = net->rank;
+    ncclResult_t first = ncclSuccess;
+    for (int k = 0; k < 2; k++) {
+        const int is_send = k == 0 ? me < q : !(me < q);
+        chorus_conn_t *conn = is_send ? &net->peers[q].tx : &net->peers[q].rx;
+        ncclResult_t r = transport_connect(&net->comm->tctx, conn, q, is_send, -1, tag);
+        if (r != ncclSuccess && first == ncclSuccess) first = r;
+    }
+    if (first != ncclSuccess) return first;
+    /* An LL step travels in one message: the transport's chunk must hold it. */
+    const chorus_conn_t *t = &net->peers[q].tx;
+    if (t->slot_bytes < 2 * 64 + (size_t)net->ll_words * 4) {
+        WARN("rank %d: the transport to rank %d carries %zu bytes a chunk: too few for the "
+             "device path's LL slots of %u bytes (NCCL_BUFFSIZE / CHORUS_NSLOTS)",
+             me, q, t->slot_bytes, net->ll_words * 4);
+        return ncclInvalidUsage;
+    }
+    return ncclSuccess;
+}
+
+/* The proxy's transport connections, one each way to every peer it has ends with at init.
+ * Pairs are visited in increasing (lo, hi) order and lo -> hi first, the same on both ends, so no
+ * setup waits in a cycle. The bootstrap links the setups opened are closed again, as after
+ * point-to-point setups. */
 static ncclResult_t dpn_connect(dp_net_t *net) {
     struct ncclComm *comm = net->comm;
     const int n = net->nranks, me = net->rank;
@@ -148,30 +196,83 @@ static ncclResult_t dpn_connect(dp_net_t *net) {
     for (int q = 0; q < n; q++)
         had[q] = q == me || bootstrap_peer_connected(comm->bs, q);
     for (int q = 0; q < n; q++) {
-        if (q == me) continue;
+        if (q == me || !dpn_has_ends(net, q)) continue;
         const int lo = CHORUS_MIN(me, q), hi = CHORUS_MAX(me, q);
-        const int tag = (int)(DPN_TAG + (uint32_t)lo * (uint32_t)n + (uint32_t)hi);
-        for (int k = 0; k < 2; k++) {
-            const int is_send = k == 0 ? me < q : !(me < q);
-            chorus_conn_t *conn = is_send ? &net->peers[q].tx : &net->peers[q].rx;
-            ncclResult_t r = transport_connect(&comm->tctx, conn, q, is_send, -1, tag);
-            if (r != ncclSuccess && first == ncclSuccess) first = r;
-        }
+        ncclResult_t r =
+            dpn_connect_peer(net, q, (int)(DPN_TAG + (uint32_t)lo * (uint32_t)n + (uint32_t)hi));
+        if (r != ncclSuccess && first == ncclSuccess) first = r;
+        if (r == ncclSuccess) net->peers[q].ready = 1;
     }
     for (int q = 0; first == ncclSuccess && q < n; q++)
         if (!had[q]) bootstrap_release_peer(comm->bs, q);
     free(had);
-    /* An LL step travels in one message: the transport's chunk must hold it. */
-    for (int q = 0; first == ncclSuccess && q < n; q++) {
-        const chorus_conn_t *t = &net->peers[q].tx;
-        if (q != me && t->slot_bytes < 2 * 64 + (size_t)net->ll_words * 4) {
-            WARN("rank %d: the transport to rank %d carries %zu bytes a chunk: too few for the "
-                 "device path's LL slots of %u bytes (NCCL_BUFFSIZE / CHORUS_NSLOTS)",
-                 me, q, t->slot_bytes, net->ll_words * 4);
-            first = ncclInvalidUsage;
+    return first;
+}
+
+/* Pair this rank with q on the all-pairs channels (lazy; both call it for each other, in
+ * increasing (lo, hi) order): make the ends that do not exist yet, in a block of their own, and
+ * hand them to the proxy and the kernel's table; then connect the transports if q had none
+ * (the proxy serves q from then on), else meet q through the bootstrap, so that neither launches
+ * an op over the new ends before the other's proxy knows them. */
+static ncclResult_t dpn_pair(dp_net_t *net, int q) {
+    const int me = net->rank, n = net->nranks;
+    const ch_rt_t *rt = net->rt;
+    dpn_peer_t *p = &net->peers[q];
+    int count = 0;
+    for (int c = 0; c < net->p2p_nch; c++)
+        count += (*dpn_slot(net, net->by_send, c, q) == NULL) +
+                 (*dpn_slot(net, net->by_recv, c, q) == NULL);
+    if (count > 0) {
+        const size_t per = dpn_end_bytes(net);
+        void *host = NULL, *dev = NULL;
+        CHECK(rt->host_mapped_alloc(&host, &dev, (size_t)count * per));
+        net->pair_blocks[q] = host;
+        char *at = (char *)host;
+        const ptrdiff_t to_dev = (char *)dev - (char *)host;
+        pthread_mutex_lock(&net->install);
+        for (int c = 0; c < net->p2p_nch; c++) {
+            if (*dpn_slot(net, net->by_send, c, q) == NULL) {
+                dpn_make_end(net, at, to_dev, c, me, q);
+                at += per;
+            }
+            if (*dpn_slot(net, net->by_recv, c, q) == NULL) {
+                dpn_make_end(net, at, to_dev, c, q, me);
+                at += per;
+            }
+        }
+        pthread_mutex_unlock(&net->install);
+        for (int c = 0; c < net->p2p_nch; c++) {
+            const size_t i = ((size_t)c * n + me) * n + q, j = ((size_t)c * n + q) * n + me;
+            CHECK(rt->memcpy_h2d(net->dev_conns + i, net->conns + i, sizeof(ch_conn_t)));
+            CHECK(rt->memcpy_h2d(net->dev_conns + j, net->conns + j, sizeof(ch_conn_t)));
         }
     }
-    return first;
+    const int lo = CHORUS_MIN(me, q), hi = CHORUS_MAX(me, q);
+    if (!__atomic_load_n(&p->ready, __ATOMIC_ACQUIRE)) {
+        CHECK(dpn_connect_peer(net, q, (int)(DPN_TAG + (uint32_t)lo * (uint32_t)n + (uint32_t)hi)));
+        __atomic_store_n(&p->ready, 1, __ATOMIC_RELEASE);
+    } else {
+        const int tag = (int)(DPN_PAIR_TAG + (uint32_t)lo * (uint32_t)n + (uint32_t)hi);
+        char b = 1;
+        CHECK(bootstrap_send(net->comm->bs, q, tag, &b, 1));
+        CHECK(bootstrap_recv(net->comm->bs, q, tag, &b, 1));
+    }
+    p->paired = 1;
+    return ncclSuccess;
+}
+
+ncclResult_t dp_net_need(dp_net_t *net, int all, int peer_a, int peer_b) {
+    if (!net->lazy) return ncclSuccess;
+    for (int q = 0; q < net->nranks; q++) {
+        if (!(all || q == peer_a || q == peer_b) || net->peers[q].paired) continue;
+        ncclResult_t res = dpn_pair(net, q);
+        if (res != ncclSuccess) {
+            WARN("rank %d: could not connect the device path to rank %d (%s)", net->rank, q,
+                 net->comm->peers[q].hostname);
+            return res;
+        }
+    }
+    return ncclSuccess;
 }
 
 static void dpn_free_mem(dp_net_t *net) {
@@ -181,6 +282,9 @@ static void dpn_free_mem(dp_net_t *net) {
     if (net->op_seq) rt->dev_free(net->op_seq);
     if (net->blocks_seq) rt->dev_free(net->blocks_seq);
     if (net->host) rt->host_mapped_free(net->host);
+    for (int q = 0; net->pair_blocks && q < net->nranks; q++)
+        if (net->pair_blocks[q]) rt->host_mapped_free(net->pair_blocks[q]);
+    free(net->pair_blocks);
     for (int q = 0; net->peers && q < net->nranks; q++) {
         free(net->peers[q].sends);
         free(net->peers[q].recvs);
@@ -214,6 +318,7 @@ void dp_net_free(dp_net_t *net) {
     dp_net_stop(net);
     dpn_free_mem(net);
     pthread_mutex_destroy(&net->lock);
+    pthread_mutex_destroy(&net->install);
     pthread_cond_destroy(&net->cond);
     free(net);
 }
@@ -232,7 +337,9 @@ dp_net_t *dp_net_setup(struct ncclComm *comm, const ch_rt_t *rt, int local_ok, i
         return NULL;
     } else {
         pthread_mutex_init(&net->lock, NULL);
+        pthread_mutex_init(&net->install, NULL);
         pthread_cond_init(&net->cond, NULL);
+        net->lazy = n > chorus_param_int(PARAM_DEVICE_NET_EAGER_MAX);
         net->rt = rt;
         net->comm = comm;
         net->rank = me;
@@ -318,6 +425,9 @@ void dp_net_kick(dp_net_t *net) {
     pthread_mutex_unlock(&net->lock);
 }
 
-uint64_t dp_net_bytes_sent(const dp_net_t *net) {
-    return __atomic_load_n(&net->bytes_sent, __ATOMIC_RELAXED);
+int dp_net_peers_ready(const dp_net_t *net) {
+    int k = 0;
+    for (int q = 0; q < net->nranks; q++)
+        k += __atomic_load_n(&net->peers[q].ready, __ATOMIC_ACQUIRE) != 0;
+    return k;
 }

@@ -643,6 +643,11 @@ const char *devpath_path_name(const struct ncclComm *comm) {
     return dp_ce_kernel(dp->ce) ? "kernel-procs" : "ce";
 }
 
+int devpath_net_peers(const struct ncclComm *comm) {
+    const devpath_comm_t *dp = comm ? comm->dev_path : NULL;
+    return dp && dp->net ? dp_net_peers_ready(dp->net) : -1;
+}
+
 void devpath_comm_free(struct ncclComm *comm) {
     devpath_comm_t *dp = comm->dev_path;
     if (dp == NULL) return;

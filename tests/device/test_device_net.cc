@@ -32,6 +32,7 @@
 extern "C" {
 #include "param.h"
 const char *devpath_path_name(const struct ncclComm *comm);
+int devpath_net_peers(const struct ncclComm *comm);
 }
 
 namespace {
@@ -359,6 +360,64 @@ TEST_F(DeviceNet, DestroyRightAfterLargeOpsForked) {
             },
             60, chorus_test::Launch::Forked);
     }
+}
+
+// Past CHORUS_DEVICE_NET_EAGER_MAX ranks (0 here, 5 processes on 5 hosts) a rank starts with
+// transports and ends for its ring neighbours only; a send/receive to a rank two away pairs
+// those two (both calls meet there), an all-to-all pairs everyone; results stay right before,
+// between and after.
+TEST_F(DeviceNet, LazyPairsForked) {
+    ScopedEnv hosts("CHORUS_TEST_HOSTS", "a,b,c,d,e");
+    ScopedEnv eager("CHORUS_DEVICE_NET_EAGER_MAX", "0");
+    with_ranks(
+        5,
+        [&](Rank &k) -> int {
+            RANK_PATH(k, "kernel-hosts");
+            RANK_CHECK(devpath_net_peers(k.comm) == 2, "rank %d: %d peers at init, want 2\n", k.r,
+                       devpath_net_peers(k.comm));
+            for (size_t count : {(size_t)1001, (size_t)40003})
+                for (int coll : {CH_COLL_ALLREDUCE, CH_COLL_BROADCAST, CH_COLL_SENDRECV})
+                    if (run_op(k, coll, ncclFloat32, ncclSum, count, false, 2)) return 1;
+            RANK_CHECK(devpath_net_peers(k.comm) == 2, "rank %d: %d peers after ring ops\n", k.r,
+                       devpath_net_peers(k.comm));
+            const int to = (k.r + 2) % k.n, from = (k.r - 2 + k.n) % k.n;
+            for (size_t count : {(size_t)100, (size_t)40003}) {
+                Bufs b;
+                make_bufs(k, CH_COLL_SENDRECV, ncclFloat32, ncclSum, count, false, &b);
+                RANK_NCCL(ncclGroupStart());
+                RANK_NCCL(ncclSend(b.in, count, ncclFloat32, to, k.comm, k.stream()));
+                RANK_NCCL(ncclRecv(b.out, count, ncclFloat32, from, k.comm, k.stream()));
+                RANK_NCCL(ncclGroupEnd());
+                RANK_NCCL(ch_emu_stream_sync(k.st));
+                if (check_received(b, from, count)) return 1;
+            }
+            RANK_CHECK(devpath_net_peers(k.comm) == 4, "rank %d: %d peers after r +- 2\n", k.r,
+                       devpath_net_peers(k.comm));
+            for (size_t count : {(size_t)0, (size_t)1, (size_t)1001, (size_t)40003})
+                for (int coll = 0; coll < CH_COLL_COUNT; coll++)
+                    if (run_op(k, coll, ncclInt32, ncclSum, count, false, 1)) return 1;
+            return 0;
+        },
+        120, chorus_test::Launch::Forked);
+}
+
+// The same pairing at first use between thread ranks (ThreadSanitizer sees the proxy take the
+// new ends while it serves the ring neighbours): 4 ranks as 4 hosts, an all-reduce, then an
+// all-to-all, which pairs each rank with the one opposite.
+TEST_F(DeviceNet, LazyPairsThreads) {
+    ScopedEnv hosts("CHORUS_TEST_HOSTS", "a,b,c,d");
+    ScopedEnv eager("CHORUS_DEVICE_NET_EAGER_MAX", "0");
+    with_ranks(4, [&](Rank &k) -> int {
+        RANK_PATH(k, "kernel-hosts");
+        if (run_op(k, CH_COLL_ALLREDUCE, ncclFloat32, ncclSum, 40003, false, 0)) return 1;
+        RANK_CHECK(devpath_net_peers(k.comm) == 2, "rank %d: %d peers\n", k.r,
+                   devpath_net_peers(k.comm));
+        for (size_t count : {(size_t)1001, (size_t)40003})
+            if (run_op(k, CH_COLL_ALLTOALL, ncclFloat32, ncclSum, count, false, 0)) return 1;
+        RANK_CHECK(devpath_net_peers(k.comm) == 3, "rank %d: %d peers\n", k.r,
+                   devpath_net_peers(k.comm));
+        return run_op(k, CH_COLL_ALLREDUCE, ncclFloat32, ncclSum, 1001, true, 0);
+    });
 }
 
 // Rank 0 launches an all-reduce that rank 1 (another host) never calls. With `abort`, rank 0
