@@ -114,9 +114,15 @@ static ncclResult_t dpn_alloc_mem(dp_net_t *net) {
     if (!net->ring || !net->conns || !net->by_send || !net->by_recv || !net->peers || !net->ends ||
         !net->pair_blocks)
         return ncclSystemError;
-    for (int c = 0; c < nch; c++)
+    /* The communicator's rings (topology's: the ranks of a host next to each other, so a ring
+     * crosses between hosts as few times as it can; channels alternate direction), else rank
+     * order. Every rank computes the same from the same locality records. */
+    const struct ncclComm *comm = net->comm;
+    for (int c = 0; c < nch; c++) {
+        const int *topo = comm->nchannels > 0 ? comm->channels[c % comm->nchannels].ring : NULL;
         for (int pos = 0; pos < n; pos++)
-            net->ring[c * n + pos] = ch_cpu_ring_rank(n, c, pos);
+            net->ring[c * n + pos] = topo ? topo[pos] : ch_cpu_ring_rank(n, c, pos);
+    }
     for (int q = 0; q < n; q++) {
         dpn_peer_t *p = &net->peers[q];
         p->sends = calloc((size_t)nch, sizeof(dpn_end_t *));
@@ -423,6 +429,15 @@ void dp_net_kick(dp_net_t *net) {
     pthread_mutex_lock(&net->lock);
     pthread_cond_signal(&net->cond);
     pthread_mutex_unlock(&net->lock);
+}
+
+int dp_net_host_crossings(const dp_net_t *net) {
+    const int n = net->nranks;
+    int k = 0;
+    for (int pos = 0; pos < n; pos++)
+        k += !locality_same_host(&net->comm->peers[net->ring[pos]],
+                                 &net->comm->peers[net->ring[(pos + 1) % n]]);
+    return k;
 }
 
 int dp_net_peers_ready(const dp_net_t *net) {

@@ -62,7 +62,8 @@ void dp_net_kernel_args(const dp_net_t *net, const ch_conn_t **conns, const int 
 ncclResult_t dp_net_need(dp_net_t *net, int all, int peer_a, int peer_b);
 /* A launch was queued: the proxy polls without sleeping for a while. */
 void dp_net_kick(dp_net_t *net);
-/* The peers the proxy has transports to (tests). */
+/* The peers the proxy has transports to; the ring edges of channel 0 between hosts (tests). */
 int dp_net_peers_ready(const dp_net_t *net);
+int dp_net_host_crossings(const dp_net_t *net);
 
 #endif

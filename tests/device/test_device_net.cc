@@ -33,6 +33,7 @@ extern "C" {
 #include "param.h"
 const char *devpath_path_name(const struct ncclComm *comm);
 int devpath_net_peers(const struct ncclComm *comm);
+int devpath_net_host_crossings(const struct ncclComm *comm);
 }
 
 namespace {
@@ -469,6 +470,30 @@ TEST_F(DeviceNet, AbortReleasesLaunchForked) {
 
 TEST_F(DeviceNet, DeadlineForked) {
     never_called(false);
+}
+
+// Ranks placed round-robin on two hosts ("a,b,a,b,a,b"): the kernel's rings are the topology's,
+// with each host's ranks next to each other, so a ring crosses between the hosts twice (rank
+// order would cross on every edge); every collective stays right.
+TEST_F(DeviceNet, InterleavedHostsForked) {
+    ScopedEnv hosts("CHORUS_TEST_HOSTS", "a,b,a,b,a,b");
+    with_ranks(
+        6,
+        [&](Rank &k) -> int {
+            RANK_PATH(k, "kernel-hosts");
+            RANK_CHECK(devpath_net_host_crossings(k.comm) == 2,
+                       "rank %d: the ring crosses between hosts %d times, want 2\n", k.r,
+                       devpath_net_host_crossings(k.comm));
+            for (size_t count : {(size_t)1, (size_t)1001, (size_t)40003})
+                for (int coll = 0; coll < CH_COLL_COUNT; coll++)
+                    if (run_op(k, coll, ncclFloat32, ncclSum, count,
+                               count == 1001 && coll != CH_COLL_SENDRECV &&
+                                   coll != CH_COLL_ALLTOALL,
+                               3))
+                        return 1;
+            return 0;
+        },
+        120, chorus_test::Launch::Forked);
 }
 
 // One host: the communicator keeps the paths of one host (the kernel between threads here).
