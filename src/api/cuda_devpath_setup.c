@@ -402,6 +402,35 @@ static int dp_reach_peers(const struct ncclComm *comm, const ch_rt_t *rt, const 
     return 1;
 }
 
+/* Whether this rank's GPU can be made current for a path between processes or hosts (the
+ * emulator needs none); why not. */
+static int dp_gpu_current(const struct ncclComm *comm, const ch_rt_t *rt, const char **why) {
+    if (!rt->emulated && (!chorus_cuda_available() || comm->cuda_dev < 0)) {
+        *why = "no GPU";
+        return 0;
+    }
+    if (dp_set_device(rt, comm->cuda_dev) != ncclSuccess) {
+        *why = "cannot make the GPU current";
+        return 0;
+    }
+    return 1;
+}
+
+/* The per-communicator state of a path between processes or hosts (their ops never run direct:
+ * the direct mode reads peers' buffers at their addresses, threads only), or NULL. */
+static devpath_comm_t *dp_new(const struct ncclComm *comm, const ch_rt_t *rt,
+                              const dp_sizes_t *sz) {
+    devpath_comm_t *dp = calloc(1, sizeof(*dp));
+    if (dp == NULL) {
+        WARN("rank %d: out of memory setting up the device path", comm->rank);
+        return NULL;
+    }
+    dp->rt = rt;
+    dp->sz = *sz;
+    dp->direct_min = -1;
+    return dp;
+}
+
 /* Processes of one host: copy-engine programs (kernel 0) or the collective kernel (1) over
  * connections in device memory each rank shares with the others. Copy-engine programs: on a GPU
  * 2 channels of 8 slots of CHORUS_DEVICE_SLOT_BYTES (a channel's program runs after the previous
@@ -416,15 +445,7 @@ static void dp_ce_init(struct ncclComm *comm, const ch_rt_t *rt, int kernel) {
     sz->p2p_nch = kernel ? dp_p2p_channels(sz->nch, comm->nranks) : sz->nch;
     const char *what = kernel ? "the kernel between processes" : "copy-engine programs";
     const char *why = NULL;
-    int local_ok = 1;
-    if (!rt->emulated && (!chorus_cuda_available() || comm->cuda_dev < 0)) {
-        why = "no GPU";
-        local_ok = 0;
-    }
-    if (local_ok && dp_set_device(rt, comm->cuda_dev) != ncclSuccess) {
-        why = "cannot make the GPU current";
-        local_ok = 0;
-    }
+    int local_ok = dp_gpu_current(comm, rt, &why);
     if (local_ok && !kernel && rt->ce_check(comm->cuda_dev, &why) != ncclSuccess) local_ok = 0;
     if (local_ok && kernel && !dp_reach_peers(comm, rt, &why)) local_ok = 0;
     if (!local_ok) INFO(SUB_INIT, "rank %d: %s cannot run here: %s", comm->rank, what, why);
@@ -435,17 +456,13 @@ static void dp_ce_init(struct ncclComm *comm, const ch_rt_t *rt, int kernel) {
              why ? why : "a rank failed to; its log says why");
         return;
     }
-    devpath_comm_t *dp = calloc(1, sizeof(*dp));
+    devpath_comm_t *dp = dp_new(comm, rt, sz);
     if (dp == NULL) {
-        WARN("rank %d: out of memory setting up the device path", comm->rank);
         dp_ce_free(ce);
         return;
     }
     dp->ce = ce;
-    dp->rt = rt;
-    dp->sz = *sz;
     dp->err_host = dp->err_dev = dp_ce_err(ce);
-    dp->direct_min = -1; /* the direct mode reads peers' buffers at their addresses: threads only */
     dp_attach(comm, dp);
 }
 
@@ -461,15 +478,7 @@ static void dp_net_init(struct ncclComm *comm, const ch_rt_t *rt) {
     dp_sizes_t *sz = rt->emulated ? &emu : &gpu;
     sz->p2p_nch = dp_p2p_channels(sz->nch, comm->nranks);
     const char *why = NULL;
-    int local_ok = 1;
-    if (!rt->emulated && (!chorus_cuda_available() || comm->cuda_dev < 0)) {
-        why = "no GPU";
-        local_ok = 0;
-    }
-    if (local_ok && dp_set_device(rt, comm->cuda_dev) != ncclSuccess) {
-        why = "cannot make the GPU current";
-        local_ok = 0;
-    }
+    const int local_ok = dp_gpu_current(comm, rt, &why);
     if (!local_ok)
         INFO(SUB_INIT, "rank %d: the kernel between hosts cannot run here: %s", comm->rank, why);
     dp_net_t *net = dp_net_setup(comm, rt, local_ok, sz->nch, sz->p2p_nch, sz->nslots,
@@ -480,17 +489,13 @@ static void dp_net_init(struct ncclComm *comm, const ch_rt_t *rt) {
              comm->rank, why ? why : "a rank failed to; its log says why");
         return;
     }
-    devpath_comm_t *dp = calloc(1, sizeof(*dp));
+    devpath_comm_t *dp = dp_new(comm, rt, sz);
     if (dp == NULL) {
-        WARN("rank %d: out of memory setting up the device path", comm->rank);
         dp_net_free(net);
         return;
     }
     dp->net = net;
-    dp->rt = rt;
-    dp->sz = *sz;
     dp->err_host = dp_net_err(net, &dp->err_dev);
-    dp->direct_min = -1; /* the direct mode reads peers' buffers at their addresses */
     dp_attach(comm, dp);
 }
 

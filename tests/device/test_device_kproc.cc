@@ -348,38 +348,8 @@ TEST_F(DeviceKProc, DeadlineForked) {
 // ordinary all-reduce after every 10th replay (the op counters in device memory number both).
 TEST_F(DeviceKProc, CaptureReplaysForked) {
     with_ranks(
-        3,
-        [&](Rank &k) -> int {
-            const ch_rt_t *rt = ch_rt_emu();
-            for (size_t count : {(size_t)1001, (size_t)30011}) {
-                Bufs b;
-                make_bufs(k, CH_COLL_ALLREDUCE, ncclInt32, ncclSum, count, false, &b);
-                RANK_NCCL(rt->capture_begin(k.st));
-                RANK_NCCL(
-                    ncclAllReduce(b.in, b.out, count, ncclInt32, ncclSum, k.comm, k.stream()));
-                void *graph = nullptr, *exec = nullptr;
-                RANK_NCCL(rt->capture_end(k.st, &graph));
-                RANK_NCCL(rt->graph_instantiate(&exec, graph));
-                rt->graph_destroy(graph);
-                for (int i = 0; i < 50; i++) {
-                    memset(b.out, 0xa5, count * sizeof(int32_t));
-                    RANK_NCCL(rt->graph_launch(exec, k.st));
-                    RANK_NCCL(ch_emu_stream_sync(k.st));
-                    if (check(k, CH_COLL_ALLREDUCE, ncclInt32, ncclSum, count, 0, b,
-                              "replay " + std::to_string(i)))
-                        return 1;
-                    if (i % 10 == 9 && run_op(k, CH_COLL_ALLREDUCE, ncclInt32, ncclSum,
-                                              3000 + (size_t)i, false, 0))
-                        return 1;
-                }
-                rt->graph_exec_destroy(exec);
-            }
-            ncclResult_t async = ncclSuccess;
-            RANK_NCCL(ncclCommGetAsyncError(k.comm, &async));
-            RANK_CHECK(async == ncclSuccess, "async error %s\n", ncclGetErrorString(async));
-            return 0;
-        },
-        240, chorus_test::Launch::Forked);
+        3, [&](Rank &k) -> int { return capture_replays(k, 50); }, 240,
+        chorus_test::Launch::Forked);
 }
 
 // A rank whose device cannot reach a peer's GPU (no peer access): every rank stays staged
