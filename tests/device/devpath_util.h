@@ -2,11 +2,16 @@
 // slot kernel and copy-engine programs; test_device_direct.cc: the kernel's direct mode): thread
 // ranks with an emulated stream each, one op's buffers, the op issued through the NCCL API and
 // checked against device_ref.h's serial reference, and whole scenarios (ops back to back, a group,
-// an abort or a deadline releasing a launch whose peer never calls).
+// an abort or a deadline releasing a launch whose peer never calls, captures replayed, a peer
+// killed mid-op; also for test_device_kproc.cc and test_device_net.cc).
 #ifndef CHORUS_TESTS_DEVICE_DEVPATH_UTIL_H_
 #define CHORUS_TESTS_DEVICE_DEVPATH_UTIL_H_
 
 #include <gtest/gtest.h>
+
+#include <signal.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -24,8 +29,10 @@
 #include "device_ref.h"
 #include "launch.h"
 #include "nccl.h"
+#include "scoped_env.h"
 extern "C" {
 #include "param.h"
+const char *devpath_path_name(const struct ncclComm *comm);
 }
 
 namespace devpath_test {
@@ -189,6 +196,81 @@ inline void with_ranks(int n, const std::function<int(Rank &)> &fn, double timeo
         },
         timeout_s);
     EXPECT_TRUE(res.ok()) << res.detail;
+}
+
+// 0 when b.out holds the float32 input of rank `from` (sent with make_bufs's fill).
+inline int check_received(const Bufs &b, int from, size_t count) {
+    const float *got = (const float *)b.out;
+    for (size_t i = 0; i < count; i++) {
+        float want;
+        devref::fill(ncclSum, ncclFloat32, from, &want, 0, 1, i);
+        RANK_CHECK(got[i] == want, "element %zu is %g, want %g\n", i, got[i], want);
+    }
+    return 0;
+}
+
+// A peer killed in the middle of a large all-reduce (`count` floats; the victim dies `delay_us`
+// after its call): every survivor's stream ends well within CHORUS_TIMEOUT (60 s), the next call
+// fails with ncclRemoteError naming the dead rank, and abort is quick. The survivors abort only
+// once all have read their error: an abort closes a rank's connections, whose failure the
+// others' transports may report, and the last error (ncclGetLastError) is the process's latest
+// warning. want_path: the device path every rank must take.
+inline void peer_killed_midop(int n, int victim, const char *want_path, size_t count,
+                              int delay_us) {
+    chorus_test::ScopedEnv timeout("CHORUS_TIMEOUT", "60");
+    ncclUniqueId id = chorus_test::make_unique_id();
+    int *checked = (int *)mmap(nullptr, sizeof(int), PROT_READ | PROT_WRITE,
+                               MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    ASSERT_NE(checked, MAP_FAILED);
+    *checked = 0;
+    auto res = chorus_test::run_forked(
+        n,
+        [&](int rank, int nr) -> int {
+            ch_emu_stream_t *st = ch_emu_stream_create();
+            RANK_CHECK(st != nullptr, "no emulated stream\n");
+            ncclComm_t comm;
+            RANK_NCCL(ncclCommInitRank(&comm, nr, id, rank));
+            Rank k{comm, st, rank, nr, false};
+            RANK_CHECK(std::string(devpath_path_name(comm)) == want_path,
+                       "rank %d runs device-buffer ops as %s, want %s\n", rank,
+                       devpath_path_name(comm), want_path);
+            Bufs b;
+            make_bufs(k, CH_COLL_ALLREDUCE, ncclFloat32, ncclSum, count, false, &b);
+            RANK_NCCL(ncclAllReduce(b.in, b.out, 1001, ncclFloat32, ncclSum, comm, k.stream()));
+            RANK_NCCL(ch_emu_stream_sync(st));
+            RANK_NCCL(ncclAllReduce(b.in, b.out, count, ncclFloat32, ncclSum, comm, k.stream()));
+            if (rank == victim) {
+                usleep(delay_us); // its blocks are under way, far from done
+                raise(SIGKILL);
+            }
+            const double t0 = chorus_test::now_s();
+            (void)ch_emu_stream_sync(st);
+            const double took = chorus_test::now_s() - t0;
+            RANK_CHECK(took < 20, "the survivor's stream ended after %.1f s\n", took);
+            ncclResult_t next =
+                ncclAllReduce(b.in, b.out, 1001, ncclFloat32, ncclSum, comm, k.stream());
+            RANK_CHECK(next == ncclRemoteError, "the next call: %s\n", ncclGetErrorString(next));
+            const std::string why = ncclGetLastError(comm);
+            RANK_CHECK(why.find("peer rank " + std::to_string(victim) + " ended") !=
+                           std::string::npos,
+                       "the error does not name the dead rank: %s\n", why.c_str());
+            __atomic_add_fetch(checked, 1, __ATOMIC_ACQ_REL);
+            while (__atomic_load_n(checked, __ATOMIC_ACQUIRE) < nr - 1 &&
+                   chorus_test::now_s() - t0 < 30)
+                usleep(1000);
+            const double t1 = chorus_test::now_s();
+            RANK_NCCL(ncclCommAbort(comm));
+            RANK_CHECK(chorus_test::now_s() - t1 < 20, "abort took %.1f s\n",
+                       chorus_test::now_s() - t1);
+            ch_emu_stream_destroy(st);
+            return 0;
+        },
+        100);
+    munmap(checked, sizeof(int));
+    EXPECT_FALSE(res.timed_out) << res.detail;
+    EXPECT_EQ(res.failed, 1) << res.detail;
+    EXPECT_NE(res.detail.find("rank " + std::to_string(victim) + ": signal 9"), std::string::npos)
+        << res.detail;
 }
 
 // An all-reduce captured on the rank's stream (emulated) and replayed `replays` times with new

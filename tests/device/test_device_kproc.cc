@@ -153,56 +153,9 @@ TEST_F(DeviceKProc, MismatchForked) {
 // ncclRemoteError naming the dead rank, and abort is quick. 2 processes (rank 1 killed) and 3
 // (rank 0, whose host block holds the error word, killed).
 TEST_F(DeviceKProc, PeerKilledForked) {
-    ScopedEnv timeout("CHORUS_TIMEOUT", "60");
     for (auto nv : {std::make_pair(2, 1), std::make_pair(3, 0)}) {
-        const int n = nv.first, victim = nv.second;
-        SCOPED_TRACE("n=" + std::to_string(n) + " victim=" + std::to_string(victim));
-        ncclUniqueId id = chorus_test::make_unique_id();
-        auto res = chorus_test::run_forked(
-            n,
-            [&](int rank, int nr) -> int {
-                ch_emu_stream_t *st = ch_emu_stream_create();
-                RANK_CHECK(st != nullptr, "no emulated stream\n");
-                ncclComm_t comm;
-                RANK_NCCL(ncclCommInitRank(&comm, nr, id, rank));
-                Rank k{comm, st, rank, nr, false};
-                RANK_PATH(k, "kernel-procs");
-                const size_t count = (size_t)4 << 20;
-                Bufs b;
-                make_bufs(k, CH_COLL_ALLREDUCE, ncclFloat32, ncclSum, count, false, &b);
-                RANK_NCCL(ncclAllReduce(b.in, b.out, 1001, ncclFloat32, ncclSum, comm, k.stream()));
-                RANK_NCCL(ch_emu_stream_sync(st));
-                RANK_NCCL(
-                    ncclAllReduce(b.in, b.out, count, ncclFloat32, ncclSum, comm, k.stream()));
-                if (rank == victim) {
-                    usleep(2000); // its blocks are under way, far from done
-                    raise(SIGKILL);
-                }
-                const double t0 = chorus_test::now_s();
-                (void)ch_emu_stream_sync(st);
-                const double took = chorus_test::now_s() - t0;
-                RANK_CHECK(took < 20, "the survivor's stream ended after %.1f s\n", took);
-                ncclResult_t next =
-                    ncclAllReduce(b.in, b.out, 1001, ncclFloat32, ncclSum, comm, k.stream());
-                RANK_CHECK(next == ncclRemoteError, "the next call: %s\n",
-                           ncclGetErrorString(next));
-                const std::string why = ncclGetLastError(comm);
-                RANK_CHECK(why.find("peer rank " + std::to_string(victim) + " ended") !=
-                               std::string::npos,
-                           "the error does not name the dead rank: %s\n", why.c_str());
-                const double t1 = chorus_test::now_s();
-                RANK_NCCL(ncclCommAbort(comm));
-                RANK_CHECK(chorus_test::now_s() - t1 < 20, "abort took %.1f s\n",
-                           chorus_test::now_s() - t1);
-                ch_emu_stream_destroy(st);
-                return 0;
-            },
-            100);
-        EXPECT_FALSE(res.timed_out) << res.detail;
-        EXPECT_EQ(res.failed, 1) << res.detail;
-        EXPECT_NE(res.detail.find("rank " + std::to_string(victim) + ": signal 9"),
-                  std::string::npos)
-            << res.detail;
+        SCOPED_TRACE("n=" + std::to_string(nv.first) + " victim=" + std::to_string(nv.second));
+        peer_killed_midop(nv.first, nv.second, "kernel-procs", (size_t)4 << 20, 2000);
     }
 }
 
@@ -213,17 +166,6 @@ TEST_F(DeviceKProc, PeerKilledForked) {
 // error. And a rank that destroys its communicator, or exits without, while the other two keep
 // talking, one of them waiting 1.5 s for the other (the watchdog's grace is 1 s): the one gone
 // left cleanly, or nobody waits for it, and nobody names it.
-// 0 when b.out holds the float32 input of rank `from` (sent with make_bufs's fill).
-int check_received(const Bufs &b, int from, size_t count) {
-    const float *got = (const float *)b.out;
-    for (size_t i = 0; i < count; i++) {
-        float want;
-        devref::fill(ncclSum, ncclFloat32, from, &want, 0, 1, i);
-        RANK_CHECK(got[i] == want, "element %zu is %g, want %g\n", i, got[i], want);
-    }
-    return 0;
-}
-
 TEST_F(DeviceKProc, PeerThatFinishedAndExitedForked) {
     ScopedEnv timeout("CHORUS_TIMEOUT", "60");
     with_ranks(

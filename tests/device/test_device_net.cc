@@ -16,7 +16,6 @@
 #include <gtest/gtest.h>
 
 #include <signal.h>
-#include <sys/mman.h>
 #include <unistd.h>
 
 #include <string>
@@ -186,64 +185,8 @@ TEST_F(DeviceNet, CaptureReplaysForked) {
 // of it from their error words), and rank 1 of "a,a,b" (shared memory with rank 0: its process
 // is seen gone).
 void peer_killed(const char *hosts_list, int n) {
-    ScopedEnv timeout("CHORUS_TIMEOUT", "60");
     ScopedEnv hosts("CHORUS_TEST_HOSTS", hosts_list);
-    const int victim = 1;
-    ncclUniqueId id = chorus_test::make_unique_id();
-    // The survivors abort only once all have read their error: an abort closes a rank's
-    // connections, whose failure the others' transports then report, and the last error
-    // (ncclGetLastError) is the process's latest warning.
-    int *checked = (int *)mmap(nullptr, sizeof(int), PROT_READ | PROT_WRITE,
-                               MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-    ASSERT_NE(checked, MAP_FAILED);
-    *checked = 0;
-    auto res = chorus_test::run_forked(
-        n,
-        [&](int rank, int nr) -> int {
-            ch_emu_stream_t *st = ch_emu_stream_create();
-            RANK_CHECK(st != nullptr, "no emulated stream\n");
-            ncclComm_t comm;
-            RANK_NCCL(ncclCommInitRank(&comm, nr, id, rank));
-            Rank k{comm, st, rank, nr, false};
-            RANK_PATH(k, "kernel-hosts");
-            const size_t count = (size_t)2 << 20;
-            Bufs b;
-            make_bufs(k, CH_COLL_ALLREDUCE, ncclFloat32, ncclSum, count, false, &b);
-            RANK_NCCL(ncclAllReduce(b.in, b.out, 1001, ncclFloat32, ncclSum, comm, k.stream()));
-            RANK_NCCL(ch_emu_stream_sync(st));
-            RANK_NCCL(ncclAllReduce(b.in, b.out, count, ncclFloat32, ncclSum, comm, k.stream()));
-            if (rank == victim) {
-                usleep(20000); // its blocks are under way, far from done
-                raise(SIGKILL);
-            }
-            const double t0 = chorus_test::now_s();
-            (void)ch_emu_stream_sync(st);
-            const double took = chorus_test::now_s() - t0;
-            RANK_CHECK(took < 20, "the survivor's stream ended after %.1f s\n", took);
-            ncclResult_t next =
-                ncclAllReduce(b.in, b.out, 1001, ncclFloat32, ncclSum, comm, k.stream());
-            RANK_CHECK(next == ncclRemoteError, "the next call: %s\n", ncclGetErrorString(next));
-            const std::string why = ncclGetLastError(comm);
-            RANK_CHECK(why.find("peer rank " + std::to_string(victim) + " ended") !=
-                           std::string::npos,
-                       "the error does not name the dead rank: %s\n", why.c_str());
-            __atomic_add_fetch(checked, 1, __ATOMIC_ACQ_REL);
-            while (__atomic_load_n(checked, __ATOMIC_ACQUIRE) < nr - 1 &&
-                   chorus_test::now_s() - t0 < 30)
-                usleep(1000);
-            const double t1 = chorus_test::now_s();
-            RANK_NCCL(ncclCommAbort(comm));
-            RANK_CHECK(chorus_test::now_s() - t1 < 20, "abort took %.1f s\n",
-                       chorus_test::now_s() - t1);
-            ch_emu_stream_destroy(st);
-            return 0;
-        },
-        100);
-    munmap(checked, sizeof(int));
-    EXPECT_FALSE(res.timed_out) << res.detail;
-    EXPECT_EQ(res.failed, 1) << res.detail;
-    EXPECT_NE(res.detail.find("rank " + std::to_string(victim) + ": signal 9"), std::string::npos)
-        << res.detail;
+    peer_killed_midop(n, 1, "kernel-hosts", (size_t)2 << 20, 20000);
 }
 
 TEST_F(DeviceNet, PeerKilledOtherHostForked) {
@@ -252,17 +195,6 @@ TEST_F(DeviceNet, PeerKilledOtherHostForked) {
 
 TEST_F(DeviceNet, PeerKilledSameHostForked) {
     peer_killed("a,a,b", 3);
-}
-
-// 0 when b.out holds the float32 input of rank `from` (sent with make_bufs's fill).
-int check_received(const Bufs &b, int from, size_t count) {
-    const float *got = (const float *)b.out;
-    for (size_t i = 0; i < count; i++) {
-        float want;
-        devref::fill(ncclSum, ncclFloat32, from, &want, 0, 1, i);
-        RANK_CHECK(got[i] == want, "element %zu is %g, want %g\n", i, got[i], want);
-    }
-    return 0;
 }
 
 // A sender on another host finishes its sends (an LL step and SIMPLE steps), destroys its
