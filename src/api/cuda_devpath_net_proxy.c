@@ -32,7 +32,7 @@
 
 #define DPN_HOT_MS 5
 #define DPN_IDLE_US 1000
-#define DPN_CLOSE_MS 2000 /* teardown: how long published steps may take to leave */
+#define DPN_CLOSE_MS 2000 /* teardown: how long it waits for the peers' goodbyes */
 #define DPN_IN_CHUNKS 16  /* chunks taken from one peer in a row */
 
 enum { DPN_NOP = 0, DPN_DATA, DPN_HDR, DPN_CREDIT, DPN_HDRACK, DPN_ERR, DPN_BYE };
@@ -444,7 +444,7 @@ void *dpn_proxy_main(void *arg) {
         for (int q = 0; q < n; q++) {
             dpn_peer_t *p = &net->peers[q];
             if (q == net->rank || !__atomic_load_n(&p->ready, __ATOMIC_ACQUIRE)) continue;
-            if (!p->rx_lost) {
+            if (!p->rx_lost && !p->bye_in) { /* nothing follows a goodbye */
                 /* A failed end may still hold whole chunks (a peer's last error word or its
                  * goodbye before its sockets closed): lost once nothing more comes. */
                 const int failed = p->rx.ops->progress(&p->rx) != ncclSuccess;
@@ -456,7 +456,9 @@ void *dpn_proxy_main(void *arg) {
                 dpn_peer_lost(net, q, 1, "the transport failed");
             if (!p->tx_lost) moved |= dpn_pump_out(net, q, closing, turn);
             if (closing && !p->tx_lost && p->bye_out && !p->drained) dpn_drained(net, q);
-            open |= !p->tx_lost && !(p->bye_out && p->drained);
+            /* Done with q once it consumed this rank's goodbye and said its own (or its end is
+             * gone): closing earlier would fail its last messages on their way here. */
+            open |= !p->tx_lost && !(p->bye_out && p->drained && (p->bye_in || p->rx_lost));
         }
         pthread_mutex_unlock(&net->install);
         now = ch_host_now_ns();

@@ -249,8 +249,9 @@ TEST_F(DeviceNet, FragmentedStepsForked) {
 
 // Every rank destroys its communicator right after a large all-reduce: a rank's kernel ends once
 // its last steps are published, which its proxy may not have sent yet while a peer's kernel
-// still waits for them. Destroy forwards them first and waits until the peer consumed them; five
-// communicators in a row, each result checked, no error anywhere.
+// still waits for them. Destroy forwards them first and waits until the peer consumed them and
+// said goodbye; five communicators in a row, each result checked, no error and no warning
+// anywhere (a transport that saw its peer vanish, or a last step lost, would warn).
 TEST_F(DeviceNet, DestroyRightAfterLargeOpsForked) {
     ScopedEnv hosts("CHORUS_TEST_HOSTS", "a,b,c");
     for (int round = 0; round < 5; round++) {
@@ -259,9 +260,14 @@ TEST_F(DeviceNet, DestroyRightAfterLargeOpsForked) {
             3,
             [&](Rank &k) -> int {
                 RANK_PATH(k, "kernel-hosts");
+                // The last warning so far (a forked rank inherits its parent's).
+                const std::string before = ncclGetLastError(nullptr);
                 if (run_op(k, CH_COLL_ALLREDUCE, ncclFloat32, ncclSum, 300007, false, 0)) return 1;
                 RANK_NCCL(ncclCommDestroy(k.comm));
                 k.destroyed = true;
+                // A clean teardown warns about nothing (no transport sees a peer vanish).
+                const std::string warned = ncclGetLastError(nullptr);
+                RANK_CHECK(warned == before, "rank %d warned: %s\n", k.r, warned.c_str());
                 return 0;
             },
             60, chorus_test::Launch::Forked);
@@ -375,6 +381,38 @@ TEST_F(DeviceNet, AbortReleasesLaunchForked) {
 
 TEST_F(DeviceNet, DeadlineForked) {
     never_called(false);
+}
+
+// The proxies over the verbs transport (CHORUS_TRANSPORT=ib, the software verbs provider of
+// tests/ibsoft in place of libibverbs): every collective at LL and SIMPLE counts on 3 hosts, and
+// SIMPLE steps in fragments; the teardown warns about nothing. The verbs library loads once a
+// process, so this case runs in a process of its own (as ctest runs every case), not after
+// others that loaded none.
+TEST_F(DeviceNet, OverVerbsForked) {
+    ScopedEnv hosts("CHORUS_TEST_HOSTS", "a,b,c");
+    ScopedEnv lib("CHORUS_IB_LIBRARY", CHORUS_BINARY_DIR "/lib/libchorus_softib.so");
+    ScopedEnv ib("CHORUS_TRANSPORT", "ib");
+    ScopedEnv ib_timeout("NCCL_IB_TIMEOUT", "14");
+    for (const char *buff : {"4194304", "16384"}) {
+        SCOPED_TRACE(std::string("NCCL_BUFFSIZE=") + buff);
+        ScopedEnv size("NCCL_BUFFSIZE", buff);
+        with_ranks(
+            3,
+            [&](Rank &k) -> int {
+                RANK_PATH(k, "kernel-hosts");
+                // The last warning so far (a forked rank inherits its parent's).
+                const std::string before = ncclGetLastError(nullptr);
+                for (size_t count : {(size_t)0, (size_t)1001, (size_t)40003})
+                    for (int coll = 0; coll < CH_COLL_COUNT; coll++)
+                        if (run_op(k, coll, ncclFloat32, ncclSum, count, false, 1)) return 1;
+                RANK_NCCL(ncclCommDestroy(k.comm));
+                k.destroyed = true;
+                const std::string warned = ncclGetLastError(nullptr);
+                RANK_CHECK(warned == before, "rank %d warned: %s\n", k.r, warned.c_str());
+                return 0;
+            },
+            120, chorus_test::Launch::Forked);
+    }
 }
 
 // Ranks placed round-robin on two hosts ("a,b,a,b,a,b"): the kernel's rings are the topology's,

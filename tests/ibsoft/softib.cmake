@@ -20,7 +20,7 @@ target_link_options(chorus_softib_old PRIVATE
 set_target_properties(chorus_softib_old PROPERTIES LINK_DEPENDS
                       ${CMAKE_CURRENT_LIST_DIR}/softib_old.map)
 # The suites that run the verbs transport load the provider at run time.
-foreach(t test_transport test_coll)
+foreach(t test_transport test_coll test_device)
   if(TARGET ${t})
     add_dependencies(${t} chorus_softib chorus_softib_old)
   endif()
