@@ -53,9 +53,7 @@ int devpath_kernel_on(const struct ncclComm *comm);
  * processes), "kernel-hosts" (the kernel between hosts), "ce" (copy-engine programs) or "staged"
  * (tests, logs). */
 const char *devpath_path_name(const struct ncclComm *comm);
-/* Between hosts: the peers this rank's proxy has transports to, and the edges of the kernel's
- * first ring between hosts (-1 on other paths; tests). */
-int devpath_net_peers(const struct ncclComm *comm);
+/* Between hosts: the edges of the kernel's first ring between hosts (-1 on other paths; tests). */
 int devpath_net_host_crossings(const struct ncclComm *comm);
 /* comm_free: drain, then drop this rank's share of the world. */
 void devpath_comm_free(struct ncclComm *comm);

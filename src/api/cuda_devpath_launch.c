@@ -135,13 +135,9 @@ static ncclResult_t dp_launch(struct ncclComm *comm, devpath_comm_t *dp, int col
     ch_op_hdr_make(&k.hdr, coll, a->dtype, k.redop.kind, count, p->root, seq);
     /* Whether the stream captures was asked once, when the call was made (dp_op_check); a
      * group's calls all agree on it (devpath_group_end). */
-    ncclResult_t res = ncclSuccess;
-    if (dp->net && (coll == CH_COLL_SENDRECV || coll == CH_COLL_ALLTOALL))
-        res = dp_net_need(dp->net, coll == CH_COLL_ALLTOALL, send_peer, recv_peer);
-    if (res == ncclSuccess)
-        res = progs ? dp_ce_launch(dp->ce, p, sendbuff, recvbuff, &k.redop, &k.hdr, a->stream,
-                                   immediate)
-                    : dp->rt->launch(&k, a->stream);
+    ncclResult_t res =
+        progs ? dp_ce_launch(dp->ce, p, sendbuff, recvbuff, &k.redop, &k.hdr, a->stream, immediate)
+              : dp->rt->launch(&k, a->stream);
     if (res != ncclSuccess) {
         /* The peers' blocks of the op wait for this rank's: the error word releases them (the
          * copy-engine path sets it itself). */

@@ -24,8 +24,7 @@
 #include "proc_state.h"
 #include "util.h"
 
-#define DPN_TAG 0x444E0000u      /* + lo * nranks + hi: the transport setups of the proxy's pairs */
-#define DPN_PAIR_TAG 0x4E500000u /* + lo * nranks + hi: a lazy pairing's meeting */
+#define DPN_TAG 0x444E0000u /* + lo * nranks + hi: the transport setups of the proxy's pairs */
 
 static size_t dpn_round(size_t b, size_t a) {
     return (b + a - 1) / a * a;
@@ -35,17 +34,6 @@ static size_t dpn_round(size_t b, size_t a) {
 static int dpn_used(const dp_net_t *net, int c, int src, int dst) {
     const int n = net->nranks;
     if (c < net->p2p_nch || src == dst) return 1;
-    for (int pos = 0; pos < n; pos++)
-        if (net->ring[c * n + pos] == src) return net->ring[c * n + (pos + 1) % n] == dst;
-    return 0;
-}
-
-/* Whether (c, src -> dst) is made at init: every used one, or when lazy those of ring
- * neighbours on channel c and of a rank to itself. */
-static int dpn_at_init(const dp_net_t *net, int c, int src, int dst) {
-    const int n = net->nranks;
-    if (!dpn_used(net, c, src, dst)) return 0;
-    if (!net->lazy || src == dst) return 1;
     for (int pos = 0; pos < n; pos++)
         if (net->ring[c * n + pos] == src) return net->ring[c * n + (pos + 1) % n] == dst;
     return 0;
@@ -80,8 +68,8 @@ static void dpn_place(dp_net_t *net, char *at, ptrdiff_t to_dev, int c, int src,
     k->ll = (uint64_t *)((char *)v->ll + to_dev);
 }
 
-/* Make this rank's end of (c, src -> dst) at `at` and, for a peer's connection, hand it to the
- * proxy (the caller holds net->install once the proxy runs). */
+/* Make this rank's end of (c, src -> dst) at `at` and, for a peer's connection, list it for the
+ * proxy. */
 static void dpn_make_end(dp_net_t *net, char *at, ptrdiff_t to_dev, int c, int src, int dst) {
     ch_conn_t v;
     dpn_place(net, at, to_dev, c, src, dst, &v);
@@ -110,9 +98,7 @@ static ncclResult_t dpn_alloc_mem(dp_net_t *net) {
     net->by_recv = calloc((size_t)nch * n, sizeof(dpn_end_t *));
     net->peers = calloc((size_t)n, sizeof(dpn_peer_t));
     net->ends = calloc((size_t)nch * 2 * n, sizeof(dpn_end_t));
-    net->pair_blocks = calloc((size_t)n, sizeof(void *));
-    if (!net->ring || !net->conns || !net->by_send || !net->by_recv || !net->peers || !net->ends ||
-        !net->pair_blocks)
+    if (!net->ring || !net->conns || !net->by_send || !net->by_recv || !net->peers || !net->ends)
         return ncclSystemError;
     /* The communicator's rings (topology's: the ranks of a host next to each other, so a ring
      * crosses between hosts as few times as it can; channels alternate direction), else rank
@@ -132,8 +118,8 @@ static ncclResult_t dpn_alloc_mem(dp_net_t *net) {
     size_t nplaces = 0;
     for (int c = 0; c < nch; c++)
         for (int q = 0; q < n; q++)
-            nplaces += (size_t)dpn_at_init(net, c, me, q) +
-                       (size_t)(q != me && dpn_at_init(net, c, q, me));
+            nplaces +=
+                (size_t)dpn_used(net, c, me, q) + (size_t)(q != me && dpn_used(net, c, q, me));
     const size_t per = dpn_end_bytes(net);
     net->host_bytes = DPN_HDR_BYTES + nplaces * per;
     void *host = NULL, *dev = NULL;
@@ -145,14 +131,12 @@ static ncclResult_t dpn_alloc_mem(dp_net_t *net) {
         for (int q = 0; q < n; q++) {
             for (int dir = 0; dir < 2; dir++) {
                 const int src = dir == 0 ? me : q, dst = dir == 0 ? q : me;
-                if ((dir == 1 && q == me) || !dpn_at_init(net, c, src, dst)) continue;
+                if ((dir == 1 && q == me) || !dpn_used(net, c, src, dst)) continue;
                 dpn_make_end(net, at, net->dev - net->host, c, src, dst);
                 at += per;
             }
         }
     }
-    for (int q = 0; q < n; q++)
-        net->peers[q].paired = !net->lazy || q == me;
     const size_t nconn = (size_t)nch * n * n;
     CHECK(rt->dev_alloc((void **)&net->dev_conns, nconn * sizeof(ch_conn_t)));
     CHECK(rt->dev_alloc((void **)&net->dev_ring, (size_t)nch * n * sizeof(int)));
@@ -160,11 +144,6 @@ static ncclResult_t dpn_alloc_mem(dp_net_t *net) {
     CHECK(rt->dev_alloc((void **)&net->blocks_seq, (size_t)nch * 2 * sizeof(uint64_t)));
     CHECK(rt->memcpy_h2d(net->dev_conns, net->conns, nconn * sizeof(ch_conn_t)));
     return rt->memcpy_h2d(net->dev_ring, net->ring, (size_t)nch * n * sizeof(int));
-}
-
-/* Whether this rank has an end of a connection with q (its transports are made at init). */
-static int dpn_has_ends(const dp_net_t *net, int q) {
-    return net->peers[q].nsend > 0 || net->peers[q].nrecv > 0;
 }
 
 /* The transports to and from q, lo -> hi first (both ends of the pair do the same). */
@@ -189,7 +168,7 @@ static ncclResult_t dpn_connect_peer(dp_net_t *net, int q, int tag) {
     return ncclSuccess;
 }
 
-/* The proxy's transport connections, one each way to every peer it has ends with at init.
+/* The proxy's transport connections, one each way to every peer.
  * Pairs are visited in increasing (lo, hi) order and lo -> hi first, the same on both ends, so no
  * setup waits in a cycle. The bootstrap links the setups opened are closed again, as after
  * point-to-point setups. */
@@ -202,83 +181,16 @@ static ncclResult_t dpn_connect(dp_net_t *net) {
     for (int q = 0; q < n; q++)
         had[q] = q == me || bootstrap_peer_connected(comm->bs, q);
     for (int q = 0; q < n; q++) {
-        if (q == me || !dpn_has_ends(net, q)) continue;
+        if (q == me) continue;
         const int lo = CHORUS_MIN(me, q), hi = CHORUS_MAX(me, q);
         ncclResult_t r =
             dpn_connect_peer(net, q, (int)(DPN_TAG + (uint32_t)lo * (uint32_t)n + (uint32_t)hi));
         if (r != ncclSuccess && first == ncclSuccess) first = r;
-        if (r == ncclSuccess) net->peers[q].ready = 1;
     }
     for (int q = 0; first == ncclSuccess && q < n; q++)
         if (!had[q]) bootstrap_release_peer(comm->bs, q);
     free(had);
     return first;
-}
-
-/* Pair this rank with q on the all-pairs channels (lazy; both call it for each other, in
- * increasing (lo, hi) order): make the ends that do not exist yet, in a block of their own, and
- * hand them to the proxy and the kernel's table; then connect the transports if q had none
- * (the proxy serves q from then on), else meet q through the bootstrap, so that neither launches
- * an op over the new ends before the other's proxy knows them. */
-static ncclResult_t dpn_pair(dp_net_t *net, int q) {
-    const int me = net->rank, n = net->nranks;
-    const ch_rt_t *rt = net->rt;
-    dpn_peer_t *p = &net->peers[q];
-    int count = 0;
-    for (int c = 0; c < net->p2p_nch; c++)
-        count += (*dpn_slot(net, net->by_send, c, q) == NULL) +
-                 (*dpn_slot(net, net->by_recv, c, q) == NULL);
-    if (count > 0) {
-        const size_t per = dpn_end_bytes(net);
-        void *host = NULL, *dev = NULL;
-        CHECK(rt->host_mapped_alloc(&host, &dev, (size_t)count * per));
-        net->pair_blocks[q] = host;
-        char *at = (char *)host;
-        const ptrdiff_t to_dev = (char *)dev - (char *)host;
-        pthread_mutex_lock(&net->install);
-        for (int c = 0; c < net->p2p_nch; c++) {
-            if (*dpn_slot(net, net->by_send, c, q) == NULL) {
-                dpn_make_end(net, at, to_dev, c, me, q);
-                at += per;
-            }
-            if (*dpn_slot(net, net->by_recv, c, q) == NULL) {
-                dpn_make_end(net, at, to_dev, c, q, me);
-                at += per;
-            }
-        }
-        pthread_mutex_unlock(&net->install);
-        for (int c = 0; c < net->p2p_nch; c++) {
-            const size_t i = ((size_t)c * n + me) * n + q, j = ((size_t)c * n + q) * n + me;
-            CHECK(rt->memcpy_h2d(net->dev_conns + i, net->conns + i, sizeof(ch_conn_t)));
-            CHECK(rt->memcpy_h2d(net->dev_conns + j, net->conns + j, sizeof(ch_conn_t)));
-        }
-    }
-    const int lo = CHORUS_MIN(me, q), hi = CHORUS_MAX(me, q);
-    if (!__atomic_load_n(&p->ready, __ATOMIC_ACQUIRE)) {
-        CHECK(dpn_connect_peer(net, q, (int)(DPN_TAG + (uint32_t)lo * (uint32_t)n + (uint32_t)hi)));
-        __atomic_store_n(&p->ready, 1, __ATOMIC_RELEASE);
-    } else {
-        const int tag = (int)(DPN_PAIR_TAG + (uint32_t)lo * (uint32_t)n + (uint32_t)hi);
-        char b = 1;
-        CHECK(bootstrap_send(net->comm->bs, q, tag, &b, 1));
-        CHECK(bootstrap_recv(net->comm->bs, q, tag, &b, 1));
-    }
-    p->paired = 1;
-    return ncclSuccess;
-}
-
-ncclResult_t dp_net_need(dp_net_t *net, int all, int peer_a, int peer_b) {
-    if (!net->lazy) return ncclSuccess;
-    for (int q = 0; q < net->nranks; q++) {
-        if (!(all || q == peer_a || q == peer_b) || net->peers[q].paired) continue;
-        ncclResult_t res = dpn_pair(net, q);
-        if (res != ncclSuccess) {
-            WARN("rank %d: could not connect the device path to rank %d (%s)", net->rank, q,
-                 net->comm->peers[q].hostname);
-            return res;
-        }
-    }
-    return ncclSuccess;
 }
 
 static void dpn_free_mem(dp_net_t *net) {
@@ -288,9 +200,6 @@ static void dpn_free_mem(dp_net_t *net) {
     if (net->op_seq) rt->dev_free(net->op_seq);
     if (net->blocks_seq) rt->dev_free(net->blocks_seq);
     if (net->host) rt->host_mapped_free(net->host);
-    for (int q = 0; net->pair_blocks && q < net->nranks; q++)
-        if (net->pair_blocks[q]) rt->host_mapped_free(net->pair_blocks[q]);
-    free(net->pair_blocks);
     for (int q = 0; net->peers && q < net->nranks; q++) {
         free(net->peers[q].sends);
         free(net->peers[q].recvs);
@@ -324,7 +233,6 @@ void dp_net_free(dp_net_t *net) {
     dp_net_stop(net);
     dpn_free_mem(net);
     pthread_mutex_destroy(&net->lock);
-    pthread_mutex_destroy(&net->install);
     pthread_cond_destroy(&net->cond);
     free(net);
 }
@@ -343,9 +251,7 @@ dp_net_t *dp_net_setup(struct ncclComm *comm, const ch_rt_t *rt, int local_ok, i
         return NULL;
     } else {
         pthread_mutex_init(&net->lock, NULL);
-        pthread_mutex_init(&net->install, NULL);
         pthread_cond_init(&net->cond, NULL);
-        net->lazy = n > chorus_param_int(PARAM_DEVICE_NET_EAGER_MAX);
         net->rt = rt;
         net->comm = comm;
         net->rank = me;
@@ -437,12 +343,5 @@ int dp_net_host_crossings(const dp_net_t *net) {
     for (int pos = 0; pos < n; pos++)
         k += !locality_same_host(&net->comm->peers[net->ring[pos]],
                                  &net->comm->peers[net->ring[(pos + 1) % n]]);
-    return k;
-}
-
-int dp_net_peers_ready(const dp_net_t *net) {
-    int k = 0;
-    for (int q = 0; q < net->nranks; q++)
-        k += __atomic_load_n(&net->peers[q].ready, __ATOMIC_ACQUIRE) != 0;
     return k;
 }

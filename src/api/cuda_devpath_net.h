@@ -55,15 +55,9 @@ int dp_net_dead_peer(const dp_net_t *net);
 /* What a launch of this rank takes (as dp_ce_kernel_args). */
 void dp_net_kernel_args(const dp_net_t *net, const ch_conn_t **conns, const int **ring,
                         uint64_t **op_seq, uint64_t **blocks, uint64_t **blocks_seq);
-/* Before a launch of send/receive or all-to-all: make sure this rank is paired with every peer
- * (all) or with peer_a and peer_b (-1: none); above CHORUS_DEVICE_NET_EAGER_MAX ranks only ring
- * neighbours are paired at init. Pairing a new peer meets it (its matching call pairs with this
- * rank), in increasing (lo, hi) order on both sides. */
-ncclResult_t dp_net_need(dp_net_t *net, int all, int peer_a, int peer_b);
 /* A launch was queued: the proxy polls without sleeping for a while. */
 void dp_net_kick(dp_net_t *net);
-/* The peers the proxy has transports to; the ring edges of channel 0 between hosts (tests). */
-int dp_net_peers_ready(const dp_net_t *net);
+/* The ring edges of channel 0 between hosts (tests). */
 int dp_net_host_crossings(const dp_net_t *net);
 
 #endif

@@ -35,8 +35,6 @@ typedef struct {
 /* What the proxy knows of a peer. */
 typedef struct {
     chorus_conn_t tx, rx; /* transport connections to and from it */
-    int ready;            /* its transports are connected: the proxy serves it (atomic) */
-    int paired;           /* its ends on the all-pairs channels exist (launching thread) */
     int same_host_pid;    /* its process id when it is another process of this host, else 0 */
     int bye_in;           /* it said goodbye (its failures after that are no error) */
     int bye_out;          /* this rank said goodbye to it */
@@ -60,14 +58,8 @@ struct dp_net {
     char *host;
     char *dev;
     size_t host_bytes;
-    /* Lazy (above CHORUS_DEVICE_NET_EAGER_MAX ranks): the init block holds only the ends of ring
-     * neighbours (and of each rank to itself); a pair's ends on the all-pairs channels, and the
-     * transports of a peer that is no ring neighbour, are made when an op first uses them
-     * (dp_net_need), each pair's ends in a block of its own. */
-    int lazy;
-    void **pair_blocks; /* [peer]: mapped host memory of those ends, or NULL */
-    ch_conn_t *conns;   /* [c][src][dst] the kernel's views (device addresses) */
-    int *ring;          /* [c][pos] */
+    ch_conn_t *conns; /* [c][src][dst] the kernel's views (device addresses) */
+    int *ring;        /* [c][pos] */
     ch_conn_t *dev_conns;
     int *dev_ring;
     uint64_t *op_seq, *blocks_seq; /* device memory: [c], [c][2] */
@@ -86,9 +78,6 @@ struct dp_net {
     int sleeping; /* the proxy waits on cond (atomic) */
     pthread_mutex_t lock;
     pthread_cond_t cond;
-    /* Held by the proxy for each pass over the peers, and by a launching thread while it adds
-     * a pair's ends to the peer's lists. */
-    pthread_mutex_t install;
 };
 
 /* The proxy thread (cuda_devpath_net_proxy.c). */

@@ -440,10 +440,9 @@ void *dpn_proxy_main(void *arg) {
             hot_until = now + DPN_HOT_MS * 1000000LL;
         int moved = 0, open = 0;
         turn++;
-        pthread_mutex_lock(&net->install);
         for (int q = 0; q < n; q++) {
             dpn_peer_t *p = &net->peers[q];
-            if (q == net->rank || !__atomic_load_n(&p->ready, __ATOMIC_ACQUIRE)) continue;
+            if (q == net->rank) continue;
             if (!p->rx_lost && !p->bye_in) { /* nothing follows a goodbye */
                 /* A failed end may still hold whole chunks (a peer's last error word or its
                  * goodbye before its sockets closed): lost once nothing more comes. */
@@ -460,7 +459,6 @@ void *dpn_proxy_main(void *arg) {
              * gone): closing earlier would fail its last messages on their way here. */
             open |= !p->tx_lost && !(p->bye_out && p->drained && (p->bye_in || p->rx_lost));
         }
-        pthread_mutex_unlock(&net->install);
         now = ch_host_now_ns();
         if (closing) {
             if (close_by == 0) close_by = now + DPN_CLOSE_MS * 1000000LL;
@@ -478,13 +476,9 @@ void *dpn_proxy_main(void *arg) {
     }
     /* Left at once (an abort): the error word still goes to the peers not told yet, if their
      * transports take it now, so that theirs name the cause rather than this rank's departure. */
-    pthread_mutex_lock(&net->install);
     if (ch_ld32_relaxed(dpn_err_host(net)) != CH_OK)
         for (int q = 0; q < n; q++)
-            if (q != net->rank && __atomic_load_n(&net->peers[q].ready, __ATOMIC_ACQUIRE) &&
-                !net->peers[q].err_out)
-                (void)dpn_pump_out(net, q, 0, turn);
-    pthread_mutex_unlock(&net->install);
+            if (q != net->rank && !net->peers[q].err_out) (void)dpn_pump_out(net, q, 0, turn);
     free(st.waits);
     return NULL;
 }

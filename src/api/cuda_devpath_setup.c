@@ -648,11 +648,6 @@ const char *devpath_path_name(const struct ncclComm *comm) {
     return dp_ce_kernel(dp->ce) ? "kernel-procs" : "ce";
 }
 
-int devpath_net_peers(const struct ncclComm *comm) {
-    const devpath_comm_t *dp = comm ? comm->dev_path : NULL;
-    return dp && dp->net ? dp_net_peers_ready(dp->net) : -1;
-}
-
 int devpath_net_host_crossings(const struct ncclComm *comm) {
     const devpath_comm_t *dp = comm ? comm->dev_path : NULL;
     return dp && dp->net ? dp_net_host_crossings(dp->net) : -1;
