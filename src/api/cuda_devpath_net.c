@@ -327,6 +327,10 @@ void dp_net_kernel_args(const dp_net_t *net, const ch_conn_t **conns, const int 
     *blocks_seq = net->blocks_seq;
 }
 
+void dp_net_abort(dp_net_t *net) {
+    __atomic_store_n(&net->user_abort, 1, __ATOMIC_RELEASE);
+}
+
 void dp_net_kick(dp_net_t *net) {
     /* Sequentially consistent against the proxy's sleeping flag and its look at kicked: either
      * it sees the kick before it sleeps, or this sees it sleeping and wakes it. */

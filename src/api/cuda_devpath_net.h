@@ -55,6 +55,10 @@ int dp_net_dead_peer(const dp_net_t *net);
 /* What a launch of this rank takes (as dp_ce_kernel_args). */
 void dp_net_kernel_args(const dp_net_t *net, const ch_conn_t **conns, const int **ring,
                         uint64_t **op_seq, uint64_t **blocks, uint64_t **blocks_seq);
+/* ncclCommAbort: call before the error word is set. The proxy tells the peers only when this
+ * rank's blocks were running (their work may wait for them); else a peer waiting for this rank
+ * finds it gone once its transports close. */
+void dp_net_abort(dp_net_t *net);
 /* A launch was queued: the proxy polls without sleeping for a while. */
 void dp_net_kick(dp_net_t *net);
 /* The ring edges of channel 0 between hosts (tests). */

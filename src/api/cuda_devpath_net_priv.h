@@ -72,9 +72,13 @@ struct dp_net {
     /* The proxy thread. */
     pthread_t thread;
     int running;
-    int stop;     /* leave at once (atomic) */
-    int closing;  /* forward what was published, say goodbye, leave (atomic) */
-    int kicked;   /* a launch was queued (atomic) */
+    int stop;       /* leave at once (atomic) */
+    int closing;    /* forward what was published, say goodbye, leave (atomic) */
+    int kicked;     /* a launch was queued (atomic) */
+    int user_abort; /* the error word's CH_ERR_ABORT is ncclCommAbort's (atomic) */
+    /* The proxy's: it saw the error word set, and keeps it to itself (an abort of a rank with no
+     * block running: a rank that finished and aborts as its way out fails nobody's work). */
+    int err_seen, err_quiet;
     int sleeping; /* the proxy waits on cond (atomic) */
     pthread_mutex_t lock;
     pthread_cond_t cond;

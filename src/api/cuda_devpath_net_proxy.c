@@ -240,7 +240,7 @@ static int dpn_put_data(dp_net_t *net, dpn_end_t *e, char *slot, size_t *used, s
 static int dpn_pump_out(dp_net_t *net, int q, int closing, unsigned turn) {
     dpn_peer_t *p = &net->peers[q];
     if (p->tx_lost || p->bye_out) return 0;
-    const uint32_t err = ch_ld32_relaxed(dpn_err_host(net));
+    const uint32_t err = net->err_seen && !net->err_quiet ? ch_ld32_relaxed(dpn_err_host(net)) : 0;
     int pending = err != CH_OK && !p->err_out;
     for (int i = 0; i < p->nsend && !pending; i++)
         pending = dpn_send_pending(p->sends[i]);
@@ -405,6 +405,16 @@ static void dpn_watch(dp_net_t *net, dpn_watch_t *st, int64_t now, int64_t timeo
 
 /* ---- the loop ----------------------------------------------------------------------------- */
 
+/* The first look at a set error word: whether the peers hear of it (dp_net_abort). */
+static void dpn_err_look(dp_net_t *net) {
+    if (net->err_seen) return;
+    const uint32_t e = ch_ld32_relaxed(dpn_err_host(net));
+    if (e == CH_OK) return;
+    net->err_seen = 1;
+    net->err_quiet = e == CH_ERR_ABORT && __atomic_load_n(&net->user_abort, __ATOMIC_ACQUIRE) &&
+                     !dpn_blocks(net, &(uint64_t){0}, NULL);
+}
+
 static void dpn_sleep(dp_net_t *net) {
     pthread_mutex_lock(&net->lock);
     __atomic_store_n(&net->sleeping, 1, __ATOMIC_SEQ_CST);
@@ -440,6 +450,7 @@ void *dpn_proxy_main(void *arg) {
             hot_until = now + DPN_HOT_MS * 1000000LL;
         int moved = 0, open = 0;
         turn++;
+        dpn_err_look(net);
         for (int q = 0; q < n; q++) {
             dpn_peer_t *p = &net->peers[q];
             if (q == net->rank) continue;
@@ -476,7 +487,8 @@ void *dpn_proxy_main(void *arg) {
     }
     /* Left at once (an abort): the error word still goes to the peers not told yet, if their
      * transports take it now, so that theirs name the cause rather than this rank's departure. */
-    if (ch_ld32_relaxed(dpn_err_host(net)) != CH_OK)
+    dpn_err_look(net);
+    if (net->err_seen && !net->err_quiet)
         for (int q = 0; q < n; q++)
             if (q != net->rank && !net->peers[q].err_out) (void)dpn_pump_out(net, q, 0, turn);
     free(st.waits);

@@ -586,6 +586,7 @@ void devpath_poll_error(struct ncclComm *comm) {
 void devpath_abort(struct ncclComm *comm) {
     devpath_comm_t *dp = comm ? comm->dev_path : NULL;
     if (dp == NULL) return;
+    if (dp->net) dp_net_abort(dp->net);
     ch_set_once32(dp->err_host, CH_ERR_ABORT);
 }
 

@@ -240,6 +240,50 @@ TEST_F(DeviceNet, PeerThatFinishedAndLeftForked) {
     munmap(left, sizeof(int));
 }
 
+// A rank that finished its work and aborts its communicator as its way out (as PyTorch's
+// shutdown may) fails nobody: its proxy keeps the abort to itself, and the two others, which
+// exchange data only with each other afterwards, see no error. (An abort while its blocks run
+// does reach the peers: AbortReleasesLaunchForked.)
+TEST_F(DeviceNet, AbortOfAFinishedRankFailsNobodyForked) {
+    ScopedEnv timeout("CHORUS_TIMEOUT", "60");
+    ScopedEnv hosts("CHORUS_TEST_HOSTS", "a,b,c");
+    int *gone = (int *)mmap(nullptr, sizeof(int), PROT_READ | PROT_WRITE,
+                            MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    ASSERT_NE(gone, MAP_FAILED);
+    *gone = 0;
+    with_ranks(
+        3,
+        [&](Rank &k) -> int {
+            RANK_PATH(k, "kernel-hosts");
+            if (run_op(k, CH_COLL_ALLREDUCE, ncclFloat32, ncclSum, 40003, false, 0)) return 1;
+            if (k.r == 2) {
+                RANK_NCCL(ncclCommAbort(k.comm));
+                k.destroyed = true;
+                __atomic_store_n(gone, 1, __ATOMIC_RELEASE);
+                return 0;
+            }
+            const double t0 = chorus_test::now_s();
+            while (!__atomic_load_n(gone, __ATOMIC_ACQUIRE) && chorus_test::now_s() - t0 < 20)
+                usleep(1000);
+            usleep(100000); // its proxy's last messages, if any, have arrived
+            const int peer = 1 - k.r;
+            Bufs b;
+            make_bufs(k, CH_COLL_SENDRECV, ncclFloat32, ncclSum, 40003, false, &b);
+            RANK_NCCL(ncclGroupStart());
+            RANK_NCCL(ncclSend(b.in, 40003, ncclFloat32, peer, k.comm, k.stream()));
+            RANK_NCCL(ncclRecv(b.out, 40003, ncclFloat32, peer, k.comm, k.stream()));
+            RANK_NCCL(ncclGroupEnd());
+            RANK_NCCL(ch_emu_stream_sync(k.st));
+            if (check_received(b, peer, 40003)) return 1;
+            ncclResult_t async = ncclSuccess;
+            RANK_NCCL(ncclCommGetAsyncError(k.comm, &async));
+            RANK_CHECK(async == ncclSuccess, "async error %s\n", ncclGetErrorString(async));
+            return 0;
+        },
+        60, chorus_test::Launch::Forked);
+    munmap(gone, sizeof(int));
+}
+
 // Transport chunks smaller than a SIMPLE slot (NCCL_BUFFSIZE=16384: 2 KiB chunks, 4 KiB slots),
 // so every SIMPLE step crosses in fragments: every collective at SIMPLE and LL counts on 3 hosts.
 TEST_F(DeviceNet, FragmentedStepsForked) {
