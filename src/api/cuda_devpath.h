@@ -53,8 +53,10 @@ int devpath_kernel_on(const struct ncclComm *comm);
  * processes), "kernel-hosts" (the kernel between hosts), "ce" (copy-engine programs) or "staged"
  * (tests, logs). */
 const char *devpath_path_name(const struct ncclComm *comm);
-/* Between hosts: the edges of the kernel's first ring between hosts (-1 on other paths; tests). */
+/* Between hosts: the edges of the kernel's first ring between hosts, and the peers of this host
+ * connected through device memory (-1 on other paths; tests). */
 int devpath_net_host_crossings(const struct ncclComm *comm);
+int devpath_net_direct_peers(const struct ncclComm *comm);
 /* comm_free: drain, then drop this rank's share of the world. */
 void devpath_comm_free(struct ncclComm *comm);
 /* ncclCommRegister / ncclCommDeregister of device memory on a communicator whose ranks run

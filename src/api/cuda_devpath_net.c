@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "bootstrap.h"
 #include "check.h"
@@ -37,6 +38,11 @@ static int dpn_used(const dp_net_t *net, int c, int src, int dst) {
     for (int pos = 0; pos < n; pos++)
         if (net->ring[c * n + pos] == src) return net->ring[c * n + (pos + 1) % n] == dst;
     return 0;
+}
+
+/* Whether a and b are ranks of one host connected through device memory (net->direct). */
+static int dpn_is_direct(const dp_net_t *net, int a, int b) {
+    return net->direct != NULL && net->direct[(size_t)a * net->nranks + b];
 }
 
 /* The bytes of one connection end in a block. */
@@ -115,11 +121,13 @@ static ncclResult_t dpn_alloc_mem(dp_net_t *net) {
         p->recvs = calloc((size_t)nch, sizeof(dpn_end_t *));
         if (!p->sends || !p->recvs) return ncclSystemError;
     }
+    /* This block: a send to itself, and both ends of every connection the proxy forwards. */
     size_t nplaces = 0;
     for (int c = 0; c < nch; c++)
         for (int q = 0; q < n; q++)
-            nplaces +=
-                (size_t)dpn_used(net, c, me, q) + (size_t)(q != me && dpn_used(net, c, q, me));
+            if (!dpn_is_direct(net, me, q))
+                nplaces +=
+                    (size_t)dpn_used(net, c, me, q) + (size_t)(q != me && dpn_used(net, c, q, me));
     const size_t per = dpn_end_bytes(net);
     net->host_bytes = DPN_HDR_BYTES + nplaces * per;
     void *host = NULL, *dev = NULL;
@@ -131,7 +139,9 @@ static ncclResult_t dpn_alloc_mem(dp_net_t *net) {
         for (int q = 0; q < n; q++) {
             for (int dir = 0; dir < 2; dir++) {
                 const int src = dir == 0 ? me : q, dst = dir == 0 ? q : me;
-                if ((dir == 1 && q == me) || !dpn_used(net, c, src, dst)) continue;
+                if ((dir == 1 && q == me) || !dpn_used(net, c, src, dst) ||
+                    dpn_is_direct(net, me, q))
+                    continue;
                 dpn_make_end(net, at, net->dev - net->host, c, src, dst);
                 at += per;
             }
@@ -141,9 +151,122 @@ static ncclResult_t dpn_alloc_mem(dp_net_t *net) {
     CHECK(rt->dev_alloc((void **)&net->dev_conns, nconn * sizeof(ch_conn_t)));
     CHECK(rt->dev_alloc((void **)&net->dev_ring, (size_t)nch * n * sizeof(int)));
     CHECK(rt->dev_alloc((void **)&net->op_seq, (size_t)nch * sizeof(uint64_t)));
-    CHECK(rt->dev_alloc((void **)&net->blocks_seq, (size_t)nch * 2 * sizeof(uint64_t)));
-    CHECK(rt->memcpy_h2d(net->dev_conns, net->conns, nconn * sizeof(ch_conn_t)));
-    return rt->memcpy_h2d(net->dev_ring, net->ring, (size_t)nch * n * sizeof(int));
+    return rt->dev_alloc((void **)&net->blocks_seq, (size_t)nch * 2 * sizeof(uint64_t));
+}
+
+/* ---- ranks of one host: connections through device memory --------------------------------- */
+
+/* The bytes of one direct connection in its receiver's device block (no size words: no proxy
+ * reads them). */
+static size_t dpn_direct_bytes(const dp_net_t *net) {
+    return sizeof(ch_ctrl_t) + (size_t)net->nslots * net->slot_bytes +
+           (size_t)net->nslots * net->ll_words * 8;
+}
+
+/* Connections (c, src -> dst) into dst's device block before (c0, src0 -> dst), in its order
+ * (channel, then sender); with c0 = nch, all of them. */
+static size_t dpn_direct_index(const dp_net_t *net, int dst, int c0, int src0) {
+    size_t k = 0;
+    for (int c = 0; c < net->nch; c++)
+        for (int src = 0; src < net->nranks; src++) {
+            if (c == c0 && src == src0) return k;
+            k += (size_t)(dpn_is_direct(net, src, dst) && dpn_used(net, c, src, dst));
+        }
+    return k;
+}
+
+/* Table entry (c, src -> dst) at the block `blk` of dst (as addressed here). */
+static void dpn_direct_entry(dp_net_t *net, char *blk, int c, int src, int dst) {
+    ch_conn_t *k = &net->conns[((size_t)c * net->nranks + src) * net->nranks + dst];
+    char *at = blk + dpn_direct_index(net, dst, c, src) * dpn_direct_bytes(net);
+    memset(k, 0, sizeof(*k));
+    k->ctrl = (ch_ctrl_t *)at;
+    k->buf = at + sizeof(ch_ctrl_t);
+    k->ll = (uint64_t *)(k->buf + (size_t)net->nslots * net->slot_bytes);
+    k->nslots = (uint32_t)net->nslots;
+    k->ll_words = net->ll_words;
+    k->slot_bytes = net->slot_bytes;
+    k->src = src;
+    k->dst = dst;
+}
+
+/* Which peers this rank reaches through device memory: ranks of this host whose GPU this one's
+ * can read and write (the emulator's always). */
+static void dpn_direct_row(dp_net_t *net, uint8_t *row) {
+    const struct ncclComm *comm = net->comm;
+    const chorus_locality_t *me = &comm->peers[net->rank];
+    for (int q = 0; q < net->nranks; q++) {
+        const chorus_locality_t *p = &comm->peers[q];
+        const char *why = NULL;
+        row[q] = q != net->rank && chorus_param_int(PARAM_DEVICE_NET_DIRECT) != 0 &&
+                 locality_same_host(p, me) &&
+                 (net->rt->emulated ||
+                  (me->gpu_bus_id[0] &&
+                   strncmp(p->gpu_bus_id, me->gpu_bus_id, sizeof(p->gpu_bus_id)) == 0) ||
+                  net->rt->peer_reach(comm->cuda_dev, p->gpu_bus_id, &why) == ncclSuccess);
+    }
+}
+
+typedef struct {
+    int32_t ok;
+    peer_mem_desc_t d;
+} dpn_desc_t;
+
+/* Collective: agree on the direct pairs (both must reach each other), make this rank's device
+ * block for the connections into it, hand out its description, map the direct peers' blocks,
+ * and fill the table's entries of those connections. *ok: this rank's part worked (every rank
+ * calls it whatever happened before). A bootstrap failure is returned. */
+static ncclResult_t dpn_direct_setup(dp_net_t *net, int *ok) {
+    struct ncclComm *comm = net->comm;
+    const ch_rt_t *rt = net->rt;
+    const int n = net->nranks, me = net->rank;
+    dpn_desc_t *ds = calloc((size_t)n, sizeof(*ds));
+    net->maps = calloc((size_t)n, sizeof(peer_mem_map_t));
+    if (ds == NULL || net->maps == NULL) {
+        free(ds);
+        return ncclSystemError;
+    }
+    dpn_desc_t mine;
+    memset(&mine, 0, sizeof(mine));
+    const size_t bytes = *ok ? dpn_direct_index(net, me, net->nch, 0) * dpn_direct_bytes(net) : 0;
+    if (*ok && bytes > 0) {
+        net->own.rt = rt;
+        net->own.bytes = bytes;
+        int fd = -1;
+        if (rt->ipc_alloc(&net->own.ptr, bytes, &net->own.ipc) != ncclSuccess) {
+            net->own.ptr = NULL;
+            *ok = 0;
+        } else if (peer_mem_describe(rt, net->own.ptr, bytes, &net->own, &mine.d, &fd) !=
+                   ncclSuccess) {
+            *ok = 0;
+        }
+        if (fd >= 0) close(fd); /* a legacy IPC block travels in its description */
+    }
+    mine.ok = *ok;
+    ds[me] = mine;
+    ncclResult_t res = bootstrap_allgather(comm->bs, ds, sizeof(*ds));
+    for (int q = 0; res == ncclSuccess && *ok && q < n; q++) {
+        if (!dpn_is_direct(net, me, q)) continue;
+        if (!ds[q].ok || ds[q].d.kind != PEER_MEM_IPC ||
+            peer_mem_open(rt, comm->cuda_dev, &ds[q].d, -1, &net->maps[q]) != ncclSuccess) {
+            *ok = 0;
+            break;
+        }
+        net->ndirect++;
+        for (int c = 0; c < net->nch; c++) {
+            if (dpn_used(net, c, q, me)) dpn_direct_entry(net, net->own.ptr, c, q, me);
+            if (dpn_used(net, c, me, q)) dpn_direct_entry(net, net->maps[q].ptr, c, me, q);
+        }
+    }
+    free(ds);
+    return res;
+}
+
+/* The kernel's tables into device memory. */
+static ncclResult_t dpn_upload(dp_net_t *net) {
+    const size_t n = (size_t)net->nranks, nconn = (size_t)net->nch * n * n;
+    CHECK(net->rt->memcpy_h2d(net->dev_conns, net->conns, nconn * sizeof(ch_conn_t)));
+    return net->rt->memcpy_h2d(net->dev_ring, net->ring, (size_t)net->nch * n * sizeof(int));
 }
 
 /* The transports to and from q, lo -> hi first (both ends of the pair do the same). */
@@ -204,6 +327,11 @@ static void dpn_free_mem(dp_net_t *net) {
         free(net->peers[q].sends);
         free(net->peers[q].recvs);
     }
+    for (int q = 0; net->maps && q < net->nranks; q++)
+        peer_mem_close(&net->maps[q]);
+    free(net->maps);
+    peer_mem_free(&net->own);
+    free(net->direct);
     free(net->peers);
     free(net->ends);
     free(net->by_send);
@@ -267,13 +395,26 @@ dp_net_t *dp_net_setup(struct ncclComm *comm, const ch_rt_t *rt, int local_ok, i
              (int)DPN_MAX_CH);
         local_ok = 0;
     }
+    /* Which ranks of this host share device memory: both of a pair must reach the other. */
+    net->direct = calloc((size_t)n * n, 1);
+    if (net->direct == NULL) goto fail; /* the peers' allgather fails at its deadline */
+    if (local_ok) dpn_direct_row(net, net->direct + (size_t)me * n);
+    ncclResult_t res = bootstrap_allgather(comm->bs, net->direct, (size_t)n);
+    if (res != ncclSuccess) goto fail;
+    for (int a = 0; a < n; a++)
+        for (int b = a + 1; b < n; b++) {
+            const uint8_t both = net->direct[(size_t)a * n + b] && net->direct[(size_t)b * n + a];
+            net->direct[(size_t)a * n + b] = net->direct[(size_t)b * n + a] = both;
+        }
     if (local_ok && dpn_alloc_mem(net) != ncclSuccess) {
         WARN("rank %d: the device path between hosts could not allocate its connections", me);
         local_ok = 0;
     }
+    if (dpn_direct_setup(net, &local_ok) != ncclSuccess) goto fail;
+    if (local_ok && dpn_upload(net) != ncclSuccess) local_ok = 0;
     int mine = local_ok, agreed = 1;
-    if (oks) oks[me] = mine;
-    ncclResult_t res = oks ? bootstrap_allgather(comm->bs, oks, sizeof(int)) : ncclSystemError;
+    oks[me] = mine;
+    res = bootstrap_allgather(comm->bs, oks, sizeof(int));
     for (int q = 0; res == ncclSuccess && q < n; q++)
         if (!oks[q]) agreed = 0;
     if (res != ncclSuccess || !agreed) goto fail;
@@ -339,6 +480,10 @@ void dp_net_kick(dp_net_t *net) {
     pthread_mutex_lock(&net->lock);
     pthread_cond_signal(&net->cond);
     pthread_mutex_unlock(&net->lock);
+}
+
+int dp_net_direct_peers(const dp_net_t *net) {
+    return net->ndirect;
 }
 
 int dp_net_host_crossings(const dp_net_t *net) {

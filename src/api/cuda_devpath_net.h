@@ -61,7 +61,9 @@ void dp_net_kernel_args(const dp_net_t *net, const ch_conn_t **conns, const int 
 void dp_net_abort(dp_net_t *net);
 /* A launch was queued: the proxy polls without sleeping for a while. */
 void dp_net_kick(dp_net_t *net);
-/* The ring edges of channel 0 between hosts (tests). */
+/* The ring edges of channel 0 between hosts; the peers connected through device memory
+ * (tests). */
 int dp_net_host_crossings(const dp_net_t *net);
+int dp_net_direct_peers(const dp_net_t *net);
 
 #endif

@@ -11,6 +11,7 @@
 #include <stdint.h>
 
 #include "cuda_devpath_net.h"
+#include "peer_mem.h"
 #include "transport.h"
 
 #define DPN_HDR_BYTES 4096 /* the mapped block's header: error word, blocks */
@@ -58,8 +59,16 @@ struct dp_net {
     char *host;
     char *dev;
     size_t host_bytes;
-    ch_conn_t *conns; /* [c][src][dst] the kernel's views (device addresses) */
-    int *ring;        /* [c][pos] */
+    /* Ranks of one host whose kernels share device memory (CHORUS_DEVICE_NET_DIRECT): their
+     * connections are the receiver's slots and counters in its device block, which the sender
+     * maps, as between processes of one host; the proxy carries only errors and goodbyes for
+     * them. direct[a * n + b]: a and b are so connected (the same on every rank). */
+    uint8_t *direct;
+    peer_mem_own_t own;   /* this rank's device block: its direct peers' connections into it */
+    peer_mem_map_t *maps; /* [rank]: a direct peer's block as mapped here */
+    int ndirect;          /* direct peers */
+    ch_conn_t *conns;     /* [c][src][dst] the kernel's views (device addresses) */
+    int *ring;            /* [c][pos] */
     ch_conn_t *dev_conns;
     int *dev_ring;
     uint64_t *op_seq, *blocks_seq; /* device memory: [c], [c][2] */

@@ -654,6 +654,11 @@ int devpath_net_host_crossings(const struct ncclComm *comm) {
     return dp && dp->net ? dp_net_host_crossings(dp->net) : -1;
 }
 
+int devpath_net_direct_peers(const struct ncclComm *comm) {
+    const devpath_comm_t *dp = comm ? comm->dev_path : NULL;
+    return dp && dp->net ? dp_net_direct_peers(dp->net) : -1;
+}
+
 void devpath_comm_free(struct ncclComm *comm) {
     devpath_comm_t *dp = comm->dev_path;
     if (dp == NULL) return;

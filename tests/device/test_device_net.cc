@@ -32,6 +32,7 @@ extern "C" {
 #include "param.h"
 const char *devpath_path_name(const struct ncclComm *comm);
 int devpath_net_host_crossings(const struct ncclComm *comm);
+int devpath_net_direct_peers(const struct ncclComm *comm);
 }
 
 namespace {
@@ -90,12 +91,42 @@ struct NetCase {
 
 class DeviceNetRanks : public DeviceNet, public ::testing::WithParamInterface<NetCase> {};
 
+// The ranks of one host other than r under host_list(n, hosts).
+int host_mates(int r, int n, int hosts) {
+    int k = 0;
+    for (int q = 0; q < n; q++)
+        k += q != r && q * hosts / n == r * hosts / n;
+    return k;
+}
+
+// Ranks of one host connect through device memory (each receiver's block, mapped by its peers),
+// the others through the proxies.
 TEST_P(DeviceNetRanks, AllCollectivesForked) {
-    ScopedEnv hosts("CHORUS_TEST_HOSTS", host_list(GetParam().n, GetParam().hosts).c_str());
+    const int n = GetParam().n, nh = GetParam().hosts;
+    ScopedEnv hosts("CHORUS_TEST_HOSTS", host_list(n, nh).c_str());
     with_ranks(
-        GetParam().n,
+        n,
         [&](Rank &k) -> int {
             RANK_PATH(k, "kernel-hosts");
+            RANK_CHECK(devpath_net_direct_peers(k.comm) == host_mates(k.r, n, nh),
+                       "rank %d: %d peers through device memory, want %d\n", k.r,
+                       devpath_net_direct_peers(k.comm), host_mates(k.r, n, nh));
+            return sweep(k);
+        },
+        300, chorus_test::Launch::Forked);
+}
+
+// CHORUS_DEVICE_NET_DIRECT=0: every connection through the proxies, ranks of one host too (shared
+// memory between their proxies).
+TEST_F(DeviceNet, AllThroughTheProxiesForked) {
+    ScopedEnv hosts("CHORUS_TEST_HOSTS", "a,a,b,b");
+    ScopedEnv direct("CHORUS_DEVICE_NET_DIRECT", "0");
+    with_ranks(
+        4,
+        [&](Rank &k) -> int {
+            RANK_PATH(k, "kernel-hosts");
+            RANK_CHECK(devpath_net_direct_peers(k.comm) == 0, "rank %d: %d direct peers\n", k.r,
+                       devpath_net_direct_peers(k.comm));
             return sweep(k);
         },
         300, chorus_test::Launch::Forked);
@@ -109,12 +140,15 @@ INSTANTIATE_TEST_SUITE_P(Ranks, DeviceNetRanks,
                                     std::to_string(i.param.hosts);
                          });
 
-// Thread ranks of one process named as three hosts (TCP between them): the same proxy, with
-// every rank's memory in one address space (ThreadSanitizer sees the orderings).
+// Thread ranks of one process named as two hosts (TCP between them, device memory between the two
+// of host a): the same proxy, with every rank's memory in one address space (ThreadSanitizer sees
+// the proxy's orderings).
 TEST_F(DeviceNet, AllCollectivesThreads) {
-    ScopedEnv hosts("CHORUS_TEST_HOSTS", "a,b,c");
+    ScopedEnv hosts("CHORUS_TEST_HOSTS", "a,a,b");
     with_ranks(3, [&](Rank &k) -> int {
         RANK_PATH(k, "kernel-hosts");
+        RANK_CHECK(devpath_net_direct_peers(k.comm) == (k.r < 2 ? 1 : 0), "rank %d: %d\n", k.r,
+                   devpath_net_direct_peers(k.comm));
         for (int coll = 0; coll < CH_COLL_COUNT; coll++)
             for (size_t count : {(size_t)0, (size_t)1, (size_t)1001, (size_t)40003})
                 if (run_op(k, coll, ncclFloat32, ncclSum, count,
