@@ -239,7 +239,9 @@ static int dpn_put_data(dp_net_t *net, dpn_end_t *e, char *slot, size_t *used, s
 
 static int dpn_pump_out(dp_net_t *net, int q, int closing, unsigned turn) {
     dpn_peer_t *p = &net->peers[q];
-    if (p->tx_lost || p->bye_out) return 0;
+    /* Nothing goes to a peer found dead (its other end failed, or its process ended, without a
+     * goodbye): it would only make the transport report the failure once more. */
+    if (p->tx_lost || p->bye_out || dpn_peer_dead(p)) return 0;
     const uint32_t err = net->err_seen && !net->err_quiet ? ch_ld32_relaxed(dpn_err_host(net)) : 0;
     int pending = err != CH_OK && !p->err_out;
     for (int i = 0; i < p->nsend && !pending; i++)
@@ -468,7 +470,8 @@ void *dpn_proxy_main(void *arg) {
             if (closing && !p->tx_lost && p->bye_out && !p->drained) dpn_drained(net, q);
             /* Done with q once it consumed this rank's goodbye and said its own (or its end is
              * gone): closing earlier would fail its last messages on their way here. */
-            open |= !p->tx_lost && !(p->bye_out && p->drained && (p->bye_in || p->rx_lost));
+            open |= !p->tx_lost && !dpn_peer_dead(p) &&
+                    !(p->bye_out && p->drained && (p->bye_in || p->rx_lost));
         }
         now = ch_host_now_ns();
         if (closing) {
