@@ -281,21 +281,29 @@ TEST_F(DeviceNet, PeerThatFinishedAndLeftForked) {
 TEST_F(DeviceNet, AbortOfAFinishedRankFailsNobodyForked) {
     ScopedEnv timeout("CHORUS_TIMEOUT", "60");
     ScopedEnv hosts("CHORUS_TEST_HOSTS", "a,b,c");
-    int *gone = (int *)mmap(nullptr, sizeof(int), PROT_READ | PROT_WRITE,
+    // gone[0]: rank 2 aborted; gone[1]: the others finished the all-reduce.
+    int *gone = (int *)mmap(nullptr, 2 * sizeof(int), PROT_READ | PROT_WRITE,
                             MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     ASSERT_NE(gone, MAP_FAILED);
-    *gone = 0;
+    gone[0] = gone[1] = 0;
     with_ranks(
         3,
         [&](Rank &k) -> int {
             RANK_PATH(k, "kernel-hosts");
             if (run_op(k, CH_COLL_ALLREDUCE, ncclFloat32, ncclSum, 40003, false, 0)) return 1;
             if (k.r == 2) {
+                // Finished: the others have all of its data too (an abort is abrupt: what its
+                // proxy had not sent yet would be lost).
+                const double t0 = chorus_test::now_s();
+                while (__atomic_load_n(&gone[1], __ATOMIC_ACQUIRE) < 2 &&
+                       chorus_test::now_s() - t0 < 20)
+                    usleep(1000);
                 RANK_NCCL(ncclCommAbort(k.comm));
                 k.destroyed = true;
                 __atomic_store_n(gone, 1, __ATOMIC_RELEASE);
                 return 0;
             }
+            __atomic_add_fetch(&gone[1], 1, __ATOMIC_ACQ_REL);
             const double t0 = chorus_test::now_s();
             while (!__atomic_load_n(gone, __ATOMIC_ACQUIRE) && chorus_test::now_s() - t0 < 20)
                 usleep(1000);
@@ -315,7 +323,7 @@ TEST_F(DeviceNet, AbortOfAFinishedRankFailsNobodyForked) {
             return 0;
         },
         60, chorus_test::Launch::Forked);
-    munmap(gone, sizeof(int));
+    munmap(gone, 2 * sizeof(int));
 }
 
 // Transport chunks smaller than a SIMPLE slot (NCCL_BUFFSIZE=16384: 2 KiB chunks, 4 KiB slots),
