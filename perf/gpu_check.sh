@@ -17,9 +17,9 @@
 #    to 16 bytes, so 8 bytes would be an empty op) and at the largest size (bandwidth), with the
 #    results checked (#wrong); with 2 and more processes once per device path between processes
 #    (CHORUS_DEVICE_PATH: auto, which stages them; ce, copy-engine programs; kernel, the collective
-#    kernel over slots each rank's peers map; hosts, the kernel between hosts: each rank named a
-#    host of its own with CHORUS_TEST_HOSTS, its slots in pinned host memory that the proxies
-#    forward over TCP; -P "..." picks them).
+#    kernel over slots each rank's peers map; hosts, the kernel between hosts: the ranks named as
+#    two hosts with CHORUS_TEST_HOSTS, device memory within one, pinned host memory that the
+#    proxies forward over TCP between them; -P "..." picks them).
 # 5. Prints one table: busbw at the largest size, as a fraction of the copy limit for that pattern.
 # 6. The device path between thread ranks of one process on GPU 0 (-t n, CHORUS_DEVICE_PATH): the
 #    same three collectives with the collective kernel's defaults (kernel: direct, each rank
@@ -144,7 +144,9 @@ for coll in all_reduce all_gather reduce_scatter; do
         tag="${coll}_${n}_${path}"
         echo "running $coll with $n rank(s) on GPU 0, CHORUS_DEVICE_PATH=$path ..." >&2
         kpath=$path; hosts=
-        [ "$path" = hosts ] && { kpath=kernel; hosts=$(seq -s, -f 'h%g' 0 $((n - 1))); }
+        # hosts: ranks named as two hosts (h0,h1 / h0,h0,h1,h1): within one, device memory;
+        # between them, the proxies over TCP.
+        [ "$path" = hosts ] && { kpath=kernel; hosts=$(for r in $(seq 0 $((n - 1))); do printf 'h%d,' $((r * 2 / n)); done); hosts=${hosts%,}; }
         lat=$(CHORUS_TEST_HOSTS=$hosts CHORUS_DEVICE_PATH=$kpath launch "$n" "$p" -b 64 -e 64 -n 100 -w 10 -m device 2>"$log/${tag}_lat.err")
         rc1=$?
         bw=$(CHORUS_TEST_HOSTS=$hosts CHORUS_DEVICE_PATH=$kpath launch "$n" "$p" -b "$max_bytes" -e "$max_bytes" -n 10 -w 3 -m device 2>"$log/${tag}_bw.err")
