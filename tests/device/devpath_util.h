@@ -209,6 +209,34 @@ inline int check_received(const Bufs &b, int from, size_t count) {
     return 0;
 }
 
+// Every collective x int32/float32/bfloat16 x sum/avg/max/premul x counts 0, 1, 1001 (LL on the
+// emulator) and 40003 (SIMPLE, every slot reused) x in and out of place.
+inline int sweep(Rank &k) {
+    for (int coll = 0; coll < CH_COLL_COUNT; coll++)
+        for (ncclDataType_t t : {ncclInt32, ncclFloat32, ncclBfloat16})
+            for (int op : {(int)ncclSum, (int)ncclAvg, (int)ncclMax, kPremul}) {
+                if (!reduces(coll) && op != ncclSum) continue;
+                for (size_t count : {(size_t)0, (size_t)1, (size_t)1001, (size_t)40003})
+                    for (bool inplace : {false, true}) {
+                        if (inplace && (coll == CH_COLL_SENDRECV || coll == CH_COLL_ALLTOALL))
+                            continue;
+                        if (run_op(k, coll, t, op, count, inplace, (int)(count % k.n))) return 1;
+                    }
+            }
+    return 0;
+}
+
+// An all-reduce of every dtype with every reduction, at an LL count in place and a SIMPLE count.
+inline int all_dtypes_ops(Rank &k) {
+    for (ncclDataType_t t :
+         {ncclInt8, ncclUint8, ncclInt32, ncclUint32, ncclInt64, ncclUint64, ncclFloat16,
+          ncclFloat32, ncclFloat64, ncclBfloat16, ncclFloat8e4m3, ncclFloat8e5m2})
+        for (int op : kOps)
+            for (size_t count : {(size_t)77, (size_t)9001})
+                if (run_op(k, CH_COLL_ALLREDUCE, t, op, count, count == 77, 0)) return 1;
+    return 0;
+}
+
 // A peer killed in the middle of a large all-reduce (`count` floats; the victim dies `delay_us`
 // after its call): every survivor's stream ends well within CHORUS_TIMEOUT (60 s), the next call
 // fails with ncclRemoteError naming the dead rank, and abort is quick. The survivors abort only

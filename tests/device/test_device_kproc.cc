@@ -59,23 +59,6 @@ class DeviceKProcRanks : public DeviceKProc, public ::testing::WithParamInterfac
                "rank %d runs device-buffer ops as %s, want %s\n", (k).r,                           \
                devpath_path_name((k).comm), (want))
 
-// Every collective x int32/float32/bfloat16 x sum/avg/max/premul x counts 0, 1, 1001 (LL) and
-// 40003 (SIMPLE, every slot reused) x in and out of place.
-int sweep(Rank &k) {
-    for (int coll = 0; coll < CH_COLL_COUNT; coll++)
-        for (ncclDataType_t t : {ncclInt32, ncclFloat32, ncclBfloat16})
-            for (int op : {(int)ncclSum, (int)ncclAvg, (int)ncclMax, kPremul}) {
-                if (!reduces(coll) && op != ncclSum) continue;
-                for (size_t count : {(size_t)0, (size_t)1, (size_t)1001, (size_t)40003})
-                    for (bool inplace : {false, true}) {
-                        if (inplace && (coll == CH_COLL_SENDRECV || coll == CH_COLL_ALLTOALL))
-                            continue;
-                        if (run_op(k, coll, t, op, count, inplace, (int)(count % k.n))) return 1;
-                    }
-            }
-    return 0;
-}
-
 // The device blocks are cuMem memory passed as descriptors: each rank imports its n - 1 peers'.
 TEST_P(DeviceKProcRanks, AllCollectivesForked) {
     const unsigned long cumem0 = peer_mem_opened(PEER_MEM_CUMEM);
@@ -100,17 +83,7 @@ INSTANTIATE_TEST_SUITE_P(Ranks, DeviceKProcRanks, ::testing::Values(1, 2, 3, 4, 
 // Every dtype with every reduction on 3 processes, at an LL and a SIMPLE count.
 TEST_F(DeviceKProc, AllDtypesForked) {
     with_ranks(
-        3,
-        [&](Rank &k) -> int {
-            for (ncclDataType_t t :
-                 {ncclInt8, ncclUint8, ncclInt32, ncclUint32, ncclInt64, ncclUint64, ncclFloat16,
-                  ncclFloat32, ncclFloat64, ncclBfloat16, ncclFloat8e4m3, ncclFloat8e5m2})
-                for (int op : kOps)
-                    for (size_t count : {(size_t)77, (size_t)9001})
-                        if (run_op(k, CH_COLL_ALLREDUCE, t, op, count, count == 77, 0)) return 1;
-            return 0;
-        },
-        300, chorus_test::Launch::Forked);
+        3, [&](Rank &k) -> int { return all_dtypes_ops(k); }, 300, chorus_test::Launch::Forked);
 }
 
 // A device without cuMem: the blocks are legacy IPC blocks, opened through their handles.

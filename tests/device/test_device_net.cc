@@ -68,23 +68,6 @@ std::string host_list(int n, int hosts) {
     return s;
 }
 
-// Every collective x int32/float32/bfloat16 x sum/avg/max/premul x counts 0, 1, 1001 (LL) and
-// 40003 (SIMPLE, every slot reused) x in and out of place.
-int sweep(Rank &k) {
-    for (int coll = 0; coll < CH_COLL_COUNT; coll++)
-        for (ncclDataType_t t : {ncclInt32, ncclFloat32, ncclBfloat16})
-            for (int op : {(int)ncclSum, (int)ncclAvg, (int)ncclMax, kPremul}) {
-                if (!reduces(coll) && op != ncclSum) continue;
-                for (size_t count : {(size_t)0, (size_t)1, (size_t)1001, (size_t)40003})
-                    for (bool inplace : {false, true}) {
-                        if (inplace && (coll == CH_COLL_SENDRECV || coll == CH_COLL_ALLTOALL))
-                            continue;
-                        if (run_op(k, coll, t, op, count, inplace, (int)(count % k.n))) return 1;
-                    }
-            }
-    return 0;
-}
-
 struct NetCase {
     int n, hosts;
 };
@@ -168,13 +151,7 @@ TEST_F(DeviceNet, AllDtypesForked) {
         3,
         [&](Rank &k) -> int {
             RANK_PATH(k, "kernel-hosts");
-            for (ncclDataType_t t :
-                 {ncclInt8, ncclUint8, ncclInt32, ncclUint32, ncclInt64, ncclUint64, ncclFloat16,
-                  ncclFloat32, ncclFloat64, ncclBfloat16, ncclFloat8e4m3, ncclFloat8e5m2})
-                for (int op : kOps)
-                    for (size_t count : {(size_t)77, (size_t)9001})
-                        if (run_op(k, CH_COLL_ALLREDUCE, t, op, count, count == 77, 0)) return 1;
-            return 0;
+            return all_dtypes_ops(k);
         },
         300, chorus_test::Launch::Forked);
 }
