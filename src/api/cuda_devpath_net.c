@@ -1,12 +1,14 @@
 /*
  * cuda_devpath_net.c: the collective kernel between hosts: this rank's connection ends in mapped
- * host memory, the transport connections its proxy forwards them over, and their teardown (design
- * in cuda_devpath_net.h; the proxy in cuda_devpath_net_proxy.c).
+ * host memory, its device block for the ranks of its host, the transport connections its proxy
+ * uses, and their teardown (design in cuda_devpath_net.h; the proxy in cuda_devpath_net_proxy.c).
  *
  * The kernel's connection table has the same shape as between threads or processes of one host
  * ([c][src][dst], every pair on the first p2p_nch channels, then each rank to itself and to its
- * ring successor), but a rank fills only the entries it is an end of, each pointing into its own
- * block: a send end's slots are where its kernel writes, a receive end's where its proxy writes.
+ * ring successor), but a rank fills only the entries it is an end of. A connection the proxy
+ * forwards points into this rank's mapped host block (a send end's slots are where its kernel
+ * writes, a receive end's where its proxy writes); a direct one into the receiver's device block
+ * (this rank's own, or a peer's as mapped here).
  */
 #include <stdio.h>
 #include <stdlib.h>

@@ -2,27 +2,34 @@
  * cuda_devpath_net.h: the collective kernel between hosts (private to cuda_devpath*.c).
  *
  * Ranks on several hosts run device-buffer ops as the collective kernel on the user's stream,
- * as ranks of one host do, but every connection's slots and counters are in host memory of the
- * rank's own process, pinned and mapped for its device: a sender's kernel writes each step into
- * its local slots, notes the step's size (ch_conn_t.sizes) and publishes it; a proxy thread per
- * rank forwards published steps, op headers, the receiver's releases (credits), its header
- * acknowledgements and errors over the communicator's transports (chorus_conn_t: shared memory
- * within a host, TCP or verbs between hosts), and the receiving proxy writes them into the
+ * as ranks of one host do. A connection to a rank of another host has its slots and counters in
+ * host memory of each end's own process, pinned and mapped for its device: a sender's kernel
+ * writes each step into its local slots, notes the step's size (ch_conn_t.sizes) and publishes
+ * it; a proxy thread per rank forwards published steps, op headers, the receiver's releases
+ * (credits), its header acknowledgements and errors over the communicator's transports
+ * (chorus_conn_t: TCP or verbs between hosts), and the receiving proxy writes them into the
  * receiver's local slots and counters, where its kernel polls them. A rank's send to itself stays
- * local. The proxy reads no schedule: what to forward comes from the counters and size words the
- * kernel writes, so launches captured into CUDA graphs and replayed are forwarded alike.
+ * local. Ranks of one host whose GPUs reach each other connect through device memory instead (the
+ * receiver's slots and counters in its device block, mapped by the sender, as between processes
+ * of one host; CHORUS_DEVICE_NET_DIRECT=0 sends them through the proxies and shared memory too).
+ * The proxy reads no schedule: what to forward comes from the counters and size words the kernel
+ * writes, so launches captured into CUDA graphs and replayed are forwarded alike.
  *
  * Sizes: the receiver's slot for step s is free once its kernel released step s - nslots, and the
  * sender's kernel publishes step s only after the forwarded release of that step came back, so a
  * receiving proxy writes what arrives at once, with no buffer of its own.
  *
  * Errors: each rank has its own error word. A rank whose word becomes set (its kernel found a
- * mismatched header, an abort, a timeout, a dead peer) sends it to every peer, whose proxy sets
- * theirs, so every rank's waits end. The proxy is also the watchdog: a peer whose transport failed
- * (or, on this host, whose process ended) without having said goodbye, while one of this rank's
- * running blocks waits for it and nothing moved for DPN_DEAD_GRACE_MS, sets CH_ERR_PEER naming
- * it; running blocks with nothing moving (block starts and ends, forwarded bytes) for
- * CHORUS_TIMEOUT set CH_ERR_TIMEOUT.
+ * mismatched header, a timeout, a dead peer, an abort while its blocks ran) sends it to every
+ * peer, whose proxy sets theirs, so every rank's waits end. The proxy is also the watchdog: a peer
+ * whose transport failed (or, on this host, whose process ended) without having said goodbye,
+ * while one of this rank's running blocks waits for it and nothing moved for DPN_DEAD_GRACE_MS,
+ * sets CH_ERR_PEER naming it (the one lost first, when several are); running blocks with nothing
+ * moving (block starts and ends, bytes forwarded either way) for CHORUS_TIMEOUT set
+ * CH_ERR_TIMEOUT.
+ *
+ * Teardown: a proxy forwards what its kernel published, says goodbye, and closes a pair's
+ * transports once the peer consumed everything and said its own goodbye (DPN_CLOSE_MS at most).
  */
 #ifndef CHORUS_CUDA_DEVPATH_NET_H_
 #define CHORUS_CUDA_DEVPATH_NET_H_
