@@ -17,9 +17,9 @@
 #define DPN_HDR_BYTES 4096 /* the mapped block's header: error word, blocks */
 #define DPN_BLOCKS_OFF 128 /* [c][CH_BLK_WORDS] this rank's blocks (ch_kernel.h) */
 #define DPN_MAX_CH ((DPN_HDR_BYTES - DPN_BLOCKS_OFF) / (CH_BLK_WORDS * 8))
-#define DPN_DEAD_GRACE_MS                                                                          \
-    1000                /* a dead peer fails the communicator after this without progress          \
-                         */
+/* A dead peer that a running block waits for fails the communicator once nothing moved for this
+ * long (a peer that finished and left is no failure: its goodbye says so). */
+#define DPN_DEAD_GRACE_MS 1000
 #define DPN_WATCH_MS 20 /* watchdog rounds */
 
 /* One end of a connection to or from a peer on this rank: the host's view of its slots and
@@ -28,7 +28,7 @@ typedef struct {
     ch_conn_t v;
     int c, peer, is_send;
     uint64_t next;     /* the next step to forward (send) or to arrive (receive) */
-    size_t off;        /* send: the bytes of it forwarded so far */
+    size_t off;        /* the bytes of it forwarded (send) or arrived (receive) so far */
     uint64_t hdr_fwd;  /* send: headers forwarded; receive: header acknowledgements forwarded */
     uint64_t tail_fwd; /* receive: the release last forwarded */
 } dpn_end_t;
@@ -55,7 +55,8 @@ struct dp_net {
     size_t slot_bytes;
     uint32_t ll_words;
     /* One block of mapped host memory: the header (error word at 0, blocks at DPN_BLOCKS_OFF),
-     * then every end's control block, size words, SIMPLE and LL slots. */
+     * then the control block, size words, SIMPLE and LL slots of every end the proxy forwards
+     * and of the rank's send to itself. */
     char *host;
     char *dev;
     size_t host_bytes;
