@@ -209,12 +209,13 @@ inline int check_received(const Bufs &b, int from, size_t count) {
     return 0;
 }
 
-// Every collective x int32/float32/bfloat16 x sum/avg/max/premul x counts 0, 1, 1001 (LL on the
-// emulator) and 40003 (SIMPLE, every slot reused) x in and out of place.
-inline int sweep(Rank &k) {
+// Every collective x int32/float32/bfloat16 (bf16 false: without it) x sum/avg/max/premul x counts
+// 0, 1, 1001 (LL on the emulator) and 40003 (SIMPLE, every slot reused) x in and out of place.
+inline int sweep(Rank &k, bool bf16 = true) {
     for (int coll = 0; coll < CH_COLL_COUNT; coll++)
         for (ncclDataType_t t : {ncclInt32, ncclFloat32, ncclBfloat16})
             for (int op : {(int)ncclSum, (int)ncclAvg, (int)ncclMax, kPremul}) {
+                if (t == ncclBfloat16 && !bf16) continue;
                 if (!reduces(coll) && op != ncclSum) continue;
                 for (size_t count : {(size_t)0, (size_t)1, (size_t)1001, (size_t)40003})
                     for (bool inplace : {false, true}) {

@@ -169,23 +169,6 @@ TEST_F(DevicePath, DeadlineEndsAWaitingLaunchThreads) {
 
 namespace {
 
-// The sweep of one rank for the copy-engine programs: every collective, sum/avg/max/premulsum,
-// int32 and float32, counts 0, 1, 1001 and 40003, in and out of place.
-int ce_sweep(Rank &k) {
-    for (int coll = 0; coll < CH_COLL_COUNT; coll++)
-        for (ncclDataType_t t : {ncclInt32, ncclFloat32})
-            for (int op : {(int)ncclSum, (int)ncclAvg, (int)ncclMax, kPremul}) {
-                if (!reduces(coll) && op != ncclSum) continue;
-                for (size_t count : {(size_t)0, (size_t)1, (size_t)1001, (size_t)40003})
-                    for (bool inplace : {false, true}) {
-                        if (inplace && (coll == CH_COLL_SENDRECV || coll == CH_COLL_ALLTOALL))
-                            continue;
-                        if (run_op(k, coll, t, op, count, inplace, (int)(count % k.n))) return 1;
-                    }
-            }
-    return 0;
-}
-
 class DevicePathProcs : public DevicePath, public ::testing::WithParamInterface<int> {};
 
 // Ranks in separate processes: copy-engine programs over connections in shared device memory,
@@ -204,7 +187,7 @@ TEST_P(DevicePathProcs, CopyEngineForked) {
                        "0\n",
                        k.r, peer_mem_opened(PEER_MEM_CUMEM) - cumem0,
                        peer_mem_opened(PEER_MEM_IPC) - ipc0, k.n - 1);
-            return ce_sweep(k);
+            return sweep(k, false);
         },
         240, chorus_test::Launch::Forked);
 }
@@ -243,7 +226,7 @@ TEST_F(DevicePath, CopyEngineThreads) {
     setenv("CHORUS_DEVICE_PATH", "ce", 1);
     chorus_param_reset();
     with_ranks(4, [&](Rank &k) -> int {
-        if (ce_sweep(k)) return 1;
+        if (sweep(k, false)) return 1;
         const size_t count = 2001;
         Bufs a2a;
         make_bufs(k, CH_COLL_ALLTOALL, ncclFloat32, ncclSum, count, false, &a2a);
