@@ -379,19 +379,18 @@ dp_net_t *dp_net_setup(struct ncclComm *comm, const ch_rt_t *rt, int local_ok, i
         free(net);
         free(oks);
         return NULL;
-    } else {
-        pthread_mutex_init(&net->lock, NULL);
-        pthread_cond_init(&net->cond, NULL);
-        net->rt = rt;
-        net->comm = comm;
-        net->rank = me;
-        net->nranks = n;
-        net->nch = nch;
-        net->p2p_nch = p2p_nch;
-        net->nslots = nslots;
-        net->slot_bytes = slot_bytes;
-        net->ll_words = (uint32_t)(ll_bytes / 4);
     }
+    pthread_mutex_init(&net->lock, NULL);
+    pthread_cond_init(&net->cond, NULL);
+    net->rt = rt;
+    net->comm = comm;
+    net->rank = me;
+    net->nranks = n;
+    net->nch = nch;
+    net->p2p_nch = p2p_nch;
+    net->nslots = nslots;
+    net->slot_bytes = slot_bytes;
+    net->ll_words = (uint32_t)(ll_bytes / 4);
     if (local_ok && (nch < 1 || nch > DPN_MAX_CH)) {
         WARN("rank %d: %d channels: the device path between hosts takes 1 to %d", me, nch,
              (int)DPN_MAX_CH);

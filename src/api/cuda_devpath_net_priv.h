@@ -75,10 +75,10 @@ struct dp_net {
     uint64_t *op_seq, *blocks_seq; /* device memory: [c], [c][2] */
     dpn_end_t *ends;               /* this rank's ends to and from peers */
     int nends;
-    dpn_end_t **by_send, **by_recv;  /* [c][peer]: its end, or NULL */
-    dpn_peer_t *peers;               /* [rank] */
-    int dead_peer;                   /* rank + 1 (atomic) */
-    uint64_t bytes_sent, bytes_recv; /* (atomic) */
+    dpn_end_t **by_send, **by_recv; /* [c][peer]: its end, or NULL */
+    dpn_peer_t *peers;              /* [rank] */
+    int dead_peer;                  /* rank + 1 (atomic) */
+    uint64_t bytes_moved;           /* forwarded either way (the proxy's: watchdog progress) */
     /* The proxy thread. */
     pthread_t thread;
     int running;

@@ -67,6 +67,14 @@ static void dpn_peer_lost(dp_net_t *net, int q, int tx, const char *what) {
              net->comm->peers[q].hostname, tx ? "sending" : "receiving", what);
 }
 
+/* The rank the communicator failed on (the first named stays; before the error word is set, so
+ * that whoever sees CH_ERR_PEER finds the name). */
+static void dpn_name_dead(dp_net_t *net, int q) {
+    int none = 0;
+    __atomic_compare_exchange_n(&net->dead_peer, &none, q + 1, 0, __ATOMIC_ACQ_REL,
+                                __ATOMIC_ACQUIRE);
+}
+
 /* ---- in ----------------------------------------------------------------------------------- */
 
 static int dpn_apply(dp_net_t *net, int q, const char *data, size_t bytes) {
@@ -82,11 +90,8 @@ static int dpn_apply(dp_net_t *net, int q, const char *data, size_t bytes) {
         }
         if (m.type == DPN_ERR) {
             const uint32_t e = (uint32_t)m.v;
-            if (e == CH_ERR_PEER && m.size > 0 && m.size <= (uint64_t)net->nranks) {
-                int none = 0;
-                __atomic_compare_exchange_n(&net->dead_peer, &none, (int)m.size, 0,
-                                            __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
-            }
+            if (e == CH_ERR_PEER && m.size > 0 && m.size <= (uint64_t)net->nranks)
+                dpn_name_dead(net, (int)m.size - 1);
             if (e != CH_OK) ch_set_once32(dpn_err_host(net), e);
             continue;
         }
@@ -118,7 +123,7 @@ static int dpn_apply(dp_net_t *net, int q, const char *data, size_t bytes) {
                     e->off = 0;
                 }
             }
-            __atomic_add_fetch(&net->bytes_recv, m.len, __ATOMIC_RELAXED);
+            net->bytes_moved += m.len;
             at += pad8(m.len);
             break;
         }
@@ -216,7 +221,7 @@ static int dpn_put_data(dp_net_t *net, dpn_end_t *e, char *slot, size_t *used, s
             memcpy(slot + *used, &m, DPN_MSG);
             *used += DPN_MSG + pad8(bytes);
             e->next++;
-            __atomic_add_fetch(&net->bytes_sent, bytes, __ATOMIC_RELAXED);
+            net->bytes_moved += bytes;
         } else {
             if (*used + DPN_MSG > cap) return 0;
             const size_t room = (cap - *used - DPN_MSG) & ~(size_t)7;
@@ -232,7 +237,7 @@ static int dpn_put_data(dp_net_t *net, dpn_end_t *e, char *slot, size_t *used, s
                 e->next++;
                 e->off = 0;
             }
-            __atomic_add_fetch(&net->bytes_sent, frag, __ATOMIC_RELAXED);
+            net->bytes_moved += frag;
         }
     }
 }
@@ -371,8 +376,7 @@ static void dpn_watch(dp_net_t *net, dpn_watch_t *st, int64_t now, int64_t timeo
             if (!p->bye_in) INFO(SUB_INIT, "rank %d: the process of rank %d ended", net->rank, q);
         }
     }
-    uint64_t sum = __atomic_load_n(&net->bytes_sent, __ATOMIC_RELAXED) +
-                   __atomic_load_n(&net->bytes_recv, __ATOMIC_RELAXED);
+    uint64_t sum = net->bytes_moved;
     memset(st->waits, 0, (size_t)n);
     const int running = dpn_blocks(net, &sum, st->waits);
     if (sum != st->last_sum) {
@@ -392,9 +396,7 @@ static void dpn_watch(dp_net_t *net, dpn_watch_t *st, int64_t now, int64_t timeo
         if (blame < 0 || p->lost_at < net->peers[blame].lost_at) blame = q;
     }
     if (waited && still >= DPN_DEAD_GRACE_MS * 1000000LL) {
-        int none = 0;
-        __atomic_compare_exchange_n(&net->dead_peer, &none, blame + 1, 0, __ATOMIC_ACQ_REL,
-                                    __ATOMIC_ACQUIRE);
+        dpn_name_dead(net, blame);
         if (ch_set_once32(err, CH_ERR_PEER) == CH_OK)
             WARN("rank %d: peer rank %d (%s) ended while this rank's device work waited for it",
                  net->rank, blame, net->comm->peers[blame].hostname);
