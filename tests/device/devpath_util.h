@@ -243,9 +243,10 @@ inline int all_dtypes_ops(Rank &k) {
 // fails with ncclRemoteError naming the dead rank, and abort is quick. The survivors abort only
 // once all have read their error: an abort closes a rank's connections, whose failure the
 // others' transports may report, and the last error (ncclGetLastError) is the process's latest
-// warning. want_path: the device path every rank must take.
-inline void peer_killed_midop(int n, int victim, const char *want_path, size_t count,
-                              int delay_us) {
+// warning. want_path: the device path every rank must take; at_init (when given): a check of
+// each rank right after its init.
+inline void peer_killed_midop(int n, int victim, const char *want_path, size_t count, int delay_us,
+                              const std::function<int(Rank &)> &at_init = nullptr) {
     chorus_test::ScopedEnv timeout("CHORUS_TIMEOUT", "60");
     ncclUniqueId id = chorus_test::make_unique_id();
     int *checked = (int *)mmap(nullptr, sizeof(int), PROT_READ | PROT_WRITE,
@@ -263,17 +264,19 @@ inline void peer_killed_midop(int n, int victim, const char *want_path, size_t c
             RANK_CHECK(std::string(devpath_path_name(comm)) == want_path,
                        "rank %d runs device-buffer ops as %s, want %s\n", rank,
                        devpath_path_name(comm), want_path);
+            if (at_init && at_init(k)) return 1;
             Bufs b;
             make_bufs(k, CH_COLL_ALLREDUCE, ncclFloat32, ncclSum, count, false, &b);
             RANK_NCCL(ncclAllReduce(b.in, b.out, 1001, ncclFloat32, ncclSum, comm, k.stream()));
-            RANK_NCCL(ch_emu_stream_sync(st));
+            RANK_NCCL(ch_emu_stream_sync(st)); // a first op that every rank completes
+            RANK_CHECK(ch_emu_stream_launches(st) == 1, "the first op did not launch\n");
             RANK_NCCL(ncclAllReduce(b.in, b.out, count, ncclFloat32, ncclSum, comm, k.stream()));
             if (rank == victim) {
                 usleep(delay_us); // its blocks are under way, far from done
                 raise(SIGKILL);
             }
             const double t0 = chorus_test::now_s();
-            (void)ch_emu_stream_sync(st);
+            RANK_NCCL(ch_emu_stream_sync(st)); // the stream's work ends, released
             const double took = chorus_test::now_s() - t0;
             RANK_CHECK(took < 20, "the survivor's stream ended after %.1f s\n", took);
             ncclResult_t next =
@@ -283,6 +286,9 @@ inline void peer_killed_midop(int n, int victim, const char *want_path, size_t c
             RANK_CHECK(why.find("peer rank " + std::to_string(victim) + " ended") !=
                            std::string::npos,
                        "the error does not name the dead rank: %s\n", why.c_str());
+            ncclResult_t async = ncclSuccess;
+            RANK_NCCL(ncclCommGetAsyncError(comm, &async));
+            RANK_CHECK(async == ncclRemoteError, "async error %s\n", ncclGetErrorString(async));
             __atomic_add_fetch(checked, 1, __ATOMIC_ACQ_REL);
             while (__atomic_load_n(checked, __ATOMIC_ACQUIRE) < nr - 1 &&
                    chorus_test::now_s() - t0 < 30)

@@ -255,67 +255,18 @@ using chorus_test::ScopedEnv;
 // quick. The killed rank is the one failure the launcher reports. 2 processes (rank 1 killed)
 // and 3 (rank 0 killed).
 TEST_F(DevicePath, CopyEnginePeerKilledForked) {
-    ScopedEnv timeout("CHORUS_TIMEOUT", "60");
     // Rank 0's host block holds the error word: the survivors keep it mapped after rank 0 dies.
     for (auto nv : {std::make_pair(2, 1), std::make_pair(3, 0)}) {
-        const int n = nv.first, victim = nv.second;
-        SCOPED_TRACE("n=" + std::to_string(n) + " victim=" + std::to_string(victim));
+        SCOPED_TRACE("n=" + std::to_string(nv.first) + " victim=" + std::to_string(nv.second));
         const unsigned long cumem0 = peer_mem_opened(PEER_MEM_CUMEM);
-        ncclUniqueId id = chorus_test::make_unique_id();
-        auto res = chorus_test::run_forked(
-            n,
-            [&](int rank, int nr) -> int {
-                ch_emu_stream_t *st = ch_emu_stream_create();
-                RANK_CHECK(st != nullptr, "no emulated stream\n");
-                ncclComm_t comm;
-                RANK_NCCL(ncclCommInitRank(&comm, nr, id, rank));
-                Rank k{comm, st, rank, nr, false};
-                // The device blocks are cuMem imports: the killed rank dies holding mappings of
-                // its peers' memory, and they hold mappings of its.
-                RANK_CHECK(peer_mem_opened(PEER_MEM_CUMEM) - cumem0 == (unsigned long)nr - 1,
-                           "rank %d imported %lu cuMem blocks\n", rank,
-                           peer_mem_opened(PEER_MEM_CUMEM) - cumem0);
-                const size_t count = (size_t)4 << 20;
-                Bufs b;
-                make_bufs(k, CH_COLL_ALLREDUCE, ncclFloat32, ncclSum, count, false, &b);
-                // A first op that every rank completes: the connections work.
-                RANK_NCCL(ncclAllReduce(b.in, b.out, 1001, ncclFloat32, ncclSum, comm, k.stream()));
-                RANK_NCCL(ch_emu_stream_sync(st));
-                RANK_CHECK(ch_emu_stream_launches(st) == 1, "the first op did not launch\n");
-                RANK_NCCL(
-                    ncclAllReduce(b.in, b.out, count, ncclFloat32, ncclSum, comm, k.stream()));
-                if (rank == victim) {
-                    usleep(2000); // its stream is under way, far from done
-                    raise(SIGKILL);
-                }
-                const double t0 = chorus_test::now_s();
-                RANK_NCCL(ch_emu_stream_sync(st));
-                const double took = chorus_test::now_s() - t0;
-                RANK_CHECK(took < 20, "the survivor's stream ended after %.1f s\n", took);
-                ncclResult_t next =
-                    ncclAllReduce(b.in, b.out, 1001, ncclFloat32, ncclSum, comm, k.stream());
-                RANK_CHECK(next == ncclRemoteError, "the next call: %s\n",
-                           ncclGetErrorString(next));
-                const std::string why = ncclGetLastError(comm);
-                RANK_CHECK(why.find("peer rank " + std::to_string(victim) + " ended") !=
-                               std::string::npos,
-                           "the error does not name the dead rank: %s\n", why.c_str());
-                ncclResult_t async = ncclSuccess;
-                RANK_NCCL(ncclCommGetAsyncError(comm, &async));
-                RANK_CHECK(async == ncclRemoteError, "async error %s\n", ncclGetErrorString(async));
-                const double t1 = chorus_test::now_s();
-                RANK_NCCL(ncclCommAbort(comm));
-                RANK_CHECK(chorus_test::now_s() - t1 < 20, "abort took %.1f s\n",
-                           chorus_test::now_s() - t1);
-                ch_emu_stream_destroy(st);
-                return 0;
-            },
-            100);
-        EXPECT_FALSE(res.timed_out) << res.detail;
-        EXPECT_EQ(res.failed, 1) << res.detail;
-        EXPECT_NE(res.detail.find("rank " + std::to_string(victim) + ": signal 9"),
-                  std::string::npos)
-            << res.detail;
+        // The device blocks are cuMem imports: the killed rank dies holding mappings of its
+        // peers' memory, and they hold mappings of its.
+        peer_killed_midop(nv.first, nv.second, "ce", (size_t)4 << 20, 2000, [&](Rank &k) -> int {
+            RANK_CHECK(peer_mem_opened(PEER_MEM_CUMEM) - cumem0 == (unsigned long)k.n - 1,
+                       "rank %d imported %lu cuMem blocks\n", k.r,
+                       peer_mem_opened(PEER_MEM_CUMEM) - cumem0);
+            return 0;
+        });
     }
 }
 
